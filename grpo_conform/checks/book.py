@@ -1,0 +1,70 @@
+"""Collects per-call findings for each named check and turns them into one outcome per check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_conform.checks.registry import CHECKS_BY_NAME
+from grpo_conform.isolation.session import WorkerFailure
+from grpo_conform.results import CheckOutcome, Status
+
+
+@dataclass(frozen=True)
+class Finding:
+    call: str
+    status: Status
+    message: str
+    evidence: dict[str, Any]
+
+
+@dataclass
+class CheckBook:
+    names: tuple[str, ...]
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for n in self.names:
+            self.findings.setdefault(n, [])
+
+    def record(self, check: str, call: str, ok: bool, message: str, evidence: dict[str, Any] | None = None) -> None:
+        self.findings[check].append(Finding(call, "pass" if ok else "fail", message, evidence or {}))
+
+    def failure(self, checks: tuple[str, ...], call: str, failure: WorkerFailure) -> None:
+        """A call that raised, crashed or hung: `runs` fails, and each check needing the call errs."""
+        status: Status = "timeout" if failure.kind == "timeout" else "error"
+        evidence = failure.evidence()
+        self.findings["runs"].append(Finding(call, status, f"call {call}: {failure}", evidence))
+        for check in checks:
+            if check != "runs":
+                self.findings[check].append(Finding(call, status, f"call {call} did not complete: {failure}", {}))
+
+    def skip_rest(self, reason: str) -> None:
+        for n in self.names:
+            if not self.findings[n]:
+                self.skipped[n] = reason
+
+    def skip(self, check: str, reason: str) -> None:
+        if not self.findings[check]:
+            self.skipped[check] = reason
+
+    def outcomes(self) -> tuple[CheckOutcome, ...]:
+        out = []
+        for name in self.names:
+            info = CHECKS_BY_NAME[name]
+            found = self.findings[name]
+            if not found:
+                reason = self.skipped.get(name, "not applicable to this run")
+                out.append(CheckOutcome(name, "skipped", reason, {}, info.informational))
+                continue
+            bad = [f for f in found if f.status != "pass"]
+            calls = [{"call": f.call, "status": f.status, "message": f.message} for f in found]
+            if bad:
+                first = next((f for f in bad if f.status == "timeout"), None) or bad[0]
+                evidence = dict(first.evidence, calls=calls)
+                out.append(CheckOutcome(name, first.status, first.message, evidence, info.informational))
+            else:
+                evidence = dict(found[0].evidence, calls=calls) if len(found) > 1 else dict(found[0].evidence)
+                out.append(CheckOutcome(name, "pass", found[0].message, evidence, info.informational))
+        return tuple(out)

@@ -1,0 +1,59 @@
+"""Every check the validator makes, by name. The names are a contract: the JSON report, the
+evidence records and the example gallery (tests/gallery) use them.
+
+`catches` refers to the rows of the catalogue of ways kernels fool evaluators
+(docs/checks.md, from ../shared/design/checks.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CheckInfo:
+    name: str
+    summary: str
+    catches: tuple[int, ...]
+    cuda_only: bool = False
+    informational: bool = False
+
+
+_CHECKS = (
+    CheckInfo("runs", "every call returns within the timeout, without an exception, a crash or a CUDA error", (22,)),
+    CheckInfo("contract", "the loss is a plain torch.Tensor holding one float32/float64 value that autograd can "
+              "differentiate; the gradient has the logits' shape, dtype and device", (16,)),
+    CheckInfo("loss", "the loss matches the float64 reference (necessary, never sufficient: it is -mean(A))", (1,)),
+    CheckInfo("gradient", "every gradient element matches the float64 reference within a per-row relative "
+              "tolerance, and so does the Frobenius norm; several seeds and row profiles", (2, 3, 5, 21)),
+    CheckInfo("gradient-row-sums", "each gradient row sums to ~0 over the vocabulary", (2,)),
+    CheckInfo("last-row-zero", "the gradient of the extra last position is exactly 0", (6,)),
+    CheckInfo("finite", "no NaN or Inf in any output of any call", (12,)),
+    CheckInfo("no-mutation", "every input is bitwise unchanged after forward and after backward", (8,)),
+    CheckInfo("no-aliasing", "the storage of the loss and the gradient overlaps no input's storage", (9,)),
+    CheckInfo("no-output-reuse", "the outputs of a call are unchanged after later calls", (10,)),
+    CheckInfo("freshness", "results follow new values written in place at the same addresses, and new buffers",
+              (13,)),
+    CheckInfo("stale-output", "outputs are complete and identical whatever garbage the allocator held "
+              "(allocator poisoned with NaN, then with a huge finite pattern)", (11,)),
+    CheckInfo("last-row-ignored", "poisoning logits[:, S, :] with NaN or huge values changes no output", (6,)),
+    CheckInfo("advantage-sign", "negating the advantages negates the gradient", (7,)),
+    CheckInfo("zero-advantage", "a zero advantage gives an exactly zero gradient for its sequence", (7,)),
+    CheckInfo("row-locality", "changing one logits row changes that gradient row and no other", (7,)),
+    CheckInfo("adversarial-inputs", "row profiles mixed in one batch (normal, wide, up to 1e4, near one-hot, "
+              "heavy-tailed) match the reference and stay finite", (4,)),
+    CheckInfo("determinism", "reported, never failed (the spec leaves it unspecified): bitwise equal across "
+              "identical calls, or the largest difference", (), informational=True),
+    CheckInfo("timed-outputs", "a random subset of the outputs of timed calls matches the reference", (13, 14),
+              cuda_only=True),
+    CheckInfo("timing-floor", "no timing is below the DRAM floor of its protocol (impossible results are "
+              "rejected)", (18,), cuda_only=True),
+    CheckInfo("side-stream", "CUDA-event time is not far below host wall time around a device-wide "
+              "synchronize (work hidden on another stream)", (15,), cuda_only=True),
+    CheckInfo("caching", "identical repeated inputs do not run more than 10% faster than fresh ones", (13,),
+              cuda_only=True),
+)
+
+CHECKS_BY_NAME: dict[str, CheckInfo] = {c.name: c for c in _CHECKS}
+CONFORMANCE_CHECKS: tuple[str, ...] = tuple(c.name for c in _CHECKS if not c.cuda_only)
+TIMING_CHECKS: tuple[str, ...] = tuple(c.name for c in _CHECKS if c.cuda_only)

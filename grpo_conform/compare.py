@@ -1,0 +1,261 @@
+"""Comparisons that show their evidence: mismatch counts, the worst elements with actual and
+expected values and what was allowed, NaN and Inf counted apart. All run in the parent process.
+
+Gradients are compared chunk by chunk (`GradientComparator.update`) against the float64
+reference, so memory stays bounded. Per element the allowance is
+    element_rtol * |expected| + element_atol_row_scale * s_row + element_atol
+where s_row = |dL/dlogp| / T is the row's gradient scale (no element of the row can exceed it).
+It scales with each row, so an all-zero gradient never passes (checks.md #2), and it does not
+ask fp32 to resolve 1 - p = 1e-15 in near one-hot rows, where only float64 can.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo_conform.spec import GradientTolerance, LossTolerance
+
+TOP_K = 5
+
+
+def json_float(x: float) -> float | str:
+    """Finite floats stay numbers; NaN and Inf become strings (canonical JSON has no NaN)."""
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+@dataclass(frozen=True)
+class Offender:
+    index: tuple[int, ...]
+    actual: float
+    expected: float
+    allowed: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": list(self.index),
+            "actual": json_float(self.actual),
+            "expected": json_float(self.expected),
+            "allowed": json_float(self.allowed),
+        }
+
+
+@dataclass(frozen=True)
+class LossComparison:
+    actual: float
+    expected: float
+    allowed: float
+
+    @property
+    def passed(self) -> bool:
+        return math.isfinite(self.actual) and abs(self.actual - self.expected) <= self.allowed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "actual": json_float(self.actual),
+            "expected": json_float(self.expected),
+            "abs_error": json_float(abs(self.actual - self.expected)),
+            "allowed": json_float(self.allowed),
+        }
+
+
+def compare_loss(actual: float, expected: float, tol: LossTolerance) -> LossComparison:
+    return LossComparison(float(actual), float(expected), tol.allowed(expected))
+
+
+@dataclass
+class GradientComparator:
+    """Accumulates the comparison of an implementation's gradient with the reference.
+
+    Rows are flattened logits rows (batch * seq_next); `seq_next` lets the comparator tell the
+    last position (expected exactly 0, reported by `last_row`) from the others.
+    """
+
+    tol: GradientTolerance
+    seq_next: int
+    vocab: int
+    slack: float = 1.0  # >1 when both sides carry rounding (relations between two outputs)
+    elements: int = 0
+    mismatches: int = 0
+    nan: int = 0
+    inf: int = 0
+    diff_sq: float = 0.0
+    ref_sq: float = 0.0
+    atol_sq: float = 0.0
+    max_abs_ref: float = 0.0
+    worst: list[tuple[float, Offender]] = field(default_factory=list)
+    row_sum_failures: int = 0
+    worst_row_sum: tuple[float, Offender] | None = None
+    last_rows_nonzero: int = 0
+    last_row_worst: Offender | None = None
+
+    def _index(self, row: int, col: int) -> tuple[int, int, int]:
+        return (row // self.seq_next, row % self.seq_next, col)
+
+    def update(self, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor) -> None:
+        """Compare rows [start, start + len) of the flattened gradient: actual and expected are
+        [rows, vocab], scale is each row's gradient scale s_row [rows]."""
+        actual = actual.to(torch.float64)
+        expected = expected.to(torch.float64)
+        rows = torch.arange(start, start + actual.shape[0], device=actual.device)
+        last = rows % self.seq_next == self.seq_next - 1
+        self._last_rows(rows[last], actual[last])
+        keep = ~last
+        if not bool(keep.any()):
+            return
+        rows, a, e, s = rows[keep], actual[keep], expected[keep], scale.to(torch.float64)[keep].unsqueeze(1)
+        t = self.tol
+        row_max = e.abs().amax(dim=1, keepdim=True)
+        absolute = t.element_atol_row_scale * s + t.element_atol
+        allowed = (t.element_rtol * e.abs() + absolute) * self.slack
+        err = (a - e).abs()
+        nan, inf = torch.isnan(a), torch.isinf(a)
+        bad = ~(err <= allowed)  # NaN compares false, so NaN is always bad
+        self.elements += a.numel()
+        self.mismatches += int(bad.sum())
+        self.nan += int(nan.sum())
+        self.inf += int(inf.sum())
+        finite = torch.isfinite(a)
+        self.diff_sq += float(torch.where(finite, a - e, torch.zeros_like(a)).pow(2).sum())
+        self.ref_sq += float(e.pow(2).sum())
+        self.atol_sq += float(absolute.pow(2).sum()) * a.shape[1]
+        self.max_abs_ref = max(self.max_abs_ref, float(row_max.max()))
+        if bool(bad.any()):
+            score = torch.where(finite, err / allowed.clamp_min(1e-300), torch.full_like(err, math.inf))
+            score = torch.where(bad, score, torch.full_like(score, -1.0))
+            k = min(TOP_K, int(bad.sum()))
+            vals, flat_idx = score.flatten().topk(k)
+            for v, fi in zip(vals.tolist(), flat_idx.tolist()):
+                r, c = divmod(fi, a.shape[1])
+                off = Offender(self._index(int(rows[r]), c), float(a[r, c]), float(e[r, c]), float(allowed[r, c]))
+                self.worst.append((v, off))
+            self.worst = sorted(self.worst, key=lambda p: -p[0])[:TOP_K]
+        self._row_sums(rows, a, s.squeeze(1))
+
+    def _row_sums(self, rows: torch.Tensor, a: torch.Tensor, scale: torch.Tensor) -> None:
+        sums = a.sum(dim=1)
+        allowed = self.tol.row_sum_fraction * scale * self.slack
+        bad = ~(sums.abs() <= allowed)
+        self.row_sum_failures += int(bad.sum())
+        if bool(bad.any()):
+            score = torch.where(torch.isfinite(sums), sums.abs() / allowed.clamp_min(1e-300), torch.full_like(sums, math.inf))
+            score = torch.where(bad, score, torch.full_like(score, -1.0))
+            v, i = score.max(dim=0)
+            off = Offender(self._index(int(rows[i]), -1)[:2], float(sums[i]), 0.0, float(allowed[i]))
+            if self.worst_row_sum is None or float(v) > self.worst_row_sum[0]:
+                self.worst_row_sum = (float(v), off)
+
+    def _last_rows(self, rows: torch.Tensor, a: torch.Tensor) -> None:
+        if a.numel() == 0:
+            return
+        nonzero = a != 0  # NaN != 0 is True: garbage of any kind counts
+        self.last_rows_nonzero += int(nonzero.sum())
+        if self.last_row_worst is None and bool(nonzero.any()):
+            r, c = [int(x) for x in nonzero.nonzero()[0]]
+            self.last_row_worst = Offender(self._index(int(rows[r]), c), float(a[r, c]), 0.0, 0.0)
+
+    # -- verdicts ---------------------------------------------------------------------------
+    @property
+    def frobenius_rel(self) -> float:
+        if self.ref_sq == 0.0:
+            return 0.0 if self.diff_sq == 0.0 else math.inf
+        return math.sqrt(self.diff_sq / self.ref_sq)
+
+    @property
+    def frobenius_allowed(self) -> float:
+        """Relative allowance, plus the Frobenius norm of the absolute allowances (tiny gradients)."""
+        if self.ref_sq == 0.0:
+            return 0.0
+        return (self.tol.frobenius_rtol + math.sqrt(self.atol_sq / self.ref_sq)) * self.slack
+
+    @property
+    def elements_ok(self) -> bool:
+        return self.mismatches == 0
+
+    @property
+    def frobenius_ok(self) -> bool:
+        if self.nan or self.inf:
+            return False
+        if self.ref_sq == 0.0:
+            return self.diff_sq == 0.0
+        return self.frobenius_rel <= self.frobenius_allowed
+
+    @property
+    def passed(self) -> bool:
+        return self.elements_ok and self.frobenius_ok
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "elements": self.elements,
+            "mismatches": self.mismatches,
+            "nan": self.nan,
+            "inf": self.inf,
+            "frobenius_rel": json_float(self.frobenius_rel),
+            "frobenius_allowed": json_float(self.frobenius_allowed),
+            "max_abs_expected": json_float(self.max_abs_ref),
+            "worst": [o.to_json() for _, o in self.worst],
+        }
+
+    def row_sum_evidence(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rows_failing": self.row_sum_failures}
+        if self.worst_row_sum is not None:
+            off = self.worst_row_sum[1]
+            out["worst"] = {"row": list(off.index), "sum": json_float(off.actual), "allowed": json_float(off.allowed)}
+        return out
+
+    def last_row_evidence(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"nonzero": self.last_rows_nonzero}
+        if self.last_row_worst is not None:
+            out["first"] = self.last_row_worst.to_json()
+        return out
+
+    def describe(self) -> str:
+        if self.passed:
+            return f"max rel frobenius {self.frobenius_rel:.2e}"
+        parts = [f"{self.mismatches}/{self.elements} elements outside tolerance"]
+        if self.nan or self.inf:
+            parts.append(f"{self.nan} NaN, {self.inf} Inf")
+        parts.append(f"frobenius rel {self.frobenius_rel:.3g} (allowed {self.frobenius_allowed:.3g})")
+        if self.worst:
+            o = self.worst[0][1]
+            parts.append(f"worst at {list(o.index)}: {o.actual:.6g} vs {o.expected:.6g} (allowed ±{o.allowed:.3g})")
+        return "; ".join(parts)
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| in float64 (NaN if either side has NaN where the other differs)."""
+    d = (a.to(torch.float64) - b.to(torch.float64)).abs()
+    return float(d.max()) if d.numel() else 0.0
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point:
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return bool(torch.equal(a.contiguous().view(width), b.contiguous().view(width)))
+    return bool(torch.equal(a, b))
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any] | None:
+    """Where two tensors of one shape first differ bitwise (NaN-aware), with both values."""
+    if bitwise_equal(a, b):
+        return None
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    differ = a.contiguous().view(width) != b.contiguous().view(width) if a.dtype.is_floating_point else a != b
+    count = int(differ.sum())
+    idx = [int(i) for i in differ.nonzero()[0]]
+    return {
+        "differing": count,
+        "index": idx,
+        "now": json_float(float(a[tuple(idx)])),
+        "before": json_float(float(b[tuple(idx)])),
+    }

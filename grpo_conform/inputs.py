@@ -1,0 +1,164 @@
+"""Seeded inputs, driven by the spec: shapes from the workload, profiles and advantages from
+`spec.validation`.
+
+- logits rows get a mix of profiles inside one batch (normal, wide, peaked near one-hot,
+  heavy-tailed; the adversarial set adds logits up to 1e4), assigned by a seeded permutation;
+- completion ids are uniform over the vocabulary with 0 and vocab-1 always present;
+- advantages have both signs (batch >= 2), a clearly non-zero mean and no value near 0.
+
+Generation runs on the target device, chunk by chunk, so batch 16 of the seed workload needs
+no more than a chunk of float32 scratch beside the logits.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from grpo_conform.spec import Profile, ResolvedWorkload, Spec
+
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+CHUNK_ELEMENTS = 1 << 26
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return next((k for k, v in DTYPES.items() if v == dtype), str(dtype).replace("torch.", ""))
+
+
+def fresh_seed() -> int:
+    """A seed no implementation can derive: drawn from the OS, never passed to a worker."""
+    return secrets.randbits(62)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One set of inputs for a call; `tensors` are keyed by the spec's input names."""
+
+    tensors: dict[str, torch.Tensor]
+    seed: int
+    profiles: tuple[str, ...]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+def allocate(resolved: ResolvedWorkload, spec: Spec, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Uninitialised tensors of the workload's shapes and dtypes."""
+    out = {}
+    for t in spec.inputs:
+        dtype = torch_dtype(resolved.dtypes.get(t.name, t.dtypes[0]))
+        out[t.name] = torch.empty(resolved.shapes[t.name], dtype=dtype, device=device)
+    return out
+
+
+def _sample(profile: Profile, n: int, vocab: int, gen: torch.Generator, device) -> torch.Tensor:
+    shape = (n, vocab)
+    if profile.kind == "student_t":
+        df = max(1, round(profile.df))
+        chi2 = torch.zeros(shape, device=device)
+        for _ in range(df):
+            chi2 += torch.randn(shape, generator=gen, device=device) ** 2
+        x = torch.randn(shape, generator=gen, device=device) / torch.sqrt(chi2 / df).clamp_min(1e-6)
+    else:
+        x = torch.randn(shape, generator=gen, device=device)
+    x *= profile.scale
+    if profile.clamp is not None:
+        x.clamp_(-profile.clamp, profile.clamp)
+    return x
+
+
+def fill_logits(
+    logits: torch.Tensor, ids: torch.Tensor, spec: Spec, profiles: Sequence[str], gen: torch.Generator
+) -> None:
+    """Write seeded values into `logits` in place (its address does not change)."""
+    batch, seq_next, vocab = logits.shape
+    seq = seq_next - 1
+    flat = logits.view(batch * seq_next, vocab)
+    n_rows = flat.shape[0]
+    device = logits.device
+    order = torch.randperm(n_rows, generator=gen, device=device) % len(profiles)
+    limit = torch.finfo(logits.dtype).max / 4
+    step = max(1, CHUNK_ELEMENTS // vocab)
+    for start in range(0, n_rows, step):
+        stop = min(start + step, n_rows)
+        rows = torch.arange(start, stop, device=device)
+        for k, name in enumerate(profiles):
+            sel = rows[order[start:stop] == k]
+            if sel.numel() == 0:
+                continue
+            profile = spec.validation.profile(name)
+            x = _sample(profile, sel.numel(), vocab, gen, device)
+            if profile.kind == "peaked":
+                b, t = sel // seq_next, sel % seq_next
+                target = torch.randint(0, vocab, (sel.numel(),), generator=gen, device=device)
+                inside = t < seq
+                if seq > 0:
+                    target[inside] = ids[b[inside], t[inside]]
+                x[torch.arange(sel.numel(), device=device), target] += profile.spike
+            flat[sel] = x.clamp_(-limit, limit).to(logits.dtype)
+
+
+def fill_ids(ids: torch.Tensor, vocab: int, seed: int, gen: torch.Generator) -> None:
+    ids.copy_(torch.randint(0, vocab, ids.shape, generator=gen, device=ids.device))
+    flat = ids.view(-1)
+    if flat.numel() >= 2:
+        flat[0], flat[-1] = 0, vocab - 1
+    elif flat.numel() == 1:
+        flat[0] = 0 if seed % 2 == 0 else vocab - 1
+
+
+def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator) -> None:
+    dist = spec.validation.advantages
+    n = adv.numel()
+    values = torch.randn(n, generator=gen, dtype=torch.float64) * dist.std + dist.mean
+    sign = torch.where(values < 0, -1.0, 1.0).to(torch.float64)
+    values = sign * values.abs().clamp_min(dist.min_abs)
+    if n >= 2:
+        # Both signs, and a mean far from 0 so a dropped sign cannot hide.
+        values[0] = -abs(float(values[0]))
+        values[1:] = values[1:].abs()
+        if abs(float(values.mean())) < 0.25 * float(values.abs().mean()):
+            values[1:] *= 2.0
+    adv.copy_(values.to(adv.dtype))
+
+
+def generate(
+    spec: Spec,
+    resolved: ResolvedWorkload,
+    seed: int,
+    device: str | torch.device,
+    profiles: Sequence[str] | None = None,
+    out: dict[str, torch.Tensor] | None = None,
+) -> Inputs:
+    """Seeded inputs for a workload. With `out`, values are written in place into those tensors."""
+    profiles = tuple(profiles or spec.validation.base_profiles)
+    tensors = out if out is not None else allocate(resolved, spec, device)
+    device = tensors["logits"].device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    vocab = resolved.axes[spec.input("completion_ids").range.max_exclusive]
+    fill_ids(tensors["completion_ids"], vocab, seed, gen)
+    cpu_gen = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
+    adv = torch.empty(tensors["advantages"].shape, dtype=tensors["advantages"].dtype)
+    fill_advantages(adv, spec, cpu_gen)
+    tensors["advantages"].copy_(adv)
+    fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen)
+    return Inputs(tensors, seed, profiles)
+
+
+def clone_inputs(inputs: Inputs) -> Inputs:
+    return Inputs({k: v.clone() for k, v in inputs.tensors.items()}, inputs.seed, inputs.profiles)

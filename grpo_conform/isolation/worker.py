@@ -1,0 +1,330 @@
+"""The worker: a separate process that loads one implementation, calls it, and hands outputs back.
+
+It holds no reference, no seeds and no keys; it makes no verdict. It only:
+- maps the input buffers the parent shared (so the parent sees any write to them),
+- poisons its allocator right before a call (stale or partial outputs then show),
+- calls `entry(**inputs, **parameters)`, then `loss.backward()`,
+- reports metadata (types, dtypes, shapes, storage ranges) as JSON and copies the outputs into
+  output buffers the parent shared,
+- keeps earlier outputs alive on request, so the parent can see whether a later call changed them.
+
+Everything it says can in principle be forged by the code it runs; the parent therefore decides
+from data it reads itself wherever it can (inputs, output values) and treats the reports as
+diagnostics. Protocol: length-prefixed JSON messages over a socket passed as a file descriptor.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+import types
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+POISON_BYTES = {"nan": 0xFF, "huge": 0x7B}  # 0xFF..: NaN in every float dtype; 0x7B..: huge finite
+
+
+class _Worker:
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self.entry = None
+        self.folder: Path | None = None
+        self.params: dict[str, Any] = {}
+        self.device = "cpu"
+        self.slots: dict[str, dict[str, Any]] = {}
+        self.kept: dict[str, tuple[Any, Any]] = {}
+        self.flush_buffer = None
+        self.side_inputs: dict[str, Any] = {}
+
+    # -- messages ---------------------------------------------------------------------------
+    def send(self, **msg: Any) -> None:
+        self.conn.send_bytes(json.dumps(msg).encode())
+
+    def recv(self) -> dict[str, Any]:
+        return json.loads(self.conn.recv_bytes().decode())
+
+    def serve(self) -> None:
+        while True:
+            msg = self.recv()
+            op = msg.pop("op")
+            if op == "exit":
+                return
+            handler = getattr(self, f"op_{op}")
+            try:
+                handler(**msg)
+            except _CallError as exc:
+                self.send(status="error", error=exc.info)
+            except Exception as exc:  # a bug in the harness itself: report, keep serving
+                self.send(status="error", error=_error_info(exc, self.folder, phase=op))
+
+    # -- operations -------------------------------------------------------------------------
+    def op_load(self, folder: str, name: str, entry: str, parameters: dict, device: str) -> None:
+        import torch
+
+        self.folder, self.params, self.device = Path(folder), parameters, device
+        module_name, attr = entry.split(":")
+        package = "grpo_impl_" + name.replace("-", "_")
+        try:
+            pkg = types.ModuleType(package)
+            pkg.__path__ = [folder]
+            pkg.__package__ = package
+            sys.modules[package] = pkg
+            if folder not in sys.path:
+                sys.path.append(folder)
+            module = importlib.import_module(f"{package}.{module_name}")
+        except BaseException as exc:  # SystemExit in a module body is a load failure too
+            self.send(status="error", error=_error_info(exc, self.folder, phase="import"), field="entry")
+            return
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            self.send(status="error", field="entry",
+                      error={"type": "AttributeError", "message": f"module {module_name!r} has no callable {attr!r}",
+                             "where": f"{module_name}.py", "phase": "import"})
+            return
+        self.entry = fn
+        info = {"torch": torch.__version__, "pid": os.getpid()}
+        if device == "cuda":
+            info["gpu"] = torch.cuda.get_device_name()
+        self.send(status="ok", info=info)
+
+    def op_bind(self, slot: str, tensors: dict[str, dict]) -> None:
+        from grpo_conform.isolation.sharing import open_descriptor
+
+        self.slots[slot] = {name: open_descriptor(desc) for name, desc in tensors.items()}
+        self.send(status="ok")
+
+    def op_unbind(self, slot: str) -> None:
+        self.slots.pop(slot, None)
+        self.send(status="ok")
+
+    def op_call(self, inputs: str, outputs: str | None, mode: str, poison: str | None, keep: str | None) -> None:
+        import torch
+
+        shared = self.slots[inputs]
+        if poison:
+            self._poison(poison, shared)
+        logits = shared["logits"].detach()
+        if mode == "full":
+            logits.requires_grad_(True)
+        args = {name: (logits if name == "logits" else t) for name, t in shared.items()}
+        grad_ctx = torch.enable_grad() if mode == "full" else torch.no_grad()
+        with grad_ctx:
+            loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
+        self._sync("forward")
+        self.send(status="forward-done", loss=_describe(loss))
+        if self.recv().get("op") != "continue":
+            return
+        grad, skipped = None, None
+        if mode == "full":
+            # A loss autograd cannot differentiate is a contract failure the parent reports, not a crash.
+            if not isinstance(loss, torch.Tensor):
+                skipped = "the loss is not a torch.Tensor"
+            elif loss.numel() != 1:
+                skipped = f"the loss has {loss.numel()} elements, not one"
+            elif not loss.requires_grad:
+                skipped = "the loss does not require grad: autograd cannot differentiate it w.r.t. logits"
+            else:
+                self._guarded("backward", lambda: loss.backward())
+                self._sync("backward")
+                grad = logits.grad
+        report = {"loss": _describe(loss), "grad": _describe(grad), "backward_skipped": skipped, "storage": {}}
+        for name, t in shared.items():
+            report["storage"][name] = _storage_range(t)
+        report["storage"]["loss"] = _storage_range(loss)
+        report["storage"]["grad"] = _storage_range(grad)
+        if outputs is not None:
+            self._copy_out(self.slots[outputs], loss, grad)
+        if keep is not None:
+            self.kept[keep] = (loss, grad)
+        self.send(status="ok", report=report)
+
+    def op_reread(self, keep: str, outputs: str) -> None:
+        loss, grad = self.kept[keep]
+        self._copy_out(self.slots[outputs], loss, grad)
+        self._sync("reread")
+        self.send(status="ok")
+
+    def op_release(self, keep: str | None = None) -> None:
+        if keep is None:
+            self.kept.clear()
+        else:
+            self.kept.pop(keep, None)
+        self.send(status="ok")
+
+    def op_time_setup(self, flush_bytes: int) -> None:
+        import torch
+
+        self.flush_buffer = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda") if flush_bytes else None
+        self.send(status="ok")
+
+    def op_time(self, inputs: str, protocol: str, outputs: str | None) -> None:
+        """One timed call: flush L2, events on the current stream, then a device-wide sync."""
+        import torch
+
+        shared = self.slots[inputs]
+        logits = shared["logits"].detach()
+        args = {name: (logits if name == "logits" else t) for name, t in shared.items()}
+        if self.flush_buffer is not None:
+            self.flush_buffer.fill_(time.perf_counter_ns() & 0x7F)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        loss = grad = None
+        if protocol == "forward":
+            wall0 = time.perf_counter_ns()
+            start.record()
+            with torch.no_grad():
+                loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
+            end.record()
+        elif protocol == "full":
+            logits.requires_grad_(True)
+            wall0 = time.perf_counter_ns()
+            start.record()
+            loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
+            self._guarded("backward", lambda: loss.backward())
+            end.record()
+            grad = logits.grad
+        else:  # backward only: forward runs untimed first
+            logits.requires_grad_(True)
+            loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
+            torch.cuda.synchronize()
+            wall0 = time.perf_counter_ns()
+            start.record()
+            self._guarded("backward", lambda: loss.backward())
+            end.record()
+            grad = logits.grad
+        self._sync("timed call")
+        wall1 = time.perf_counter_ns()
+        event_ns = int(round(start.elapsed_time(end) * 1e6))
+        peak = torch.cuda.max_memory_allocated() - base
+        if outputs is not None:
+            self._copy_out(self.slots[outputs], loss, grad)
+            self._sync("copy")
+        del loss, grad
+        self.send(status="ok", event_ns=event_ns, wall_ns=wall1 - wall0, peak_bytes=int(peak))
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _guarded(self, phase: str, fn):
+        try:
+            return fn()
+        except Exception as exc:
+            raise _CallError(_error_info(exc, self.folder, phase=phase)) from None
+
+    def _sync(self, phase: str) -> None:
+        import torch
+
+        if self.device != "cuda":
+            return
+        try:
+            torch.cuda.synchronize()
+        except Exception as exc:  # a CUDA error poisons the context: report and leave
+            self.send(status="error", fatal=True, error=_error_info(exc, self.folder, phase=phase))
+            sys.stderr.flush()
+            os._exit(70)
+
+    def _poison(self, kind: str, shared: dict[str, Any]) -> None:
+        """Fill a large block with a byte pattern and free it, so fresh allocations start poisoned.
+
+        CUDA: torch's caching allocator hands the freed block to the next allocations. CPU: the
+        worker runs with glibc's mmap threshold raised (see session.worker_environment), so large
+        allocations come from the heap and reuse the freed block instead of fresh zero pages.
+        """
+        import torch
+
+        logits = shared["logits"]
+        size = 3 * logits.numel() * logits.element_size() + (64 << 20)
+        if self.device == "cuda":
+            free, _ = torch.cuda.mem_get_info()
+            size = int(min(size, 0.5 * free))
+        block = torch.empty(size, dtype=torch.uint8, device=logits.device)
+        block.fill_(POISON_BYTES[kind])
+        del block
+
+    def _copy_out(self, slot: dict[str, Any], loss, grad) -> None:
+        import torch
+
+        if isinstance(loss, torch.Tensor) and loss.numel() >= 1:
+            slot["loss"].copy_(loss.detach().reshape(-1)[:1].to(torch.float64))
+        else:
+            slot["loss"].fill_(float("nan"))
+        if isinstance(grad, torch.Tensor) and tuple(grad.shape) == tuple(slot["grad"].shape):
+            slot["grad"].copy_(grad.detach())
+        else:
+            slot["grad"].fill_(float("nan"))
+
+
+class _CallError(Exception):
+    def __init__(self, info: dict[str, Any]):
+        super().__init__(info["message"])
+        self.info = info
+
+
+def _describe(x: Any) -> dict[str, Any] | None:
+    import torch
+
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor):
+        return {"type": f"{type(x).__module__}.{type(x).__qualname__}", "exact_tensor": False}
+    return {
+        "type": f"{type(x).__module__}.{type(x).__qualname__}",
+        "exact_tensor": type(x) is torch.Tensor,
+        "dtype": str(x.dtype).replace("torch.", ""),
+        "shape": list(x.shape),
+        "device": x.device.type,
+        "requires_grad": bool(x.requires_grad),
+        "has_grad_fn": x.grad_fn is not None,
+    }
+
+
+def _storage_range(x: Any) -> list[int] | None:
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        return None
+    try:
+        s = x.untyped_storage()
+        return [int(s.data_ptr()), int(s.nbytes())]
+    except Exception:  # tensor subclasses without storage
+        return None
+
+
+def _error_info(exc: BaseException, folder: Path | None, phase: str) -> dict[str, Any]:
+    """Type, message and the innermost frame inside the implementation folder (file:line)."""
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if folder is not None:
+        inside = [f for f in frames if str(f.filename).startswith(str(folder))]
+        if inside:
+            f = inside[-1]
+            where = f"{Path(f.filename).relative_to(folder)}:{f.lineno}"
+    if not where and frames:
+        f = frames[-1]
+        where = f"{f.filename}:{f.lineno}"
+    message = str(exc) if str(exc) else repr(exc)
+    return {"type": type(exc).__name__, "message": message[:2000], "where": where, "phase": phase}
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    conn = Connection(fd)
+    worker = _Worker(conn)
+    try:
+        worker.serve()
+    except (EOFError, ConnectionError):
+        pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: an implementation's threads must not hang the exit
+
+
+if __name__ == "__main__":
+    main()
