@@ -40,6 +40,7 @@ class CheckReport:
     started: str
     finished: str
     software: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)  # datasheet and measured ceilings (CUDA runs)
 
     @property
     def exit_code(self) -> int:
@@ -60,6 +61,7 @@ class CheckReport:
             "device": self.device,
             "triton_interpreter": self.interpreter,
             "software": self.software,
+            "hardware": self.hardware,
             "specs": [{"id": s.id, "version": s.version, "identity": {"sha256": s.identity}, "path": s.source}
                       for s in self.specs.values()],
             "implementations": [i.to_json() for i in self.implementations],
