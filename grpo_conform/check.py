@@ -10,6 +10,9 @@ from typing import Any, Callable
 import torch
 
 from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
+from grpo_conform.floors import compute_floor
+from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EnvironmentProblem
 from grpo_conform.implementations import Implementation, load_implementation
 from grpo_conform.inputs import fresh_seed
@@ -69,6 +72,29 @@ class CheckReport:
         }
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What every implementation of one run shares: the device, its catalogue entry and ceilings."""
+
+    device: torch.device
+    timing: TimingSettings | None  # None: no timed protocols (CPU, or --no-timing)
+    gpu: GpuSpec | None = None
+    ceilings: Ceilings | None = None
+
+    def floor_fn(self, spec: Spec, resolved):
+        return lambda protocol: compute_floor(spec, resolved, protocol, self.gpu, self.ceilings)
+
+
+def prepare_context(device: torch.device, timing: TimingSettings | None, say: Progress) -> tuple[RunContext, dict]:
+    """On CUDA, measure the copy and read ceilings once per run, beside the datasheet figures."""
+    if device.type != "cuda":
+        return RunContext(device, None), {}
+    say("measuring copy and read bandwidth")
+    ceilings = measure_ceilings(device)
+    running = describe_running_gpu(device, ceilings)
+    return RunContext(device, timing, running.gpu, ceilings), running.to_json()
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -114,9 +140,10 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
         chosen = tuple(spec.workload(n) for n in request.workloads) if request.workloads else spec.workloads_for(device.type)
         plans.append((impl, spec, chosen))
     started = utc_now()
-    results = tuple(_check_one(impl, spec, chosen, device, request, say) for impl, spec, chosen in plans)
+    ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say)
+    results = tuple(_check_one(impl, spec, chosen, ctx, request, say) for impl, spec, chosen in plans)
     return CheckReport(device_info(device), device.type == "cpu", results,
-                       {s.identity: s for s in specs.values()}, started, utc_now(), software())
+                       {s.identity: s for s in specs.values()}, started, utc_now(), software(), hardware)
 
 
 def _base_result(impl: Implementation, status: str, message: str, workloads=(), worker=None) -> ImplementationResult:
@@ -124,8 +151,9 @@ def _base_result(impl: Implementation, status: str, message: str, workloads=(), 
                                 status, message, tuple(workloads), worker or {})  # type: ignore[arg-type]
 
 
-def _check_one(impl: Implementation, spec: Spec, workloads, device: torch.device, request: CheckRequest,
+def _check_one(impl: Implementation, spec: Spec, workloads, ctx: RunContext, request: CheckRequest,
                say: Progress) -> ImplementationResult:
+    device = ctx.device
     missing = _missing_requirements(impl)
     if missing:
         return _base_result(impl, "skipped", f"needs {', '.join(missing)}, which is not installed "
@@ -163,9 +191,9 @@ def _check_one(impl: Implementation, spec: Spec, workloads, device: torch.device
             seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
             say(f"{impl.name}: {w.name} {resolved.shapes['logits']}")
             outcomes = WorkloadConformance(session, spec, resolved, seeds).run()
-            timings: tuple = ()
+            timings, timed_outcomes = _time_workload(session, spec, w, resolved, ctx, say, impl.name)
             results.append(WorkloadResult(w.name, resolved.axes, dict(resolved.dtypes), device.type,
-                                          tuple(seeds), outcomes, timings))
+                                          tuple(seeds), outcomes + tuple(timed_outcomes), tuple(timings)))
     finally:
         if session is not None:
             session.close()
@@ -174,3 +202,17 @@ def _check_one(impl: Implementation, spec: Spec, workloads, device: torch.device
     message = "conformant on every workload" if status == "conformant" else f"failed: {', '.join(failed)}"
     return _base_result(impl, status, message, results, worker_info)
 
+
+def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunContext, say: Progress, name: str):
+    # Timing checks are not applicable (so not listed) on the CPU or on workloads the spec does not time.
+    if ctx.device.type != "cuda" or not w.timed:
+        return [], []
+    if ctx.timing is None:
+        return [], skipped_timing("timing not requested (--no-timing)")
+    if not session.alive:
+        return [], skipped_timing("the worker was lost before timing")
+    say(f"{name}: {w.name}: timing {', '.join(ctx.timing.protocols)}")
+    try:
+        return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved)).run()
+    except WorkerFailure as failure:
+        return [], timing_failure_outcomes(failure)

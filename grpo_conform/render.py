@@ -59,3 +59,57 @@ def render_spec(spec: Spec, console: Console) -> None:
     console.print(f"file:     {spec.source}", markup=False)
     for line in spec.summary_lines():
         console.print(line, highlight=False, markup=False)
+
+
+def render_bench(report, console: Console) -> None:
+    hw = report.hardware or {}
+    console.print(f"device: {report.device.get('name')}  (spec {report.spec['id']} {report.spec['version']})",
+                  markup=False)
+    measured = hw.get("ceilings") or {}
+    if measured:
+        console.print(Text(f"measured ceilings: {json_summary(measured)}"))
+    table = Table(show_header=True, header_style="bold")
+    for col in ("implementation", "workload", "protocol", "median ms", "p10-p90 ms", "x floor (datasheet)",
+                "x floor (measured)", "x first", "status"):
+        table.add_column(col, no_wrap=True)
+    for r in report.rows:
+        t = r.timing
+        if t is None:
+            table.add_row(r.implementation, r.workload, r.protocol, "", "", "", "", "",
+                          Text(f"{r.status.upper()}: {r.message}", style=STYLE.get("fail" if r.status != "skipped"
+                                                                                   else "skipped")))
+            continue
+        e = t["event"]
+        ratio = lambda key: f"{t[key]:.2f}" if isinstance(t.get(key), float) else ""  # noqa: E731
+        table.add_row(r.implementation, r.workload, r.protocol, f"{e['median_ns'] / 1e6:.4f}",
+                      f"{e['p10_ns'] / 1e6:.4f}-{e['p90_ns'] / 1e6:.4f}", ratio("floor_ratio"),
+                      ratio("measured_floor_ratio"), f"{r.ratio_to_first:.2f}" if r.ratio_to_first else "",
+                      Text(r.status.upper() + (f" ({', '.join(r.failed_checks)})" if r.failed_checks else ""),
+                           style="green" if r.status == "measured" else "bold red"))
+    console.print(table)
+    for r in report.rows:
+        for w in (r.timing or {}).get("warnings", []):
+            console.print(Text(f"warning: {r.implementation} {r.workload} {r.protocol}: {w}", style="yellow"))
+
+
+def json_summary(measured: dict) -> str:
+    parts = []
+    for key, label in (("copy_bytes_per_s", "copy"), ("read_bytes_per_s", "read")):
+        if isinstance(measured.get(key), (int, float)):
+            parts.append(f"{label} {measured[key] / 1e12:.2f} TB/s")
+    return ", ".join(parts) or "n/a"
+
+
+def render_verify(report, console: Console) -> None:
+    for f in report.files:
+        head = Text.assemble((f"{'OK  ' if f.ok else 'FAIL'} ", "bold green" if f.ok else "bold red"), f.path)
+        if f.unsigned:
+            head.append("  (UNSIGNED, accepted by --allow-unsigned)" if f.ok else "  (UNSIGNED)", style="yellow")
+        console.print(head)
+        for step in f.steps:
+            style = {"pass": "green", "fail": "bold red", "skipped": "yellow"}.get(step.status, "yellow")
+            console.print(Text.assemble("    ", (f"{step.step:<11}", "bold"), (f"{step.status:<18}", style),
+                                        step.message))
+            for note in step.notes:
+                console.print(Text(f"                                 {note}"))
+    console.print(f"exit code {report.exit_code}")

@@ -31,12 +31,19 @@ from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.compare import GradientComparator, bitwise_equal, compare_loss, first_difference, json_float, max_abs_diff
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
+from grpo_conform.isolation.worker import POISON_BYTES
 from grpo_conform.reference import GrpoParameters, reference_gradient, reference_loss, row_scales, rows_per_chunk
 from grpo_conform.spec import ResolvedWorkload, Spec
 
 PLAIN = ("runs", "contract", "loss", "gradient", "gradient-row-sums", "last-row-zero", "finite",
          "no-mutation", "no-aliasing")
 GONE = ("timeout", "crash", "cuda-error", "protocol")
+
+
+def poison_hits(t: torch.Tensor, byte: int) -> int:
+    """Elements whose every byte is the poison byte: memory nobody wrote since it was poisoned."""
+    raw = t.contiguous().view(torch.uint8).view(-1, t.element_size())
+    return int((raw == byte).all(dim=1).sum())
 
 
 class _WorkerGone(Exception):
@@ -100,16 +107,16 @@ class WorkloadConformance:
         b = self._call("B", P, self.out1, ("stale-output", "determinism", "finite"), poison="huge")
         if b is not None:
             loss_cmp, grad_cmp = self._reference(b, P)
-            ok = loss_cmp.passed and grad_cmp.passed and grad_cmp.nan == 0
-            self.book.record("stale-output", "B", ok, "outputs match the reference under both poisons" if ok else
-                             "outputs depend on what the allocator held: " + grad_cmp.describe(),
-                             {"poison": "0x7B bytes (huge finite)", "gradient": grad_cmp.evidence(),
-                              "loss": loss_cmp.to_json()})
+            hits = poison_hits(b.grad, POISON_BYTES["huge"])
+            ok = loss_cmp.passed and grad_cmp.passed and grad_cmp.nan == 0 and hits == 0
+            why = (f"{hits} gradient elements hold the allocator's 0x7B poison: never written" if hits else
+                   "outputs depend on what the allocator held: " + grad_cmp.describe())
+            self.book.record("stale-output", "B", ok, "outputs match the reference under both poisons" if ok else why,
+                             {"poison": "0x7B bytes (huge finite)", "poison_hits": hits,
+                              "gradient": grad_cmp.evidence(), "loss": loss_cmp.to_json()})
             self._finite("B", b)
             if g_a is not None:
                 self._determinism(g_a, loss_a, b)
-        if g_a is not None:
-            self._reread("after B", g_a, loss_a)
 
         # C: advantages negated, written in place (same addresses as A).
         P.tensors["advantages"].neg_()
@@ -124,7 +131,8 @@ class WorkloadConformance:
                                  "negated advantages negate the gradient" if rel.passed else
                                  "negating the advantages did not negate the gradient: " + rel.describe(),
                                  {"compared_with": "-gradient of call A", **rel.evidence()})
-        del g_a
+        if g_a is not None:
+            self._reread("after C", g_a, loss_a)
 
         # D: a second seed in new buffers.
         gen.generate(self.spec, self.rw, self.seeds[1 % len(self.seeds)], self.device, out=Q.tensors)
@@ -135,8 +143,9 @@ class WorkloadConformance:
             self._plain(d, Q)
             self._fresh("D", d, Q, "new buffers, new values")
             g_d, loss_d = d.grad.clone(), d.loss
-        if loss_a is not None:
-            self._reread("after D", None, loss_a)
+        if g_a is not None:
+            self._reread("after D", g_a, loss_a)
+        del g_a
 
         self._zero_advantage(Q)
         if g_d is not None:
@@ -295,7 +304,7 @@ class WorkloadConformance:
                          {"gradient_nan": nan, "gradient_inf": inf, "loss": json_float(call.loss)})
 
     def _finite_under_poison(self, call: Call) -> None:
-        nan = int(torch.isnan(call.grad).sum())
+        nan = int(torch.isnan(call.grad).sum())  # the 0xFF poison reads as NaN in every float dtype
         ok = nan == 0 and math.isfinite(call.loss)
         self.book.record("stale-output", call.label, ok,
                          "no NaN after the allocator was poisoned with NaN" if ok else

@@ -130,6 +130,8 @@ class _Worker:
             elif not loss.requires_grad:
                 skipped = "the loss does not require grad: autograd cannot differentiate it w.r.t. logits"
             else:
+                if poison:  # backward allocates the gradient: poison again right before it
+                    self._poison(poison, shared)
                 self._guarded("backward", lambda: loss.backward())
                 self._sync("backward")
                 grad = logits.grad
@@ -230,22 +232,33 @@ class _Worker:
             os._exit(70)
 
     def _poison(self, kind: str, shared: dict[str, Any]) -> None:
-        """Fill a large block with a byte pattern and free it, so fresh allocations start poisoned.
+        """Fill blocks of every size with a byte pattern and free them, so the next allocations
+        (of any size) start poisoned instead of holding stale values.
 
-        CUDA: torch's caching allocator hands the freed block to the next allocations. CPU: the
+        Small blocks of a geometric series of sizes use up the allocator's free lists (glibc bins
+        on the CPU, torch's small and large pools on CUDA); one large block covers big outputs.
+        CUDA: torch's caching allocator hands the freed blocks to the next allocations. CPU: the
         worker runs with glibc's mmap threshold raised (see session.worker_environment), so large
-        allocations come from the heap and reuse the freed block instead of fresh zero pages.
+        allocations come from the heap and reuse freed blocks instead of fresh zero pages.
         """
         import torch
 
         logits = shared["logits"]
-        size = 3 * logits.numel() * logits.element_size() + (64 << 20)
+        nbytes = logits.numel() * logits.element_size()
+        device = logits.device
+        blocks = []
+        size = 512
+        while size <= min(4 * nbytes, 64 << 20):
+            blocks += [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(6)]
+            size *= 2
+        big = 3 * nbytes + (64 << 20)
         if self.device == "cuda":
             free, _ = torch.cuda.mem_get_info()
-            size = int(min(size, 0.5 * free))
-        block = torch.empty(size, dtype=torch.uint8, device=logits.device)
-        block.fill_(POISON_BYTES[kind])
-        del block
+            big = int(min(big, 0.5 * free))
+        blocks.append(torch.empty(big, dtype=torch.uint8, device=device))
+        for block in blocks:
+            block.fill_(POISON_BYTES[kind])
+        del blocks
 
     def _copy_out(self, slot: dict[str, Any], loss, grad) -> None:
         import torch

@@ -1,0 +1,447 @@
+"""`grpo-conform audit FILE`: judge reported timings that nobody here measured (docs/audit.md).
+
+Two input forms: the project's own JSON (`grpo-conform-reported/1`, `ReportedFile`) and the CSV
+that Liger-Kernel's benchmark scripts write. Every timing record is audited as a candidate record
+of the spec's operation: is the GPU known, which spec workload it is, is the operation the spec's,
+which protocol was timed, and is the time physically possible. A record presented as the
+operation's latency must at least read every declared input once, so it is held against the
+floor of its protocol (forward/full) or, for a backward-only record, the forward floor.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from grpo_conform.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, GrpoConformError
+from grpo_conform.floors import (ITEMSIZE, Floor, FloorError, below_floor, compute_floor, format_ns,
+                                 load_spec_ref, ratio)
+from grpo_conform.hardware import Catalogue, GpuMatch, load_catalogue
+from grpo_conform.spec import Spec, Workload
+
+FORMAT = "grpo-conform-reported/1"
+DEFAULT_SPEC = "grpo-token-is"
+LIGER_COLUMNS = ("kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "metric_unit",
+                 "x_name", "x_label", "x_value", "y_value_50", "y_value_20", "y_value_80",
+                 "extra_benchmark_config_str", "gpu_name", "timestamp", "liger_version")
+LIGER_AXES = {"B": "batch", "T": "seq", "V": "vocab"}
+TIME_UNITS_MS = {"ms": 1.0, "us": 1e-3, "µs": 1e-3, "s": 1e3, "ns": 1e-6}
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+                 "float": "float32", "fp64": "float64", "double": "float64"}
+#: Operation names other sources use, and how they relate to a spec of family "grpo".
+OPERATIONS: dict[str, tuple[str, str]] = {
+    "grpo_loss": ("same", "Liger-Kernel's GRPO loss over materialized logits; the record does not state its "
+                  "settings (importance-sampling level, clipping, KL term): check them at the source"),
+    "fused_linear_grpo_loss": ("different", "fuses the lm_head projection into the loss: it takes hidden "
+                               "states and the weight, and the logits never exist, so its time is not a time "
+                               "of an operation over given logits"),
+}
+Verdict = Literal["impossible", "not-comparable", "unknown-gpu", "plausible"]
+VERDICTS: tuple[str, ...] = ("impossible", "not-comparable", "unknown-gpu", "plausible")
+
+
+class AuditInputError(GrpoConformError):
+    """An audit input file that cannot be read; the message names the file, the place and the field."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, file: str | Path, where: str, problem: str):
+        self.file, self.where, self.problem = str(file), where, problem
+        super().__init__(f"{file}: {where}: {problem}")
+
+
+class ReportedRecord(BaseModel):
+    """One reported timing in the project's own form."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    implementation: str = Field(min_length=1)
+    provider: str = ""
+    operation: str = Field(min_length=1, description="a spec id (grpo-token-is) or another operation's name")
+    protocol: Literal["forward", "full", "backward"]
+    workload: dict[str, Union[StrictInt, str]] = Field(description="axis values by spec axis name, plus 'dtype'")
+    gpu: str = Field(min_length=1)
+    median_ms: float = Field(gt=0, allow_inf_nan=False)
+    quantiles_ms: dict[str, float] = Field(default_factory=dict, description="e.g. {'p20': 1.80, 'p80': 1.83}")
+    source: str = Field(min_length=1)
+    observed: str = ""
+    notes: str = ""
+
+
+class ReportedFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["grpo-conform-reported/1"]
+    description: str = ""
+    records: tuple[ReportedRecord, ...] = Field(min_length=1)
+
+
+def reported_schema() -> dict[str, Any]:
+    """JSON Schema of the project's reported-records form."""
+    return ReportedFile.model_json_schema()
+
+
+@dataclass(frozen=True)
+class Record:
+    """A reported timing, normalized from either input form."""
+
+    where: str
+    implementation: str
+    provider: str
+    operation: str
+    protocol: str
+    axes: dict[str, int]
+    dtype: Optional[str]
+    gpu: str
+    median_ms: float
+    quantiles_ms: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+    observed: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        shape = ", ".join(f"{k}={v}" for k, v in self.axes.items())
+        return (f"{self.where}: {self.implementation} {self.operation} ({self.protocol}) [{shape}, "
+                f"{self.dtype or 'dtype?'}] on {self.gpu}: {self.median_ms:g} ms")
+
+
+@dataclass(frozen=True)
+class IgnoredRow:
+    where: str
+    reason: str
+
+
+def normalize_dtype(text: str) -> str:
+    name = str(text).strip().removeprefix("torch.").lower()
+    return DTYPE_ALIASES.get(name, name)
+
+
+def parse_config_string(text: str) -> dict[str, Any]:
+    """Liger's extra_benchmark_config_str: JSON, a Python dict repr (torch.bfloat16 unquoted), or k=v pairs."""
+    text = (text or "").strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        quoted = re.sub(r"(?<!['\"\w.])(torch\.\w+)", r"'\1'", text)
+        try:
+            value = ast.literal_eval(quoted)
+        except (ValueError, SyntaxError):
+            pairs = re.findall(r"['\"]?(\w+)['\"]?\s*[:=]\s*['\"]?([\w.+-]+)['\"]?", text)
+            if not pairs:
+                raise ValueError(f"cannot read {text!r} as JSON, a Python dict or key=value pairs") from None
+            value = {k: int(v) if re.fullmatch(r"[+-]?\d+", v) else v for k, v in pairs}
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of settings, got {type(value).__name__}")
+    return value
+
+
+def _number(raw: str | None, where: str, name: str, file: Path, *, optional: bool = False) -> Optional[float]:
+    if raw is None or not raw.strip():
+        if optional:
+            return None
+        raise AuditInputError(file, where, f"field {name!r} is empty; expected a number")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise AuditInputError(file, where, f"field {name!r}: {raw!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise AuditInputError(file, where, f"field {name!r}: {raw!r} must be a finite number > 0")
+    return value
+
+
+def _int_value(value: Any) -> Optional[int]:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+(\.0*)?\s*", value):
+        return int(float(value))
+    return None
+
+
+def read_liger_csv(path: Path) -> tuple[list[Record], list[IgnoredRow]]:
+    records: list[Record] = []
+    ignored: list[IgnoredRow] = []
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in LIGER_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise AuditInputError(path, "line 1 (header)", f"missing columns {', '.join(missing)}; a Liger-Kernel "
+                                  f"benchmark CSV has: {', '.join(LIGER_COLUMNS)}")
+        for row in reader:
+            where = f"line {reader.line_num}"
+            if None in row or any(row[c] is None for c in LIGER_COLUMNS):
+                raise AuditInputError(path, where, f"expected {len(reader.fieldnames or [])} fields per row")
+            if row["metric_name"].strip() != "speed":
+                ignored.append(IgnoredRow(where, f"metric {row['metric_name']!r} ({row['metric_unit']}) is not a "
+                                                 "timing"))
+                continue
+            unit = row["metric_unit"].strip()
+            if unit not in TIME_UNITS_MS:
+                raise AuditInputError(path, where, f"field 'metric_unit': {unit!r} is not a time unit "
+                                                   f"({', '.join(TIME_UNITS_MS)})")
+            scale = TIME_UNITS_MS[unit]
+            try:
+                config = parse_config_string(row["extra_benchmark_config_str"])
+            except ValueError as exc:
+                raise AuditInputError(path, where, f"field 'extra_benchmark_config_str': {exc}") from None
+            x_value = _int_value(row["x_value"])
+            if x_value is None:
+                raise AuditInputError(path, where, f"field 'x_value': {row['x_value']!r} is not an integer")
+            config[row["x_name"].strip()] = x_value
+            axes: dict[str, int] = {}
+            extra: dict[str, Any] = {}
+            dtype = None
+            for key, value in config.items():
+                if key == "dtype":
+                    dtype = normalize_dtype(value)
+                elif key in LIGER_AXES and _int_value(value) is not None:
+                    axes[LIGER_AXES[key]] = _int_value(value)  # type: ignore[assignment]
+                else:
+                    extra[key] = value
+            axes = {a: axes[a] for a in LIGER_AXES.values() if a in axes}
+            median = _number(row["y_value_50"], where, "y_value_50", path)
+            quantiles = {}
+            for q, col in (("p20", "y_value_20"), ("p80", "y_value_80")):
+                v = _number(row[col], where, col, path, optional=True)
+                if v is not None:
+                    quantiles[q] = v * scale
+            version = row["liger_version"].strip()
+            records.append(Record(where, row["kernel_provider"].strip(), f"Liger-Kernel {version} benchmark scripts",
+                                  row["kernel_name"].strip(), row["kernel_operation_mode"].strip().lower(), axes,
+                                  dtype, row["gpu_name"].strip(), median * scale, quantiles,  # type: ignore[operator]
+                                  f"{path.name} {where}", row["timestamp"].strip(), extra))
+    return records, ignored
+
+
+def read_reported_json(path: Path, text: str) -> list[Record]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AuditInputError(path, f"line {exc.lineno} column {exc.colno}", f"not valid JSON: {exc.msg}") from None
+    try:
+        parsed = ReportedFile.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise AuditInputError(path, where, f"{first['msg']} (format {FORMAT}: see docs/audit.md)") from None
+    records = []
+    for i, r in enumerate(parsed.records):
+        where = f"records[{i}]"
+        axes = {k: v for k, v in r.workload.items() if isinstance(v, int) and k != "dtype"}
+        bad = [k for k, v in r.workload.items() if k != "dtype" and (not isinstance(v, int) or v < 1)]
+        if bad:
+            raise AuditInputError(path, f"$.{where}.workload.{bad[0]}", "axis values must be integers >= 1 (and "
+                                  "'dtype' a dtype name)")
+        dtype = r.workload.get("dtype")
+        records.append(Record(where, r.implementation, r.provider, r.operation, r.protocol, axes,
+                              normalize_dtype(str(dtype)) if dtype is not None else None, r.gpu, r.median_ms,
+                              dict(r.quantiles_ms), r.source, r.observed))
+    return records
+
+
+def read_records(path: str | Path) -> tuple[str, list[Record], list[IgnoredRow]]:
+    """Detect the form (extension, then content) and read every record."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise AuditInputError(path, "file", f"cannot read it: {exc.strerror}") from None
+    suffix = path.suffix.lower()
+    if suffix == ".json" or (suffix != ".csv" and text.lstrip().startswith("{")):
+        return FORMAT, read_reported_json(path, text), []
+    if suffix == ".csv" or text.split("\n", 1)[0].startswith("kernel_name"):
+        records, ignored = read_liger_csv(path)
+        return "liger-benchmark-csv", records, ignored
+    raise AuditInputError(path, "file", f"cannot tell its form: expected {FORMAT} JSON (.json) or a Liger-Kernel "
+                                        "benchmark CSV (.csv, header starting with kernel_name)")
+
+
+# -- judging ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Finding:
+    check: str  # gpu | operation | workload | protocol | physics | quantiles
+    status: str  # ok | warning | mismatch | unknown | impossible | skipped
+    message: str
+
+
+@dataclass(frozen=True)
+class RecordAudit:
+    record: Record
+    verdict: str
+    findings: tuple[Finding, ...]
+    gpu: Optional[GpuMatch] = None
+    workload: Optional[str] = None
+    floor: Optional[Floor] = None
+    floor_ratio: Optional[float] = None
+
+    def finding(self, check: str) -> Optional[Finding]:
+        return next((f for f in self.findings if f.check == check), None)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(f"{f.check}: {f.message}" for f in self.findings if f.status not in ("ok",))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"record": asdict(self.record), "verdict": self.verdict,
+                "findings": [asdict(f) for f in self.findings],
+                "gpu": self.gpu.to_json() if self.gpu else None, "workload": self.workload,
+                "floor": self.floor.to_json() if self.floor else None, "floor_ratio": self.floor_ratio}
+
+    def lines(self) -> list[str]:
+        return [f"{self.record.label()} -> {self.verdict}"] + [f"    {f.check}: {f.status}: {f.message}"
+                                                               for f in self.findings]
+
+
+def _operation(record: Record, spec: Spec) -> Finding:
+    name = record.operation.strip()
+    if name.split("@")[0] == spec.id:
+        return Finding("operation", "ok", f"{name!r} is the spec's operation")
+    known = OPERATIONS.get(name.lower().replace("-", "_"))
+    if known and known[0] == "same" and spec.semantics.family == "grpo":
+        return Finding("operation", "warning", f"{name!r}: {known[1]}")
+    if known:
+        return Finding("operation", "mismatch", f"{name!r} is a different operation from {spec.id}: {known[1]}")
+    return Finding("operation", "mismatch", f"{name!r} is not {spec.id} nor a known name for it")
+
+
+def _protocol(record: Record) -> Finding:
+    if record.protocol in ("forward", "full"):
+        return Finding("protocol", "ok", f"times the {record.protocol!r} protocol")
+    if record.protocol == "backward":
+        return Finding("protocol", "mismatch", "backward-only timing: the gradient may already have been computed "
+                       "during forward, so this is not the latency of any declared protocol (forward or full)")
+    return Finding("protocol", "mismatch", f"{record.protocol!r} is not a protocol of this project (forward, full, "
+                   "backward)")
+
+
+def _workload(record: Record, spec: Spec) -> tuple[Finding, Optional[Workload]]:
+    x = spec.differentiable_input
+    for w in spec.workloads:
+        if not w.drawn and all(record.axes.get(a) == v for a, v in w.axes.items()) \
+                and record.dtype == w.dtypes.get(x.name):
+            return Finding("workload", "ok", f"matches the spec's workload {w.name!r}"), w
+    base = [a.name for a in spec.axes if a.derivation() is None]
+    missing = [a for a in base if a not in record.axes]
+    stated = ", ".join(f"{k}={v}" for k, v in record.axes.items()) + f", {x.name} {record.dtype or 'dtype not stated'}"
+    why = f"axes {', '.join(missing)} not stated" if missing else "no fixed workload of the spec has these values"
+    extra = f"; {', '.join(f'{k}={v}' for k, v in record.extra.items())} not part of the spec" if record.extra else ""
+    if missing or (record.dtype is not None and record.dtype not in x.dtypes):
+        return Finding("workload", "mismatch", f"{stated}: {why}{extra}"), None
+    dtype = record.dtype or min(x.dtypes, key=lambda d: ITEMSIZE.get(d, 99))  # unstated: smallest, a lower bound
+    synthetic = Workload(name="reported", axes={a: record.axes[a] for a in base}, dtypes={x.name: dtype},
+                         devices=("cuda",))
+    return Finding("workload", "mismatch", f"{stated}: {why}{extra}"), synthetic
+
+
+def audit_record(record: Record, spec: Spec, catalogue: Catalogue) -> RecordAudit:
+    findings: list[Finding] = []
+    match = catalogue.lookup(record.gpu)
+    if match is None:
+        findings.append(Finding("gpu", "unknown", f"{record.gpu!r} is not in the GPU catalogue: the time cannot be "
+                                                  "checked against a datasheet floor"))
+    else:
+        findings.append(Finding("gpu", "warning" if match.note else "ok", match.note or f"{match.gpu.name}"))
+    findings.append(_operation(record, spec))
+    findings.append(_protocol(record))
+    wl_finding, workload = _workload(record, spec)
+    findings.append(wl_finding)
+    q = record.quantiles_ms
+    if q and not (q.get("p20", 0) <= record.median_ms <= q.get("p80", math.inf)):
+        findings.append(Finding("quantiles", "warning",
+                                f"median {record.median_ms:g} ms lies outside its quantiles {q}"))
+    floor = None
+    floor_ratio = None
+    if match is None or workload is None:
+        findings.append(Finding("physics", "skipped", "no datasheet floor without a known GPU and a full workload"))
+    else:
+        judged = record.protocol if record.protocol in ("forward", "full") else "forward"
+        try:
+            floor = compute_floor(spec, spec.resolve(workload), judged, match.gpu)
+        except FloorError as exc:
+            findings.append(Finding("physics", "skipped", str(exc)))
+        else:
+            time_ns = record.median_ms * 1e6
+            floor_ratio = ratio(time_ns, floor)
+            basis = "" if judged == record.protocol else (" (a record presented as the operation's latency must "
+                                                          "at least read every declared input once)")
+            if below_floor(time_ns, floor):
+                findings.append(Finding("physics", "impossible", f"{record.median_ms:g} ms is below the {judged} "
+                                        f"floor of {spec.id} on {match.gpu.name}: its declared tensors "
+                                        f"({floor.bytes_total:,} B) need {format_ns(floor.dram_ns)} at "
+                                        f"{match.gpu.dram_gbps:,.0f} GB/s, at least {format_ns(floor.strict_ns)} "
+                                        f"even skipping what is never read{basis}"))
+            else:
+                findings.append(Finding("physics", "ok", f"{floor_ratio:.2f}x the {judged} floor "
+                                        f"({format_ns(floor.floor_ns)} on {match.gpu.name}): physically possible"
+                                        f"{basis}"))
+    status = {f.check: f.status for f in findings}
+    if status.get("physics") == "impossible":
+        verdict = "impossible"
+    elif "mismatch" in (status["operation"], status["protocol"], status["workload"]):
+        verdict = "not-comparable"
+    elif match is None:
+        verdict = "unknown-gpu"
+    else:
+        verdict = "plausible"
+    return RecordAudit(record, verdict, tuple(findings), match, workload.name if workload and
+                       workload.name != "reported" else None, floor, floor_ratio)
+
+
+@dataclass(frozen=True)
+class AuditRequest:
+    path: str
+    spec: str = DEFAULT_SPEC  # a spec file or id
+    catalogue_path: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    file: str
+    format: str
+    spec: Spec
+    audits: tuple[RecordAudit, ...]
+    ignored: tuple[IgnoredRow, ...] = ()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {v: sum(a.verdict == v for a in self.audits) for v in VERDICTS}
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FAILED if self.counts["impossible"] else EXIT_OK
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "format": self.format,
+                "spec": {"id": self.spec.id, "version": self.spec.version, "identity": {"sha256": self.spec.identity}},
+                "counts": self.counts, "records": [a.to_json() for a in self.audits],
+                "ignored": [asdict(i) for i in self.ignored], "exit_code": self.exit_code}
+
+    def lines(self) -> list[str]:
+        out = [f"audit of {self.file} ({self.format}: {len(self.audits)} timing records, {len(self.ignored)} other "
+               f"rows) against {self.spec.id} {self.spec.version}"]
+        for a in self.audits:
+            out += a.lines()
+        out += [f"{i.where}: ignored: {i.reason}" for i in self.ignored]
+        out.append("verdicts: " + ", ".join(f"{n} {v}" for v, n in self.counts.items()))
+        return out
+
+
+def run_audit(request: AuditRequest) -> AuditReport:
+    spec = load_spec_ref(request.spec)
+    catalogue = load_catalogue(request.catalogue_path)
+    form, records, ignored = read_records(request.path)
+    audits = tuple(audit_record(r, spec, catalogue) for r in records)
+    return AuditReport(request.path, form, spec, audits, tuple(ignored))

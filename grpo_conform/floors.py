@@ -1,0 +1,310 @@
+"""Lower bounds on the time of a spec's operation (docs/floors.md).
+
+`headroom-v1`, as the seed leaderboard defines it: every declared tensor crosses DRAM exactly once
+at the datasheet bandwidth. Bytes come from the spec's declared inputs, outputs and gradients at
+the resolved workload's shapes and dtypes, per protocol:
+
+- forward: every input read, every output written;
+- full: forward plus every declared gradient written once;
+- backward: no floor of its own (work can move into forward, and a gradient computed there is
+  returned for free), so none is given.
+
+Beside it: the same bytes over measured ceilings (when a `Ceilings` is given) and an arithmetic
+floor (one exponential per logits element read, over the GPU's exponential throughput).
+`below_floor` uses the strict bound: the datasheet floor without the slices the spec declares are
+never read.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from grpo_conform.errors import GrpoConformError
+from grpo_conform.hardware import Catalogue, Ceilings, GpuMatch, GpuSpec, load_catalogue
+from grpo_conform.spec import ResolvedWorkload, Spec, Workload, find_spec, load_spec
+
+METHOD = "headroom-v1"
+PROTOCOLS = ("forward", "full", "backward")
+MEASURED_SLACK = 0.10  # a kernel may beat a measured streaming ceiling by this much, never more
+ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "bfloat16": 2,
+            "float16": 2, "int16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
+#: Spec families with an arithmetic floor: what costs one exponential per element read.
+EXP_FAMILIES = {"grpo": "the log-sum-exp over the vocabulary needs exp() of every logit the loss reads"}
+
+
+class FloorError(GrpoConformError):
+    """A floor that cannot be computed as asked (unknown protocol or dtype)."""
+
+
+def load_spec_ref(ref: str) -> Spec:
+    """A spec from a file path or an id (`grpo-token-is`, `grpo-token-is@1.0.0`)."""
+    return load_spec(ref) if Path(ref).is_file() or ref.endswith(".json") else find_spec(ref)
+
+
+class _Smallest(random.Random):
+    def randint(self, a: int, b: int) -> int:  # type: ignore[override]
+        return a
+
+
+def resolve_for_floor(spec: Spec, workload: Workload) -> ResolvedWorkload:
+    """Resolve a workload; a drawn (ranged) one takes the smallest shape, whose floor bounds them all."""
+    return spec.resolve(workload, _Smallest())
+
+
+@dataclass(frozen=True)
+class Traffic:
+    tensor: str
+    role: str  # input | output | gradient
+    direction: str  # read | write
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    never_read_bytes: int = 0  # a slice the spec declares unread (its gradient is exactly 0)
+    note: str = ""
+
+
+def _itemsize(dtype: str) -> int:
+    if dtype not in ITEMSIZE:
+        raise FloorError(f"no byte size known for dtype {dtype!r} (known: {', '.join(ITEMSIZE)})")
+    return ITEMSIZE[dtype]
+
+
+def _pick_dtype(name: str, allowed: tuple[str, ...], resolved: ResolvedWorkload) -> tuple[str, str]:
+    if name in resolved.dtypes:
+        return resolved.dtypes[name], ""
+    smallest = min(allowed, key=_itemsize)
+    note = f"smallest allowed dtype of {'|'.join(allowed)}" if len(allowed) > 1 else ""
+    return smallest, note
+
+
+def tensor_traffic(spec: Spec, resolved: ResolvedWorkload) -> tuple[Traffic, ...]:
+    """Every declared tensor once: inputs read, outputs written, gradients written."""
+    out: list[Traffic] = []
+    for t in spec.inputs:
+        dtype, note = _pick_dtype(t.name, t.dtypes, resolved)
+        shape = resolved.shapes[t.name]
+        size = math.prod(shape) * _itemsize(dtype)
+        unread = 0
+        for g in spec.gradients:
+            if g.input == t.name and g.exact_zero is not None:
+                extent = shape[list(t.shape).index(g.exact_zero.axis)]
+                unread = size // extent
+        out.append(Traffic(t.name, "input", "read", shape, dtype, size, unread, note))
+    for o in spec.outputs:
+        dtype, note = _pick_dtype(o.name, o.dtypes, resolved)
+        shape = tuple(resolved.axes[a] for a in o.shape)
+        out.append(Traffic(o.name, "output", "write", shape, dtype, math.prod(shape) * _itemsize(dtype), 0, note))
+    inputs = {t.tensor: t for t in out if t.role == "input"}
+    for g in spec.gradients:
+        src = inputs[g.input]
+        out.append(Traffic(f"d{g.output}/d{g.input}", "gradient", "write", src.shape, src.dtype, src.bytes, 0,
+                           f"same shape and dtype as {g.input}"))
+    return tuple(out)
+
+
+def exp_count(spec: Spec, resolved: ResolvedWorkload) -> tuple[int, str]:
+    """Exponentials the operation cannot avoid: one per element of the differentiable input it reads."""
+    if spec.semantics.family not in EXP_FAMILIES:
+        return 0, f"no arithmetic formula for family {spec.semantics.family!r}"
+    x = spec.differentiable_input
+    shape = resolved.shapes[x.name]
+    count = math.prod(shape)
+    dims = " x ".join(map(str, shape))
+    for g in spec.gradients:
+        if g.input == x.name and g.exact_zero is not None:
+            extent = shape[list(x.shape).index(g.exact_zero.axis)]
+            count = count // extent * (extent - 1)
+            dims += f" less the {g.exact_zero.axis}[{g.exact_zero.index}] slice, never read"
+    return count, f"{count:,} exp ({x.name} {dims}; {EXP_FAMILIES[spec.semantics.family]})"
+
+
+def format_ns(ns: float | None) -> str:
+    if ns is None:
+        return "n/a"
+    if ns < 1e3:
+        return f"{ns:.0f} ns"
+    if ns < 1e6:
+        return f"{ns / 1e3:.1f} us"
+    if ns < 1e9:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e9:.3f} s"
+
+
+def _floor_ns(seconds: float) -> int:
+    return math.floor(seconds * 1e9)  # rounded down: a lower bound stays one
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Lower bounds for one (spec, workload, protocol, GPU); every time in integer nanoseconds."""
+
+    protocol: str
+    workload: str
+    gpu: Optional[str]
+    meaningful: bool
+    bytes_read: int = 0
+    bytes_written: int = 0
+    never_read_bytes: int = 0
+    exps: int = 0
+    dram_ns: Optional[int] = None
+    measured_ns: Optional[int] = None
+    arithmetic_ns: Optional[int] = None
+    binding: Optional[str] = None  # dram | measured | arithmetic
+    floor_ns: Optional[int] = None  # the binding (largest) floor: the estimate `ratio` divides by
+    strict_ns: Optional[int] = None  # below this a time is impossible
+    traffic: tuple[Traffic, ...] = ()
+    derivation: tuple[str, ...] = ()
+    method: str = METHOD
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "protocol": self.protocol, "workload": self.workload, "gpu": self.gpu,
+                "meaningful": self.meaningful, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "never_read_bytes": self.never_read_bytes, "exps": self.exps, "dram_ns": self.dram_ns,
+                "measured_ns": self.measured_ns, "arithmetic_ns": self.arithmetic_ns, "binding": self.binding,
+                "floor_ns": self.floor_ns, "strict_ns": self.strict_ns,
+                "traffic": [asdict(t) | {"shape": list(t.shape)} for t in self.traffic],
+                "derivation": list(self.derivation)}
+
+
+_BACKWARD = ("backward: no floor of its own. Work can move into forward (the gradient can be computed "
+             "there and backward returns it for free), so a backward-only time can be near zero and bounds "
+             "nothing; judge the operation by its forward or full time.")
+
+
+def compute_floor(spec: Spec, resolved: ResolvedWorkload, protocol: str, gpu: GpuSpec | None = None,
+                  ceilings: Ceilings | None = None) -> Floor:
+    """The floors of `protocol` for this resolved workload; `gpu` and `ceilings` are each optional."""
+    if protocol not in PROTOCOLS:
+        raise FloorError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    gpu_name = gpu.name if gpu else (ceilings.device_name if ceilings else None)
+    if protocol == "backward":
+        return Floor("backward", resolved.name, gpu_name, False, derivation=(_BACKWARD,))
+    traffic = tuple(t for t in tensor_traffic(spec, resolved) if protocol == "full" or t.role != "gradient")
+    read = sum(t.bytes for t in traffic if t.direction == "read")
+    written = sum(t.bytes for t in traffic if t.direction == "write")
+    unread = sum(t.never_read_bytes for t in traffic)
+    what = "inputs read, outputs written" + (", gradients written" if protocol == "full" else "")
+    lines = [f"{METHOD}: every declared tensor crosses DRAM exactly once ({protocol}: {what})"]
+    for t in traffic:
+        extra = f"; {t.note}" if t.note else ""
+        lines.append(f"  {t.direction} {t.tensor} {t.dtype} {list(t.shape)}: {t.bytes:,} B{extra}")
+    lines.append(f"  total {read:,} B read + {written:,} B written = {read + written:,} B")
+    dram = measured = arith = strict = None
+    if gpu is not None:
+        dram = _floor_ns((read + written) / gpu.dram_bytes_per_s)
+        strict = _floor_ns((read + written - unread) / gpu.dram_bytes_per_s)
+        lines.append(f"dram: {read + written:,} B / {gpu.dram_gbps:,.0f} GB/s ({gpu.name} datasheet) = "
+                     f"{format_ns(dram)}")
+        if unread:
+            lines.append(f"  strict bound {format_ns(strict)}: {unread:,} B the spec declares never read "
+                         "(its gradient is exactly 0) may be skipped")
+    if ceilings is not None:
+        pairs = min(read, written)
+        seconds = 2 * pairs / ceilings.copy_bytes_per_s + (read - pairs) / ceilings.read_bytes_per_s \
+            + (written - pairs) / ceilings.copy_bytes_per_s
+        measured = _floor_ns(seconds)
+        lines.append(f"measured: {2 * pairs:,} B as read+write pairs at the copy ceiling "
+                     f"{ceilings.copy_bytes_per_s / 1e12:.2f} TB/s + {read - pairs:,} B read-only at the read "
+                     f"ceiling {ceilings.read_bytes_per_s / 1e12:.2f} TB/s"
+                     + (f" + {written - pairs:,} B write-only at the copy ceiling" if written > pairs else "")
+                     + f" = {format_ns(measured)} (measured on {ceilings.device_name})")
+        if strict is None:
+            strict = _floor_ns(seconds * (read + written - unread) / (read + written) * (1 - MEASURED_SLACK))
+            lines.append(f"  no datasheet entry: impossible below {format_ns(strict)} (strict bytes, "
+                         f"{MEASURED_SLACK:.0%} below the measured ceilings)")
+    exps, exp_text = exp_count(spec, resolved)
+    if gpu is not None and exps:
+        arith = _floor_ns(exps / gpu.exp_per_s)
+        lines.append(f"arithmetic: {exp_text} / ({gpu.compute_units} {gpu.compute_unit} x "
+                     f"{gpu.exp_per_clock_per_unit} exp/clk/{gpu.compute_unit} x {gpu.boost_clock_mhz} MHz = "
+                     f"{gpu.exp_per_s:.4g} exp/s) = {format_ns(arith)}")
+        lines.append("  assumes every exp runs on the special-function unit at the boost clock, one per element "
+                     "(softmax terms kept for the gradient, not recomputed); exp2 emulated on the FMA pipes or "
+                     "in packed half precision could go below it, so it is an estimate, not a strict bound")
+    elif not exps:
+        lines.append(f"arithmetic: {exp_text}")
+    terms = {"dram": dram, "measured": measured, "arithmetic": arith}
+    present = {k: v for k, v in terms.items() if v is not None}
+    binding = max(present, key=lambda k: present[k]) if present else None
+    if binding:
+        lines.append(f"binding: {binding} ({format_ns(present[binding])})")
+    return Floor(protocol, resolved.name, gpu_name, True, read, written, unread, exps, dram, measured, arith,
+                 binding, present.get(binding) if binding else None, strict, traffic, tuple(lines))
+
+
+def compute_floors(spec: Spec, resolved: ResolvedWorkload, gpu: GpuSpec | None = None,
+                   ceilings: Ceilings | None = None) -> dict[str, Floor]:
+    return {p: compute_floor(spec, resolved, p, gpu, ceilings) for p in PROTOCOLS}
+
+
+def ratio(time_ns: float, floor: Floor) -> float:
+    """How many times the binding floor a time is (inf when there is no floor to compare with)."""
+    if not floor.floor_ns:
+        return math.inf
+    return time_ns / floor.floor_ns
+
+
+def below_floor(time_ns: float, floor: Floor) -> bool:
+    """True when the time is physically impossible: below the strict bound of this floor."""
+    return floor.strict_ns is not None and time_ns < floor.strict_ns
+
+
+# -- `grpo-conform floor` -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class FloorRequest:
+    spec_path: str
+    workload: str
+    gpu: str
+    protocol: str = "forward"  # or "all"
+    ceilings: Optional[Ceilings] = None
+    catalogue_path: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class FloorReport:
+    spec: Spec
+    resolved: ResolvedWorkload
+    match: GpuMatch
+    floors: tuple[Floor, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    exit_code: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": {"id": self.spec.id, "version": self.spec.version, "identity": {"sha256": self.spec.identity},
+                         "path": self.spec.source},
+                "workload": {"name": self.resolved.name, "axes": self.resolved.axes, "dtypes": self.resolved.dtypes},
+                "gpu": self.match.to_json() | {"datasheet": self.match.gpu.datasheet_json()},
+                "floors": [f.to_json() for f in self.floors], "notes": list(self.notes)}
+
+    def lines(self) -> list[str]:
+        axes = ", ".join(f"{k}={v}" for k, v in self.resolved.axes.items())
+        out = [f"{self.spec.id} {self.spec.version}, workload {self.resolved.name} ({axes}), GPU {self.match.gpu.name}"]
+        out += [f"note: {n}" for n in self.notes]
+        for f in self.floors:
+            head = f"floor {format_ns(f.floor_ns)} ({f.binding} binds)" if f.meaningful else "no floor"
+            out.append(f"{f.protocol}: {head}")
+            out += [f"  {line}" for line in f.derivation]
+        return out
+
+
+def run_floor(request: FloorRequest) -> FloorReport:
+    spec = load_spec_ref(request.spec_path)
+    resolved = resolve_for_floor(spec, spec.workload(request.workload))
+    catalogue: Catalogue = load_catalogue(request.catalogue_path)
+    match = catalogue.resolve(request.gpu)
+    if request.protocol != "all" and request.protocol not in PROTOCOLS:
+        raise FloorError(f"unknown protocol {request.protocol!r}: expected one of {', '.join(PROTOCOLS)} or all")
+    protocols = PROTOCOLS if request.protocol == "all" else (request.protocol,)
+    notes = [match.note] if match.note else []
+    if spec.workload(request.workload).drawn:
+        notes.append("drawn workload: the floor is for the smallest shape its ranges allow")
+    floors = tuple(compute_floor(spec, resolved, p, match.gpu, request.ceilings) for p in protocols)
+    return FloorReport(spec, resolved, match, floors, tuple(notes))

@@ -1,0 +1,97 @@
+"""The one place that times anything.
+
+Method (recorded with every result as `METHOD`): CUDA events on the current stream around the
+call, then a device-wide synchronize; host wall time around the same region; warmup excluded;
+L2 flushed before every timed call by writing a buffer of at least twice the L2 size; fresh
+inputs for every warmup and timed call (rewritten in place at the same address, rotating over
+several buffer sets); a random subset of timed outputs re-checked against the float64
+reference; median with quantiles; repetitions recorded.
+
+Timed calls of an implementation run in its worker (the parent drives each call and regenerates
+the inputs between calls); `time_cuda` times code of our own in this process (ceilings).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+PROTOCOLS = ("forward", "full", "backward")
+METHOD = (
+    "CUDA events on the current stream around the call plus a device-wide synchronize; warmup excluded; "
+    "L2 flushed before each timed call (buffer >= 2x L2 written); fresh inputs every call, rewritten in place "
+    "and rotated over buffer sets; random subset of timed outputs re-checked against the float64 reference; "
+    "median and quantiles of per-call times"
+)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Per-call times in integer nanoseconds, summarised by median and quantiles."""
+
+    samples_ns: tuple[int, ...]
+
+    @classmethod
+    def of(cls, samples: Sequence[int]) -> "Distribution":
+        if not samples:
+            raise ValueError("a distribution needs at least one sample")
+        return cls(tuple(int(s) for s in samples))
+
+    def quantile(self, q: float) -> int:
+        s = sorted(self.samples_ns)
+        if len(s) == 1:
+            return s[0]
+        pos = q * (len(s) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return int(round(s[lo] + (s[hi] - s[lo]) * (pos - lo)))
+
+    @property
+    def median_ns(self) -> int:
+        return int(round(statistics.median(self.samples_ns)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "median_ns": self.median_ns,
+            "p10_ns": self.quantile(0.10),
+            "p25_ns": self.quantile(0.25),
+            "p75_ns": self.quantile(0.75),
+            "p90_ns": self.quantile(0.90),
+            "min_ns": min(self.samples_ns),
+            "max_ns": max(self.samples_ns),
+            "reps": len(self.samples_ns),
+        }
+
+
+def flush_bytes_for(device: torch.device) -> int:
+    """At least twice the L2 size (and never under 256 MiB)."""
+    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    return max(2 * l2, 256 << 20)
+
+
+def time_cuda(fn: Callable[[], Any], reps: int, warmup: int, flush: bool = True) -> list[int]:
+    """Time `fn` in this process: events on the current stream, L2 flushed, ns per rep."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    scratch = torch.empty(flush_bytes_for(device), dtype=torch.uint8, device=device) if flush else None
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for i in range(reps):
+        if scratch is not None:
+            scratch.fill_(i & 0x7F)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(int(round(start.elapsed_time(end) * 1e6)))
+    return out
+
+
+def wall_ns() -> int:
+    return time.perf_counter_ns()

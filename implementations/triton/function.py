@@ -1,0 +1,36 @@
+"""The autograd.Function: gradient computed in the forward pass when it will be needed.
+
+When logits require grad, forward runs the fused kernel (loss and gradient in one pass over the
+logits) and keeps the gradient; backward multiplies it by d loss in place with a kernel that
+reads d loss on the device and exits at once when it is 1 (the usual `loss.backward()`), so no
+host synchronisation and no second pass. Under torch.no_grad only the loss is computed.
+A second backward through the same graph (retain_graph=True) recomputes the gradient from the
+saved per-token log-sum-exp, since the first one consumed the buffer.
+"""
+
+import torch
+
+from . import launch
+
+
+class GrpoLossFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, completion_ids, advantages, problem, settings):
+        if not ctx.needs_input_grad[0]:
+            return launch.forward_loss(logits, completion_ids, advantages, problem, settings)
+        loss, grad, lse = launch.fused_loss_and_grad(logits, completion_ids, advantages, problem, settings)
+        ctx.save_for_backward(logits, completion_ids, advantages, lse)
+        ctx.grad = grad
+        ctx.problem, ctx.settings = problem, settings
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        dloss = dloss.to(torch.float32).contiguous()
+        if ctx.grad is not None:
+            grad, ctx.grad = ctx.grad, None  # handed to the caller: never touched again
+            launch.scale_in_place(grad, dloss)
+        else:
+            logits, ids, adv, lse = ctx.saved_tensors
+            grad = launch.grad_from_lse(logits, ids, adv, lse, dloss, ctx.problem, ctx.settings)
+        return grad, None, None, None, None

@@ -1,0 +1,156 @@
+"""Launchers: frozen settings in, output tensors out. No autograd here.
+
+The settings that reach the floor on the H200 were found by benchmarks/explore_triton.py and are
+recorded, with every version tried, in docs/triton-kernel-notes.md.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import triton
+
+from . import kernels
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    """How to launch. `fused`: 'sync' (chunks in registers, programs of a row wait for each other)
+    or 'two_sweep' (one program per row, the row re-read for the gradient)."""
+
+    fused: Literal["sync", "two_sweep"] = "sync"
+    chunk: int = 16384  # elements per program, sync and forward kernels
+    num_warps: int = 16
+    forward_chunk: int = 8192
+    forward_warps: int = 8
+    block: int = 8192  # two_sweep: elements per step
+    persistent: bool = False  # two_sweep: a fixed grid of programs_per_sm x SMs
+    programs_per_sm: int = 1
+    hints: bool = False  # two_sweep: keep the first sweep in L2, stream the gradient out
+    stream_stores: bool = True  # sync: gradient stores marked streaming (.cs)
+
+
+GPU_DEFAULT = KernelSettings()
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def settings_for(vocab: int, device: torch.device) -> KernelSettings:
+    """The interpreter runs programs one after another: a row must then be one chunk (nothing to wait for)."""
+    if device.type != "cuda" or interpreting():
+        whole = triton.next_power_of_2(vocab)
+        return replace(GPU_DEFAULT, chunk=whole, forward_chunk=whole, num_warps=4, forward_warps=4)
+    return GPU_DEFAULT
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Shapes and scalars of one call, derived once from the inputs."""
+
+    batch: int
+    seq: int
+    vocab: int
+    stride_b: int
+    stride_t: int
+    inv_temp: float
+    eps_low: float
+    eps_high: float
+
+    @property
+    def inv_bst(self) -> float:
+        return self.inv_temp / (self.batch * max(1, self.seq))
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, epsilon_low: float, epsilon_high: float, temperature: float) -> "Problem":
+        batch, seq_next, vocab = logits.shape
+        return cls(batch, seq_next - 1, vocab, logits.stride(0), logits.stride(1), 1.0 / temperature,
+                   float(epsilon_low), float(epsilon_high))
+
+
+def _chunks(vocab: int, chunk: int) -> tuple[int, int]:
+    n = triton.cdiv(vocab, chunk)
+    return n, triton.next_power_of_2(n)
+
+
+def _finalize(token_loss: torch.Tensor, p: Problem) -> torch.Tensor:
+    loss = torch.empty((), dtype=torch.float32, device=token_loss.device)
+    kernels._finalize_kernel[(1,)](token_loss, loss, p.batch, p.seq, BLOCK=1024, num_warps=4)
+    return loss
+
+
+def forward_loss(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tensor:
+    """The loss only (torch.no_grad): one read of the logits, no gradient work."""
+    dev = logits.device
+    tokens = p.batch * p.seq
+    n, n_p2 = _chunks(p.vocab, s.forward_chunk)
+    part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
+    part_s = torch.empty(tokens * n, dtype=torch.float32, device=dev)
+    count = torch.zeros(tokens, dtype=torch.int32, device=dev)
+    token_loss = torch.empty(tokens, dtype=torch.float32, device=dev)
+    if tokens:
+        kernels._forward_kernel[(tokens * n,)](
+            logits, ids, adv, part_m, part_s, count, token_loss,
+            p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high,
+            CHUNK=s.forward_chunk, NUM_CHUNKS=n, CHUNKS_P2=n_p2, num_warps=s.forward_warps,
+        )
+    return _finalize(token_loss, p)
+
+
+def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
+    """Loss, gradient (logits dtype, last position exactly 0) and per-token lse, in one pass."""
+    dev = logits.device
+    tokens = p.batch * p.seq
+    rows = p.batch * (p.seq + 1)
+    grad = torch.empty((p.batch, p.seq + 1, p.vocab), dtype=logits.dtype, device=dev)
+    token_loss = torch.empty(tokens, dtype=torch.float32, device=dev)
+    lse = torch.empty(tokens, dtype=torch.float32, device=dev)
+    if s.fused == "two_sweep":
+        if s.persistent:
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            grid = (min(rows, sms * s.programs_per_sm),)
+        else:
+            grid = (rows,)
+        kernels._two_sweep_kernel[grid](
+            logits, ids, adv, grad, token_loss, lse,
+            p.stride_b, p.stride_t, p.seq, p.vocab, rows, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
+            BLOCK=s.block, PERSISTENT=s.persistent, HINTS=s.hints, num_warps=s.num_warps,
+        )
+    else:
+        n, n_p2 = _chunks(p.vocab, s.chunk)
+        part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
+        part_s = torch.empty(tokens * n, dtype=torch.float32, device=dev)
+        count = torch.zeros(max(tokens, 1), dtype=torch.int32, device=dev)
+        kernels._fused_kernel[(rows * n,)](
+            logits, ids, adv, grad, part_m, part_s, count, token_loss, lse,
+            p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
+            CHUNK=s.chunk, NUM_CHUNKS=n, CHUNKS_P2=n_p2, SYNC=n > 1, STREAM_STORES=s.stream_stores,
+            num_warps=s.num_warps,
+        )
+    return _finalize(token_loss, p), grad, lse
+
+
+def scale_in_place(grad: torch.Tensor, dloss: torch.Tensor) -> None:
+    """grad *= dloss without a host sync; a no-op on the device when dloss == 1."""
+    n = grad.numel()
+    block = 4096
+    if grad.is_cuda and not interpreting():
+        programs = min(triton.cdiv(n, block), 4 * torch.cuda.get_device_properties(grad.device).multi_processor_count)
+    else:
+        programs = min(triton.cdiv(n, block), 4)
+    kernels._scale_kernel[(max(1, programs),)](grad, dloss.reshape(1), n, BLOCK=block, num_warps=4)
+
+
+def grad_from_lse(logits, ids, adv, lse, dloss, p: Problem, s: KernelSettings) -> torch.Tensor:
+    grad = torch.empty((p.batch, p.seq + 1, p.vocab), dtype=logits.dtype, device=logits.device)
+    n, _ = _chunks(p.vocab, s.forward_chunk)
+    kernels._grad_from_lse_kernel[(p.batch * (p.seq + 1), n)](
+        logits, ids, adv, lse, grad, dloss.reshape(1),
+        p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
+        CHUNK=s.forward_chunk, num_warps=s.forward_warps,
+    )
+    return grad

@@ -1,0 +1,18 @@
+"""Shared fixtures. Tests run on the CPU; Triton code runs under TRITON_INTERPRET=1 in workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_FILE = ROOT / "specs" / "grpo-token-is.v1.json"
+GALLERY = Path(__file__).resolve().parent / "gallery"
+
+
+@pytest.fixture(scope="session")
+def spec():
+    from grpo_conform.spec import load_spec
+
+    return load_spec(SPEC_FILE)

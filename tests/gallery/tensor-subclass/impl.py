@@ -1,0 +1,16 @@
+import torch
+
+
+class LazyLoss(torch.Tensor):
+    """A tensor subclass standing in for a lazy or traced value: a caller could be handed something
+    whose comparisons or printing are overridden. The contract requires exactly torch.Tensor."""
+
+
+def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
+    seq = completion_ids.shape[1]
+    logp = torch.log_softmax(logits[:, :seq].float() / temperature, -1)
+    logp = logp.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    ratio = torch.exp(logp - logp.detach())
+    a = advantages.float().unsqueeze(-1)
+    per_token = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * a)
+    return (per_token.sum(-1) / seq).mean().as_subclass(LazyLoss)

@@ -1,0 +1,220 @@
+"""Audit of reported records: the seed page's records in both input forms, verdict rules, bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_conform.audit import (FORMAT, AuditInputError, AuditRequest, parse_config_string, read_records,
+                                reported_schema, run_audit)
+from grpo_conform.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+DATA = Path(__file__).resolve().parent / "data"
+SPEC_FILE = str(Path(__file__).resolve().parent.parent / "specs" / "grpo-token-is.v1.json")
+CSV_FILE, JSON_FILE = DATA / "seed-records.csv", DATA / "seed-records.json"
+HEADER = ("kernel_name,kernel_provider,kernel_operation_mode,metric_name,metric_unit,x_name,x_label,x_value,"
+          "y_value_50,y_value_20,y_value_80,extra_benchmark_config_str,gpu_name,timestamp,liger_version")
+CONFIG = '"{""T"": 1024, ""V"": 128256, ""dtype"": ""torch.bfloat16""}"'
+
+
+def _audit(path) -> object:
+    return run_audit(AuditRequest(str(path), SPEC_FILE))
+
+
+@pytest.fixture(scope="module")
+def csv_report():
+    return _audit(CSV_FILE)
+
+
+@pytest.fixture(scope="module")
+def json_report():
+    return _audit(JSON_FILE)
+
+
+def _key(a) -> tuple:
+    return a.record.implementation.lower() == "liger", a.record.axes["batch"], a.record.median_ms
+
+
+def test_seed_csv_verdicts(csv_report):
+    assert csv_report.format == "liger-benchmark-csv" and len(csv_report.audits) == 10
+    by_time = {(a.record.implementation, a.record.median_ms): a for a in csv_report.audits}
+    b16 = by_time[("liger", 1.97)]
+    assert b16.verdict == "impossible" and b16.workload == "seed-b16"
+    assert b16.finding("physics").status == "impossible"
+    assert b16.floor.protocol == "forward" and b16.floor.strict_ns > 1.97e6
+    assert "2.06 ms" in b16.finding("physics").message
+    for a in csv_report.audits:
+        assert a.finding("protocol").status == "mismatch" and "backward-only" in a.finding("protocol").message
+        assert a.finding("operation").status == "mismatch"
+        assert "logits never exist" in a.finding("operation").message
+        assert a.finding("gpu").status == "ok" and a.gpu.gpu.id == "a100-sxm4-80gb"
+        assert a.finding("workload").status == "ok"
+        assert a.record.extra == {"H": 4096}
+    for a in csv_report.audits:
+        if a is not b16:
+            assert a.verdict == "not-comparable"
+            assert a.finding("physics").status == "ok"
+    torch_rows = [a for a in csv_report.audits if a.record.implementation == "torch"]
+    assert len(torch_rows) == 5
+    assert all(a.finding("physics").status == "ok" and a.floor_ratio > 10 for a in torch_rows)
+    assert csv_report.counts == {"impossible": 1, "not-comparable": 9, "unknown-gpu": 0, "plausible": 0}
+    assert csv_report.exit_code == EXIT_FAILED
+
+
+def test_both_forms_give_the_same_verdicts(csv_report, json_report):
+    assert json_report.format == FORMAT
+    csv_verdicts = sorted((_key(a), a.verdict, a.workload) for a in csv_report.audits)
+    json_verdicts = sorted((_key(a), a.verdict, a.workload) for a in json_report.audits)
+    assert csv_verdicts == json_verdicts
+    assert json_report.exit_code == EXIT_FAILED
+
+
+def test_seed_json_is_flagged_for_protocol_and_ambiguous_gpu(json_report):
+    for a in json_report.audits:
+        assert a.finding("operation").status == "ok"  # the leaderboard claimed the spec's operation
+        assert a.finding("protocol").status == "mismatch"
+        assert a.finding("gpu").status == "warning" and "fastest" in a.finding("gpu").message
+        assert a.gpu.gpu.id == "a100-sxm4-80gb"
+
+
+def test_report_serializes_and_reads(csv_report):
+    out = json.loads(json.dumps(csv_report.to_json()))
+    assert out["exit_code"] == 1 and out["counts"]["impossible"] == 1
+    assert out["records"][4]["verdict"] == "impossible"
+    text = "\n".join(csv_report.lines())
+    assert "-> impossible" in text and "verdicts: 1 impossible, 9 not-comparable" in text
+
+
+def _write(tmp_path: Path, name: str, content: str) -> Path:
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    return path
+
+
+def _reported(tmp_path: Path, **changes) -> Path:
+    record = {"implementation": "Fast", "operation": "grpo-token-is", "protocol": "forward",
+              "workload": {"batch": 2, "seq": 1024, "vocab": 128256, "dtype": "bfloat16"},
+              "gpu": "NVIDIA A100-SXM4-80GB", "median_ms": 0.30, "source": "https://example.org/run"}
+    record.update(changes)
+    return _write(tmp_path, "r.json", json.dumps({"format": FORMAT, "records": [record]}))
+
+
+def test_a_forward_record_above_its_floor_is_plausible(tmp_path):
+    report = _audit(_reported(tmp_path))
+    (a,) = report.audits
+    assert a.verdict == "plausible" and a.workload == "seed-b2" and not a.warnings
+    assert a.floor_ratio == pytest.approx(0.30e6 / 257903, rel=1e-6)
+    assert report.exit_code == EXIT_OK
+
+
+def test_a_full_record_is_judged_against_the_full_floor(tmp_path):
+    (a,) = _audit(_reported(tmp_path, protocol="full", median_ms=0.40)).audits
+    assert a.verdict == "impossible" and a.floor.protocol == "full"  # 0.40 ms < 515.8 us
+
+
+def test_unknown_gpu(tmp_path):
+    (a,) = _audit(_reported(tmp_path, gpu="NVIDIA Z9000")).audits
+    assert a.verdict == "unknown-gpu" and a.finding("physics").status == "skipped"
+
+
+def test_liger_grpo_loss_name_is_the_spec_operation_with_a_warning(tmp_path):
+    (a,) = _audit(_reported(tmp_path, operation="grpo_loss")).audits
+    assert a.verdict == "plausible" and a.finding("operation").status == "warning"
+    assert any(w.startswith("operation:") for w in a.warnings)
+
+
+def test_other_workload_is_not_comparable_but_still_checked(tmp_path):
+    wl = {"batch": 2, "seq": 1024, "vocab": 32000, "dtype": "bfloat16"}
+    (a,) = _audit(_reported(tmp_path, workload=wl, median_ms=0.01)).audits
+    assert a.workload is None and a.finding("workload").status == "mismatch"
+    assert a.verdict == "impossible"  # 2*1025*32000*2 B cannot be read in 10 us
+    (b,) = _audit(_reported(tmp_path, workload=wl, median_ms=5.0)).audits
+    assert b.verdict == "not-comparable" and b.finding("physics").status == "ok"
+
+
+def test_memory_rows_are_not_timings(tmp_path):
+    rows = [HEADER,
+            f"grpo_loss,liger,full,speed,ms,B,batch size,2,0.90,0.89,0.91,{CONFIG},NVIDIA H200,2026-11-30,0.8.5",
+            f"grpo_loss,liger,full,memory,MB,B,batch size,2,1024.0,1024.0,1024.0,{CONFIG},NVIDIA H200,2026-11-30,0.8.5"]
+    report = _audit(_write(tmp_path, "liger.csv", "\n".join(rows) + "\n"))
+    assert len(report.audits) == 1 and len(report.ignored) == 1
+    assert "not a timing" in report.ignored[0].reason and report.ignored[0].where == "line 3"
+    (a,) = report.audits
+    assert a.verdict == "plausible" and a.record.quantiles_ms == {"p20": 0.89, "p80": 0.91}
+
+
+def test_microsecond_units_are_converted(tmp_path):
+    row = f"grpo_loss,liger,forward,speed,us,B,batch size,2,300.0,,,{CONFIG},NVIDIA A100-SXM4-80GB,2025,0.6.1"
+    (a,) = _audit(_write(tmp_path, "us.csv", HEADER + "\n" + row + "\n")).audits
+    assert a.record.median_ms == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"B": 8, "T": 2048, "dtype": "torch.bfloat16"}', {"B": 8, "T": 2048, "dtype": "torch.bfloat16"}),
+    ("{'B': 8, 'T': 2048, 'dtype': torch.float32}", {"B": 8, "T": 2048, "dtype": "torch.float32"}),
+    ("B=8, T=2048, dtype=torch.float16", {"B": 8, "T": 2048, "dtype": "torch.float16"}),
+    ("", {}),
+])
+def test_parse_config_string(text, expected):
+    assert parse_config_string(text) == expected
+
+
+@pytest.mark.parametrize("content, where, field", [
+    ("kernel_name,kernel_provider\nx,y\n", "line 1", "missing columns"),
+    (HEADER + f"\ngrpo_loss,liger,forward,speed,ms,B,b,2,fast,,,{CONFIG},NVIDIA H200,2026,0.8\n", "line 2",
+     "y_value_50"),
+    (HEADER + "\ngrpo_loss,liger,forward,speed,ms,B,b,2,1.0,,,\"[[[\",NVIDIA H200,2026,0.8\n", "line 2",
+     "extra_benchmark_config_str"),
+    (HEADER + f"\ngrpo_loss,liger,forward,speed,furlongs,B,b,2,1.0,,,{CONFIG},NVIDIA H200,2026,0.8\n", "line 2",
+     "metric_unit"),
+    (HEADER + f"\ngrpo_loss,liger,forward,speed,ms,B,b,two,1.0,,,{CONFIG},NVIDIA H200,2026,0.8\n", "line 2",
+     "x_value"),
+    (HEADER + "\ngrpo_loss,liger,forward\n", "line 2", "fields per row"),
+])
+def test_malformed_csv_names_file_line_and_field(tmp_path, content, where, field):
+    path = _write(tmp_path, "bad.csv", content)
+    with pytest.raises(AuditInputError) as err:
+        _audit(path)
+    message = str(err.value)
+    assert str(path) in message and where in message and field in message
+    assert err.value.exit_code == EXIT_USAGE
+
+
+def test_malformed_json_names_record_and_field(tmp_path):
+    doc = json.loads(JSON_FILE.read_text())
+    del doc["records"][3]["median_ms"]
+    with pytest.raises(AuditInputError, match=r"records\[3\]\.median_ms"):
+        _audit(_write(tmp_path, "bad.json", json.dumps(doc)))
+    doc = json.loads(JSON_FILE.read_text())
+    doc["records"][1]["protocol"] = "sideways"
+    with pytest.raises(AuditInputError, match=r"records\[1\]\.protocol"):
+        _audit(_write(tmp_path, "bad.json", json.dumps(doc)))
+    doc["records"][1]["protocol"] = "forward"
+    doc["records"][1]["median_ms"] = -1
+    with pytest.raises(AuditInputError, match=r"records\[1\]\.median_ms"):
+        _audit(_write(tmp_path, "bad.json", json.dumps(doc)))
+    doc["records"][1]["median_ms"] = 1.0
+    doc["records"][1]["workload"]["batch"] = 0
+    with pytest.raises(AuditInputError, match=r"records\[1\]\.workload\.batch"):
+        _audit(_write(tmp_path, "bad.json", json.dumps(doc)))
+    with pytest.raises(AuditInputError, match="line 1"):
+        _audit(_write(tmp_path, "broken.json", '{"format": '))
+    with pytest.raises(AuditInputError, match=r"\$\.format"):
+        _audit(_write(tmp_path, "other.json", json.dumps({"format": "x", "records": []})))
+
+
+def test_unreadable_or_unrecognized_files(tmp_path):
+    with pytest.raises(AuditInputError, match="cannot read"):
+        read_records(tmp_path / "missing.csv")
+    with pytest.raises(AuditInputError, match="cannot tell its form"):
+        read_records(_write(tmp_path, "notes.txt", "hello\n"))
+    fmt, records, _ = read_records(_write(tmp_path, "records", JSON_FILE.read_text()))
+    assert fmt == FORMAT and len(records) == 10  # detected by content
+
+
+def test_reported_schema_documents_the_form():
+    schema = reported_schema()
+    assert "records" in schema["properties"]
+    assert "median_ms" in json.dumps(schema)

@@ -1,0 +1,170 @@
+"""The statement: built from a real check run and from synthetic reports; canonical bytes; schema."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+from grpo_conform.canonical import canonical_bytes, sha256_hex
+from grpo_conform.check import CheckRequest, run_check
+from grpo_conform.evidence import (
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    StatementError,
+    VerifyRequest,
+    build_statement,
+    run_verify,
+    schema_problems,
+    statement_bytes,
+    write_evidence,
+    write_record,
+)
+from grpo_conform.evidence.dsse import parse_envelope
+from grpo_conform.evidence.statement import json_ready
+from test_evidence_support import (
+    PYTORCH,
+    new_key,
+    outcome,
+    synthetic_impl,
+    synthetic_report,
+    synthetic_statement,
+    trust,
+)
+
+
+@pytest.fixture(scope="module")
+def real_report():
+    """One real CPU run (about 5 s) shared by this module."""
+    return run_check(CheckRequest((str(PYTORCH),), device="cpu", workloads=("batch1-seq1",)))
+
+
+def test_real_report_statement(real_report) -> None:
+    impl = real_report.implementations[0]
+    st = build_statement(real_report, impl)
+    assert schema_problems(st) == []
+    assert st["_type"] == STATEMENT_TYPE and st["predicateType"] == PREDICATE_TYPE
+    assert st["subject"] == [{"name": "implementations/pytorch", "digest": {"sha256": impl.identity}}]
+    p = st["predicate"]
+    assert p["verdict"] == "conformant" and p["result"] == "PASSED"
+    assert p["failedTests"] == [] and "batch1-seq1/gradient" in p["passedTests"]
+    spec = next(iter(real_report.specs.values()))
+    assert p["spec"] == {"id": spec.id, "version": spec.version, "identity": spec.identity}
+    assert p["configuration"][0]["uri"] == "specs/grpo-token-is.v1.json"
+    assert p["implementation"]["path"] == "implementations/pytorch" and p["implementation"]["license"]
+    assert p["workloads"] == [w.to_json() for w in impl.workloads]
+    assert p["hardware"]["device"] == real_report.device and p["software"] == real_report.software
+    assert p["run"]["started"].endswith("Z") and p["run"]["finished"].endswith("Z")
+    data = statement_bytes(st)  # the whole real report serializes under RFC 8785
+    assert json.loads(data) == st and canonical_bytes(json.loads(data)) == data
+
+
+def test_real_report_round_trip(real_report, tmp_path) -> None:
+    key = new_key()
+    trusted = trust(tmp_path, (key, {"valid_from": "2020-01-01T00:00:00Z"}))
+    written = write_evidence(real_report, tmp_path / "out", key)
+    assert [w.signed for w in written] == [True] and written[0].path.endswith("pytorch.intoto.json")
+    report = run_verify(VerifyRequest(tuple(w.path for w in written), trusted))
+    assert report.exit_code == 0, report.to_json()
+    f = report.files[0]
+    assert [s.status for s in f.steps] == ["pass"] * 4
+    assert f.record_identity == written[0].record_identity
+    assert {c.kind: c.status for c in f.identities} == {"record": "match", "spec": "match", "implementation": "match"}
+    json.dumps(report.to_json())
+
+
+def test_outcome_lists_and_result() -> None:
+    outcomes = (outcome("loss", "pass"), outcome("gradient", "fail"), outcome("finite", "skipped"),
+                outcome("determinism", "fail", informational=True), outcome("freshness", "timeout"))
+    st = build_statement(synthetic_report(), synthetic_impl(status="failed", outcomes=outcomes))
+    p = st["predicate"]
+    assert p["passedTests"] == ["small/loss"]
+    assert p["failedTests"] == ["small/gradient", "small/freshness"]
+    assert p["warnedTests"] == ["small/finite", "small/determinism"]
+    assert p["result"] == "FAILED" and schema_problems(st) == []
+
+
+@pytest.mark.parametrize("status, outcomes, result", [
+    ("conformant", (outcome("loss", "pass"),), "PASSED"),
+    ("conformant", (outcome("loss", "pass"), outcome("determinism", "fail", informational=True)), "WARNED"),
+    ("conformant", (outcome("loss", "pass"), outcome("finite", "skipped")), "WARNED"),
+    ("skipped", (), "FAILED"),
+    ("load-error", (), "FAILED"),
+])
+def test_result_rules(status, outcomes, result) -> None:
+    st = build_statement(synthetic_report(), synthetic_impl(status=status, outcomes=outcomes))
+    assert st["predicate"]["result"] == result and schema_problems(st) == []
+
+
+def test_hardware_section_is_embedded() -> None:
+    hardware = {"gpu": "NVIDIA H200", "datasheet": {"hbm_bytes_per_s": 4_800_000_000_000},
+                "measured": {"copy_bytes_per_s": 4_100_000_000_000, "fraction": 0.854}, "device": {"x": 1}}
+    st = build_statement(synthetic_report(hardware=hardware), synthetic_impl())
+    hw = st["predicate"]["hardware"]
+    assert hw["device"] == {"kind": "cpu", "name": "x86_64"} and hw["reported_device"] == {"x": 1}
+    assert hw["measured"]["fraction"] == 0.854 and hw["gpu"] == "NVIDIA H200"
+
+
+def test_json_ready_makes_reports_serializable() -> None:
+    np = pytest.importorskip("numpy")
+    value = {"nan": math.nan, "inf": -math.inf, "ptr": 2**60, "ok": 2**53 - 1, "t": (1, 2.5),
+             "np": np.int64(3), "npf": np.float32(0.5)}
+    ready = json_ready(value)
+    assert ready == {"nan": "nan", "inf": "-inf", "ptr": str(2**60), "ok": 2**53 - 1, "t": [1, 2.5],
+                     "np": 3, "npf": 0.5}
+    canonical_bytes(ready)
+    with pytest.raises(StatementError, match=r"\$\.bad: a set"):
+        json_ready({"bad": {1}})
+    with pytest.raises(StatementError, match="key 1"):
+        json_ready({1: 2})
+
+
+def test_nan_evidence_in_a_report_still_serializes() -> None:
+    impl = synthetic_impl(status="failed", outcomes=(outcome("loss", "fail", actual=math.nan, storage=[2**62, 8]),))
+    st = build_statement(synthetic_report(), impl)
+    ev = st["predicate"]["workloads"][0]["checks"][0]["evidence"]
+    assert ev == {"actual": "nan", "storage": [str(2**62), 8]}
+    statement_bytes(st)
+
+
+def test_seeds_are_strings_and_durations_integers() -> None:
+    w = synthetic_statement()["predicate"]["workloads"][0]
+    assert w["seeds"] == ["2464000050388509931", "7"]
+    assert isinstance(w["timings"][0]["median_ns"], int)
+
+
+def test_payload_is_canonical_and_record_identity_is_its_sha256(tmp_path) -> None:
+    st = synthetic_statement()
+    written = write_record(st, tmp_path / "r.json", None)
+    envelope = parse_envelope((tmp_path / "r.json").read_bytes())
+    assert envelope.payload == canonical_bytes(st) and written.record_identity == sha256_hex(envelope.payload)
+    assert not written.signed and envelope.signatures == ()
+    assert json.loads((tmp_path / "r.json").read_text())["signatures"] == []
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda s: s["predicate"].update(result="OK"), "$.predicate.result"),
+    (lambda s: s["predicate"]["run"].update(finished="2026-12-01 10:00:05"), "$.predicate.run.finished"),
+    (lambda s: s["subject"][0]["digest"].update(sha256="ABC"), "$.subject[0].digest.sha256"),
+    (lambda s: s["predicate"].pop("spec"), "'spec' is a required property"),
+    (lambda s: s["predicate"].update(failedTests=["small/loss"]), "FAILED"),
+    (lambda s: s.update(predicateType="https://in-toto.io/attestation/test-result/v0.1"), "$.predicateType"),
+    (lambda s: s["predicate"]["workloads"][0].update(seeds=[7]), "$.predicate.workloads[0].seeds[0]"),
+])
+def test_schema_rejects(mutate, where) -> None:
+    st = copy.deepcopy(synthetic_statement())
+    mutate(st)
+    problems = schema_problems(st)
+    assert problems and any(where in p for p in problems), problems
+    with pytest.raises(StatementError, match="breaks evidence-statement.v1.schema.json"):
+        write_record(st, "/nonexistent/never-written.json", None)
+
+
+def test_schema_allows_extra_fields() -> None:
+    st = copy.deepcopy(synthetic_statement())
+    st["predicate"]["workloads"][0]["checks"][0]["evidence"]["anything"] = {"nested": [1, "x", None]}
+    st["predicate"]["future_field"] = True
+    st["extra"] = 1
+    assert schema_problems(st) == []

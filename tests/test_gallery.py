@@ -1,0 +1,62 @@
+"""The example gallery: every folder under tests/gallery is an implementation with an expect.toml
+saying which exit code `check` must give and which named checks must fail (and pass). Every new
+way to cheat that anyone finds becomes a folder here."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import GALLERY
+from grpo_conform.check import CheckRequest, run_check
+from grpo_conform.checks.registry import CHECKS_BY_NAME
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FOLDERS = sorted(p for p in GALLERY.iterdir() if (p / "expect.toml").is_file())
+WORKLOADS = ("odd-vocab",)  # odd vocab, three sequences: enough for every check, fast on 2 cores
+
+
+def _expect(folder):
+    return tomllib.loads((folder / "expect.toml").read_text())
+
+
+def test_every_check_has_a_failing_example():
+    named = {c for f in FOLDERS for c in _expect(f).get("fails", [])}
+    missing = set(CHECKS_BY_NAME) - named - {"determinism"}  # determinism is reported, never failed
+    assert not missing, f"checks without a gallery implementation that must fail them: {sorted(missing)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_gallery(folder):
+    expect = _expect(folder)
+    if expect.get("cuda_only") and not torch.cuda.is_available():
+        pytest.skip("exercised on a GPU (timing checks need CUDA): see docs/gallery.md")
+    timeout = expect.get("timeout")
+    started = time.monotonic()
+    report = run_check(CheckRequest((str(folder),), device="auto", workloads=WORKLOADS, timeout=timeout))
+    elapsed = time.monotonic() - started
+    assert report.exit_code == expect["exit_code"], report.implementations[0].message
+    (impl,) = report.implementations
+    outcomes = {o.check: o for w in impl.workloads for o in w.outcomes}
+    for name in expect.get("fails", []):
+        assert outcomes[name].failed, f"{name} should fail: {outcomes[name].status} {outcomes[name].message}"
+        if "status" in expect:
+            assert outcomes[name].status == expect["status"]
+    for name in expect.get("passes", []):
+        assert outcomes[name].status == "pass", f"{name} should pass: {outcomes[name].message}"
+    if expect["exit_code"] == 0:
+        assert impl.status == "conformant"
+    if "determinism_bitwise" in expect.get("reported", {}):
+        det = outcomes["determinism"]
+        assert det.status == "pass" and det.informational
+        assert det.evidence["bitwise_equal"] is expect["reported"]["determinism_bitwise"]
+    if timeout:
+        assert elapsed < timeout * 4 + 20, f"a hang must end within its timeout (took {elapsed:.1f} s)"
