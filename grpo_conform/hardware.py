@@ -319,6 +319,18 @@ def measure_streams(copy_fn: Callable[[], object], read_fn: Callable[[], object]
     return Ceilings.from_measurements(device_name, runs[0], runs[1], timer_name)
 
 
+def _cuda_device(device: Any):
+    """`device` as a torch CUDA device, or an EnvironmentProblem saying why it cannot be one."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise EnvironmentProblem(f"measuring bandwidth needs a CUDA device, not {dev.type!r}")
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem("no CUDA device is available (torch.cuda.is_available() is False)")
+    return dev
+
+
 def measure_ceilings(device: Any = "cuda", *, buffer_bytes: int | None = None, reps: int = DEFAULT_REPS,
                      warmup: int = DEFAULT_WARMUP, timer: Timer | None = None) -> Ceilings:
     """Copy and read bandwidth of the CUDA `device` over buffers several times its L2."""

@@ -65,7 +65,7 @@ def test_real_report_round_trip(real_report, tmp_path) -> None:
     key = new_key()
     trusted = trust(tmp_path, (key, {"valid_from": "2020-01-01T00:00:00Z"}))
     written = write_evidence(real_report, tmp_path / "out", key)
-    assert [w.signed for w in written] == [True] and written[0].path.endswith("pytorch.intoto.json")
+    assert [w.signed for w in written] == [True] and written[0].path.endswith(".intoto.json")
     report = run_verify(VerifyRequest(tuple(w.path for w in written), trusted))
     assert report.exit_code == 0, report.to_json()
     f = report.files[0]
