@@ -33,7 +33,7 @@ class KernelSettings:
     stream_stores: bool = True  # sync: gradient stores marked streaming (.cs)
 
 
-GPU_DEFAULT = KernelSettings()
+GPU_DEFAULT = KernelSettings(fused="two_sweep", block=8192, num_warps=16)
 
 
 def interpreting() -> bool:
