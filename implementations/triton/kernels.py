@@ -162,7 +162,8 @@ def _two_sweep_kernel(
                     x = tl.load(row_ptr + offs, mask=offs < vocab, other=-float("inf"))
                 z = x.to(tl.float32) * inv_temp
                 m_new = tl.maximum(m_vec, z)
-                s_vec = s_vec * tl.exp(m_vec - m_new) + tl.exp(z - m_new)
+                # A lane that has seen only padding keeps (-inf, 0): exp(-inf - -inf) would be NaN.
+                s_vec = tl.where(m_new > -float("inf"), s_vec * tl.exp(m_vec - m_new) + tl.exp(z - m_new), 0.0)
                 m_vec = m_new
             m = tl.max(m_vec, axis=0)
             s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
