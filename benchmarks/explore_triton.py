@@ -7,7 +7,7 @@ to the floor at this run's measured ceilings: forward = logits bytes / read band
 more than one chunk per row) run one per process (--variant), so a deadlock costs only its timeout.
 
     python3 benchmarks/explore_triton.py --group safe --out results.json
-    python3 benchmarks/explore_triton.py --variant sync:16384:16 --out results.json
+    python3 benchmarks/explore_triton.py --variant split:chunk=16384,block=4096,num_warps=4 --out results.json
 """
 
 from __future__ import annotations
@@ -53,22 +53,37 @@ def closed_form(x, ids, adv):
     return p.mul_(adv.view(b, 1, 1) / (b * SEQ))
 
 
-def variants(group: str, base):
-    if group == "forward":
-        for chunk, warps in ((4096, 4), (8192, 4), (8192, 8), (16384, 8), (16384, 16), (32768, 16)):
-            yield f"forward:{chunk}:{warps}", replace(base, forward_chunk=chunk, forward_warps=warps)
-    elif group == "safe":
-        yield "two_sweep:8192:16", replace(base, fused="two_sweep", block=8192, num_warps=16)
-        yield "two_sweep:8192:16:hints", replace(base, fused="two_sweep", block=8192, num_warps=16, hints=True)
-        yield "persist1:16384:32:hints", replace(base, fused="two_sweep", block=16384, num_warps=32, hints=True,
-                                                 persistent=True, programs_per_sm=1)
-        yield "persist2:8192:16:hints", replace(base, fused="two_sweep", block=8192, num_warps=16, hints=True,
-                                                persistent=True, programs_per_sm=2)
+GROUPS = {
+    # no program waits for another: safe to run many in one process
+    "safe": [
+        "two_sweep:block=8192,num_warps=16",
+        "two_sweep:block=16384,num_warps=32,persistent=1",
+        "two_sweep:block=8192,num_warps=16,persistent=1,num_stages=3",
+        "two_sweep:block=16384,num_warps=16,persistent=1,num_stages=2",
+        "two_sweep:block=8192,num_warps=8,persistent=1,programs_per_sm=2,num_stages=3",
+    ],
+    "forward": [
+        "forward:forward_chunk=8192,forward_block=8192,forward_warps=4",
+        "forward:forward_chunk=32768,forward_block=8192,forward_warps=4",
+        "forward:forward_chunk=131072,forward_block=8192,forward_warps=8",
+        "forward:forward_chunk=131072,forward_block=4096,forward_warps=4,forward_stages=3",
+        "forward:forward_chunk=16384,forward_block=4096,forward_warps=4,forward_stages=2",
+        "forward:forward_chunk=32768,forward_block=4096,forward_warps=4,forward_stages=3",
+    ],
+}
 
 
-def parse_variant(text: str, base):
-    kind, chunk, warps, *flags = text.split(":")
-    return replace(base, fused="sync", chunk=int(chunk), num_warps=int(warps), stream_stores="plain" not in flags)
+def parse(text: str, base):
+    """'kind:key=value,...' -> (name, KernelSettings); kind is a fused variant or 'forward'."""
+    kind, _, rest = text.partition(":")
+    fields = {}
+    for item in filter(None, rest.split(",")):
+        key, value = item.split("=")
+        current = getattr(base, key)
+        fields[key] = bool(int(value)) if isinstance(current, bool) else type(current)(value)
+    if kind != "forward":
+        fields["fused"] = kind
+    return text, replace(base, **fields)
 
 
 def measure(launch, impl, name, settings, batches, ceilings, results):
@@ -103,25 +118,57 @@ def measure(launch, impl, name, settings, batches, ceilings, results):
         torch.cuda.empty_cache()
 
 
+def shipped(impl, batches, ceilings, results) -> None:
+    """The entry as the validator calls it: forward under no_grad, and forward + backward."""
+    for batch in batches:
+        x, ids, adv = inputs(batch)
+        nbytes = x.numel() * x.element_size()
+
+        def full():
+            leaf = x.detach().requires_grad_()
+            impl.grpo_loss(leaf, ids, adv, 0.2, 0.2, 1.0).backward()
+
+        def forward():
+            with torch.no_grad():
+                impl.grpo_loss(x, ids, adv, 0.2, 0.2, 1.0)
+
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        full()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        for name, fn, floor in (("shipped-full", full, 2 * nbytes / ceilings.copy_bytes_per_s * 1e9),
+                                ("shipped-forward", forward, nbytes / ceilings.read_bytes_per_s * 1e9)):
+            t = sorted(time_cuda(fn, reps=20, warmup=3))
+            row = {"variant": name, "batch": batch, "median_ms": t[10] / 1e6, "floor_ms": floor / 1e6,
+                   "ratio": t[10] / floor, "peak_extra_over_grad": peak / nbytes}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        del x, ids, adv
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--group", choices=["forward", "safe"])
-    ap.add_argument("--variant", help="sync:CHUNK:WARPS[:plain]")
+    ap.add_argument("--group", choices=sorted(GROUPS))
+    ap.add_argument("--variant", help="one variant, e.g. split:chunk=16384,block=4096,num_warps=4")
+    ap.add_argument("--autograd", action="store_true", help="also time impl.grpo_loss + backward as shipped")
     ap.add_argument("--batches", default="2,4,8,16")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     launch, impl = load_triton_impl()
-    base = launch.GPU_DEFAULT
+    base = launch.KernelSettings()  # class defaults, not the shipped choice: variants say what they change
     ceilings = measure_ceilings("cuda")
     print(f"copy {ceilings.copy_bytes_per_s / 1e12:.3f} TB/s, read {ceilings.read_bytes_per_s / 1e12:.3f} TB/s",
           flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     results: list = []
-    if args.variant:
-        measure(launch, impl, args.variant, parse_variant(args.variant, base), batches, ceilings, results)
-    else:
-        for name, settings in variants(args.group, base):
-            measure(launch, impl, name, settings, batches, ceilings, results)
+    texts = [args.variant] if args.variant else GROUPS.get(args.group, [])
+    for text in texts:
+        name, settings = parse(text, base)
+        measure(launch, impl, name, settings, batches, ceilings, results)
+    if args.autograd:
+        shipped(impl, batches, ceilings, results)
     out = Path(args.out)
     previous = json.loads(out.read_text()) if out.exists() else []
     out.write_text(json.dumps(previous + results, indent=1))

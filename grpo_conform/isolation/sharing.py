@@ -13,7 +13,6 @@ Descriptors are JSON; the parent never unpickles anything that comes from the wo
 from __future__ import annotations
 
 import base64
-import io
 import os
 import pickle
 import tempfile
@@ -81,11 +80,9 @@ class SharedAllocator:
 def cuda_descriptor(t: torch.Tensor) -> dict[str, Any]:
     from multiprocessing.reduction import ForkingPickler
 
-    buf = io.BytesIO()
-    ForkingPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(t)
     return {
         "kind": "cuda_ipc",
-        "pickle": base64.b64encode(buf.getvalue()).decode(),
+        "pickle": base64.b64encode(bytes(ForkingPickler.dumps(t))).decode(),
         "dtype": name_of_dtype(t.dtype),
         "shape": list(t.shape),
     }

@@ -9,16 +9,19 @@ split into NUM_CHUNKS chunks of CHUNK elements; program (row, k) owns chunk k.
   loss_t = -min(r*A, clip(r, 1-eps_lo, 1+eps_hi)*A)
   dL/dz_v = coef * (p_v - onehot_v),  coef = A*r*[unclipped branch active] / (B*S*T)
 
-Kernels:
+Kernels (launch.py picks one per call; docs/triton-kernel-notes.md says what each measured):
   _forward_kernel   no gradient work (torch.no_grad): chunk statistics, the last program of a
                     row to finish (counted with an atomic) combines them and writes the token loss.
-  _fused_kernel     gradient in the same pass as the loss: each program keeps its chunk in
-                    registers, publishes its (max, sum), waits for the row's other chunks
-                    (SYNC), then writes its part of the gradient from registers: one DRAM read of
-                    the logits and one write of the gradient. Needs every program of a row
-                    resident at once; with SYNC=False (one chunk per row) it never waits, which
-                    is how it runs under TRITON_INTERPRET=1.
-  _two_sweep_kernel one program per row: a max/sum sweep, then a gradient sweep (re-reads the row).
+  _fused_kernel     gradient in the same pass as the loss: each program keeps its chunk (as
+                    exp(z - m)) in registers, publishes its (max, sum), waits for the row's other
+                    chunks (SYNC), then writes its part of the gradient from registers.
+  _split_kernel     the same split and wait, but each program sweeps its chunk twice in blocks
+                    (the second sweep served from L2: a row is spread over several SMs, so what
+                    is in flight stays small), keeping registers free for more programs.
+  _two_sweep_kernel one program per row (or a persistent grid): a max/sum sweep, then a gradient
+                    sweep; eviction hints keep the row in L2 between them.
+Waiting kernels need every program of a row resident at once; with one chunk per row they never
+wait, which is how they run under TRITON_INTERPRET=1 (programs run one after another there).
   _finalize_kernel  the reduction of token losses to the scalar loss (one program, deterministic).
   _scale_kernel     backward: multiplies the saved gradient by d loss; exits at once when it is 1.
 """
@@ -51,10 +54,51 @@ def _combine(m_ptr, s_ptr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
 
 
 @triton.jit
+def _block_update(m, s, z):
+    """Online (max, sum of exp(z - max)) over one more block: one exp per element."""
+    m_new = tl.maximum(m, tl.max(z, axis=0))
+    return m_new, s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+
+
+@triton.jit
+def _chunk_stats(row_ptr, start, stop, vocab, inv_temp, BLOCK: tl.constexpr, NUM_STAGES: tl.constexpr,
+                 HINTS: tl.constexpr):
+    m = tl.full([], -float("inf"), tl.float32)
+    s = tl.full([], 0.0, tl.float32)
+    for v0 in tl.range(start, stop, BLOCK, num_stages=NUM_STAGES):
+        offs = v0 + tl.arange(0, BLOCK)
+        inside = (offs < stop) & (offs < vocab)
+        if HINTS:
+            x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"), eviction_policy="evict_last")
+        else:
+            x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"))
+        m, s = _block_update(m, s, x.to(tl.float32) * inv_temp)
+    return m, s
+
+
+@triton.jit
+def _chunk_grad(row_ptr, grad_row, start, stop, vocab, inv_temp, lse, coef, target, BLOCK: tl.constexpr,
+                NUM_STAGES: tl.constexpr, HINTS: tl.constexpr):
+    for v0 in tl.range(start, stop, BLOCK, num_stages=NUM_STAGES):
+        offs = v0 + tl.arange(0, BLOCK)
+        inside = (offs < stop) & (offs < vocab)
+        if HINTS:
+            x = tl.load(row_ptr + offs, mask=inside, other=0.0, eviction_policy="evict_first")
+        else:
+            x = tl.load(row_ptr + offs, mask=inside, other=0.0)
+        g = coef * (tl.exp(x.to(tl.float32) * inv_temp - lse) - tl.where(offs == target, 1.0, 0.0))
+        if HINTS:
+            tl.store(grad_row + offs, g.to(grad_row.dtype.element_ty), mask=inside, cache_modifier=".cs")
+        else:
+            tl.store(grad_row + offs, g.to(grad_row.dtype.element_ty), mask=inside)
+
+
+@triton.jit
 def _forward_kernel(
     logits_ptr, ids_ptr, adv_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr,
     stride_b, stride_t, seq, vocab, inv_temp, eps_low, eps_high,
-    CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # One flat grid, chunk index fastest, so a row's programs are launched together.
     pid = tl.program_id(0)
@@ -63,16 +107,18 @@ def _forward_kernel(
     b = token // seq
     t = token % seq
     row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
-    offs = k * CHUNK + tl.arange(0, CHUNK)
-    z = tl.load(row_ptr + offs, mask=offs < vocab, other=-float("inf")).to(tl.float32) * inv_temp
-    m = tl.max(z, axis=0)
-    s = tl.sum(tl.exp(z - m), axis=0)
-    tl.store(m_ptr + token * NUM_CHUNKS + k, m)
-    tl.store(s_ptr + token * NUM_CHUNKS + k, s)
-    # The last chunk program of this token to arrive combines; nobody waits.
-    arrived = tl.atomic_add(count_ptr + token, 1, sem="acq_rel")
-    if arrived == NUM_CHUNKS - 1:
-        lse = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+    m, s = _chunk_stats(row_ptr, k * CHUNK, k * CHUNK + CHUNK, vocab, inv_temp, BLOCK, NUM_STAGES, False)
+    last = True
+    if NUM_CHUNKS > 1:
+        tl.store(m_ptr + token * NUM_CHUNKS + k, m)
+        tl.store(s_ptr + token * NUM_CHUNKS + k, s)
+        # The last chunk program of this token to arrive combines; nobody waits.
+        last = tl.atomic_add(count_ptr + token, 1, sem="acq_rel") == NUM_CHUNKS - 1
+    if last:
+        if NUM_CHUNKS > 1:
+            lse = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+        else:
+            lse = m + tl.log(s)
         target = tl.load(ids_ptr + token)
         z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp
         adv = tl.load(adv_ptr + b).to(tl.float32)
@@ -104,7 +150,8 @@ def _fused_kernel(
         row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
         z = tl.load(row_ptr + offs, mask=inside, other=-float("inf")).to(tl.float32) * inv_temp
         m = tl.max(z, axis=0)
-        s = tl.sum(tl.exp(z - m), axis=0)
+        e = tl.exp(z - m)  # kept: the gradient reuses it, one exp per element in all
+        s = tl.sum(e, axis=0)
         if SYNC:
             tl.store(m_ptr + token * NUM_CHUNKS + k, m)
             tl.store(s_ptr + token * NUM_CHUNKS + k, s)
@@ -121,7 +168,7 @@ def _fused_kernel(
         if k == 0:
             tl.store(token_loss_ptr + token, loss)
             tl.store(lse_ptr + token, lse)
-        g = coef * (tl.exp(z - lse) - tl.where(offs == target, 1.0, 0.0))
+        g = coef * (e * tl.exp(m - lse) - tl.where(offs == target, 1.0, 0.0))
         g = g.to(grad_ptr.dtype.element_ty)
         if STREAM_STORES:
             tl.store(grad_row + offs, g, mask=inside, cache_modifier=".cs")
@@ -130,10 +177,52 @@ def _fused_kernel(
 
 
 @triton.jit
+def _split_kernel(
+    logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, lse_ptr,
+    stride_b, stride_t, seq, vocab, inv_temp, eps_low, eps_high, inv_bst,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    NUM_STAGES: tl.constexpr, HINTS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid // NUM_CHUNKS  # chunk index fastest: a row's programs are dispatched together
+    k = pid % NUM_CHUNKS
+    b = row // (seq + 1)
+    t = row % (seq + 1)
+    grad_row = grad_ptr + tl.cast(row, tl.int64) * vocab
+    start = k * CHUNK
+    if t == seq:
+        for v0 in range(start, start + CHUNK, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            tl.store(grad_row + offs, tl.zeros([BLOCK], dtype=grad_ptr.dtype.element_ty), mask=offs < vocab)
+    else:
+        token = b * seq + t
+        row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
+        m, s = _chunk_stats(row_ptr, start, start + CHUNK, vocab, inv_temp, BLOCK, NUM_STAGES, HINTS)
+        if NUM_CHUNKS > 1:
+            tl.store(m_ptr + token * NUM_CHUNKS + k, m)
+            tl.store(s_ptr + token * NUM_CHUNKS + k, s)
+            tl.atomic_add(count_ptr + token, 1, sem="release")
+            while tl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
+                pass
+            lse = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+        else:
+            lse = m + tl.log(s)
+        target = tl.load(ids_ptr + token)
+        adv = tl.load(adv_ptr + b).to(tl.float32)
+        z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp
+        loss, coef = _token_terms(z_c - lse, adv, eps_low, eps_high, inv_bst)
+        if k == 0:
+            tl.store(token_loss_ptr + token, loss)
+            tl.store(lse_ptr + token, lse)
+        _chunk_grad(row_ptr, grad_row, start, start + CHUNK, vocab, inv_temp, lse, coef, target, BLOCK,
+                    NUM_STAGES, HINTS)
+
+
+@triton.jit
 def _two_sweep_kernel(
     logits_ptr, ids_ptr, adv_ptr, grad_ptr, token_loss_ptr, lse_ptr,
     stride_b, stride_t, seq, vocab, n_rows, inv_temp, eps_low, eps_high, inv_bst,
-    BLOCK: tl.constexpr, PERSISTENT: tl.constexpr, HINTS: tl.constexpr,
+    BLOCK: tl.constexpr, PERSISTENT: tl.constexpr, HINTS: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     """One program per row (PERSISTENT: a fixed grid strides over rows)."""
     start = tl.program_id(0)
@@ -152,21 +241,7 @@ def _two_sweep_kernel(
         else:
             token = b * seq + t
             row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
-            m_vec = tl.full([BLOCK], -float("inf"), tl.float32)
-            s_vec = tl.zeros([BLOCK], tl.float32)
-            for v0 in range(0, vocab, BLOCK):
-                offs = v0 + tl.arange(0, BLOCK)
-                if HINTS:
-                    x = tl.load(row_ptr + offs, mask=offs < vocab, other=-float("inf"), eviction_policy="evict_last")
-                else:
-                    x = tl.load(row_ptr + offs, mask=offs < vocab, other=-float("inf"))
-                z = x.to(tl.float32) * inv_temp
-                m_new = tl.maximum(m_vec, z)
-                # A lane that has seen only padding keeps (-inf, 0): exp(-inf - -inf) would be NaN.
-                s_vec = tl.where(m_new > -float("inf"), s_vec * tl.exp(m_vec - m_new) + tl.exp(z - m_new), 0.0)
-                m_vec = m_new
-            m = tl.max(m_vec, axis=0)
-            s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
+            m, s = _chunk_stats(row_ptr, 0, vocab, vocab, inv_temp, BLOCK, NUM_STAGES, HINTS)
             lse = m + tl.log(s)
             target = tl.load(ids_ptr + token)
             z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp
@@ -174,17 +249,7 @@ def _two_sweep_kernel(
             loss, coef = _token_terms(z_c - lse, adv, eps_low, eps_high, inv_bst)
             tl.store(token_loss_ptr + token, loss)
             tl.store(lse_ptr + token, lse)
-            for v0 in range(0, vocab, BLOCK):
-                offs = v0 + tl.arange(0, BLOCK)
-                if HINTS:
-                    x = tl.load(row_ptr + offs, mask=offs < vocab, other=0.0, eviction_policy="evict_first")
-                else:
-                    x = tl.load(row_ptr + offs, mask=offs < vocab, other=0.0)
-                g = coef * (tl.exp(x.to(tl.float32) * inv_temp - lse) - tl.where(offs == target, 1.0, 0.0))
-                if HINTS:
-                    tl.store(grad_row + offs, g.to(grad_ptr.dtype.element_ty), mask=offs < vocab, cache_modifier=".cs")
-                else:
-                    tl.store(grad_row + offs, g.to(grad_ptr.dtype.element_ty), mask=offs < vocab)
+            _chunk_grad(row_ptr, grad_row, 0, vocab, vocab, inv_temp, lse, coef, target, BLOCK, NUM_STAGES, HINTS)
 
 
 @triton.jit

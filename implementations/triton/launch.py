@@ -7,7 +7,7 @@ recorded, with every version tried, in docs/triton-kernel-notes.md.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -18,22 +18,30 @@ from . import kernels
 
 @dataclass(frozen=True)
 class KernelSettings:
-    """How to launch. `fused`: 'sync' (chunks in registers, programs of a row wait for each other)
-    or 'two_sweep' (one program per row, the row re-read for the gradient)."""
+    """How to launch.
 
-    fused: Literal["sync", "two_sweep"] = "sync"
-    chunk: int = 16384  # elements per program, sync and forward kernels
-    num_warps: int = 16
-    forward_chunk: int = 8192
-    forward_warps: int = 8
-    block: int = 8192  # two_sweep: elements per step
+    fused: 'sync' (a row split over programs that keep their chunk in registers and wait for each
+    other), 'split' (the same split, each program sweeping its chunk twice in blocks) or
+    'two_sweep' (one program per row, or a persistent grid, sweeping the row twice).
+    """
+
+    fused: Literal["sync", "split", "two_sweep"] = "split"
+    chunk: int = 16384  # elements per program (sync, split)
+    block: int = 4096  # elements per loop step (split, two_sweep)
+    num_warps: int = 8
+    num_stages: int = 1  # software pipelining of the block loops
     persistent: bool = False  # two_sweep: a fixed grid of programs_per_sm x SMs
     programs_per_sm: int = 1
-    hints: bool = False  # two_sweep: keep the first sweep in L2, stream the gradient out
+    hints: bool = True  # keep the first sweep in L2, stream the gradient out
     stream_stores: bool = True  # sync: gradient stores marked streaming (.cs)
+    forward_chunk: int = 8192  # forward: elements per program
+    forward_block: int = 8192  # forward: elements per loop step
+    forward_warps: int = 4
+    forward_stages: int = 1
 
 
-GPU_DEFAULT = KernelSettings(fused="two_sweep", block=8192, num_warps=16)
+# Until the exploration settles: the best kernel that never waits (round 1: 1.77x the floor).
+GPU_DEFAULT = KernelSettings(fused="two_sweep", block=16384, num_warps=32, persistent=True, programs_per_sm=1)
 
 
 def interpreting() -> bool:
@@ -44,7 +52,8 @@ def settings_for(vocab: int, device: torch.device) -> KernelSettings:
     """The interpreter runs programs one after another: a row must then be one chunk (nothing to wait for)."""
     if device.type != "cuda" or interpreting():
         whole = triton.next_power_of_2(vocab)
-        return replace(GPU_DEFAULT, chunk=whole, forward_chunk=whole, num_warps=4, forward_warps=4)
+        return KernelSettings(fused="split", chunk=whole, block=min(whole, 4096), num_warps=4,
+                              forward_chunk=whole, forward_block=min(whole, 4096), forward_warps=4)
     return GPU_DEFAULT
 
 
@@ -90,13 +99,14 @@ def forward_loss(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tenso
     n, n_p2 = _chunks(p.vocab, s.forward_chunk)
     part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
     part_s = torch.empty(tokens * n, dtype=torch.float32, device=dev)
-    count = torch.zeros(tokens, dtype=torch.int32, device=dev)
+    count = torch.zeros(tokens if n > 1 else 1, dtype=torch.int32, device=dev)
     token_loss = torch.empty(tokens, dtype=torch.float32, device=dev)
     if tokens:
         kernels._forward_kernel[(tokens * n,)](
             logits, ids, adv, part_m, part_s, count, token_loss,
             p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high,
-            CHUNK=s.forward_chunk, NUM_CHUNKS=n, CHUNKS_P2=n_p2, num_warps=s.forward_warps,
+            CHUNK=s.forward_chunk, BLOCK=min(s.forward_block, s.forward_chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2,
+            NUM_STAGES=s.forward_stages, num_warps=s.forward_warps,
         )
     return _finalize(token_loss, p)
 
@@ -118,19 +128,26 @@ def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
         kernels._two_sweep_kernel[grid](
             logits, ids, adv, grad, token_loss, lse,
             p.stride_b, p.stride_t, p.seq, p.vocab, rows, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
-            BLOCK=s.block, PERSISTENT=s.persistent, HINTS=s.hints, num_warps=s.num_warps,
+            BLOCK=s.block, PERSISTENT=s.persistent, HINTS=s.hints, NUM_STAGES=s.num_stages, num_warps=s.num_warps,
         )
     else:
         n, n_p2 = _chunks(p.vocab, s.chunk)
         part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
         part_s = torch.empty(tokens * n, dtype=torch.float32, device=dev)
-        count = torch.zeros(max(tokens, 1), dtype=torch.int32, device=dev)
-        kernels._fused_kernel[(rows * n,)](
-            logits, ids, adv, grad, part_m, part_s, count, token_loss, lse,
-            p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
-            CHUNK=s.chunk, NUM_CHUNKS=n, CHUNKS_P2=n_p2, SYNC=n > 1, STREAM_STORES=s.stream_stores,
-            num_warps=s.num_warps,
-        )
+        count = torch.zeros(max(tokens, 1) if n > 1 else 1, dtype=torch.int32, device=dev)
+        common = (p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst)
+        if s.fused == "sync":
+            kernels._fused_kernel[(rows * n,)](
+                logits, ids, adv, grad, part_m, part_s, count, token_loss, lse, *common,
+                CHUNK=s.chunk, NUM_CHUNKS=n, CHUNKS_P2=n_p2, SYNC=n > 1, STREAM_STORES=s.stream_stores,
+                num_warps=s.num_warps,
+            )
+        else:
+            kernels._split_kernel[(rows * n,)](
+                logits, ids, adv, grad, part_m, part_s, count, token_loss, lse, *common,
+                CHUNK=s.chunk, BLOCK=min(s.block, s.chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2, NUM_STAGES=s.num_stages,
+                HINTS=s.hints, num_warps=s.num_warps,
+            )
     return _finalize(token_loss, p), grad, lse
 
 
@@ -147,10 +164,10 @@ def scale_in_place(grad: torch.Tensor, dloss: torch.Tensor) -> None:
 
 def grad_from_lse(logits, ids, adv, lse, dloss, p: Problem, s: KernelSettings) -> torch.Tensor:
     grad = torch.empty((p.batch, p.seq + 1, p.vocab), dtype=logits.dtype, device=logits.device)
-    n, _ = _chunks(p.vocab, s.forward_chunk)
+    n, _ = _chunks(p.vocab, s.forward_block)
     kernels._grad_from_lse_kernel[(p.batch * (p.seq + 1), n)](
         logits, ids, adv, lse, grad, dloss.reshape(1),
         p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
-        CHUNK=s.forward_chunk, num_warps=s.forward_warps,
+        CHUNK=s.forward_block, num_warps=s.forward_warps,
     )
     return grad

@@ -1,0 +1,41 @@
+"""The bundled implementations on the CPU, end to end through `check` (workers, interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT
+from grpo_conform.check import CheckRequest, run_check
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["pytorch", "triton"])
+def test_bundled_implementation_is_conformant_on_cpu(name):
+    report = run_check(CheckRequest((str(ROOT / "implementations" / name),), device="cpu"))
+    (impl,) = report.implementations
+    failed = [f"{w.workload}/{o.check}: {o.message}" for w in impl.workloads for o in w.outcomes if o.failed]
+    assert report.exit_code == 0 and impl.status == "conformant", failed
+    assert report.interpreter  # Triton ran under TRITON_INTERPRET=1, set in the worker's environment
+    assert {w.workload for w in impl.workloads} >= {"odd-vocab", "batch1-seq1", "fp16-small", "fp32-small"}
+
+
+def test_liger_adapters_are_skipped_cleanly_without_liger(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "liger_kernel" else real(n, *a))
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "liger"),), device="cpu"))
+    (impl,) = report.implementations
+    assert impl.status == "skipped" and "liger_kernel" in impl.message
+    assert report.exit_code == 3  # nothing could be checked: an environment problem
+
+
+@pytest.mark.slow
+def test_liger_inplace_fails_the_mutation_check():
+    pytest.importorskip("liger_kernel", reason="liger-kernel is an optional extra: pip install 'grpo-conform[liger]'")
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "liger-inplace"),), device="cpu",
+                                    workloads=("odd-vocab",)))
+    (impl,) = report.implementations
+    outcomes = {o.check: o for w in impl.workloads for o in w.outcomes}
+    assert report.exit_code == 1 and outcomes["no-mutation"].failed
+    assert "logits changed during backward" in outcomes["no-mutation"].message
