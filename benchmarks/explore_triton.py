@@ -54,6 +54,18 @@ def closed_form(x, ids, adv):
 
 
 GROUPS = {
+    "safe3": [
+        "two_sweep:block=8192,num_warps=16,vector=1",
+        "two_sweep:block=4096,num_warps=8,vector=1",
+        "two_sweep:block=16384,num_warps=32,persistent=1,vector=1",
+    ],
+    "forward3": [
+        "forward:forward_chunk=32768,forward_block=4096,forward_warps=4,forward_stages=3,forward_vector=1",
+        "forward:forward_chunk=131072,forward_block=8192,forward_warps=8,forward_vector=1",
+        "forward:forward_chunk=16384,forward_block=4096,forward_warps=4,forward_vector=1",
+        "forward:forward_chunk=65536,forward_block=4096,forward_warps=4,forward_vector=1",
+        "forward:forward_chunk=131072,forward_block=2048,forward_warps=4,forward_vector=1",
+    ],
     # no program waits for another: safe to run many in one process
     "safe": [
         "two_sweep:block=8192,num_warps=16",

@@ -62,9 +62,19 @@ def _block_update(m, s, z):
 
 @triton.jit
 def _chunk_stats(row_ptr, start, stop, vocab, inv_temp, BLOCK: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 HINTS: tl.constexpr):
-    m = tl.full([], -float("inf"), tl.float32)
-    s = tl.full([], 0.0, tl.float32)
+                 HINTS: tl.constexpr, VECTOR: tl.constexpr):
+    """(max, sum of exp(z - max)) over [start, stop) of a row.
+
+    VECTOR keeps one running (max, sum) per lane: no reduction, hence no barrier, inside the loop,
+    and still one exp per element (the smaller of exp(z - m) and exp(m - z) is the one needed).
+    Otherwise each block is reduced to a scalar (max, sum) as it comes.
+    """
+    if VECTOR:
+        m_vec = tl.full([BLOCK], -float("inf"), tl.float32)
+        s_vec = tl.zeros([BLOCK], tl.float32)
+    else:
+        m = tl.full([], -float("inf"), tl.float32)
+        s = tl.full([], 0.0, tl.float32)
     for v0 in tl.range(start, stop, BLOCK, num_stages=NUM_STAGES):
         offs = v0 + tl.arange(0, BLOCK)
         inside = (offs < stop) & (offs < vocab)
@@ -72,7 +82,17 @@ def _chunk_stats(row_ptr, start, stop, vocab, inv_temp, BLOCK: tl.constexpr, NUM
             x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"), eviction_policy="evict_last")
         else:
             x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"))
-        m, s = _block_update(m, s, x.to(tl.float32) * inv_temp)
+        z = x.to(tl.float32) * inv_temp
+        if VECTOR:
+            d = tl.where(z > -float("inf"), z - m_vec, -float("inf"))  # padding adds nothing
+            e = tl.exp(-tl.abs(d))
+            s_vec = tl.where(d > 0, s_vec * e + 1.0, s_vec + e)
+            m_vec = tl.maximum(m_vec, z)
+        else:
+            m, s = _block_update(m, s, z)
+    if VECTOR:
+        m = tl.max(m_vec, axis=0)
+        s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
     return m, s
 
 
@@ -98,7 +118,7 @@ def _forward_kernel(
     logits_ptr, ids_ptr, adv_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr,
     stride_b, stride_t, seq, vocab, inv_temp, eps_low, eps_high,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, VECTOR: tl.constexpr,
 ):
     # One flat grid, chunk index fastest, so a row's programs are launched together.
     pid = tl.program_id(0)
@@ -107,7 +127,7 @@ def _forward_kernel(
     b = token // seq
     t = token % seq
     row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
-    m, s = _chunk_stats(row_ptr, k * CHUNK, k * CHUNK + CHUNK, vocab, inv_temp, BLOCK, NUM_STAGES, False)
+    m, s = _chunk_stats(row_ptr, k * CHUNK, k * CHUNK + CHUNK, vocab, inv_temp, BLOCK, NUM_STAGES, False, VECTOR)
     last = True
     if NUM_CHUNKS > 1:
         tl.store(m_ptr + token * NUM_CHUNKS + k, m)
@@ -181,7 +201,7 @@ def _split_kernel(
     logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, lse_ptr,
     stride_b, stride_t, seq, vocab, inv_temp, eps_low, eps_high, inv_bst,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    NUM_STAGES: tl.constexpr, HINTS: tl.constexpr,
+    NUM_STAGES: tl.constexpr, HINTS: tl.constexpr, VECTOR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = pid // NUM_CHUNKS  # chunk index fastest: a row's programs are dispatched together
@@ -197,7 +217,7 @@ def _split_kernel(
     else:
         token = b * seq + t
         row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
-        m, s = _chunk_stats(row_ptr, start, start + CHUNK, vocab, inv_temp, BLOCK, NUM_STAGES, HINTS)
+        m, s = _chunk_stats(row_ptr, start, start + CHUNK, vocab, inv_temp, BLOCK, NUM_STAGES, HINTS, VECTOR)
         if NUM_CHUNKS > 1:
             tl.store(m_ptr + token * NUM_CHUNKS + k, m)
             tl.store(s_ptr + token * NUM_CHUNKS + k, s)
@@ -223,6 +243,7 @@ def _two_sweep_kernel(
     logits_ptr, ids_ptr, adv_ptr, grad_ptr, token_loss_ptr, lse_ptr,
     stride_b, stride_t, seq, vocab, n_rows, inv_temp, eps_low, eps_high, inv_bst,
     BLOCK: tl.constexpr, PERSISTENT: tl.constexpr, HINTS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    VECTOR: tl.constexpr,
 ):
     """One program per row (PERSISTENT: a fixed grid strides over rows)."""
     start = tl.program_id(0)
@@ -241,7 +262,7 @@ def _two_sweep_kernel(
         else:
             token = b * seq + t
             row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
-            m, s = _chunk_stats(row_ptr, 0, vocab, vocab, inv_temp, BLOCK, NUM_STAGES, HINTS)
+            m, s = _chunk_stats(row_ptr, 0, vocab, vocab, inv_temp, BLOCK, NUM_STAGES, HINTS, VECTOR)
             lse = m + tl.log(s)
             target = tl.load(ids_ptr + token)
             z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp

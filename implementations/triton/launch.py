@@ -34,14 +34,18 @@ class KernelSettings:
     programs_per_sm: int = 1
     hints: bool = True  # keep the first sweep in L2, stream the gradient out
     stream_stores: bool = True  # sync: gradient stores marked streaming (.cs)
+    vector: bool = True  # per-lane running (max, sum): no barrier per block (kernels._chunk_stats)
     forward_chunk: int = 8192  # forward: elements per program
     forward_block: int = 8192  # forward: elements per loop step
     forward_warps: int = 4
     forward_stages: int = 1
+    forward_vector: bool = True
 
 
-# Until the exploration settles: the best kernel that never waits (round 1: 1.77x the floor).
-GPU_DEFAULT = KernelSettings(fused="two_sweep", block=16384, num_warps=32, persistent=True, programs_per_sm=1)
+# Round 2's best on the H200 (docs/triton-kernel-notes.md): a row split over 8 programs of 4 warps.
+GPU_DEFAULT = KernelSettings(fused="split", chunk=16384, block=4096, num_warps=4, vector=False,
+                             forward_chunk=32768, forward_block=4096, forward_warps=4, forward_stages=3,
+                             forward_vector=False)
 
 
 def interpreting() -> bool:
@@ -106,7 +110,7 @@ def forward_loss(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tenso
             logits, ids, adv, part_m, part_s, count, token_loss,
             p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high,
             CHUNK=s.forward_chunk, BLOCK=min(s.forward_block, s.forward_chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2,
-            NUM_STAGES=s.forward_stages, num_warps=s.forward_warps,
+            NUM_STAGES=s.forward_stages, VECTOR=s.forward_vector, num_warps=s.forward_warps,
         )
     return _finalize(token_loss, p)
 
@@ -128,7 +132,8 @@ def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
         kernels._two_sweep_kernel[grid](
             logits, ids, adv, grad, token_loss, lse,
             p.stride_b, p.stride_t, p.seq, p.vocab, rows, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
-            BLOCK=s.block, PERSISTENT=s.persistent, HINTS=s.hints, NUM_STAGES=s.num_stages, num_warps=s.num_warps,
+            BLOCK=s.block, PERSISTENT=s.persistent, HINTS=s.hints, NUM_STAGES=s.num_stages, VECTOR=s.vector,
+            num_warps=s.num_warps,
         )
     else:
         n, n_p2 = _chunks(p.vocab, s.chunk)
@@ -146,7 +151,7 @@ def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
             kernels._split_kernel[(rows * n,)](
                 logits, ids, adv, grad, part_m, part_s, count, token_loss, lse, *common,
                 CHUNK=s.chunk, BLOCK=min(s.block, s.chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2, NUM_STAGES=s.num_stages,
-                HINTS=s.hints, num_warps=s.num_warps,
+                HINTS=s.hints, VECTOR=s.vector, num_warps=s.num_warps,
             )
     return _finalize(token_loss, p), grad, lse
 
