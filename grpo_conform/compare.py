@@ -230,10 +230,17 @@ class GradientComparator:
         return "; ".join(parts)
 
 
+CHUNK_ELEMENTS = 1 << 26  # float64 work in slices of 512 MB, whatever the tensor's size
+
+
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest |a - b| in float64 (NaN if either side has NaN where the other differs)."""
-    d = (a.to(torch.float64) - b.to(torch.float64)).abs()
-    return float(d.max()) if d.numel() else 0.0
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    worst = 0.0
+    for i in range(0, fa.numel(), CHUNK_ELEMENTS):
+        d = (fa[i : i + CHUNK_ELEMENTS].to(torch.float64) - fb[i : i + CHUNK_ELEMENTS].to(torch.float64)).abs()
+        worst = max(worst, float(d.max()))
+    return worst
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
