@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from datetime import datetime, timezone
@@ -28,9 +29,18 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+ENV_COMMIT, ENV_DIRTY = "GRPO_CONFORM_GIT_COMMIT", "GRPO_CONFORM_GIT_DIRTY"
+
+
 def git_state() -> dict[str, Any]:
+    """The checkout's commit and dirtiness; where the tree was copied without .git (a GPU machine),
+    whoever copied it says which commit it was in $GRPO_CONFORM_GIT_COMMIT / $GRPO_CONFORM_GIT_DIRTY."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
+        if os.environ.get(ENV_COMMIT):
+            dirty = os.environ.get(ENV_DIRTY)
+            return {"commit": os.environ[ENV_COMMIT], "dirty": None if dirty is None else dirty == "1",
+                    "source": "environment"}
         return {"commit": None, "dirty": None}
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status)}
