@@ -35,17 +35,20 @@ class KernelSettings:
     hints: bool = True  # keep the first sweep in L2, stream the gradient out
     stream_stores: bool = True  # sync: gradient stores marked streaming (.cs)
     vector: bool = True  # per-lane running (max, sum): no barrier per block (kernels._chunk_stats)
-    forward_chunk: int = 8192  # forward: elements per program
+    forward_chunk: int = 8192  # forward: elements per program; 0 = chosen from the number of tokens
     forward_block: int = 8192  # forward: elements per loop step
     forward_warps: int = 4
     forward_stages: int = 1
     forward_vector: bool = True
 
 
-# Round 2's best on the H200 (docs/triton-kernel-notes.md): a row split over 8 programs of 4 warps.
+# The H200 choice (docs/triton-kernel-notes.md): the gradient pass splits a row over 8 programs of
+# 4 warps (round 2's best); the loss-only pass uses one-warp programs (no barrier in their
+# reductions) and splits rows only as far as needed for about 16K programs in flight.
 GPU_DEFAULT = KernelSettings(fused="split", chunk=16384, block=4096, num_warps=4, vector=False,
-                             forward_chunk=32768, forward_block=4096, forward_warps=4, forward_stages=3,
+                             forward_chunk=0, forward_block=2048, forward_warps=1, forward_stages=1,
                              forward_vector=False)
+FORWARD_PROGRAMS = 16384
 
 
 def interpreting() -> bool:
@@ -100,7 +103,11 @@ def forward_loss(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tenso
     """The loss only (torch.no_grad): one read of the logits, no gradient work."""
     dev = logits.device
     tokens = p.batch * p.seq
-    n, n_p2 = _chunks(p.vocab, s.forward_chunk)
+    chunk = s.forward_chunk
+    if chunk == 0:  # enough programs to fill the GPU, whole rows when the batch already does
+        splits = max(1, min(16, FORWARD_PROGRAMS // max(1, tokens)))
+        chunk = triton.cdiv(triton.cdiv(p.vocab, splits), s.forward_block) * s.forward_block
+    n, n_p2 = _chunks(p.vocab, chunk)
     part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
     part_s = torch.empty(tokens * n, dtype=torch.float32, device=dev)
     count = torch.zeros(tokens if n > 1 else 1, dtype=torch.int32, device=dev)
@@ -109,7 +116,7 @@ def forward_loss(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tenso
         kernels._forward_kernel[(tokens * n,)](
             logits, ids, adv, part_m, part_s, count, token_loss,
             p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high,
-            CHUNK=s.forward_chunk, BLOCK=min(s.forward_block, s.forward_chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2,
+            CHUNK=chunk, BLOCK=min(s.forward_block, chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2,
             NUM_STAGES=s.forward_stages, VECTOR=s.forward_vector, num_warps=s.forward_warps,
         )
     return _finalize(token_loss, p)
