@@ -219,7 +219,7 @@ class GradientComparator:
 
     def describe(self) -> str:
         if self.passed:
-            return f"max rel frobenius {self.frobenius_rel:.2e}"
+            return f"all elements within tolerance, frobenius rel {self.frobenius_rel:.2e}"
         parts = [f"{self.mismatches}/{self.elements} elements outside tolerance"]
         if self.nan or self.inf:
             parts.append(f"{self.nan} NaN, {self.inf} Inf")

