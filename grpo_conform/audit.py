@@ -44,8 +44,9 @@ OPERATIONS: dict[str, tuple[str, str]] = {
                                "states and the weight, and the logits never exist, so its time is not a time "
                                "of an operation over given logits"),
 }
-Verdict = Literal["impossible", "not-comparable", "unknown-gpu", "plausible"]
-VERDICTS: tuple[str, ...] = ("impossible", "not-comparable", "unknown-gpu", "plausible")
+# The verdict is about physics; comparability (operation, protocol, workload) is reported beside it.
+Verdict = Literal["impossible", "plausible", "unknown-gpu"]
+VERDICTS: tuple[str, ...] = ("impossible", "plausible", "unknown-gpu")
 
 
 class AuditInputError(GrpoConformError):
@@ -282,6 +283,7 @@ class RecordAudit:
     record: Record
     verdict: str
     findings: tuple[Finding, ...]
+    comparable: bool = True  # same operation, protocol (forward or full) and workload as the spec
     gpu: Optional[GpuMatch] = None
     workload: Optional[str] = None
     floor: Optional[Floor] = None
@@ -295,14 +297,14 @@ class RecordAudit:
         return tuple(f"{f.check}: {f.message}" for f in self.findings if f.status not in ("ok",))
 
     def to_json(self) -> dict[str, Any]:
-        return {"record": asdict(self.record), "verdict": self.verdict,
+        return {"record": asdict(self.record), "verdict": self.verdict, "comparable": self.comparable,
                 "findings": [asdict(f) for f in self.findings],
                 "gpu": self.gpu.to_json() if self.gpu else None, "workload": self.workload,
                 "floor": self.floor.to_json() if self.floor else None, "floor_ratio": self.floor_ratio}
 
     def lines(self) -> list[str]:
-        return [f"{self.record.label()} -> {self.verdict}"] + [f"    {f.check}: {f.status}: {f.message}"
-                                                               for f in self.findings]
+        head = f"{self.record.label()} -> {self.verdict}" + ("" if self.comparable else ", not comparable")
+        return [head] + [f"    {f.check}: {f.status}: {f.message}" for f in self.findings]
 
 
 def _operation(record: Record, spec: Spec) -> Finding:
@@ -388,15 +390,14 @@ def audit_record(record: Record, spec: Spec, catalogue: Catalogue) -> RecordAudi
                                         f"({format_ns(floor.floor_ns)} on {match.gpu.name}): physically possible"
                                         f"{basis}"))
     status = {f.check: f.status for f in findings}
+    comparable = "mismatch" not in (status["operation"], status["protocol"], status["workload"])
     if status.get("physics") == "impossible":
         verdict = "impossible"
-    elif "mismatch" in (status["operation"], status["protocol"], status["workload"]):
-        verdict = "not-comparable"
     elif match is None:
         verdict = "unknown-gpu"
     else:
         verdict = "plausible"
-    return RecordAudit(record, verdict, tuple(findings), match, workload.name if workload and
+    return RecordAudit(record, verdict, tuple(findings), comparable, match, workload.name if workload and
                        workload.name != "reported" else None, floor, floor_ratio)
 
 
@@ -417,7 +418,9 @@ class AuditReport:
 
     @property
     def counts(self) -> dict[str, int]:
-        return {v: sum(a.verdict == v for a in self.audits) for v in VERDICTS}
+        counts = {v: sum(a.verdict == v for a in self.audits) for v in VERDICTS}
+        counts["not-comparable"] = sum(not a.comparable for a in self.audits)
+        return counts
 
     @property
     def exit_code(self) -> int:
@@ -435,7 +438,9 @@ class AuditReport:
         for a in self.audits:
             out += a.lines()
         out += [f"{i.where}: ignored: {i.reason}" for i in self.ignored]
-        out.append("verdicts: " + ", ".join(f"{n} {v}" for v, n in self.counts.items()))
+        c = self.counts
+        out.append("verdicts: " + ", ".join(f"{c[v]} {v}" for v in VERDICTS)
+                   + f"; {c['not-comparable']} not comparable with {self.spec.id} (operation, protocol or workload)")
         return out
 
 
