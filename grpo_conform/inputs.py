@@ -18,25 +18,10 @@ from typing import Sequence
 
 import torch
 
+from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
-DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int32": torch.int32,
-    "int64": torch.int64,
-}
 CHUNK_ELEMENTS = 1 << 26
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return DTYPES[name]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return next((k for k, v in DTYPES.items() if v == dtype), str(dtype).replace("torch.", ""))
 
 
 def fresh_seed() -> int:

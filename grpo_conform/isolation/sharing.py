@@ -23,24 +23,8 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401  (registers torch's CUDA IPC reductions)
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "uint8": torch.uint8,
-}
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    return _DTYPES[name]
-
-
-def name_of_dtype(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
+from grpo_conform.dtypes import dtype_name as name_of_dtype
+from grpo_conform.dtypes import torch_dtype as dtype_from_name
 
 def private_dir() -> Path:
     """A fresh 0700 directory, on tmpfs when the machine has one."""
