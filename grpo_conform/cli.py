@@ -17,7 +17,7 @@ from grpo_conform import __version__
 from grpo_conform.errors import EXIT_OK, GrpoConformError
 
 out = Console(soft_wrap=False, width=200)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, also when stderr is not a terminal
 
 
 def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:

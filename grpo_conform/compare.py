@@ -239,7 +239,10 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     worst = 0.0
     for i in range(0, fa.numel(), CHUNK_ELEMENTS):
         d = (fa[i : i + CHUNK_ELEMENTS].to(torch.float64) - fb[i : i + CHUNK_ELEMENTS].to(torch.float64)).abs()
-        worst = max(worst, float(d.max()))
+        m = float(d.max())
+        if math.isnan(m):
+            return math.nan
+        worst = max(worst, m)
     return worst
 
 

@@ -116,7 +116,7 @@ def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator) -> None
         # Both signs, and a mean far from 0 so a dropped sign cannot hide.
         values[0] = -abs(float(values[0]))
         values[1:] = values[1:].abs()
-        if abs(float(values.mean())) < 0.25 * float(values.abs().mean()):
+        while abs(float(values.mean())) < 0.25 * float(values.abs().mean()):
             values[1:] *= 2.0
     adv.copy_(values.to(adv.dtype))
 

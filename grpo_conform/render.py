@@ -32,7 +32,7 @@ def render_check(report: CheckReport, console: Console) -> None:
         console.print(Text.assemble((f"{impl.name}", "bold"), f"  {impl.path}  sha256 {impl.identity[:16]}…  ",
                                     (impl.status.upper(), IMPL_STYLE[impl.status])))
         if impl.status in ("skipped", "load-error") or not impl.workloads:
-            console.print(Text(f"  {impl.message}"))
+            console.print(Text(f"  {impl.message}"), soft_wrap=True)  # one line, whatever its length
             continue
         table = Table(show_header=True, header_style="bold", expand=False, pad_edge=False)
         table.add_column("workload", no_wrap=True)

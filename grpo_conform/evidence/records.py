@@ -96,11 +96,12 @@ def write_record(statement: dict[str, Any], path: str | Path,
                          tuple(s.keyid for s in envelope.signatures), predicate["result"], predicate["verdict"])
 
 
-def record_filename(impl_name: str, device: str = "", finished: str = "") -> str:
-    """`<implementation>--<device>--<UTC time>.intoto.json`: one record per implementation, hardware and run."""
+def record_filename(impl_name: str, device: str = "", finished: str = "", identity: str = "") -> str:
+    """`<implementation>--<device>--<UTC time>--<identity prefix>.intoto.json`: one record per
+    implementation, hardware and run; the identity prefix keeps two folders of one name apart."""
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
     stamp = finished.replace("-", "").replace(":", "")
-    return "--".join(x for x in (impl_name, slug, stamp) if x) + ".intoto.json"
+    return "--".join(x for x in (impl_name, slug, stamp, identity[:12]) if x) + ".intoto.json"
 
 
 def write_evidence(report: Any, directory: str | Path,
@@ -110,8 +111,12 @@ def write_evidence(report: Any, directory: str | Path,
     for _, statement in statements:  # all or nothing: check every statement before writing any
         check_statement(statement)
     device = report.device.get("name", report.device.get("kind", ""))
-    return tuple(write_record(st, Path(directory) / record_filename(impl.name, device, report.finished), private_key)
-                 for impl, st in statements)
+    written: dict[Path, WrittenRecord] = {}
+    for impl, statement in statements:  # the same folder named twice in one run gets one record
+        path = Path(directory) / record_filename(impl.name, device, report.finished, impl.identity)
+        if path not in written:
+            written[path] = write_record(statement, path, private_key)
+    return tuple(written.values())
 
 
 def read_envelope(path: str | Path) -> Envelope:

@@ -1,0 +1,293 @@
+"""The worker process: a clean environment (no secrets), hangs and crashes turned into typed
+failures with the tail of the worker's stderr, and CPU tensors shared through mapped files."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT
+from grpo_conform.check import CheckRequest, run_check
+from grpo_conform.implementations import MANIFEST, load_implementation
+from grpo_conform.isolation.session import WorkerFailure, WorkerSession, worker_environment
+from grpo_conform.isolation.sharing import SharedAllocator, open_descriptor, private_dir
+
+SECRETS = {
+    "GRPO_CONFORM_SIGNING_KEY": "-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END PRIVATE KEY-----",
+    "GRPO_CONFORM_SIGNING_KEY_FILE": "/nonexistent/key.pem",
+    "FOO_TOKEN": "tok-71c1e0",
+    "AWS_SECRET_ACCESS_KEY": "aws-7f3a9d",
+    "ANY_SEED": "1234567",
+    # Names the allow-list would let through, dropped for looking like secrets:
+    "TORCH_MANUAL_SEED": "99",
+    "TRITON_AUTH_TOKEN": "triton-tok",
+    "CUDA_API_KEY": "cuda-key",
+    "TORCH_PASSWORD": "hunter2",
+    "NCCL_CREDENTIALS": "creds",
+}
+KEPT = {"TRITON_CACHE_DIR": "/tmp/triton-cache-test", "TORCH_HOME": "/tmp/torch-home-test", "OMP_NUM_THREADS": "1"}
+
+MANIFEST_TEXT = """\
+name = "{name}"
+spec = "grpo-token-is"
+entry = "impl:grpo_loss"
+language = "python"
+license = "MIT"
+devices = ["cpu"]
+description = "isolation test implementation"
+"""
+
+
+def _impl(tmp_path: Path, name: str, source: str):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / MANIFEST).write_text(MANIFEST_TEXT.format(name=name))
+    (folder / "impl.py").write_text(source)
+    return load_implementation(folder)
+
+
+def _session(impl, timeout: float = 120.0) -> WorkerSession:
+    return WorkerSession(impl, {"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0},
+                         torch.device("cpu"), timeout)
+
+
+def _bind_small_inputs(session: WorkerSession) -> None:
+    g = torch.Generator().manual_seed(0)
+    tensors = {"logits": torch.randn(1, 2, 11, generator=g).to(torch.bfloat16),
+               "completion_ids": torch.tensor([[3]]), "advantages": torch.tensor([0.5])}
+    descriptors = {}
+    for name, t in tensors.items():
+        _, descriptors[name] = session.allocator.share(t)
+    session.bind("in", descriptors)
+
+
+# -- the environment -----------------------------------------------------------------------------------
+def test_worker_environment_drops_secrets_and_keeps_the_toolchain(monkeypatch):
+    for k, v in {**SECRETS, **KEPT}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("GRPO_CONFORM_SPECS", "/somewhere")
+    monkeypatch.setenv("UNRELATED_VARIABLE", "x")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    env = worker_environment("cpu", interpret=False)
+    for k in SECRETS:
+        assert k not in env, k
+    assert "GRPO_CONFORM_SPECS" not in env and "UNRELATED_VARIABLE" not in env
+    assert not any(k.startswith("GRPO_CONFORM") for k in env)
+    for k, v in KEPT.items():
+        assert env[k] == v
+    assert env["PATH"] == os.environ["PATH"]
+    assert "TRITON_INTERPRET" not in env
+    assert str(ROOT) in env["PYTHONPATH"].split(os.pathsep)
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert not any(v in env.values() for v in SECRETS.values())
+
+
+def test_worker_environment_interpreter_and_allocator_settings(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert worker_environment("cpu", interpret=True)["TRITON_INTERPRET"] == "1"
+    assert worker_environment("cpu", interpret=False)["TRITON_INTERPRET"] == "0"  # passed through as is
+    cpu = worker_environment("cpu", interpret=False)
+    assert int(cpu["MALLOC_MMAP_THRESHOLD_"]) >= 1 << 32
+    assert "MALLOC_MMAP_THRESHOLD_" not in worker_environment("cuda", interpret=False)
+
+
+@pytest.mark.slow
+def test_the_worker_process_sees_no_secret(tmp_path, monkeypatch):
+    for k, v in {**SECRETS, **KEPT}.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "seen-environment.json"
+    source = (
+        "import json, os, pathlib\n"
+        "target = (pathlib.Path(__file__).parent / 'target.txt').read_text().strip()\n"
+        "pathlib.Path(target).write_text(json.dumps(dict(os.environ)))\n"
+        "def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):\n"
+        "    return logits.float().sum() * 0\n"
+    )
+    impl = _impl(tmp_path, "env-dump", source)
+    (impl.path / "target.txt").write_text(str(out))
+    assert os.environ["GRPO_CONFORM_SIGNING_KEY"] == SECRETS["GRPO_CONFORM_SIGNING_KEY"]
+    with _session(impl) as session:
+        assert session.info["pid"] != os.getpid()
+    seen = json.loads(out.read_text())
+    leaked = sorted(set(seen) & set(SECRETS))
+    assert not leaked, f"the worker saw {leaked}"
+    assert not any(v in json.dumps(seen) for v in SECRETS.values())
+    for k, v in KEPT.items():
+        assert seen.get(k) == v
+    assert "PATH" in seen
+
+
+# -- hangs and crashes ---------------------------------------------------------------------------------
+HANG = """\
+import os, pathlib, subprocess, sys, time
+def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
+    child = subprocess.Popen(["sleep", "600"])
+    (pathlib.Path(__file__).parent / "child.pid").write_text(str(child.pid))
+    print("hanging now", file=sys.stderr, flush=True)
+    time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # a zombie waits for a reaper that may not exist in a container
+
+
+@pytest.mark.slow
+def test_a_hang_ends_within_the_timeout_and_kills_the_process_group(tmp_path):
+    impl = _impl(tmp_path, "hangs", HANG)
+    session = _session(impl)
+    try:
+        session.start()
+        _bind_small_inputs(session)
+        session.timeout = 3.0
+        pid = session.proc.pid
+        started = time.monotonic()
+        with pytest.raises(WorkerFailure) as info:
+            session.call("in", None, "full")
+        elapsed = time.monotonic() - started
+        assert info.value.kind == "timeout"
+        assert str(info.value) == "no answer within 3 s: process killed"
+        assert 3.0 <= elapsed < 3.0 + 5.0
+        assert "hanging now" in info.value.stderr_tail
+        assert info.value.evidence()["kind"] == "timeout"
+        assert not session.alive and _gone(pid)
+        child = int((impl.path / "child.pid").read_text())
+        deadline = time.monotonic() + 5
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(child), "a process the implementation started outlived the timeout"
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
+def test_a_hang_at_import_times_out_the_load(tmp_path):
+    impl = _impl(tmp_path, "hangs-at-import", "import time\ntime.sleep(600)\n")
+    session = _session(impl, timeout=4.0)
+    started = time.monotonic()
+    with pytest.raises(WorkerFailure) as info:
+        session.start()
+    session.close()
+    assert info.value.kind == "timeout" and time.monotonic() - started < 4.0 + 5.0
+
+
+CRASHES = {
+    "exit-9": ("os._exit(9)", "the implementation's process exited with status 9"),
+    "sigkill": ("os.kill(os.getpid(), signal.SIGKILL)", "the implementation's process killed by signal SIGKILL"),
+    "sigsegv": ("os.kill(os.getpid(), signal.SIGSEGV)", "the implementation's process killed by signal SIGSEGV"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CRASHES), ids=list(CRASHES))
+def test_a_crash_is_reported_with_its_status_and_the_stderr_tail(tmp_path, case):
+    how, message = CRASHES[case]
+    source = (
+        "import os, signal, sys\n"
+        "def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):\n"
+        "    print('last words of the kernel: 0xDEAD', file=sys.stderr, flush=True)\n"
+        f"    {how}\n"
+    )
+    impl = _impl(tmp_path, case, source)
+    with _session(impl) as session:
+        _bind_small_inputs(session)
+        started = time.monotonic()
+        with pytest.raises(WorkerFailure) as info:
+            session.call("in", None, "full")
+        assert time.monotonic() - started < 30  # noticed at once, not at the timeout
+        assert info.value.kind == "crash"
+        assert str(info.value) == message
+        assert "last words of the kernel: 0xDEAD" in info.value.stderr_tail
+        assert info.value.evidence()["stderr_tail"] == info.value.stderr_tail
+        assert not session.alive
+
+
+@pytest.mark.slow
+def test_an_exception_in_the_call_is_not_a_crash(tmp_path):
+    source = (
+        "def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):\n"
+        "    raise ValueError('unsupported vocab ' + str(logits.shape[-1]))\n"
+    )
+    impl = _impl(tmp_path, "raises", source)
+    with _session(impl) as session:
+        _bind_small_inputs(session)
+        with pytest.raises(WorkerFailure) as info:
+            session.call("in", None, "full")
+        assert info.value.kind == "exception"
+        assert str(info.value) == "forward raised ValueError: unsupported vocab 11 at impl.py:2"
+        assert info.value.error["where"] == "impl.py:2"
+        assert session.alive  # the worker keeps serving after an exception
+
+
+@pytest.mark.slow
+def test_a_crash_at_import_is_a_load_error_with_the_stderr_tail(tmp_path):
+    source = "import os, sys\nprint('cannot initialise: 0xBEEF', file=sys.stderr, flush=True)\nos._exit(4)\n"
+    impl = _impl(tmp_path, "dies-at-import", source)
+    report = run_check(CheckRequest((str(impl.path),), device="cpu", workloads=("batch1-seq1",), timeout=60))
+    (result,) = report.implementations
+    assert report.exit_code == 2 and result.status == "load-error"
+    assert result.message.startswith(f"{impl.path / MANIFEST}: field 'entry': loading failed: "
+                                     "the implementation's process exited with status 4")
+    assert "cannot initialise: 0xBEEF" in result.message
+
+
+# -- shared CPU tensors --------------------------------------------------------------------------------
+def test_private_dir_is_private():
+    d = private_dir()
+    try:
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    finally:
+        d.rmdir()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64])
+def test_shared_cpu_tensors_map_the_same_memory(tmp_path, dtype):
+    alloc = SharedAllocator(tmp_path, torch.device("cpu"))
+    parent, desc = alloc.empty((3, 5), dtype)
+    assert desc["kind"] == "file" and desc["shape"] == [3, 5] and Path(desc["path"]).parent == tmp_path
+    child = open_descriptor(json.loads(json.dumps(desc)))  # descriptors are JSON
+    assert child.dtype == dtype and child.shape == (3, 5) and child.data_ptr() != parent.data_ptr()
+    parent.fill_(0)
+    child[1, 2] = 7
+    assert int(parent[1, 2]) == 7 and int(parent.sum()) == 7
+    parent[2, 4] = -3
+    assert int(child[2, 4]) == -3
+
+
+def test_share_copies_the_values(tmp_path):
+    alloc = SharedAllocator(tmp_path, torch.device("cpu"))
+    source = torch.randn(4, 6).to(torch.bfloat16)
+    shared, desc = alloc.share(source)
+    assert torch.equal(shared, source) and shared.data_ptr() != source.data_ptr()
+    assert torch.equal(open_descriptor(desc), source)
+    _, other = alloc.share(source)
+    assert other["path"] != desc["path"]  # one file per tensor
+    empty, edesc = alloc.empty((0, 3), torch.float32)
+    assert open_descriptor(edesc).shape == (0, 3) and empty.numel() == 0
+
+
+def test_a_write_in_another_process_is_seen(tmp_path):
+    alloc = SharedAllocator(tmp_path, torch.device("cpu"))
+    tensor, desc = alloc.empty((4,), torch.float32)
+    tensor.zero_()
+    script = ("import json, sys\nfrom grpo_conform.isolation.sharing import open_descriptor\n"
+              "t = open_descriptor(json.loads(sys.argv[1]))\nt[2] = 42.5\n")
+    subprocess.run([sys.executable, "-c", script, json.dumps(desc)], check=True, cwd=ROOT, timeout=120)
+    assert tensor.tolist() == [0.0, 0.0, 42.5, 0.0]
+
+
+def test_unknown_descriptor_kind():
+    with pytest.raises(ValueError, match="unknown tensor descriptor kind 'pickle'"):
+        open_descriptor({"kind": "pickle"})
