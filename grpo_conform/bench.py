@@ -9,7 +9,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_conform.check import (Progress, RunContext, _missing_requirements, default_timeout, prepare_context,
+from grpo_conform.check import (Progress, RunContext, missing_requirements, default_timeout, prepare_context,
                                 resolve_device)
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming
 from grpo_conform.errors import EXIT_FAILED, EXIT_OK, EnvironmentProblem
@@ -94,7 +94,7 @@ def run_bench(request: BenchRequest, progress: Progress | None = None) -> BenchR
 
 
 def _bench_one(impl, spec: Spec, workloads, resolved, ctx: RunContext, request: BenchRequest, say: Progress):
-    missing = _missing_requirements(impl)
+    missing = missing_requirements(impl)
     skip_reason = (f"needs {', '.join(missing)}, which is not installed" if missing else
                    None if "cuda" in impl.manifest.devices else "does not declare the cuda device")
     if skip_reason:

@@ -123,7 +123,7 @@ def _spec_for(impl: Implementation, request: CheckRequest, cache: dict[str, Spec
     return cache[key]
 
 
-def _missing_requirements(impl: Implementation) -> list[str]:
+def missing_requirements(impl: Implementation) -> list[str]:
     import importlib.util
 
     return [r for r in impl.manifest.requires if importlib.util.find_spec(r) is None]
@@ -154,7 +154,7 @@ def _base_result(impl: Implementation, status: str, message: str, workloads=(), 
 def _check_one(impl: Implementation, spec: Spec, workloads, ctx: RunContext, request: CheckRequest,
                say: Progress) -> ImplementationResult:
     device = ctx.device
-    missing = _missing_requirements(impl)
+    missing = missing_requirements(impl)
     if missing:
         return _base_result(impl, "skipped", f"needs {', '.join(missing)}, which is not installed "
                             f"(see {impl.path / 'implementation.toml'}: requires)")
