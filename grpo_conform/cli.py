@@ -15,6 +15,7 @@ from rich.text import Text
 
 from grpo_conform import __version__
 from grpo_conform.errors import EXIT_OK, GrpoConformError
+from grpo_conform.floors import PROTOCOLS
 
 out = Console(soft_wrap=False, width=200)
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, also when stderr is not a terminal
@@ -125,7 +126,7 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], spec_
 # -- timing and floors --------------------------------------------------------------------------
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--protocol", "protocols", multiple=True, type=click.Choice(["forward", "full", "backward"]),
+@click.option("--protocol", "protocols", multiple=True, type=click.Choice(list(PROTOCOLS)),
               help="protocol to time (repeatable; default full, the headline: forward + backward)")
 @click.option("--workload", "workloads", multiple=True, help="workload of the spec (default: its timed workloads)")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False))
@@ -154,7 +155,7 @@ def bench(paths, protocols, workloads, spec_path, reps, warmup, timeout, fmt) ->
 @click.option("--spec", "spec_path", required=True, help="spec file or id")
 @click.option("--workload", required=True)
 @click.option("--gpu", required=True, help='GPU name as in the catalogue, e.g. "A100 80GB", "H200"')
-@click.option("--protocol", type=click.Choice(["forward", "full", "backward", "all"]), default="forward",
+@click.option("--protocol", type=click.Choice([*PROTOCOLS, "all"]), default="forward",
               show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @_fail_cleanly

@@ -14,13 +14,11 @@ the inputs between calls); `time_cuda` times code of our own in this process (ce
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
-PROTOCOLS = ("forward", "full", "backward")
 METHOD = (
     "CUDA events on the current stream around the call plus a device-wide synchronize; before the start event "
     "the GPU is kept busy (a 0.2 ms spin, then the L2 flush) so launch latency stays off the clock; warmup excluded; "
@@ -93,6 +91,3 @@ def time_cuda(fn: Callable[[], Any], reps: int, warmup: int, flush: bool = True)
         out.append(int(round(start.elapsed_time(end) * 1e6)))
     return out
 
-
-def wall_ns() -> int:
-    return time.perf_counter_ns()

@@ -226,7 +226,6 @@ def _outcome(name: str, found: list[tuple]) -> CheckOutcome:
     if not found:
         return CheckOutcome(name, "skipped", "no protocol with a floor was timed", {})
     bad = [f for f in found if not f[0]]
-    first = bad[0] if bad else found[0]
     evidence = {"protocols": [f[2] for f in found]}
     message = "; ".join(f[1] for f in (bad or found))
     return CheckOutcome(name, "fail" if bad else "pass", message, evidence)

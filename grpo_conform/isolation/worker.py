@@ -41,7 +41,6 @@ class _Worker:
         self.slots: dict[str, dict[str, Any]] = {}
         self.kept: dict[str, tuple[Any, Any]] = {}
         self.flush_buffer = None
-        self.side_inputs: dict[str, Any] = {}
 
     # -- messages ---------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
@@ -171,8 +170,6 @@ class _Worker:
         """Timed calls back to back, one per input set: an untimed call on `warm` first (the GPU
         and its clocks busy again after the parent rewrote the inputs), then for each set: flush
         L2, events on the current stream around the call, a device-wide synchronize."""
-        import torch
-
         if warm is not None:
             self._timed_call(warm, protocol, None)
         results = [self._timed_call(name, protocol, outputs if name == copy_from else None) for name in sets]
