@@ -66,6 +66,13 @@ GROUPS = {
         "forward:forward_chunk=65536,forward_block=4096,forward_warps=4,forward_vector=1",
         "forward:forward_chunk=131072,forward_block=2048,forward_warps=4,forward_vector=1",
     ],
+    "forward4": [
+        "forward:forward_chunk=0,forward_block=2048,forward_warps=1,forward_vector=0,forward_programs=16384",
+        "forward:forward_chunk=0,forward_block=2048,forward_warps=1,forward_vector=0,forward_programs=32768",
+        "forward:forward_chunk=0,forward_block=2048,forward_warps=1,forward_vector=0,forward_programs=65536",
+        "forward:forward_chunk=0,forward_block=1024,forward_warps=1,forward_vector=0,forward_programs=131072",
+        "forward:forward_chunk=0,forward_block=2048,forward_warps=2,forward_vector=0,forward_programs=65536",
+    ],
     # no program waits for another: safe to run many in one process
     "safe": [
         "two_sweep:block=8192,num_warps=16",

@@ -9,13 +9,13 @@ from pathlib import Path
 
 def explore(path: Path) -> None:
     rows = json.loads(path.read_text())
-    print("variant                        batch   median ms   x floor   grad err   last row")
+    print(f"{'variant':<70} batch   median ms   x floor   grad err   last row")
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:<30} {r['batch']:>5}   ERROR {r['error'][:80]}")
+            print(f"{r['variant']:<70} {r['batch']:>5}   ERROR {r['error'][:80]}")
             continue
         err = r.get("grad_rel_err", float("nan"))
-        print(f"{r['variant']:<30} {r['batch']:>5}   {r['median_ms']:9.4f}   {r['ratio']:7.3f}   {err:8.2e}   "
+        print(f"{r['variant']:<70} {r['batch']:>5}   {r['median_ms']:9.4f}   {r['ratio']:7.3f}   {err:8.2e}   "
               f"{r.get('last_row_max', 0):.1e}")
 
 
@@ -35,7 +35,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     if (out / "explore.json").exists():
         explore(out / "explore.json")
-    for name in ("smoke.json", "gallery.json", "check.json", "bench.json"):
+    for name in ("smoke.json", "gallery.json", "check.json", "check-triton.json", "bench.json"):
         p = out / name
         if p.exists() and p.stat().st_size:
             try:

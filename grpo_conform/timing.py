@@ -21,7 +21,8 @@ import torch
 
 METHOD = (
     "CUDA events on the current stream around the call plus a device-wide synchronize; before the start event "
-    "the GPU is kept busy (a 0.2 ms spin, then the L2 flush) so launch latency stays off the clock; warmup excluded; "
+    "the GPU is kept busy (a spin of at least 0.2 ms and 1.5x the host time to enqueue one call, measured on an "
+    "untimed call before each batch, then the L2 flush) so host launch overhead stays off the clock; warmup excluded; "
     "L2 flushed before each timed call (buffer >= 2x L2 written); fresh inputs every call, rewritten in place "
     "and rotated over buffer sets; random subset of timed outputs re-checked against the float64 reference; "
     "median and quantiles of per-call times"

@@ -285,10 +285,6 @@ def test_no_grad_forward_returns_the_loss_without_a_graph(results):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="BUG: implementations/triton/function.py decides on ctx.needs_input_grad, "
-                   "which is True under torch.no_grad when logits require grad, so the fused loss-and-gradient "
-                   "kernel runs (and allocates a logits-sized gradient that is thrown away) instead of "
-                   "forward_loss, contrary to its docstring")
 def test_no_grad_forward_does_no_gradient_work(results):
     r = results["autograd/no_grad"]
     _loss_ok(r)

@@ -150,6 +150,7 @@ class WorkloadTiming:
             "identical_inputs": ident_d.to_json(),
             "identical_samples_ns": [c["event_ns"] for c in identical],
             "host_wall": host_d.to_json(),
+            "pre_work": Distribution.of([c["pre_ns"] for c in calls]).to_json(),
             "parent_batches": [{"wall_ns": w, "event_sum_ns": e} for w, e in batch_walls],
             "peak_bytes": peak,
             "peak_over_logits": json_float(peak / io_bytes),

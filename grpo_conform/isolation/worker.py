@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 POISON_BYTES = {"nan": 0xFF, "huge": 0x7B}  # 0xFF..: NaN in every float dtype; 0x7B..: huge finite
-PRE_SPIN_CYCLES = 400_000  # ~0.2 ms at 2 GHz: longer than launching a call's first kernels from Python
+PRE_SPIN_CYCLES = 400_000  # ~0.2 ms at 2 GHz: the least GPU work put before a timed call's start event
+SPIN_CYCLES_PER_NS = 3  # 1.5 x the host time to enqueue a call, at up to 2 cycles per ns
+MAX_SPIN_CYCLES = 40_000_000  # ~20 ms: an implementation that blocks the host gets no longer spin than this
 
 
 class _Worker:
@@ -170,16 +172,22 @@ class _Worker:
         """Timed calls back to back, one per input set: an untimed call on `warm` first (the GPU
         and its clocks busy again after the parent rewrote the inputs), then for each set: flush
         L2, events on the current stream around the call, a device-wide synchronize."""
+        spin = PRE_SPIN_CYCLES
         if warm is not None:
-            self._timed_call(warm, protocol, None)
-        results = [self._timed_call(name, protocol, outputs if name == copy_from else None) for name in sets]
+            # The untimed call measures how long the host takes to enqueue one call (autograd's
+            # backward thread included); the timed calls then start behind at least 1.5x that
+            # much GPU work, so host overhead stays off the clock for every implementation alike.
+            enqueue_ns = self._timed_call(warm, protocol, None, spin)["enqueue_ns"]
+            spin = min(MAX_SPIN_CYCLES, max(PRE_SPIN_CYCLES, enqueue_ns * SPIN_CYCLES_PER_NS))
+        results = [self._timed_call(name, protocol, outputs if name == copy_from else None, spin) for name in sets]
         self.send(status="ok", results=results)
 
-    def _timed_call(self, inputs: str, protocol: str, outputs: str | None) -> dict[str, int]:
-        """One timed call. Before the start event the GPU is kept busy (a short spin, then the L2
-        flush), so the CPU cost of launching the call's first kernels is hidden as in a back-to-back
-        loop; synchronizing first would leave the GPU idle at the start event and put launch latency
-        on the clock. Host wall time minus that pre-work bounds the call from above (side streams)."""
+    def _timed_call(self, inputs: str, protocol: str, outputs: str | None, spin: int) -> dict[str, int]:
+        """One timed call. Before the start event the GPU is kept busy (a spin of `spin` cycles,
+        then the L2 flush), so the CPU cost of launching the call's kernels is hidden as in a
+        back-to-back loop; synchronizing first would leave the GPU idle at the start event and put
+        launch latency on the clock. Host wall time minus that pre-work bounds the call from above
+        (side streams)."""
         import torch
 
         shared = self.slots[inputs]
@@ -196,7 +204,7 @@ class _Worker:
         pre, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         wall0 = time.perf_counter_ns()
         pre.record()
-        torch.cuda._sleep(PRE_SPIN_CYCLES)
+        torch.cuda._sleep(int(spin))
         if self.flush_buffer is not None:
             self.flush_buffer.fill_(wall0 & 0x7F)
         start.record()
@@ -209,6 +217,7 @@ class _Worker:
         else:
             self._guarded("backward", lambda: loss.backward())
         end.record()
+        enqueued = time.perf_counter_ns()
         self._sync("timed call")
         wall1 = time.perf_counter_ns()
         grad = logits.grad if protocol != "forward" else None
@@ -220,7 +229,7 @@ class _Worker:
             self._sync("copy")
         del loss, grad
         return {"event_ns": event_ns, "wall_ns": max(0, wall1 - wall0 - pre_ns), "pre_ns": pre_ns,
-                "peak_bytes": int(peak)}
+                "enqueue_ns": enqueued - wall0, "peak_bytes": int(peak)}
 
     # -- helpers ----------------------------------------------------------------------------
     def _guarded(self, phase: str, fn):

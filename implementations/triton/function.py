@@ -3,7 +3,8 @@
 When logits require grad, forward runs the fused kernel (loss and gradient in one pass over the
 logits) and keeps the gradient; backward multiplies it by d loss in place with a kernel that
 reads d loss on the device and exits at once when it is 1 (the usual `loss.backward()`), so no
-host synchronisation and no second pass. Under torch.no_grad only the loss is computed.
+host synchronisation and no second pass. impl.py calls it only when a graph will be built
+(grad mode on and logits requiring grad); otherwise it runs the loss-only kernel.
 A second backward through the same graph (retain_graph=True) recomputes the gradient from the
 saved per-token log-sum-exp, since the first one consumed the buffer.
 """
@@ -16,8 +17,6 @@ from . import launch
 class GrpoLossFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, completion_ids, advantages, problem, settings):
-        if not ctx.needs_input_grad[0]:
-            return launch.forward_loss(logits, completion_ids, advantages, problem, settings)
         loss, grad, lse = launch.fused_loss_and_grad(logits, completion_ids, advantages, problem, settings)
         ctx.save_for_backward(logits, completion_ids, advantages, lse)
         ctx.grad = grad

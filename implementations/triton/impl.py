@@ -20,4 +20,8 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low=0.2, epsilon_high=
     advantages = advantages.contiguous()
     problem = launch.Problem.of(logits, epsilon_low, epsilon_high, temperature)
     settings = launch.settings_for(problem.vocab, logits.device)
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        # No graph will be built (inside Function.forward grad mode is always off, and
+        # needs_input_grad ignores torch.no_grad): the loss alone, no gradient work.
+        return launch.forward_loss(logits, completion_ids, advantages, problem, settings)
     return GrpoLossFunction.apply(logits, completion_ids, advantages, problem, settings)

@@ -7,7 +7,7 @@ recorded, with every version tried, in docs/triton-kernel-notes.md.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -21,11 +21,13 @@ class KernelSettings:
     """How to launch.
 
     fused: 'sync' (a row split over programs that keep their chunk in registers and wait for each
-    other), 'split' (the same split, each program sweeping its chunk twice in blocks) or
-    'two_sweep' (one program per row, or a persistent grid, sweeping the row twice).
+    other), 'split' (the same split, each program sweeping its chunk twice in blocks),
+    'two_sweep' (one program per row, or a persistent grid, sweeping the row twice) or 'staged'
+    (the split with each chunk staged in shared memory: staged.py, CUDA only; where its
+    conditions do not hold, `staged_fallback` is used).
     """
 
-    fused: Literal["sync", "split", "two_sweep"] = "split"
+    fused: Literal["sync", "split", "two_sweep", "staged"] = "split"
     chunk: int = 16384  # elements per program (sync, split)
     block: int = 4096  # elements per loop step (split, two_sweep)
     num_warps: int = 8
@@ -35,11 +37,13 @@ class KernelSettings:
     hints: bool = True  # keep the first sweep in L2, stream the gradient out
     stream_stores: bool = True  # sync: gradient stores marked streaming (.cs)
     vector: bool = True  # per-lane running (max, sum): no barrier per block (kernels._chunk_stats)
+    stage_bytes: int = 65536  # staged: shared memory per program (one chunk of the row)
     forward_chunk: int = 8192  # forward: elements per program; 0 = chosen from the number of tokens
     forward_block: int = 8192  # forward: elements per loop step
     forward_warps: int = 4
     forward_stages: int = 1
     forward_vector: bool = True
+    forward_programs: int = 16384  # forward_chunk == 0: split rows until about this many programs
 
 
 # The H200 choice (docs/triton-kernel-notes.md): the gradient pass splits a row over 8 programs of
@@ -48,7 +52,8 @@ class KernelSettings:
 GPU_DEFAULT = KernelSettings(fused="split", chunk=16384, block=4096, num_warps=4, vector=False,
                              forward_chunk=0, forward_block=2048, forward_warps=1, forward_stages=1,
                              forward_vector=False)
-FORWARD_PROGRAMS = 16384
+STAGED_FALLBACK = replace(GPU_DEFAULT, fused="split")
+LOG2E = 1.4426950408889634
 
 
 def interpreting() -> bool:
@@ -105,7 +110,7 @@ def forward_loss(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tenso
     tokens = p.batch * p.seq
     chunk = s.forward_chunk
     if chunk == 0:  # enough programs to fill the GPU, whole rows when the batch already does
-        splits = max(1, min(16, FORWARD_PROGRAMS // max(1, tokens)))
+        splits = max(1, min(64, s.forward_programs // max(1, tokens)))
         chunk = triton.cdiv(triton.cdiv(p.vocab, splits), s.forward_block) * s.forward_block
     n, n_p2 = _chunks(p.vocab, chunk)
     part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
@@ -142,7 +147,11 @@ def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
             BLOCK=s.block, PERSISTENT=s.persistent, HINTS=s.hints, NUM_STAGES=s.num_stages, VECTOR=s.vector,
             num_warps=s.num_warps,
         )
+    elif s.fused == "staged" and staged_ok(logits, p):
+        _launch_staged(logits, ids, adv, grad, token_loss, lse, p, s)
     else:
+        if s.fused == "staged":
+            s = STAGED_FALLBACK
         n, n_p2 = _chunks(p.vocab, s.chunk)
         part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
         part_s = torch.empty(tokens * n, dtype=torch.float32, device=dev)
@@ -161,6 +170,32 @@ def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
                 HINTS=s.hints, VECTOR=s.vector, num_warps=s.num_warps,
             )
     return _finalize(token_loss, p), grad, lse
+
+
+def staged_ok(logits: torch.Tensor, p: Problem) -> bool:
+    """cp.async moves 16-byte pieces: the row starts and the vocabulary must be 16-byte multiples
+    (the JIT then proves the alignment from the arguments), on an sm_80+ GPU, not interpreted."""
+    if not logits.is_cuda or interpreting() or torch.cuda.get_device_capability(logits.device)[0] < 8:
+        return False
+    return (logits.data_ptr() % 16 == 0 and p.vocab % 16 == 0 and p.stride_b % 16 == 0
+            and p.stride_t % 16 == 0)
+
+
+def _launch_staged(logits, ids, adv, grad, token_loss, lse, p: Problem, s: KernelSettings) -> None:
+    from . import staged  # Gluon: imported only where it can run
+
+    vec = 16 // logits.element_size()
+    chunk = s.stage_bytes // logits.element_size()
+    n, n_p2 = _chunks(p.vocab, chunk)
+    tokens, rows = p.batch * p.seq, p.batch * (p.seq + 1)
+    part_m = torch.empty(tokens * n, dtype=torch.float32, device=logits.device)
+    part_s = torch.empty(tokens * n, dtype=torch.float32, device=logits.device)
+    count = torch.zeros(max(tokens, 1) if n > 1 else 1, dtype=torch.int32, device=logits.device)
+    staged._staged_kernel[(rows * n,)](
+        logits, ids, adv, grad, part_m, part_s, count, token_loss, lse,
+        p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp * LOG2E, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
+        CHUNK=chunk, BLOCK=min(s.block, chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2, VEC=vec, num_warps=s.num_warps,
+    )
 
 
 def scale_in_place(grad: torch.Tensor, dloss: torch.Tensor) -> None:
