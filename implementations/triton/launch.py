@@ -38,12 +38,14 @@ class KernelSettings:
     stream_stores: bool = True  # sync: gradient stores marked streaming (.cs)
     vector: bool = True  # per-lane running (max, sum): no barrier per block (kernels._chunk_stats)
     stage_bytes: int = 65536  # staged: shared memory per program (one chunk of the row)
+    thread_stats: bool = True  # staged: per-thread running (max, sum), one CTA reduction per chunk
     forward_chunk: int = 8192  # forward: elements per program; 0 = chosen from the number of tokens
     forward_block: int = 8192  # forward: elements per loop step
     forward_warps: int = 4
     forward_stages: int = 1
     forward_vector: bool = True
     forward_programs: int = 16384  # forward_chunk == 0: split rows until about this many programs
+    forward_stage_bytes: int = 0  # > 0: the loss-only pass stages chunks of this size (staged.py)
 
 
 # The H200 choice (docs/triton-kernel-notes.md): the gradient pass splits a row over 8 programs of
@@ -108,14 +110,14 @@ def forward_loss(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tenso
     """The loss only (torch.no_grad): one read of the logits, no gradient work."""
     dev = logits.device
     tokens = p.batch * p.seq
+    if s.forward_stage_bytes and tokens and staged_ok(logits, p):
+        return _finalize(_staged_forward(logits, ids, adv, p, s), p)
     chunk = s.forward_chunk
     if chunk == 0:  # enough programs to fill the GPU, whole rows when the batch already does
         splits = max(1, min(64, s.forward_programs // max(1, tokens)))
         chunk = triton.cdiv(triton.cdiv(p.vocab, splits), s.forward_block) * s.forward_block
     n, n_p2 = _chunks(p.vocab, chunk)
-    part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
-    part_s = torch.empty(tokens * n, dtype=torch.float32, device=dev)
-    count = torch.zeros(tokens if n > 1 else 1, dtype=torch.int32, device=dev)
+    part_m, part_s, count = _partials(tokens, n, dev)
     token_loss = torch.empty(tokens, dtype=torch.float32, device=dev)
     if tokens:
         kernels._forward_kernel[(tokens * n,)](
@@ -153,9 +155,7 @@ def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
         if s.fused == "staged":
             s = STAGED_FALLBACK
         n, n_p2 = _chunks(p.vocab, s.chunk)
-        part_m = torch.empty(tokens * n, dtype=torch.float32, device=dev)
-        part_s = torch.empty(tokens * n, dtype=torch.float32, device=dev)
-        count = torch.zeros(max(tokens, 1) if n > 1 else 1, dtype=torch.int32, device=dev)
+        part_m, part_s, count = _partials(tokens, n, dev)
         common = (p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst)
         if s.fused == "sync":
             kernels._fused_kernel[(rows * n,)](
@@ -181,21 +181,48 @@ def staged_ok(logits: torch.Tensor, p: Problem) -> bool:
             and p.stride_t % 16 == 0)
 
 
+def _staged_shape(logits, p: Problem, stage_bytes: int, block: int, num_warps: int) -> dict:
+    """Chunk and block sizes of a staged launch: a block is at least one 16-byte piece per thread."""
+    vec = 16 // logits.element_size()
+    chunk = stage_bytes // logits.element_size()
+    block = min(max(block, 32 * num_warps * vec), chunk)
+    n, n_p2 = _chunks(p.vocab, chunk)
+    return dict(CHUNK=chunk, BLOCK=block, NUM_CHUNKS=n, CHUNKS_P2=n_p2, VEC=vec)
+
+
+def _partials(tokens: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-chunk (max, sum) slots and the per-token arrival counters (zeroed: one memset)."""
+    part_m = torch.empty(tokens * n, dtype=torch.float32, device=device)
+    part_s = torch.empty(tokens * n, dtype=torch.float32, device=device)
+    count = torch.zeros(max(tokens, 1) if n > 1 else 1, dtype=torch.int32, device=device)
+    return part_m, part_s, count
+
+
 def _launch_staged(logits, ids, adv, grad, token_loss, lse, p: Problem, s: KernelSettings) -> None:
     from . import staged  # Gluon: imported only where it can run
 
-    vec = 16 // logits.element_size()
-    chunk = s.stage_bytes // logits.element_size()
-    n, n_p2 = _chunks(p.vocab, chunk)
-    tokens, rows = p.batch * p.seq, p.batch * (p.seq + 1)
-    part_m = torch.empty(tokens * n, dtype=torch.float32, device=logits.device)
-    part_s = torch.empty(tokens * n, dtype=torch.float32, device=logits.device)
-    count = torch.zeros(max(tokens, 1) if n > 1 else 1, dtype=torch.int32, device=logits.device)
-    staged._staged_kernel[(rows * n,)](
+    shape = _staged_shape(logits, p, s.stage_bytes, s.block, s.num_warps)
+    part_m, part_s, count = _partials(p.batch * p.seq, shape["NUM_CHUNKS"], logits.device)
+    staged._staged_kernel[(p.batch * (p.seq + 1) * shape["NUM_CHUNKS"],)](
         logits, ids, adv, grad, part_m, part_s, count, token_loss, lse,
         p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp * LOG2E, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
-        CHUNK=chunk, BLOCK=min(s.block, chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2, VEC=vec, num_warps=s.num_warps,
+        **shape, THREAD_STATS=s.thread_stats, num_warps=s.num_warps,
     )
+
+
+def _staged_forward(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tensor:
+    from . import staged
+
+    shape = _staged_shape(logits, p, s.forward_stage_bytes, s.forward_block, s.forward_warps)
+    tokens = p.batch * p.seq
+    part_m, part_s, count = _partials(tokens, shape["NUM_CHUNKS"], logits.device)
+    token_loss = torch.empty(tokens, dtype=torch.float32, device=logits.device)
+    staged._staged_forward_kernel[(tokens * shape["NUM_CHUNKS"],)](
+        logits, ids, adv, part_m, part_s, count, token_loss,
+        p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp * LOG2E, p.inv_temp, p.eps_low, p.eps_high,
+        **shape, THREAD_STATS=s.thread_stats, num_warps=s.forward_warps,
+    )
+    return token_loss
 
 
 def scale_in_place(grad: torch.Tensor, dloss: torch.Tensor) -> None:

@@ -1,15 +1,23 @@
-"""The shared-memory staged gradient kernel (Gluon, NVIDIA sm_80+): each chunk of a row crosses DRAM once.
+"""Shared-memory staged kernels (Gluon, NVIDIA sm_80+): each chunk of a row crosses DRAM once.
 
-A row is split into NUM_CHUNKS chunks; program (row, k) copies chunk k straight from global to
-shared memory with cp.async (every block of the chunk in flight at once), reduces it to
-(max, sum of 2^(z - max)) block by block as the copies land, publishes that pair, waits for the
-row's other chunks (the same atomic counter as kernels._split_kernel), and writes its part of the
-gradient from shared memory. The second sweep never touches L2 or DRAM: the plain-Triton split
-kernel's second sweep depends on L2 holding every row in flight, which it cannot promise.
+_staged_kernel (loss and gradient): a row is split into NUM_CHUNKS chunks; program (row, k)
+copies chunk k straight from global to shared memory with cp.async (every block of the chunk in
+flight at once), reduces it to (max, sum of 2^(z - max)) block by block as the copies land,
+publishes that pair, waits for the row's other chunks (the same atomic counter as
+kernels._split_kernel), and writes its part of the gradient from shared memory. The second sweep
+never touches L2 or DRAM: the plain-Triton split kernel's second sweep depends on L2 holding
+every row in flight, which it cannot promise.
 
-Everything is computed in the base-2 domain (z2 = x * log2(e) / T), so each element costs one
-exp2 per sweep. The one-hot term is applied by the target's program after its sweep (a CTA
-barrier orders the two stores), so the sweep itself has no compare/select per element.
+_staged_forward_kernel (loss only): the same copy and reduction; the last program of a token to
+finish combines (nobody waits).
+
+A block is held as [REPS, THREADS, VEC]: thread t owns VEC contiguous elements in each of REPS
+rows, so a warp's copies are contiguous 16-byte pieces. THREAD_STATS keeps one running
+(max, sum) per thread, reduced across threads once per chunk (no barrier per block); otherwise
+every block is reduced across the CTA as it lands. Everything is computed in base 2
+(z2 = x * log2(e) / T): one exp2 per element per sweep. Only a row's last chunk is masked; the
+one-hot term is applied by the target's program after its sweep (a CTA barrier orders the two
+stores), so the sweeps have no compare/select per element.
 
 Gluon is Triton's lower-level dialect (explicit layouts and shared memory); it does not run under
 TRITON_INTERPRET=1, so launch.py uses it only on CUDA and keeps the plain kernels for the rest.
@@ -20,17 +28,95 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 LN2 = gl.constexpr(0.6931471805599453)
+PAD = gl.constexpr(-1.0e30)  # finite padding: a thread whose elements are all padding keeps s * 2^(PAD - m) = 0
 
 
 @gluon.jit
-def _combine2(m_ptr, s_ptr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr, layout: gl.constexpr):
-    """log2-sum-exp2 of a row from its chunks' (max, sum), read past L1 (other programs wrote them)."""
-    k = gl.arange(0, CHUNKS_P2, layout=layout)
+def _block_offsets(REPS: gl.constexpr, THREADS: gl.constexpr, VEC: gl.constexpr, layout: gl.constexpr):
+    """Element offsets of one [REPS, THREADS, VEC] block, in `layout`."""
+    r = gl.arange(0, REPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+    t = gl.arange(0, THREADS, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    v = gl.arange(0, VEC, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    r3 = gl.expand_dims(gl.expand_dims(r, 1), 2) * (THREADS * VEC)
+    t3 = gl.expand_dims(gl.expand_dims(t, 0), 2) * VEC
+    v3 = gl.expand_dims(gl.expand_dims(v, 0), 1)
+    return r3 + t3 + v3
+
+
+@gluon.jit
+def _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK: gl.constexpr, BLOCK: gl.constexpr, MASKED: gl.constexpr):
+    for i in gl.static_range(NBLK):  # every copy of the chunk in flight at once
+        offs = start + i * BLOCK + lanes
+        if MASKED:
+            async_copy.async_copy_global_to_shared(stage.index(i), row_ptr + offs, mask=offs < vocab)
+        else:
+            async_copy.async_copy_global_to_shared(stage.index(i), row_ptr + offs)
+        async_copy.commit_group()
+
+
+@gluon.jit
+def _chunk_stats(stage, start, vocab, scale2, lanes, layout: gl.constexpr, NBLK: gl.constexpr,
+                 BLOCK: gl.constexpr, THREADS: gl.constexpr, MASKED: gl.constexpr, THREAD_STATS: gl.constexpr):
+    """(max, sum of 2^(z - max)) over the staged chunk, block by block as the copies land."""
+    tl_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, layout))
+    m_t = gl.full([THREADS], PAD, gl.float32, tl_layout)
+    s_t = gl.zeros([THREADS], gl.float32, tl_layout)
+    m = PAD
+    s = 0.0
+    for i in gl.static_range(NBLK):
+        async_copy.wait_group(NBLK - 1 - i)
+        gl.thread_barrier()  # other threads' copies of this block have landed too
+        z = stage.index(i).load(layout).to(gl.float32) * scale2
+        if MASKED:
+            z = gl.where(start + i * BLOCK + lanes < vocab, z, PAD)
+        if THREAD_STATS:
+            m_new = gl.maximum(m_t, gl.max(gl.max(z, axis=2), axis=0))
+            e = gl.exp2(z - gl.expand_dims(gl.expand_dims(m_new, 0), 2))
+            s_t = s_t * gl.exp2(m_t - m_new) + gl.sum(gl.sum(e, axis=2), axis=0)
+            m_t = m_new
+        else:
+            m_new = gl.maximum(m, gl.max(gl.max(gl.max(z, axis=2), axis=0), axis=0))
+            e = gl.sum(gl.sum(gl.sum(gl.exp2(z - m_new), axis=2), axis=0), axis=0)
+            s = s * gl.exp2(m - m_new) + e
+            m = m_new
+    if THREAD_STATS:
+        m = gl.max(m_t, axis=0)
+        s = gl.sum(s_t * gl.exp2(m_t - m), axis=0)
+    return m, s
+
+
+@gluon.jit
+def _combine2(m_ptr, s_ptr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr):
+    """log2-sum-exp2 of a token from its chunks' (max, sum), read past L1 (other programs wrote them)."""
+    small: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    k = gl.arange(0, CHUNKS_P2, layout=small)
     km = k < NUM_CHUNKS
-    ms = gl.load(m_ptr + k, mask=km, other=-float("inf"), volatile=True)
+    ms = gl.load(m_ptr + k, mask=km, other=PAD, volatile=True)
     ss = gl.load(s_ptr + k, mask=km, other=0.0, volatile=True)
     m = gl.max(ms, axis=0)
     return m + gl.log2(gl.sum(ss * gl.exp2(ms - m), axis=0))
+
+
+@gluon.jit
+def _token_terms(x_c, lse2, adv, inv_temp, eps_low, eps_high, inv_bst):
+    """Token loss and gradient coefficient of the clipped surrogate at ratio exp(logp - logp) = 1."""
+    logp = x_c * inv_temp - lse2 * LN2
+    ratio = gl.exp(logp - logp)
+    clipped = gl.minimum(gl.maximum(ratio, 1.0 - eps_low), 1.0 + eps_high)
+    coef = gl.where(clipped * adv >= ratio * adv, adv * ratio, 0.0) * inv_bst
+    return -gl.minimum(ratio * adv, clipped * adv), coef
+
+
+@gluon.jit
+def _write_grad(stage, grad_row, start, vocab, scale2, lse2, coef, lanes, layout: gl.constexpr,
+                NBLK: gl.constexpr, BLOCK: gl.constexpr, MASKED: gl.constexpr):
+    for i in gl.static_range(NBLK):
+        offs = start + i * BLOCK + lanes
+        g = (coef * gl.exp2(stage.index(i).load(layout).to(gl.float32) * scale2 - lse2)).to(grad_row.dtype.element_ty)
+        if MASKED:
+            gl.store(grad_row + offs, g, mask=offs < vocab, cache_modifier=".cs")
+        else:
+            gl.store(grad_row + offs, g, cache_modifier=".cs")
 
 
 @gluon.jit
@@ -38,67 +124,100 @@ def _staged_kernel(
     logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, lse_ptr,
     stride_b, stride_t, seq, vocab, scale2, inv_temp, eps_low, eps_high, inv_bst,
     CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
-    VEC: gl.constexpr,
+    VEC: gl.constexpr, THREAD_STATS: gl.constexpr,
 ):
-    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
-    small: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    THREADS: gl.constexpr = 32 * gl.num_warps()
+    REPS: gl.constexpr = BLOCK // (THREADS * VEC)
     NBLK: gl.constexpr = CHUNK // BLOCK
-    stage = gl.allocate_shared_memory(logits_ptr.dtype.element_ty, [NBLK, BLOCK],
-                                      gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    layout: gl.constexpr = gl.BlockedLayout([REPS, 1, VEC], [1, 32, 1], [1, gl.num_warps(), 1], [2, 1, 0])
+    stage = gl.allocate_shared_memory(logits_ptr.dtype.element_ty, [NBLK, REPS, THREADS, VEC],
+                                      gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     pid = gl.program_id(0)
     row = pid // NUM_CHUNKS  # chunk index fastest: a row's programs are dispatched together
     k = pid % NUM_CHUNKS
     b = row // (seq + 1)
     t = row % (seq + 1)
     start = k * CHUNK
-    lanes = gl.arange(0, BLOCK, layout=layout)
+    lanes = _block_offsets(REPS, THREADS, VEC, layout)
     grad_row = grad_ptr + row.to(gl.int64) * vocab
     if t == seq:
         for i in gl.static_range(NBLK):
             offs = start + i * BLOCK + lanes
-            gl.store(grad_row + offs, gl.zeros([BLOCK], grad_ptr.dtype.element_ty, layout), mask=offs < vocab)
+            gl.store(grad_row + offs, gl.zeros([REPS, THREADS, VEC], grad_ptr.dtype.element_ty, layout),
+                     mask=offs < vocab)
     else:
         token = b * seq + t
         row_ptr = logits_ptr + b.to(gl.int64) * stride_b + t.to(gl.int64) * stride_t
-        for i in gl.static_range(NBLK):  # every copy of the chunk in flight at once
-            offs = start + i * BLOCK + lanes
-            async_copy.async_copy_global_to_shared(stage.index(i), row_ptr + offs, mask=offs < vocab)
-            async_copy.commit_group()
-        m = -float("inf")
-        s = 0.0
-        for i in gl.static_range(NBLK):
-            async_copy.wait_group(NBLK - 1 - i)
-            gl.thread_barrier()
-            offs = start + i * BLOCK + lanes
-            x = stage.index(i).load(layout)
-            z = gl.where(offs < vocab, x.to(gl.float32) * scale2, -float("inf"))
-            m_new = gl.maximum(m, gl.max(z, axis=0))
-            s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(z - m_new), axis=0)
-            m = m_new
+        tail = start + CHUNK > vocab
+        if tail:
+            _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, True)
+            m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, True, THREAD_STATS)
+        else:
+            _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, False)
+            m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, False, THREAD_STATS)
         if NUM_CHUNKS > 1:
             gl.store(m_ptr + token * NUM_CHUNKS + k, m)
             gl.store(s_ptr + token * NUM_CHUNKS + k, s)
             gl.atomic_add(count_ptr + token, 1, sem="release")
             while gl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
                 pass
-            lse2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2, small)
+            lse2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
         else:
             lse2 = m + gl.log2(s)
         target = gl.load(ids_ptr + token)
-        adv = gl.load(adv_ptr + b).to(gl.float32)
         x_c = gl.load(row_ptr + target).to(gl.float32)
-        logp = x_c * inv_temp - lse2 * LN2
-        ratio = gl.exp(logp - logp)  # the importance ratio with old = logp.detach(): exactly 1
-        clipped = gl.minimum(gl.maximum(ratio, 1.0 - eps_low), 1.0 + eps_high)
-        coef = gl.where(clipped * adv >= ratio * adv, adv * ratio, 0.0) * inv_bst
+        loss, coef = _token_terms(x_c, lse2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high,
+                                  inv_bst)
         if k == 0:
-            gl.store(token_loss_ptr + token, -gl.minimum(ratio * adv, clipped * adv))
+            gl.store(token_loss_ptr + token, loss)
             gl.store(lse_ptr + token, lse2 * LN2)
-        for i in gl.static_range(NBLK):
-            offs = start + i * BLOCK + lanes
-            x = stage.index(i).load(layout)
-            g = coef * gl.exp2(x.to(gl.float32) * scale2 - lse2)
-            gl.store(grad_row + offs, g.to(grad_ptr.dtype.element_ty), mask=offs < vocab, cache_modifier=".cs")
+        if tail:
+            _write_grad(stage, grad_row, start, vocab, scale2, lse2, coef, lanes, layout, NBLK, BLOCK, True)
+        else:
+            _write_grad(stage, grad_row, start, vocab, scale2, lse2, coef, lanes, layout, NBLK, BLOCK, False)
         if (target >= start) & (target < start + CHUNK):
             gl.thread_barrier()  # orders the sweep's store of this element before the one-hot fix
             gl.store(grad_row + target, (coef * (gl.exp2(x_c * scale2 - lse2) - 1.0)).to(grad_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def _staged_forward_kernel(
+    logits_ptr, ids_ptr, adv_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr,
+    stride_b, stride_t, seq, vocab, scale2, inv_temp, eps_low, eps_high,
+    CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
+    VEC: gl.constexpr, THREAD_STATS: gl.constexpr,
+):
+    THREADS: gl.constexpr = 32 * gl.num_warps()
+    REPS: gl.constexpr = BLOCK // (THREADS * VEC)
+    NBLK: gl.constexpr = CHUNK // BLOCK
+    layout: gl.constexpr = gl.BlockedLayout([REPS, 1, VEC], [1, 32, 1], [1, gl.num_warps(), 1], [2, 1, 0])
+    stage = gl.allocate_shared_memory(logits_ptr.dtype.element_ty, [NBLK, REPS, THREADS, VEC],
+                                      gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    pid = gl.program_id(0)
+    token = pid // NUM_CHUNKS  # b * seq + t, t < seq: the last position is never read
+    k = pid % NUM_CHUNKS
+    b = token // seq
+    t = token % seq
+    start = k * CHUNK
+    lanes = _block_offsets(REPS, THREADS, VEC, layout)
+    row_ptr = logits_ptr + b.to(gl.int64) * stride_b + t.to(gl.int64) * stride_t
+    if start + CHUNK > vocab:
+        _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, True)
+        m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, True, THREAD_STATS)
+    else:
+        _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, False)
+        m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, False, THREAD_STATS)
+    last = True
+    if NUM_CHUNKS > 1:
+        gl.store(m_ptr + token * NUM_CHUNKS + k, m)
+        gl.store(s_ptr + token * NUM_CHUNKS + k, s)
+        # The last chunk program of this token to arrive combines; nobody waits.
+        last = gl.atomic_add(count_ptr + token, 1, sem="acq_rel") == NUM_CHUNKS - 1
+    if last:
+        if NUM_CHUNKS > 1:
+            lse2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+        else:
+            lse2 = m + gl.log2(s)
+        x_c = gl.load(row_ptr + gl.load(ids_ptr + token)).to(gl.float32)
+        loss, _ = _token_terms(x_c, lse2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high, 0.0)
+        gl.store(token_loss_ptr + token, loss)
