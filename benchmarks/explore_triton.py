@@ -73,6 +73,14 @@ GROUPS = {
         "forward:forward_chunk=0,forward_block=1024,forward_warps=1,forward_vector=0,forward_programs=131072",
         "forward:forward_chunk=0,forward_block=2048,forward_warps=2,forward_vector=0,forward_programs=65536",
     ],
+    "forward6": [
+        "forward:forward_chunk=0,forward_block=2048,forward_warps=1,forward_vector=0,forward_programs=16384",
+        "forward:forward_stage_bytes=16384,forward_block=2048,forward_warps=4",
+        "forward:forward_stage_bytes=8192,forward_block=2048,forward_warps=4",
+        "forward:forward_stage_bytes=16384,forward_block=1024,forward_warps=2",
+        "forward:forward_stage_bytes=32768,forward_block=2048,forward_warps=4",
+        "forward:forward_stage_bytes=16384,forward_block=4096,forward_warps=4",
+    ],
     "forward5": [
         "forward:forward_chunk=0,forward_block=2048,forward_warps=1,forward_vector=0,forward_programs=8192",
         "forward:forward_chunk=0,forward_block=2048,forward_warps=1,forward_vector=0,forward_programs=4096",
@@ -160,12 +168,14 @@ def shipped(impl, batches, ceilings, results) -> None:
             with torch.no_grad():
                 impl.grpo_loss(x, ids, adv, 0.2, 0.2, 1.0)
 
-        # What a plain read of the same bytes costs at this size (torch's own reduction).
-        t = sorted(time_cuda(lambda: x.sum(dtype=torch.float32), reps=20, warmup=3))
-        row = {"variant": "torch-sum-read", "batch": batch, "median_ms": t[10] / 1e6,
-               "ratio": t[10] / (nbytes / ceilings.read_bytes_per_s * 1e9)}
-        results.append(row)
-        print(json.dumps(row), flush=True)
+        # What a plain read of the same bytes costs at this size (torch's own reduction), after an
+        # L2 flush that leaves dirty lines behind and after one that leaves clean lines.
+        for clean in (False, True):
+            t = sorted(time_cuda(lambda: x.sum(dtype=torch.float32), reps=20, warmup=3, clean=clean))
+            row = {"variant": f"torch-sum-read/{'clean' if clean else 'dirty'}-flush", "batch": batch,
+                   "median_ms": t[10] / 1e6, "ratio": t[10] / (nbytes / ceilings.read_bytes_per_s * 1e9)}
+            results.append(row)
+            print(json.dumps(row), flush=True)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         full()

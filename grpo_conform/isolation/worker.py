@@ -164,7 +164,9 @@ class _Worker:
     def op_time_setup(self, flush_bytes: int) -> None:
         import torch
 
-        self.flush_buffer = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda") if flush_bytes else None
+        from grpo_conform.timing import L2Flush
+
+        self.flush_buffer = L2Flush(torch.device("cuda"), flush_bytes) if flush_bytes else None
         self.send(status="ok")
 
     def op_time(self, sets: list[str], protocol: str, warm: str | None, copy_from: str | None,
@@ -206,7 +208,7 @@ class _Worker:
         pre.record()
         torch.cuda._sleep(int(spin))
         if self.flush_buffer is not None:
-            self.flush_buffer.fill_(wall0 & 0x7F)
+            self.flush_buffer(wall0)
         start.record()
         if protocol == "forward":
             with torch.no_grad():
