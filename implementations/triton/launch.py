@@ -46,14 +46,16 @@ class KernelSettings:
     forward_vector: bool = True
     forward_programs: int = 16384  # forward_chunk == 0: split rows until about this many programs
     forward_stage_bytes: int = 0  # > 0: the loss-only pass stages chunks of this size (staged.py)
+    forward_stage_warps: int = 4
 
 
-# The H200 choice (docs/triton-kernel-notes.md): the gradient pass splits a row over 8 programs of
-# 4 warps (round 2's best); the loss-only pass uses one-warp programs (no barrier in their
-# reductions) and splits rows only as far as needed for about 16K programs in flight.
-GPU_DEFAULT = KernelSettings(fused="split", chunk=16384, block=4096, num_warps=4, vector=False,
-                             forward_chunk=0, forward_block=2048, forward_warps=1, forward_stages=1,
-                             forward_vector=False)
+# The H200 choice (docs/triton-kernel-notes.md, rounds 4-6): both passes stage chunks in shared
+# memory (staged.py): the gradient pass in 20 KB chunks (13 programs of 4 warps per row, 11 per
+# SM), the loss-only pass in 32 KB chunks. Where staging cannot run (vocabulary or row starts not
+# 16-byte multiples), the plain split kernel (round 2's best) and one-warp loss programs.
+GPU_DEFAULT = KernelSettings(fused="staged", stage_bytes=20480, block=2048, num_warps=4, thread_stats=True,
+                             chunk=16384, vector=False, forward_chunk=0, forward_block=2048, forward_warps=1,
+                             forward_stages=1, forward_vector=False, forward_stage_bytes=32768)
 STAGED_FALLBACK = replace(GPU_DEFAULT, fused="split")
 LOG2E = 1.4426950408889634
 
@@ -184,8 +186,10 @@ def staged_ok(logits: torch.Tensor, p: Problem) -> bool:
 def _staged_shape(logits, p: Problem, stage_bytes: int, block: int, num_warps: int) -> dict:
     """Chunk and block sizes of a staged launch: a block is at least one 16-byte piece per thread."""
     vec = 16 // logits.element_size()
-    chunk = stage_bytes // logits.element_size()
-    block = min(max(block, 32 * num_warps * vec), chunk)
+    tile = 32 * num_warps * vec  # one 16-byte piece per thread
+    block = tile * triton.next_power_of_2(max(1, block // tile) + 1) // 2  # a power-of-two number of tiles
+    chunk = max(block, stage_bytes // logits.element_size() // block * block)  # whole blocks
+    chunk = min(chunk, triton.cdiv(p.vocab, block) * block)  # no block that is padding only
     n, n_p2 = _chunks(p.vocab, chunk)
     return dict(CHUNK=chunk, BLOCK=block, NUM_CHUNKS=n, CHUNKS_P2=n_p2, VEC=vec)
 
@@ -213,14 +217,14 @@ def _launch_staged(logits, ids, adv, grad, token_loss, lse, p: Problem, s: Kerne
 def _staged_forward(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tensor:
     from . import staged
 
-    shape = _staged_shape(logits, p, s.forward_stage_bytes, s.forward_block, s.forward_warps)
+    shape = _staged_shape(logits, p, s.forward_stage_bytes, s.forward_block, s.forward_stage_warps)
     tokens = p.batch * p.seq
     part_m, part_s, count = _partials(tokens, shape["NUM_CHUNKS"], logits.device)
     token_loss = torch.empty(tokens, dtype=torch.float32, device=logits.device)
     staged._staged_forward_kernel[(tokens * shape["NUM_CHUNKS"],)](
         logits, ids, adv, part_m, part_s, count, token_loss,
         p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp * LOG2E, p.inv_temp, p.eps_low, p.eps_high,
-        **shape, THREAD_STATS=s.thread_stats, num_warps=s.forward_warps,
+        **shape, THREAD_STATS=s.thread_stats, num_warps=s.forward_stage_warps,
     )
     return token_loss
 

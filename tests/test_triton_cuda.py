@@ -1,0 +1,70 @@
+"""The bundled Triton implementation's GPU-only paths (the shared-memory staged kernels of
+implementations/triton/staged.py, Gluon) against the float64 reference: every logits dtype, vocabularies
+that take the staged path (multiples of 16: one chunk, several, a part-filled last chunk) and
+one that falls back to the plain kernels. Skipped without CUDA (CI has none); run on the device
+machine by benchmarks/h200_evidence.sh."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+import pytest
+
+from conftest import ROOT
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+if not torch.cuda.is_available():
+    pytest.skip("the staged kernels run on CUDA only", allow_module_level=True)
+
+from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss  # noqa: E402
+
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def _load():
+    name = "grpo_impl_triton_cuda_test"
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [str(ROOT / "implementations" / "triton")]
+    sys.modules[name] = pkg
+    return importlib.import_module(name + ".impl"), importlib.import_module(name + ".launch")
+
+
+impl, launch = _load()
+
+
+def _inputs(dtype, batch, seq, vocab, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = (torch.randn(batch, seq + 1, vocab, device="cuda", generator=g) * 2).to(dtype)
+    logits[:, seq] = float("nan")  # never read
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda", generator=g)
+    ids[0, 0] = vocab - 1  # the target in the last chunk
+    adv = torch.randn(batch, device="cuda", generator=g)
+    return logits, ids, adv
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
+@pytest.mark.parametrize("vocab", [1536, 5008, 20480, 32016, 128256, 4099])
+def test_loss_and_gradient_match_the_reference(dtype, vocab):
+    logits, ids, adv = _inputs(dtype, 2, 5, vocab)
+    params = GrpoParameters(0.2, 0.2, 0.7)
+    p = launch.Problem.of(logits, 0.2, 0.2, 0.7)
+    assert launch.staged_ok(logits, p) == (vocab % 16 == 0)
+    ref_loss = reference_loss(logits.cpu(), ids.cpu(), adv.cpu(), params)
+    ref_grad = reference_gradient_dense(logits.cpu(), ids.cpu(), adv.cpu(), params)
+    before = logits.clone()
+    with torch.no_grad():
+        forward = impl.grpo_loss(logits, ids, adv, 0.2, 0.2, 0.7)
+    leaf = logits.clone().requires_grad_(True)
+    loss = impl.grpo_loss(leaf, ids, adv, 0.2, 0.2, 0.7)
+    loss.backward()
+    for value in (float(forward), float(loss)):
+        assert value == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+    grad = leaf.grad.double().cpu()
+    assert torch.isfinite(grad[:, :5]).all()
+    assert (grad[:, 5] == 0).all()  # the extra last position: exactly zero
+    err = float((grad[:, :5] - ref_grad[:, :5]).norm() / ref_grad[:, :5].norm())
+    assert err < TOLERANCE[dtype], f"relative Frobenius error {err:.2e}"
+    assert torch.equal(logits.view(torch.uint8), before.view(torch.uint8))  # the input bits are untouched
