@@ -33,7 +33,8 @@ print(json.dumps({"target": tgt, "x_target": float(x[tgt]), "lse": float(lse), "
 prob = launch.Problem.of(logits, 0.2, 0.2, 1.0)
 for name, s in (("staged-ts1", launch.GPU_DEFAULT), ("staged-ts0", replace(launch.GPU_DEFAULT, thread_stats=False)),
                 ("split", launch.STAGED_FALLBACK)):
-    loss, grad, lse_k = launch.fused_loss_and_grad(logits, ids, adv, prob, s)
+    loss, grad, stats = launch.fused_loss_and_grad(logits, ids, adv, prob, s)
+    lse_k = launch.lse_of(stats, prob)
     g = grad[b, t].double().cpu()
     d = (g - ref).abs()
     worst = torch.topk(d, 3)

@@ -33,14 +33,16 @@ ENV_COMMIT, ENV_DIRTY = "GRPO_CONFORM_GIT_COMMIT", "GRPO_CONFORM_GIT_DIRTY"
 
 
 def git_state() -> dict[str, Any]:
-    """The checkout's commit and dirtiness; where the tree was copied without .git (a GPU machine),
-    whoever copied it says which commit it was in $GRPO_CONFORM_GIT_COMMIT / $GRPO_CONFORM_GIT_DIRTY."""
+    """The checkout's commit and dirtiness; where the tree was copied (a GPU machine), whoever copied
+    it says which commit it was in $GRPO_CONFORM_GIT_COMMIT / $GRPO_CONFORM_GIT_DIRTY."""
+    if os.environ.get(ENV_COMMIT):
+        # Said explicitly by whoever copied the tree; it wins over a .git found there (the device
+        # machine's copy once carried a repository at an older commit than the tree it ran).
+        dirty = os.environ.get(ENV_DIRTY)
+        return {"commit": os.environ[ENV_COMMIT], "dirty": None if dirty is None else dirty == "1",
+                "source": "environment"}
     commit = _git("rev-parse", "HEAD")
     if commit is None:
-        if os.environ.get(ENV_COMMIT):
-            dirty = os.environ.get(ENV_DIRTY)
-            return {"commit": os.environ[ENV_COMMIT], "dirty": None if dirty is None else dirty == "1",
-                    "source": "environment"}
         return {"commit": None, "dirty": None}
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status)}

@@ -6,7 +6,7 @@ reads d loss on the device and exits at once when it is 1 (the usual `loss.backw
 host synchronisation and no second pass. impl.py calls it only when a graph will be built
 (grad mode on and logits requiring grad); otherwise it runs the loss-only kernel.
 A second backward through the same graph (retain_graph=True) recomputes the gradient from the
-saved per-token log-sum-exp, since the first one consumed the buffer.
+saved per-token row statistics (max, ln S), since the first one consumed the buffer.
 """
 
 import torch
@@ -17,8 +17,8 @@ from . import launch
 class GrpoLossFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, completion_ids, advantages, problem, settings):
-        loss, grad, lse = launch.fused_loss_and_grad(logits, completion_ids, advantages, problem, settings)
-        ctx.save_for_backward(logits, completion_ids, advantages, lse)
+        loss, grad, stats = launch.fused_loss_and_grad(logits, completion_ids, advantages, problem, settings)
+        ctx.save_for_backward(logits, completion_ids, advantages, stats)
         ctx.grad = grad
         ctx.problem, ctx.settings = problem, settings
         return loss
@@ -30,6 +30,6 @@ class GrpoLossFunction(torch.autograd.Function):
             grad, ctx.grad = ctx.grad, None  # handed to the caller: never touched again
             launch.scale_in_place(grad, dloss)
         else:
-            logits, ids, adv, lse = ctx.saved_tensors
-            grad = launch.grad_from_lse(logits, ids, adv, lse, dloss, ctx.problem, ctx.settings)
+            logits, ids, adv, stats = ctx.saved_tensors
+            grad = launch.grad_from_stats(logits, ids, adv, stats, dloss, ctx.problem, ctx.settings)
         return grad, None, None, None, None

@@ -4,8 +4,12 @@ Notation: a "row" is one logits position (b, t) over the vocabulary, flattened a
 row = b * (S + 1) + t; rows with t == S are never read and get an exact zero gradient. A row is
 split into NUM_CHUNKS chunks of CHUNK elements; program (row, k) owns chunk k.
 
-  p_v   = exp(z_v / T - lse)                          (softmax, fp32)
-  logp  = z_c / T - lse ;  r = exp(logp - logp) = 1   (old = logp.detach())
+  p_v   = exp((z_v - m) / T - ln S)                   (softmax, fp32; m = max_v z_v, S = sum_v exp((z_v - m) / T))
+  logp  = (x_c - m) / T - ln S ;  r = exp(logp - logp) = 1   (old = logp.detach())
+
+m stays in the logits' units and ln S beside it: folding them into one fp32 lse = m / T + ln S
+loses the row's scale once |logits| reach ~1e5 (the spec's Student-t rows do): a 0.03 rounding of
+lse is a 3% error in every p of that row.
   loss_t = -min(r*A, clip(r, 1-eps_lo, 1+eps_hi)*A)
   dL/dz_v = coef * (p_v - onehot_v),  coef = A*r*[unclipped branch active] / (B*S*T)
 
@@ -24,6 +28,7 @@ Waiting kernels need every program of a row resident at once; with one chunk per
 wait, which is how they run under TRITON_INTERPRET=1 (programs run one after another there).
   _finalize_kernel  the reduction of token losses to the scalar loss (one program, deterministic).
   _scale_kernel     backward: multiplies the saved gradient by d loss; exits at once when it is 1.
+  _grad_from_stats_kernel  a second backward: the gradient again from the saved (max, ln S).
 """
 
 import triton
@@ -42,28 +47,27 @@ def _token_terms(logp, adv, eps_low, eps_high, inv_bst):
 
 
 @triton.jit
-def _combine(m_ptr, s_ptr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """lse of a row from its chunks' (max, sum of exp(x - max)), read past L1 (other programs wrote them)."""
+def _combine(m_ptr, s_ptr, inv_temp, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """A row's (max, ln S) from its chunks' (max, sum), read past L1 (other programs wrote them)."""
     k = tl.arange(0, CHUNKS_P2)
     km = k < NUM_CHUNKS
     ms = tl.load(m_ptr + k, mask=km, other=-float("inf"), volatile=True)
     ss = tl.load(s_ptr + k, mask=km, other=0.0, volatile=True)
     m = tl.max(ms, axis=0)
-    s = tl.sum(ss * tl.exp(ms - m), axis=0)
-    return m + tl.log(s)
+    return m, tl.log(tl.sum(ss * tl.exp((ms - m) * inv_temp), axis=0))
 
 
 @triton.jit
-def _block_update(m, s, z):
-    """Online (max, sum of exp(z - max)) over one more block: one exp per element."""
-    m_new = tl.maximum(m, tl.max(z, axis=0))
-    return m_new, s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+def _block_update(m, s, x, inv_temp):
+    """Online (max, sum of exp((x - max) / T)) over one more block: one exp per element."""
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    return m_new, s * tl.exp((m - m_new) * inv_temp) + tl.sum(tl.exp((x - m_new) * inv_temp), axis=0)
 
 
 @triton.jit
 def _chunk_stats(row_ptr, start, stop, vocab, inv_temp, BLOCK: tl.constexpr, NUM_STAGES: tl.constexpr,
                  HINTS: tl.constexpr, VECTOR: tl.constexpr):
-    """(max, sum of exp(z - max)) over [start, stop) of a row.
+    """(max of the logits, sum of exp((x - max) / T)) over [start, stop) of a row.
 
     VECTOR keeps one running (max, sum) per lane: no reduction, hence no barrier, inside the loop,
     and still one exp per element (the smaller of exp(z - m) and exp(m - z) is the one needed).
@@ -82,22 +86,22 @@ def _chunk_stats(row_ptr, start, stop, vocab, inv_temp, BLOCK: tl.constexpr, NUM
             x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"), eviction_policy="evict_last")
         else:
             x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"))
-        z = x.to(tl.float32) * inv_temp
+        z = x.to(tl.float32)
         if VECTOR:
-            d = tl.where(z > -float("inf"), z - m_vec, -float("inf"))  # padding adds nothing
+            d = tl.where(z > -float("inf"), (z - m_vec) * inv_temp, -float("inf"))  # padding adds nothing
             e = tl.exp(-tl.abs(d))
             s_vec = tl.where(d > 0, s_vec * e + 1.0, s_vec + e)
             m_vec = tl.maximum(m_vec, z)
         else:
-            m, s = _block_update(m, s, z)
+            m, s = _block_update(m, s, z, inv_temp)
     if VECTOR:
         m = tl.max(m_vec, axis=0)
-        s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
+        s = tl.sum(s_vec * tl.exp((m_vec - m) * inv_temp), axis=0)
     return m, s
 
 
 @triton.jit
-def _chunk_grad(row_ptr, grad_row, start, stop, vocab, inv_temp, lse, coef, target, BLOCK: tl.constexpr,
+def _chunk_grad(row_ptr, grad_row, start, stop, vocab, inv_temp, m, log_s, coef, target, BLOCK: tl.constexpr,
                 NUM_STAGES: tl.constexpr, HINTS: tl.constexpr):
     for v0 in tl.range(start, stop, BLOCK, num_stages=NUM_STAGES):
         offs = v0 + tl.arange(0, BLOCK)
@@ -106,7 +110,7 @@ def _chunk_grad(row_ptr, grad_row, start, stop, vocab, inv_temp, lse, coef, targ
             x = tl.load(row_ptr + offs, mask=inside, other=0.0, eviction_policy="evict_first")
         else:
             x = tl.load(row_ptr + offs, mask=inside, other=0.0)
-        g = coef * (tl.exp(x.to(tl.float32) * inv_temp - lse) - tl.where(offs == target, 1.0, 0.0))
+        g = coef * (tl.exp((x.to(tl.float32) - m) * inv_temp - log_s) - tl.where(offs == target, 1.0, 0.0))
         if HINTS:
             tl.store(grad_row + offs, g.to(grad_row.dtype.element_ty), mask=inside, cache_modifier=".cs")
         else:
@@ -136,19 +140,20 @@ def _forward_kernel(
         last = tl.atomic_add(count_ptr + token, 1, sem="acq_rel") == NUM_CHUNKS - 1
     if last:
         if NUM_CHUNKS > 1:
-            lse = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+            m, log_s = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, inv_temp, NUM_CHUNKS,
+                                CHUNKS_P2)
         else:
-            lse = m + tl.log(s)
+            log_s = tl.log(s)
         target = tl.load(ids_ptr + token)
-        z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp
+        x_c = tl.load(row_ptr + target).to(tl.float32)
         adv = tl.load(adv_ptr + b).to(tl.float32)
-        loss, _ = _token_terms(z_c - lse, adv, eps_low, eps_high, 0.0)
+        loss, _ = _token_terms((x_c - m) * inv_temp - log_s, adv, eps_low, eps_high, 0.0)
         tl.store(token_loss_ptr + token, loss)
 
 
 @triton.jit
 def _fused_kernel(
-    logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, lse_ptr,
+    logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, row_m_ptr, row_logs_ptr,
     stride_b, stride_t, seq, vocab, inv_temp, eps_low, eps_high, inv_bst,
     CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, SYNC: tl.constexpr,
     STREAM_STORES: tl.constexpr,
@@ -168,27 +173,30 @@ def _fused_kernel(
     else:
         token = b * seq + t
         row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
-        z = tl.load(row_ptr + offs, mask=inside, other=-float("inf")).to(tl.float32) * inv_temp
-        m = tl.max(z, axis=0)
-        e = tl.exp(z - m)  # kept: the gradient reuses it, one exp per element in all
+        z = tl.load(row_ptr + offs, mask=inside, other=-float("inf")).to(tl.float32)
+        m_k = tl.max(z, axis=0)
+        e = tl.exp((z - m_k) * inv_temp)  # kept: the gradient reuses it, one exp per element in all
         s = tl.sum(e, axis=0)
+        m = m_k
         if SYNC:
             tl.store(m_ptr + token * NUM_CHUNKS + k, m)
             tl.store(s_ptr + token * NUM_CHUNKS + k, s)
             tl.atomic_add(count_ptr + token, 1, sem="release")
             while tl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
                 pass
-            lse = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+            m, log_s = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, inv_temp, NUM_CHUNKS,
+                                CHUNKS_P2)
         else:
-            lse = m + tl.log(s)
+            log_s = tl.log(s)
         target = tl.load(ids_ptr + token)
         adv = tl.load(adv_ptr + b).to(tl.float32)
-        z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp
-        loss, coef = _token_terms(z_c - lse, adv, eps_low, eps_high, inv_bst)
+        x_c = tl.load(row_ptr + target).to(tl.float32)
+        loss, coef = _token_terms((x_c - m) * inv_temp - log_s, adv, eps_low, eps_high, inv_bst)
         if k == 0:
             tl.store(token_loss_ptr + token, loss)
-            tl.store(lse_ptr + token, lse)
-        g = coef * (e * tl.exp(m - lse) - tl.where(offs == target, 1.0, 0.0))
+            tl.store(row_m_ptr + token, m)
+            tl.store(row_logs_ptr + token, log_s)
+        g = coef * (e * tl.exp((m_k - m) * inv_temp - log_s) - tl.where(offs == target, 1.0, 0.0))
         g = g.to(grad_ptr.dtype.element_ty)
         if STREAM_STORES:
             tl.store(grad_row + offs, g, mask=inside, cache_modifier=".cs")
@@ -198,7 +206,7 @@ def _fused_kernel(
 
 @triton.jit
 def _split_kernel(
-    logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, lse_ptr,
+    logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, row_m_ptr, row_logs_ptr,
     stride_b, stride_t, seq, vocab, inv_temp, eps_low, eps_high, inv_bst,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     NUM_STAGES: tl.constexpr, HINTS: tl.constexpr, VECTOR: tl.constexpr,
@@ -224,23 +232,25 @@ def _split_kernel(
             tl.atomic_add(count_ptr + token, 1, sem="release")
             while tl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
                 pass
-            lse = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+            m, log_s = _combine(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, inv_temp, NUM_CHUNKS,
+                                CHUNKS_P2)
         else:
-            lse = m + tl.log(s)
+            log_s = tl.log(s)
         target = tl.load(ids_ptr + token)
         adv = tl.load(adv_ptr + b).to(tl.float32)
-        z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp
-        loss, coef = _token_terms(z_c - lse, adv, eps_low, eps_high, inv_bst)
+        x_c = tl.load(row_ptr + target).to(tl.float32)
+        loss, coef = _token_terms((x_c - m) * inv_temp - log_s, adv, eps_low, eps_high, inv_bst)
         if k == 0:
             tl.store(token_loss_ptr + token, loss)
-            tl.store(lse_ptr + token, lse)
-        _chunk_grad(row_ptr, grad_row, start, start + CHUNK, vocab, inv_temp, lse, coef, target, BLOCK,
+            tl.store(row_m_ptr + token, m)
+            tl.store(row_logs_ptr + token, log_s)
+        _chunk_grad(row_ptr, grad_row, start, start + CHUNK, vocab, inv_temp, m, log_s, coef, target, BLOCK,
                     NUM_STAGES, HINTS)
 
 
 @triton.jit
 def _two_sweep_kernel(
-    logits_ptr, ids_ptr, adv_ptr, grad_ptr, token_loss_ptr, lse_ptr,
+    logits_ptr, ids_ptr, adv_ptr, grad_ptr, token_loss_ptr, row_m_ptr, row_logs_ptr,
     stride_b, stride_t, seq, vocab, n_rows, inv_temp, eps_low, eps_high, inv_bst,
     BLOCK: tl.constexpr, PERSISTENT: tl.constexpr, HINTS: tl.constexpr, NUM_STAGES: tl.constexpr,
     VECTOR: tl.constexpr,
@@ -263,14 +273,16 @@ def _two_sweep_kernel(
             token = b * seq + t
             row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
             m, s = _chunk_stats(row_ptr, 0, vocab, vocab, inv_temp, BLOCK, NUM_STAGES, HINTS, VECTOR)
-            lse = m + tl.log(s)
+            log_s = tl.log(s)
             target = tl.load(ids_ptr + token)
-            z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp
+            x_c = tl.load(row_ptr + target).to(tl.float32)
             adv = tl.load(adv_ptr + b).to(tl.float32)
-            loss, coef = _token_terms(z_c - lse, adv, eps_low, eps_high, inv_bst)
+            loss, coef = _token_terms((x_c - m) * inv_temp - log_s, adv, eps_low, eps_high, inv_bst)
             tl.store(token_loss_ptr + token, loss)
-            tl.store(lse_ptr + token, lse)
-            _chunk_grad(row_ptr, grad_row, 0, vocab, vocab, inv_temp, lse, coef, target, BLOCK, NUM_STAGES, HINTS)
+            tl.store(row_m_ptr + token, m)
+            tl.store(row_logs_ptr + token, log_s)
+            _chunk_grad(row_ptr, grad_row, 0, vocab, vocab, inv_temp, m, log_s, coef, target, BLOCK, NUM_STAGES,
+                        HINTS)
 
 
 @triton.jit
@@ -297,11 +309,12 @@ def _scale_kernel(grad_ptr, dloss_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _grad_from_lse_kernel(
-    logits_ptr, ids_ptr, adv_ptr, lse_ptr, grad_ptr, dloss_ptr,
+def _grad_from_stats_kernel(
+    logits_ptr, ids_ptr, adv_ptr, row_m_ptr, row_logs_ptr, grad_ptr, dloss_ptr,
     stride_b, stride_t, seq, vocab, inv_temp, eps_low, eps_high, inv_bst, CHUNK: tl.constexpr,
 ):
-    """Gradient from a saved lse (a second backward through the same graph): one read, one write."""
+    """Gradient from the saved per-token (max, ln S) (a second backward through the same graph):
+    one read, one write."""
     row = tl.program_id(0)
     k = tl.program_id(1)  # rows x chunks as a 2-D grid: nothing waits here
     b = row // (seq + 1)
@@ -314,12 +327,13 @@ def _grad_from_lse_kernel(
     else:
         token = b * seq + t
         row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
-        lse = tl.load(lse_ptr + token)
+        m = tl.load(row_m_ptr + token)
+        log_s = tl.load(row_logs_ptr + token)
         target = tl.load(ids_ptr + token)
         adv = tl.load(adv_ptr + b).to(tl.float32)
-        z_c = tl.load(row_ptr + target).to(tl.float32) * inv_temp
-        _, coef = _token_terms(z_c - lse, adv, eps_low, eps_high, inv_bst)
+        x_c = tl.load(row_ptr + target).to(tl.float32)
+        _, coef = _token_terms((x_c - m) * inv_temp - log_s, adv, eps_low, eps_high, inv_bst)
         coef = coef * tl.load(dloss_ptr).to(tl.float32)
-        z = tl.load(row_ptr + offs, mask=inside, other=0.0).to(tl.float32) * inv_temp
-        g = coef * (tl.exp(z - lse) - tl.where(offs == target, 1.0, 0.0))
+        x = tl.load(row_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        g = coef * (tl.exp((x - m) * inv_temp - log_s) - tl.where(offs == target, 1.0, 0.0))
         tl.store(grad_row + offs, g.to(grad_ptr.dtype.element_ty), mask=inside)

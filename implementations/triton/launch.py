@@ -132,13 +132,17 @@ def forward_loss(logits, ids, adv, p: Problem, s: KernelSettings) -> torch.Tenso
 
 
 def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
-    """Loss, gradient (logits dtype, last position exactly 0) and per-token lse, in one pass."""
+    """Loss, gradient (logits dtype, last position exactly 0) and per-token row statistics, in one pass.
+
+    The statistics are [2, tokens] float32: each row's max logit and ln S (S = sum exp((x - max) / T)),
+    kept apart so rows of huge logits keep their precision (kernels.py says why); `lse_of` folds them."""
     dev = logits.device
     tokens = p.batch * p.seq
     rows = p.batch * (p.seq + 1)
     grad = torch.empty((p.batch, p.seq + 1, p.vocab), dtype=logits.dtype, device=dev)
     token_loss = torch.empty(tokens, dtype=torch.float32, device=dev)
-    lse = torch.empty(tokens, dtype=torch.float32, device=dev)
+    stats = torch.empty((2, tokens), dtype=torch.float32, device=dev)
+    row_m, row_logs = stats[0], stats[1]
     if s.fused == "two_sweep":
         if s.persistent:
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -146,13 +150,13 @@ def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
         else:
             grid = (rows,)
         kernels._two_sweep_kernel[grid](
-            logits, ids, adv, grad, token_loss, lse,
+            logits, ids, adv, grad, token_loss, row_m, row_logs,
             p.stride_b, p.stride_t, p.seq, p.vocab, rows, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
             BLOCK=s.block, PERSISTENT=s.persistent, HINTS=s.hints, NUM_STAGES=s.num_stages, VECTOR=s.vector,
             num_warps=s.num_warps,
         )
     elif s.fused == "staged" and staged_ok(logits, p):
-        _launch_staged(logits, ids, adv, grad, token_loss, lse, p, s)
+        _launch_staged(logits, ids, adv, grad, token_loss, row_m, row_logs, p, s)
     else:
         if s.fused == "staged":
             s = STAGED_FALLBACK
@@ -161,17 +165,22 @@ def fused_loss_and_grad(logits, ids, adv, p: Problem, s: KernelSettings):
         common = (p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst)
         if s.fused == "sync":
             kernels._fused_kernel[(rows * n,)](
-                logits, ids, adv, grad, part_m, part_s, count, token_loss, lse, *common,
+                logits, ids, adv, grad, part_m, part_s, count, token_loss, row_m, row_logs, *common,
                 CHUNK=s.chunk, NUM_CHUNKS=n, CHUNKS_P2=n_p2, SYNC=n > 1, STREAM_STORES=s.stream_stores,
                 num_warps=s.num_warps,
             )
         else:
             kernels._split_kernel[(rows * n,)](
-                logits, ids, adv, grad, part_m, part_s, count, token_loss, lse, *common,
+                logits, ids, adv, grad, part_m, part_s, count, token_loss, row_m, row_logs, *common,
                 CHUNK=s.chunk, BLOCK=min(s.block, s.chunk), NUM_CHUNKS=n, CHUNKS_P2=n_p2, NUM_STAGES=s.num_stages,
                 HINTS=s.hints, VECTOR=s.vector, num_warps=s.num_warps,
             )
-    return _finalize(token_loss, p), grad, lse
+    return _finalize(token_loss, p), grad, stats
+
+
+def lse_of(stats: torch.Tensor, p: Problem) -> torch.Tensor:
+    """Per-token log-sum-exp of z / T from the row statistics (for tests and readers)."""
+    return stats[0] * p.inv_temp + stats[1]
 
 
 def staged_ok(logits: torch.Tensor, p: Problem) -> bool:
@@ -202,13 +211,13 @@ def _partials(tokens: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor, 
     return part_m, part_s, count
 
 
-def _launch_staged(logits, ids, adv, grad, token_loss, lse, p: Problem, s: KernelSettings) -> None:
+def _launch_staged(logits, ids, adv, grad, token_loss, row_m, row_logs, p: Problem, s: KernelSettings) -> None:
     from . import staged  # Gluon: imported only where it can run
 
     shape = _staged_shape(logits, p, s.stage_bytes, s.block, s.num_warps)
     part_m, part_s, count = _partials(p.batch * p.seq, shape["NUM_CHUNKS"], logits.device)
     staged._staged_kernel[(p.batch * (p.seq + 1) * shape["NUM_CHUNKS"],)](
-        logits, ids, adv, grad, part_m, part_s, count, token_loss, lse,
+        logits, ids, adv, grad, part_m, part_s, count, token_loss, row_m, row_logs,
         p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp * LOG2E, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
         **shape, THREAD_STATS=s.thread_stats, num_warps=s.num_warps,
     )
@@ -240,11 +249,11 @@ def scale_in_place(grad: torch.Tensor, dloss: torch.Tensor) -> None:
     kernels._scale_kernel[(max(1, programs),)](grad, dloss.reshape(1), n, BLOCK=block, num_warps=4)
 
 
-def grad_from_lse(logits, ids, adv, lse, dloss, p: Problem, s: KernelSettings) -> torch.Tensor:
+def grad_from_stats(logits, ids, adv, stats, dloss, p: Problem, s: KernelSettings) -> torch.Tensor:
     grad = torch.empty((p.batch, p.seq + 1, p.vocab), dtype=logits.dtype, device=logits.device)
     n, _ = _chunks(p.vocab, s.forward_block)
-    kernels._grad_from_lse_kernel[(p.batch * (p.seq + 1), n)](
-        logits, ids, adv, lse, grad, dloss.reshape(1),
+    kernels._grad_from_stats_kernel[(p.batch * (p.seq + 1), n)](
+        logits, ids, adv, stats[0], stats[1], grad, dloss.reshape(1),
         p.stride_b, p.stride_t, p.seq, p.vocab, p.inv_temp, p.eps_low, p.eps_high, p.inv_bst,
         CHUNK=s.forward_block, num_warps=s.forward_warps,
     )

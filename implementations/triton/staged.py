@@ -14,8 +14,12 @@ finish combines (nobody waits).
 A block is held as [REPS, THREADS, VEC]: thread t owns VEC contiguous elements in each of REPS
 rows, so a warp's copies are contiguous 16-byte pieces. THREAD_STATS keeps one running
 (max, sum) per thread, reduced across threads once per chunk (no barrier per block); otherwise
-every block is reduced across the CTA as it lands. Everything is computed in base 2
-(z2 = x * log2(e) / T): one exp2 per element per sweep. Only a row's last chunk is masked; the
+every block is reduced across the CTA as it lands. Exponentials are exp2((x - max) * log2(e) / T):
+one per element per sweep, and the max is kept in the logits' own units with log2 of the sum
+beside it, never folded into one number. (Folding them, lse2 = max * log2(e) + log2(sum), lost
+the row's scale in fp32 rounding: a row whose largest logit is 413696 (Student-t row of the
+spec) got 0.98x its gradient on the H200, round 7; x - max is exact for bf16/fp16 logits.)
+Only a row's last chunk is masked; the
 one-hot term is applied by the target's program after its sweep (a CTA barrier orders the two
 stores), so the sweeps have no compare/select per element.
 
@@ -57,7 +61,7 @@ def _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK: gl.constexpr, BLOCK: 
 @gluon.jit
 def _chunk_stats(stage, start, vocab, scale2, lanes, layout: gl.constexpr, NBLK: gl.constexpr,
                  BLOCK: gl.constexpr, THREADS: gl.constexpr, MASKED: gl.constexpr, THREAD_STATS: gl.constexpr):
-    """(max, sum of 2^(z - max)) over the staged chunk, block by block as the copies land."""
+    """(max of x, sum of 2^((x - max) * scale2)) over the staged chunk, block by block as the copies land."""
     tl_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, layout))
     m_t = gl.full([THREADS], PAD, gl.float32, tl_layout)
     s_t = gl.zeros([THREADS], gl.float32, tl_layout)
@@ -66,41 +70,41 @@ def _chunk_stats(stage, start, vocab, scale2, lanes, layout: gl.constexpr, NBLK:
     for i in gl.static_range(NBLK):
         async_copy.wait_group(NBLK - 1 - i)
         gl.thread_barrier()  # other threads' copies of this block have landed too
-        z = stage.index(i).load(layout).to(gl.float32) * scale2
+        x = stage.index(i).load(layout).to(gl.float32)
         if MASKED:
-            z = gl.where(start + i * BLOCK + lanes < vocab, z, PAD)
+            x = gl.where(start + i * BLOCK + lanes < vocab, x, PAD)
         if THREAD_STATS:
-            m_new = gl.maximum(m_t, gl.max(gl.max(z, axis=2), axis=0))
-            e = gl.exp2(z - gl.expand_dims(gl.expand_dims(m_new, 0), 2))
-            s_t = s_t * gl.exp2(m_t - m_new) + gl.sum(gl.sum(e, axis=2), axis=0)
+            m_new = gl.maximum(m_t, gl.max(gl.max(x, axis=2), axis=0))
+            e = gl.exp2((x - gl.expand_dims(gl.expand_dims(m_new, 0), 2)) * scale2)
+            s_t = s_t * gl.exp2((m_t - m_new) * scale2) + gl.sum(gl.sum(e, axis=2), axis=0)
             m_t = m_new
         else:
-            m_new = gl.maximum(m, gl.max(gl.max(gl.max(z, axis=2), axis=0), axis=0))
-            e = gl.sum(gl.sum(gl.sum(gl.exp2(z - m_new), axis=2), axis=0), axis=0)
-            s = s * gl.exp2(m - m_new) + e
+            m_new = gl.maximum(m, gl.max(gl.max(gl.max(x, axis=2), axis=0), axis=0))
+            e = gl.sum(gl.sum(gl.sum(gl.exp2((x - m_new) * scale2), axis=2), axis=0), axis=0)
+            s = s * gl.exp2((m - m_new) * scale2) + e
             m = m_new
     if THREAD_STATS:
         m = gl.max(m_t, axis=0)
-        s = gl.sum(s_t * gl.exp2(m_t - m), axis=0)
+        s = gl.sum(s_t * gl.exp2((m_t - m) * scale2), axis=0)
     return m, s
 
 
 @gluon.jit
-def _combine2(m_ptr, s_ptr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr):
-    """log2-sum-exp2 of a token from its chunks' (max, sum), read past L1 (other programs wrote them)."""
+def _combine2(m_ptr, s_ptr, scale2, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr):
+    """A token's (max, log2 of its sum) from its chunks' pairs, read past L1 (other programs wrote them)."""
     small: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     k = gl.arange(0, CHUNKS_P2, layout=small)
     km = k < NUM_CHUNKS
     ms = gl.load(m_ptr + k, mask=km, other=PAD, volatile=True)
     ss = gl.load(s_ptr + k, mask=km, other=0.0, volatile=True)
     m = gl.max(ms, axis=0)
-    return m + gl.log2(gl.sum(ss * gl.exp2(ms - m), axis=0))
+    return m, gl.log2(gl.sum(ss * gl.exp2((ms - m) * scale2), axis=0))
 
 
 @gluon.jit
-def _token_terms(x_c, lse2, adv, inv_temp, eps_low, eps_high, inv_bst):
+def _token_terms(x_c, m, l2, adv, inv_temp, eps_low, eps_high, inv_bst):
     """Token loss and gradient coefficient of the clipped surrogate at ratio exp(logp - logp) = 1."""
-    logp = x_c * inv_temp - lse2 * LN2
+    logp = (x_c - m) * inv_temp - l2 * LN2
     ratio = gl.exp(logp - logp)
     clipped = gl.minimum(gl.maximum(ratio, 1.0 - eps_low), 1.0 + eps_high)
     coef = gl.where(clipped * adv >= ratio * adv, adv * ratio, 0.0) * inv_bst
@@ -108,11 +112,12 @@ def _token_terms(x_c, lse2, adv, inv_temp, eps_low, eps_high, inv_bst):
 
 
 @gluon.jit
-def _write_grad(stage, grad_row, start, vocab, scale2, lse2, coef, lanes, layout: gl.constexpr,
+def _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout: gl.constexpr,
                 NBLK: gl.constexpr, BLOCK: gl.constexpr, MASKED: gl.constexpr):
     for i in gl.static_range(NBLK):
         offs = start + i * BLOCK + lanes
-        g = (coef * gl.exp2(stage.index(i).load(layout).to(gl.float32) * scale2 - lse2)).to(grad_row.dtype.element_ty)
+        x = stage.index(i).load(layout).to(gl.float32)
+        g = (coef * gl.exp2((x - m) * scale2 - l2)).to(grad_row.dtype.element_ty)
         if MASKED:
             gl.store(grad_row + offs, g, mask=offs < vocab, cache_modifier=".cs")
         else:
@@ -121,7 +126,7 @@ def _write_grad(stage, grad_row, start, vocab, scale2, lse2, coef, lanes, layout
 
 @gluon.jit
 def _staged_kernel(
-    logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, lse_ptr,
+    logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, row_m_ptr, row_logs_ptr,
     stride_b, stride_t, seq, vocab, scale2, inv_temp, eps_low, eps_high, inv_bst,
     CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
     VEC: gl.constexpr, THREAD_STATS: gl.constexpr,
@@ -161,23 +166,25 @@ def _staged_kernel(
             gl.atomic_add(count_ptr + token, 1, sem="release")
             while gl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
                 pass
-            lse2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+            m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2, NUM_CHUNKS, CHUNKS_P2)
         else:
-            lse2 = m + gl.log2(s)
+            l2 = gl.log2(s)
         target = gl.load(ids_ptr + token)
         x_c = gl.load(row_ptr + target).to(gl.float32)
-        loss, coef = _token_terms(x_c, lse2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high,
+        loss, coef = _token_terms(x_c, m, l2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high,
                                   inv_bst)
         if k == 0:
             gl.store(token_loss_ptr + token, loss)
-            gl.store(lse_ptr + token, lse2 * LN2)
+            gl.store(row_m_ptr + token, m)
+            gl.store(row_logs_ptr + token, l2 * LN2)
         if tail:
-            _write_grad(stage, grad_row, start, vocab, scale2, lse2, coef, lanes, layout, NBLK, BLOCK, True)
+            _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout, NBLK, BLOCK, True)
         else:
-            _write_grad(stage, grad_row, start, vocab, scale2, lse2, coef, lanes, layout, NBLK, BLOCK, False)
+            _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout, NBLK, BLOCK, False)
         if (target >= start) & (target < start + CHUNK):
             gl.thread_barrier()  # orders the sweep's store of this element before the one-hot fix
-            gl.store(grad_row + target, (coef * (gl.exp2(x_c * scale2 - lse2) - 1.0)).to(grad_ptr.dtype.element_ty))
+            p_c = gl.exp2((x_c - m) * scale2 - l2)
+            gl.store(grad_row + target, (coef * (p_c - 1.0)).to(grad_ptr.dtype.element_ty))
 
 
 @gluon.jit
@@ -215,9 +222,9 @@ def _staged_forward_kernel(
         last = gl.atomic_add(count_ptr + token, 1, sem="acq_rel") == NUM_CHUNKS - 1
     if last:
         if NUM_CHUNKS > 1:
-            lse2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, NUM_CHUNKS, CHUNKS_P2)
+            m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2, NUM_CHUNKS, CHUNKS_P2)
         else:
-            lse2 = m + gl.log2(s)
+            l2 = gl.log2(s)
         x_c = gl.load(row_ptr + gl.load(ids_ptr + token)).to(gl.float32)
-        loss, _ = _token_terms(x_c, lse2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high, 0.0)
+        loss, _ = _token_terms(x_c, m, l2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high, 0.0)
         gl.store(token_loss_ptr + token, loss)
