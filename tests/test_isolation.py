@@ -291,3 +291,11 @@ def test_a_write_in_another_process_is_seen(tmp_path):
 def test_unknown_descriptor_kind():
     with pytest.raises(ValueError, match="unknown tensor descriptor kind 'pickle'"):
         open_descriptor({"kind": "pickle"})
+
+
+def test_the_pre_start_spin_covers_the_host_enqueue_time_within_bounds():
+    from grpo_conform.isolation.worker import MAX_SPIN_CYCLES, PRE_SPIN_CYCLES, spin_cycles_for
+
+    assert spin_cycles_for(0) == PRE_SPIN_CYCLES  # never less than 0.2 ms
+    assert spin_cycles_for(1_000_000) == 3_000_000  # 1 ms to enqueue: 1.5 ms of spin at 2 cycles per ns
+    assert spin_cycles_for(10**12) == MAX_SPIN_CYCLES  # a call that blocks the host gets no endless spin

@@ -33,6 +33,12 @@ SPIN_CYCLES_PER_NS = 3  # 1.5 x the host time to enqueue a call, at up to 2 cycl
 MAX_SPIN_CYCLES = 40_000_000  # ~20 ms: an implementation that blocks the host gets no longer spin than this
 
 
+def spin_cycles_for(enqueue_ns: int) -> int:
+    """GPU spin before a timed call's start event: at least PRE_SPIN_CYCLES, 1.5x the host time one
+    call took to enqueue (at up to 2 cycles per ns), at most MAX_SPIN_CYCLES."""
+    return int(min(MAX_SPIN_CYCLES, max(PRE_SPIN_CYCLES, enqueue_ns * SPIN_CYCLES_PER_NS)))
+
+
 class _Worker:
     def __init__(self, conn: Connection):
         self.conn = conn
@@ -179,8 +185,7 @@ class _Worker:
             # The untimed call measures how long the host takes to enqueue one call (autograd's
             # backward thread included); the timed calls then start behind at least 1.5x that
             # much GPU work, so host overhead stays off the clock for every implementation alike.
-            enqueue_ns = self._timed_call(warm, protocol, None, spin)["enqueue_ns"]
-            spin = min(MAX_SPIN_CYCLES, max(PRE_SPIN_CYCLES, enqueue_ns * SPIN_CYCLES_PER_NS))
+            spin = spin_cycles_for(self._timed_call(warm, protocol, None, spin)["enqueue_ns"])
         results = [self._timed_call(name, protocol, outputs if name == copy_from else None, spin) for name in sets]
         self.send(status="ok", results=results)
 
