@@ -3,20 +3,13 @@
 # validator on CUDA (IPC, allocator poison, timing harness, floors) with every bundled
 # implementation and the CUDA-only gallery. Full results under $OUT; a short table last.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LOG=$OUT/explore.log
+. benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$LOG"
-R=$OUT/explore.json
 python3 benchmarks/explore_triton.py --group safe --autograd --out "$R" 2>&1 | tee -a "$LOG"
 python3 benchmarks/explore_triton.py --group forward --out "$R" 2>&1 | tee -a "$LOG"
-for v in split:chunk=16384,block=4096,num_warps=4 split:chunk=16384,block=8192,num_warps=8 \
+explore_variants 45 split:chunk=16384,block=4096,num_warps=4 split:chunk=16384,block=8192,num_warps=8 \
          split:chunk=32768,block=8192,num_warps=8 split:chunk=8192,block=8192,num_warps=8 \
-         split:chunk=32768,block=4096,num_warps=4,num_stages=2 sync:chunk=32768,num_warps=32; do
-  timeout -s KILL 45 python3 benchmarks/explore_triton.py --variant "$v" --out "$R" 2>&1 | tee -a "$LOG" \
-    || echo "variant $v ended with status $?" | tee -a "$LOG"
-done
+         split:chunk=32768,block=4096,num_warps=4,num_stages=2 sync:chunk=32768,num_warps=32
 SMOKE=$OUT/smoke.log
 timeout -s KILL 300 python3 -m grpo_conform check implementations/pytorch implementations/triton implementations/liger \
   implementations/liger-inplace implementations/torch-compile --workload small-bf16 --workload odd-vocab \

@@ -2,19 +2,13 @@
 # Device call, round 3 (device tool, one H200): one-exp Triton variants, then the validator with
 # batched timing on seed workloads (honest kernels must not be flagged; cheaters still caught).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LOG=$OUT/explore.log; R=$OUT/explore.json
+. benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$LOG"
 python3 benchmarks/explore_triton.py --group safe3 --autograd --out "$R" 2>&1 | tee -a "$LOG"
 python3 benchmarks/explore_triton.py --group forward3 --out "$R" 2>&1 | tee -a "$LOG"
-for v in split:chunk=16384,block=4096,num_warps=4,vector=1 split:chunk=16384,block=2048,num_warps=4,vector=1 \
+explore_variants 45 split:chunk=16384,block=4096,num_warps=4,vector=1 split:chunk=16384,block=2048,num_warps=4,vector=1 \
          split:chunk=32768,block=4096,num_warps=4,vector=1 split:chunk=16384,block=4096,num_warps=8,vector=1 \
-         split:chunk=16384,block=4096,num_warps=4,vector=0,hints=0; do
-  timeout -s KILL 45 python3 benchmarks/explore_triton.py --variant "$v" --out "$R" 2>&1 | tee -a "$LOG" \
-    || echo "variant $v ended with status $?" | tee -a "$LOG"
-done
+         split:chunk=16384,block=4096,num_warps=4,vector=0,hints=0
 timeout -s KILL 240 python3 -m grpo_conform check implementations/triton implementations/pytorch \
   --workload seed-b2 --workload seed-b16 --no-evidence --format json > "$OUT/smoke.json" 2> "$OUT/smoke.log"
 echo "check exit $?" | tee -a "$OUT/smoke.log"

@@ -3,18 +3,12 @@
 # shipped split kernel, forward program counts, then the validator's CUDA-only items of issue 4
 # (bench CLI, side-stream / caching / lazy gallery) under the adaptive pre-start spin.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LOG=$OUT/explore.log; R=$OUT/explore.json
+. benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$LOG"
-for v in split:chunk=16384,block=4096,num_warps=4,vector=0 \
+explore_variants 60 split:chunk=16384,block=4096,num_warps=4,vector=0 \
          staged:stage_bytes=65536,block=2048,num_warps=4 staged:stage_bytes=65536,block=2048,num_warps=8 \
          staged:stage_bytes=65536,block=4096,num_warps=8 staged:stage_bytes=32768,block=2048,num_warps=4 \
-         staged:stage_bytes=86016,block=2048,num_warps=8 staged:stage_bytes=131072,block=4096,num_warps=8; do
-  timeout -s KILL 60 python3 benchmarks/explore_triton.py --variant "$v" --out "$R" 2>&1 | tee -a "$LOG" \
-    || echo "variant $v ended with status $?" | tee -a "$LOG"
-done
+         staged:stage_bytes=86016,block=2048,num_warps=8 staged:stage_bytes=131072,block=4096,num_warps=8
 timeout -s KILL 90 python3 benchmarks/explore_triton.py --group forward4 --autograd --out "$R" 2>&1 | tee -a "$LOG"
 G=$OUT/gallery.log
 timeout -s KILL 100 python3 -m grpo_conform check implementations/triton --workload seed-b2 --workload seed-b16 \

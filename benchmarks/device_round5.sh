@@ -2,21 +2,15 @@
 # Device call, round 5 (device tool, one H200): staged kernel shapes and per-thread statistics,
 # staged and plain loss-only kernels, torch's own read of the same bytes.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LOG=$OUT/explore.log; R=$OUT/explore.json
+. benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$LOG"
-for v in staged:stage_bytes=32768,block=2048,num_warps=4,thread_stats=0 \
+explore_variants 60 staged:stage_bytes=32768,block=2048,num_warps=4,thread_stats=0 \
          staged:stage_bytes=32768,block=2048,num_warps=4,thread_stats=1 \
          staged:stage_bytes=16384,block=2048,num_warps=4,thread_stats=1 \
          staged:stage_bytes=16384,block=1024,num_warps=2,thread_stats=1 \
          staged:stage_bytes=24576,block=2048,num_warps=4,thread_stats=1 \
          staged:stage_bytes=32768,block=4096,num_warps=8,thread_stats=1 \
          staged:stage_bytes=16384,block=4096,num_warps=8,thread_stats=1 \
-         staged:stage_bytes=8192,block=1024,num_warps=2,thread_stats=1; do
-  timeout -s KILL 60 python3 benchmarks/explore_triton.py --variant "$v" --out "$R" 2>&1 | tee -a "$LOG" \
-    || echo "variant $v ended with status $?" | tee -a "$LOG"
-done
+         staged:stage_bytes=8192,block=1024,num_warps=2,thread_stats=1
 timeout -s KILL 120 python3 benchmarks/explore_triton.py --group forward5 --autograd --out "$R" 2>&1 | tee -a "$LOG"
 python3 benchmarks/summarize_device.py "$OUT" 2>&1 | grep -v "^{" | tail -70

@@ -3,21 +3,15 @@
 # neighbours, loss-only kernels, and the L2 flush A/B (dirty vs clean lines left behind), all timed
 # with the pre-start spin.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LOG=$OUT/explore.log; R=$OUT/explore.json
+. benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$LOG"
-for v in split:chunk=16384,block=4096,num_warps=4,vector=0 \
+explore_variants 60 split:chunk=16384,block=4096,num_warps=4,vector=0 \
          staged:stage_bytes=16384,block=2048,num_warps=4,thread_stats=1 \
          staged:stage_bytes=16384,block=2048,num_warps=4,thread_stats=0 \
          staged:stage_bytes=16384,block=1024,num_warps=4,thread_stats=1 \
          staged:stage_bytes=12288,block=2048,num_warps=4,thread_stats=1 \
          staged:stage_bytes=20480,block=2048,num_warps=4,thread_stats=1 \
          staged:stage_bytes=16384,block=4096,num_warps=4,thread_stats=1 \
-         staged:stage_bytes=32768,block=2048,num_warps=4,thread_stats=1; do
-  timeout -s KILL 60 python3 benchmarks/explore_triton.py --variant "$v" --out "$R" 2>&1 | tee -a "$LOG" \
-    || echo "variant $v ended with status $?" | tee -a "$LOG"
-done
+         staged:stage_bytes=32768,block=2048,num_warps=4,thread_stats=1
 timeout -s KILL 120 python3 benchmarks/explore_triton.py --group forward6 --autograd --out "$R" 2>&1 | tee -a "$LOG"
 python3 benchmarks/summarize_device.py "$OUT" 2>&1 | grep -v "^{" | tail -70

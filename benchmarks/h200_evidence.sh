@@ -4,9 +4,8 @@
 # timeout loses only that one, records unsigned (signed afterwards, off this machine, with
 # `grpo-conform sign`), then the issue-5 table from the same reports.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/h200" "$OUT/reports"
+. benchmarks/device_common.sh
+mkdir -p "$OUT/h200" "$OUT/reports"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/reports/nvidia-smi.txt"
 # The GPU-only kernel paths against the float64 reference first (skipped in CI: no GPU there).
 timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py > "$OUT/reports/cuda-tests.txt" 2>&1
