@@ -22,9 +22,10 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from grpo_conform.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, GrpoConformError
-from grpo_conform.floors import (ITEMSIZE, Floor, FloorError, below_floor, compute_floor, format_ns,
-                                 load_spec_ref, ratio)
+from grpo_conform.floors import (HEADROOM, ITEMSIZE, TRAFFIC, Floor, FloorError, below_floor, compute_floor,
+                                 format_ns, load_spec_ref, ratio)
 from grpo_conform.hardware import Catalogue, GpuMatch, load_catalogue
+from grpo_conform.operations import KNOWN_OPERATIONS, lookup, measures_member
 from grpo_conform.spec import Spec, Workload
 
 FORMAT = "grpo-conform-reported/1"
@@ -36,14 +37,8 @@ LIGER_AXES = {"B": "batch", "T": "seq", "V": "vocab"}
 TIME_UNITS_MS = {"ms": 1.0, "us": 1e-3, "µs": 1e-3, "s": 1e3, "ns": 1e-6}
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
                  "float": "float32", "fp64": "float64", "double": "float64"}
-#: Operation names other sources use, and how they relate to a spec of family "grpo".
-OPERATIONS: dict[str, tuple[str, str]] = {
-    "grpo_loss": ("same", "Liger-Kernel's GRPO loss over materialized logits; the record does not state its "
-                  "settings (importance-sampling level, clipping, KL term): check them at the source"),
-    "fused_linear_grpo_loss": ("different", "fuses the lm_head projection into the loss: it takes hidden "
-                               "states and the weight, and the logits never exist, so its time is not a time "
-                               "of an operation over given logits"),
-}
+#: Operation names other sources use and what each measures (grpo_conform.operations).
+OPERATIONS = KNOWN_OPERATIONS
 # The verdict is about physics; comparability (operation, protocol, workload) is reported beside it.
 Verdict = Literal["impossible", "plausible", "unknown-gpu"]
 VERDICTS: tuple[str, ...] = ("impossible", "plausible", "unknown-gpu")
@@ -311,12 +306,17 @@ def _operation(record: Record, spec: Spec) -> Finding:
     name = record.operation.strip()
     if name.split("@")[0] == spec.id:
         return Finding("operation", "ok", f"{name!r} is the spec's operation")
-    known = OPERATIONS.get(name.lower().replace("-", "_"))
-    if known and known[0] == "same" and spec.semantics.family == "grpo":
-        return Finding("operation", "warning", f"{name!r}: {known[1]}")
-    if known:
-        return Finding("operation", "mismatch", f"{name!r} is a different operation from {spec.id}: {known[1]}")
-    return Finding("operation", "mismatch", f"{name!r} is not {spec.id} nor a known name for it")
+    known = lookup(name)
+    if known is None:
+        return Finding("operation", "mismatch", f"{name!r} is not {spec.id} nor a known name for it")
+    if known.relation == "member":
+        if measures_member(known, spec.id, spec.member):
+            return Finding("operation", "ok", f"{name!r} measures {known.member_id}: {known.note}")
+        return Finding("operation", "mismatch", f"{name!r} measures member {known.member_id}, not {spec.id} "
+                       f"(audit it with --spec {known.member_id}): {known.note}")
+    if known.relation == "unstated" and spec.semantics.family == "grpo":
+        return Finding("operation", "warning", f"{name!r}: {known.note}")
+    return Finding("operation", "mismatch", f"{name!r} is a different operation from {spec.id}: {known.note}")
 
 
 def _protocol(record: Record) -> Finding:
@@ -369,26 +369,31 @@ def audit_record(record: Record, spec: Spec, catalogue: Catalogue) -> RecordAudi
     if match is None or workload is None:
         findings.append(Finding("physics", "skipped", "no datasheet floor without a known GPU and a full workload"))
     else:
-        judged = record.protocol if record.protocol in ("forward", "full") else "forward"
+        # traffic-v1, the model check and bench use. A backward-only time presented as the operation's
+        # latency claims the gradient work, whose cheapest declared protocol is full (docs/audit.md).
+        judged = record.protocol if record.protocol in ("forward", "full") else "full"
+        resolved = spec.resolve(workload)
         try:
-            floor = compute_floor(spec, spec.resolve(workload), judged, match.gpu)
+            floor = compute_floor(spec, resolved, judged, match.gpu, model=TRAFFIC)
+            seed_page = compute_floor(spec, resolved, "forward", match.gpu, model=HEADROOM)
         except FloorError as exc:
             findings.append(Finding("physics", "skipped", str(exc)))
         else:
             time_ns = record.median_ms * 1e6
-            floor_ratio = ratio(time_ns, floor)
-            basis = "" if judged == record.protocol else (" (a record presented as the operation's latency must "
-                                                          "at least read every declared input once)")
+            floor_ratio = ratio(time_ns, floor) if floor.floor_ns else None
+            basis = "" if judged == record.protocol else (" (a backward-only time presented as the operation's "
+                                                          "latency claims its gradient work: judged as full)")
+            beside = f"; {HEADROOM} forward floor, as the seed page computed it: {format_ns(seed_page.dram_ns)}"
             if below_floor(time_ns, floor):
                 findings.append(Finding("physics", "impossible", f"{record.median_ms:g} ms is below the {judged} "
-                                        f"floor of {spec.id} on {match.gpu.name}: its declared tensors "
-                                        f"({floor.bytes_total:,} B) need {format_ns(floor.dram_ns)} at "
-                                        f"{match.gpu.dram_gbps:,.0f} GB/s, at least {format_ns(floor.strict_ns)} "
-                                        f"even skipping what is never read{basis}"))
+                                        f"floor of {spec.id} on {match.gpu.name} ({TRAFFIC}): what it must read "
+                                        f"and write ({floor.bytes_total:,} B) needs {format_ns(floor.strict_ns)} at "
+                                        f"{match.gpu.dram_gbps:,.0f} GB/s{basis}{beside}"))
             else:
-                findings.append(Finding("physics", "ok", f"{floor_ratio:.2f}x the {judged} floor "
-                                        f"({format_ns(floor.floor_ns)} on {match.gpu.name}): physically possible"
-                                        f"{basis}"))
+                shown = f"{floor_ratio:.2f}x" if floor_ratio is not None else "above"
+                findings.append(Finding("physics", "ok", f"{shown} the {judged} floor "
+                                        f"({format_ns(floor.floor_ns)} on {match.gpu.name}, {TRAFFIC}): physically "
+                                        f"possible{basis}{beside}"))
     status = {f.check: f.status for f in findings}
     comparable = "mismatch" not in (status["operation"], status["protocol"], status["workload"])
     if status.get("physics") == "impossible":

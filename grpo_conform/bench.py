@@ -9,8 +9,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_conform.check import (Progress, RunContext, missing_requirements, default_timeout, prepare_context,
-                                resolve_device)
+from grpo_conform.check import Progress, RunContext, default_timeout, prepare_context, resolve_device
+from grpo_conform.gate.plan import missing_requirements  # moved there by the gate (issue 15)
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming
 from grpo_conform.errors import EXIT_FAILED, EXIT_OK, EnvironmentProblem
 from grpo_conform.implementations import load_implementation

@@ -1,27 +1,38 @@
-"""`grpo-conform check`: the request, the run over implementations and workloads, the report."""
+"""`grpo-conform check`: the request, the plan (implementations x spec members x workloads), the
+run, the report.
+
+The plan is made before anything runs (every manifest and spec checked first). Serial runs
+happen here, in this process; `--jobs`/`--gpus` hand whole plans to slot processes
+(grpo_conform.gate.parallel) and merge their reports. A hang ends its implementation at the first
+timeout (the rest is reported as not run), so a hanging implementation costs one timeout.
+"""
 
 from __future__ import annotations
 
 import random
 import secrets
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
-from grpo_conform.floors import compute_floor
-from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EnvironmentProblem
-from grpo_conform.implementations import Implementation, load_implementation
+from grpo_conform.floors import compute_floor
+from grpo_conform.gate.plan import ImplPlan, MemberPlan, Stop, build_plan
+from grpo_conform.gate.progress import Progress, Reporter
+from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.inputs import fresh_seed
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.provenance import device_info, software, utc_now
-from grpo_conform.results import ImplementationResult, WorkloadResult, implementation_status
-from grpo_conform.spec import Spec, find_spec, load_spec
+from grpo_conform.results import (STRICT_KINDS, CheckOutcome, Coverage, ImplementationResult, MemberResult, NotRun,
+                                  WorkloadResult, implementation_status, worst_status)
+from grpo_conform.spec import Spec
 
-Progress = Callable[[str], None]
+__all__ = ["CheckRequest", "CheckReport", "run_check", "resolve_device", "default_timeout"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,16 @@ class CheckRequest:
     spec_path: str | None = None
     timeout: float | None = None
     timing: bool = True
+    members: tuple[str, ...] = ()  # --member: run only these members (names or ids)
+    checks: tuple[str, ...] = ()  # -k/--check: report only these checks (names or fnmatch patterns)
+    fail_fast: bool = False  # -x: stop at the first failed workload
+    strict: bool = False  # a skipped implementation, member or workload fails the run
+    changed_since: str | None = None  # only the implementation folders changed since this git ref
+    shard: tuple[int, int] | None = None  # (I, N), 1 <= I <= N: this machine's part of the work
+    jobs: int = 1  # slot processes per device (GPU: capped at one when timing, see gate/parallel.py)
+    gpus: str | tuple[int, ...] | None = None  # "all" or GPU indices: one slot (or `jobs`) per GPU
+    units: tuple[tuple[str, str, str], ...] = ()  # internal (slots): only these (path, member, workload)
+    extended: bool = False  # --extended: also the spec's extended-tier workloads
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,24 @@ class CheckReport:
     finished: str
     software: dict[str, Any] = field(default_factory=dict)
     hardware: dict[str, Any] = field(default_factory=dict)  # datasheet and measured ceilings (CUDA runs)
+    strict: bool = False
+    notes: tuple[str, ...] = ()  # what the gate selected and why (changed-since, shard, slots)
+    shard: tuple[int, int] | None = None
+    parts: tuple["CheckReport", ...] = ()  # --gpus/--jobs: the slot reports (each with its own device)
+
+    @property
+    def strict_failures(self) -> list[str]:
+        """What --strict fails on: skipped implementations and members, workloads not run."""
+        out = []
+        for impl in self.implementations:
+            if impl.status == "skipped":
+                out.append(f"{impl.name}: {impl.message}")
+            for m in impl.members:
+                if m.status == "skipped" and impl.status != "skipped":
+                    out.append(f"{impl.name} {m.member}: {m.message}")
+                out += [f"{impl.name} {m.member} {n.workload}: {n.reason}" for n in m.coverage.not_run
+                        if n.kind in STRICT_KINDS]
+        return out
 
     @property
     def exit_code(self) -> int:
@@ -51,6 +90,8 @@ class CheckReport:
         if "load-error" in statuses:
             return EXIT_USAGE
         if "failed" in statuses:
+            return EXIT_FAILED
+        if self.strict and self.strict_failures:
             return EXIT_FAILED
         if statuses and all(s == "skipped" for s in statuses):
             return EXIT_ENVIRONMENT
@@ -65,9 +106,15 @@ class CheckReport:
             "triton_interpreter": self.interpreter,
             "software": self.software,
             "hardware": self.hardware,
-            "specs": [{"id": s.id, "version": s.version, "identity": {"sha256": s.identity}, "path": s.source}
-                      for s in self.specs.values()],
+            "specs": [{"id": s.id, "version": s.version, "identity": {"sha256": s.identity}, "path": s.source,
+                       "member": getattr(s, "member", None)} for s in self.specs.values()],
             "implementations": [i.to_json() for i in self.implementations],
+            "strict": self.strict,
+            "strict_failures": self.strict_failures if self.strict else [],
+            "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
+            "notes": list(self.notes),
+            "parts": [{"device": p.device, "hardware": p.hardware, "started": p.started, "finished": p.finished,
+                       "implementations": [i.path for i in p.implementations]} for p in self.parts],
             "exit_code": self.exit_code,
         }
 
@@ -82,7 +129,9 @@ class RunContext:
     ceilings: Ceilings | None = None
 
     def floor_fn(self, spec: Spec, resolved):
-        return lambda protocol: compute_floor(spec, resolved, protocol, self.gpu, self.ceilings)
+        # traffic-v1 (docs/floors.md); `unmasked`: the mask (or its count) of the timed inputs
+        return lambda protocol, unmasked=None: compute_floor(spec, resolved, protocol, self.gpu, self.ceilings,
+                                                             unmasked=unmasked)
 
 
 def prepare_context(device: torch.device, timing: TimingSettings | None, say: Progress) -> tuple[RunContext, dict]:
@@ -116,94 +165,155 @@ def default_timeout(spec: Spec, workloads, device: torch.device) -> float:
     return (180.0 if device.type == "cpu" else 120.0) + 60.0 * gigabytes
 
 
-def _spec_for(impl: Implementation, request: CheckRequest, cache: dict[str, Spec]) -> Spec:
-    key = request.spec_path or impl.manifest.spec
-    if key not in cache:
-        cache[key] = load_spec(request.spec_path) if request.spec_path else find_spec(impl.manifest.spec)
-    return cache[key]
-
-
-def missing_requirements(impl: Implementation) -> list[str]:
-    import importlib.util
-
-    return [r for r in impl.manifest.requires if importlib.util.find_spec(r) is None]
-
-
 def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckReport:
-    say = progress or (lambda _msg: None)
     device = resolve_device(request.device)
-    impls = [load_implementation(p) for p in request.paths]  # every manifest checked before anything runs
-    specs: dict[str, Spec] = {}
-    plans = []
-    for impl in impls:
-        spec = _spec_for(impl, request, specs)
-        chosen = tuple(spec.workload(n) for n in request.workloads) if request.workloads else spec.workloads_for(device.type)
-        plans.append((impl, spec, chosen))
+    plan = build_plan(request, device)  # every manifest and spec checked before anything runs
+    say = Reporter(progress)
+    if request.gpus is not None or request.jobs > 1:
+        from grpo_conform.gate.parallel import run_slots
+
+        return run_slots(request, plan, device, say)
     started = utc_now()
-    ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say)
-    results = tuple(_check_one(impl, spec, chosen, ctx, request, say) for impl, spec, chosen in plans)
-    return CheckReport(device_info(device), device.type == "cpu", results,
-                       {s.identity: s for s in specs.values()}, started, utc_now(), software(), hardware)
+    ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
+    stop = Stop()
+    results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
+    return CheckReport(device_info(device), device.type == "cpu", results, plan.specs, started, utc_now(), software(),
+                       hardware, request.strict, plan.notes, request.shard)
 
 
-def _base_result(impl: Implementation, status: str, message: str, workloads=(), worker=None) -> ImplementationResult:
+# -- one implementation ---------------------------------------------------------------------------
+def _result(p: ImplPlan, members: list[MemberResult], worker: dict, status: str | None = None,
+            message: str | None = None) -> ImplementationResult:
+    impl = p.impl
+    status = status or worst_status(m.status for m in members)
+    if message is None:
+        message = members[0].message if len(members) == 1 else "; ".join(f"{m.member}: {m.message}" for m in members)
+    flat = tuple(w for m in members for w in m.workloads)
     return ImplementationResult(impl.name, str(impl.path), impl.identity, impl.manifest.model_dump(mode="json"),
-                                status, message, tuple(workloads), worker or {})  # type: ignore[arg-type]
+                                status, message, flat, worker, tuple(members))  # type: ignore[arg-type]
 
 
-def _check_one(impl: Implementation, spec: Spec, workloads, ctx: RunContext, request: CheckRequest,
-               say: Progress) -> ImplementationResult:
-    device = ctx.device
-    missing = missing_requirements(impl)
-    if missing:
-        return _base_result(impl, "skipped", f"needs {', '.join(missing)}, which is not installed "
-                            f"(see {impl.path / 'implementation.toml'}: requires)")
-    if device.type not in impl.manifest.devices:
-        return _base_result(impl, "skipped", f"declares devices {list(impl.manifest.devices)}; this run is on "
-                            f"{device.type}")
-    runnable = [w for w in workloads if device.type in w.devices]
-    if not runnable:
-        return _base_result(impl, "skipped", f"no workload of spec {spec.id} runs on {device.type}")
-    timeout = request.timeout or default_timeout(spec, runnable, device)
-    interpret = device.type == "cpu"
-    draw = random.Random(secrets.randbits(64))
-    results: list[WorkloadResult] = []
-    session: WorkerSession | None = None
-    worker_info: dict[str, Any] = {"timeout_s": timeout, "triton_interpreter": interpret}
-    try:
-        for w in runnable:
-            if session is None or not session.alive:
-                if session is not None:
-                    session.close()
-                say(f"{impl.name}: starting worker")
-                session = WorkerSession(impl, spec.parameter_values, device, timeout, interpret)
-                try:
-                    session.start()
-                except ImplementationLoadError as exc:
-                    session.close()
-                    return _base_result(impl, "load-error", str(exc), results, worker_info)
-                except WorkerFailure as exc:
-                    session.close()
-                    return _base_result(impl, "load-error", f"{impl.path / 'implementation.toml'}: field 'entry': "
-                                        f"loading failed: {exc}\n{exc.stderr_tail}", results, worker_info)
-                worker_info.update(session.info)
-            resolved = spec.resolve(w, draw)
-            seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
-            say(f"{impl.name}: {w.name} {resolved.shapes['logits']}")
-            outcomes = WorkloadConformance(session, spec, resolved, seeds).run()
-            timings, timed_outcomes = _time_workload(session, spec, w, resolved, ctx, say, impl.name)
-            results.append(WorkloadResult(w.name, resolved.axes, dict(resolved.dtypes), device.type,
-                                          tuple(seeds), outcomes + tuple(timed_outcomes), tuple(timings)))
-    finally:
-        if session is not None:
-            session.close()
-    status = implementation_status(tuple(results))
-    failed = sorted({o.check for r in results for o in r.outcomes if o.failed})
-    message = "conformant on every workload" if status == "conformant" else f"failed: {', '.join(failed)}"
-    return _base_result(impl, status, message, results, worker_info)
+def member_message(status: str, workloads, coverage: Coverage) -> str:
+    if status == "failed":
+        failed = sorted({o.check for w in workloads for o in w.outcomes if o.failed})
+        return f"failed: {', '.join(failed)}"
+    scope = "every workload" if not coverage.not_run else f"the checked workloads ({coverage.checked} of " \
+                                                        f"{coverage.total})"
+    checks = f" (checks: {', '.join(coverage.checks)})" if coverage.checks else ""
+    return f"conformant on {scope}{checks}"
 
 
-def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunContext, say: Progress, name: str):
+def _member(mp: MemberPlan, status: str, message: str, workloads=(), not_run: tuple[NotRun, ...] = (),
+            checks: tuple[str, ...] = ()) -> MemberResult:
+    cov = Coverage(tuple(w.workload for w in workloads), tuple(mp.not_run) + tuple(not_run), checks)
+    if status == "":
+        status = implementation_status(tuple(workloads))
+        message = member_message(status, workloads, cov)
+    return MemberResult(mp.spec, status, message, tuple(workloads), cov)  # type: ignore[arg-type]
+
+
+def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter,
+                         stop: Stop) -> ImplementationResult:
+    name = p.impl.name
+    if p.skip:  # missing requirement, device not declared, no runnable workload: decided by the plan
+        return _result(p, [_member(m, "skipped", p.skip) for m in p.members], {}, "skipped", p.skip)
+    if stop.reason:
+        members = [_member(m, "skipped", stop.reason, not_run=tuple(NotRun(w.name, stop.reason, "stopped")
+                                                                   for w in m.workloads)) for m in p.members]
+        return _result(p, members, {}, "skipped", stop.reason)
+    worker_info: dict[str, Any] = {"triton_interpreter": ctx.device.type == "cpu"}
+    done: list[MemberResult] = []
+    ended: str | None = None  # why the rest of this implementation does not run (hang, load error)
+    load_error: str | None = None
+    for mp in p.members:
+        if ended or stop.reason:
+            why = ended or stop.reason
+            kind = "hung" if ended else "stopped"
+            done.append(_member(mp, "skipped" if not load_error else "load-error", load_error or why,
+                                not_run=tuple(NotRun(w.name, why, kind) for w in mp.workloads)))
+            continue
+        timeout = request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
+        worker_info["timeout_s"] = timeout
+        results: list[WorkloadResult] = []
+        not_run: list[NotRun] = []
+        session: WorkerSession | None = None
+        try:
+            for w in mp.workloads:
+                if ended or stop.reason:
+                    not_run.append(NotRun(w.name, ended or stop.reason or "", "hung" if ended else "stopped"))
+                    continue
+                if session is None or not session.alive:
+                    if session is not None:
+                        session.close()
+                    say(name, mp.label, w.name, "starting worker")
+                    session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout,
+                                            ctx.device.type == "cpu")
+                    try:
+                        session.start()
+                    except (ImplementationLoadError, WorkerFailure) as exc:
+                        load_error = _load_message(p, exc)
+                        ended = f"not run: the implementation did not load ({_first_line(load_error)})"
+                        not_run.append(NotRun(w.name, ended, "hung"))
+                        continue
+                    worker_info.update(session.info)
+                started = time.monotonic()
+                result = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
+                results.append(result)
+                hung = next((o for o in result.outcomes if o.status == "timeout"), None)
+                bad = sorted({o.check for o in result.outcomes if o.failed})
+                say(name, mp.label, w.name, f"{'FAILED ' + ', '.join(bad) if bad else 'passed'} "
+                    f"({time.monotonic() - started:.1f} s)")
+                if hung is not None:
+                    ended = (f"not run: the implementation hung on {mp.label} {w.name} ({hung.check}: no answer "
+                             f"within {timeout:g} s); a hang ends its implementation at the first timeout")
+                if bad and request.fail_fast:
+                    stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
+        finally:
+            if session is not None:
+                session.close()
+        if load_error and not results:
+            done.append(_member(mp, "load-error", load_error, not_run=tuple(not_run)))
+        else:
+            done.append(_member(mp, "", "", results, tuple(not_run), p.checks))
+    worker_info.setdefault("timeout_s", request.timeout)
+    if load_error and all(m.status in ("load-error", "skipped") for m in done):
+        return _result(p, done, worker_info, "load-error", load_error)
+    return _result(p, done, worker_info)
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else text
+
+
+def _load_message(p: ImplPlan, exc: Exception) -> str:
+    if isinstance(exc, ImplementationLoadError):
+        return str(exc)
+    tail = getattr(exc, "stderr_tail", "")
+    return f"{p.impl.path / 'implementation.toml'}: field 'entry': loading failed: {exc}" + (f"\n{tail}" if tail else "")
+
+
+def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
+                 name: str, member: str) -> WorkloadResult:
+    """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA)."""
+    from grpo_conform.gate.plan import select_outcomes, wants_timing
+
+    resolved = spec.resolve(w, random.Random(secrets.randbits(64)))
+    seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
+    draws: dict[str, Any] = {}
+    say(name, member, w.name, f"conformance {list(resolved.shapes['logits'])}")
+    outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, profile=w.probes, draws=draws).run())
+    outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
+    timings: list = []
+    timed: list[CheckOutcome] = []
+    if wants_timing(request.checks):
+        timings, timed = _time_workload(session, spec, w, resolved, ctx, say, name, member)
+    kept = select_outcomes(outcomes + tuple(timed), request.checks)
+    return WorkloadResult(w.name, resolved.axes, dict(resolved.dtypes), ctx.device.type, tuple(seeds), kept,
+                          tuple(timings), draws)
+
+
+def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunContext, say: Reporter, name: str,
+                   member: str):
     # Timing checks are not applicable (so not listed) on the CPU or on workloads the spec does not time.
     if ctx.device.type != "cuda" or not w.timed:
         return [], []
@@ -211,8 +321,9 @@ def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunCont
         return [], skipped_timing("timing not requested (--no-timing)")
     if not session.alive:
         return [], skipped_timing("the worker was lost before timing")
-    say(f"{name}: {w.name}: timing {', '.join(ctx.timing.protocols)}")
+    say(name, member, w.name, f"timing {', '.join(ctx.timing.protocols)}")
     try:
         return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved)).run()
     except WorkerFailure as failure:
         return [], timing_failure_outcomes(failure)
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from grpo_conform import __version__
-from grpo_conform.errors import EXIT_OK, GrpoConformError
+from grpo_conform.errors import EXIT_OK, EXIT_USAGE, GrpoConformError
 from grpo_conform.floors import PROTOCOLS
 
 out = Console(soft_wrap=False, width=200)
@@ -51,17 +52,45 @@ def spec() -> None:
 
 @spec.command("show")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--member", help="a member of a spec family file (its resolved spec)")
+@click.option("--resolved", is_flag=True, help="print the resolved JSON document whose RFC 8785 sha256 is the identity")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @_fail_cleanly
-def spec_show(file: str, fmt: str) -> None:
-    """Print a spec's id, version, sha256 identity and a readable summary."""
+def spec_show(file: str, member: str | None, resolved: bool, fmt: str) -> None:
+    """Print a spec's id, version, sha256 identity and a readable summary (a family: its members)."""
     from grpo_conform.render import render_spec
-    from grpo_conform.spec import load_spec
+    from grpo_conform.spec import load_spec, read_document
+    from grpo_conform.spec_family import is_family_document, load_family
 
-    loaded = load_spec(file)
-    if fmt == "json":
-        _emit_json({"id": loaded.id, "version": loaded.version, "identity": {"sha256": loaded.identity},
-                    "path": loaded.source, "summary": loaded.summary_lines()})
+    doc = read_document(file)
+    if is_family_document(doc):
+        fam = load_family(file)
+        if member is None:
+            if resolved:
+                raise click.UsageError("--resolved needs --member NAME for a family file")
+            members = [(name, fam.member(name).identity) for name in fam.member_names]
+            if fmt == "json":
+                _emit_json({"family": fam.id, "version": fam.version, "path": str(fam.path),
+                            "members": [{"member": n, "id": f"{fam.id}/{n}", "identity": {"sha256": i}} for n, i in members]})
+                return
+            out.print(f"family:   {fam.id} {fam.version}", highlight=False)
+            out.print(f"file:     {fam.path}", markup=False, highlight=False)
+            out.print(f"members:  {', '.join(n for n, _ in members)} (all of one: --member NAME)", highlight=False,
+                      soft_wrap=True)
+            for n, _i in members:  # formula, inputs, outputs, parameters, constraints of each member
+                out.print()
+                render_spec(fam.member(n), out, brief=True)
+            return
+        loaded, document = fam.member(member), fam.resolved(member)
+    else:
+        if member is not None:
+            raise click.UsageError(f"{file} is a standalone spec: it has no members (drop --member)")
+        loaded, document = load_spec(file), doc
+    if resolved:
+        out.print(json.dumps(document, indent=2, ensure_ascii=False), markup=False, highlight=False, soft_wrap=True)
+    elif fmt == "json":
+        _emit_json({"id": loaded.id, "version": loaded.version, "member": loaded.member,
+                    "identity": {"sha256": loaded.identity}, "path": loaded.source, "summary": loaded.summary_lines()})
     else:
         render_spec(loaded, out)
 
@@ -70,10 +99,28 @@ def spec_show(file: str, fmt: str) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @_fail_cleanly
 def spec_validate(files: tuple[str, ...]) -> None:
-    """Validate spec files against the schema and their own cross-references."""
-    from grpo_conform.spec import load_spec
+    """Validate spec files (standalone or family: every member resolved) against the schema and their cross-references."""
+    from grpo_conform.spec import load_spec, read_document
+    from grpo_conform.spec_family import is_family_document, load_family
 
+    from grpo_conform.report.spec_text import validate_problems
+
+    problems = {f: validate_problems(f) for f in files}  # every file, every schema error (not the first)
+    for file, found in problems.items():
+        if found:
+            out.print(f"{file}: INVALID ({len(found)} problem(s))", highlight=False, markup=False)
+            for p in found:
+                out.print(f"  {p}", highlight=False, markup=False, soft_wrap=True)
+    if any(problems.values()):
+        sys.exit(EXIT_USAGE)
     for file in files:
+        if is_family_document(read_document(file)):
+            fam = load_family(file)
+            specs = fam.members()
+            out.print(f"{file}: valid (family {fam.id} {fam.version}, {len(specs)} members)", highlight=False)
+            for loaded in specs:
+                out.print(f"  {loaded.id}: sha256 {loaded.identity}", highlight=False)
+            continue
         loaded = load_spec(file)
         out.print(f"{file}: valid ({loaded.id} {loaded.version}, sha256 {loaded.identity})", highlight=False)
 
@@ -84,9 +131,25 @@ def spec_validate(files: tuple[str, ...]) -> None:
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto = cuda when available")
 @click.option("--workload", "workloads", multiple=True, help="run only this workload of the spec (repeatable)")
+@click.option("--member", "members", multiple=True, help="run only this spec member (name or id; repeatable)")
+@click.option("--extended", is_flag=True, help="also the spec's extended workloads (more CPU shapes and dtypes)")
+@click.option("-k", "--check", "checks", multiple=True,
+              help="report only this check (name or pattern, e.g. 'gradient*'; repeatable); `runs` is always reported")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="spec file (default: the manifest's spec id)")
 @click.option("--timeout", type=float, help="seconds one worker step may take (default: scaled by the workload)")
 @click.option("--no-timing", is_flag=True, help="skip the timed protocols on CUDA")
+@click.option("-x", "--fail-fast", is_flag=True, help="stop at the first failed workload (the rest: not run)")
+@click.option("--strict", is_flag=True, help="a skipped implementation or workload fails the run (exit 1)")
+@click.option("--changed-since", metavar="REF",
+              help="only the implementation folders changed since this git ref (all when the validator, a spec "
+                   "or a lock file changed)")
+@click.option("--shard", metavar="I/N", help="run part I of N of the work (deterministic); merge with `merge`")
+@click.option("--jobs", "-j", type=int, default=1, show_default=True,
+              help="slot processes run in parallel (per GPU with --gpus; one per GPU while timing)")
+@click.option("--gpus", metavar="all|0,1", help="pin slots to these GPUs (CUDA_VISIBLE_DEVICES per slot)")
+@click.option("--junit-xml", type=click.Path(dir_okay=False), help="write a JUnit XML report here")
+@click.option("--summary", "summary_file", type=click.Path(dir_okay=False),
+              help="write a Markdown summary here (e.g. \"$GITHUB_STEP_SUMMARY\", appended to)")
 @click.option("--evidence-dir", default="grpo-conform-evidence", show_default=True, type=click.Path(file_okay=False),
               help="where the evidence records (DSSE envelopes) are written")
 @click.option("--no-evidence", is_flag=True, help="write no evidence record")
@@ -95,20 +158,81 @@ def spec_validate(files: tuple[str, ...]) -> None:
                    "$GRPO_CONFORM_SIGNING_KEY_FILE (path); none: records are written unsigned")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @_fail_cleanly
-def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], spec_path: str | None,
-          timeout: float | None, no_timing: bool, evidence_dir: str, no_evidence: bool, key_path: str | None,
-          fmt: str) -> None:
-    """Check implementation folders against their spec; exit 0 conformant, 1 failed, 2 usage, 3 environment."""
+def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], members: tuple[str, ...],
+          extended: bool, checks: tuple[str, ...], spec_path: str | None, timeout: float | None, no_timing: bool, fail_fast: bool,
+          strict: bool, changed_since: str | None, shard: str | None, jobs: int, gpus: str | None,
+          junit_xml: str | None, summary_file: str | None, evidence_dir: str, no_evidence: bool,
+          key_path: str | None, fmt: str) -> None:
+    """Check implementation folders against their spec.
+
+    Exit 0 conformant, 1 failed (or skipped, with --strict), 2 usage/manifest/load error, 3 nothing
+    could run here (environment), 130 interrupted (SIGINT), 143 terminated (SIGTERM)."""
     from grpo_conform.check import CheckRequest, run_check
-    from grpo_conform.evidence import load_signing_key, write_evidence
-    from grpo_conform.render import render_check
+    from grpo_conform.evidence import load_signing_key
+    from grpo_conform.gate.parallel import parse_gpus
+    from grpo_conform.gate.shard import parse_shard
 
     key = None if no_evidence else load_signing_key(key_path)  # a bad key fails before anything runs
-    request = CheckRequest(paths=paths, device=device, workloads=workloads, spec_path=spec_path,
-                           timeout=timeout, timing=not no_timing)
-    with err.status("checking…") as status:
-        report = run_check(request, progress=lambda msg: status.update(msg))
-    records = () if no_evidence else write_evidence(report, evidence_dir, key)
+    request = CheckRequest(paths=paths, device=device, workloads=workloads, spec_path=spec_path, timeout=timeout,
+                           timing=not no_timing, members=members, checks=checks, fail_fast=fail_fast, strict=strict,
+                           changed_since=changed_since, shard=parse_shard(shard) if shard else None, jobs=jobs,
+                           gpus=parse_gpus(gpus) if gpus else None, extended=extended)
+    report = _interruptible(lambda progress: run_check(request, progress=progress), "checking…")
+    _finish(report, fmt, junit_xml, summary_file, evidence=None if no_evidence else (evidence_dir, key))
+
+
+def _interruptible(run: Callable[[Callable[[str], None]], Any], label: str) -> Any:
+    """Run with progress lines (a spinner on a terminal); Ctrl-C exits 130, SIGTERM 143, both after
+    the run's `finally` blocks closed every worker and removed its files."""
+    import time
+
+    from grpo_conform.gate.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, install_handlers
+
+    install_handlers()
+    started = time.monotonic()
+    try:
+        if err.is_terminal:
+            with err.status(label) as status:
+                return run(lambda msg: status.update(msg))
+        return run(lambda msg: err.print(msg, highlight=False, markup=False, soft_wrap=True))
+    except KeyboardInterrupt:
+        _end_workers()
+        err.print(f"interrupted after {time.monotonic() - started:.1f} s: workers stopped, temporary files removed "
+                  f"(exit {EXIT_INTERRUPTED})", highlight=False)
+        sys.exit(EXIT_INTERRUPTED)
+    except Terminated:
+        _end_workers()
+        err.print(f"terminated (SIGTERM) after {time.monotonic() - started:.1f} s: workers stopped, temporary files "
+                  f"removed (exit {EXIT_TERMINATED})", highlight=False)
+        sys.exit(EXIT_TERMINATED)
+
+
+def _end_workers() -> None:
+    """Belt and braces after the run's `finally` blocks: every live worker session (and any process
+    that escaped one and came back to our subreaper) ended, every scratch tree removed."""
+    try:
+        from grpo_conform.isolation.session import end_all
+    except ImportError:  # pragma: no cover - an isolation layer without the registry
+        return
+    end_all()
+
+
+def _finish(report: Any, fmt: str, junit_xml: str | None, summary_file: str | None, evidence=None) -> None:
+    from grpo_conform.gate.junit import write_junit
+    from grpo_conform.gate.progress import summary_line
+    from grpo_conform.gate.summary import write_summary
+    from grpo_conform.render import render_check
+
+    records: tuple = ()
+    if evidence is not None:
+        from grpo_conform.evidence import write_evidence
+
+        # --jobs/--gpus: each slot's records name the device (and measured ceilings) it ran on
+        records = tuple(r for part in (report.parts or (report,)) for r in write_evidence(part, *evidence))
+    if junit_xml:
+        write_junit(report, junit_xml)
+    if summary_file:
+        write_summary(report, summary_file)
     if fmt == "json":
         _emit_json(dict(report.to_json(), evidence_records=[r.to_json() for r in records]))
     else:
@@ -120,6 +244,47 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], spec_
             err.print(Text.assemble(("evidence: ", ""), (f"{r.path} is UNSIGNED", "bold yellow"),
                                     " (no --key, $GRPO_CONFORM_SIGNING_KEY or $GRPO_CONFORM_SIGNING_KEY_FILE); "
                                     "`grpo-conform verify` rejects it unless --allow-unsigned"), highlight=False)
+    for note in report.notes:
+        err.print(f"note: {note}", highlight=False, markup=False)
+    if report.strict and report.strict_failures:
+        err.print(f"--strict: {len(report.strict_failures)} skipped or not run, failing the run: "
+                  + "; ".join(report.strict_failures[:5]), highlight=False, markup=False)
+    err.print(summary_line(report), highlight=False, markup=False)
+    sys.exit(report.exit_code)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--strict", is_flag=True, help="a skipped implementation or workload not run fails the merge")
+@click.option("--junit-xml", type=click.Path(dir_okay=False), help="write a JUnit XML report here")
+@click.option("--summary", "summary_file", type=click.Path(dir_okay=False), help="write a Markdown summary here")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@_fail_cleanly
+def merge(files: tuple[str, ...], strict: bool, junit_xml: str | None, summary_file: str | None, fmt: str) -> None:
+    """Merge shard outputs (JSON reports of `check --format json`, evidence records, or folders of them) into one
+    verdict per implementation; refuses duplicates and conflicts. Exit codes as `check`."""
+    from grpo_conform.gate.merge import MergeRequest, run_merge
+
+    _finish(run_merge(MergeRequest(files=files, strict=strict)), fmt, junit_xml, summary_file)
+
+
+# -- manifests ----------------------------------------------------------------------------------
+@main.group()
+def manifest() -> None:
+    """Validate implementation manifests."""
+
+
+@manifest.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@_fail_cleanly
+def manifest_validate(paths: tuple[str, ...]) -> None:
+    """Validate implementation folders (or their implementation.toml): manifest fields, entry file, spec and
+    members resolvable. Used by the pre-commit hook."""
+    from grpo_conform.gate.validate import ValidateRequest, run_validate
+
+    report = run_validate(ValidateRequest(paths=paths))
+    for line in report.lines:
+        out.print(line, highlight=False, markup=False)
     sys.exit(report.exit_code)
 
 
@@ -142,8 +307,14 @@ def bench(paths, protocols, workloads, spec_path, reps, warmup, timeout, fmt) ->
 
     request = BenchRequest(paths=paths, protocols=protocols or ("full",), workloads=workloads, spec_path=spec_path,
                            timeout=timeout, reps=reps, warmup=warmup)
-    with err.status("benchmarking…") as status:
-        report = run_bench(request, progress=lambda msg: status.update(msg))
+    try:
+        with err.status("benchmarking…") as status:
+            report = run_bench(request, progress=lambda msg: status.update(msg))
+    except GrpoConformError as exc:  # a refusal (no GPU, bad spec) is JSON too under --format json
+        if fmt != "json":
+            raise
+        _emit_json({"ok": False, "refused": str(exc), "exit_code": exc.exit_code, "rows": []})
+        sys.exit(exc.exit_code)
     if fmt == "json":
         _emit_json(report.to_json())
     else:
@@ -157,13 +328,20 @@ def bench(paths, protocols, workloads, spec_path, reps, warmup, timeout, fmt) ->
 @click.option("--gpu", required=True, help='GPU name as in the catalogue, e.g. "A100 80GB", "H200"')
 @click.option("--protocol", type=click.Choice([*PROTOCOLS, "all"]), default="forward",
               show_default=True)
+@click.option("--model", type=click.Choice(["all", "traffic-v1", "headroom-v1"]), default="all", show_default=True,
+              help="floor model: traffic-v1 (what must be read and written; check uses it) or headroom-v1 "
+                   "(every declared tensor once, the seed page's)")
+@click.option("--unmasked", type=click.FloatRange(0.0, 1.0), default=None,
+              help="fraction of scored positions unmasked, for members that read unmasked rows (default: 0)")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @_fail_cleanly
-def floor(spec_path: str, workload: str, gpu: str, protocol: str, fmt: str) -> None:
-    """Print the DRAM (headroom-v1) and arithmetic floors of a workload on a GPU, with the derivation."""
+def floor(spec_path: str, workload: str, gpu: str, protocol: str, model: str, unmasked: float | None,
+          fmt: str) -> None:
+    """Print the DRAM and arithmetic floors of a workload on a GPU (traffic-v1 and headroom-v1), with the derivation."""
     from grpo_conform.floors import FloorRequest, run_floor
 
-    report = run_floor(FloorRequest(spec_path=spec_path, workload=workload, gpu=gpu, protocol=protocol))
+    report = run_floor(FloorRequest(spec_path=spec_path, workload=workload, gpu=gpu, protocol=protocol, model=model,
+                                    unmasked=unmasked))
     if fmt == "json":
         _emit_json(report.to_json())
     else:
@@ -172,41 +350,108 @@ def floor(spec_path: str, workload: str, gpu: str, protocol: str, fmt: str) -> N
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--spec", "spec_ref", default="grpo-token-is", show_default=True, help="spec file or id")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-v", "--verbose", is_flag=True, help="every finding of every record, not one line per record")
 @_fail_cleanly
-def audit(file: str, spec_ref: str, fmt: str) -> None:
-    """Audit reported timings (Liger-Kernel benchmark CSV or grpo-conform-reported/1 JSON): exit 1 if any is impossible."""
+def audit(files: tuple[str, ...], spec_ref: str, fmt: str, verbose: bool) -> None:
+    """Audit reported timings (Liger-Kernel benchmark CSV or grpo-conform-reported/1 JSON files): one line
+    per record; exit 1 if any is impossible."""
     from grpo_conform.audit import AuditRequest, run_audit
+    from grpo_conform.report.audit_text import compact_lines
 
-    report = run_audit(AuditRequest(path=file, spec=spec_ref))
-    if fmt == "json":
-        _emit_json(report.to_json())
+    reports = [run_audit(AuditRequest(path=f, spec=spec_ref)) for f in files]
+    code = max(r.exit_code for r in reports)
+    if fmt == "json":  # one file: its report as before; several: {"files": [...], "exit_code"}
+        _emit_json(reports[0].to_json() if len(reports) == 1 else
+                   {"files": [r.to_json() for r in reports], "exit_code": code})
     else:
-        for line in report.lines():
-            out.print(line, highlight=False, markup=False)
-    sys.exit(report.exit_code)
+        for line in compact_lines(reports, verbose):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
+    sys.exit(code)
 
 
 # -- evidence -----------------------------------------------------------------------------------
-@main.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--trusted-keys", type=click.Path(dir_okay=False),
-              help="trusted-keys list (default: ./evidence/keys/trusted-keys.json, else the checkout's)")
-@click.option("--allow-unsigned", is_flag=True, help="accept records without a signature (reported as such)")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@_fail_cleanly
-def verify(files: tuple[str, ...], trusted_keys: str | None, allow_unsigned: bool, fmt: str) -> None:
-    """Verify evidence records: envelope, signature against trusted keys, schema, identities. Exit 0 only if all hold."""
-    from grpo_conform.evidence import VerifyRequest, run_verify
-    from grpo_conform.render import render_verify
+def _evidence_error(exc: GrpoConformError, fmt: str) -> None:
+    """`--format json` always prints JSON, also when the command cannot start (bad trust root, policy)."""
+    from grpo_conform.evidence.terminal import safe
 
-    report = run_verify(VerifyRequest(files=files, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned))
+    if fmt == "json":
+        _emit_json({"ok": False, "error": str(exc), "exit_code": exc.exit_code, "files": []})
+    else:
+        err.print(Text.assemble(("error: ", "bold red"), safe(str(exc), 4000)), highlight=False)
+    sys.exit(exc.exit_code)
+
+
+def _signers(values: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, list[str]] = {}
+    for v in values:
+        impl, sep, who = v.partition("=")
+        if not sep or not impl or not who:
+            raise click.BadParameter(f"{v!r}: expected IMPLEMENTATION=KEYID-OR-OWNER (IMPLEMENTATION may be '*')",
+                                     param_hint="--signer")
+        out.setdefault(impl, []).append(who)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)  # no click.Path: a bad file is reported with the others
+@click.option("--policy", "policy_file", type=click.Path(dir_okay=False),
+              help="policy file (JSON or TOML; fields in docs/evidence.md); the flags below override it")
+@click.option("--expect-subject", help="the implementation path the record must be about")
+@click.option("--expect-digest", help="the implementation identity (dirHash) the record must carry")
+@click.option("--require-result", multiple=True, type=click.Choice(["PASSED", "WARNED", "FAILED"]),
+              help="accepted result(s), e.g. --require-result PASSED")
+@click.option("--require-verdict", multiple=True, type=click.Choice(["conformant", "failed", "skipped", "load-error"]))
+@click.option("--require-full-coverage", is_flag=True, help="refuse records that ran only some workloads")
+@click.option("--spec", "spec_id", help="the spec id the record must be checked against")
+@click.option("--spec-version", help="accepted spec versions, e.g. '>=1.0.0,<2.0.0'")
+@click.option("--signer", multiple=True, help="IMPLEMENTATION=KEYID-OR-OWNER: who may sign for it ('*': any)")
+@click.option("--hardware", help="substring of the recorded device name, e.g. H200")
+@click.option("--max-age", help="maximum age of the run, e.g. 30d, 12h")
+@click.option("--builder", help="prefix the record's builder id must have (e.g. a CI URL)")
+@click.option("--project", type=click.Path(file_okay=False),
+              help="checkout to recompute identities from (default: the one the record file is in)")
+@click.option("--allow-unverified", is_flag=True,
+              help="accept records whose identities cannot be recomputed here (reported as UNVERIFIED)")
+@click.option("--allow-unsigned", is_flag=True, help="accept records without a signature (reported as such)")
+@click.option("--trusted-keys", type=click.Path(dir_okay=False),
+              help="OVERRIDE: trust this trusted-keys list instead of the trust root shipped with grpo-conform")
+@click.option("--trust-root", type=click.Path(file_okay=False),
+              help="OVERRIDE: trust this folder of trust metadata (1.root.json, targets.json) instead")
+@click.option("--tsa-cert", multiple=True, type=click.Path(dir_okay=False),
+              help="root certificate (PEM) of a time-stamping authority whose RFC 3161 tokens (RECORD.tsr) to trust")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def verify(files: tuple[str, ...], policy_file: str | None, expect_subject: str | None, expect_digest: str | None,
+           require_result: tuple[str, ...], require_verdict: tuple[str, ...], require_full_coverage: bool,
+           spec_id: str | None, spec_version: str | None, signer: tuple[str, ...], hardware: str | None,
+           max_age: str | None, builder: str | None, project: str | None, allow_unverified: bool,
+           allow_unsigned: bool, trusted_keys: str | None, trust_root: str | None, tsa_cert: tuple[str, ...],
+           fmt: str) -> None:
+    """Verify evidence records: envelope, signature (shipped trust root), schema, semantics, identities, policy.
+
+    Exit 0 only if every file passes every step."""
+    from grpo_conform.evidence import Policy, VerifyRequest, load_policy, run_verify
+
+    try:
+        policy = load_policy(policy_file) if policy_file else Policy()
+        policy = policy.merged(subject_path=expect_subject, subject_digest=expect_digest,
+                               require_result=require_result, require_verdict=require_verdict,
+                               require_full_coverage=require_full_coverage, spec_id=spec_id,
+                               spec_version=spec_version, signers=_signers(signer), hardware=hardware,
+                               max_age=max_age, builder=builder)
+        report = run_verify(VerifyRequest(files=files, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned,
+                                          trust_root=trust_root, policy=policy, allow_unverified=allow_unverified,
+                                          project=project, tsa_certs=tsa_cert))
+    except GrpoConformError as exc:
+        _evidence_error(exc, fmt)
+        return
     if fmt == "json":
         _emit_json(report.to_json())
     else:
-        render_verify(report, out)
+        for line in report.lines():
+            out.print(line, highlight=False, markup=False)
     sys.exit(report.exit_code)
 
 
@@ -221,23 +466,90 @@ def keygen(private_key: str, public_key: str) -> None:
     from grpo_conform.evidence import KeygenRequest, run_keygen
 
     report = run_keygen(KeygenRequest(private_key=private_key, public_key=public_key))
-    out.print(f"private key: {report.private_key} (keep it secret; never commit it)", highlight=False)
-    out.print(f"public key:  {report.public_key}", highlight=False)
+    out.print(f"private key: {report.private_key} (keep it secret; never commit it)", highlight=False, markup=False)
+    out.print(f"public key:  {report.public_key}", highlight=False, markup=False)
     out.print(f"key id:      {report.keyid}", highlight=False)
+    out.print("verify trusts it only once the root keys sign it into the trust root (tools/trust-root.py), "
+              "or with --trusted-keys", highlight=False)
+    # How to trust it locally, ready to paste (REPORT, issue 16): the list names the key file relative to itself.
+    import datetime
+
+    pub = Path(report.public_key)
+    listing = pub.parent / "trusted-keys.local.json"
+    entry = {"format": "grpo-conform/trusted-keys/v1", "keys": [{
+        "keyid": report.keyid, "public_key": pub.name, "owner": "me (local)",
+        "valid_from": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT00:00:00Z"),
+        "valid_until": None, "revoked": False}]}
+    out.print(f"to trust it on this machine, write {listing} with:", highlight=False, markup=False)
+    out.print("  " + json.dumps(entry), highlight=False, markup=False, soft_wrap=True)
+    out.print(f"then: grpo-conform verify --trusted-keys {listing} RECORD...  (report takes --trusted-keys too)",
+              highlight=False, markup=False, soft_wrap=True)
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True)
 @click.option("--key", "key_path", type=click.Path(dir_okay=False),
               help="private key (PEM); else $GRPO_CONFORM_SIGNING_KEY or $GRPO_CONFORM_SIGNING_KEY_FILE")
-@_fail_cleanly
-def sign(files: tuple[str, ...], key_path: str | None) -> None:
-    """Add a signature to existing records (e.g. made on a machine that must not hold the key)."""
+@click.option("--project", type=click.Path(file_okay=False),
+              help="checkout to recompute identities from (default: the one the record file is in)")
+@click.option("--allow-unverified", is_flag=True, help="sign records whose identities cannot be recomputed here")
+@click.option("--dry-run", is_flag=True, help="check and show what would be signed; sign nothing")
+@click.option("--timestamp-query", is_flag=True,
+              help="also write RECORD.tsq, the RFC 3161 query for the new signature (send it to a TSA, save RECORD.tsr)")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def sign(files: tuple[str, ...], key_path: str | None, project: str | None, allow_unverified: bool, dry_run: bool,
+         timestamp_query: bool, fmt: str) -> None:
+    """Add a signature to existing records (e.g. made on a machine that must not hold the key).
+
+    Refuses (and signs nothing) when any record fails what `verify` checks besides the signature."""
     from grpo_conform.evidence import SignRequest, run_sign
 
-    report = run_sign(SignRequest(files=files, key_path=key_path))
-    for r in report.records:
-        out.print(f"signed {r.path} (key {report.keyid[:16]}…)", highlight=False)
+    try:
+        report = run_sign(SignRequest(files=files, key_path=key_path, project=project,
+                                      allow_unverified=allow_unverified, dry_run=dry_run,
+                                      timestamp_query=timestamp_query))
+    except GrpoConformError as exc:
+        _evidence_error(exc, fmt)
+        return
+    if fmt == "json":
+        _emit_json(report.to_json())
+    else:
+        for line in report.lines():
+            out.print(line, highlight=False, markup=False)
+
+
+# -- report (the leaderboard; REPORT owns this command) --------------------------------------------
+@main.command()
+@click.argument("evidence", nargs=-1, required=True)
+@click.option("--reported", "reported", multiple=True, type=click.Path(dir_okay=False),
+              help="third-party records to show beside the evidence with their audit verdict (Liger-Kernel "
+                   "benchmark CSV or grpo-conform-reported/1 JSON; repeatable)")
+@click.option("--out", default="leaderboard", show_default=True, type=click.Path(file_okay=False),
+              help="folder for index.html, leaderboard.md and leaderboard.json")
+@click.option("--trusted-keys", type=click.Path(dir_okay=False),
+              help="trusted-keys list instead of the shipped trust root (as for verify)")
+@click.option("--spec", "spec_ref", default="grpo-token-is", show_default=True,
+              help="spec the reported records are audited against")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
+              help="what to print (the three files are written whatever it is)")
+@_fail_cleanly
+def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trusted_keys: str | None, spec_ref: str,
+           fmt: str) -> None:
+    """Build the leaderboard (HTML, Markdown, JSON) from evidence records, files or folders of
+    *.intoto.json, showing only those that pass verify; exit 0 once the page is written."""
+    from grpo_conform.report.build import ReportRequest, render, run_report
+
+    board = run_report(ReportRequest(paths=evidence, reported=reported, out=out, trusted_keys=trusted_keys,
+                                     spec=spec_ref))
+    if fmt in ("json", "markdown"):
+        click.echo(render(board, fmt), nl=False)
+        return
+    click.echo(f"{len(board.inputs)} record(s) verified and shown in {len(board.sections)} section(s); "
+               f"{len(board.reported)} reported record(s) audited; {len(board.rejected)} record(s) not shown")
+    for r in board.rejected:
+        click.echo(f"  not shown: {r.path}: {r.reason}")
+    for w in board.written:
+        click.echo(f"wrote {w}")
 
 
 if __name__ == "__main__":  # pragma: no cover

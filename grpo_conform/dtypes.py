@@ -12,6 +12,7 @@ DTYPES: dict[str, torch.dtype] = {
     "int32": torch.int32,
     "int64": torch.int64,
     "uint8": torch.uint8,
+    "bool": torch.bool,  # completion_mask (spec family members)
 }
 
 

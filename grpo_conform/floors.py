@@ -1,18 +1,19 @@
 """Lower bounds on the time of a spec's operation (docs/floors.md).
 
-`headroom-v1`, as the seed leaderboard defines it: every declared tensor crosses DRAM exactly once
-at the datasheet bandwidth. Bytes come from the spec's declared inputs, outputs and gradients at
-the resolved workload's shapes and dtypes, per protocol:
+Two models of the bytes that must cross DRAM, each named in every floor it gives:
 
-- forward: every input read, every output written;
-- full: forward plus every declared gradient written once;
-- backward: no floor of its own (work can move into forward, and a gradient computed there is
-  returned for free), so none is given.
+- `traffic-v1` (the default, used by check, bench, audit and the records): what the member
+  declares must be read and written per protocol (grpo_conform.traffic: rows all / scored /
+  unmasked, the unmasked rows counted from the actual mask), derived from the semantics for the
+  frozen v1 file. The seed spec's forward reads only the advantages: its loss is -mean(A).
+- `headroom-v1`, as the seed leaderboard defines it: every declared tensor crosses DRAM exactly
+  once (forward: every input read, every output written; full: plus every gradient written).
+  The seed page's 257.9 us is this model's forward floor of seed-b2 on the A100 80GB.
 
-Beside it: the same bytes over measured ceilings (when a `Ceilings` is given) and an arithmetic
-floor (one exponential per logits element read, over the GPU's exponential throughput).
-`below_floor` uses the strict bound: the datasheet floor without the slices the spec declares are
-never read.
+Backward has no floor of its own in either model (work can move into forward, and a gradient
+computed there is returned for free). Beside the DRAM floor: the same bytes over measured
+ceilings (when a `Ceilings` is given) and an arithmetic floor (one exponential per logits
+element read, over the GPU's exponential throughput). `below_floor` uses the strict bound.
 """
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ from typing import Any, Optional
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.hardware import Catalogue, Ceilings, GpuMatch, GpuSpec, load_catalogue
 from grpo_conform.spec import ResolvedWorkload, Spec, Workload, find_spec, load_spec
+from grpo_conform.traffic import MaskCount, TrafficError, count_item, mask_count_for, traffic_of
 
-METHOD = "headroom-v1"
-PROTOCOLS = ("forward", "full", "backward")
+HEADROOM = "headroom-v1"
+TRAFFIC = "traffic-v1"
+MODELS = (TRAFFIC, HEADROOM)
+DEFAULT_MODEL = TRAFFIC
+METHOD = HEADROOM  # the seed page's model (kept for callers that named it)
+PROTOCOLS = ("forward", "full", "full-scaled", "backward")
 MEASURED_SLACK = 0.10  # a kernel may beat a measured streaming ceiling by this much, never more
 ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "bfloat16": 2,
             "float16": 2, "int16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
@@ -41,8 +47,14 @@ class FloorError(GrpoConformError):
 
 
 def load_spec_ref(ref: str) -> Spec:
-    """A spec from a file path or an id (`grpo-token-is`, `grpo-token-is@1.0.0`)."""
-    return load_spec(ref) if Path(ref).is_file() or ref.endswith(".json") else find_spec(ref)
+    """A spec from a file path or an id (`grpo-token-is`, `grpo-token-is@1.0.0`), also as printed by
+    `check` and `floor` ("grpo-token-is 1.0.0": id, space, version; REPORT, issue 16)."""
+    if Path(ref).is_file() or ref.endswith(".json"):
+        return load_spec(ref)
+    parts = ref.split()
+    if len(parts) == 2 and parts[1][:1].isdigit():
+        ref = f"{parts[0]}@{parts[1]}"
+    return find_spec(ref.strip())
 
 
 class _Smallest(random.Random):
@@ -122,6 +134,17 @@ def exp_count(spec: Spec, resolved: ResolvedWorkload) -> tuple[int, str]:
     return count, f"{count:,} exp ({x.name} {dims}; {EXP_FAMILIES[spec.semantics.family]})"
 
 
+def _read_exps(spec: Spec, traffic: tuple[Traffic, ...]) -> tuple[int, str]:
+    """traffic-v1: one exponential per element of the differentiable input that must be read."""
+    if spec.semantics.family not in EXP_FAMILIES:
+        return 0, f"no arithmetic formula for family {spec.semantics.family!r}"
+    x = spec.differentiable_input.name
+    count = sum(t.bytes // _itemsize(t.dtype) for t in traffic if t.tensor == x and t.direction == "read")
+    if not count:
+        return 0, f"no exponential needed: {x} need not be read"
+    return count, f"{count:,} exp ({x} elements that must be read; {EXP_FAMILIES[spec.semantics.family]})"
+
+
 def format_ns(ns: float | None) -> str:
     if ns is None:
         return "n/a"
@@ -158,14 +181,18 @@ class Floor:
     strict_ns: Optional[int] = None  # below this a time is impossible
     traffic: tuple[Traffic, ...] = ()
     derivation: tuple[str, ...] = ()
-    method: str = METHOD
+    method: str = DEFAULT_MODEL  # the floor model: traffic-v1 or headroom-v1
+
+    @property
+    def model(self) -> str:
+        return self.method
 
     @property
     def bytes_total(self) -> int:
         return self.bytes_read + self.bytes_written
 
     def to_json(self) -> dict[str, Any]:
-        return {"method": self.method, "protocol": self.protocol, "workload": self.workload, "gpu": self.gpu,
+        return {"method": self.method, "model": self.method, "protocol": self.protocol, "workload": self.workload, "gpu": self.gpu,
                 "meaningful": self.meaningful, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
                 "never_read_bytes": self.never_read_bytes, "exps": self.exps, "dram_ns": self.dram_ns,
                 "measured_ns": self.measured_ns, "arithmetic_ns": self.arithmetic_ns, "binding": self.binding,
@@ -179,20 +206,45 @@ _BACKWARD = ("backward: no floor of its own. Work can move into forward (the gra
              "nothing; judge the operation by its forward or full time.")
 
 
+def model_traffic(spec: Spec, resolved: ResolvedWorkload, protocol: str, model: str = DEFAULT_MODEL,
+                  unmasked: Any = None) -> tuple[tuple[Traffic, ...], list[str]]:
+    """The bytes of `protocol` under `model`, and the derivation's opening lines."""
+    if model == HEADROOM:
+        full = protocol in ("full", "full-scaled")
+        traffic = tuple(t for t in tensor_traffic(spec, resolved) if full or t.role != "gradient")
+        what = "inputs read, outputs written" + (", gradients written" if full else "")
+        return traffic, [f"{HEADROOM}: every declared tensor crosses DRAM exactly once ({protocol}: {what})"]
+    if model != TRAFFIC:
+        raise FloorError(f"unknown floor model {model!r}: expected one of {', '.join(MODELS)}")
+    try:
+        mask = mask_count_for(resolved, unmasked)
+        per_protocol, origin = traffic_of(spec)
+        counted = [count_item(spec, resolved, item, mask, _itemsize) for item in per_protocol.get(protocol, [])]
+    except TrafficError as exc:
+        raise FloorError(str(exc)) from None
+    roles = {t.name: "input" for t in spec.inputs} | {o.name: "output" for o in spec.outputs}
+    traffic = tuple(Traffic(c.tensor, roles.get(c.tensor, "gradient"), c.direction, c.shape, c.dtype, c.bytes, 0,
+                            "; ".join(x for x in (f"rows {c.rows}" if c.rows != "all" else "", c.note) if x))
+                    for c in counted)
+    why = "declared by the spec" if origin == "declared" else "derived from the semantics (the spec declares none)"
+    return traffic, [f"{TRAFFIC}: what {protocol} must read and write, {why}"]
+
+
 def compute_floor(spec: Spec, resolved: ResolvedWorkload, protocol: str, gpu: GpuSpec | None = None,
-                  ceilings: Ceilings | None = None) -> Floor:
-    """The floors of `protocol` for this resolved workload; `gpu` and `ceilings` are each optional."""
+                  ceilings: Ceilings | None = None, *, model: str = DEFAULT_MODEL, unmasked: Any = None) -> Floor:
+    """The floors of `protocol` for this resolved workload under `model`; `gpu` and `ceilings` are each
+    optional; `unmasked` (a mask tensor, a MaskCount or a fraction) counts the unmasked rows."""
     if protocol not in PROTOCOLS:
         raise FloorError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    if model not in MODELS:
+        raise FloorError(f"unknown floor model {model!r}: expected one of {', '.join(MODELS)}")
     gpu_name = gpu.name if gpu else (ceilings.device_name if ceilings else None)
     if protocol == "backward":
-        return Floor("backward", resolved.name, gpu_name, False, derivation=(_BACKWARD,))
-    traffic = tuple(t for t in tensor_traffic(spec, resolved) if protocol == "full" or t.role != "gradient")
+        return Floor("backward", resolved.name, gpu_name, False, derivation=(_BACKWARD,), method=model)
+    traffic, lines = model_traffic(spec, resolved, protocol, model, unmasked)
     read = sum(t.bytes for t in traffic if t.direction == "read")
     written = sum(t.bytes for t in traffic if t.direction == "write")
     unread = sum(t.never_read_bytes for t in traffic)
-    what = "inputs read, outputs written" + (", gradients written" if protocol == "full" else "")
-    lines = [f"{METHOD}: every declared tensor crosses DRAM exactly once ({protocol}: {what})"]
     for t in traffic:
         extra = f"; {t.note}" if t.note else ""
         lines.append(f"  {t.direction} {t.tensor} {t.dtype} {list(t.shape)}: {t.bytes:,} B{extra}")
@@ -220,7 +272,7 @@ def compute_floor(spec: Spec, resolved: ResolvedWorkload, protocol: str, gpu: Gp
             strict = _floor_ns(seconds * (read + written - unread) / (read + written) * (1 - MEASURED_SLACK))
             lines.append(f"  no datasheet entry: impossible below {format_ns(strict)} (strict bytes, "
                          f"{MEASURED_SLACK:.0%} below the measured ceilings)")
-    exps, exp_text = exp_count(spec, resolved)
+    exps, exp_text = exp_count(spec, resolved) if model == HEADROOM else _read_exps(spec, traffic)
     if gpu is not None and exps:
         arith = _floor_ns(exps / gpu.exp_per_s)
         lines.append(f"arithmetic: {exp_text} / ({gpu.compute_units} {gpu.compute_unit} x "
@@ -237,12 +289,13 @@ def compute_floor(spec: Spec, resolved: ResolvedWorkload, protocol: str, gpu: Gp
     if binding:
         lines.append(f"binding: {binding} ({format_ns(present[binding])})")
     return Floor(protocol, resolved.name, gpu_name, True, read, written, unread, exps, dram, measured, arith,
-                 binding, present.get(binding) if binding else None, strict, traffic, tuple(lines))
+                 binding, present.get(binding) if binding else None, strict, traffic, tuple(lines), model)
 
 
 def compute_floors(spec: Spec, resolved: ResolvedWorkload, gpu: GpuSpec | None = None,
-                   ceilings: Ceilings | None = None) -> dict[str, Floor]:
-    return {p: compute_floor(spec, resolved, p, gpu, ceilings) for p in PROTOCOLS}
+                   ceilings: Ceilings | None = None, *, model: str = DEFAULT_MODEL,
+                   unmasked: Any = None) -> dict[str, Floor]:
+    return {p: compute_floor(spec, resolved, p, gpu, ceilings, model=model, unmasked=unmasked) for p in PROTOCOLS}
 
 
 def ratio(time_ns: float, floor: Floor) -> float:
@@ -266,6 +319,8 @@ class FloorRequest:
     protocol: str = "forward"  # or "all"
     ceilings: Optional[Ceilings] = None
     catalogue_path: Optional[str] = None
+    model: str = "all"  # traffic-v1, headroom-v1 or all (both, traffic-v1 first)
+    unmasked: Optional[float] = None  # fraction of scored positions unmasked (rows "unmasked"); None: 0
 
 
 @dataclass(frozen=True)
@@ -288,23 +343,33 @@ class FloorReport:
         axes = ", ".join(f"{k}={v}" for k, v in self.resolved.axes.items())
         out = [f"{self.spec.id} {self.spec.version}, workload {self.resolved.name} ({axes}), GPU {self.match.gpu.name}"]
         out += [f"note: {n}" for n in self.notes]
+        model = None
         for f in self.floors:
+            if f.method != model:
+                model = f.method
+                out.append(f"model {model}:" + (" (what each protocol must read and write; check, bench and audit "
+                                                 "use it)" if model == TRAFFIC else " (every declared tensor once, "
+                                                 "as the seed leaderboard page computed it)"))
             head = f"floor {format_ns(f.floor_ns)} ({f.binding} binds)" if f.meaningful else "no floor"
-            out.append(f"{f.protocol}: {head}")
+            out.append(f"{f.protocol}: {head} [{f.method}]")
             out += [f"  {line}" for line in f.derivation]
         return out
 
 
 def run_floor(request: FloorRequest) -> FloorReport:
-    spec = load_spec_ref(request.spec_path)
+    spec = load_spec_ref(request.spec_path)  # a file, an id, or a member id such as grpo/dapo-mask
     resolved = resolve_for_floor(spec, spec.workload(request.workload))
     catalogue: Catalogue = load_catalogue(request.catalogue_path)
     match = catalogue.resolve(request.gpu)
     if request.protocol != "all" and request.protocol not in PROTOCOLS:
         raise FloorError(f"unknown protocol {request.protocol!r}: expected one of {', '.join(PROTOCOLS)} or all")
+    if request.model != "all" and request.model not in MODELS:
+        raise FloorError(f"unknown floor model {request.model!r}: expected one of {', '.join(MODELS)} or all")
     protocols = PROTOCOLS if request.protocol == "all" else (request.protocol,)
+    models = MODELS if request.model == "all" else (request.model,)
     notes = [match.note] if match.note else []
     if spec.workload(request.workload).drawn:
         notes.append("drawn workload: the floor is for the smallest shape its ranges allow")
-    floors = tuple(compute_floor(spec, resolved, p, match.gpu, request.ceilings) for p in protocols)
+    floors = tuple(compute_floor(spec, resolved, p, match.gpu, request.ceilings, model=m, unmasked=request.unmasked)
+                   for m in models for p in protocols)
     return FloorReport(spec, resolved, match, floors, tuple(notes))

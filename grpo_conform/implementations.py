@@ -10,7 +10,8 @@ The manifest keys are a contract (README, "Adding an implementation"):
     devices = ["cpu", "cuda"]
     description = "one line"
     # source = "https://..."    optional
-    # requires = ["liger_kernel"]  optional: modules that must import, else the folder is skipped
+    # requires = ["liger_kernel"]  optional: top-level modules that must be installed, else the
+    #                              folder is skipped (found without importing anything)
 
 Identity: sha256 of a `sha256sum`-style listing of every file in the folder (paths relative to
 it, sorted bytewise, `__pycache__` left out), reproducible with coreutils:
@@ -22,6 +23,7 @@ it, sorted bytewise, `__pycache__` left out), reproducible with coreutils:
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -40,6 +42,8 @@ else:  # pragma: no cover - Python 3.10
 MANIFEST = "implementation.toml"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BYTECODE = (".pyc", ".pyo")
 _SPDX = re.compile(r"^[A-Za-z0-9.+-]+( (AND|OR|WITH) [A-Za-z0-9.+-]+)*$")
 
 
@@ -64,6 +68,9 @@ class Manifest(BaseModel):
     description: str
     source: Optional[str] = None
     requires: tuple[str, ...] = ()
+    # The family members claimed (spec = "grpo"); required when `spec` names a family, checked by
+    # grpo_conform.spec_family.specs_for_manifest, which knows the specs (docs/spec-family.md).
+    members: tuple[str, ...] = ()
 
     @field_validator("name")
     @classmethod
@@ -84,6 +91,25 @@ class Manifest(BaseModel):
     def _license(cls, v: str) -> str:
         if not _SPDX.match(v):
             raise ValueError("expected an SPDX license id such as 'BSD-3-Clause'")
+        return v
+
+    @field_validator("requires")
+    @classmethod
+    def _requires(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for r in v:
+            if not _MODULE.match(r):
+                raise ValueError(f"{r!r}: expected a top-level module name such as 'liger_kernel' (no dots: "
+                                 "requirements are resolved without importing anything)")
+        return v
+
+    @field_validator("members")
+    @classmethod
+    def _members(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for m in v:
+            if not _NAME.match(m):
+                raise ValueError(f"member {m!r}: expected lowercase letters, digits and dashes")
+        if len(set(v)) != len(v):
+            raise ValueError("a member is listed twice")
         return v
 
     @field_validator("devices")
@@ -123,9 +149,44 @@ class Implementation:
     def identity(self) -> str:
         return hashlib.sha256(self.listing.encode()).hexdigest()
 
+    def missing_requirements(self) -> list[str]:
+        """The `requires` modules this interpreter cannot import, found without importing anything:
+        a top-level name is looked up by the path finder on sys.path (no package `__init__` runs),
+        leaving out every directory inside the implementation folder and the current directory's
+        entry, so the folder can neither satisfy its own requirement nor run code in the parent."""
+        import importlib.machinery
+
+        folder = str(self.path)
+        roots = [p for p in sys.path if p and os.path.abspath(p) != folder
+                 and not os.path.abspath(p).startswith(folder + os.sep)]
+        missing = []
+        for name in self.manifest.requires:
+            if name in sys.builtin_module_names:
+                continue
+            if importlib.machinery.PathFinder.find_spec(name, roots) is None:
+                missing.append(name)
+        return missing
+
     @property
     def module_file(self) -> Path:
         return self.path.joinpath(*self.manifest.module.split(".")).with_suffix(".py")
+
+
+def check_loadable_files(folder: Path) -> None:
+    """What the worker could load must be what the identity covers: `__pycache__` (left out of the
+    identity; never copied to the worker, which compiles source only) may hold bytecode and nothing
+    else, and bytecode outside it (which a reviewer cannot read) is refused."""
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if not p.is_file():
+            continue
+        in_cache = "__pycache__" in rel.parts
+        if in_cache and p.suffix not in _BYTECODE:
+            raise ManifestError(p, None, "__pycache__ may hold only bytecode (.pyc), which is never loaded; "
+                                "a native library or other file there is outside the identity: move it out "
+                                "of __pycache__ (then it is covered) or delete it")
+        if not in_cache and p.suffix in _BYTECODE:
+            raise ManifestError(p, None, "bytecode outside __pycache__ is not loaded: ship the .py source instead")
 
 
 def folder_listing(folder: Path) -> str:
@@ -175,6 +236,7 @@ def load_implementation(path: str | Path) -> Implementation:
         elif err["type"] == "extra_forbidden":
             problem = "unknown field (allowed: " + ", ".join(Manifest.model_fields) + ")"
         raise ManifestError(file, field, problem) from None
+    check_loadable_files(folder)
     impl = Implementation(folder.resolve(), manifest, folder_listing(folder))
     if not impl.module_file.is_file():
         raise ManifestError(file, "entry", f"module {manifest.module!r} not found: expected {impl.module_file}")

@@ -3,8 +3,10 @@
 
 - logits rows get a mix of profiles inside one batch (normal, wide, peaked near one-hot,
   heavy-tailed; the adversarial set adds logits up to 1e4), assigned by a seeded permutation;
-- completion ids are uniform over the vocabulary with 0 and vocab-1 always present;
-- advantages have both signs (batch >= 2), a clearly non-zero mean and no value near 0.
+- completion ids are uniform over the vocabulary; the special ids (0, 1, 2, vocab-2, vocab-1) sit
+  at drawn positions, and a small vocabulary has every id present;
+- advantages have both signs at drawn positions (batch >= 2), a clearly non-zero mean, and the
+  values GRPO variants produce: tiny magnitudes (down to 1e-6), exact +-1/G, exact 0.
 
 Generation runs on the target device, chunk by chunk, so batch 16 of the seed workload needs
 no more than a chunk of float32 scratch beside the logits.
@@ -14,11 +16,12 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
+from grpo_conform.member_inputs import fill_member_inputs
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
 CHUNK_ELEMENTS = 1 << 26
@@ -97,27 +100,58 @@ def fill_logits(
             flat[sel] = x.clamp_(-limit, limit).to(logits.dtype)
 
 
+SPECIAL_IDS = (0, 1, 2, -2, -1)  # 0, 1, 2, vocab-2, vocab-1: pad/bos/eos-like ids and the top of the table
+
+
 def fill_ids(ids: torch.Tensor, vocab: int, seed: int, gen: torch.Generator) -> None:
-    ids.copy_(torch.randint(0, vocab, ids.shape, generator=gen, device=ids.device))
-    flat = ids.view(-1)
-    if flat.numel() >= 2:
-        flat[0], flat[-1] = 0, vocab - 1
-    elif flat.numel() == 1:
-        flat[0] = 0 if seed % 2 == 0 else vocab - 1
+    """Uniform ids; the special ids sit at parent-drawn positions (never at fixed places a kernel
+    could recognise); when there are at least as many tokens as ids, every id appears."""
+    n = ids.numel()
+    flat = torch.randint(0, vocab, (n,), generator=gen, device=ids.device)
+    if n >= vocab:
+        flat[:vocab] = torch.arange(vocab, device=ids.device)
+    else:
+        specials = sorted({s % vocab for s in SPECIAL_IDS})
+        if n < len(specials):  # tiny workloads: a seeded choice of which special ids fit
+            pick = torch.randperm(len(specials), generator=gen, device=ids.device)[:n].tolist()
+            specials = [specials[i] for i in pick]
+        flat[: len(specials)] = torch.tensor(specials, device=ids.device)
+    flat = flat[torch.randperm(n, generator=gen, device=ids.device)]
+    ids.copy_(flat.view(ids.shape))
 
 
 def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator) -> None:
+    """Advantages of both signs (placed at random) with a mean far from 0, including the values
+    GRPO variants produce: magnitudes down to 1e-6, exact +-1/G, and exact 0 when batch >= 4."""
     dist = spec.validation.advantages
     n = adv.numel()
     values = torch.randn(n, generator=gen, dtype=torch.float64) * dist.std + dist.mean
     sign = torch.where(values < 0, -1.0, 1.0).to(torch.float64)
     values = sign * values.abs().clamp_min(dist.min_abs)
+    order = torch.randperm(n, generator=gen).tolist()
     if n >= 2:
-        # Both signs, and a mean far from 0 so a dropped sign cannot hide.
-        values[0] = -abs(float(values[0]))
-        values[1:] = values[1:].abs()
+        # Both signs, and a mean far from 0 so a dropped sign cannot hide; the negative one is
+        # at a drawn position.
+        values = values.abs()
+        values[order[0]] = -values[order[0]]
         while abs(float(values.mean())) < 0.25 * float(values.abs().mean()):
-            values[1:] *= 2.0
+            positive = values > 0
+            values[positive] *= 2.0
+    specials = []
+    if n >= 3:
+        g = (2, 4, 8, 16)[int(torch.randint(0, 4, (1,), generator=gen))]
+        specials.append(1.0 / g)  # what a group of G samples with one success gives, normalised
+        specials.append(10 ** float(torch.empty(1, dtype=torch.float64).uniform_(-6.0, -2.0, generator=gen)))
+    if n >= 4:
+        specials.append(0.0)  # a group whose rewards all tie
+    for k, v in zip(order[1:], specials):
+        values[k] = v if values[k] >= 0 else -v
+    if n == 1:  # one sequence: a drawn magnitude class (ordinary, 1/G, tiny)
+        kind = int(torch.randint(0, 3, (1,), generator=gen))
+        if kind == 1:
+            values[0] = 0.25 if values[0] >= 0 else -0.25
+        elif kind == 2:
+            values[0] = 1e-4 if values[0] >= 0 else -1e-4
     adv.copy_(values.to(adv.dtype))
 
 
@@ -128,8 +162,10 @@ def generate(
     device: str | torch.device,
     profiles: Sequence[str] | None = None,
     out: dict[str, torch.Tensor] | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> Inputs:
-    """Seeded inputs for a workload. With `out`, values are written in place into those tensors."""
+    """Seeded inputs for a workload. With `out`, values are written in place into those tensors.
+    `values`: the call's parameter values (drawn ones), which the members' old log-probs follow."""
     profiles = tuple(profiles or spec.validation.base_profiles)
     tensors = out if out is not None else allocate(resolved, spec, device)
     device = tensors["logits"].device
@@ -142,6 +178,7 @@ def generate(
     fill_advantages(adv, spec, cpu_gen)
     tensors["advantages"].copy_(adv)
     fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen)
+    fill_member_inputs(spec, resolved, tensors, seed, values)  # mask, old/ref log-probs, sampling ratio
     return Inputs(tensors, seed, profiles)
 
 

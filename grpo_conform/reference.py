@@ -1,19 +1,30 @@
-"""The float64 reference for the `grpo` family (token-level importance sampling).
+"""The float64 reference for every member of the `grpo` family (docs/architecture.md s. 2).
 
-Everything is computed on the upcast input values in float64, chunked over rows of the logits
-so that memory stays bounded whatever the batch (batch 16 of the seed workload is 16.8 GB as one
-float64 tensor; a chunk here is at most `budget_bytes`).
+Everything is computed on the upcast input values in float64. Two steps, so that memory stays
+bounded whatever the batch and a sequence-level ratio can couple a whole sequence:
+1. log-probs logp [B, S] of the target tokens, chunk by chunk over rows of the logits;
+2. on the small [B, S] grid, the closed-form per-token loss and dL/dlogp (ratio, clip branch,
+   cispo weight, vLLM correction, k3 KL, the loss type's weights w, GSPO's sequence coupling);
+3. the gradient, chunk by chunk: dL/dz[b,t,v] = dL/dlogp[b,t] / T * (onehot(c[b,t]) - softmax(z[b,t]/T)),
+   exactly 0 on row t = S and on masked rows.
+Chunks hold whole sequences when one fits the budget, else runs of rows; either way a chunk's
+values need nothing of other chunks (step 2 saw the whole grid). The closed form is checked
+against autograd in float64 for every member (tests/test_reference_members.py).
 
-The gradient is the closed form (checked against autograd in the tests):
-    dL/dz[b,t,v] = (dl/dlogp)[b,t] / (B*S*T) * (onehot(c[b,t])_v - softmax(z[b,t]/T)_v),  t < S
-    dL/dz[b,S,v] = 0
-with dl/dlogp = -A*r where the unclipped branch is active (ties count as active), else 0.
+Ties: where the unclipped and the clipped term are equal the unclipped branch is active
+(gradient -A*r times its coefficient's derivative), as TRL (torch.min splits, torch.clamp
+passes at its bounds: the halves add up), verl and Liger define it.
+
+The public API takes the inputs as a mapping by input name (`x["logits"]`, ...) and a
+`GrpoParameters`; the pre-family positional form `f(logits, completion_ids, advantages, params)`
+still works for existing callers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 
@@ -25,10 +36,30 @@ class GrpoParameters:
     epsilon_low: float
     epsilon_high: float
     temperature: float
+    loss_type: str = "grpo"
+    importance_sampling_level: str = "token"
+    beta: float = 0.0
+    max_completion_length: Optional[int] = None
+    delta: Optional[float] = None
+    sampling_ratio_cap: Optional[float] = None
+    num_items_in_batch: Optional[int] = None
+    num_processes: int = 1
 
     @classmethod
-    def from_mapping(cls, values: dict) -> "GrpoParameters":
-        return cls(float(values["epsilon_low"]), float(values["epsilon_high"]), float(values["temperature"]))
+    def from_mapping(cls, values: Mapping[str, Any]) -> "GrpoParameters":
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in values.items() if k in known and v is not None}
+        for k in ("epsilon_low", "epsilon_high", "temperature", "beta", "delta", "sampling_ratio_cap"):
+            if k in kw:
+                kw[k] = float(kw[k])
+        return cls(**kw)
+
+    @classmethod
+    def from_spec(cls, spec: Any, values: Mapping[str, Any] | None = None) -> "GrpoParameters":
+        """The spec's declared defaults, overridden by `values` (drawn ones); undeclared terms are off."""
+        merged = dict(spec.parameter_values)
+        merged.update({k: v for k, v in (values or {}).items() if k in merged})
+        return cls.from_mapping(merged)
 
 
 @dataclass(frozen=True)
@@ -38,7 +69,7 @@ class GradientChunk:
     start: int
     stop: int
     values: torch.Tensor  # float64 [stop - start, vocab]
-    scale: torch.Tensor  # float64 [stop - start]: |dL/dlogp| / T, the largest magnitude a row element can have
+    scale: torch.Tensor  # float64 [stop - start]: s = (sum of |terms of dL/dlogp|) / T >= any |element| of the row
 
 
 def rows_per_chunk(vocab: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
@@ -46,28 +77,14 @@ def rows_per_chunk(vocab: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
     return max(1, budget_bytes // (4 * 8 * vocab))
 
 
-def _token_logp(z: torch.Tensor, ids: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """log-probs of the target tokens and the softmax, float64, for rows of z [rows, vocab]."""
-    scaled = z / temperature
-    lse = torch.logsumexp(scaled, dim=-1)
-    logp = scaled.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse
-    return logp, torch.exp(scaled - lse.unsqueeze(-1))
-
-
-def _clip_coefficient(advantage: torch.Tensor, ratio: torch.Tensor, p: GrpoParameters) -> torch.Tensor:
-    """d l / d logp for l = -min(r*A, clip(r)*A): -A*r where the unclipped branch is active."""
-    clipped = torch.clamp(ratio, 1.0 - p.epsilon_low, 1.0 + p.epsilon_high)
-    active = clipped * advantage >= ratio * advantage
-    return torch.where(active, -advantage * ratio, torch.zeros_like(ratio))
-
-
-def _token_loss(advantage: torch.Tensor, ratio: torch.Tensor, p: GrpoParameters) -> torch.Tensor:
-    clipped = torch.clamp(ratio, 1.0 - p.epsilon_low, 1.0 + p.epsilon_high)
-    return -torch.minimum(ratio * advantage, clipped * advantage)
+def chunk_bounds(batch: int, seq_next: int, vocab: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> list[tuple[int, int]]:
+    rows, step = batch * seq_next, rows_per_chunk(vocab, budget_bytes)
+    if step >= seq_next:
+        step -= step % seq_next  # whole sequences
+    return [(s, min(s + step, rows)) for s in range(0, rows, step)]
 
 
 def _rows(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
-    """Flattened rows [start, stop) of logits, with their batch index, position and target id."""
     batch, seq_next, vocab = logits.shape
     seq = seq_next - 1
     rows = torch.arange(start, stop, device=logits.device)
@@ -76,73 +93,183 @@ def _rows(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
     valid = t < seq
     target = torch.zeros_like(rows)
     if seq > 0:
-        target[valid] = ids[b[valid], t[valid]]
+        target[valid] = ids[b[valid], t[valid]].to(torch.int64)
     return z, b, t, valid, target
 
 
-def reference_loss(
-    logits: torch.Tensor, completion_ids: torch.Tensor, advantages: torch.Tensor, params: GrpoParameters,
-    budget_bytes: int = DEFAULT_BUDGET_BYTES,
-) -> float:
-    """The reduced loss in float64: mean over the batch of (sum over tokens of l) / seq."""
+def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> torch.Tensor:
+    """float64 logp[b, t] = z[c]/T - logsumexp(z/T) for t < S (row S is never read)."""
+    logits, ids = x["logits"], x["completion_ids"]
     batch, seq_next, vocab = logits.shape
     seq = seq_next - 1
-    adv = advantages.to(torch.float64)
-    per_seq = torch.zeros(batch, dtype=torch.float64, device=logits.device)
-    step = rows_per_chunk(vocab, budget_bytes)
-    for start in range(0, batch * seq_next, step):
-        stop = min(start + step, batch * seq_next)
-        z, b, t, valid, target = _rows(logits, completion_ids, start, stop)
-        if not bool(valid.any()):
-            continue
-        logp, _ = _token_logp(z[valid], target[valid], params.temperature)
-        ratio = torch.exp(logp - logp.detach())
-        per_seq.index_add_(0, b[valid], _token_loss(adv[b[valid]], ratio, params))
-    return float((per_seq / max(1, seq)).mean())
-
-
-def reference_gradient(
-    logits: torch.Tensor, completion_ids: torch.Tensor, advantages: torch.Tensor, params: GrpoParameters,
-    budget_bytes: int = DEFAULT_BUDGET_BYTES,
-) -> Iterator[GradientChunk]:
-    """Yield the float64 gradient d loss / d logits chunk by chunk over the flattened rows."""
-    batch, seq_next, vocab = logits.shape
-    seq = seq_next - 1
-    adv = advantages.to(torch.float64)
-    scale = 1.0 / (batch * max(1, seq) * params.temperature)
-    step = rows_per_chunk(vocab, budget_bytes)
-    for start in range(0, batch * seq_next, step):
-        stop = min(start + step, batch * seq_next)
-        z, b, t, valid, target = _rows(logits, completion_ids, start, stop)
-        grad = torch.zeros_like(z)
-        row_scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
+    out = torch.zeros(batch, max(seq, 0), dtype=torch.float64, device=logits.device)
+    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes):
+        z, b, t, valid, target = _rows(logits, ids, start, stop)
         if bool(valid.any()):
-            logp, probs = _token_logp(z[valid], target[valid], params.temperature)
-            ratio = torch.exp(logp - logp)
-            coef = _clip_coefficient(adv[b[valid]], ratio, params) * scale
-            g = -probs
+            scaled = z[valid] / p.temperature
+            lp = scaled.gather(-1, target[valid].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+            out[b[valid], t[valid]] = lp
+    return out
+
+
+def needs_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> bool:
+    """On-policy clip without KL (member token-is, the seed spec): the ratio is exactly 1, logp is not needed."""
+    return "old_logprobs" in x or p.loss_type == "cispo" or ("ref_logprobs" in x and p.beta != 0.0)
+
+
+def mask_of(x: Mapping[str, torch.Tensor], shape: tuple[int, int], device) -> torch.Tensor:
+    if "completion_mask" in x:
+        return (x["completion_mask"] != 0).to(device)
+    return torch.ones(shape, dtype=torch.bool, device=device)
+
+
+def token_weights(m: torch.Tensor, p: GrpoParameters) -> torch.Tensor:
+    """w[b,t] of loss = sum w*l for the loss type (masked tokens get 0)."""
+    mf = m.to(torch.float64)
+    batch, seq = m.shape
+    lt = p.loss_type.replace("-", "_")
+    if lt == "grpo":
+        return mf / (batch * mf.sum(-1, keepdim=True).clamp_min(1.0))
+    if lt == "dr_grpo":
+        return mf / (batch * (p.max_completion_length if p.max_completion_length is not None else max(1, seq)))
+    if lt in ("dapo", "cispo") and p.num_items_in_batch is not None:
+        return mf / max(1.0, float(p.num_items_in_batch) / float(p.num_processes or 1))
+    if lt in ("bnpo", "dapo", "cispo"):
+        return mf / max(1.0, float(mf.sum()))
+    raise ValueError(f"loss_type {p.loss_type!r} has no reference (expected grpo, bnpo, dr_grpo, dapo, cispo)")
+
+
+@dataclass(frozen=True)
+class TokenTerms:
+    """On the [B, S] grid: the weighted per-token loss (sums to the loss), dL/dlogp, and the scale
+    the tolerances use: the sum of the magnitudes of the terms that make dL/dlogp (the policy term,
+    and the KL term counted as w*beta*(1 + exp(d))), an upper bound of |dL/dlogp| that does not
+    shrink where the terms cancel. An fp32 log-sum-exp error e in logp moves each term by about e
+    times its own magnitude, so a cancellation must not make the allowance smaller than that."""
+
+    loss: torch.Tensor
+    dlogp: torch.Tensor
+    scale: torch.Tensor
+
+
+def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Tensor | None) -> TokenTerms:
+    """The closed form of the loss and of dL/dlogp; `logp` may be None when `needs_logprobs` is False."""
+    adv = x["advantages"].to(torch.float64)
+    batch, seq = x["completion_ids"].shape
+    device = adv.device
+    m = mask_of(x, (batch, seq), device)
+    mf = m.to(torch.float64)
+    w = token_weights(m, p)
+    A = adv.reshape(batch, 1).expand(batch, seq)
+    if logp is None:
+        logp = torch.zeros(batch, seq, dtype=torch.float64, device=device)
+    old = x["old_logprobs"].to(torch.float64) if "old_logprobs" in x else logp
+    log_ratio = torch.where(m, logp - old, torch.zeros_like(logp))  # masked: finite whatever they hold
+    n = mf.sum(-1, keepdim=True).clamp_min(1.0)
+    sequence = p.importance_sampling_level == "sequence"
+    r = torch.exp((log_ratio * mf).sum(-1, keepdim=True) / n).expand(batch, seq) if sequence else torch.exp(log_ratio)
+    rho = torch.ones_like(r)
+    if "sampling_ratio" in x:
+        rho = x["sampling_ratio"].to(torch.float64)
+        if p.sampling_ratio_cap is not None:
+            rho = rho.clamp(max=p.sampling_ratio_cap)
+        rho = torch.where(m, rho, torch.zeros_like(rho))
+    if p.loss_type == "cispo":
+        c = r.clamp(max=p.epsilon_high)
+        loss = -c * A * logp * rho
+        dlogp = w * (-c * A) * rho
+    else:
+        delta = math.inf if p.delta is None else p.delta
+        lo, hi = 1.0 - p.epsilon_low, 1.0 + p.epsilon_high
+        c1, c2 = r.clamp(max=delta), r.clamp(lo, hi)
+        unclipped = c1 * A <= c2 * A  # ties: the unclipped branch is active
+        loss = -torch.where(unclipped, c1 * A, c2 * A) * rho
+        dl_dr = -A * torch.where(unclipped, (r <= delta).to(r.dtype), ((r >= lo) & (r <= hi)).to(r.dtype)) * rho
+        if sequence:  # every token of b feels s_b: sum over the sequence, then d s_b / d logp[b,t] = s_b m / n_b
+            dlogp = (w * dl_dr).sum(-1, keepdim=True) * r * mf / n
+        else:
+            dlogp = w * dl_dr * r
+    scale = dlogp.abs()
+    if "ref_logprobs" in x and p.beta != 0.0:
+        d = torch.where(m, x["ref_logprobs"].to(torch.float64) - logp, torch.zeros_like(logp))
+        loss = loss + p.beta * (torch.exp(d) - d - 1.0)
+        dlogp = dlogp + w * p.beta * (1.0 - torch.exp(d))
+        scale = scale + w * abs(p.beta) * (1.0 + torch.exp(d))
+    zero = torch.zeros_like(loss)
+    return TokenTerms(torch.where(m, w * loss, zero), torch.where(m, dlogp, zero), torch.where(m, scale, zero))
+
+
+def _terms(x, p, budget_bytes):
+    logp = reference_logprobs(x, p, budget_bytes) if needs_logprobs(x, p) else None
+    return token_terms(x, p, logp)
+
+
+def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> float:
+    return float(_terms(x, p, budget_bytes).loss.sum())
+
+
+def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
+                     budget_bytes: int = DEFAULT_BUDGET_BYTES) -> Iterator[GradientChunk]:
+    logits, ids = x["logits"], x["completion_ids"]
+    batch, seq_next, vocab = logits.shape
+    terms = _terms(x, p, budget_bytes)
+    coef, row_scale = terms.dlogp / p.temperature, terms.scale / p.temperature
+    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes):
+        z, b, t, valid, target = _rows(logits, ids, start, stop)
+        grad = torch.zeros_like(z)
+        scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
+        if bool(valid.any()):
+            c = coef[b[valid], t[valid]]
+            scaled = z[valid] / p.temperature
+            g = -torch.softmax(scaled, dim=-1)
             g.scatter_add_(-1, target[valid].unsqueeze(-1), torch.ones_like(g[:, :1]))
-            grad[valid] = g * coef.unsqueeze(-1)
-            row_scale[valid] = coef.abs()
-        yield GradientChunk(start, stop, grad, row_scale)
+            grad[valid] = g * c.unsqueeze(-1)
+            scale[valid] = row_scale[b[valid], t[valid]]
+        yield GradientChunk(start, stop, grad, scale)
 
 
-def row_scales(advantages: torch.Tensor, seq_next: int, params: GrpoParameters) -> torch.Tensor:
-    """Per flattened logits row, |dL/dlogp| / T on-policy (ratio exactly 1); 0 on the last position."""
-    batch, seq = advantages.numel(), seq_next - 1
-    adv = advantages.to(torch.float64)
-    coef = _clip_coefficient(adv, torch.ones_like(adv), params).abs() / (batch * max(1, seq) * params.temperature)
-    scales = coef.repeat_interleave(seq_next)
-    scales[seq::seq_next] = 0.0
-    return scales
+def _mapping(first, rest) -> tuple[Mapping[str, torch.Tensor], GrpoParameters]:
+    """(x, p) from the new call (x, p) or the pre-family call (logits, completion_ids, advantages, params)."""
+    if isinstance(first, Mapping):
+        return first, rest[0]
+    ids, adv, params = rest
+    return {"logits": first, "completion_ids": ids, "advantages": adv}, params
 
 
-def reference_gradient_dense(
-    logits: torch.Tensor, completion_ids: torch.Tensor, advantages: torch.Tensor, params: GrpoParameters
-) -> torch.Tensor:
+def reference_loss(x, p, *legacy) -> float:
+    """The reduced loss in float64. `reference_loss(x, p)`; legacy: `(logits, completion_ids, advantages, params)`."""
+    x, p = _mapping(x, (p, *legacy))
+    return chunked_loss(x, p)
+
+
+def reference_gradient(x, p, *legacy) -> Iterator[GradientChunk]:
+    """The float64 gradient d loss / d logits, chunk by chunk over the flattened rows."""
+    x, p = _mapping(x, (p, *legacy))
+    return chunked_gradient(x, p)
+
+
+def row_scales(x, p, *legacy) -> torch.Tensor:
+    """Per flattened logits row, |dL/dlogp| / T (0 on the last position and masked rows).
+    `row_scales(x, p, seq_next)`; legacy: `row_scales(advantages, seq_next, params)` (on-policy)."""
+    if isinstance(x, Mapping):
+        seq_next = legacy[0] if legacy else x["logits"].shape[1]
+        params = p
+    else:
+        adv, seq_next, params = x, p, legacy[0]
+        x = {"advantages": adv, "completion_ids": torch.zeros(adv.numel(), seq_next - 1, dtype=torch.int64, device=adv.device)}
+    coef = _terms(x, params, DEFAULT_BUDGET_BYTES).scale / params.temperature
+    batch = coef.shape[0]
+    out = torch.zeros(batch, seq_next, dtype=torch.float64, device=coef.device)
+    out[:, : seq_next - 1] = coef
+    return out.reshape(-1)
+
+
+def reference_gradient_dense(x, p, *legacy) -> torch.Tensor:
     """The whole float64 gradient as one tensor (small inputs and tests only)."""
+    x, p = _mapping(x, (p, *legacy))
+    logits = x["logits"]
     out = torch.empty(logits.shape, dtype=torch.float64, device=logits.device)
     flat = out.view(-1, logits.shape[-1])
-    for chunk in reference_gradient(logits, completion_ids, advantages, params):
+    for chunk in chunked_gradient(x, p):
         flat[chunk.start : chunk.stop] = chunk.values
     return out

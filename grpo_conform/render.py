@@ -7,13 +7,17 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_conform.check import CheckReport
+from grpo_conform.report.failures import failing, failure_lines
+from grpo_conform.results import not_judged
 from grpo_conform.spec import Spec
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "timeout": "bold red", "skipped": "yellow"}
 IMPL_STYLE = {"conformant": "bold green", "failed": "bold red", "skipped": "yellow", "load-error": "bold red"}
 
 
-def _status(status: str, informational: bool = False) -> Text:
+def _status(status: str, informational: bool = False, set_aside: bool = False) -> Text:
+    if set_aside:  # see results.attribute_root_cause: the root cause is shown on its own row
+        return Text("NOT JUDGED", style="dim")
     label = "INFO" if informational and status == "pass" else status.upper()
     return Text(label, style="cyan" if label == "INFO" else STYLE.get(status, ""))
 
@@ -43,22 +47,25 @@ def render_check(report: CheckReport, console: Console) -> None:
             shape = "x".join(str(w.axes[a]) for a in ("batch", "seq_next", "vocab") if a in w.axes)
             for i, o in enumerate(w.outcomes):
                 label = f"{w.workload} [{shape}]" if i == 0 else ""
-                table.add_row(Text(label), o.check, _status(o.status, o.informational), Text(o.message))
+                table.add_row(Text(label), o.check, _status(o.status, o.informational, not_judged(o)), Text(o.message))
             for t in w.timings:
                 table.add_row("", f"time {t.get('protocol')}", Text("TIME", style="cyan"), Text(t.get("summary", "")))
             table.add_section()
         console.print(table)
+    for impl in failing(report.implementations):  # the root cause, whole, where the eye lands last
+        console.print()
+        for i, line in enumerate(failure_lines(impl)):
+            console.print(Text(line, style="bold red" if i == 0 else ""), soft_wrap=True, highlight=False)
     console.print()
     console.print(f"exit code {report.exit_code}")
 
 
-def render_spec(spec: Spec, console: Console) -> None:
-    console.print(f"id:       {spec.id}")
-    console.print(f"version:  {spec.version}")
-    console.print(f"identity: sha256 {spec.identity}")
-    console.print(f"file:     {spec.source}", markup=False)
-    for line in spec.summary_lines():
-        console.print(line, highlight=False, markup=False)
+def render_spec(spec: Spec, console: Console, brief: bool = False) -> None:
+    """Formula, inputs, outputs, parameters, constraints (then tolerances, traffic, workloads unless brief)."""
+    from grpo_conform.report.spec_text import spec_text
+
+    for line in spec_text(spec, brief):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def render_bench(report, console: Console) -> None:

@@ -24,6 +24,8 @@ from grpo_conform.canonical import identity
 from grpo_conform.errors import GrpoConformError
 
 SPEC_SCHEMA_FILE = "spec.schema.json"
+FAMILY_FORMAT = "grpo-conform-spec-family/1"
+MEMBER_FORMAT = "grpo-conform-spec/2"
 ENV_SPEC_DIRS = "GRPO_CONFORM_SPECS"
 
 
@@ -65,6 +67,7 @@ class TensorSpec(_Frozen):
     shape: tuple[str, ...]
     range: Optional[ValueRange] = None
     differentiable: bool
+    optional: bool = False  # v2: an input only some members declare (old_logprobs, completion_mask, ...)
 
 
 class OutputSpec(_Frozen):
@@ -86,14 +89,51 @@ class GradientSpec(_Frozen):
     dtype: Literal["same_as_input"]
     shape: Literal["same_as_input"]
     exact_zero: Optional[ExactZero] = None
+    exact_zero_masked: bool = False  # v2: rows of masked positions get exactly 0
     description: str = ""
+
+
+class Domain(_Frozen):
+    """What values are valid (decision 7): a numeric interval or a list of choices."""
+
+    min: Optional[float] = None
+    min_exclusive: bool = False
+    max: Optional[float] = None
+    max_exclusive: bool = False
+    choices: Optional[tuple[Union[bool, int, float, str], ...]] = None
+
+    def contains(self, value: Any) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        if isinstance(value, (bool, str)):
+            return False
+        if self.min is not None and (value < self.min or (self.min_exclusive and value == self.min)):
+            return False
+        if self.max is not None and (value > self.max or (self.max_exclusive and value == self.max)):
+            return False
+        return True
+
+
+class Avoid(_Frozen):
+    value: float
+    width: float
+
+
+class Draw(_Frozen):
+    """Uniform draw in [min, max] from the parent's seed, rejecting values within `width` of an avoided one."""
+
+    min: float
+    max: float
+    avoid: tuple[Avoid, ...] = ()
 
 
 class Parameter(_Frozen):
     name: str
-    type: Literal["float", "int", "bool"]
-    value: Union[bool, float, int]
+    type: Literal["float", "int", "bool", "str"]
+    value: Union[bool, float, int, str]
     description: str = ""
+    domain: Optional[Domain] = None
+    draw: Optional[Draw] = None
 
 
 class LossTolerance(_Frozen):
@@ -110,6 +150,9 @@ class GradientTolerance(_Frozen):
     element_atol: float
     frobenius_rtol: float
     row_sum_fraction: float
+    # v2: per-element absolute rounding a row sum may carry, times the vocabulary (fp16 underflow:
+    # elements below half a subnormal step round to 0, so tiny rows cannot sum to 0 in fp16)
+    row_sum_atol: float = 0.0
 
 
 class Tolerance(_Frozen):
@@ -132,6 +175,10 @@ class Workload(_Frozen):
     devices: tuple[Literal["cpu", "cuda"], ...]
     seeds: int = 2
     timed: bool = False
+    probes: Literal["full", "core", "smoke"] = "full"  # v2: the probe profile (docs/architecture.md s. 5)
+    # "extended" workloads run only when asked for (`check --extended` or `--workload NAME`): the
+    # default CPU run stays within a minute per implementation; records say what was not run.
+    tier: Literal["standard", "extended"] = "standard"
 
     @property
     def drawn(self) -> bool:
@@ -146,6 +193,23 @@ class Profile(_Frozen):
     clamp: Optional[float] = None
     spike: float = 0.0
     df: float = 2.0
+
+
+class MemberInputs(_Frozen):
+    """v2: how grpo_conform.member_inputs draws the optional inputs (ratios, masks, ...)."""
+
+    boundary_margin: float = 0.02  # drawn ratios stay this far (relative) from every clip boundary
+    ratio_min: float = 0.4
+    ratio_max_factor: float = 1.5  # the top interval ends at this times the largest boundary
+    sequence_noise: float = 0.3  # per-token log-ratio spread around a sequence's ratio (GSPO)
+    # ref_logprobs = logp + sign(A_b) * U[ref_gap_min, ref_gap_max]: the KL term then adds to the
+    # policy term (no cancellation) and 1 - exp(ref - logp) stays well away from 0, so an fp32
+    # log-sum-exp error in logp (~1e-3 at logits near 1e4) stays a small relative error
+    ref_gap_min: float = 0.6
+    ref_gap_max: float = 1.2
+    sampling_ratio_min: float = 0.3
+    sampling_ratio_max_factor: float = 1.6  # sampling ratios go up to this times the cap
+    unmasked_fraction: float = 0.75  # expected fraction of unmasked tokens in timed workloads
 
 
 class AdvantageDistribution(_Frozen):
@@ -164,6 +228,7 @@ class Validation(_Frozen):
     adversarial_profiles: tuple[str, ...]
     advantages: AdvantageDistribution
     poison: Poison
+    member_inputs: MemberInputs = MemberInputs()
 
     def profile(self, name: str) -> Profile:
         return next(p for p in self.profiles if p.name == name)
@@ -175,6 +240,9 @@ class Semantics(_Frozen):
     reduction: str
     old_logprobs: str = ""
     formula: tuple[str, ...] = ()
+    policy: Literal["clip", "cispo"] = "clip"  # v2
+    correction: Literal["none", "vllm-truncate"] = "none"  # v2: per-token sampling-ratio weight
+    ties: str = ""  # v2: which branch carries the gradient at an exact tie
 
 
 class KlTerm(_Frozen):
@@ -191,6 +259,26 @@ class MaskTerm(_Frozen):
 class Terms(_Frozen):
     kl: KlTerm
     mask: MaskTerm
+
+
+class TrafficItem(_Frozen):
+    tensor: str  # an input name, or "grad:<input>"
+    rows: Literal["all", "scored", "unmasked"] = "all"
+
+
+class TrafficProtocol(_Frozen):
+    read: tuple[TrafficItem, ...] = ()
+    write: tuple[TrafficItem, ...] = ()
+
+
+class Timing(_Frozen):
+    upstream_scale: float = 0.25
+
+
+class FamilyRef(_Frozen):
+    id: str
+    version: str
+    member: str
 
 
 class Constraints(_Frozen):
@@ -243,6 +331,11 @@ class Spec(_Frozen):
     tolerances: tuple[Tolerance, ...]
     workloads: tuple[Workload, ...]
     validation: Validation
+    # v2 (resolved family members); absent in the frozen v1 file
+    family: Optional[FamilyRef] = None
+    traffic: Optional[dict[str, TrafficProtocol]] = None
+    layouts: dict[str, tuple[Literal["contiguous", "offset", "strided"], ...]] = {}
+    timing: Timing = Timing()
 
     _identity: str = PrivateAttr(default="")
     _source: str = PrivateAttr(default="")
@@ -254,6 +347,18 @@ class Spec(_Frozen):
     @property
     def source(self) -> str:
         return self._source
+
+    @property
+    def member(self) -> str | None:
+        return self.family.member if self.family is not None else None
+
+    @property
+    def reference_name(self) -> str:
+        """How a manifest or record names this spec: `grpo/token-is@1.0.0` or `grpo-token-is@1.0.0`."""
+        return f"{self.id}@{self.version}"
+
+    def has_input(self, name: str) -> bool:
+        return any(t.name == name for t in self.inputs)
 
     @property
     def parameter_values(self) -> dict[str, Any]:
@@ -275,8 +380,8 @@ class Spec(_Frozen):
         known = ", ".join(w.name for w in self.workloads)
         raise SpecError(self._source, "$.workloads", f"no workload named {name!r} (known: {known})")
 
-    def workloads_for(self, device: str) -> tuple[Workload, ...]:
-        return tuple(w for w in self.workloads if device in w.devices)
+    def workloads_for(self, device: str, extended: bool = False) -> tuple[Workload, ...]:
+        return tuple(w for w in self.workloads if device in w.devices and (extended or w.tier == "standard"))
 
     @cached_property
     def differentiable_input(self) -> TensorSpec:
@@ -301,6 +406,14 @@ class Spec(_Frozen):
     def summary_lines(self) -> list[str]:
         """A readable summary for `spec show`."""
         lines = [f"{self.title}", f"  {self.summary}" if self.summary else ""]
+        if self.family is not None:
+            sem = self.semantics
+            lines.append(f"family: {self.family.id} {self.family.version}, member {self.family.member}")
+            lines.append(f"semantics: loss type {sem.reduction}, {sem.importance_sampling}-level ratio, policy {sem.policy}, "
+                         f"correction {sem.correction}")
+            lines.extend(f"formula: {f}" for f in sem.formula)
+            if sem.ties:
+                lines.append(f"ties: {sem.ties}")
         axes = ", ".join(a.name + (f" = {a.equals}" if a.equals else "") for a in self.axes)
         lines.append(f"axes: {axes}")
         for t in self.inputs:
@@ -313,6 +426,10 @@ class Spec(_Frozen):
             zero = f"; exactly 0 at {g.exact_zero.axis}[{g.exact_zero.index}]" if g.exact_zero else ""
             lines.append(f"gradient d{g.output}/d{g.input}: same shape and dtype as {g.input}{zero}")
         lines.append("parameters: " + ", ".join(f"{p.name}={p.value}" for p in self.parameters))
+        for p in self.parameters:
+            if p.domain is not None or p.draw is not None:
+                lines.append(f"parameter {p.name}: default {p.value!r}; domain {_domain_text(p.domain)}; "
+                             f"{_draw_text(p.draw)}")
         kl = "KL term" if self.terms.kl.present else "no KL term"
         mask = "mask" if self.terms.mask.present else "no mask"
         lines.append(f"terms: {kl}, {mask}")
@@ -328,13 +445,37 @@ class Spec(_Frozen):
                 f"tolerance {tol.dtype}: loss atol {tol.loss.atol:g} rtol {tol.loss.rtol:g}; gradient element "
                 f"rtol {g.element_rtol:g} + {g.element_atol_row_scale:g}*s + {g.element_atol:g}, "
                 f"frobenius {g.frobenius_rtol:g}, row sums {g.row_sum_fraction:g}"
+                + (f" + {g.row_sum_atol:g}*vocab" if g.row_sum_atol else "")
             )
+        for name, protocol in (self.traffic or {}).items():
+            reads = ", ".join(f"{i.tensor}[{i.rows}]" for i in protocol.read) or "nothing"
+            writes = ", ".join(f"{i.tensor}[{i.rows}]" for i in protocol.write) or "nothing"
+            lines.append(f"traffic {name}: reads {reads}; writes {writes}")
+        for name, kinds in self.layouts.items():
+            lines.append(f"layouts {name}: {', '.join(kinds)}")
         for w in self.workloads:
             axes = ", ".join(f"{k}={v if isinstance(v, int) else f'{v.min}..{v.max}'}" for k, v in w.axes.items())
             dts = ", ".join(f"{k}={v}" for k, v in w.dtypes.items())
-            timed = ", timed" if w.timed else ""
+            timed = (", timed" if w.timed else "") + (f", {w.probes} probes" if w.probes != "full" else "")
             lines.append(f"workload {w.name}: {axes}; {dts}; on {'/'.join(w.devices)}{timed}")
         return [line for line in lines if line]
+
+
+def _domain_text(d: Domain | None) -> str:
+    if d is None:
+        return "unstated"
+    if d.choices is not None:
+        return "one of " + ", ".join(map(str, d.choices))
+    lo = "" if d.min is None else f"{'>' if d.min_exclusive else '>='} {d.min:g}"
+    hi = "" if d.max is None else f"{'<' if d.max_exclusive else '<='} {d.max:g}"
+    return " and ".join(x for x in (lo, hi) if x) or "any number"
+
+
+def _draw_text(d: Draw | None) -> str:
+    if d is None:
+        return "not drawn (fixed)"
+    avoid = "".join(f", away from {a.value:g} by {a.width:g}" for a in d.avoid)
+    return f"drawn uniformly in [{d.min:g}, {d.max:g}]{avoid}"
 
 
 def _schema() -> dict[str, Any]:
@@ -350,13 +491,15 @@ def _json_path(parts) -> str:
 
 
 def validate_document(doc: Any, file: str | Path) -> None:
-    """Schema first (the error names the JSON path and what was expected), then cross-references."""
+    """Schema first (the error names the JSON path and what was expected), then cross-references.
+    A family document is checked against the schema only here; its members are checked resolved."""
     validator = jsonschema.Draft202012Validator(_schema())
     errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         err = errors[0]
         raise SpecError(file, _json_path(err.absolute_path), _describe(err))
-    _cross_check(doc, file)
+    if doc.get("format") != FAMILY_FORMAT:
+        _cross_check(doc, file)
 
 
 def _describe(err: jsonschema.ValidationError) -> str:
@@ -451,12 +594,26 @@ def _cross_check(doc: dict[str, Any], file: str | Path) -> None:
         for j, name in enumerate(doc["validation"][key]):
             if name not in profiles:
                 fail(f"$.validation.{key}[{j}]", f"unknown profile {name!r}; declared: {sorted(profiles)}")
-    if params - {"epsilon_low", "epsilon_high", "temperature"}:
+    if doc["format"] == "grpo-conform-spec/2":
+        from grpo_conform.spec_checks import check_member
+
+        check_member(doc, fail)
+    elif params - {"epsilon_low", "epsilon_high", "temperature"}:
         fail("$.parameters", "the grpo family takes epsilon_low, epsilon_high and temperature only")
 
 
 def load_spec(path: str | Path) -> Spec:
     """Read, validate and load a spec file; every problem is a `SpecError` naming file and path."""
+    path = Path(path)
+    doc = read_document(path)
+    if isinstance(doc, dict) and doc.get("format") == FAMILY_FORMAT:
+        names = [m.get("name") for m in doc.get("members", []) if isinstance(m, dict)]
+        raise SpecError(path, "$.members", f"this file is a spec family; name a member (--member NAME; members: {', '.join(map(str, names))})")
+    return spec_from_document(doc, path)
+
+
+def read_document(path: str | Path) -> Any:
+    """The parsed JSON of a spec file; unreadable or invalid JSON is a `SpecError`."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -465,18 +622,22 @@ def load_spec(path: str | Path) -> Spec:
     except OSError as exc:
         raise SpecError(path, "$", f"cannot read: {exc.strerror}") from None
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise SpecError(path, f"line {exc.lineno} column {exc.colno}", f"not valid JSON: {exc.msg}") from None
-    validate_document(doc, path)
+
+
+def spec_from_document(doc: Any, source: str | Path) -> Spec:
+    """Validate a standalone or resolved-member document and load it; identity = sha256 of its RFC 8785 form."""
+    validate_document(doc, source)
     body = {("schema_uri" if k == "$schema" else k): v for k, v in doc.items()}
     try:
         spec = Spec.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise SpecError(path, _json_path(first["loc"]), first["msg"]) from None
+        raise SpecError(source, _json_path(first["loc"]), first["msg"]) from None
     spec._identity = identity(doc)
-    spec._source = str(path)
+    spec._source = str(source)
     return spec
 
 
@@ -492,15 +653,34 @@ def spec_dirs() -> list[Path]:
     return unique
 
 
-_ID_VERSION = re.compile(r"^(?P<id>[a-z0-9][a-z0-9-]*)(@(?P<version>[0-9.]+))?$")
+_ID_VERSION = re.compile(r"^(?P<id>[a-z0-9][a-z0-9-]*)(/(?P<member>[a-z0-9][a-z0-9-]*))?(@(?P<version>[0-9]+(\.[0-9]+)*))?$")
 
 
 def find_spec(reference: str, dirs: list[Path] | None = None) -> Spec:
-    """Find a spec by `id` or `id@version` among the spec directories (highest version wins)."""
+    """Find a spec among the spec directories (highest version wins). `id` or `id@version` names a
+    standalone file; `family/member` or `family/member@version` a family member; an unversioned
+    `family-member` (e.g. `grpo-token-is`) the family member when the family has it (decision 1),
+    else the standalone file of that id."""
+    from grpo_conform import spec_family
+
     m = _ID_VERSION.match(reference)
     if not m:
-        raise SpecError(reference, "$", "expected a spec id such as 'grpo-token-is' or 'grpo-token-is@1.0.0'")
+        raise SpecError(reference, "$", "expected a spec id such as 'grpo-token-is', 'grpo-token-is@1.0.0' or 'grpo/token-is'")
     dirs = spec_dirs() if dirs is None else dirs
+    where = ", ".join(str(d) for d in dirs) or "(no spec directory found)"
+    if m["member"] is not None:
+        fam = spec_family.find_family(m["id"], m["version"], dirs)
+        if fam is None:
+            raise SpecError(reference, "$", f"no spec family {m['id']!r}{' version ' + m['version'] if m['version'] else ''} in {where}")
+        return fam.member(m["member"])
+    if m["version"] is None:
+        member = spec_family.alias_member(m["id"], dirs)
+        if member is not None:
+            return member
+        fam = spec_family.find_family(m["id"], None, dirs)
+        if fam is not None:
+            raise SpecError(reference, "$", f"{m['id']!r} is a spec family: name a member ('{m['id']}/NAME'; "
+                            f"members: {', '.join(fam.member_names)})")
     found: list[Spec] = []
     for d in dirs:
         for file in sorted(d.glob("*.json")):
@@ -508,12 +688,25 @@ def find_spec(reference: str, dirs: list[Path] | None = None) -> Spec:
                 doc = json.loads(file.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):
                 continue
-            if isinstance(doc, dict) and doc.get("id") == m["id"]:
+            if isinstance(doc, dict) and doc.get("id") == m["id"] and doc.get("format") != FAMILY_FORMAT:
                 if m["version"] is None or doc.get("version") == m["version"]:
                     found.append(load_spec(file))
     if not found:
-        where = ", ".join(str(d) for d in dirs) or "(no spec directory found)"
         raise SpecError(
             reference, "$", f"no spec with this id in {where}; pass --spec FILE or set {ENV_SPEC_DIRS}"
         )
     return max(found, key=lambda s: tuple(int(x) for x in s.version.split(".")))
+
+
+def draw_parameters(spec: Spec, rng: random.Random) -> dict[str, Any]:
+    """Parameter values for one conformance workload (grpo_conform.parameter_draws)."""
+    from grpo_conform.parameter_draws import draw_parameters as draw
+
+    return draw(spec, rng)
+
+
+def specs_for_manifest(manifest: Any, spec_path: str | Path | None = None, dirs: list[Path] | None = None) -> tuple[Spec, ...]:
+    """One resolved `Spec` per member a manifest declares (grpo_conform.spec_family.specs_for_manifest)."""
+    from grpo_conform.spec_family import specs_for_manifest as resolve
+
+    return resolve(manifest, spec_path, dirs)

@@ -43,8 +43,13 @@ def test_seed_csv_verdicts(csv_report):
     b16 = by_time[("liger", 1.97)]
     assert b16.verdict == "impossible" and b16.workload == "seed-b16"
     assert b16.finding("physics").status == "impossible"
-    assert b16.floor.protocol == "forward" and b16.floor.strict_ns > 1.97e6
-    assert "2.06 ms" in b16.finding("physics").message
+    # traffic-v1 (issue 19): a backward-only time presented as the latency claims the gradient work: judged
+    # as full (read the scored logits, write the whole gradient: 4.12 ms at batch 16 on the A100)
+    assert b16.floor.protocol == "full" and b16.floor.model == "traffic-v1" and b16.floor.strict_ns > 1.97e6
+    assert "4.12 ms" in b16.finding("physics").message and "traffic-v1" in b16.finding("physics").message
+    assert "headroom-v1 forward floor, as the seed page computed it: 2.06 ms" in b16.finding("physics").message
+    b8 = by_time[("liger", 1.89)]
+    assert b8.verdict == "impossible" and b8.workload == "seed-b8"  # 2.06 ms of full traffic at batch 8
     for a in csv_report.audits:
         assert a.finding("protocol").status == "mismatch" and "backward-only" in a.finding("protocol").message
         assert a.finding("operation").status == "mismatch"
@@ -54,13 +59,13 @@ def test_seed_csv_verdicts(csv_report):
         assert a.record.extra == {"H": 4096}
     for a in csv_report.audits:
         assert not a.comparable  # backward-only, and not the spec's operation
-        if a is not b16:
+        if a not in (b16, b8):
             assert a.verdict == "plausible"
             assert a.finding("physics").status == "ok"
     torch_rows = [a for a in csv_report.audits if a.record.implementation == "torch"]
     assert len(torch_rows) == 5
     assert all(a.finding("physics").status == "ok" and a.floor_ratio > 10 for a in torch_rows)
-    assert csv_report.counts == {"impossible": 1, "plausible": 9, "unknown-gpu": 0, "not-comparable": 10}
+    assert csv_report.counts == {"impossible": 2, "plausible": 8, "unknown-gpu": 0, "not-comparable": 10}
     assert csv_report.exit_code == EXIT_FAILED
 
 
@@ -82,10 +87,10 @@ def test_seed_json_is_flagged_for_protocol_and_ambiguous_gpu(json_report):
 
 def test_report_serializes_and_reads(csv_report):
     out = json.loads(json.dumps(csv_report.to_json()))
-    assert out["exit_code"] == 1 and out["counts"]["impossible"] == 1
-    assert out["records"][4]["verdict"] == "impossible"
+    assert out["exit_code"] == 1 and out["counts"]["impossible"] == 2
+    assert out["records"][4]["verdict"] == "impossible" and out["records"][4]["floor"]["model"] == "traffic-v1"
     text = "\n".join(csv_report.lines())
-    assert "-> impossible, not comparable" in text and "verdicts: 1 impossible, 9 plausible, 0 unknown-gpu" in text
+    assert "-> impossible, not comparable" in text and "verdicts: 2 impossible, 8 plausible, 0 unknown-gpu" in text
 
 
 def _write(tmp_path: Path, name: str, content: str) -> Path:
@@ -106,8 +111,15 @@ def test_a_forward_record_above_its_floor_is_plausible(tmp_path):
     report = _audit(_reported(tmp_path))
     (a,) = report.audits
     assert a.verdict == "plausible" and a.workload == "seed-b2" and not a.warnings
-    assert a.floor_ratio == pytest.approx(0.30e6 / 257903, rel=1e-6)
+    assert a.floor.model == "traffic-v1" and a.floor_ratio is None  # the seed forward reads 8 B: no floor to divide
+    assert "headroom-v1 forward floor, as the seed page computed it: 257.9 us" in a.finding("physics").message
     assert report.exit_code == EXIT_OK
+
+
+def test_a_closed_form_forward_record_is_not_impossible(tmp_path):
+    # issue 19: -mean(A) without reading the logits is correct for the seed spec, however fast
+    (a,) = _audit(_reported(tmp_path, median_ms=0.006)).audits
+    assert a.verdict == "plausible" and a.finding("physics").status == "ok"
 
 
 def test_a_full_record_is_judged_against_the_full_floor(tmp_path):
@@ -128,10 +140,10 @@ def test_liger_grpo_loss_name_is_the_spec_operation_with_a_warning(tmp_path):
 
 def test_other_workload_is_not_comparable_but_still_checked(tmp_path):
     wl = {"batch": 2, "seq": 1024, "vocab": 32000, "dtype": "bfloat16"}
-    (a,) = _audit(_reported(tmp_path, workload=wl, median_ms=0.01)).audits
+    (a,) = _audit(_reported(tmp_path, protocol="full", workload=wl, median_ms=0.01)).audits
     assert a.workload is None and a.finding("workload").status == "mismatch"
-    assert a.verdict == "impossible"  # 2*1025*32000*2 B cannot be read in 10 us
-    (b,) = _audit(_reported(tmp_path, workload=wl, median_ms=5.0)).audits
+    assert a.verdict == "impossible"  # 2*1024*32000*2 B read + 2*1025*32000*2 B written cannot move in 10 us
+    (b,) = _audit(_reported(tmp_path, protocol="full", workload=wl, median_ms=5.0)).audits
     assert b.verdict == "plausible" and not b.comparable and b.finding("physics").status == "ok"
 
 
@@ -219,3 +231,30 @@ def test_reported_schema_documents_the_form():
     schema = reported_schema()
     assert "records" in schema["properties"]
     assert "median_ms" in json.dumps(schema)
+
+
+def test_liger_benchmark_names_map_to_members(tmp_path):
+    rows = [HEADER] + [f"{name},liger,full,speed,ms,B,batch size,2,5.0,,,{CONFIG},NVIDIA H200,2026-11-30,0.8.5"
+                       for name in ("grpo_loss_kernel_no_kl", "grpo_loss_kernel_with_kl",
+                                    "fused_linear_grpo_loss_token", "fused_linear_grpo_loss_sequence", "softmax")]
+    report = _audit(_write(tmp_path, "liger.csv", "\n".join(rows) + "\n"))
+    ops = {a.record.operation: a.finding("operation") for a in report.audits}
+    assert ops["grpo_loss_kernel_no_kl"].status == "ok" and "grpo/token-is" in ops["grpo_loss_kernel_no_kl"].message
+    assert "identically zero" in ops["grpo_loss_kernel_no_kl"].message  # its torch baseline forgets the detach
+    kl = ops["grpo_loss_kernel_with_kl"]
+    assert kl.status == "mismatch" and "grpo/token-offpolicy-mask-kl" in kl.message and "--spec" in kl.message
+    for fused in ("fused_linear_grpo_loss_token", "fused_linear_grpo_loss_sequence"):
+        assert ops[fused].status == "mismatch" and "logits never exist" in ops[fused].message
+    assert "GSPO" in ops["fused_linear_grpo_loss_sequence"].message
+    assert "nor a known name" in ops["softmax"].message
+
+
+def test_operation_table():
+    from grpo_conform.operations import KNOWN_OPERATIONS, lookup, measures_member
+
+    assert lookup("GRPO-Loss-Kernel-No-KL").member_id == "grpo/token-is"
+    assert lookup("fused_linear_grpo_loss_token").relation == "different" and lookup("nope") is None
+    assert measures_member(lookup("grpo_loss_kernel_no_kl"), "grpo-token-is", None)
+    assert measures_member(lookup("grpo_loss_kernel_with_kl"), "grpo/token-offpolicy-mask-kl", "token-offpolicy-mask-kl")
+    assert not measures_member(lookup("grpo_loss_kernel_with_kl"), "grpo-token-is", None)
+    assert all(op.note for op in KNOWN_OPERATIONS.values())

@@ -61,6 +61,12 @@ def _doc(**changes):
     (_doc(signatures=[{"keyid": "k"}]), r"signatures\[0\]: expected an object with 'sig'"),
     (_doc(signatures=[{"keyid": 5, "sig": "AA=="}]), r"signatures\[0\].keyid"),
     (_doc(signatures=[{"keyid": "k", "sig": "***"}]), r"signatures\[0\].sig: not base64"),
+    (_doc(signatures=[{"keyid": "k", "sig": "AA==", "extra": 1}]), r"signatures\[0\]: unknown field"),
+    (_doc(extensions={}), r"unknown envelope field\(s\) \['extensions'\]"),
+    ('{"payloadType": "application/vnd.in-toto+json", "payload": "e30=", "payload": "e30=", "signatures": []}',
+     "duplicate key 'payload'"),
+    ('{"payloadType": "application/vnd.in-toto+json", "payload": "e30=", "signatures": [[[[["x"]]]]]}',
+     "nested too deeply"),
 ])
 def test_parse_envelope_refuses(text, message) -> None:
     with pytest.raises(EnvelopeError, match=message):

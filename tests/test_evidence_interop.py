@@ -17,11 +17,14 @@ from cryptography.hazmat.primitives import serialization
 from grpo_conform.evidence import keygen, load_signing_key, write_record
 from grpo_conform.evidence.dsse import PAYLOAD_TYPE, pae, parse_envelope
 from grpo_conform.evidence.statement import PROJECT_ROOT, statement_bytes
-from grpo_conform.implementations import load_implementation
 from grpo_conform.spec import load_spec
-from test_evidence_support import SPEC_FILE, new_key, synthetic_statement, trust, verify_one
+from test_evidence_support import (SEED_SPEC, identity_of, make_project, make_trust_root, new_key, statement_for,
+                                   trust_list, verify)
 
 README = PROJECT_ROOT / "evidence" / "README.md"
+COMMITTED = sorted((PROJECT_ROOT / "evidence" / "h200").glob("*.intoto.json"))
+MAINTAINERS_PUB = PROJECT_ROOT / "evidence" / "keys" / "maintainers-2026.pub.pem"
+MAINTAINERS = "cc3e6bd1b854b6659c46050de1478a6a8acd761d05077e126fc8ea099a752d9c"
 DOCS = PROJECT_ROOT / "docs" / "evidence.md"
 
 
@@ -47,7 +50,7 @@ def record(tmp_path):
     keygen(tmp_path / "k.pem", tmp_path / "k.pub.pem")
     key = load_signing_key(tmp_path / "k.pem")
     path = tmp_path / "pytorch.intoto.json"
-    write_record(synthetic_statement(), path, key)
+    write_record(statement_for(make_project(tmp_path / "proj")), path, key)
     return path, tmp_path / "k.pub.pem", parse_envelope(path.read_bytes()).payload
 
 
@@ -81,25 +84,84 @@ def _recipe(record_path, key_path) -> str:
     return re.sub(r"^key=.*$", f"key='{key_path}'", script, count=1, flags=re.M)
 
 
+def _block(marker: str, lang: str) -> str:
+    text = README.read_text()
+    return re.search(rf"<!-- {marker}:begin -->\n```{lang}\n(.*?)```\n<!-- {marker}:end -->", text, re.S).group(1)
+
+
+def _run_recipe(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """The README's script saved to a file and run as the README says: `bash verify-record.sh RECORD [KEY]`."""
+    script = tmp_path / "verify-record.sh"
+    script.write_text(_block("openssl-recipe", "sh"))
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, cwd=PROJECT_ROOT)
+
+
+def _tampered(tmp_path, change) -> str:
+    doc = json.loads(COMMITTED[-1].read_text())
+    change(doc)
+    path = tmp_path / "tampered.intoto.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
 @needs_openssl
-def test_readme_openssl_recipe_works(record) -> None:
-    path, pub, payload = record
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", _recipe(path, pub)], capture_output=True, text=True)
+def test_readme_openssl_recipe_verifies_the_committed_record(tmp_path) -> None:
+    run = _run_recipe(tmp_path)  # its defaults: the committed triton record and the committed key
     assert run.returncode == 0, run.stderr
     assert "Signature Verified Successfully" in run.stdout
-    assert hashlib.sha256(payload).hexdigest() in run.stdout
+    payload = parse_envelope(COMMITTED[-1].read_bytes()).payload
+    assert f"record identity {hashlib.sha256(payload).hexdigest()}" in run.stdout
 
 
 @needs_openssl
-def test_readme_openssl_recipe_rejects_a_changed_record(record) -> None:
-    path, pub, _ = record
-    doc = json.loads(path.read_text())
-    statement = json.loads(parse_envelope(path.read_bytes()).payload)
-    statement["predicate"]["result"] = "FAILED"
-    doc["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
-    path.write_text(json.dumps(doc))
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", _recipe(path, pub)], capture_output=True, text=True)
+def test_readme_openssl_recipe_fails_on_a_changed_payload(tmp_path) -> None:
+    def flip(doc):
+        raw = bytearray(base64.b64decode(doc["payload"]))
+        raw[100] ^= 1
+        doc["payload"] = base64.b64encode(bytes(raw)).decode()
+    run = _run_recipe(tmp_path, _tampered(tmp_path, flip))
     assert run.returncode != 0 and "Signature Verified Successfully" not in run.stdout
+
+
+@needs_openssl
+def test_readme_openssl_recipe_checks_the_payload_type(tmp_path) -> None:
+    run = _run_recipe(tmp_path, _tampered(tmp_path, lambda d: d.update(payloadType="text/plain")))
+    assert run.returncode != 0 and "FAIL: payloadType is text/plain" in run.stderr
+
+
+@needs_openssl
+def test_readme_openssl_recipe_refuses_a_swapped_key(tmp_path, record) -> None:
+    path, pub, _ = record  # a record signed by another key, with that key's PEM beside it
+    run = _run_recipe(tmp_path, str(path), str(pub))
+    assert run.returncode != 0 and "expected cc3e6bd1" in run.stderr
+
+
+def _run_sslib(tmp_path, record: str, pem: str, keyid: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "verify_sslib.py"
+    script.write_text(_block("sslib-recipe", "python"))
+    return subprocess.run([sys.executable, str(script), record, pem, keyid], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT)
+
+
+@pytest.mark.parametrize("record", COMMITTED, ids=lambda p: p.name.split("--")[0])
+def test_readme_securesystemslib_recipe_verifies_the_committed_records(tmp_path, record) -> None:
+    pytest.importorskip("securesystemslib.dsse")
+    run = _run_sslib(tmp_path, str(record), str(MAINTAINERS_PUB), MAINTAINERS)
+    assert run.returncode == 0, run.stderr
+    assert "verified; record identity" in run.stdout
+
+
+def test_readme_securesystemslib_recipe_fails_on_tampering(tmp_path) -> None:
+    pytest.importorskip("securesystemslib.dsse")
+    def flip(doc):
+        raw = bytearray(base64.b64decode(doc["payload"]))
+        raw[100] ^= 1
+        doc["payload"] = base64.b64encode(bytes(raw)).decode()
+    run = _run_sslib(tmp_path, _tampered(tmp_path, flip), str(MAINTAINERS_PUB), MAINTAINERS)
+    assert run.returncode != 0 and "verified" not in run.stdout
+    run = _run_sslib(tmp_path, _tampered(tmp_path, lambda d: d.update(payloadType="x")), str(MAINTAINERS_PUB),
+                     MAINTAINERS)
+    assert run.returncode != 0 and "payloadType" in run.stderr
 
 
 # -- securesystemslib ---------------------------------------------------------------------------
@@ -123,14 +185,15 @@ def test_we_verify_a_securesystemslib_envelope(tmp_path) -> None:
 
     key = new_key()
     signer = CryptoSigner(key.private_key, SSlibKey.from_crypto(key.public_key))  # its own keyid scheme
-    envelope = dsse.Envelope(statement_bytes(synthetic_statement()), PAYLOAD_TYPE, {})
+    project = make_project(tmp_path / "proj")
+    envelope = dsse.Envelope(statement_bytes(statement_for(project)), PAYLOAD_TYPE, {})
     envelope.sign(signer)
-    path = tmp_path / "theirs.json"
+    path = project / "theirs.json"
     path.write_text(json.dumps(envelope.to_dict()))
     assert envelope.to_dict()["signatures"][0]["keyid"] != key.keyid
-    f = verify_one(str(path), trust(tmp_path, (key, {})))
+    f = verify(str(path), make_trust_root(tmp_path / "t", (key, {}))).files[0]
     assert f.ok, f.to_json()
-    wrong = verify_one(str(path), trust(tmp_path, (new_key(), {}), name="other.json"))
+    wrong = verify(str(path), trust_list(tmp_path, (new_key(), {}), name="other.json")).files[0]
     assert wrong.step("signature").status == "fail"
 
 
@@ -141,18 +204,20 @@ def _sh(command: str, cwd=PROJECT_ROOT) -> str:
     return run.stdout.split()[0]
 
 
-def test_documented_implementation_identity_command() -> None:
+def test_documented_implementation_identity_command(tmp_path) -> None:
+    project = make_project(tmp_path / "proj")
     text = DOCS.read_text()
     command = re.search(r"```sh\n(cd implementations/triton && find .*?)```", text, re.S).group(1)
     command = command.replace("implementations/triton", "implementations/pytorch")
-    assert _sh(command) == load_implementation(PROJECT_ROOT / "implementations" / "pytorch").identity
+    assert _sh(command, cwd=project) == identity_of(project / "implementations" / "pytorch")
 
 
-def test_documented_spec_identity_command() -> None:
+def test_documented_spec_identity_commands() -> None:
     text = DOCS.read_text()
     command = re.search(r"```sh\n(python3 -c .*?specs/grpo-token-is.v1.json \| sha256sum)\n```", text, re.S).group(1)
     command = command.replace("python3 ", f"'{sys.executable}' ", 1)  # the interpreter that has rfc8785
-    assert _sh(command) == load_spec(SPEC_FILE).identity
+    assert _sh(command) == load_spec(SEED_SPEC).identity
+    assert _sh("sha256sum specs/grpo-token-is.v1.json") == hashlib.sha256(SEED_SPEC.read_bytes()).hexdigest()
 
 
 def test_documented_record_identity_command(record) -> None:

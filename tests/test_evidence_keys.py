@@ -24,7 +24,8 @@ from grpo_conform.evidence import (
 )
 from grpo_conform.evidence.keys import TRUSTED_KEYS_FORMAT, load_public_key_file, parse_time
 from grpo_conform.evidence.statement import PROJECT_ROOT
-from test_evidence_support import new_key, trust
+from test_evidence_support import new_key
+from test_evidence_support import trust_list as trust
 
 
 def test_keygen_writes_a_pair(tmp_path) -> None:
@@ -130,15 +131,23 @@ def test_trusted_keys_file_errors(tmp_path) -> None:
         load_trusted_keys(tmp_path / "list.json")
 
 
-def test_committed_trust_list_holds_the_maintainers_public_key() -> None:
-    keys = load_trusted_keys(PROJECT_ROOT / "evidence" / "keys" / "trusted-keys.json")
-    (entry,) = keys
-    assert entry.owner == "grpo-conform maintainers" and not entry.revoked and entry.valid_until is None
-    assert entry.valid_from == parse_time("2026-11-30T00:00:00Z")
+def test_committed_key_list_is_what_the_shipped_trust_root_signed() -> None:
+    """The committed list is only the input of tools/trust-root.py; what verify trusts is the signed
+    targets.json. The two must agree (else a maintainer forgot to re-sign), and the published key id is
+    a literal here, not recomputed from a PEM a pull request could swap."""
+    from grpo_conform.evidence import load_trust_root
+
+    published = "cc3e6bd1b854b6659c46050de1478a6a8acd761d05077e126fc8ea099a752d9c"
+    listed = load_trusted_keys(PROJECT_ROOT / "evidence" / "keys" / "trusted-keys.json")
+    shipped = load_trust_root().keys
+    assert [(k.keyid, k.owner, k.valid_from, k.valid_until, k.revoked) for k in listed] == \
+        [(k.keyid, k.owner, k.valid_from, k.valid_until, k.revoked) for k in shipped]
+    assert [k.keyid for k in shipped] == [published]
     public = load_public_key_file(PROJECT_ROOT / "evidence" / "keys" / "maintainers-2026.pub.pem")
-    assert entry.keyid == hashlib.sha256(public.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+    assert hashlib.sha256(public.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest() == published
     # Only public material is committed.
-    for f in (PROJECT_ROOT / "evidence").rglob("*"):
-        if f.is_file():
-            assert b"PRIVATE KEY" not in f.read_bytes(), f
+    for root in (PROJECT_ROOT / "evidence", PROJECT_ROOT / "grpo_conform" / "evidence" / "trust"):
+        for f in root.rglob("*"):
+            if f.is_file():
+                assert b"PRIVATE KEY" not in f.read_bytes(), f

@@ -9,7 +9,6 @@ import math
 import pytest
 
 from grpo_conform.canonical import canonical_bytes, sha256_hex
-from grpo_conform.check import CheckRequest, run_check
 from grpo_conform.evidence import (
     PREDICATE_TYPE,
     STATEMENT_TYPE,
@@ -24,37 +23,59 @@ from grpo_conform.evidence import (
 )
 from grpo_conform.evidence.dsse import parse_envelope
 from grpo_conform.evidence.statement import json_ready
-from test_evidence_support import (
-    PYTORCH,
-    new_key,
-    outcome,
-    synthetic_impl,
-    synthetic_report,
-    synthetic_statement,
-    trust,
-)
+from grpo_conform.evidence.statement import PROJECT_ROOT
+from test_evidence_support import make_project, new_key, outcome, synthetic_impl, synthetic_report
+from test_evidence_support import trust_list as trust
+
+PYTORCH = PROJECT_ROOT / "implementations" / "pytorch"
 
 
 @pytest.fixture(scope="module")
 def real_report():
-    """One real CPU run (about 5 s) shared by this module."""
+    """One real CPU run (about 5 s) shared by this module: the record builder on what check produces."""
+    from grpo_conform.check import CheckRequest, run_check  # imported here: a broken check fails only these
+
     return run_check(CheckRequest((str(PYTORCH),), device="cpu", workloads=("batch1-seq1",)))
+
+
+@pytest.fixture()
+def proj(tmp_path, monkeypatch):
+    project = make_project(tmp_path / "proj")
+    monkeypatch.chdir(project)
+    return project
+
+
+def _impl(proj, **kw):
+    return synthetic_impl(proj / "implementations" / "pytorch", **kw)
+
+
+def _statement(proj, **kw):
+    impl = _impl(proj, **kw)
+    return build_statement(synthetic_report(proj, impl), impl)
 
 
 def test_real_report_statement(real_report) -> None:
     impl = real_report.implementations[0]
-    st = build_statement(real_report, impl)
+    member = next(m for m in impl.members if m.spec.member == "token-is")
+    st = build_statement(real_report, impl, member)
     assert schema_problems(st) == []
     assert st["_type"] == STATEMENT_TYPE and st["predicateType"] == PREDICATE_TYPE
-    assert st["subject"] == [{"name": "implementations/pytorch", "digest": {"sha256": impl.identity}}]
+    assert st["subject"] == [{"name": "implementations/pytorch", "digest": {"dirHash": impl.identity}}]
     p = st["predicate"]
-    assert p["verdict"] == "conformant" and p["result"] == "PASSED"
+    # PASSED, or WARNED when a check was skipped or an informational one did not pass on this machine
+    assert p["verdict"] == "conformant" and p["result"] == ("WARNED" if p["warnedTests"] else "PASSED")
     assert p["failedTests"] == [] and "batch1-seq1/gradient" in p["passedTests"]
-    spec = next(iter(real_report.specs.values()))
-    assert p["spec"] == {"id": spec.id, "version": spec.version, "identity": spec.identity}
-    assert p["configuration"][0]["uri"] == "specs/grpo-token-is.v1.json"
+    spec = member.spec
+    assert {k: p["spec"][k] for k in ("id", "version", "identity")} == \
+        {"id": spec.id, "version": spec.version, "identity": spec.identity}
+    assert p["spec"]["file_sha256"] == sha256_hex(open(spec.source, "rb").read())
+    assert p["configuration"][0]["digest"] == {"sha256": p["spec"]["file_sha256"], "rfc8785Sha256": spec.identity}
+    assert p["coverage"]["workloads_run"] == ["batch1-seq1"] and not p["coverage"]["complete"]
+    assert p["run"]["builder"]["id"] and p["hardware"]["self_reported"] is True
+    assert p["configuration"][0]["uri"].startswith("specs/")
     assert p["implementation"]["path"] == "implementations/pytorch" and p["implementation"]["license"]
-    assert p["workloads"] == [w.to_json() for w in impl.workloads]
+    assert p["workloads"] == [w.to_json() for w in member.workloads]
+    assert p["spec"]["member"] == "token-is" and p["spec"]["id"] == member.spec.id
     assert p["hardware"]["device"] == real_report.device and p["software"] == real_report.software
     assert p["run"]["started"].endswith("Z") and p["run"]["finished"].endswith("Z")
     data = statement_bytes(st)  # the whole real report serializes under RFC 8785
@@ -66,23 +87,24 @@ def test_real_report_round_trip(real_report, tmp_path) -> None:
     trusted = trust(tmp_path, (key, {"valid_from": "2020-01-01T00:00:00Z"}))
     written = write_evidence(real_report, tmp_path / "out", key)
     assert [w.signed for w in written] == [True] and written[0].path.endswith(".intoto.json")
-    report = run_verify(VerifyRequest(tuple(w.path for w in written), trusted))
+    report = run_verify(VerifyRequest(tuple(w.path for w in written), trusted, project=str(PROJECT_ROOT)))
     assert report.exit_code == 0, report.to_json()
     f = report.files[0]
-    assert [s.status for s in f.steps] == ["pass"] * 4
+    assert [s.status for s in f.steps] == ["pass"] * 5 + ["not-applied"]
     assert f.record_identity == written[0].record_identity
-    assert {c.kind: c.status for c in f.identities} == {"record": "match", "spec": "match", "implementation": "match"}
+    assert {c.kind: c.status for c in f.identities} == {"spec-file": "match", "implementation": "match"} or \
+        {c.kind: c.status for c in f.identities} == {"spec-file": "match", "spec": "match", "implementation": "match"}
     json.dumps(report.to_json())
 
 
-def test_outcome_lists_and_result() -> None:
+def test_outcome_lists_and_result(proj) -> None:
     outcomes = (outcome("loss", "pass"), outcome("gradient", "fail"), outcome("finite", "skipped"),
                 outcome("determinism", "fail", informational=True), outcome("freshness", "timeout"))
-    st = build_statement(synthetic_report(), synthetic_impl(status="failed", outcomes=outcomes))
+    st = _statement(proj, status="failed", outcomes=outcomes)
     p = st["predicate"]
-    assert p["passedTests"] == ["small/loss"]
-    assert p["failedTests"] == ["small/gradient", "small/freshness"]
-    assert p["warnedTests"] == ["small/finite", "small/determinism"]
+    assert p["passedTests"] == ["seed-b2/loss"]
+    assert p["failedTests"] == ["seed-b2/gradient", "seed-b2/freshness"]
+    assert p["warnedTests"] == ["seed-b2/finite", "seed-b2/determinism"]
     assert p["result"] == "FAILED" and schema_problems(st) == []
 
 
@@ -93,15 +115,18 @@ def test_outcome_lists_and_result() -> None:
     ("skipped", (), "FAILED"),
     ("load-error", (), "FAILED"),
 ])
-def test_result_rules(status, outcomes, result) -> None:
-    st = build_statement(synthetic_report(), synthetic_impl(status=status, outcomes=outcomes))
+def test_result_rules(proj, status, outcomes, result) -> None:
+    st = _statement(proj, status=status, outcomes=outcomes)
     assert st["predicate"]["result"] == result and schema_problems(st) == []
 
 
-def test_hardware_section_is_embedded() -> None:
+def test_hardware_section_is_embedded(proj) -> None:
     hardware = {"gpu": "NVIDIA H200", "datasheet": {"hbm_bytes_per_s": 4_800_000_000_000},
                 "measured": {"copy_bytes_per_s": 4_100_000_000_000, "fraction": 0.854}, "device": {"x": 1}}
-    st = build_statement(synthetic_report(hardware=hardware), synthetic_impl())
+    impl = _impl(proj)
+    report = synthetic_report(proj, impl)
+    report = type(report)(**{**report.__dict__, "hardware": hardware})
+    st = build_statement(report, impl)
     hw = st["predicate"]["hardware"]
     assert hw["device"] == {"kind": "cpu", "name": "x86_64"} and hw["reported_device"] == {"x": 1}
     assert hw["measured"]["fraction"] == 0.854 and hw["gpu"] == "NVIDIA H200"
@@ -121,22 +146,21 @@ def test_json_ready_makes_reports_serializable() -> None:
         json_ready({1: 2})
 
 
-def test_nan_evidence_in_a_report_still_serializes() -> None:
-    impl = synthetic_impl(status="failed", outcomes=(outcome("loss", "fail", actual=math.nan, storage=[2**62, 8]),))
-    st = build_statement(synthetic_report(), impl)
+def test_nan_evidence_in_a_report_still_serializes(proj) -> None:
+    st = _statement(proj, status="failed", outcomes=(outcome("loss", "fail", actual=math.nan, storage=[2**62, 8]),))
     ev = st["predicate"]["workloads"][0]["checks"][0]["evidence"]
     assert ev == {"actual": "nan", "storage": [str(2**62), 8]}
     statement_bytes(st)
 
 
-def test_seeds_are_strings_and_durations_integers() -> None:
-    w = synthetic_statement()["predicate"]["workloads"][0]
+def test_seeds_are_strings_and_durations_integers(proj) -> None:
+    w = _statement(proj)["predicate"]["workloads"][0]
     assert w["seeds"] == ["2464000050388509931", "7"]
     assert isinstance(w["timings"][0]["median_ns"], int)
 
 
-def test_payload_is_canonical_and_record_identity_is_its_sha256(tmp_path) -> None:
-    st = synthetic_statement()
+def test_payload_is_canonical_and_record_identity_is_its_sha256(proj, tmp_path) -> None:
+    st = _statement(proj)
     written = write_record(st, tmp_path / "r.json", None)
     envelope = parse_envelope((tmp_path / "r.json").read_bytes())
     assert envelope.payload == canonical_bytes(st) and written.record_identity == sha256_hex(envelope.payload)
@@ -147,23 +171,29 @@ def test_payload_is_canonical_and_record_identity_is_its_sha256(tmp_path) -> Non
 @pytest.mark.parametrize("mutate, where", [
     (lambda s: s["predicate"].update(result="OK"), "$.predicate.result"),
     (lambda s: s["predicate"]["run"].update(finished="2026-12-01 10:00:05"), "$.predicate.run.finished"),
-    (lambda s: s["subject"][0]["digest"].update(sha256="ABC"), "$.subject[0].digest.sha256"),
+    (lambda s: s["subject"][0]["digest"].update(dirHash="ABC"), "$.subject[0].digest.dirHash"),
+    (lambda s: s["subject"][0]["digest"].update(sha256="a" * 64), "$.subject[0].digest"),
+    (lambda s: s["subject"].append(dict(s["subject"][0])), "$.subject"),
+    (lambda s: s["predicate"]["implementation"].update(path="../x"), "$.predicate.implementation.path"),
+    (lambda s: s["predicate"]["implementation"].update(path="/etc"), "$.predicate.implementation.path"),
+    (lambda s: s["predicate"].pop("coverage"), "'coverage' is a required property"),
+    (lambda s: s["predicate"]["run"].pop("builder"), "'builder' is a required property"),
     (lambda s: s["predicate"].pop("spec"), "'spec' is a required property"),
-    (lambda s: s["predicate"].update(failedTests=["small/loss"]), "FAILED"),
+    (lambda s: s["predicate"].update(failedTests=["seed-b2/loss"]), "FAILED"),
     (lambda s: s.update(predicateType="https://in-toto.io/attestation/test-result/v0.1"), "$.predicateType"),
     (lambda s: s["predicate"]["workloads"][0].update(seeds=[7]), "$.predicate.workloads[0].seeds[0]"),
 ])
-def test_schema_rejects(mutate, where) -> None:
-    st = copy.deepcopy(synthetic_statement())
+def test_schema_rejects(proj, mutate, where) -> None:
+    st = copy.deepcopy(_statement(proj))
     mutate(st)
     problems = schema_problems(st)
     assert problems and any(where in p for p in problems), problems
-    with pytest.raises(StatementError, match="breaks evidence-statement.v1.schema.json"):
+    with pytest.raises(StatementError, match="breaks evidence-statement.v2.schema.json"):
         write_record(st, "/nonexistent/never-written.json", None)
 
 
-def test_schema_allows_extra_fields() -> None:
-    st = copy.deepcopy(synthetic_statement())
+def test_schema_allows_extra_fields(proj) -> None:
+    st = copy.deepcopy(_statement(proj))
     st["predicate"]["workloads"][0]["checks"][0]["evidence"]["anything"] = {"nested": [1, "x", None]}
     st["predicate"]["future_field"] = True
     st["extra"] = 1

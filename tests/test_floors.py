@@ -28,8 +28,9 @@ def a100():
     return load_catalogue().get("a100-sxm4-80gb")
 
 
-def _floor(spec, workload, protocol, gpu=None, ceilings=None):
-    return compute_floor(spec, resolve_for_floor(spec, spec.workload(workload)), protocol, gpu, ceilings)
+def _floor(spec, workload, protocol, gpu=None, ceilings=None, model="headroom-v1"):
+    # the tests of this half are the seed page's model; traffic-v1 is tested in test_floors_traffic.py
+    return compute_floor(spec, resolve_for_floor(spec, spec.workload(workload)), protocol, gpu, ceilings, model=model)
 
 
 def _seed_forward_bytes(batch: int, vocab: int = 128256, seq: int = 1024, logit_bytes: int = 2) -> int:
@@ -47,17 +48,26 @@ def test_seed_floor_257_9_us_reproduced(spec, a100):
 
 
 def test_run_floor_report_says_257_9_us(spec):
-    report = run_floor(FloorRequest(str(SPEC_FILE), "seed-b2", "A100 80GB", "forward"))
+    report = run_floor(FloorRequest(str(SPEC_FILE), "seed-b2", "A100 80GB", "forward", model="headroom-v1"))
     text = "\n".join(report.lines())
-    assert "floor 257.9 us" in text
+    assert "forward: floor 257.9 us (dram binds) [headroom-v1]" in text
     assert "2,039 GB/s" in text and "525,865,996 B" in text
     assert report.match.gpu.id == "a100-sxm4-80gb" and report.notes  # ambiguous name, noted
     out = json.loads(json.dumps(report.to_json()))
     assert out["floors"][0]["floor_ns"] == 257903 and out["spec"]["id"] == "grpo-token-is"
+    assert out["floors"][0]["model"] == "headroom-v1"
+
+
+def test_the_default_report_prints_both_models_by_name():
+    report = run_floor(FloorRequest(str(SPEC_FILE), "seed-b2", "A100 80GB", "forward"))
+    assert [f.method for f in report.floors] == ["traffic-v1", "headroom-v1"]
+    text = "\n".join(report.lines())
+    assert "forward: floor 257.9 us (dram binds) [headroom-v1]" in text
+    assert "model traffic-v1:" in text and "read advantages float32 [2]: 8 B" in text
 
 
 def test_spec_id_and_torch_name_work_too():
-    report = run_floor(FloorRequest("grpo-token-is", "seed-b2", "NVIDIA A100-SXM4-80GB"))
+    report = run_floor(FloorRequest("grpo-token-is@1.0.0", "seed-b2", "NVIDIA A100-SXM4-80GB", model="headroom-v1"))
     assert report.floors[0].floor_ns == 257903 and not report.notes
 
 
@@ -87,7 +97,7 @@ def test_backward_has_no_floor_of_its_own(spec, a100):
     assert not below_floor(1, floor) and ratio(1e6, floor) == math.inf
     assert "no floor of its own" in floor.derivation[0]
     assert set(compute_floors(spec, resolve_for_floor(spec, spec.workload("seed-b2")), a100)) == {
-        "forward", "full", "backward"}
+        "forward", "full", "full-scaled", "backward"}
 
 
 def test_arithmetic_floor(spec, a100):
@@ -164,8 +174,8 @@ def test_an_extra_declared_input_is_counted(tmp_path, a100):
 def test_drawn_workload_uses_the_smallest_shape(spec, a100):
     resolved = resolve_for_floor(spec, spec.workload("drawn-bf16"))
     assert resolved.axes["batch"] == 1 and resolved.axes["seq"] == 1 and resolved.axes["vocab"] == 700
-    report = run_floor(FloorRequest(str(SPEC_FILE), "drawn-bf16", "NVIDIA A100-SXM4-80GB", "all"))
-    assert [f.protocol for f in report.floors] == ["forward", "full", "backward"]
+    report = run_floor(FloorRequest(str(SPEC_FILE), "drawn-bf16", "NVIDIA A100-SXM4-80GB", "all", model="headroom-v1"))
+    assert [f.protocol for f in report.floors] == ["forward", "full", "full-scaled", "backward"]
     assert any("smallest shape" in n for n in report.notes)
 
 

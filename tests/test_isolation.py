@@ -1,11 +1,12 @@
 """The worker process: a clean environment (no secrets), hangs and crashes turned into typed
-failures with the tail of the worker's stderr, and CPU tensors shared through mapped files."""
+failures with the tail of the worker's stderr, and CPU tensors shared through sealed memfds
+(views of larger buffers included). Attacks on the parent: tests/test_isolation_attacks.py."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import stat
 import subprocess
 import sys
 import time
@@ -17,8 +18,8 @@ import torch
 from conftest import ROOT
 from grpo_conform.check import CheckRequest, run_check
 from grpo_conform.implementations import MANIFEST, load_implementation
-from grpo_conform.isolation.session import WorkerFailure, WorkerSession, worker_environment
-from grpo_conform.isolation.sharing import SharedAllocator, open_descriptor, private_dir
+from grpo_conform.isolation.session import LOAD_TIMEOUT_MIN, WorkerFailure, WorkerSession, worker_environment
+from grpo_conform.isolation.sharing import VIEW_OFFSET, SharedAllocator, open_descriptor
 
 SECRETS = {
     "GRPO_CONFORM_SIGNING_KEY": "-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END PRIVATE KEY-----",
@@ -46,12 +47,24 @@ description = "isolation test implementation"
 """
 
 
-def _impl(tmp_path: Path, name: str, source: str):
+def _impl(tmp_path: Path, name: str, source: str, extra: dict[str, str] | None = None):
     folder = tmp_path / name
     folder.mkdir()
     (folder / MANIFEST).write_text(MANIFEST_TEXT.format(name=name))
     (folder / "impl.py").write_text(source)
+    for rel, text in (extra or {}).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
     return load_implementation(folder)
+
+
+def _worker_report(session: WorkerSession) -> dict:
+    """Run one call of an implementation that reports what it saw by raising ValueError(json)."""
+    _bind_small_inputs(session)
+    with pytest.raises(WorkerFailure) as info:
+        session.call("in", None, "full")
+    assert info.value.kind == "exception", str(info.value)
+    return json.loads(info.value.error["message"])
 
 
 def _session(impl, timeout: float = 120.0) -> WorkerSession:
@@ -90,39 +103,49 @@ def test_worker_environment_drops_secrets_and_keeps_the_toolchain(monkeypatch):
     assert not any(v in env.values() for v in SECRETS.values())
 
 
-def test_worker_environment_interpreter_and_allocator_settings(monkeypatch):
+def test_worker_environment_interpreter_and_no_allocator_variables(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert worker_environment("cpu", interpret=True)["TRITON_INTERPRET"] == "1"
     assert worker_environment("cpu", interpret=False)["TRITON_INTERPRET"] == "0"  # passed through as is
-    cpu = worker_environment("cpu", interpret=False)
-    assert int(cpu["MALLOC_MMAP_THRESHOLD_"]) >= 1 << 32
-    assert "MALLOC_MMAP_THRESHOLD_" not in worker_environment("cuda", interpret=False)
+    for device in ("cpu", "cuda"):  # mallopt in the worker instead: nothing to recognise the validator by
+        assert not any(k.startswith("MALLOC_") for k in worker_environment(device, interpret=False))
+
+
+def test_a_dropped_worker_gets_a_private_home_and_caches(monkeypatch, tmp_path):
+    for k, v in KEPT.items():
+        monkeypatch.setenv(k, v)
+    env = worker_environment("cpu", interpret=False, home=tmp_path, user="nobody")
+    assert env["HOME"] == str(tmp_path) and env["USER"] == env["LOGNAME"] == "nobody"
+    for key in ("TRITON_CACHE_DIR", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "TMPDIR"):
+        assert Path(env[key]).parent == tmp_path, key  # never a cache another implementation shares
+    assert env["OMP_NUM_THREADS"] == "1"
 
 
 @pytest.mark.slow
 def test_the_worker_process_sees_no_secret(tmp_path, monkeypatch):
     for k, v in {**SECRETS, **KEPT}.items():
         monkeypatch.setenv(k, v)
-    out = tmp_path / "seen-environment.json"
     source = (
         "import json, os, pathlib\n"
-        "target = (pathlib.Path(__file__).parent / 'target.txt').read_text().strip()\n"
-        "pathlib.Path(target).write_text(json.dumps(dict(os.environ)))\n"
+        "names = json.loads((pathlib.Path(__file__).parent / 'secrets.json').read_text())\n"
         "def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):\n"
-        "    return logits.float().sum() * 0\n"
+        "    seen = dict(os.environ)\n"
+        "    report = {'leaked': sorted(set(seen) & set(names)), 'values': [v for v in names.values() if v in json.dumps(seen)],\n"
+        "              'kept': {k: seen.get(k) for k in %r}, 'path': 'PATH' in seen, 'home': seen.get('HOME')}\n"
+        "    raise ValueError(json.dumps(report))\n" % (sorted(KEPT),)
     )
-    impl = _impl(tmp_path, "env-dump", source)
-    (impl.path / "target.txt").write_text(str(out))
+    impl = _impl(tmp_path, "env-dump", source, extra={"secrets.json": json.dumps(SECRETS)})
     assert os.environ["GRPO_CONFORM_SIGNING_KEY"] == SECRETS["GRPO_CONFORM_SIGNING_KEY"]
     with _session(impl) as session:
         assert session.info["pid"] != os.getpid()
-    seen = json.loads(out.read_text())
-    leaked = sorted(set(seen) & set(SECRETS))
-    assert not leaked, f"the worker saw {leaked}"
-    assert not any(v in json.dumps(seen) for v in SECRETS.values())
-    for k, v in KEPT.items():
-        assert seen.get(k) == v
-    assert "PATH" in seen
+        report = _worker_report(session)
+    assert not report["leaked"], f"the worker saw {report['leaked']}"
+    assert not report["values"]
+    assert report["path"] and report["kept"]["OMP_NUM_THREADS"] == "1"
+    if os.getuid() == 0:  # dropped: caches in the private home, never the validator's
+        assert report["kept"]["TRITON_CACHE_DIR"].startswith(report["home"])
+    else:
+        assert report["kept"] == KEPT
 
 
 # -- hangs and crashes ---------------------------------------------------------------------------------
@@ -130,7 +153,7 @@ HANG = """\
 import os, pathlib, subprocess, sys, time
 def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
     child = subprocess.Popen(["sleep", "600"])
-    (pathlib.Path(__file__).parent / "child.pid").write_text(str(child.pid))
+    print("child", child.pid, file=sys.stderr, flush=True)
     print("hanging now", file=sys.stderr, flush=True)
     time.sleep(600)
 """
@@ -163,7 +186,7 @@ def test_a_hang_ends_within_the_timeout_and_kills_the_process_group(tmp_path):
         assert "hanging now" in info.value.stderr_tail
         assert info.value.evidence()["kind"] == "timeout"
         assert not session.alive and _gone(pid)
-        child = int((impl.path / "child.pid").read_text())
+        child = int(info.value.stderr_tail.split("child ")[1].split()[0])
         deadline = time.monotonic() + 5
         while not _gone(child) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -180,7 +203,8 @@ def test_a_hang_at_import_times_out_the_load(tmp_path):
     with pytest.raises(WorkerFailure) as info:
         session.start()
     session.close()
-    assert info.value.kind == "timeout" and time.monotonic() - started < 4.0 + 5.0
+    assert info.value.kind == "timeout" and time.monotonic() - started < LOAD_TIMEOUT_MIN + 5.0
+    assert str(info.value) == f"no answer within {LOAD_TIMEOUT_MIN:g} s: process killed"  # the load's least time
 
 
 CRASHES = {
@@ -244,47 +268,90 @@ def test_a_crash_at_import_is_a_load_error_with_the_stderr_tail(tmp_path):
 
 
 # -- shared CPU tensors --------------------------------------------------------------------------------
-def test_private_dir_is_private():
-    d = private_dir()
-    try:
-        assert stat.S_IMODE(d.stat().st_mode) == 0o700
-    finally:
-        d.rmdir()
+def _open(alloc: SharedAllocator, desc: dict):
+    """What the worker does with a descriptor and the file descriptors that came with it."""
+    desc = json.loads(json.dumps(desc))  # descriptors are JSON
+    return open_descriptor(desc, {desc["fd"]: os.dup(alloc._fds[desc["fd"]])} if desc["kind"] == "memfd" else None)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64])
-def test_shared_cpu_tensors_map_the_same_memory(tmp_path, dtype):
-    alloc = SharedAllocator(tmp_path, torch.device("cpu"))
+def test_shared_cpu_tensors_map_the_same_memory(dtype):
+    alloc = SharedAllocator(None, torch.device("cpu"))
     parent, desc = alloc.empty((3, 5), dtype)
-    assert desc["kind"] == "file" and desc["shape"] == [3, 5] and Path(desc["path"]).parent == tmp_path
-    child = open_descriptor(json.loads(json.dumps(desc)))  # descriptors are JSON
+    assert desc["kind"] == "memfd" and desc["view"] == {"storage_offset": 0, "shape": [3, 5], "stride": [5, 1]}
+    child = _open(alloc, desc)
     assert child.dtype == dtype and child.shape == (3, 5) and child.data_ptr() != parent.data_ptr()
     parent.fill_(0)
     child[1, 2] = 7
     assert int(parent[1, 2]) == 7 and int(parent.sum()) == 7
     parent[2, 4] = -3
     assert int(child[2, 4]) == -3
+    alloc.close()
 
 
-def test_share_copies_the_values(tmp_path):
-    alloc = SharedAllocator(tmp_path, torch.device("cpu"))
+def test_share_copies_the_values():
+    alloc = SharedAllocator(None, torch.device("cpu"))
     source = torch.randn(4, 6).to(torch.bfloat16)
     shared, desc = alloc.share(source)
     assert torch.equal(shared, source) and shared.data_ptr() != source.data_ptr()
-    assert torch.equal(open_descriptor(desc), source)
+    assert torch.equal(_open(alloc, desc), source)
     _, other = alloc.share(source)
-    assert other["path"] != desc["path"]  # one file per tensor
+    assert other["fd"] != desc["fd"]  # one memfd per tensor
     empty, edesc = alloc.empty((0, 3), torch.float32)
-    assert open_descriptor(edesc).shape == (0, 3) and empty.numel() == 0
+    assert _open(alloc, edesc).shape == (0, 3) and empty.numel() == 0
 
 
-def test_a_write_in_another_process_is_seen(tmp_path):
-    alloc = SharedAllocator(tmp_path, torch.device("cpu"))
+@pytest.mark.parametrize("kind", ["offset", "strided"])
+@pytest.mark.parametrize("shape", [(2, 3, 7), (5,)])
+def test_views_of_a_larger_buffer(kind, shape):
+    alloc = SharedAllocator(None, torch.device("cpu"))
+    source = torch.randn(shape)
+    parent, desc = alloc.share(source, kind)
+    child = _open(alloc, desc)
+    assert torch.equal(child, source) and child.stride() == parent.stride() and tuple(desc["view"]["shape"]) == shape
+    assert child.storage_offset() == parent.storage_offset() == VIEW_OFFSET
+    if kind == "strided":
+        assert not child.is_contiguous() and child.stride()[-1] == (2 if len(shape) == 1 else 1)
+    else:
+        assert child.is_contiguous()
+    assert torch.isnan(child.as_strided((VIEW_OFFSET,), (1,), 0)).all()  # the padding reads NaN
+    child.add_(1)
+    assert torch.equal(parent, source + 1)
+
+
+def test_a_view_that_does_not_fit_its_buffer_is_refused():
+    alloc = SharedAllocator(None, torch.device("cpu"))
+    _, desc = alloc.empty((4,), torch.float32)
+    desc["view"] = {"storage_offset": 2, "shape": [4], "stride": [1]}
+    with pytest.raises(ValueError, match="does not fit"):
+        _open(alloc, desc)
+
+
+def test_shared_memory_cannot_be_shrunk_or_grown():
+    """The worker's attack on the parent's mapping: truncating the memory (SIGBUS in the parent)."""
+    alloc = SharedAllocator(None, torch.device("cpu"))
+    parent, desc = alloc.empty((1024,), torch.float32)
+    fd = os.dup(alloc._fds[desc["fd"]])
+    for size in (0, 4, 1 << 20):
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, size)
+    with pytest.raises(PermissionError):  # no seal can be added either (F_SEAL_SEAL)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+    parent.fill_(1.0)
+    assert float(parent.sum()) == 1024.0
+    os.close(fd)
+
+
+def test_a_write_in_another_process_is_seen():
+    alloc = SharedAllocator(None, torch.device("cpu"))
     tensor, desc = alloc.empty((4,), torch.float32)
     tensor.zero_()
+    fd = os.dup(alloc._fds[desc["fd"]])
     script = ("import json, sys\nfrom grpo_conform.isolation.sharing import open_descriptor\n"
-              "t = open_descriptor(json.loads(sys.argv[1]))\nt[2] = 42.5\n")
-    subprocess.run([sys.executable, "-c", script, json.dumps(desc)], check=True, cwd=ROOT, timeout=120)
+              "d = json.loads(sys.argv[1])\nt = open_descriptor(d, {d['fd']: int(sys.argv[2])})\nt[2] = 42.5\n")
+    subprocess.run([sys.executable, "-c", script, json.dumps(desc), str(fd)], check=True, cwd=ROOT, timeout=120,
+                   pass_fds=(fd,))
+    os.close(fd)
     assert tensor.tolist() == [0.0, 0.0, 42.5, 0.0]
 
 

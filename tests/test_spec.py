@@ -159,8 +159,8 @@ BROKEN = {
                            "Additional properties are not allowed ('no_mutatoin' was unexpected)"),
     "bad enum": (_put("constraints", "determinism", "sometimes"), "$.constraints.determinism",
                  'got "sometimes", expected ["unspecified", "bitwise"]'),
-    "bad const": (_put("format", "grpo-conform-spec/2"), "$.format",
-                  'got "grpo-conform-spec/2", expected "grpo-conform-spec/1"'),
+    "bad const": (_put("format", "grpo-conform-spec/9"), "$.format",
+                  'got "grpo-conform-spec/9", expected "grpo-conform-spec/1"'),
     "negative tolerance": (_put("tolerances", 2, "gradient", "element_atol", -1.0),
                            "$.tolerances[2].gradient.element_atol", "-1.0 is less than the minimum of 0"),
     "axis equals an unknown axis": (_put("axes", 2, "equals", "sequence + 1"), "$.axes[2].equals",
@@ -341,7 +341,10 @@ def test_unknown_workload_lists_the_known_ones(spec):
 
 # -- finding specs ---------------------------------------------------------------------------------
 def test_find_spec_by_id_and_by_id_at_version(spec):
-    assert find_spec("grpo-token-is").identity == spec.identity
+    # decision 1: the unversioned id names the family member (same loss, checked harder), the
+    # versioned one the frozen file
+    member = find_spec("grpo-token-is")
+    assert member.id == "grpo/token-is" and member.member == "token-is" and member.identity != spec.identity
     assert find_spec("grpo-token-is@1.0.0").identity == spec.identity
 
 
@@ -368,7 +371,7 @@ def test_find_spec_searches_the_environment_directory_and_takes_the_highest_vers
     _write(tmp_path, doc, "older.json")
     (tmp_path / "garbage.json").write_text("{ not json")  # skipped, not fatal
     monkeypatch.setenv(ENV_SPEC_DIRS, str(tmp_path))
-    assert find_spec("grpo-token-is").version == "1.10.0"
+    assert find_spec("grpo-token-is").id == "grpo/token-is"  # the family in the checkout's specs/ wins unversioned
     assert find_spec("grpo-token-is@1.9.0").version == "1.9.0"
     assert find_spec("grpo-token-is@1.0.0").identity == spec.identity
     assert find_spec("grpo-token-is", dirs=[tmp_path]).source == str(tmp_path / "newer.json")
@@ -382,8 +385,9 @@ def test_cli_spec_show(spec):
     assert "id:       grpo-token-is" in lines
     assert "version:  1.0.0" in lines
     assert f"identity: sha256 {spec.identity}" in lines
-    assert "axes: batch, seq, seq_next = seq + 1, vocab" in lines
-    assert any(line.startswith("workload odd-vocab: batch=3, seq=5, vocab=5003;") for line in lines)
+    stripped = [line.strip() for line in lines]  # the REPORT layout indents summary lines under headings
+    assert "axes: batch, seq, seq_next = seq + 1, vocab" in stripped
+    assert any(line.startswith("workload odd-vocab: batch=3, seq=5, vocab=5003;") for line in stripped)
 
 
 def test_cli_spec_show_json(spec):
@@ -407,8 +411,10 @@ def test_cli_spec_validate_broken_file(tmp_path):
     run = _cli("spec", "validate", str(SPEC_FILE), file)
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
-    assert run.stderr.strip() == (f"error: {file}: at $.workloads[{ODD}].axes.seq_next: 'seq_next' is derived "
-                                  "(seq_next = ...); do not give it a value")
+    # validate lists every problem of every file on stdout (REPORT's polish), then exits 2
+    assert f"{file}: INVALID (1 problem(s))" in run.stdout
+    assert (f"{file}: at $.workloads[{ODD}].axes.seq_next: 'seq_next' is derived "
+            "(seq_next = ...); do not give it a value") in run.stdout
 
 
 def test_cli_spec_validate_invalid_json_and_missing_file(tmp_path):
@@ -416,7 +422,7 @@ def test_cli_spec_validate_invalid_json_and_missing_file(tmp_path):
     bad.write_text('{"id": "x",\n  "version": }\n')
     run = _cli("spec", "validate", str(bad))
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert f"{bad}: at line 2 column 14: not valid JSON" in run.stderr
+    assert f"{bad}: at line 2 column 14: not valid JSON" in run.stdout
     run = _cli("spec", "show", str(tmp_path / "missing.json"))
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert f"{tmp_path / 'missing.json'}: at $: file not found" in run.stderr
@@ -431,5 +437,5 @@ def test_cli_spec_validate_error_survives_a_narrow_terminal(tmp_path):
     run = subprocess.run([sys.executable, "-m", "grpo_conform", "spec", "validate", file], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    joined = " ".join(run.stderr.split())
-    assert f"error: {file}: at $.tolerances[0].loss.atol: got \"x\", expected a value of type number" in joined
+    joined = " ".join((run.stdout + run.stderr).split())
+    assert f"{file}: $.tolerances[0].loss.atol: got \"x\", expected a value of type number" in joined

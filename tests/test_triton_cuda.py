@@ -77,3 +77,78 @@ def test_loss_and_gradient_match_the_reference(dtype, vocab):
     worst = float((grad[:, :5] - ref_grad[:, :5]).abs().max() / ref_grad[:, :5].abs().max())
     assert worst < WORST[dtype], f"worst element off by {worst:.2e} of the largest"
     assert torch.equal(logits.view(torch.uint8), before.view(torch.uint8))  # the input bits are untouched
+
+
+# ---- family members and the gradient-mode choice (plan.py, staged member kernels) -------------------------
+from grpo_conform.reference import reference_loss as _ref_loss  # noqa: E402
+
+MEMBER_CALLS = {
+    "token-offpolicy-mask": dict(loss_type="grpo"),
+    "token-offpolicy-mask-kl": dict(loss_type="grpo", beta=0.05, ref=True),
+    "bnpo-mask": dict(loss_type="bnpo"),
+    "dr-grpo-mask": dict(loss_type="dr_grpo", max_completion_length=9),
+    "sequence-offpolicy-mask": dict(loss_type="grpo", importance_sampling_level="sequence"),
+    "cispo-mask": dict(loss_type="cispo", epsilon_high=5.0),
+    "vllm-is-mask": dict(loss_type="grpo", rho=True, sampling_ratio_cap=1.5),
+}
+
+
+def _member_inputs(dtype, vocab, batch=3, seq=7, seed=3):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = (torch.randn(batch, seq + 1, vocab, device="cuda", generator=g) * 2).to(dtype)
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda", generator=g)
+    ids[0, 0] = vocab - 1
+    lp = torch.log_softmax(logits[:, :seq].double() / 0.7, -1).gather(-1, ids[..., None])[..., 0]
+    noise = lambda: 0.3 * torch.randn(batch, seq, device="cuda", generator=g, dtype=torch.float64)  # noqa: E731
+    mask = torch.ones(batch, seq, dtype=torch.bool, device="cuda")
+    mask[0, 4:] = False
+    mask[2] = False
+    return {"logits": logits, "completion_ids": ids, "advantages": torch.tensor([-0.7, 1.2, 0.4], device="cuda"),
+            "old_logprobs": (lp + noise()).float(), "ref_logprobs": (lp + noise()).float(), "completion_mask": mask,
+            "sampling_ratio": 0.5 + 1.5 * torch.rand(batch, seq, device="cuda", generator=g)}
+
+
+CASES = [(m, v, torch.bfloat16) for m in sorted(MEMBER_CALLS) for v in (128256, 40001)]  # 40001: plain, 3 chunks
+CASES += [("token-offpolicy-mask-kl", 5008, torch.float32), ("sequence-offpolicy-mask", 5008, torch.float16)]
+
+
+@pytest.mark.parametrize("member,vocab,dtype", CASES, ids=str)
+def test_member_matches_the_reference_for_every_upstream_scalar(member, vocab, dtype):
+    from grpo_conform.reference import GrpoParameters as P
+
+    cfg = dict(MEMBER_CALLS[member])
+    use_ref, use_rho = cfg.pop("ref", False), cfg.pop("rho", False)
+    params = {**dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.7, importance_sampling_level="token"), **cfg}
+    x = _member_inputs(dtype, vocab)
+    names = {"logits", "completion_ids", "advantages", "old_logprobs", "completion_mask"}
+    names |= {"ref_logprobs"} if use_ref else set()
+    names |= {"sampling_ratio"} if use_rho else set()
+    x = {k: v for k, v in x.items() if k in names}
+    p = P.from_mapping(params)
+    cpu = {k: v.cpu() for k, v in x.items()}
+    ref_loss = _ref_loss(cpu, p)
+    ref_grad = reference_gradient_dense(cpu, p)
+    seq = x["completion_ids"].shape[1]
+    with torch.no_grad():
+        assert float(impl.grpo_loss(**x, **params)) == pytest.approx(ref_loss, rel=2e-5, abs=2e-6)
+    for c in (1.0, 0.25, 0.25, 1.0, 1.0):  # the forward's guess: right, wrong, right, wrong, right
+        leaf = x["logits"].clone().requires_grad_(True)
+        loss = impl.grpo_loss(**{**x, "logits": leaf}, **params)
+        (loss * c).backward()
+        assert float(loss.detach()) == pytest.approx(ref_loss, rel=2e-5, abs=2e-6)
+        grad = leaf.grad.double().cpu()
+        assert torch.isfinite(grad).all() and (grad[:, seq] == 0).all() and (grad[2] == 0).all()
+        err = float((grad[:, :seq] - c * ref_grad[:, :seq]).norm() / (c * ref_grad[:, :seq]).norm())
+        assert err < TOLERANCE[dtype], f"c={c}: relative Frobenius error {err:.2e}"
+
+
+def test_staged_member_kernels_compiled():
+    """The Gluon member kernels must not have fallen back to the plain ones (staged_members.DISABLED)."""
+    staged_members = importlib.import_module("grpo_impl_triton_cuda_test.staged_members")
+    x = _member_inputs(torch.bfloat16, 128256)
+    leaf = x["logits"].clone().requires_grad_(True)
+    impl.grpo_loss(**{**x, "logits": leaf}, epsilon_low=0.2, epsilon_high=0.2, temperature=1.0, loss_type="grpo",
+                   importance_sampling_level="sequence").backward()
+    impl.grpo_loss(**{**x, "logits": leaf}, epsilon_low=0.2, epsilon_high=0.2, temperature=1.0, loss_type="grpo",
+                   importance_sampling_level="token").backward()
+    assert staged_members.DISABLED == []

@@ -23,6 +23,7 @@ class CheckBook:
     names: tuple[str, ...]
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    inapplicable: dict[str, str] = field(default_factory=dict)  # checks this member's semantics rule out
 
     def __post_init__(self) -> None:
         for n in self.names:
@@ -49,9 +50,17 @@ class CheckBook:
         if not self.findings[check]:
             self.skipped[check] = reason
 
+    def not_applicable(self, check: str, reason: str) -> None:
+        """The member's semantics rule this check out: it is left out of the outcomes (so a record
+        does not count it as skipped), with the reason kept in the workload's draws."""
+        if not self.findings[check]:
+            self.inapplicable[check] = reason
+
     def outcomes(self) -> tuple[CheckOutcome, ...]:
         out = []
         for name in self.names:
+            if name in self.inapplicable:
+                continue
             info = CHECKS_BY_NAME[name]
             found = self.findings[name]
             if not found:

@@ -6,7 +6,8 @@ always computed from it, never from the shared buffer the implementation could h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ class InputSlot:
     name: str
     tensors: dict[str, torch.Tensor]
     pristine: dict[str, torch.Tensor]
+    layout: dict[str, dict[str, Any]] = field(default_factory=dict)  # views: offset and strides
 
     @classmethod
     def create(cls, session: WorkerSession, name: str, shapes: dict[str, tuple[int, ...]],
@@ -30,6 +32,41 @@ class InputSlot:
         session.bind(name, descs)
         pristine = {k: torch.empty_like(v) for k, v in tensors.items()}
         return cls(name, tensors, pristine)
+
+    @classmethod
+    def create_views(cls, session: WorkerSession, name: str, shapes: dict[str, tuple[int, ...]],
+                     dtypes: dict[str, torch.dtype], rng: random.Random) -> "InputSlot":
+        """Inputs that are offset, strided views of larger shared buffers (the last dimension
+        stays contiguous): a rank-1 input takes every other element after a drawn offset; a
+        higher-rank one is a slice [o:, o:, ..., :n] of a buffer padded in every dimension."""
+        tensors, descs, layout = {}, {}, {}
+        for key, shape in shapes.items():
+            offset = rng.randint(1, 3)
+            if len(shape) <= 1:
+                n = shape[0] if shape else 1
+                base_shape: tuple[int, ...] = (2 * n + offset,)
+                stride: tuple[int, ...] = (2,)
+                storage_offset = offset
+            else:
+                base_shape = tuple(d + offset for d in shape[:-1]) + (shape[-1] + rng.randint(1, 5),)
+                stride = tuple(_contiguous_strides(base_shape))
+                storage_offset = sum(offset * s for s in stride[:-1])
+            base, desc = session.allocator.empty(base_shape, dtypes[key])
+            base.zero_()
+            view = base.as_strided(shape, stride, storage_offset)
+            tensors[key] = view
+            layout[key] = {"shape": list(shape), "stride": list(stride), "storage_offset": storage_offset,
+                           "base_shape": list(base_shape)}
+            if desc.get("kind") == "cuda_ipc":
+                from grpo_conform.isolation.sharing import cuda_descriptor
+
+                descs[key] = cuda_descriptor(view)  # torch's IPC rebuild keeps offset and strides
+            else:
+                descs[key] = dict(desc, view={"storage_offset": storage_offset, "shape": list(shape),
+                                              "stride": list(stride)})
+        session.bind(name, descs)
+        pristine = {k: torch.empty(v.shape, dtype=v.dtype, device=v.device) for k, v in tensors.items()}
+        return cls(name, tensors, pristine, layout)
 
     def commit(self) -> None:
         """Record the current contents (just written by the parent) as what they must stay."""
@@ -53,6 +90,14 @@ class InputSlot:
             if diff is not None:
                 found[k] = diff
         return found
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return strides[::-1]
 
 
 @dataclass

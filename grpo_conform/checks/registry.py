@@ -17,6 +17,7 @@ class CheckInfo:
     catches: tuple[int, ...]
     cuda_only: bool = False
     informational: bool = False
+    static: bool = False  # judged from the folder's files in the parent, once per implementation
 
 
 _CHECKS = (
@@ -42,6 +43,21 @@ _CHECKS = (
     CheckInfo("row-locality", "changing one logits row changes that gradient row and no other", (7,)),
     CheckInfo("adversarial-inputs", "row profiles mixed in one batch (normal, wide, up to 1e4, near one-hot, "
               "heavy-tailed) match the reference and stay finite", (4,)),
+    CheckInfo("upstream-gradient", "backward with parent-drawn upstream scalars (negative, tiny, large; through "
+              "loss.backward and torch.autograd.grad) gives that multiple of the reference gradient", (2,)),
+    CheckInfo("non-leaf-logits", "logits handed over as a view or an affine function of a leaf: the gradient "
+              "reaches that leaf through autograd (an implementation writing logits.grad itself fails)", (2, 16)),
+    CheckInfo("interleaved-graphs", "two forwards before one backward (backward of their sum, and backwards in "
+              "the opposite order): each gradient matches its own inputs' reference (no state between calls)",
+              (10, 13)),
+    CheckInfo("input-layouts", "inputs passed as offset, strided views of larger buffers (slices such as "
+              "input_ids[:, P:], padded vocabularies) give the reference result", (16,)),
+    CheckInfo("masked-positions", "positions the completion mask excludes get an exactly zero gradient, and "
+              "redrawing their logits changes no output", (3, 7)),
+    CheckInfo("forward-only", "under torch.no_grad (evaluation, logging) the loss matches the reference", (1,)),
+    CheckInfo("tamper-scan", "the source names none of the validator's internals (grpo_conform, __main__, "
+              "sys.modules writes, gc.get_objects, frame walking, ctypes, /proc/, ptrace): a static tripwire, not "
+              "a proof", (), static=True),
     CheckInfo("determinism", "reported, never failed (the spec leaves it unspecified): bitwise equal across "
               "identical calls, or the largest difference", (), informational=True),
     CheckInfo("timed-outputs", "a random subset of the outputs of timed calls matches the reference", (13, 14),
@@ -55,5 +71,5 @@ _CHECKS = (
 )
 
 CHECKS_BY_NAME: dict[str, CheckInfo] = {c.name: c for c in _CHECKS}
-CONFORMANCE_CHECKS: tuple[str, ...] = tuple(c.name for c in _CHECKS if not c.cuda_only)
+CONFORMANCE_CHECKS: tuple[str, ...] = tuple(c.name for c in _CHECKS if not c.cuda_only and not c.static)
 TIMING_CHECKS: tuple[str, ...] = tuple(c.name for c in _CHECKS if c.cuda_only)

@@ -28,8 +28,10 @@ from grpo_conform import inputs as gen
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.compare import GradientComparator, compare_loss, json_float
 from grpo_conform.floors import Floor, below_floor
+from grpo_conform.traffic import count_mask
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
-from grpo_conform.reference import GrpoParameters, reference_gradient, reference_loss
+from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.compare import fp32_floor
 from grpo_conform.results import CheckOutcome
 from grpo_conform.spec import ResolvedWorkload, Spec
 from grpo_conform.timing import METHOD, Distribution, flush_bytes_for
@@ -38,13 +40,15 @@ CACHING_RATIO = 0.9
 SIDE_STREAM_RATIO = 0.5
 SIDE_STREAM_MIN_GAP_NS = 100_000
 
-#: protocol -> its floors on this GPU (grpo_conform.floors.compute_floor).
-FloorFn = Callable[[str], Floor]
+#: (protocol[, unmasked]) -> its floors on this GPU (grpo_conform.floors.compute_floor, traffic-v1).
+FloorFn = Callable[..., Floor]
 
 
 @dataclass(frozen=True)
 class TimingSettings:
-    protocols: tuple[str, ...] = ("forward", "full")
+    # full-scaled: forward + (c * loss).backward() with the spec's timing.upstream_scale (0.25),
+    # what gradient accumulation and loss scaling do: part of the headline beside c = 1.
+    protocols: tuple[str, ...] = ("forward", "full", "full-scaled")
     warmup: int = 1  # warmup passes (every buffer set once), excluded
     reps: int = 20  # timed calls on fresh inputs: passes x buffer sets
     identical_reps: int = 10
@@ -56,13 +60,20 @@ class WorkloadTiming:
     def __init__(self, session: WorkerSession, spec: Spec, resolved: ResolvedWorkload,
                  settings: TimingSettings, floor_of: FloorFn):
         self.session, self.spec, self.rw, self.settings, self.floor_of = session, spec, resolved, settings, floor_of
-        self.params = GrpoParameters.from_mapping(spec.parameter_values)
         self.tol = spec.tolerance(resolved.dtypes.get("logits", spec.input("logits").dtypes[0]))
         self.rng = random.Random(secrets.randbits(64))
         self.device = session.device
 
+    def _count_mask(self, slot: InputSlot) -> None:
+        mask = slot.tensors.get("completion_mask") if isinstance(slot.tensors, dict) else None
+        if mask is not None:
+            counted = count_mask(mask)
+            if self.mask_low is None or counted.unmasked < self.mask_low.unmasked:
+                self.mask_low = counted
+
     def run(self) -> tuple[list[dict[str, Any]], list[CheckOutcome]]:
         rw = self.rw
+        self.mask_low = None
         dtypes = {t.name: gen.torch_dtype(rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
         set_bytes = 2 * sum(rw.numel(t.name) * torch.empty((), dtype=dtypes[t.name]).element_size()
                             for t in self.spec.inputs)  # a set and its pristine copy
@@ -92,6 +103,7 @@ class WorkloadTiming:
         for slot in slots:
             gen.generate(self.spec, self.rw, gen.fresh_seed(), self.device, out=slot.tensors)
             slot.commit()
+            self._count_mask(slot)
         torch.cuda.synchronize(self.device)
 
     def _batch(self, names: list[str], protocol: str, copy_from: str | None = None,
@@ -99,7 +111,8 @@ class WorkloadTiming:
         self.out.clear()
         wall0 = time.perf_counter_ns()
         reply = self.session.request(op="time", sets=names, protocol=protocol, warm=warm or self.warm.name,
-                                     copy_from=copy_from, outputs=self.out.name if copy_from else None)
+                                     copy_from=copy_from, outputs=self.out.name if copy_from else None,
+                                     upstream=self.upstream_for(protocol))
         return reply["results"], time.perf_counter_ns() - wall0
 
     def _identical(self, protocol: str) -> list[dict]:
@@ -137,7 +150,8 @@ class WorkloadTiming:
         fresh_d = Distribution.of([c["event_ns"] for c in calls])
         ident_d = Distribution.of([c["event_ns"] for c in identical])
         host_d = Distribution.of([c["wall_ns"] for c in calls])
-        floor = self.floor_of(protocol)
+        # traffic-v1 counts unmasked rows from the actual masks: the fewest of any timed set bounds every call
+        floor = self.floor_of(protocol, self.mask_low) if self.mask_low is not None else self.floor_of(protocol)
         io_bytes = self.rw.numel("logits") * self.sets[0].tensors["logits"].element_size()
         peak = max(c["peak_bytes"] for c in calls)
         result: dict[str, Any] = {
@@ -173,20 +187,27 @@ class WorkloadTiming:
 
     def _recheck(self, i: int, slot: InputSlot, protocol: str) -> dict[str, Any]:
         x = slot.pristine
-        ref = reference_loss(x["logits"], x["completion_ids"], x["advantages"], self.params)
-        loss_cmp = compare_loss(float(self.out.loss[0]), ref, self.tol.loss)
+        model = ReferenceModel.defaults(self.spec)  # timed calls run at the declared defaults
+        loss_cmp = compare_loss(float(self.out.loss[0]), model.loss(x), self.tol.loss)
         entry: dict[str, Any] = {"iteration": i, "loss": loss_cmp.to_json()}
         ok = loss_cmp.passed
         if protocol != "forward":
+            c = self.upstream_for(protocol)
             cmp = GradientComparator(self.tol.gradient, self.rw.axes["seq_next"], self.rw.shapes["logits"][-1])
             flat = self.out.grad.view(-1, cmp.vocab)
-            for chunk in reference_gradient(x["logits"], x["completion_ids"], x["advantages"], self.params):
-                cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values, chunk.scale)
+            z = x["logits"].reshape(-1, cmp.vocab)
+            for chunk in model.gradient(x):
+                scale = chunk.scale * abs(c)
+                floor = fp32_floor(z[chunk.start : chunk.stop], model.temperature, scale)
+                cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor)
             ok = ok and cmp.passed and cmp.last_rows_nonzero == 0
             entry["gradient"] = {"passed": cmp.passed, "frobenius_rel": json_float(cmp.frobenius_rel),
-                                 "mismatches": cmp.mismatches, "nan": cmp.nan}
+                                 "mismatches": cmp.mismatches, "nan": cmp.nan, "upstream": c}
         entry["passed"] = ok
         return entry
+
+    def upstream_for(self, protocol: str) -> float:
+        return float(self.spec.timing.upstream_scale) if protocol == "full-scaled" else 1.0
 
     def _findings(self, result, fresh_d, ident_d, host_d, batch_walls, floor, rechecks) -> dict[str, tuple]:
         p = result["protocol"]

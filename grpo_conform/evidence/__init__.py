@@ -2,16 +2,19 @@
 
 The CLI parses options into the requests below and prints the reports; nothing here prints.
 
-- `build_statement(report, impl)` -> dict; `write_record(statement, path, key)`; `write_evidence`
+- `build_statement(report, impl, member)` -> dict (predicate v2); `write_record(statement, path, key)`;
+  `write_evidence(report, dir, key)`: one record per implementation x member, self-contradictions refused
 - `run_keygen(KeygenRequest)` -> KeygenReport
 - `run_sign(SignRequest)` -> SignReport
-- `run_verify(VerifyRequest)` -> VerifyReport
+- `run_verify(VerifyRequest)` -> VerifyReport (trust: the root shipped in evidence/trust/, `trust.py`)
 - `load_signing_key(path)`: explicit path, else $GRPO_CONFORM_SIGNING_KEY, else $GRPO_CONFORM_SIGNING_KEY_FILE
 
+Trust: TUF metadata shipped in evidence/trust/ (trust.py), pinned root keys, never the current
+directory. Semantics shared by sign and verify: semantics.py. Policy: policy.py. RFC 3161: timestamps.py.
 Formats and rules: docs/evidence.md.
 """
 
-from grpo_conform.evidence.dsse import PAYLOAD_TYPE, Envelope, EnvelopeError, pae, parse_envelope
+from grpo_conform.evidence.dsse import PAYLOAD_TYPE, Envelope, EnvelopeError, loads_strict, pae, parse_envelope
 from grpo_conform.evidence.keys import (
     DEFAULT_TRUSTED_KEYS,
     ENV_SIGNING_KEY,
@@ -31,6 +34,9 @@ from grpo_conform.evidence.keys import (
 from grpo_conform.evidence.records import (
     RecordError,
     SignReport,
+    ToSign,
+    check_publishable,
+    preflight,
     SignRequest,
     WrittenRecord,
     record_filename,
@@ -41,7 +47,9 @@ from grpo_conform.evidence.records import (
 )
 from grpo_conform.evidence.statement import (
     PREDICATE_TYPE,
+    PREDICATE_V1,
     STATEMENT_TYPE,
+    builder_identity,
     StatementError,
     build_statement,
     schema_problems,
@@ -56,6 +64,10 @@ from grpo_conform.evidence.verify import (
     run_verify,
     verify_file,
 )
+from grpo_conform.evidence.policy import Policy, PolicyError, load_policy, policy_problems
+from grpo_conform.evidence.semantics import semantic_problems
+from grpo_conform.evidence.terminal import safe
+from grpo_conform.evidence.trust import PINNED_ROOT_KEYIDS, TrustRoot, load_trust_root
 
 __all__ = [
     "DEFAULT_TRUSTED_KEYS", "ENV_SIGNING_KEY", "ENV_SIGNING_KEY_FILE", "PAYLOAD_TYPE", "PREDICATE_TYPE",
@@ -65,4 +77,7 @@ __all__ = [
     "build_statement", "keygen", "keyid_of", "load_signing_key", "load_trusted_keys", "pae", "parse_envelope",
     "record_filename", "run_keygen", "run_sign", "run_verify", "schema_problems", "sign_record",
     "statement_bytes", "verify_file", "write_evidence", "write_record",
+    "PINNED_ROOT_KEYIDS", "PREDICATE_V1", "Policy", "PolicyError", "ToSign", "TrustRoot", "builder_identity",
+    "check_publishable", "load_policy", "load_trust_root", "loads_strict", "policy_problems", "preflight", "safe",
+    "semantic_problems",
 ]

@@ -102,21 +102,74 @@ def verify_signature(public_key: Ed25519PublicKey, message: bytes, sig: bytes) -
     return True
 
 
+MAX_SIGNATURES = 16
+MAX_DEPTH = 64
+
+
+def loads_strict(data: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
+    """JSON with no duplicate keys (a second value could hide behind the first), no NaN/Infinity and
+    at most `max_depth` levels of nesting; every problem is a ValueError saying which."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise ValueError(f"duplicate key {k!r}")
+            out[k] = v
+        return out
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(exc.msg + f" at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise ValueError(f"nested too deeply (more than {max_depth} levels are refused)") from None
+    depth_problem = _too_deep(value, max_depth)
+    if depth_problem:
+        raise ValueError(depth_problem)
+    return value
+
+
+def _too_deep(value: Any, limit: int) -> str | None:
+    stack = [(value, 1)]
+    while stack:  # iterative: a deep document must not exhaust the interpreter's stack here either
+        item, depth = stack.pop()
+        if depth > limit:
+            return f"nested too deeply (more than {limit} levels are refused)"
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return None
+
+
+_ENVELOPE_FIELDS = {"payloadType", "payload", "signatures"}
+
+
 def parse_envelope(text: str | bytes, expected_type: str | None = PAYLOAD_TYPE) -> Envelope:
     """Strictly read an envelope; every problem is an `EnvelopeError` saying what was expected.
 
+    Duplicate keys and unknown fields are refused (a second `payload` must not silently win).
     `expected_type=None` leaves the payloadType to the caller (verify still checks the signature
     of an envelope whose type is wrong, to tell tampering from a mislabelled record).
     """
     try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        doc = loads_strict(text, max_depth=4)
+    except ValueError as exc:
         raise EnvelopeError(f"not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise EnvelopeError("expected a JSON object with payloadType, payload and signatures")
     missing = [k for k in ("payloadType", "payload", "signatures") if k not in doc]
     if missing:
         raise EnvelopeError(f"missing field(s) {', '.join(missing)}; expected a DSSE envelope")
+    unknown = sorted(set(doc) - _ENVELOPE_FIELDS)
+    if unknown:
+        raise EnvelopeError(f"unknown envelope field(s) {unknown}; a DSSE envelope has only {sorted(_ENVELOPE_FIELDS)}")
     if not isinstance(doc["payloadType"], str):
         raise EnvelopeError("payloadType: expected a string")
     if expected_type is not None and doc["payloadType"] != expected_type:
@@ -127,6 +180,8 @@ def parse_envelope(text: str | bytes, expected_type: str | None = PAYLOAD_TYPE) 
         raise EnvelopeError(f"payload: {exc}") from None
     if not isinstance(doc["signatures"], list):
         raise EnvelopeError("signatures: expected a list (empty for an unsigned record)")
+    if len(doc["signatures"]) > MAX_SIGNATURES:
+        raise EnvelopeError(f"{len(doc['signatures'])} signatures; at most {MAX_SIGNATURES} are read")
     return Envelope(doc["payloadType"], payload, tuple(_signature(i, s) for i, s in enumerate(doc["signatures"])))
 
 
@@ -137,6 +192,10 @@ def wrong_type(found: str, expected: str = PAYLOAD_TYPE) -> str:
 def _signature(index: int, entry: Any) -> Signature:
     if not isinstance(entry, dict) or "sig" not in entry:
         raise EnvelopeError(f"signatures[{index}]: expected an object with 'sig' (and optionally 'keyid')")
+    if set(entry) - {"keyid", "sig"}:
+        raise EnvelopeError(f"signatures[{index}]: unknown field(s) {sorted(set(entry) - {'keyid', 'sig'})}")
+    if not isinstance(entry["sig"], str) or len(entry["sig"]) > 1024:
+        raise EnvelopeError(f"signatures[{index}].sig: expected a base64 string (an Ed25519 signature is 88 characters)")
     keyid = entry.get("keyid", "")
     if not isinstance(keyid, str):
         raise EnvelopeError(f"signatures[{index}].keyid: expected a string")

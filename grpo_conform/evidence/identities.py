@@ -1,125 +1,260 @@
-"""The `identities` step of verify: what a record claims, against itself and against this tree.
+"""The `identities` step: recompute what a record names from the project it belongs to.
 
-The record identity (sha256 of the payload bytes) is reported. The spec identity is recomputed
-when this tree has a spec with the recorded id and version (or the file the configuration uri
-names); the implementation identity when the folder exists at the recorded path, relative to the
-current directory or the project root. Absent files are notes; differences are failures.
+The project is the checkout the record file sits in (the nearest ancestor holding `.git` or
+`pyproject.toml`), else the current directory's, else an explicit `--project DIR`. Paths come
+from the record, so they are confined: relative, no `..`, and the resolved path (symbolic links
+followed) must stay inside the project, else nothing is read. When the tree differs and the
+record names a commit, the identity is recomputed from that commit's objects (`git ls-tree` /
+`git cat-file`, nothing is checked out) and the report says which it matched. What cannot be
+recomputed is `unverified`, never a pass.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+import subprocess
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from grpo_conform.canonical import sha256_hex
-from grpo_conform.evidence.statement import PROJECT_ROOT
+import rfc8785
+
 from grpo_conform.implementations import ManifestError, folder_listing
-from grpo_conform.spec import SpecError, find_spec, load_spec
+
+Status = Literal["match", "match-commit", "differs", "unverified"]
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+MAX_SPEC_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
 class IdentityCheck:
-    kind: Literal["record", "spec", "implementation"]
+    kind: Literal["record", "spec", "spec-file", "implementation"]
     name: str
     recorded: str
-    recomputed: str | None  # None: this tree lacks what it would be recomputed from
-    source: str | None = None
-
-    @property
-    def status(self) -> str:
-        if self.recomputed is None:
-            return "not-recomputed"
-        return "match" if self.recomputed == self.recorded else "differs"
+    recomputed: str | None
+    status: Status
+    source: str  # where it was recomputed from, or why it was not
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "recorded": self.recorded, "recomputed": self.recomputed,
-                "source": self.source, "status": self.status}
+                "status": self.status, "source": self.source}
+
+    def describe(self) -> str:
+        if self.status == "match":
+            return f"{self.kind} {self.name}: matches {self.source}"
+        if self.status == "match-commit":
+            return f"{self.kind} {self.name}: matches {self.source}"
+        if self.status == "differs":
+            return (f"{self.kind} {self.name}: recorded {self.recorded}, recomputed {self.recomputed} "
+                    f"({self.source})")
+        return f"{self.kind} {self.name}: UNVERIFIED ({self.source})"
 
 
-@dataclass(frozen=True)
-class IdentityFindings:
-    problems: tuple[str, ...]  # any problem fails the step
-    notes: tuple[str, ...]
-    checks: tuple[IdentityCheck, ...]
+def safe_relative(path: Any) -> str | None:
+    """Why `path` may not be resolved, or None when it is a plain relative path inside a project."""
+    if not isinstance(path, str) or not path:
+        return "not a non-empty string"
+    if not _SAFE_PATH.match(path):
+        return "only relative POSIX paths of [A-Za-z0-9._-] segments are allowed"
+    if any(part in (".", "..") for part in PurePosixPath(path).parts):
+        return "'.' and '..' segments are not allowed"
+    return None
 
 
-def _short(hexdigest: str) -> str:
-    return hexdigest[:16] + "…"
+def project_root_for(record: Path | None, explicit: str | Path | None) -> Path | None:
+    if explicit is not None:
+        return Path(explicit).resolve()
+    starts = [record.resolve().parent] if record is not None else []
+    starts.append(Path.cwd().resolve())
+    for start in starts:
+        for d in (start, *start.parents):
+            if (d / ".git").exists() or (d / "pyproject.toml").is_file():
+                return d
+    return None
 
 
-def check_identities(statement: dict[str, Any], record_identity: str) -> IdentityFindings:
-    """`statement` has passed the schema, so the fields read here exist."""
-    predicate = statement["predicate"]
-    spec, impl = predicate["spec"], predicate["implementation"]
-    problems: list[str] = []
-    notes = [f"record identity sha256 {record_identity}"]
-
-    # The statement must agree with itself: subject, implementation and configuration name one folder.
-    subject = statement["subject"][0]["digest"]["sha256"]
-    if subject != impl["identity"]:
-        problems.append(f"subject digest {_short(subject)} differs from predicate.implementation.identity "
-                        f"{_short(impl['identity'])}")
-    descriptors = {d["name"].split(":", 1)[0]: d for d in predicate["configuration"]}
-    for kind, recorded in (("spec", spec["identity"]), ("implementation", impl["identity"])):
-        d = descriptors.get(kind)
-        if d is None:
-            problems.append(f"configuration has no '{kind}:...' resource descriptor")
-        elif d["digest"]["sha256"] != recorded:
-            problems.append(f"configuration {d['name']} digest {_short(d['digest']['sha256'])} differs from "
-                            f"predicate.{kind}.identity {_short(recorded)}")
-
-    checks = [IdentityCheck("record", "payload", record_identity, record_identity, "sha256 of the payload bytes")]
-    spec_uri = descriptors.get("spec", {}).get("uri")
-    checks.append(_spec_identity(spec, spec_uri))
-    checks.append(_implementation_identity(impl))
-    for c in checks[1:]:
-        if c.status == "differs":
-            problems.append(f"{c.kind} {c.name}: recorded sha256 {c.recorded}, this tree has {c.recomputed} "
-                            f"({c.source})")
-        elif c.status == "match":
-            notes.append(f"{c.kind} {c.name}: matches {c.source}")
-        else:
-            notes.append(f"{c.kind} {c.name}: not recomputed ({c.source})")
-    return IdentityFindings(tuple(problems), tuple(notes), tuple(checks))
+def _inside(root: Path, relative: str) -> Path | None:
+    target = (root / relative).resolve()
+    try:
+        target.relative_to(root.resolve())
+    except ValueError:
+        return None  # a symbolic link inside the project pointing out of it
+    return target
 
 
-def _candidates(relative: str) -> list[Path]:
-    if Path(relative).is_absolute():
-        return [Path(relative)]
-    out: list[Path] = []
-    for base in (Path.cwd(), PROJECT_ROOT):
-        p = (base / relative).resolve()
-        if p not in out:
-            out.append(p)
+def _git(root: Path, *args: str, stdin: bytes | None = None) -> bytes | None:
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], input=stdin, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _git_blobs(root: Path, commit: str, path: str) -> dict[str, bytes] | None:
+    """{path relative to `path`: content} of the files under `path` at `commit`, or None."""
+    listing = _git(root, "ls-tree", "-r", "-z", "--full-tree", commit, "--", path)
+    if listing is None:
+        return None
+    entries = []
+    for item in listing.split(b"\0"):
+        if not item:
+            continue
+        meta, _, name = item.partition(b"\t")
+        mode, kind, obj = meta.split(b" ")
+        if kind != b"blob":
+            continue
+        if mode == b"120000":
+            return None  # identities refuse symbolic links; so does this
+        entries.append((name.decode("utf-8", "surrogateescape"), obj.decode()))
+    if not entries:
+        return None
+    batch = _git(root, "cat-file", "--batch", stdin=b"".join(o.encode() + b"\n" for _, o in entries))
+    if batch is None:
+        return None
+    out, pos = {}, 0
+    for name, _obj in entries:
+        header_end = batch.index(b"\n", pos)
+        size = int(batch[pos:header_end].split(b" ")[2])
+        out[name] = batch[header_end + 1:header_end + 1 + size]
+        pos = header_end + 1 + size + 1
     return out
 
 
-def _spec_identity(spec: dict[str, Any], uri: str | None) -> IdentityCheck:
+def _listing_hash(files: dict[str, bytes], prefix: str) -> str:
+    lines = []
+    for name in sorted(files, key=lambda n: n.encode()):
+        rel = PurePosixPath(name).relative_to(prefix).as_posix()
+        if "__pycache__" in PurePosixPath(rel).parts:
+            continue
+        lines.append(f"{hashlib.sha256(files[name]).hexdigest()}  {rel}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def _commit_of(statement: dict[str, Any]) -> str | None:
+    commit = statement["predicate"].get("software", {}).get("git_commit")
+    return commit if isinstance(commit, str) and _COMMIT.match(commit) else None
+
+
+def implementation_check(statement: dict[str, Any], root: Path | None) -> IdentityCheck:
+    impl = statement["predicate"]["implementation"]
+    name, recorded = impl["path"], impl["identity"]
+    bad = safe_relative(name)
+    if bad:
+        return IdentityCheck("implementation", repr(name), recorded, None, "unverified", f"path refused: {bad}")
+    if root is None:
+        return IdentityCheck("implementation", name, recorded, None, "unverified",
+                             "no project found (run inside the checkout, or pass --project DIR)")
+    folder = _inside(root, name)
+    here = None
+    if folder is None:
+        return IdentityCheck("implementation", name, recorded, None, "unverified",
+                             f"{name} resolves outside {root}; not read")
+    if folder.is_dir():
+        try:
+            here = hashlib.sha256(folder_listing(folder).encode()).hexdigest()
+        except (ManifestError, OSError) as exc:
+            here = None
+            why = f"unreadable: {exc}"
+        if here == recorded:
+            return IdentityCheck("implementation", name, recorded, here, "match", f"the tree at {root}")
+    commit = _commit_of(statement)
+    if commit:
+        files = _git_blobs(root, commit, name)
+        if files is not None:
+            at = _listing_hash(files, name)
+            if at == recorded:
+                changed = "the tree has changed since" if here is not None else "the tree no longer has it"
+                return IdentityCheck("implementation", name, recorded, at, "match-commit",
+                                     f"commit {commit[:7]} in {root}; {changed}")
+            if here is None:
+                return IdentityCheck("implementation", name, recorded, at, "differs", f"commit {commit[:7]}")
+    if here is not None:
+        return IdentityCheck("implementation", name, recorded, here, "differs", f"the tree at {root}"
+                             + (f" (and commit {commit[:7]} is not in this repository)" if commit else ""))
+    return IdentityCheck("implementation", name, recorded, None, "unverified",
+                         why if folder.is_dir() else f"no folder {name} in {root}"
+                         + (f" and commit {commit[:7]} not found there" if commit else ""))
+
+
+def _spec_bytes(root: Path, uri: str, commit: str | None) -> tuple[bytes | None, str]:
+    """The file in the tree (commit None) or at `commit`."""
+    path = _inside(root, uri)
+    if commit is None:
+        if path is not None and path.is_file() and path.stat().st_size <= MAX_SPEC_BYTES:
+            return path.read_bytes(), f"{uri} in {root}"
+    else:
+        data = _git(root, "show", f"{commit}:{uri}")
+        if data is not None and len(data) <= MAX_SPEC_BYTES:
+            return data, f"{uri} at commit {commit[:7]}"
+    return None, f"no file {uri} in {root}"
+
+
+def spec_checks(statement: dict[str, Any], root: Path | None, uri: str | None,
+                file_sha256: str | None) -> list[IdentityCheck]:
+    """The spec's canonical identity (whole-file documents) and, when recorded, its file's plain sha256."""
+    spec = statement["predicate"]["spec"]
     name = f"{spec['id']}@{spec['version']}"
+    if uri is None or safe_relative(uri) or root is None:
+        why = "the record names no spec file" if uri is None else (
+            f"uri refused: {safe_relative(uri)}" if safe_relative(uri) else "no project found")
+        return [IdentityCheck("spec", name, spec["identity"], None, "unverified", why)]
+    commit = _commit_of(statement)
+    sources = [(*_spec_bytes(root, uri, None), "match")]
+    if commit:
+        sources.append((*_spec_bytes(root, uri, commit), "match-commit"))
+    first: list[IdentityCheck] | None = None
+    for data, where, status in sources:
+        if data is None:
+            continue
+        if status == "match-commit":
+            where += "; the tree has changed since" if sources[0][0] is not None else "; the tree no longer has it"
+        checks, ok = _spec_against(spec, name, uri, file_sha256, data, where, status)
+        if ok and spec.get("member") is not None and status == "match":
+            checks.append(_member_identity(spec, name, root, where))
+            ok = checks[-1].status == "match"
+        if ok:
+            return checks
+        first = first or checks
+    if first:
+        return first
+    tried = f"no file {uri} in {root}" + (f" or at commit {commit[:7]}" if commit else "")
+    return [IdentityCheck("spec", name, spec["identity"], None, "unverified", tried)]
+
+
+def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str) -> IdentityCheck:
+    """A member's identity is that of its resolved document: resolved by the spec module from the
+    project's specs/ (the file's sha256 already matched, so this checks the record's claim about it)."""
     try:
-        found = find_spec(name)
-        return IdentityCheck("spec", name, spec["identity"], found.identity, found.source)
-    except SpecError as exc:
-        reason = exc.problem
-    for p in _candidates(uri) if uri else []:
-        if p.is_file():
-            try:
-                loaded = load_spec(p)
-            except SpecError as exc:
-                return IdentityCheck("spec", name, spec["identity"], f"unreadable: {exc.problem}", str(p))
-            return IdentityCheck("spec", name, spec["identity"], loaded.identity, str(p))
-    return IdentityCheck("spec", name, spec["identity"], None, f"no spec {name} here: {reason}")
+        from grpo_conform.spec import find_spec
+
+        resolved = find_spec(name, dirs=[root / "specs"])
+    except Exception as exc:  # noqa: BLE001 - any failure to resolve means "not recomputed", said plainly
+        return IdentityCheck("spec", name, spec["identity"], None, "unverified", f"cannot resolve {name}: {exc}")
+    status: Status = "match" if resolved.identity == spec["identity"] else "differs"
+    return IdentityCheck("spec", name, spec["identity"], resolved.identity, status, f"{name} resolved from {where}")
 
 
-def _implementation_identity(impl: dict[str, Any]) -> IdentityCheck:
-    name = impl["path"]
-    for p in _candidates(name):
-        if p.is_dir():
-            try:
-                recomputed = sha256_hex(folder_listing(p).encode())
-            except (ManifestError, OSError) as exc:
-                recomputed = f"unreadable: {exc}"
-            return IdentityCheck("implementation", name, impl["identity"], recomputed, f"folder {p}")
-    return IdentityCheck("implementation", name, impl["identity"], None,
-                         f"no folder {name} under {' or '.join(str(b) for b in (Path.cwd(), PROJECT_ROOT))}")
+def _spec_against(spec: dict[str, Any], name: str, uri: str, file_sha256: str | None, data: bytes, where: str,
+                  status: Status) -> tuple[list[IdentityCheck], bool]:
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        canonical: str | None = hashlib.sha256(rfc8785.dumps(json.loads(data))).hexdigest()
+    except (ValueError, rfc8785.CanonicalizationError, RecursionError):
+        canonical = None
+    checks, ok = [], True
+    if file_sha256 is not None:
+        good = digest == file_sha256
+        ok &= good
+        checks.append(IdentityCheck("spec-file", uri, file_sha256, digest, status if good else "differs", where))
+    if spec.get("member") is None:  # a whole-file spec: its identity is the file's canonical form
+        good = canonical == spec["identity"]
+        ok &= good
+        checks.append(IdentityCheck("spec", name, spec["identity"], canonical, status if good else "differs", where))
+    elif file_sha256 is None:
+        ok = False
+        checks.append(IdentityCheck("spec", name, spec["identity"], None, "unverified",
+                                    "a member spec is bound through its file's sha256, which this record lacks"))
+    return checks, ok

@@ -1,22 +1,33 @@
-"""The parent side of a worker: spawn it with a clean environment, talk to it with timeouts,
-and turn deaths, hangs and exceptions into typed failures carrying the tail of its stderr.
+"""The parent side of a worker: start it unprivileged in a neutral process, talk to it with
+timeouts and strict message models, and end it with every process it started.
 
-A worker is `python -m grpo_conform.isolation.worker FD` started with subprocess in a new
-session (so a hang is ended by killing its whole process group), with stdout and stderr in a
-file of the session's private directory, and an environment built from an allow-list: no key
-material, no seeds, nothing named like a secret, no GRPO_CONFORM_* variables.
+Start-up (see launch.py and privilege.py): the implementation's files (exactly those its identity
+lists, re-hashed while copied) go to a private scratch tree; the launcher drops to the worker user
+and executes the interpreter with an argv like any multiprocessing spawn child
+(`python -c "from multiprocessing.spawn import spawn_main; ..." --multiprocessing-fork`), in a
+neutral temporary directory that is also its HOME and cache root, with an allow-listed environment
+(no key material, nothing named like a secret, no GRPO_CONFORM_* variables, no MALLOC_*).
+Tensors go through sealed memfds (sharing.py); stdout and stderr go to an unlinked file of the
+parent's, whose tail is the evidence of a crash.
+
+Ending (reaper.py): every process the worker started is ended with it, setsid and double forks
+included. `end_all` (for signal handlers) does that for every live session and removes their
+scratch trees.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -28,15 +39,28 @@ import torch
 import grpo_conform
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.implementations import Implementation, ManifestError
-from grpo_conform.isolation.sharing import SharedAllocator, private_dir
+from grpo_conform.isolation import messages, privilege
+from grpo_conform.isolation.reaper import LIVE, LOCK, end_tree, register_helper, unregister_helper  # noqa: F401
+from grpo_conform.isolation.loading import Start as _Start
+from grpo_conform.isolation.output_tail import OutputTail
+from grpo_conform.isolation.sharing import SharedAllocator
 
 STDERR_TAIL = 4000
+#: The least time a worker gets to start and import the implementation: torch's own import takes
+#: seconds on a loaded CI machine, more than a short per-call --timeout should have to allow.
+LOAD_TIMEOUT_MIN = 30.0
 _ALLOWED = re.compile(
     r"^(PATH|HOME|USER|LOGNAME|LANG|LC_[A-Z]+|TMPDIR|TZ|LD_LIBRARY_PATH|VIRTUAL_ENV|CONDA_PREFIX|"
     r"CUDA_[A-Z_]+|NVIDIA_[A-Z_]+|TRITON_[A-Z_]+|TORCH_[A-Z_]+|TORCHINDUCTOR_[A-Z_]+|PYTORCH_[A-Z_]+|"
     r"NCCL_[A-Z_]+|NVSHMEM_[A-Z_]+|XDG_CACHE_HOME|CC|CXX|OMP_NUM_THREADS|MKL_[A-Z_]+|SSL_CERT_FILE)$"
 )
 _SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|SEED", re.IGNORECASE)
+#: Cache locations pointed into the worker's private home when it runs as another user: the
+#: validator's own caches are not writable by it, and a shared cache would let one implementation
+#: plant compiled code that another (or the next run) loads.
+_PRIVATE_CACHES = {"XDG_CACHE_HOME": ".cache", "TRITON_CACHE_DIR": ".triton", "TORCHINDUCTOR_CACHE_DIR": ".inductor",
+                   "TORCH_HOME": ".torch", "TMPDIR": "tmp"}
+SPAWN_ARGV = "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd={tracker}, pipe_handle={pipe})"
 
 
 class WorkerFailure(GrpoConformError):
@@ -61,20 +85,51 @@ class ImplementationLoadError(ManifestError):
     """The implementation's module failed to import, or its entry is not a callable."""
 
 
-def worker_environment(device: str, interpret: bool) -> dict[str, str]:
+def worker_environment(device: str, interpret: bool, home: Path | None = None,
+                       user: str | None = None) -> dict[str, str]:
+    """The worker's environment. `home`: a private directory that becomes HOME and the root of
+    every cache (when the worker runs as another user)."""
     env = {k: v for k, v in os.environ.items() if _ALLOWED.match(k) and not _SECRET.search(k)}
     package_root = str(Path(grpo_conform.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in sys.path if p and os.path.isdir(p)])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
-    if device == "cpu":
-        # Keep freed heap memory for reuse, so the allocator poison reaches fresh CPU tensors.
-        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 32)
-        env["MALLOC_TRIM_THRESHOLD_"] = str(1 << 36)
-        env["MALLOC_TOP_PAD_"] = "0"
+    if home is not None:
+        env["HOME"] = str(home)
+        for key, sub in _PRIVATE_CACHES.items():
+            env[key] = str(home / sub)
+    if user is not None:
+        env["USER"] = env["LOGNAME"] = user
+    # The CPU allocator settings (keep freed heap memory for reuse, so the poison reaches fresh
+    # tensors) are applied by the worker itself with mallopt: no MALLOC_* variable to recognise.
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     return env
+
+
+def end_all() -> None:
+    """End every live worker with all its processes and remove every scratch tree. For the CLI's
+    SIGINT/SIGTERM handling: safe to call from a signal handler's exception path, idempotent."""
+    with LOCK:
+        sessions = list(LIVE.values())
+    for s in sessions:
+        s.close(graceful=False)
+    end_tree(None)
+
+
+def copy_implementation(impl: Implementation, target: Path) -> None:
+    """Copy exactly the files the identity lists, checking each one's sha256 as it is read: the
+    worker can load nothing the identity does not cover (no __pycache__, nothing added since)."""
+    for line in impl.listing.splitlines():
+        digest, name = line.split("  ", 1)
+        data = (impl.path / name).read_bytes()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ImplementationLoadError(impl.path / name, None, "changed since the implementation was read; "
+                                          "run the check again")
+        dest = target / name
+        dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        dest.write_bytes(data)
+        dest.chmod(0o644)
 
 
 @dataclass
@@ -86,14 +141,17 @@ class WorkerSession:
     device: torch.device
     timeout: float
     interpret: bool = False
-    directory: Path = field(default_factory=private_dir)
+    user: str | None = None  # None: privilege.ENV_USER, default nobody (root only)
     proc: subprocess.Popen | None = None
     conn: Connection | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    _log: Path | None = None
+    _log: Any = None
+    _sock: socket.socket | None = None
+    directory: Path | None = None
 
     def __post_init__(self) -> None:
-        self.allocator = SharedAllocator(self.directory, self.device)
+        self.allocator = SharedAllocator(None, self.device)
+        self.identity = privilege.worker_identity(self.user, self.device.type)
 
     # -- lifetime ---------------------------------------------------------------------------
     def __enter__(self) -> "WorkerSession":
@@ -103,53 +161,104 @@ class WorkerSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self) -> None:
-        parent_sock, child_sock = socket.socketpair()
-        self._log = self.directory / "worker.log"
-        with open(self._log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "grpo_conform.isolation.worker", str(child_sock.fileno())],
-                env=worker_environment(self.device.type, self.interpret),
-                cwd=self.directory,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(child_sock.fileno(),),
-                start_new_session=True,
-            )
-        child_sock.close()
-        self.conn = Connection(parent_sock.detach())
-        reply = self.request(
-            op="load",
-            folder=str(self.impl.path),
-            name=self.impl.name,
-            entry=self.impl.manifest.entry,
-            parameters=self.parameters,
-            device=self.device.type,
-        )
-        self.info = reply.get("info", {})
+    def _prepare_tree(self) -> tuple[Path, Path, Path]:
+        """scratch/ (0711, root's) with src/ (the implementation, read-only to the worker), home/
+        (the worker's, 0700) and .stage/ (the launcher's mount staging, parent only)."""
+        base = tempfile.gettempdir()
+        if privilege.blocked_ancestor(Path(base) / "x", self.identity):
+            base = "/tmp"
+        self.directory = Path(tempfile.mkdtemp(dir=base))
+        self.directory.chmod(0o711)
+        src, home = self.directory / "src", self.directory / "home"
+        src.mkdir(mode=0o755)
+        home.mkdir(mode=0o700)
+        (home / "tmp").mkdir(mode=0o700)
+        (self.directory / ".stage").mkdir(mode=0o700)
+        copy_implementation(self.impl, src)
+        if self.identity.drops:
+            for p in (home, home / "tmp"):
+                os.chown(p, self.identity.uid, self.identity.gid)
+        return self.directory, src, home
 
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+    def start(self) -> None:
+        privilege.harden_parent()
+        with LOCK:
+            LIVE[id(self)] = self
+        root, src, home = self._prepare_tree()
+        drops = self.identity.drops
+        env = worker_environment(self.device.type, self.interpret, home if drops else None,
+                                 self.identity.name if drops else None)
+        parent_sock, child_sock = socket.socketpair()
+        boot_r, boot_w = os.pipe()
+        tracker = os.open(os.devnull, os.O_WRONLY)
+        self._log = OutputTail()  # capped in memory: no unbounded file (REPORT, issue 16)
+        with os.fdopen(boot_w, "wb") as w:  # read by multiprocessing.spawn in the worker
+            pickle.dump({}, w)
+            pickle.dump(_Start(child_sock.fileno(), self.device.type == "cpu"), w)
+        argv = [sys.executable, "-c", SPAWN_ARGV.format(tracker=tracker, pipe=boot_r), "--multiprocessing-fork"]
+        plan = {"uid": self.identity.uid, "gid": self.identity.gid, "cwd": str(home), "argv": argv, "env": env,
+                "mounts": self._mounts(root), "stage": str(root / ".stage")}
+        try:
+            with LOCK:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "grpo_conform.isolation.launch", json.dumps(plan)],
+                    env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=self._log.write_fd, stderr=subprocess.STDOUT,
+                    pass_fds=(child_sock.fileno(), boot_r, tracker), start_new_session=True)
+        finally:
+            child_sock.close()
+            os.close(boot_r)
+            os.close(tracker)
+            self._log.started()
+        self._sock = parent_sock
+        self.conn = Connection(os.dup(parent_sock.fileno()))
+        self.info = self.request(timeout=max(self.timeout, LOAD_TIMEOUT_MIN), op="load", folder=str(src),
+                                 name=self.impl.name, entry=self.impl.manifest.entry, parameters=self.parameters,
+                                 device=self.device.type).get("info", {})
+        self.info["user"] = self.identity.to_json()
+        self.info["privileges"] = privilege.observed_privileges(self.proc.pid)
+
+    def _mounts(self, root: Path) -> list[dict[str, Any]]:
+        if not self.identity.drops:
+            return []
+        # Blocked directories first (their exposures may lie anywhere), then the private /tmp.
+        return privilege.mount_plan(self.identity) + privilege.private_scratch_mounts(root, self.device.type)
+
+    def close(self, graceful: bool = True) -> None:
+        if graceful and self.proc is not None and self.proc.poll() is None and self.conn is not None:
             try:
                 self._send({"op": "exit"})
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired, WorkerFailure):
                 pass
         self._kill()
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-        shutil.rmtree(self.directory, ignore_errors=True)
+        for c in (self.conn, self._sock, self._log):
+            if c is not None:
+                try:
+                    c.close()
+                except OSError:
+                    pass
+        self.conn = self._sock = self._log = None
+        self.allocator.close()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+        with LOCK:
+            LIVE.pop(id(self), None)
 
     def _kill(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        end_tree(self.proc.pid)
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             pass
-        self.proc.wait()
+        end_tree(None)
 
     @property
     def alive(self) -> bool:
@@ -157,29 +266,62 @@ class WorkerSession:
 
     # -- messages ---------------------------------------------------------------------------
     def stderr_tail(self) -> str:
-        if self._log is None or not self._log.exists():
+        if self._log is None:
             return ""
-        data = self._log.read_bytes()[-STDERR_TAIL:]
-        return data.decode("utf-8", errors="replace")
+        return self._log.tail(STDERR_TAIL)
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: dict[str, Any], fds: list[int] | None = None) -> None:
         if self.conn is None:
             raise WorkerFailure("crash", "the worker is not running")
         try:
             self.conn.send_bytes(json.dumps(msg).encode())
+            if fds:
+                socket.send_fds(self._sock, [b"F"], fds)
         except OSError:
             raise self._died() from None
 
     def _died(self) -> WorkerFailure:
-        code = self.proc.wait(timeout=5) if self.proc is not None else None
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._kill()
+                code = self.proc.returncode
+        self.conn = None
+        end_tree(self.proc.pid if self.proc is not None else None)
         if code is not None and code < 0:
             how = f"killed by signal {signal.Signals(-code).name}"
         else:
             how = f"exited with status {code}"
-        self.conn = None
         return WorkerFailure("crash", f"the implementation's process {how}", self.stderr_tail())
 
-    def receive(self, timeout: float | None = None) -> dict[str, Any]:
+    def _protocol(self, reason: str) -> WorkerFailure:
+        """A reply that breaks the protocol: the stream cannot be trusted any more, end the worker."""
+        self._kill()
+        self.conn = None
+        return WorkerFailure("protocol", f"the worker broke the message protocol: {reason}", self.stderr_tail())
+
+    def receive(self, timeout: float | None = None, op: str = "?") -> dict[str, Any]:
+        try:
+            return self._receive(timeout, op)
+        except (KeyboardInterrupt, SystemExit):
+            self._abandon()
+            raise
+        except BaseException as exc:  # e.g. the CLI's Terminated (SIGTERM): not an Exception either
+            if not isinstance(exc, Exception):
+                self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """An interrupt arrived while waiting: end the worker now, so that no `finally` block
+        waits for a reply from an implementation that is still busy."""
+        try:
+            self._kill()
+        finally:
+            self.conn = None
+
+    def _receive(self, timeout: float | None, op: str) -> dict[str, Any]:
         timeout = self.timeout if timeout is None else timeout
         if self.conn is None:
             raise WorkerFailure("crash", "the worker is not running")
@@ -196,52 +338,63 @@ class WorkerSession:
                 raise self._died() from None
             if ready:
                 try:
-                    raw = self.conn.recv_bytes()
+                    raw = self.conn.recv_bytes(maxlength=64 << 20)
                 except (OSError, EOFError):
                     raise self._died() from None
                 try:
                     msg = json.loads(raw.decode())
-                except (UnicodeDecodeError, json.JSONDecodeError):
-                    raise WorkerFailure("protocol", "the worker sent something that is not a JSON message") from None
-                if not isinstance(msg, dict):
-                    raise WorkerFailure("protocol", "the worker sent a JSON value that is not a message")
-                return self._checked(msg)
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                    raise self._protocol("a reply that is not JSON") from None
+                try:
+                    parsed, checked = messages.parse_reply(op, msg)
+                except messages.MalformedReply as exc:
+                    raise self._protocol(str(exc)) from None
+                return self._checked(parsed, checked)
             if self.proc is not None and self.proc.poll() is not None:
                 raise self._died()
 
-    def _checked(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if msg.get("status") == "error":
-            err = msg.get("error") or {}
-            if err.get("phase") == "import" or msg.get("field") == "entry":
-                where = f" ({err.get('where')})" if err.get("where") else ""
+    def _checked(self, parsed: Any, msg: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(parsed, messages.ErrorReply):
+            err = parsed.error
+            if err.phase == "import" or parsed.field == "entry":
+                where = f" ({err.where})" if err.where else ""
                 raise ImplementationLoadError(
                     self.impl.path / "implementation.toml", "entry",
-                    f"cannot load {self.impl.manifest.entry}: {err.get('type')}: {err.get('message')}{where}",
+                    f"cannot load {self.impl.manifest.entry}: {err.type}: {err.message}{where}",
                 )
-            if msg.get("fatal"):
+            if parsed.fatal:
                 self._kill()
                 self.conn = None
-            kind = "cuda-error" if msg.get("fatal") else "exception"
-            text = f"{err.get('phase', 'call')} raised {err.get('type')}: {err.get('message')}"
-            if err.get("where"):
-                text += f" at {err['where']}"
-            raise WorkerFailure(kind, text, self.stderr_tail() if msg.get("fatal") else "", err)
+            kind = "cuda-error" if parsed.fatal else "exception"
+            text = f"{err.phase} raised {err.type}: {err.message}"
+            if err.where:
+                text += f" at {err.where}"
+            # The output tail goes with every exception: what the implementation printed is often the clue.
+            raise WorkerFailure(kind, text, self.stderr_tail(), err.model_dump())
         return msg
 
     def request(self, timeout: float | None = None, **msg: Any) -> dict[str, Any]:
         self._send(msg)
-        return self.receive(timeout)
+        return self.receive(timeout, op=msg.get("op", "?"))
 
     # -- operations -------------------------------------------------------------------------
     def bind(self, slot: str, tensors: dict[str, dict[str, Any]]) -> None:
-        self.request(op="bind", slot=slot, tensors=tensors)
+        """Bind descriptors to a slot; memfd descriptors travel with their file descriptors."""
+        fds = self.allocator.fds_for(tensors)
+        if self.identity.drops:
+            for d in tensors.values():  # torch creates its IPC ref-counter files 0600 for the parent
+                counter = d.get("ref_counter") if d.get("kind") == "cuda_ipc" else None
+                if isinstance(counter, str) and "/" not in counter[1:] and os.path.exists("/dev/shm" + counter):
+                    os.chown("/dev/shm" + counter, self.identity.uid, self.identity.gid)
+        self._send({"op": "bind", "slot": slot, "tensors": tensors, "nfds": len(fds)}, fds)
+        self.receive(op="bind")
 
     def call(self, inputs: str, outputs: str | None, mode: str, poison: str | None = None,
              keep: str | None = None, after_forward=None) -> dict[str, Any]:
         """One call; `after_forward(loss_description)` runs in the parent between forward and backward."""
         self._send({"op": "call", "inputs": inputs, "outputs": outputs, "mode": mode, "poison": poison, "keep": keep})
-        first = self.receive()
+        first = self.receive(op="call:forward")
         if after_forward is not None:
             after_forward(first.get("loss"))
         self._send({"op": "continue"})
-        return self.receive()["report"]
+        return self.receive(op="call")["report"]

@@ -15,17 +15,17 @@ diagnostics. Protocol: length-prefixed JSON messages over a socket passed as a f
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
+import socket
 import sys
 import time
 import traceback
-import types
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+from grpo_conform.isolation.loading import harden_worker, import_entry
 
 POISON_BYTES = {"nan": 0xFF, "huge": 0x7B}  # 0xFF..: NaN in every float dtype; 0x7B..: huge finite
 PRE_SPIN_CYCLES = 400_000  # ~0.2 ms at 2 GHz: the least GPU work put before a timed call's start event
@@ -40,14 +40,15 @@ def spin_cycles_for(enqueue_ns: int) -> int:
 
 
 class _Worker:
-    def __init__(self, conn: Connection):
-        self.conn = conn
+    def __init__(self, conn: Connection, sock: socket.socket | None = None):
+        self.conn, self.sock = conn, sock
         self.entry = None
         self.folder: Path | None = None
         self.params: dict[str, Any] = {}
         self.device = "cpu"
         self.slots: dict[str, dict[str, Any]] = {}
         self.kept: dict[str, tuple[Any, Any]] = {}
+        self.calls: dict[str, dict[str, Any]] = {}
         self.flush_buffer = None
 
     # -- messages ---------------------------------------------------------------------------
@@ -79,13 +80,7 @@ class _Worker:
         module_name, attr = entry.split(":")
         package = "grpo_impl_" + name.replace("-", "_")
         try:
-            pkg = types.ModuleType(package)
-            pkg.__path__ = [folder]
-            pkg.__package__ = package
-            sys.modules[package] = pkg
-            if folder not in sys.path:
-                sys.path.append(folder)
-            module = importlib.import_module(f"{package}.{module_name}")
+            module = import_entry(folder, package, module_name)  # source only, never bytecode
         except BaseException as exc:  # SystemExit in a module body is a load failure too
             self.send(status="error", error=_error_info(exc, self.folder, phase="import"), field="entry")
             return
@@ -101,10 +96,19 @@ class _Worker:
             info["gpu"] = torch.cuda.get_device_name()
         self.send(status="ok", info=info)
 
-    def op_bind(self, slot: str, tensors: dict[str, dict]) -> None:
+    def op_bind(self, slot: str, tensors: dict[str, dict], nfds: int = 0) -> None:
         from grpo_conform.isolation.sharing import open_descriptor
 
-        self.slots[slot] = {name: open_descriptor(desc) for name, desc in tensors.items()}
+        fds: dict[int, int] = {}
+        if nfds:  # the memfds of this bind, in the order of the memfd descriptors
+            _, received, _, _ = socket.recv_fds(self.sock, 1, nfds)
+            numbers = [d["fd"] for d in tensors.values() if d.get("kind") == "memfd"]
+            fds = dict(zip(numbers, received))
+        try:
+            self.slots[slot] = {name: open_descriptor(desc, fds) for name, desc in tensors.items()}
+        finally:
+            for fd in fds.values():  # the mappings stay; the descriptors are not needed
+                os.close(fd)
         self.send(status="ok")
 
     def op_unbind(self, slot: str) -> None:
@@ -154,6 +158,98 @@ class _Worker:
             self.kept[keep] = (loss, grad)
         self.send(status="ok", report=report)
 
+    # -- the v2 call ops: forward, backward and export as separate steps -------------------
+    # The parent drives a call as forward -> (inspect inputs) -> backward -> export, so that it
+    # can hold several graphs at once (two forwards before one backward), backpropagate any
+    # upstream scalar, through torch.autograd.backward or torch.autograd.grad, from a leaf or a
+    # non-leaf view of the logits. Every call's outputs stay alive here until released, so the
+    # parent can re-read them at the end of a workload (a ring of reused buffers shows there).
+    def op_forward(self, call: str, inputs: str, params: dict, grad: bool, leaf: str = "leaf",
+                   poison: str | None = None) -> None:
+        import torch
+
+        shared = self.slots[inputs]
+        if poison:
+            self._poison(poison, shared)
+        base = shared["logits"].detach()
+        x = base
+        if grad:
+            base.requires_grad_(True)
+            if leaf == "view":
+                x = base[..., :]  # a view of the leaf: no .grad of its own
+            elif leaf == "affine":
+                x = base * 1.0  # a new non-leaf tensor computed from the leaf
+        args = {name: (x if name == "logits" else t) for name, t in shared.items()}
+        grad_ctx = torch.enable_grad() if grad else torch.no_grad()
+        with grad_ctx:
+            loss = self._guarded("forward", lambda: self.entry(**args, **params))
+        self._sync("forward")
+        self.calls[call] = {"loss": loss, "leaf": base, "grad": None, "inputs": inputs}
+        self.send(status="ok", loss=_describe(loss))
+
+    def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
+                    poison: str | None = None) -> None:
+        import torch
+
+        skipped: dict[str, str] = {}
+        losses, grads_in, leaves, names = [], [], [], []
+        for name, c in zip(calls, upstream):
+            entry = self.calls[name]
+            loss = entry["loss"]
+            # A loss autograd cannot differentiate is a contract failure the parent reports.
+            if not isinstance(loss, torch.Tensor):
+                skipped[name] = "the loss is not a torch.Tensor"
+            elif loss.numel() != 1:
+                skipped[name] = f"the loss has {loss.numel()} elements, not one"
+            elif not loss.requires_grad:
+                skipped[name] = "the loss does not require grad: autograd cannot differentiate it w.r.t. logits"
+            else:
+                losses.append(loss)
+                grads_in.append(torch.full_like(loss.detach(), float(c)))
+                leaves.append(entry["leaf"])
+                names.append(name)
+        if losses:
+            if poison:  # backward allocates the gradient: poison right before it
+                self._poison(poison, self.slots[self.calls[names[0]]["inputs"]])
+            if method == "autograd.grad":
+                grads = self._guarded("backward", lambda: torch.autograd.grad(
+                    losses, leaves, grads_in, allow_unused=True))
+            else:
+                self._guarded("backward", lambda: torch.autograd.backward(losses, grads_in))
+                grads = [leaf.grad for leaf in leaves]
+            self._sync("backward")
+            for name, g in zip(names, grads):
+                self.calls[name]["grad"] = g
+        self.send(status="ok", skipped=skipped)
+
+    def op_export(self, call: str, outputs: str, keep: bool = True) -> None:
+        entry = self.calls[call]
+        loss, grad = entry["loss"], entry["grad"]
+        shared = self.slots[entry["inputs"]]
+        report = {"loss": _describe(loss), "grad": _describe(grad), "storage": {}}
+        for name, t in shared.items():
+            report["storage"][name] = _storage_range(t)
+        report["storage"]["loss"] = _storage_range(loss)
+        report["storage"]["grad"] = _storage_range(grad)
+        self._copy_out(self.slots[outputs], loss, grad)
+        self._sync("export")
+        if keep:
+            entry["leaf"] = None  # outputs stay alive; the inputs' tensor objects need not
+        else:
+            del self.calls[call]
+        self.send(status="ok", report=report)
+
+    def op_reexport(self, call: str, outputs: str) -> None:
+        entry = self.calls[call]
+        self._copy_out(self.slots[outputs], entry["loss"], entry["grad"])
+        self._sync("reread")
+        self.send(status="ok")
+
+    def op_drop(self, calls: list[str] | None = None) -> None:
+        for name in (list(self.calls) if calls is None else calls):
+            self.calls.pop(name, None)
+        self.send(status="ok")
+
     def op_reread(self, keep: str, outputs: str) -> None:
         loss, grad = self.kept[keep]
         self._copy_out(self.slots[outputs], loss, grad)
@@ -176,7 +272,7 @@ class _Worker:
         self.send(status="ok")
 
     def op_time(self, sets: list[str], protocol: str, warm: str | None, copy_from: str | None,
-                outputs: str | None) -> None:
+                outputs: str | None, upstream: float = 1.0) -> None:
         """Timed calls back to back, one per input set: an untimed call on `warm` first (the GPU
         and its clocks busy again after the parent rewrote the inputs), then for each set: flush
         L2, events on the current stream around the call, a device-wide synchronize."""
@@ -185,11 +281,13 @@ class _Worker:
             # The untimed call measures how long the host takes to enqueue one call (autograd's
             # backward thread included); the timed calls then start behind at least 1.5x that
             # much GPU work, so host overhead stays off the clock for every implementation alike.
-            spin = spin_cycles_for(self._timed_call(warm, protocol, None, spin)["enqueue_ns"])
-        results = [self._timed_call(name, protocol, outputs if name == copy_from else None, spin) for name in sets]
+            spin = spin_cycles_for(self._timed_call(warm, protocol, None, spin, upstream)["enqueue_ns"])
+        results = [self._timed_call(name, protocol, outputs if name == copy_from else None, spin, upstream)
+                   for name in sets]
         self.send(status="ok", results=results)
 
-    def _timed_call(self, inputs: str, protocol: str, outputs: str | None, spin: int) -> dict[str, int]:
+    def _timed_call(self, inputs: str, protocol: str, outputs: str | None, spin: int,
+                    upstream: float = 1.0) -> dict[str, int]:
         """One timed call. Before the start event the GPU is kept busy (a spin of `spin` cycles,
         then the L2 flush), so the CPU cost of launching the call's kernels is hidden as in a
         back-to-back loop; synchronizing first would leave the GPU idle at the start event and put
@@ -221,6 +319,9 @@ class _Worker:
         elif protocol == "full":
             loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
             self._guarded("backward", lambda: loss.backward())
+        elif protocol == "full-scaled":  # (c * loss).backward(): gradient accumulation, loss scaling
+            loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
+            self._guarded("backward", lambda: loss.backward(torch.full_like(loss, upstream)))
         else:
             self._guarded("backward", lambda: loss.backward())
         end.record()
@@ -337,6 +438,9 @@ def _storage_range(x: Any) -> list[int] | None:
         return None
 
 
+TRACEBACK_FRAMES = 8  # frames of an implementation's exception shown to its author
+
+
 def _error_info(exc: BaseException, folder: Path | None, phase: str) -> dict[str, Any]:
     """Type, message and the innermost frame inside the implementation folder (file:line)."""
     where = ""
@@ -350,13 +454,21 @@ def _error_info(exc: BaseException, folder: Path | None, phase: str) -> dict[str
         f = frames[-1]
         where = f"{f.filename}:{f.lineno}"
     message = str(exc) if str(exc) else repr(exc)
-    return {"type": type(exc).__name__, "message": message[:2000], "where": where, "phase": phase}
+    # The last frames (the worker's own dispatch frames dropped), for the author: REPORT, issue 16.
+    shown = [f for f in frames if not str(f.filename).endswith("isolation/worker.py")][-TRACEBACK_FRAMES:] or frames[-1:]
+    text = "".join(traceback.format_list(shown)) + "".join(traceback.format_exception_only(type(exc), exc))
+    if folder is not None:  # the author's own file names, not the staging folder's
+        text = text.replace(str(folder).rstrip("/") + "/", "")
+    return {"type": type(exc).__name__, "message": message[:2000], "where": where, "phase": phase,
+            "traceback": text[-4000:]}
 
 
-def main() -> None:
-    fd = int(sys.argv[1])
-    conn = Connection(fd)
-    worker = _Worker(conn)
+def run(fd: int, malloc: bool) -> None:
+    """Serve the parent on socket `fd` (started by session._Start through multiprocessing's spawn
+    bootstrap, so the process looks like any spawn child), then leave without teardown."""
+    harden_worker(malloc)
+    sock = socket.socket(fileno=fd)
+    worker = _Worker(Connection(os.dup(fd)), sock)
     try:
         worker.serve()
     except (EOFError, ConnectionError):
@@ -365,6 +477,10 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: an implementation's threads must not hang the exit
+
+
+def main() -> None:
+    run(int(sys.argv[1]), malloc=False)
 
 
 if __name__ == "__main__":

@@ -1,35 +1,35 @@
-"""The autograd.Function: gradient computed in the forward pass when it will be needed.
+"""The autograd.Function: one plan (plan.py), a forward that decides on the device where the gradient
+is written, a backward that is correct whatever the forward decided.
 
-When logits require grad, forward runs the fused kernel (loss and gradient in one pass over the
-logits) and keeps the gradient; backward multiplies it by d loss in place with a kernel that
-reads d loss on the device and exits at once when it is 1 (the usual `loss.backward()`), so no
-host synchronisation and no second pass. impl.py calls it only when a graph will be built
-(grad mode on and logits requiring grad); otherwise it runs the loss-only kernel.
+forward: Plan.forward_full. Its main kernel reads the plan's flag: 0 (the last backward received
+d loss = 1, or none ran yet) writes the gradient in the same pass as the loss; 1 saves the row
+statistics and leaves the gradient to backward. backward: Plan.backward, one kernel that reads
+the mode this forward stored and d loss on the device: gradient from the statistics times d loss,
+or the forward's gradient scaled in place when d loss != 1 (nothing when it is 1), and records
+for the next forward whether d loss was 1. No host synchronisation anywhere.
 A second backward through the same graph (retain_graph=True) recomputes the gradient from the
-saved per-token row statistics (max, ln S), since the first one consumed the buffer.
+saved statistics into a new buffer (the first was handed to the caller).
 """
 
 import torch
 
-from . import launch
-
 
 class GrpoLossFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, completion_ids, advantages, problem, settings):
-        loss, grad, stats = launch.fused_loss_and_grad(logits, completion_ids, advantages, problem, settings)
-        ctx.save_for_backward(logits, completion_ids, advantages, stats)
-        ctx.grad = grad
-        ctx.problem, ctx.settings = problem, settings
+    def forward(ctx, logits, plan, others):
+        x = (logits,) + others
+        loss, grad, ws = plan.forward_full(x)
+        ctx.save_for_backward(logits)
+        ctx.others, ctx.plan, ctx.grad, ctx.ws = others, plan, grad, ws
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        dloss = dloss.to(torch.float32).contiguous()
+        (logits,) = ctx.saved_tensors
+        x = (logits,) + ctx.others
+        plan = ctx.plan
         if ctx.grad is not None:
             grad, ctx.grad = ctx.grad, None  # handed to the caller: never touched again
-            launch.scale_in_place(grad, dloss)
-        else:
-            logits, ids, adv, stats = ctx.saved_tensors
-            grad = launch.grad_from_stats(logits, ids, adv, stats, dloss, ctx.problem, ctx.settings)
-        return grad, None, None, None, None
+            return plan.backward(x, grad, ctx.ws, dloss, force_stats=False), None, None
+        grad = torch.empty(plan.grad_shape, dtype=plan.dtype, device=plan.device)
+        return plan.backward(x, grad, ctx.ws, dloss, force_stats=True), None, None

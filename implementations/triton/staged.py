@@ -228,3 +228,234 @@ def _staged_forward_kernel(
         x_c = gl.load(row_ptr + gl.load(ids_ptr + token)).to(gl.float32)
         loss, _ = _token_terms(x_c, m, l2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high, 0.0)
         gl.store(token_loss_ptr + token, loss)
+
+
+# ---- family members (plan.py): the same staging, the per-token terms of members.py ----------------------
+# Written with the constructs of the two kernels above only (they compile and run on the H200 with
+# triton 3.6); the per-token arithmetic mirrors members._policy_terms/_kl_terms line by line, in
+# scalars. ws layout and modes: members.py's docstring.
+
+
+@gluon.jit
+def _member_differences(x_c, m, l2, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD: gl.constexpr,
+                        HAS_KL: gl.constexpr):
+    """members._differences: (logp, logp - old, ref - logp), the differences formed in float64."""
+    inv64 = inv_temp.to(gl.float64) + inv_lo.to(gl.float64)
+    logp64 = (x_c.to(gl.float64) - m.to(gl.float64)) * inv64 - l2.to(gl.float64) * LN2
+    logp = logp64.to(gl.float32)
+    lr = logp - logp
+    if HAS_OLD:
+        lr = (logp64 - gl.load(old_ptr + token).to(gl.float64)).to(gl.float32)
+    dref = lr
+    if HAS_KL:
+        dref = (gl.load(ref_ptr + token).to(gl.float64) - logp64).to(gl.float32)
+    return logp, lr, dref
+
+
+@gluon.jit
+def _member_terms(logp, lr, dref, token, adv, w, rho_ptr, eps_low, eps_high, delta, beta, cap,
+                  HAS_KL: gl.constexpr, HAS_RHO: gl.constexpr, HAS_DELTA: gl.constexpr, HAS_CAP: gl.constexpr,
+                  CISPO: gl.constexpr):
+    """Weighted (loss, dL/dlogp) of one token at log-ratio lr; ties pick the unclipped branch."""
+    ratio = gl.exp(lr)
+    if CISPO:
+        cw = gl.minimum(ratio, eps_high)
+        loss = -cw * adv * logp
+        dlogp = -cw * adv
+    else:
+        c1 = ratio
+        if HAS_DELTA:
+            c1 = gl.minimum(ratio, delta)
+        c2 = gl.minimum(gl.maximum(ratio, 1.0 - eps_low), 1.0 + eps_high)
+        loss = -gl.minimum(c1 * adv, c2 * adv)
+        full = -adv * ratio
+        if HAS_DELTA:
+            first = gl.where(ratio <= delta, full, 0.0)
+        else:
+            first = full
+        second = gl.where(ratio >= 1.0 - eps_low, gl.where(ratio <= 1.0 + eps_high, full, 0.0), 0.0)
+        dlogp = gl.where(c2 * adv >= c1 * adv, first, second)
+    if HAS_RHO:
+        rho = gl.load(rho_ptr + token).to(gl.float32)
+        if HAS_CAP:
+            rho = gl.minimum(rho, cap)
+        loss = loss * rho
+        dlogp = dlogp * rho
+    if HAS_KL:
+        e = gl.exp(dref)
+        loss = loss + beta * (e - dref - 1.0)
+        dlogp = dlogp + beta * (1.0 - e)
+    return loss * w, dlogp * w
+
+
+@gluon.jit
+def _zero_chunk(grad_row, start, vocab, lanes, layout: gl.constexpr, NBLK: gl.constexpr, BLOCK: gl.constexpr,
+                REPS: gl.constexpr, THREADS: gl.constexpr, VEC: gl.constexpr):
+    for i in gl.static_range(NBLK):
+        offs = start + i * BLOCK + lanes
+        gl.store(grad_row + offs, gl.zeros([REPS, THREADS, VEC], grad_row.dtype.element_ty, layout), mask=offs < vocab)
+
+
+@gluon.jit
+def _staged_member_kernel(
+    logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, wb_ptr, grad_ptr, m_ptr, s_ptr, count_ptr,
+    ws_ptr, flag_ptr, tokens, stride_b, stride_t, seq, vocab, scale2, inv_temp, inv_lo, eps_low, eps_high, delta,
+    beta, cap, w_const,
+    CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
+    VEC: gl.constexpr, THREAD_STATS: gl.constexpr, HAS_OLD: gl.constexpr, HAS_KL: gl.constexpr,
+    HAS_MASK: gl.constexpr, HAS_RHO: gl.constexpr, HAS_DELTA: gl.constexpr, HAS_CAP: gl.constexpr,
+    CISPO: gl.constexpr, PER_SEQ_W: gl.constexpr,
+):
+    """members._main_kernel, staged: flag 0 writes the gradient, 1 only the statistics and terms."""
+    THREADS: gl.constexpr = 32 * gl.num_warps()
+    REPS: gl.constexpr = BLOCK // (THREADS * VEC)
+    NBLK: gl.constexpr = CHUNK // BLOCK
+    layout: gl.constexpr = gl.BlockedLayout([REPS, 1, VEC], [1, 32, 1], [1, gl.num_warps(), 1], [2, 1, 0])
+    stage = gl.allocate_shared_memory(logits_ptr.dtype.element_ty, [NBLK, REPS, THREADS, VEC],
+                                      gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    pid = gl.program_id(0)
+    row = pid // NUM_CHUNKS
+    k = pid % NUM_CHUNKS
+    b = row // (seq + 1)
+    t = row % (seq + 1)
+    start = k * CHUNK
+    lanes = _block_offsets(REPS, THREADS, VEC, layout)
+    grad_row = grad_ptr + row.to(gl.int64) * vocab
+    mode = gl.load(flag_ptr)
+    if pid == 0:
+        gl.store(ws_ptr + 7 * tokens, mode.to(gl.float32))
+    if t == seq:
+        if mode == 0:
+            _zero_chunk(grad_row, start, vocab, lanes, layout, NBLK, BLOCK, REPS, THREADS, VEC)
+    else:
+        token = b * seq + t
+        live = True
+        if HAS_MASK:
+            live = gl.load(mask_ptr + token) != 0
+        if live:
+            row_ptr = logits_ptr + b.to(gl.int64) * stride_b + t.to(gl.int64) * stride_t
+            tail = start + CHUNK > vocab
+            if tail:
+                _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, True)
+                m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, True,
+                                    THREAD_STATS)
+            else:
+                _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, False)
+                m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, False,
+                                    THREAD_STATS)
+            l2 = gl.log2(s)
+            writer = k == 0
+            if NUM_CHUNKS > 1:
+                gl.store(m_ptr + token * NUM_CHUNKS + k, m)
+                gl.store(s_ptr + token * NUM_CHUNKS + k, s)
+                if mode == 0:  # the gradient follows: wait for the row's other chunks
+                    gl.atomic_add(count_ptr + token, 1, sem="release")
+                    while gl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
+                        pass
+                    m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2, NUM_CHUNKS,
+                                      CHUNKS_P2)
+                    # The last program to leave resets both counters: every one has passed the wait by then.
+                    gone = gl.atomic_add(count_ptr + tokens + token, 1, sem="acq_rel")
+                    if gone == NUM_CHUNKS - 1:
+                        gl.store(count_ptr + token, gone - gone)
+                        gl.store(count_ptr + tokens + token, gone - gone)
+                else:  # statistics only: nobody waits, the last chunk to arrive combines
+                    arrived = gl.atomic_add(count_ptr + token, 1, sem="acq_rel")
+                    writer = arrived == NUM_CHUNKS - 1
+                    if writer:
+                        m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2,
+                                          NUM_CHUNKS, CHUNKS_P2)
+                        gl.store(count_ptr + token, arrived - arrived)
+            if writer | (mode == 0):
+                target = gl.load(ids_ptr + token)
+                x_c = gl.load(row_ptr + target).to(gl.float32)
+                logp, lr, dref = _member_differences(x_c, m, l2, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD,
+                                                     HAS_KL)
+                if PER_SEQ_W:
+                    w = gl.load(wb_ptr + b)
+                else:
+                    w = w_const
+                loss, dlogp = _member_terms(logp, lr, dref, token, gl.load(adv_ptr + b).to(gl.float32), w, rho_ptr,
+                                            eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA, HAS_CAP,
+                                            CISPO)
+                coef = -dlogp * inv_temp
+                if writer:
+                    gl.store(ws_ptr + token, m)
+                    gl.store(ws_ptr + tokens + token, l2 * LN2)
+                    gl.store(ws_ptr + 2 * tokens + token, logp)
+                    gl.store(ws_ptr + 3 * tokens + token, coef)
+                    gl.store(ws_ptr + 4 * tokens + token, loss)
+                if mode == 0:
+                    if tail:
+                        _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout, NBLK, BLOCK,
+                                    True)
+                    else:
+                        _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout, NBLK, BLOCK,
+                                    False)
+                    if (target >= start) & (target < start + CHUNK):
+                        gl.thread_barrier()  # orders the sweep's store of this element before the one-hot fix
+                        p_c = gl.exp2((x_c - m) * scale2 - l2)
+                        gl.store(grad_row + target, (coef * (p_c - 1.0)).to(grad_ptr.dtype.element_ty))
+        else:
+            if k == 0:
+                zero = (token - token).to(gl.float32)
+                gl.store(ws_ptr + 3 * tokens + token, zero)
+                gl.store(ws_ptr + 4 * tokens + token, zero)
+            if mode == 0:
+                _zero_chunk(grad_row, start, vocab, lanes, layout, NBLK, BLOCK, REPS, THREADS, VEC)
+
+
+@gluon.jit
+def _staged_stats_kernel(
+    logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, m_ptr, s_ptr, count_ptr, ws_ptr,
+    tokens, stride_b, stride_t, seq, vocab, scale2, inv_temp, inv_lo,
+    CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
+    VEC: gl.constexpr, THREAD_STATS: gl.constexpr, HAS_MASK: gl.constexpr, HAS_OLD: gl.constexpr,
+    HAS_KL: gl.constexpr,
+):
+    """members._stats_kernel, staged: (max, ln S, logp) of every unmasked token; masked rows unread."""
+    THREADS: gl.constexpr = 32 * gl.num_warps()
+    REPS: gl.constexpr = BLOCK // (THREADS * VEC)
+    NBLK: gl.constexpr = CHUNK // BLOCK
+    layout: gl.constexpr = gl.BlockedLayout([REPS, 1, VEC], [1, 32, 1], [1, gl.num_warps(), 1], [2, 1, 0])
+    stage = gl.allocate_shared_memory(logits_ptr.dtype.element_ty, [NBLK, REPS, THREADS, VEC],
+                                      gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    pid = gl.program_id(0)
+    token = pid // NUM_CHUNKS
+    k = pid % NUM_CHUNKS
+    b = token // seq
+    t = token % seq
+    start = k * CHUNK
+    live = True
+    if HAS_MASK:
+        live = gl.load(mask_ptr + token) != 0
+    if live:
+        lanes = _block_offsets(REPS, THREADS, VEC, layout)
+        row_ptr = logits_ptr + b.to(gl.int64) * stride_b + t.to(gl.int64) * stride_t
+        if start + CHUNK > vocab:
+            _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, True)
+            m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, True, THREAD_STATS)
+        else:
+            _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, False)
+            m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, False, THREAD_STATS)
+        last = True
+        if NUM_CHUNKS > 1:
+            gl.store(m_ptr + token * NUM_CHUNKS + k, m)
+            gl.store(s_ptr + token * NUM_CHUNKS + k, s)
+            arrived = gl.atomic_add(count_ptr + token, 1, sem="acq_rel")
+            last = arrived == NUM_CHUNKS - 1
+        if last:
+            if NUM_CHUNKS > 1:
+                m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2, NUM_CHUNKS,
+                                  CHUNKS_P2)
+                gl.store(count_ptr + token, arrived - arrived)  # nobody else reads it in this launch
+            else:
+                l2 = gl.log2(s)
+            x_c = gl.load(row_ptr + gl.load(ids_ptr + token)).to(gl.float32)
+            logp, lr, dref = _member_differences(x_c, m, l2, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD,
+                                                 HAS_KL)
+            gl.store(ws_ptr + token, m)
+            gl.store(ws_ptr + tokens + token, l2 * LN2)
+            gl.store(ws_ptr + 2 * tokens + token, logp)
+            gl.store(ws_ptr + 5 * tokens + token, lr)
+            gl.store(ws_ptr + 6 * tokens + token, dref)

@@ -3,8 +3,10 @@ import torch
 
 def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
     seq = completion_ids.shape[1]
-    z = logits[:, :seq].double() / temperature
-    e = torch.exp(z)  # no max subtraction: exp(1e4) is inf even in float64
+    # A saturating load (logits clamped to +-1000, "no real model goes there"), then a softmax
+    # without max subtraction in float64: right on ordinary rows, wrong once logits reach 1e4.
+    z = logits[:, :seq].double().clamp(-1000.0, 1000.0) / temperature
+    e = torch.exp(z - 700.0 / max(temperature, 1.0))
     logp = torch.log(e.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) / e.sum(-1))
     ratio = torch.exp(logp - logp.detach())
     a = advantages.double().unsqueeze(-1)

@@ -1,0 +1,357 @@
+"""How the probes judge calls: each function records findings for named checks in the run's
+book, with the evidence behind them. Everything here runs in the parent on data it owns."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from grpo_conform.checks.buffers import InputSlot
+from grpo_conform.checks.conformance import Call, WorkloadConformance, WorkerGone
+from grpo_conform.compare import bitwise_equal, first_difference, json_float, max_abs_diff
+from grpo_conform.isolation.session import WorkerFailure
+from grpo_conform.isolation.worker import POISON_BYTES
+from grpo_conform.reference import rows_per_chunk
+
+
+def poison_hits(t: torch.Tensor, byte: int) -> int:
+    """Elements whose every byte is the poison byte: memory nobody wrote since it was poisoned."""
+    raw = t.contiguous().view(torch.uint8).view(-1, t.element_size())
+    step = 1 << 26
+    return sum(int((raw[i : i + step] == byte).all(dim=1).sum()) for i in range(0, raw.shape[0], step))
+
+
+def contract(run: WorkloadConformance, call: Call) -> list[str]:
+    problems = []
+    out_spec, logits = run.spec.outputs[0], call.slot.tensors["logits"]
+    ld = call.loss_desc
+    if ld is None or "dtype" not in ld:
+        problems.append(f"the loss is {ld['type'] if ld else 'None'}, not a torch.Tensor")
+    else:
+        if not ld["exact_tensor"]:
+            problems.append(f"the loss is a {ld['type']}, not exactly torch.Tensor")
+        if ld["dtype"] not in out_spec.dtypes:
+            problems.append(f"loss dtype {ld['dtype']}, expected one of {list(out_spec.dtypes)}")
+        accepted = [list(s) for s in out_spec.accept_shapes] or [[]]
+        if ld["shape"] not in accepted:
+            problems.append(f"loss shape {ld['shape']}, expected one of {accepted}")
+        if ld["device"] != run.device.type:
+            problems.append(f"loss on {ld['device']}, expected {run.device.type}")
+    if call.skipped_backward:
+        problems.append(f"backward not possible: {call.skipped_backward}")
+    gd = call.grad_desc
+    if gd is None and not call.skipped_backward:
+        problems.append("backward left no gradient on logits")
+    elif gd is not None:
+        if not gd["exact_tensor"]:
+            problems.append(f"the gradient is a {gd['type']}, not exactly torch.Tensor")
+        want_dtype = str(logits.dtype).replace("torch.", "")
+        if gd["dtype"] != want_dtype:
+            problems.append(f"gradient dtype {gd['dtype']}, expected {want_dtype} (the logits dtype)")
+        if gd["shape"] != list(logits.shape):
+            problems.append(f"gradient shape {gd['shape']}, expected {list(logits.shape)}")
+    return problems
+
+
+def plain(run: WorkloadConformance, call: Call) -> None:
+    label = call.label
+    problems = contract(run, call)
+    run.book.record("contract", label, not problems, "; ".join(problems) or "loss and gradient as declared",
+                    {"loss": call.loss_desc, "gradient": call.grad_desc, "problems": problems})
+    finite(run, call)
+    if call.grad_desc is None:
+        for check in ("loss", "gradient", "gradient-row-sums", "last-row-zero"):
+            run.book.record(check, label, False, f"call {label}: no gradient to compare (see contract)")
+        return
+    loss_cmp, cmp = run.judge(call)
+    run.book.record("loss", label, loss_cmp.passed,
+                    f"call {label}: |{loss_cmp.actual:.9g} - {loss_cmp.expected:.9g}| "
+                    f"{'<=' if loss_cmp.passed else '>'} {loss_cmp.allowed:.3g}", loss_cmp.to_json())
+    run.book.record("gradient", label, cmp.passed, f"call {label}: {cmp.describe()}", cmp.evidence())
+    rows_ok = cmp.row_sum_failures == 0
+    run.book.record("gradient-row-sums", label, rows_ok,
+                    f"call {label}: " + ("every row sums to ~0" if rows_ok else
+                                         f"{cmp.row_sum_failures} rows do not sum to ~0"), cmp.row_sum_evidence())
+    zero_ok = cmp.last_rows_nonzero == 0
+    run.book.record("last-row-zero", label, zero_ok,
+                    f"call {label}: " + ("last position exactly 0" if zero_ok else
+                                         f"{cmp.last_rows_nonzero} non-zero values at the last position"),
+                    cmp.last_row_evidence())
+
+
+def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str) -> None:
+    """One check judged by loss and gradient against the reference (upstream scalar applied)."""
+    if call.grad_desc is None:
+        why = call.skipped_backward or "backward left no gradient on logits"
+        run.book.record(check, call.label, False, f"call {call.label} ({how}): no gradient: {why}",
+                        {"how": how, "loss": call.loss_desc})
+        return
+    loss_cmp, cmp = run.judge(call)
+    ok = cmp.passed and loss_cmp.passed and cmp.nan == 0
+    run.book.record(check, call.label, ok, f"call {call.label} ({how}): " + (
+        "matches the reference" if ok else (cmp.describe() if not cmp.passed else
+                                            f"loss {loss_cmp.actual!r} vs {loss_cmp.expected!r}")),
+        {"how": how, "upstream": call.upstream, "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
+
+
+def finite(run: WorkloadConformance, call: Call) -> None:
+    nan = int(torch.isnan(call.grad).sum()) if call.grad_desc is not None else 0
+    inf = int(torch.isinf(call.grad).sum()) if call.grad_desc is not None else 0
+    loss_ok = math.isfinite(call.loss) or call.loss_desc is None
+    ok = nan == 0 and inf == 0 and loss_ok
+    run.book.record("finite", call.label, ok, f"call {call.label}: " + (
+        "all outputs finite" if ok else f"gradient has {nan} NaN and {inf} Inf; loss {call.loss}"),
+        {"gradient_nan": nan, "gradient_inf": inf, "loss": json_float(call.loss)})
+
+
+def finite_under_poison(run: WorkloadConformance, call: Call) -> None:
+    nan = int(torch.isnan(call.grad).sum())  # the 0xFF poison reads as NaN in every float dtype
+    ok = nan == 0 and math.isfinite(call.loss)
+    run.book.record("stale-output", call.label, ok,
+                    "no NaN after the allocator was poisoned with NaN" if ok else
+                    f"{nan} gradient elements still hold the NaN poison: never written",
+                    {"poison": "0xFF bytes (NaN)", "gradient_nan": nan, "loss": json_float(call.loss)})
+
+
+def stale_huge(run: WorkloadConformance, b: Call) -> None:
+    loss_cmp, grad_cmp = run.judge(b)
+    hits = poison_hits(b.grad, POISON_BYTES["huge"])
+    ok = loss_cmp.passed and grad_cmp.passed and grad_cmp.nan == 0 and hits == 0
+    why = (f"{hits} gradient elements hold the allocator's 0x7B poison: never written" if hits else
+           "outputs depend on what the allocator held: " + grad_cmp.describe())
+    run.book.record("stale-output", b.label, ok, "outputs match the reference under both poisons" if ok else why,
+                    {"poison": "0x7B bytes (huge finite)", "poison_hits": hits,
+                     "gradient": grad_cmp.evidence(), "loss": loss_cmp.to_json()})
+
+
+def fresh(run: WorkloadConformance, call: Call, how: str) -> None:
+    if call.grad_desc is None:
+        return
+    loss_cmp, cmp = run.judge(call)
+    ok = cmp.passed and loss_cmp.passed
+    run.book.record("freshness", call.label, ok, f"call {call.label} ({how}): " + (
+        "results follow the inputs" if ok else "results do not follow the new inputs: " + cmp.describe()),
+        {"how": how, "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
+
+
+def determinism(run: WorkloadConformance, g_a: torch.Tensor, loss_a: float, b: Call) -> None:
+    same = bitwise_equal(g_a, b.grad) and (loss_a == b.loss or (math.isnan(loss_a) and math.isnan(b.loss)))
+    evidence = {"bitwise_equal": same, "max_abs_diff": json_float(max_abs_diff(g_a, b.grad)),
+                "loss_abs_diff": json_float(abs(loss_a - b.loss))}
+    run.book.record("determinism", "A/B", True, "bitwise equal across identical calls" if same else
+                    f"not bitwise deterministic: max difference {evidence['max_abs_diff']}", evidence)
+
+
+def advantage_sign(run: WorkloadConformance, c: Call, g_a: torch.Tensor) -> None:
+    rel = run.relation(c.grad, -g_a, c.slot.pristine)  # negation is exact in any float dtype
+    run.book.record("advantage-sign", c.label, rel.passed, "negated advantages negate the gradient" if rel.passed
+                    else "negating the advantages did not negate the gradient: " + rel.describe(),
+                    {"compared_with": "-gradient of call A", **rel.evidence()})
+
+
+def reread_first(run: WorkloadConformance, when: str) -> None:
+    """Re-read call A's outputs (kept alive in the worker) and compare them bitwise."""
+    label, g_a, loss_a = run.state["A"]
+    try:
+        run.session.request(op="reexport", call=label, outputs=run.out2.name)
+    except WorkerFailure as failure:
+        run.book.failure(("no-output-reuse",), f"re-read {when}", failure)
+        if failure.kind in ("timeout", "crash", "cuda-error", "protocol"):
+            raise WorkerGone(failure) from None
+        return
+    loss_now = float(run.out2.loss[0])
+    diff = first_difference(run.out2.grad, g_a)
+    loss_changed = not (loss_now == loss_a or (math.isnan(loss_now) and math.isnan(loss_a)))
+    ok = diff is None and not loss_changed
+    what = []
+    if diff is not None:
+        what.append(f"{diff['differing']} gradient elements")
+    if loss_changed:
+        what.append(f"the loss ({loss_a!r} -> {loss_now!r})")
+    run.book.record("no-output-reuse", when, ok, f"outputs of call A unchanged {when}" if ok else
+                    f"outputs of call A were overwritten {when}: " + " and ".join(what),
+                    {"gradient": diff, "loss_before": json_float(loss_a), "loss_now": json_float(loss_now)})
+
+
+def end_reread(run: WorkloadConformance) -> None:
+    changed: list[dict[str, Any]] = []
+    for kept in run.kept:
+        try:
+            run.session.request(op="reexport", call=kept.label, outputs=run.out1.name)
+        except WorkerFailure as failure:
+            run.book.failure(("no-output-reuse",), f"re-read {kept.label}", failure)
+            if failure.kind in ("timeout", "crash", "cuda-error", "protocol"):
+                raise WorkerGone(failure) from None
+            return
+        now = run.fingerprint(run.out1)
+        if now != kept.fingerprint:
+            changed.append({"call": kept.label, "loss_changed": now[0] != kept.fingerprint[0],
+                            "gradient_changed": now[1] != kept.fingerprint[1]})
+    n = len(run.kept)
+    ok = not changed
+    run.book.record("no-output-reuse", "end", ok, f"all {n} kept outputs unchanged at the end of the workload" if ok
+                    else f"{len(changed)} of {n} kept outputs changed by later calls, first {changed[0]['call']}",
+                    {"kept_calls": [k.label for k in run.kept], "changed": changed})
+    run.draws["kept_outputs"] = n
+
+
+def zero_advantage(run: WorkloadConformance, c: float) -> None:
+    Q = run.Q
+    b = run.rng.randrange(run.rw.axes["batch"])
+    run.draws["zero_advantage_sequence"] = b
+    original = Q.tensors["advantages"].clone()
+    Q.tensors["advantages"][b] = 0.0
+    Q.commit()
+    e = run.call("E", Q, run.out1, ("zero-advantage", "finite", "no-mutation", "no-aliasing"), upstream=c)
+    if e is not None:
+        finite(run, e)
+        nonzero = int((e.grad[b] != 0).sum())
+        loss_cmp, cmp = run.judge(e)
+        ok = nonzero == 0 and cmp.passed and loss_cmp.passed
+        msg = (f"advantage[{b}] = 0 gives an exactly zero gradient for sequence {b}" if ok else
+               f"advantage[{b}] = 0: {nonzero} non-zero gradient values in sequence {b}" if nonzero else
+               "the other sequences do not match the reference: " + cmp.describe())
+        run.book.record("zero-advantage", e.label, ok, msg, {"sequence": b, "nonzero": nonzero,
+                                                             "gradient": cmp.evidence()})
+    Q.tensors["advantages"].copy_(original)
+    Q.commit()
+
+
+def row_locality(run: WorkloadConformance, g_d: torch.Tensor, c: float) -> None:
+    Q = run.Q
+    # A row whose gradient is not 0 by the semantics (clipped and masked tokens have none).
+    scales = run.model.row_scales(Q.pristine, run.seq_next)
+    live = [int(r) for r in (scales > 0).nonzero().flatten() if int(r) % run.seq_next != run.seq_next - 1]
+    if not live:
+        run.book.skip("row-locality", "no row of these inputs has a non-zero gradient")
+        return
+    # Among the larger half, so that the change shows above the dtype's rounding (fp16 underflows).
+    cut = float(scales[live].median())
+    live = [r for r in live if float(scales[r]) >= cut]
+    row = live[run.rng.randrange(len(live))]
+    b, t = row // run.seq_next, row % run.seq_next
+    run.draws["row_locality_row"] = [b, t]
+    original = Q.tensors["logits"][b, t].clone()
+    saved = {k: Q.tensors[k][b, t].clone() for k in ("old_logprobs", "ref_logprobs") if k in Q.tensors}
+    g = torch.Generator(device=run.device).manual_seed(run.rng.getrandbits(62))
+    fresh_row = torch.randn(run.vocab, generator=g, device=run.device) * 2.0
+    before = _token_logp(original, Q.tensors["completion_ids"][b, t], run.model.temperature)
+    Q.tensors["logits"][b, t] = fresh_row.to(original.dtype)
+    # Old and reference log-probs follow the new row (same log-ratio and KL gap as before), so
+    # the token stays in the clip region it was drawn in.
+    shift = _token_logp(Q.tensors["logits"][b, t], Q.tensors["completion_ids"][b, t], run.model.temperature) - before
+    for k, v in saved.items():
+        Q.tensors[k][b, t] = (v.to(torch.float64) + shift).to(v.dtype)
+    Q.commit()
+    f = run.call("F", Q, run.out1, ("row-locality", "finite", "no-mutation", "no-aliasing"), upstream=c)
+    if f is not None:
+        finite(run, f)
+        changed_row = b * run.seq_next + t
+        differs = differing_rows(run, f.grad, g_d, Q.pristine, c)
+        if run.spec.parameter_values.get("importance_sampling_level") == "sequence":
+            # A sequence-level ratio couples every token of a sequence: only other sequences must keep.
+            others = [r for r in differs if r // run.seq_next != b]
+        else:
+            others = [r for r in differs if r != changed_row]
+        _, cmp = run.judge(f)
+        ok = not others and changed_row in differs and cmp.passed
+        if others:
+            r = others[0]
+            msg = (f"changing logits row ({b}, {t}) changed {len(others)} other gradient rows, "
+                   f"first ({r // run.seq_next}, {r % run.seq_next})")
+        elif changed_row not in differs:
+            msg = f"changing logits row ({b}, {t}) did not change its gradient row"
+        elif not cmp.passed:
+            msg = "the changed row does not match the reference: " + cmp.describe()
+        else:
+            msg = f"changing logits row ({b}, {t}) changed that gradient row only"
+        run.book.record("row-locality", f.label, ok, msg, {"changed_row": [b, t], "other_rows_changed": len(others),
+                                                           "gradient": cmp.evidence()})
+    Q.tensors["logits"][b, t] = original
+    for k, v in saved.items():
+        Q.tensors[k][b, t] = v
+    Q.commit()
+
+
+def _token_logp(row: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = row.to(torch.float64) / temperature
+    return z[target] - torch.logsumexp(z, dim=-1)
+
+
+def differing_rows(run: WorkloadConformance, a: torch.Tensor, e: torch.Tensor, x: dict, c: float) -> list[int]:
+    """Flattened rows where two outputs differ beyond twice the element tolerance, chunk by chunk."""
+    t = run.tol.gradient
+    a, e = a.view(-1, run.vocab), e.view(-1, run.vocab)
+    scales = run.model.row_scales(x, run.seq_next) * abs(c)
+    step = rows_per_chunk(run.vocab)
+    rows: list[int] = []
+    for start in range(0, a.shape[0], step):
+        ac, ec = a[start : start + step].to(torch.float64), e[start : start + step].to(torch.float64)
+        allowed = 2 * (t.element_rtol * ec.abs() + t.element_atol_row_scale * scales[start : start + step, None]
+                       + t.element_atol)
+        bad = (~((ac - ec).abs() <= allowed)).any(dim=1)
+        rows += [start + int(r) for r in bad.nonzero().flatten()]
+    return rows
+
+
+def last_row(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float, c: float) -> None:
+    Q = run.Q
+    logits = Q.tensors["logits"]
+    original = logits[:, -1, :].clone()
+    for i, kind in enumerate(run.spec.validation.poison.last_position):
+        value = {"nan": float("nan"), "inf": float("inf"), "huge": torch.finfo(logits.dtype).max}[kind]
+        logits[:, -1, :] = value
+        Q.commit()
+        g = run.call(f"G{i + 1}", Q, run.out1, ("last-row-ignored", "no-mutation", "no-aliasing"), upstream=c)
+        if g is not None:
+            rel = run.relation(g.grad, g_d, Q.pristine, c)
+            loss_ok = abs(g.loss - loss_d) <= run.tol.loss.allowed(loss_d)
+            ok = rel.passed and loss_ok and rel.last_rows_nonzero == 0
+            run.book.record("last-row-ignored", g.label, ok, f"logits[:, S, :] = {kind} changed no output" if ok else
+                            f"logits[:, S, :] = {kind} changed the outputs: loss {g.loss!r} vs {loss_d!r}; "
+                            + rel.describe(),
+                            {"poison": kind, "loss": json_float(g.loss), "loss_before": json_float(loss_d),
+                             "gradient": rel.evidence(), "last_row": rel.last_row_evidence()})
+    logits[:, -1, :] = original
+    Q.commit()
+
+
+def adversarial(run: WorkloadConformance, i: Call, profiles) -> None:
+    loss_cmp, cmp = run.judge(i)
+    ok = cmp.passed and loss_cmp.passed and cmp.nan == 0 and cmp.inf == 0
+    run.book.record("adversarial-inputs", i.label, ok,
+                    f"profiles {', '.join(profiles)}: " + ("match the reference" if ok else cmp.describe()),
+                    {"profiles": list(profiles), "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
+
+
+def masked_positions(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float, c: float) -> None:
+    Q = run.Q
+    mask = Q.tensors["completion_mask"].to(torch.bool)
+    masked = (~mask).nonzero()
+    if masked.numel() == 0:
+        run.book.skip("masked-positions", "these inputs mask no position")
+        return
+    b, t = masked[:, 0], masked[:, 1]
+    nonzero = int((g_d[b, t] != 0).sum())
+    logits = Q.tensors["logits"]
+    original = logits[b, t].clone()
+    g = torch.Generator(device=run.device).manual_seed(run.rng.getrandbits(62))
+    logits[b, t] = (torch.randn(original.shape, generator=g, device=run.device) * 3.0).to(logits.dtype)
+    Q.commit()
+    m = run.call("M", Q, run.out1, ("masked-positions", "finite", "no-mutation", "no-aliasing"), upstream=c)
+    if m is not None:
+        rel = run.relation(m.grad, g_d, Q.pristine, c)
+        loss_ok = abs(m.loss - loss_d) <= run.tol.loss.allowed(loss_d)
+        still = int((m.grad[b, t] != 0).sum())
+        ok = nonzero == 0 and still == 0 and rel.passed and loss_ok
+        msg = (f"{masked.shape[0]} masked positions: exactly zero gradient, their logits change nothing" if ok else
+               f"{nonzero + still} gradient values at masked positions are not 0" if nonzero + still else
+               f"redrawing the logits of masked positions changed the outputs: loss {m.loss!r} vs {loss_d!r}; "
+               + rel.describe())
+        run.book.record("masked-positions", m.label, ok, msg,
+                        {"masked_positions": int(masked.shape[0]), "nonzero_at_masked": nonzero + still,
+                         "loss": json_float(m.loss), "loss_before": json_float(loss_d), "gradient": rel.evidence()})
+    logits[b, t] = original
+    Q.commit()

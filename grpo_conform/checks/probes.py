@@ -1,0 +1,235 @@
+"""The conformance probes: small named steps, each saying how it changes the inputs or the call
+and which checks it feeds. A workload's profile (`full`, `core`, `smoke`) lists the probes it
+runs, in order; `PROBES_BY_NAME` is the registry (it also feeds docs/checks.md).
+
+Buffer sets: P and Q are the two input sets (different addresses); O1 and O2 the parent-owned
+output slots. Probes pass results to later probes through `run.state` (e.g. the gradient of the
+baseline call, which the metamorphic probes compare with).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from grpo_conform.checks import judging as J
+from grpo_conform.checks import patterns
+from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    summary: str
+    feeds: tuple[str, ...]
+    run: Callable[[WorkloadConformance], None]
+
+
+def _upstream(run: WorkloadConformance, kind: str) -> float:
+    """A parent-drawn upstream scalar: negative, tiny or large (what gradient accumulation, loss
+    scaling and loss weights do). Tiny stays above float16's subnormal range at seed scales."""
+    r = run.rng
+    fp16 = run.rw.dtypes.get("logits") == "float16"
+    if kind == "negative":
+        c = -r.uniform(0.25, 4.0)
+    elif kind == "tiny":
+        c = r.uniform(1e-2, 5e-2) if fp16 else 10 ** r.uniform(-4.0, -3.0)
+    else:
+        c = r.uniform(64.0, 512.0) if fp16 else 2 ** r.uniform(6.0, 12.0)
+    c = float(f"{c:.6g}")
+    run.draws.setdefault("upstream", {})[kind] = c
+    return c
+
+
+def baseline(run: WorkloadConformance) -> None:
+    """A: seed 1 in P, allocator poisoned with NaN; B: same inputs, huge finite poison."""
+    run.generate(run.P, run.seeds[0])
+    a = run.call("A", run.P, run.out1, PLAIN + ("stale-output",), poison="nan")
+    if a is not None:
+        J.plain(run, a)
+        J.finite_under_poison(run, a)
+        run.state["A"] = (a.label, a.grad.clone(), a.loss)
+    b = run.call("B", run.P, run.out1, ("stale-output", "determinism", "finite"), poison="huge")
+    if b is not None:
+        J.stale_huge(run, b)
+        J.finite(run, b)
+        if "A" in run.state:
+            J.determinism(run, run.state["A"][1], run.state["A"][2], b)
+
+
+def negated(run: WorkloadConformance) -> None:
+    """C: the advantages negated, written in place (same addresses as A)."""
+    P = run.P
+    P.tensors["advantages"].neg_()
+    P.commit()
+    c = run.call("C", P, run.out1, ("advantage-sign", "freshness", "finite", "no-mutation", "no-aliasing"))
+    if c is not None:
+        J.fresh(run, c, "in place, same addresses")
+        J.finite(run, c)
+        if "A" in run.state:
+            why = _not_symmetric(run)
+            if why:
+                run.book.not_applicable("advantage-sign", why)
+            else:
+                J.advantage_sign(run, c, run.state["A"][1])
+    if "A" in run.state:
+        J.reread_first(run, "after C")
+
+
+def _names(run: WorkloadConformance) -> set[str]:
+    return {t.name for t in run.spec.inputs}
+
+
+def _not_symmetric(run: WorkloadConformance) -> str | None:
+    """Why negating A does not negate this member's gradient (None where it does)."""
+    names = _names(run)
+    if "old_logprobs" in names:
+        return ("not a symmetry of this member: with old log-probs, negating A changes which clip branch "
+                "is active (call C is still judged against the reference: freshness)")
+    if "ref_logprobs" in names:
+        return "not a symmetry of this member: the KL term does not depend on A"
+    return None
+
+
+def new_buffers(run: WorkloadConformance) -> None:
+    """D: seed 2 in Q (new addresses, new values)."""
+    Q = run.Q
+    run.generate(Q, run.seeds[1 % len(run.seeds)])
+    d = run.call("D", Q, run.out2, PLAIN + ("freshness",))
+    if d is not None:
+        J.plain(run, d)
+        J.fresh(run, d, "new buffers, new values")
+        run.state["D"] = (d.grad.clone(), d.loss, 1.0)
+    if "A" in run.state:
+        J.reread_first(run, "after D")
+
+
+def zero_advantage(run: WorkloadConformance) -> None:
+    """E: D's inputs with one sequence's advantage set to exactly 0."""
+    if "ref_logprobs" in _names(run):
+        run.book.not_applicable("zero-advantage", "the KL term gives a sequence of zero advantage a gradient")
+        return
+    J.zero_advantage(run, run.state.get("D", (None, None, 1.0))[2])
+
+
+def row_locality(run: WorkloadConformance) -> None:
+    """F: D's inputs with one logits row redrawn: only that gradient row may change."""
+    if "D" not in run.state:
+        run.book.skip("row-locality", "call D did not complete")
+        return
+    J.row_locality(run, *run.state["D"][::2])
+
+
+def last_row(run: WorkloadConformance) -> None:
+    """G: D's inputs with logits[:, S, :] poisoned (NaN, then huge): no output may change."""
+    if "D" not in run.state:
+        run.book.skip("last-row-ignored", "call D did not complete")
+        return
+    J.last_row(run, *run.state["D"])
+
+
+def masked_positions(run: WorkloadConformance) -> None:
+    """M: masked positions get an exactly zero gradient, and redrawing their logits (finite
+    values) changes no output."""
+    if "completion_mask" not in _names(run):
+        run.book.not_applicable("masked-positions", "this member has no completion mask")
+        return
+    if "D" not in run.state:
+        run.book.skip("masked-positions", "call D did not complete")
+        return
+    J.masked_positions(run, *run.state["D"])
+
+
+def adversarial(run: WorkloadConformance) -> None:
+    """I: seed 3 with the adversarial row profiles (logits up to 1e4)."""
+    seed = run.seeds[-1] ^ 0xA5A5A5A5
+    profiles = run.spec.validation.adversarial_profiles
+    run.generate(run.P, seed, profiles=profiles)
+    i = run.call("I", run.P, run.out1, ("adversarial-inputs", "finite", "no-mutation", "no-aliasing"))
+    if i is not None:
+        J.finite(run, i)
+        J.adversarial(run, i, profiles)
+
+
+def upstream(run: WorkloadConformance) -> None:
+    """U: fresh seeds backpropagating parent-drawn upstream scalars (negative, tiny, large), the
+    tiny one through torch.autograd.grad (the caller gets the returned tensor itself, without the
+    copy .grad accumulation may make: a reused buffer is visible)."""
+    for i, (kind, method) in enumerate((("negative", "backward"), ("tiny", "autograd.grad"), ("large", "backward"))):
+        slot = run.P if i % 2 == 0 else run.Q
+        run.generate(slot, run.seeds[i % len(run.seeds)] ^ (0x51ED270B + i))
+        c = _upstream(run, kind)
+        u = run.call(f"U-{kind}", slot, run.out1, ("upstream-gradient", "finite", "no-mutation", "no-aliasing"),
+                     upstream=c, method=method)
+        if u is not None:
+            J.finite(run, u)
+            J.versus_reference(run, "upstream-gradient", u, f"upstream {kind} {c:g} via {method}")
+
+
+def non_leaf(run: WorkloadConformance) -> None:
+    """N: logits handed over as a view of a leaf and as an affine function of a leaf the parent's
+    side owns; the gradient is read from that leaf (backward and autograd.grad)."""
+    run.generate(run.Q, run.seeds[1 % len(run.seeds)] ^ 0x1EAF)
+    for leaf, method in (("view", "backward"), ("affine", "autograd.grad")):
+        n = run.call(f"N-{leaf}", run.Q, run.out2, ("non-leaf-logits", "finite", "no-mutation", "no-aliasing"),
+                     leaf=leaf, method=method)
+        if n is not None:
+            J.finite(run, n)
+            J.versus_reference(run, "non-leaf-logits", n, f"logits as a {leaf} of a leaf, {method}")
+
+
+def interleaved(run: WorkloadConformance) -> None:
+    """X: two forwards before one backward (micro-batches, recomputation), then two graphs
+    backpropagated in the opposite order; state kept between calls shows."""
+    patterns.interleaved(run, _upstream(run, "negative"))
+
+
+def layouts(run: WorkloadConformance) -> None:
+    """L: every input as an offset, strided view of a larger shared buffer."""
+    patterns.layouts(run)
+
+
+def forward_only(run: WorkloadConformance) -> None:
+    """O: one call under torch.no_grad (evaluation, logging): the loss must match too."""
+    patterns.forward_only(run)
+
+
+def extra_seeds(run: WorkloadConformance) -> None:
+    """S: further seeds when the workload asks for more than two."""
+    for i, seed in enumerate(run.seeds[2:], start=1):
+        run.generate(run.P, seed)
+        extra = run.call(f"S{i}", run.P, run.out1, PLAIN)
+        if extra is not None:
+            J.plain(run, extra)
+
+
+def end_reread(run: WorkloadConformance) -> None:
+    """R: every output kept so far re-read at the end of the workload (a ring of N reused
+    buffers shows for any N below the number of kept calls)."""
+    J.end_reread(run)
+
+
+_PROBES = (
+    Probe("baseline", baseline.__doc__, PLAIN + ("stale-output", "determinism"), baseline),
+    Probe("negated-advantages", negated.__doc__, ("advantage-sign", "freshness", "no-output-reuse"), negated),
+    Probe("new-buffers", new_buffers.__doc__, PLAIN + ("freshness", "no-output-reuse"), new_buffers),
+    Probe("zero-advantage", zero_advantage.__doc__, ("zero-advantage",), zero_advantage),
+    Probe("row-locality", row_locality.__doc__, ("row-locality",), row_locality),
+    Probe("last-row", last_row.__doc__, ("last-row-ignored",), last_row),
+    Probe("masked-positions", masked_positions.__doc__, ("masked-positions",), masked_positions),
+    Probe("adversarial", adversarial.__doc__, ("adversarial-inputs",), adversarial),
+    Probe("upstream", upstream.__doc__, ("upstream-gradient",), upstream),
+    Probe("non-leaf", non_leaf.__doc__, ("non-leaf-logits",), non_leaf),
+    Probe("interleaved", interleaved.__doc__, ("interleaved-graphs",), interleaved),
+    Probe("layouts", layouts.__doc__, ("input-layouts",), layouts),
+    Probe("forward-only", forward_only.__doc__, ("forward-only",), forward_only),
+    Probe("extra-seeds", extra_seeds.__doc__, PLAIN, extra_seeds),
+    Probe("end-reread", end_reread.__doc__, ("no-output-reuse",), end_reread),
+)
+PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in _PROBES}
+PROFILES: dict[str, tuple[str, ...]] = {
+    "full": tuple(PROBES_BY_NAME),
+    # For huge shapes (above 2^31 logits elements): the call patterns that matter most.
+    "core": ("baseline", "new-buffers", "upstream", "forward-only", "end-reread"),
+    "smoke": ("baseline", "forward-only"),
+}

@@ -1,0 +1,261 @@
+"""`--jobs N` and `--gpus all|0,1`: the plan's work handed to slot processes on one host.
+
+A slot is a process (`python -m grpo_conform.gate.slot`) that runs `run_check` on one job (one
+implementation, or single workloads when there are more slots than implementations) and writes
+its JSON report; the parent relays its progress lines and merges the reports
+(grpo_conform.gate.merge). With `--gpus`, each GPU gets its own slots with CUDA_VISIBLE_DEVICES set
+to that GPU alone (so the slot's parent-side tensors and its worker's CUDA IPC handles agree on
+device 0). Timed runs never share a GPU: when timing on CUDA, a GPU has one slot whatever
+`--jobs` says; untimed (`--no-timing`, or the CPU) a GPU or the CPU takes `--jobs` slots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from grpo_conform.errors import EnvironmentProblem
+from grpo_conform.gate.plan import SelectionError, Stop
+from grpo_conform.gate.shard import apply_units, unit_cost
+from grpo_conform.results import ImplementationResult, MemberResult
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str  # "cpu1", "gpu0", "gpu0.2"
+    env: dict[str, str]  # added to the slot's environment
+
+
+def parse_gpus(text: str) -> str | tuple[int, ...]:
+    if text.strip() == "all":
+        return "all"
+    try:
+        ids = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        ids = ()
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise SelectionError(f"--gpus {text!r}: expected 'all' or distinct GPU indices such as 0,1")
+    return ids
+
+
+def visible_gpus(count: int) -> list[str]:
+    """What CUDA_VISIBLE_DEVICES to give for each index this process sees."""
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if parent:
+        names = [x.strip() for x in parent.split(",") if x.strip()]
+        return names[:count]
+    return [str(i) for i in range(count)]
+
+
+def plan_slots(device_type: str, gpus, jobs: int, timing: bool, gpu_count: int) -> tuple[list[Slot], list[str]]:
+    """The slots of a run and notes on how they were chosen. Pure: tested on the CPU."""
+    notes: list[str] = []
+    if jobs < 1:
+        raise SelectionError(f"--jobs {jobs}: expected 1 or more")
+    if device_type != "cuda":
+        if gpus is not None:
+            raise SelectionError("--gpus needs --device cuda (or auto on a machine with CUDA)")
+        return [Slot(f"cpu{i + 1}", {}) for i in range(jobs)], notes
+    if gpus is None:
+        gpus = (0,)
+    ids = list(range(gpu_count)) if gpus == "all" else list(gpus)
+    bad = [i for i in ids if i >= gpu_count]
+    if bad or not ids:
+        raise EnvironmentProblem(f"--gpus: GPU {bad[0] if bad else '?'} does not exist here ({gpu_count} visible)")
+    names = visible_gpus(gpu_count)
+    per_gpu = jobs
+    if timing and jobs > 1:
+        per_gpu = 1
+        notes.append(f"--jobs {jobs}: one slot per GPU, because timed runs never share a GPU (use --no-timing "
+                     "to run several untimed slots per GPU)")
+    slots = []
+    for i in ids:
+        for k in range(per_gpu):
+            slots.append(Slot(f"gpu{i}" + (f".{k + 1}" if per_gpu > 1 else ""), {"CUDA_VISIBLE_DEVICES": names[i]}))
+    return slots, notes
+
+
+def make_jobs(plan, slots: int) -> list[list[tuple[str, str, str]]]:
+    """One job per implementation; single workloads when there are more slots than implementations.
+    Largest first, so the long ones start early."""
+    runnable = [p for p in plan.implementations if not p.skip]
+    if len(runnable) >= slots:
+        jobs = [p.units() for p in runnable]
+    else:
+        jobs = [[u] for p in runnable for u in p.units()]
+    return sorted(jobs, key=lambda j: (-sum(unit_cost(plan, u) for u in j), j))
+
+
+def _slot_request(request, units, device: str) -> dict:
+    fields = asdict(request)
+    fields.update(paths=[units[0][0]], device=device, units=[list(u) for u in units], jobs=1, gpus=None, shard=None,
+                  changed_since=None, strict=False)  # --workload/--member kept: same deselections
+    return fields
+
+
+class _Runner:
+    def __init__(self, request, plan, device, say, slots):
+        self.request, self.plan, self.device, self.say, self.slots = request, plan, device, say, slots
+        self.queue: queue.Queue = queue.Queue()
+        self.stop = Stop()
+        self.lock = threading.Lock()
+        self.running: dict[str, subprocess.Popen] = {}
+        self.pieces: list = []
+        self.parts: list[dict] = []
+        self.folder = Path(tempfile.mkdtemp(prefix="grpo-conform-slots-"))
+
+    def run_job(self, slot: Slot, n: int, units) -> None:
+        req, out = self.folder / f"job{n}.request.json", self.folder / f"job{n}.report.json"
+        req.write_text(json.dumps(_slot_request(self.request, units, self.device.type)))
+        env = dict(os.environ, **slot.env)
+        proc = subprocess.Popen([sys.executable, "-m", "grpo_conform.gate.slot", str(req), str(out)], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # a Ctrl-C reaches only us; we pass a SIGTERM on
+        with self.lock:
+            self.running[slot.name] = proc
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail = (tail + [line])[-20:]
+            self.say.line(f"[{slot.name}] {line.split('] ', 1)[-1] if line.startswith('[') else line}")
+        code = proc.wait()
+        with self.lock:
+            self.running.pop(slot.name, None)
+        self._collect(slot, units, out, code, tail)
+
+    def _collect(self, slot: Slot, units, out: Path, code: int, tail: list[str]) -> None:
+        from grpo_conform.gate.merge import pieces_from_report
+
+        try:
+            doc = json.loads(out.read_text())
+        except (OSError, json.JSONDecodeError):
+            doc = None
+        if doc is None:
+            self._lost(units, f"the slot process ({slot.name}) exited with {code} before writing its report: "
+                              + " | ".join(tail[-5:]))
+            return
+        pieces = pieces_from_report(doc, f"{slot.name}:{out.name}")
+        with self.lock:
+            self.pieces += pieces
+            self.parts.append(doc | {"slot": slot.name})
+        if self.request.fail_fast and any(p.implementation.status == "failed" for p in pieces):
+            name = pieces[0].implementation.name
+            self.stop.reason = self.stop.reason or f"not run: --fail-fast stopped the run after {name} failed"
+
+    def _lost(self, units, why: str) -> None:
+        from grpo_conform.check import _result
+        from grpo_conform.gate.merge import Piece
+
+        p = apply_units(self.plan, set(units), "run in another slot").implementations[0]
+        members = [MemberResult(m.spec, "failed", why, (), _coverage_lost(m, why)) for m in p.members]
+        with self.lock:
+            self.pieces.append(Piece("lost", {}, _result(p, members, {}, "failed", why)))
+
+    def worker(self, slot: Slot) -> None:
+        while True:
+            try:
+                n, units = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            if self.stop.reason:
+                self._not_started(units)
+                continue
+            self.run_job(slot, n, units)
+
+    def _not_started(self, units) -> None:
+        from grpo_conform.check import check_implementation
+        from grpo_conform.gate.merge import Piece
+
+        p = apply_units(self.plan, set(units), "run in another slot").implementations[0]
+        result = check_implementation(p, None, self.request, self.say, self.stop)  # returns at once: stopped
+        with self.lock:
+            self.pieces.append(Piece("stopped", {}, result))
+
+    def terminate(self) -> None:
+        with self.lock:
+            procs = list(self.running.values())
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # the slot closes its workers and removes its files
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _coverage_lost(m, why: str):
+    from grpo_conform.results import Coverage, NotRun
+
+    return Coverage((), m.not_run + tuple(NotRun(w.name, why, "skipped") for w in m.workloads))
+
+
+def run_slots(request, plan, device, say):
+    import torch
+
+    from grpo_conform.check import CheckReport, check_implementation
+    from grpo_conform.gate.merge import Piece, merge_implementations
+    from grpo_conform.provenance import device_info, software, utc_now
+
+    gpu_count = torch.cuda.device_count() if device.type == "cuda" else 0
+    slots, notes = plan_slots(device.type, request.gpus, request.jobs, request.timing, gpu_count)
+    started = utc_now()
+    runner = _Runner(request, plan, device, say, slots)
+    for n, units in enumerate(make_jobs(plan, len(slots))):
+        runner.queue.put((n, units))
+    say.line(f"{len(slots)} slots ({', '.join(s.name for s in slots)}), {runner.queue.qsize()} jobs")
+    for p in plan.implementations:
+        if p.skip:
+            runner.pieces.append(Piece("plan", {}, check_implementation(p, None, request, say, Stop())))
+    threads = [threading.Thread(target=runner.worker, args=(s,), daemon=True) for s in slots]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # short joins: a signal reaches the main thread between them
+    except BaseException:
+        runner.stop.reason = "not run: the run was interrupted"
+        runner.terminate()
+        raise
+    finally:
+        shutil.rmtree(runner.folder, ignore_errors=True)
+    merged = {(i.name, i.identity, i.path): i for i in merge_implementations(runner.pieces)}
+    order = {str(p.impl.path): k for k, p in enumerate(plan.implementations)}
+    impls = sorted((_real_specs(i, plan.specs) for i in merged.values()), key=lambda i: order.get(i.path, 1 << 30))
+    parts = tuple(_part(doc, plan.specs) for doc in sorted(runner.parts, key=lambda d: d.get("started") or ""))
+    first = parts[0] if parts else None
+    hardware = first.hardware if first else {}
+    names = {str(p.device.get("name")) for p in parts}
+    if len(names) > 1:
+        notes.append(f"slots ran on different GPU models ({', '.join(sorted(names))})")
+    return CheckReport(first.device if first else device_info(device), device.type == "cpu", tuple(impls),
+                       plan.specs, started, utc_now(), first.software if first else software(), hardware,
+                       request.strict, plan.notes + tuple(notes), request.shard, parts)
+
+
+def _real_specs(impl: ImplementationResult, specs: dict) -> ImplementationResult:
+    members = tuple(replace(m, spec=specs.get(m.spec.identity, m.spec)) for m in impl.members)
+    return replace(impl, members=members)
+
+
+def _part(doc: dict, specs: dict):
+    from grpo_conform.check import CheckReport
+    from grpo_conform.gate.merge import impl_from_json
+
+    impls = tuple(_real_specs(impl_from_json(i), specs) for i in doc["implementations"])
+    return CheckReport(doc.get("device", {}), bool(doc.get("triton_interpreter")), impls, specs, doc.get("started", ""),
+                       doc.get("finished", ""), doc.get("software", {}), doc.get("hardware", {}))

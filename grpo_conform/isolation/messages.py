@@ -1,0 +1,166 @@
+"""Strict models of every message a worker sends, checked in the parent before anything reads it.
+
+The worker runs the code under test, so each reply is treated as hostile input: types are exact
+(strict mode: no "1" for 1, no true for 1), unknown fields are refused, numbers have ranges and
+strings and lists lengths. A reply that does not fit is a protocol failure (the session kills the
+worker and the `runs` check fails with the reason), never a traceback in the validator or a
+misleading verdict built on a forged value.
+
+Adding a reply for a new worker op is one small class and one line in `REPLIES`:
+
+    class FooReply(Ok):
+        things: Annotated[list[Count], Field(max_length=64)]
+
+    REPLIES["foo"] = FooReply
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from grpo_conform.errors import GrpoConformError
+
+Count = Annotated[int, Field(ge=0, le=1 << 62)]
+Address = Annotated[int, Field(ge=0, lt=1 << 64)]
+Nanoseconds = Annotated[int, Field(ge=0, le=10**13)]  # under three hours
+ShortText = Annotated[str, Field(max_length=300)]
+LongText = Annotated[str, Field(max_length=4000)]
+Dim = Annotated[int, Field(ge=0, le=1 << 40)]
+DTYPES = Literal["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
+                 "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Ok(_Strict):
+    status: Literal["ok"]
+
+
+class ErrorInfo(_Strict):
+    type: ShortText
+    message: LongText
+    where: LongText = ""
+    phase: ShortText = "call"
+    traceback: LongText = ""  # the last frames of the implementation's exception (REPORT, issue 16)
+
+
+class ErrorReply(_Strict):
+    status: Literal["error"]
+    error: ErrorInfo
+    field: Optional[Literal["entry"]] = None
+    fatal: bool = False
+
+
+class LoadInfo(_Strict):
+    torch: ShortText
+    pid: Annotated[int, Field(ge=1, le=1 << 22)]
+    gpu: Optional[ShortText] = None
+
+
+class LoadReply(Ok):
+    info: LoadInfo
+
+
+class Described(_Strict):
+    """What the worker says about an output (only the worker can see its Python object)."""
+
+    type: ShortText
+    exact_tensor: bool
+    dtype: Optional[DTYPES] = None
+    shape: Optional[Annotated[list[Dim], Field(max_length=8)]] = None
+    device: Optional[Literal["cpu", "cuda", "meta"]] = None
+    requires_grad: Optional[bool] = None
+    has_grad_fn: Optional[bool] = None
+
+
+StorageRange = Annotated[list[Address], Field(min_length=2, max_length=2)]
+
+
+class CallReport(_Strict):
+    loss: Optional[Described]
+    grad: Optional[Described]
+    backward_skipped: Optional[LongText] = None
+    storage: Annotated[dict[ShortText, Optional[StorageRange]], Field(max_length=64)]
+
+
+class ForwardDone(_Strict):
+    status: Literal["forward-done"]
+    loss: Optional[Described]
+
+
+class CallDone(Ok):
+    report: CallReport
+
+
+class ForwardReply(Ok):
+    loss: Optional[Described]
+
+
+class BackwardReply(Ok):
+    skipped: Annotated[dict[ShortText, LongText], Field(max_length=64)] = {}
+
+
+class ExportReport(_Strict):
+    loss: Optional[Described]
+    grad: Optional[Described]
+    storage: Annotated[dict[ShortText, Optional[StorageRange]], Field(max_length=64)]
+
+
+class ExportReply(Ok):
+    report: ExportReport
+
+
+class TimedCall(_Strict):
+    event_ns: Nanoseconds
+    wall_ns: Nanoseconds
+    pre_ns: Nanoseconds
+    enqueue_ns: Nanoseconds
+    peak_bytes: Annotated[int, Field(ge=-(1 << 50), le=1 << 50)]
+
+
+class TimeReply(Ok):
+    results: Annotated[list[TimedCall], Field(max_length=100_000)]
+
+
+#: The reply each op must get (phases of a two-step op as "op:phase").
+REPLIES: dict[str, type[_Strict]] = {
+    "load": LoadReply,
+    "bind": Ok,
+    "unbind": Ok,
+    "call:forward": ForwardDone,
+    "call": CallDone,
+    "forward": ForwardReply,
+    "backward": BackwardReply,
+    "export": ExportReply,
+    "reexport": Ok,
+    "drop": Ok,
+    "reread": Ok,
+    "release": Ok,
+    "time_setup": Ok,
+    "time": TimeReply,
+}
+
+
+class MalformedReply(GrpoConformError):
+    """A worker reply that does not fit its model: the reason names the field."""
+
+
+def parse_reply(op: str, msg: Any) -> tuple[Union[_Strict, ErrorReply], dict[str, Any]]:
+    """(model, dict as sent) of a reply to `op`; raises MalformedReply with the first problem."""
+    if not isinstance(msg, dict):
+        raise MalformedReply(f"the reply to {op!r} is a JSON {type(msg).__name__}, not an object")
+    model = ErrorReply if msg.get("status") == "error" else REPLIES.get(op)
+    if model is None:
+        raise MalformedReply(f"no reply model for worker op {op!r}: add one to grpo_conform/isolation/messages.py "
+                             "(REPLIES)")
+    try:
+        parsed = model.model_validate(msg)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(message)"
+        raise MalformedReply(f"the reply to {op!r} is malformed at {where}: {err['msg']}") from None
+    return parsed, parsed.model_dump(exclude_unset=True)

@@ -1,0 +1,59 @@
+"""The worker's stdout and stderr, capped: a pipe drained by a thread into a bounded in-memory buffer.
+
+An implementation that prints in a loop must not fill a disk or /dev/shm (a file in the session's
+directory grew without bound): only the last KEEP bytes are kept, the total is counted, and the
+tail says how much came before it. Added by REPORT (issue 16) as the minimal cap; ISOLATION owns
+the session.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+KEEP = 64 << 10  # bytes of output kept; the failure evidence shows the last STDERR_TAIL of them
+
+
+class OutputTail:
+    def __init__(self, keep: int = KEEP):
+        self.keep = keep
+        self._r, self.write_fd = os.pipe()
+        self._buf = bytearray()
+        self.total = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._drain, name="worker-output", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                chunk = os.read(self._r, 1 << 16)
+                if not chunk:
+                    break
+                with self._lock:
+                    self.total += len(chunk)
+                    self._buf += chunk
+                    if len(self._buf) > self.keep:
+                        del self._buf[: len(self._buf) - self.keep]
+        except OSError:
+            pass
+        finally:
+            os.close(self._r)
+
+    def started(self) -> None:
+        """The child holds the write end now: close ours, so the pipe ends when the worker's tree does."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def tail(self, n: int) -> str:
+        with self._lock:
+            data, total = bytes(self._buf[-n:]), self.total
+        text = data.decode("utf-8", errors="replace")
+        if total > len(data):
+            text = f"[... {total - len(data):,} earlier bytes of output not shown]\n" + text
+        return text
+
+    def close(self) -> None:
+        self.started()
+        self._thread.join(timeout=1.0)  # an escaped descendant may hold the pipe: never wait on it long

@@ -1,0 +1,197 @@
+"""Who the worker runs as, and what the parent checks about it from the outside.
+
+When the validator runs as root (CI and containers usually do), the worker drops to an
+unprivileged user: `GRPO_CONFORM_WORKER_USER` (a name or a numeric uid, optionally `uid:gid`),
+default `nobody` (uid and gid 65534 when the system has no such entry). The drop happens in the
+launcher (grpo_conform/isolation/launch.py) before the worker's interpreter starts: supplementary
+groups cleared, gid then uid set, the capability bounding set emptied, `no_new_privs` set; the
+uid change clears the permitted, effective and ambient capabilities. `GRPO_CONFORM_WORKER_USER=root`
+keeps the old behaviour (same user), and is reported as such.
+
+A Python installed under a directory the worker user cannot enter (pyenv under /root, mode 0700)
+would make the worker unable to start; the launcher then gives the worker a mount namespace in
+which that directory is a fresh read-only-by-others tmpfs holding only the subtrees the worker
+needs (the interpreter, its library paths, the validator's package), so nothing else of it (keys,
+shell history) becomes visible. `mount_plan` computes it from the parent's own sys.path.
+
+The parent makes itself non-dumpable (PR_SET_DUMPABLE 0): then neither a same-uid process nor
+root without CAP_SYS_PTRACE can ptrace it or open /proc/<pid>/mem, which also protects a
+validator that is not root. `observed_privileges` reads /proc/<worker>/status from the parent,
+so the evidence does not rest on the worker's word.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pwd
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_conform.errors import EnvironmentProblem
+
+ENV_USER = "GRPO_CONFORM_WORKER_USER"
+DEFAULT_USER = "nobody"
+NOBODY = 65534
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    uid: int
+    gid: int
+    name: str
+
+    @property
+    def drops(self) -> bool:
+        """True when the worker runs as another user than the validator."""
+        return self.uid != os.getuid()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uid": self.uid, "gid": self.gid, "user": self.name}
+
+
+def _prctl(option: int, value: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(option, value, 0, 0, 0)
+
+
+def harden_parent() -> None:
+    """Non-dumpable (no ptrace, no /proc/<pid>/mem for anyone without CAP_SYS_PTRACE), and a child
+    subreaper (descendants of a worker that escape their parent come back to the validator, which
+    ends them: see session.end_descendants). Idempotent."""
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+#: Measured on the H200 machines (device tool, 2026-12-01): a worker of another uid cannot open the
+#: parent's CUDA IPC handles ("mapping of buffer object failed"), so on CUDA the default worker
+#: user is the validator's own; GRPO_CONFORM_WORKER_USER still chooses one explicitly.
+CUDA_DEFAULT_USER = "root"
+
+
+def worker_identity(setting: str | None = None, device: str = "cpu") -> WorkerIdentity:
+    """The user the worker runs as: only root can choose; everyone else runs it as themselves."""
+    if os.getuid() != 0:
+        me = os.getuid()
+        try:
+            name = pwd.getpwuid(me).pw_name
+        except KeyError:
+            name = str(me)
+        return WorkerIdentity(me, os.getgid(), name)
+    default = CUDA_DEFAULT_USER if device == "cuda" else DEFAULT_USER
+    setting = (setting if setting is not None else os.environ.get(ENV_USER, "")).strip() or default
+    user, _, group = setting.partition(":")
+    try:
+        if user.isdigit():
+            uid = int(user)
+            try:
+                entry = pwd.getpwuid(uid)
+                gid, name = entry.pw_gid, entry.pw_name
+            except KeyError:
+                gid, name = uid, user
+        else:
+            try:
+                entry = pwd.getpwnam(user)
+                uid, gid, name = entry.pw_uid, entry.pw_gid, entry.pw_name
+            except KeyError:
+                if user != DEFAULT_USER:
+                    raise
+                uid, gid, name = NOBODY, NOBODY, DEFAULT_USER
+        if group:
+            gid = int(group) if group.isdigit() else __import__("grp").getgrnam(group).gr_gid
+    except (KeyError, ValueError):
+        raise EnvironmentProblem(f"{ENV_USER}={setting!r}: no such user or group; expected a user name, a uid, "
+                                 "or uid:gid (default: nobody)") from None
+    return WorkerIdentity(uid, gid, name)
+
+
+def _may(st: os.stat_result, who: WorkerIdentity, bits: tuple[int, int, int]) -> bool:
+    if st.st_uid == who.uid:
+        return bool(st.st_mode & bits[0])
+    if st.st_gid == who.gid:
+        return bool(st.st_mode & bits[1])
+    return bool(st.st_mode & bits[2])
+
+
+def blocked_ancestor(path: Path, who: WorkerIdentity) -> Path | None:
+    """The outermost directory on the way to `path` that `who` may not enter (owner, group and
+    other bits; ACLs are not looked at), or None."""
+    path = Path(os.path.abspath(path))
+    for d in reversed(path.parents):
+        try:
+            st = d.stat()
+        except OSError:
+            return None
+        if not _may(st, who, (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)):
+            return d
+    return None
+
+
+def needed_paths() -> list[Path]:
+    """What the worker's interpreter must reach: itself, its prefixes, every sys.path directory."""
+    import grpo_conform
+
+    paths = [Path(sys.executable), Path(os.path.realpath(sys.executable)),
+             Path(grpo_conform.__file__).resolve().parent.parent]
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path):
+        if p and os.path.exists(p):
+            paths.append(Path(p))
+            paths.append(Path(os.path.realpath(p)))
+    return paths
+
+
+def mount_plan(who: WorkerIdentity, extra: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+    """[{"cover": dir the user cannot enter, "expose": [its first-level entries the worker needs]}]."""
+    if not who.drops:
+        return []
+    plan: dict[Path, set[Path]] = {}
+    for p in [*needed_paths(), *extra]:
+        a = blocked_ancestor(p, who)
+        if a is None or a == Path(os.path.abspath(p)):
+            continue
+        rel = Path(os.path.abspath(p)).relative_to(a)
+        plan.setdefault(a, set()).add(a / rel.parts[0])
+    return [{"cover": str(a), "expose": sorted(str(e) for e in exposed)} for a, exposed in sorted(plan.items())]
+
+
+def private_scratch_mounts(scratch: Path, device: str) -> list[dict[str, Any]]:
+    """Private, writable /tmp (holding only the scratch tree) and, on the CPU, /dev/shm: whatever
+    the worker writes there disappears with its mount namespace. On CUDA /dev/shm stays shared:
+    torch's IPC reference counters live there."""
+    mounts = []
+    scratch = Path(os.path.abspath(scratch))
+    if scratch.parent == Path("/tmp"):
+        mounts.append({"cover": "/tmp", "expose": [str(scratch)], "mode": "1777", "size": "50%", "writable": True})
+    if device != "cuda" and os.path.isdir("/dev/shm"):
+        mounts.append({"cover": "/dev/shm", "expose": [], "mode": "1777", "size": "50%", "writable": True})
+    return mounts
+
+
+_CAPS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+
+
+def observed_privileges(pid: int) -> dict[str, Any]:
+    """The worker's credentials as the kernel reports them (read by the parent, not the worker)."""
+    out: dict[str, Any] = {}
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError as exc:
+        return {"error": f"cannot read /proc/{pid}/status: {exc.strerror}"}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if key in ("Uid", "Gid"):
+            out[key.lower()] = [int(v) for v in value.split()]
+        elif key == "Groups":
+            out["groups"] = [int(v) for v in value.split()]
+        elif key in _CAPS:
+            out[key] = value
+        elif key == "NoNewPrivs":
+            out["no_new_privs"] = value == "1"
+    out["capabilities"] = "none" if all(int(out.get(k, "1"), 16) == 0 for k in _CAPS) else "some"
+    return out

@@ -1,0 +1,202 @@
+"""The optional inputs of family members, drawn from the parent's seed (docs/spec-family.md):
+
+- `completion_mask`: right padding with variable lengths; outside timed workloads one fully
+  masked and one fully unmasked row (at random rows) when the batch allows; timed workloads aim
+  at the spec's `unmasked_fraction` (~75%, the anchors' configuration). bool or int, as the
+  workload's dtype says.
+- `old_logprobs`: logp - log(r) with r drawn, token by token (or one s_b per sequence at
+  sequence level, with per-token spread of mean 0), evenly over the intervals the clip boundaries
+  cut (below 1 - eps_low, between, above 1 + eps_high, above delta; below/above the cispo cap),
+  each shrunk by `boundary_margin` so fp32 and float64 classify every token alike. logp is the
+  reference's own float64 value at the call's temperature, so pass the parameters of the call.
+- `ref_logprobs`: logp + sign(A) * U[ref_gap_min, ref_gap_max] (the KL term adds to the policy
+  term and 1 - exp(ref - logp) stays away from 0: see MemberInputs); `sampling_ratio`:
+  log-uniform, both sides of the cap.
+
+Masked positions get values too (finite, in every region): a kernel that ignores the mask must
+see a difference. Exact ties are not drawn here; `exact_tie_inputs` and `boundary_tie` make them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+from grpo_conform.reference import GrpoParameters, reference_logprobs
+from grpo_conform.spec import MemberInputs, ResolvedWorkload, Spec
+
+OPTIONAL_INPUTS = ("completion_mask", "old_logprobs", "ref_logprobs", "sampling_ratio")
+_SALT = 0x6D656D62  # separates these draws from the logits/ids/advantages streams of the same seed
+EXACT_GAP = 192.0  # exact-tie rows: every other logit this far below the target (exactly representable)
+
+
+def _cfg(spec: Spec) -> MemberInputs:
+    return spec.validation.member_inputs
+
+
+def draw_lengths(batch: int, seq: int, timed: bool, fraction: float, gen: torch.Generator) -> torch.Tensor:
+    """Completion lengths per row (right padding)."""
+    if timed:
+        low = max(0, min(seq, math.ceil(seq * (2 * fraction - 1))))
+        return torch.randint(low, seq + 1, (batch,), generator=gen)
+    lengths = torch.randint(1, seq + 1, (batch,), generator=gen) if seq >= 1 else torch.zeros(batch, dtype=torch.int64)
+    rows = torch.randperm(batch, generator=gen).tolist()
+    if batch >= 2:
+        lengths[rows[0]] = seq  # a fully unmasked row
+    if batch >= 3:
+        lengths[rows[1]] = 0  # a fully masked row
+    if batch >= 2 and seq >= 2:
+        lengths[rows[-1]] = int(torch.randint(1, seq, (1,), generator=gen))  # a padded one, for sure
+    return lengths
+
+
+def fill_completion_mask(mask: torch.Tensor, rw: ResolvedWorkload, cfg: MemberInputs, gen: torch.Generator) -> torch.Tensor:
+    batch, seq = mask.shape
+    lengths = draw_lengths(batch, seq, rw.workload.timed, cfg.unmasked_fraction, gen)
+    keep = torch.arange(seq)[None, :] < lengths[:, None]
+    mask.copy_(keep.to(mask.dtype))
+    return keep
+
+
+def ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, float]]:
+    """Ratio intervals between the boundaries, each kept `boundary_margin` (relative) away from them."""
+    if p.loss_type == "cispo":
+        knots = {p.epsilon_high}
+    else:
+        knots = {1.0 - p.epsilon_low, 1.0 + p.epsilon_high}
+        if p.delta is not None:
+            knots.add(p.delta)
+    knots = sorted(k for k in knots if k > 0)
+    edges = [min(cfg.ratio_min, knots[0] * 0.5)] + knots + [knots[-1] * cfg.ratio_max_factor]
+    out = []
+    for a, b in zip(edges, edges[1:]):
+        lo, hi = a * (1 + cfg.boundary_margin), b * (1 - cfg.boundary_margin)
+        if hi > lo:
+            out.append((lo, hi))
+    return out
+
+
+def draw_log_ratios(n: int, intervals: list[tuple[float, float]], gen: torch.Generator) -> torch.Tensor:
+    """n log-ratios spread evenly over the intervals (each one hit when n allows), log-uniform inside."""
+    which = torch.randperm(n, generator=gen) % len(intervals)
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    lo = torch.tensor([math.log(a) for a, _ in intervals], dtype=torch.float64)[which]
+    hi = torch.tensor([math.log(b) for _, b in intervals], dtype=torch.float64)[which]
+    return lo + u * (hi - lo)
+
+
+def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, cfg: MemberInputs,
+                     gen: torch.Generator) -> torch.Tensor:
+    """float64 old log-probs on the CPU: logp - log r with r in every region, away from the boundaries."""
+    batch, seq = logp.shape
+    intervals = ratio_intervals(p, cfg)
+    if p.importance_sampling_level == "sequence":
+        per_seq = draw_log_ratios(batch, intervals, gen)
+        noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
+        kf = keep.to(torch.float64)
+        noise = noise - (noise * kf).sum(-1, keepdim=True) / kf.sum(-1, keepdim=True).clamp_min(1.0) * kf
+        log_r = per_seq[:, None] + noise
+    else:
+        log_r = draw_log_ratios(batch * seq, intervals, gen).view(batch, seq)
+    return logp.cpu() - log_r
+
+
+def sampling_ratios(shape: tuple[int, int], cap: float, cfg: MemberInputs, gen: torch.Generator) -> torch.Tensor:
+    intervals = [(cfg.sampling_ratio_min, cap * (1 - cfg.boundary_margin)),
+                 (cap * (1 + cfg.boundary_margin), cap * cfg.sampling_ratio_max_factor)]
+    n = shape[0] * shape[1]
+    return torch.exp(draw_log_ratios(n, [iv for iv in intervals if iv[1] > iv[0]], gen)).view(shape)
+
+
+def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torch.Tensor], seed: int,
+                       values: Mapping[str, Any] | None = None) -> None:
+    """Write the member's optional inputs into `tensors` (in place), given the logits, ids and advantages
+    already there. `values` are the call's parameter values (default: the spec's)."""
+    names = [t.name for t in spec.inputs if t.name in OPTIONAL_INPUTS]
+    if not names:
+        return
+    p = GrpoParameters.from_spec(spec, values)
+    cfg = _cfg(spec)
+    gen = torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1))
+    batch, seq = tensors["completion_ids"].shape
+    keep = torch.ones(batch, seq, dtype=torch.bool)
+    if "completion_mask" in tensors:
+        keep = fill_completion_mask(tensors["completion_mask"], rw, cfg, gen)
+    logp = None
+    if "old_logprobs" in tensors or "ref_logprobs" in tensors:
+        logp = reference_logprobs(tensors, p).cpu()
+    if "old_logprobs" in tensors:
+        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen).to(tensors["old_logprobs"].dtype))
+    if "ref_logprobs" in tensors:
+        sign = torch.sign(tensors["advantages"].detach().to("cpu", torch.float64))
+        sign = torch.where(sign == 0, torch.where(torch.rand(batch, generator=gen) < 0.5, -1.0, 1.0).double(), sign)
+        gap = cfg.ref_gap_min + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (cfg.ref_gap_max - cfg.ref_gap_min)
+        ref = logp + sign[:, None] * gap
+        tensors["ref_logprobs"].copy_(ref.to(tensors["ref_logprobs"].dtype))
+    if "sampling_ratio" in tensors:
+        cap = p.sampling_ratio_cap if p.sampling_ratio_cap is not None else 3.0
+        tensors["sampling_ratio"].copy_(sampling_ratios((batch, seq), cap, cfg, gen).to(tensors["sampling_ratio"].dtype))
+
+
+def exact_rows(logits: torch.Tensor, ids: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A copy of `logits` whose scored rows make logp exactly 0 in any floating arithmetic: the target
+    logit is a small integer and every other one is EXACT_GAP below it (exp underflows to nothing
+    against 1, in float32 as in float64, for temperatures up to ~3)."""
+    out = logits.clone()
+    batch, seq_next, _ = out.shape
+    seq = seq_next - 1
+    top = torch.randint(-4, 5, (batch, seq), generator=gen).to(torch.float32).to(out.device)
+    body = out[:, :seq, :]
+    body.copy_((top - EXACT_GAP)[..., None].expand_as(body).to(out.dtype))
+    body.scatter_(-1, ids.to(out.device).long().unsqueeze(-1), top.unsqueeze(-1).to(out.dtype))
+    return out
+
+
+def exact_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any], seed: int
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Inputs and parameters where every token ties exactly, in every precision (the tie probe):
+    epsilon_low = epsilon_high = 0 and r exactly 1 (old_logprobs = 0 against rows whose logp is
+    exactly 0; on-policy members need no change of logits). Under the spec's tie rule the gradient
+    is the full -A*r one; a kernel that hands ties to the clipped branch returns 0 there."""
+    out = {k: v.clone() for k, v in tensors.items()}
+    params = dict(values)
+    names = {p.name for p in spec.parameters}
+    if "old_logprobs" in out:
+        gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0x7469) & (2**63 - 1))
+        out["logits"] = exact_rows(out["logits"], out["completion_ids"], gen)
+        out["old_logprobs"].zero_()
+    if params.get("loss_type") == "cispo":
+        params["epsilon_high"] = 1.0  # r exactly at the cap; the cap is detached, so no ambiguity
+    else:
+        for name in ("epsilon_low", "epsilon_high"):
+            if name in names:
+                params[name] = 0.0
+    return out, params
+
+
+def boundary_tie(tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any], side: str, seed: int,
+                 ratio: float = 1.25) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Exact ties at r = 1 + epsilon_high (side "high") or 1 - epsilon_low ("low") as the float64
+    reference sees them: exact rows (logp = 0), old = float32(-log ratio) for every token, and the
+    epsilon set to exp(-old) - 1 (or 1 - exp(-old)) in float64, which makes 1 +- eps == exp(0 - old)
+    exactly (Sterbenz). An fp32 kernel may round either way at such a tie: verdicts use
+    `exact_tie_inputs` (epsilon = 0), this one pins the reference's branch (tests)."""
+    if side not in ("high", "low"):
+        raise ValueError("side is 'high' or 'low'")
+    target = ratio if side == "high" else 1.0 / ratio
+    out = {k: v.clone() for k, v in tensors.items()}
+    gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0x6264) & (2**63 - 1))
+    out["logits"] = exact_rows(out["logits"], out["completion_ids"], gen)
+    old32 = torch.tensor(-math.log(target), dtype=torch.float32)
+    out["old_logprobs"].fill_(float(old32))
+    r64 = float(torch.exp(torch.tensor(-float(old32), dtype=torch.float64)))  # torch's exp, as the reference
+    params = dict(values)
+    if side == "high":
+        params["epsilon_high"] = r64 - 1.0
+        assert 1.0 + params["epsilon_high"] == r64
+    else:
+        params["epsilon_low"] = 1.0 - r64
+        assert 1.0 - params["epsilon_low"] == r64
+    return out, params

@@ -1,0 +1,65 @@
+"""Parameter draws for conformance calls (decision 7): from each parameter's declared `draw`
+(uniform in [min, max], from the parent's seed, rejecting values near an `avoid` value), and for
+specs that declare no draws (the frozen seed file) from the documented built-in table below.
+
+Temperature is drawn away from 1 on every call (a missing 1/T factor shows); epsilons stay inside
+their domains; parameters without a draw (loss_type, importance_sampling_level: fixed per member)
+keep their declared value. Timed runs never use draws: they use `Spec.parameter_values`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from grpo_conform.errors import GrpoConformError
+from grpo_conform.spec import Avoid, Draw, Spec
+
+# The frozen grpo-token-is 1.0.0 file declares no draws; these are its draws (docs/spec-family.md),
+# the same ranges the family member token-is declares.
+BUILTIN_DRAWS: dict[str, Draw] = {
+    "epsilon_low": Draw(min=0.1, max=0.3),
+    "epsilon_high": Draw(min=0.1, max=0.35),
+    "temperature": Draw(min=0.45, max=2.2, avoid=(Avoid(value=1.0, width=0.05),)),
+}
+_TRIES = 10_000
+_DIGITS = 6  # drawn floats are rounded, so records show them exactly
+
+
+class DrawError(GrpoConformError):
+    """A draw range that cannot produce a value (everything in it is avoided)."""
+
+
+def draw_for(spec: Spec, name: str) -> Draw | None:
+    p = next(p for p in spec.parameters if p.name == name)
+    if p.draw is not None:
+        return p.draw
+    if not any(q.draw is not None for q in spec.parameters):
+        return BUILTIN_DRAWS.get(name)
+    return None
+
+
+def draw_value(draw: Draw, kind: str, rng: random.Random, name: str = "parameter") -> Any:
+    for _ in range(_TRIES):
+        if kind == "int":
+            v: Any = rng.randint(int(draw.min), int(draw.max))
+        else:
+            v = round(rng.uniform(draw.min, draw.max), _DIGITS)
+        if all(abs(v - a.value) >= a.width for a in draw.avoid):
+            return v
+    raise DrawError(f"{name}: no value in [{draw.min}, {draw.max}] stays clear of {[a.value for a in draw.avoid]}")
+
+
+def draw_parameters(spec: Spec, rng: random.Random) -> dict[str, Any]:
+    """Every declared parameter: drawn where the spec (or the built-in table) says so, else the default."""
+    out: dict[str, Any] = {}
+    for p in spec.parameters:
+        draw = draw_for(spec, p.name)
+        if draw is None:
+            out[p.name] = p.value
+            continue
+        v = draw_value(draw, p.type, rng, p.name)
+        if p.domain is not None and not p.domain.contains(v):  # the spec check forbids this; keep it loud
+            raise DrawError(f"{p.name}: drawn {v!r} is outside the domain")
+        out[p.name] = v
+    return out

@@ -1,0 +1,109 @@
+"""`grpo-conform report EVIDENCE...`: the request, the leaderboard object, the three outputs.
+
+The page is a pure function of the records (and reported files) given: no clock, no host name, no
+absolute path is read, so rebuilding from the same inputs gives byte-identical files (a test checks
+the committed page, evidence/leaderboard/, against a rebuild).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_conform.report.load import RejectedRecord, VerifiedRecord, load_records
+from grpo_conform.report.model import Section, build_sections
+from grpo_conform.report.reported import MEANINGS, ReportedRow, audit_reported
+
+FORMAT = "grpo-conform-leaderboard/1"
+OUTPUTS = {"html": "index.html", "markdown": "leaderboard.md", "json": "leaderboard.json"}
+REGENERATE = ("grpo-conform report evidence/h200 --reported tests/data/seed-records.csv "
+              "--out evidence/leaderboard")
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    paths: tuple[str, ...]
+    reported: tuple[str, ...] = ()
+    out: str | None = "leaderboard"  # None: write nothing (the caller renders what it needs)
+    trusted_keys: str | None = None
+    spec: str = "grpo-token-is"  # what reported records are audited against
+    formats: tuple[str, ...] = ("html", "markdown", "json")
+
+
+@dataclass(frozen=True)
+class Leaderboard:
+    sections: tuple[Section, ...]
+    reported: tuple[ReportedRow, ...]
+    rejected: tuple[RejectedRecord, ...]
+    inputs: tuple[VerifiedRecord, ...]
+    trusted_keys: str
+    audited_against: str
+    written: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def latest(self) -> str:
+        """The newest run.finished among the verified records: the page's only date."""
+        return max(((r.predicate.get("run") or {}).get("finished", "") for r in self.inputs), default="")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "latest_run": self.latest,
+            "trusted_keys": self.trusted_keys,
+            "regenerate": REGENERATE,
+            "records": [{"path": r.path, "identity": {"sha256": r.record_identity}, "signer": dict(r.signer)}
+                        for r in self.inputs],
+            "rejected": [r.to_json() for r in self.rejected],
+            "sections": [s.to_json() for s in self.sections],
+            "reported": {"audited_against": self.audited_against, "meanings": dict(MEANINGS),
+                         "records": [r.to_json() for r in self.reported]},
+        }
+
+
+def build_leaderboard(request: ReportRequest) -> Leaderboard:
+    verified, rejected, keys_file = load_records(request.paths, request.trusted_keys)
+    reported = audit_reported(request.reported, request.spec) if request.reported else []
+    return Leaderboard(tuple(build_sections(verified)), tuple(reported), tuple(rejected), tuple(verified),
+                       _display_path(keys_file), request.spec)
+
+
+def _display_path(path: str) -> str:
+    """Relative to the working directory when inside it (the page must not name this machine's paths)."""
+    p = Path(path)
+    if not p.exists():  # a description ("shipped trust root: ..."), not a file
+        return path
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return p.name
+
+
+def render(board: Leaderboard, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(board.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    if fmt == "markdown":
+        from grpo_conform.report.markdown import render_markdown
+
+        return render_markdown(board)
+    if fmt == "html":
+        from grpo_conform.report.html import render_html
+
+        return render_html(board)
+    raise ValueError(f"unknown report format {fmt!r}: expected one of {', '.join(OUTPUTS)}")
+
+
+def run_report(request: ReportRequest) -> Leaderboard:
+    board = build_leaderboard(request)
+    if request.out is None:
+        return board
+    out = Path(request.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fmt in request.formats:
+        target = out / OUTPUTS[fmt]
+        target.write_text(render(board, fmt), encoding="utf-8")
+        written.append(str(target))
+    return Leaderboard(board.sections, board.reported, board.rejected, board.inputs, board.trusted_keys,
+                       board.audited_against, tuple(written))

@@ -1,0 +1,110 @@
+"""The leaderboard as one self-contained static HTML page: inline CSS, inline SVG plots, no script,
+no font, image or style sheet from the network (a test loads it in headless Chromium)."""
+
+from __future__ import annotations
+
+from html import escape
+
+from grpo_conform.report import tables as T
+from grpo_conform.report.build import REGENERATE, Leaderboard
+from grpo_conform.report.plot import mpl_version, scaling_svg
+from grpo_conform.report.reported import MEANINGS
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1280px;padding:0 1rem;
+color:#1b1f24;background:#fff}
+h1{font-size:1.6rem;margin:0 0 .3rem}h2{margin-top:2.2rem;border-bottom:1px solid #d0d7de;padding-bottom:.2rem}
+h3{font-size:1.05rem;margin:1.4rem 0 .4rem}
+table{border-collapse:collapse;margin:.4rem 0 .3rem;font-size:13px}
+th,td{border:1px solid #d0d7de;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.first td{background:#eef7ee}tr.bad td{color:#6e7781}
+.ok{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}.muted{color:#6e7781}
+.verdict-impossible{color:#cf222e;font-weight:600}.verdict-not-comparable{color:#9a6700;font-weight:600}
+.verdict-plausible{color:#1a7f37;font-weight:600}.verdict-unknown-GPU{color:#6e7781;font-weight:600}
+.note{color:#57606a;font-size:12px;max-width:1100px}.hero{background:#f6f8fa;border:1px solid #d0d7de;
+border-radius:6px;padding:.6rem 1rem;margin:.6rem 0}code{font-size:12px}figure{margin:.6rem 0}
+figcaption{font-size:12px;color:#57606a}svg{max-width:100%;height:auto}
+"""
+
+
+def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]], cls: str, row_classes: list[str] | None = None,
+           numeric: tuple[int, ...] = ()) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = []
+    for i, row in enumerate(rows):
+        rc = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
+        cells = "".join(f'<td class="num">{escape(c)}</td>' if j in numeric else f"<td>{_cell(headers[j], c)}</td>"
+                        for j, c in enumerate(row))
+        body.append(f"<tr{rc}>{cells}</tr>")
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _cell(header: str, text: str) -> str:
+    if header in ("conformance", "verdict"):
+        return f'<span class="{"ok" if text == "conformant" else "fail"}">{escape(text)}</span>'
+    if header == "audit":
+        return f'<span class="verdict-{text.replace(" ", "-")}">{escape(text)}</span>'
+    return escape(text)
+
+
+def _section(s) -> str:
+    member = f" (member {escape(s.member)})" if s.member else ""
+    parts = [f'<section class="board" id="{escape(s.spec_id)}-{escape(s.gpu).replace(" ", "-")}">',
+             f"<h2>{escape(s.spec_id)} {escape(s.spec_version)}{member} on {escape(s.gpu)}</h2>",
+             f'<p class="note">spec identity sha256 <code>{escape(s.spec_identity)}</code>; device '
+             f"{escape(s.device_name)}</p>"]
+    best = T.first_by_protocol(s, "full") or next((T.first_by_protocol(s, p) for p in s.protocols
+                                                   if T.first_by_protocol(s, p)), None)
+    if best is not None:
+        ratio = f", {best.measured_floor_ratio:.2f}x the floor" if best.measured_floor_ratio else ""
+        parts.append(f'<div class="hero"><strong>#1 at batch {best.batch} ({escape(best.protocol)}): '
+                     f"{escape(best.implementation)}, {best.median_ms:.4g} ms</strong>{ratio}; signed, verified, "
+                     "conformant on every check of the record.</div>")
+    parts.append("<h3>Implementations</h3>")
+    parts.append(_table(T.IMPL_HEADERS, T.impl_rows(s), "implementations"))
+    for protocol in s.protocols:
+        rows = [r for r in s.rows if r.protocol == protocol]
+        classes = ["first" if r.rank == 1 else "bad" if not r.conformant else "" for r in rows]
+        parts.append(f"<h3>{escape(T.PROTOCOL_TITLES.get(protocol, protocol))}</h3>")
+        parts.append(_table(T.TIMING_HEADERS, T.timing_rows(s, protocol), f"timings protocol-{protocol}", classes,
+                            numeric=(1, 3, 4, 5, 6)))
+        parts.append(f'<p class="note">{escape(T.floor_note(s, protocol))}</p>')
+        svg = scaling_svg(s, protocol)
+        if svg:
+            parts.append(f'<figure class="plot" data-protocol="{escape(protocol)}" data-matplotlib="{mpl_version()}">'
+                         f'{svg}<figcaption>Scaling by '
+                         f"batch, {escape(protocol)}: median device time per implementation (log scale), dashed "
+                         "black: the DRAM floor; dotted: not conformant.</figcaption></figure>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render_html(board: Leaderboard) -> str:
+    body = [f"<h1>GRPO loss leaderboard: verified evidence only</h1>",
+            f'<p class="note">Built from {len(board.inputs)} signed record(s) that pass <code>grpo-conform verify'
+            f"</code> against <code>{escape(board.trusted_keys)}</code> (latest run {escape(board.latest or 'none')})."
+            " Every number is read from a record whose signature, schema and identities verified; records that do "
+            "not verify are listed at the end with the reason. Regenerate: "
+            f"<code>{escape(REGENERATE)}</code></p>"]
+    body += [_section(s) for s in board.sections]
+    if board.reported:
+        body.append('<section id="reported"><h2>Reported records (third party, not reproduced)</h2>')
+        body.append(f'<p class="note">Audited against <code>{escape(board.audited_against)}</code> by '
+                    "<code>grpo-conform audit</code>. What each verdict means:</p><ul class=\"note\">")
+        body += [f'<li><span class="verdict-{k.replace(" ", "-")}">{escape(k)}</span>: {escape(v)}</li>'
+                 for k, v in MEANINGS.items()]
+        body.append("</ul>")
+        body.append(_table(T.REPORTED_HEADERS, T.reported_rows(board.reported), "reported", numeric=(4, 5)))
+        body.append("</section>")
+    body.append('<section id="rejected"><h2>Records not shown</h2>')
+    if board.rejected:
+        body.append(_table(("record", "why it is not shown"), [(r.path, r.reason) for r in board.rejected],
+                           "rejected"))
+    else:
+        body.append('<p class="note">Every record given verified.</p>')
+    body.append("</section>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            "<title>GRPO loss leaderboard (verified evidence)</title>"
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

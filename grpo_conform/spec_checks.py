@@ -1,0 +1,104 @@
+"""Cross-references of a format-2 (resolved family member) spec that the JSON Schema cannot express.
+
+Called from `grpo_conform.spec.validate_document` after the schema passed; `fail(path, problem)`
+raises the `SpecError` (kept out of here so this module imports nothing of spec.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+# Every parameter a grpo member may declare (the call convention, docs/architecture.md s. 2).
+KNOWN_PARAMETERS = {
+    "epsilon_low", "epsilon_high", "temperature", "loss_type", "importance_sampling_level", "beta",
+    "max_completion_length", "delta", "sampling_ratio_cap", "num_items_in_batch", "num_processes",
+}
+# loss_type -> the reductions it may be stated with
+_REDUCTIONS = {"grpo": {"grpo"}, "bnpo": {"bnpo"}, "dr_grpo": {"dr_grpo"}, "dapo": {"dapo", "dapo_global"}, "cispo": {"dapo", "dapo_global"}}
+_TYPES = {"float": (int, float), "int": (int,), "bool": (bool,), "str": (str,)}
+
+Fail = Callable[[str, str], None]
+
+
+def _in_domain(value: Any, domain: dict[str, Any]) -> bool:
+    if "choices" in domain:
+        return value in domain["choices"]
+    if isinstance(value, (bool, str)):
+        return False
+    lo, hi = domain.get("min"), domain.get("max")
+    if lo is not None and (value < lo or (domain.get("min_exclusive") and value == lo)):
+        return False
+    if hi is not None and (value > hi or (domain.get("max_exclusive") and value == hi)):
+        return False
+    return True
+
+
+def check_parameters(doc: dict[str, Any], fail: Fail) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for i, p in enumerate(doc["parameters"]):
+        where = f"$.parameters[{i}]"
+        if p["name"] not in KNOWN_PARAMETERS:
+            fail(f"{where}.name", f"unknown parameter {p['name']!r}; a grpo member may declare {sorted(KNOWN_PARAMETERS)}")
+        v = p["value"]
+        ok = isinstance(v, _TYPES[p["type"]]) and not (p["type"] in ("int", "float") and isinstance(v, bool))
+        if not ok:
+            fail(f"{where}.value", f"got {v!r}, expected a value of type {p['type']}")
+        if not _in_domain(v, p["domain"]):
+            fail(f"{where}.value", f"the default {v!r} is outside the parameter's domain {p['domain']}")
+        draw = p.get("draw")
+        if draw is not None:
+            if p["type"] not in ("float", "int"):
+                fail(f"{where}.draw", "only float and int parameters are drawn; fix the value with a one-choice domain")
+            if draw["max"] < draw["min"]:
+                fail(f"{where}.draw", "max must not be below min")
+            if not (_in_domain(draw["min"], p["domain"]) and _in_domain(draw["max"], p["domain"])):
+                fail(f"{where}.draw", f"the draw range [{draw['min']}, {draw['max']}] leaves the domain {p['domain']}")
+        values[p["name"]] = v
+    for required in ("epsilon_low", "epsilon_high", "temperature"):
+        if required not in values:
+            fail("$.parameters", f"every grpo member declares {required!r}")
+    return values
+
+
+def check_member(doc: dict[str, Any], fail: Fail) -> None:
+    values = check_parameters(doc, fail)
+    inputs = {t["name"] for t in doc["inputs"]}
+    sem, terms = doc["semantics"], doc["terms"]
+    loss_type = values.get("loss_type", "grpo")
+    if sem["reduction"] not in _REDUCTIONS.get(loss_type, set()):
+        fail("$.semantics.reduction", f"{sem['reduction']!r} does not go with loss_type {loss_type!r}")
+    if (sem["reduction"] == "dapo_global") != ("num_items_in_batch" in values):
+        fail("$.semantics.reduction", "reduction dapo_global goes with (and only with) the num_items_in_batch parameter")
+    if ("num_items_in_batch" in values) != ("num_processes" in values):
+        fail("$.parameters", "num_items_in_batch and num_processes are declared together")
+    if (sem.get("policy", "clip") == "cispo") != (loss_type == "cispo"):
+        fail("$.semantics.policy", "policy cispo goes with (and only with) loss_type cispo")
+    if sem["importance_sampling"] != values.get("importance_sampling_level", "token"):
+        fail("$.semantics.importance_sampling", "must equal the importance_sampling_level parameter (token without it)")
+    if sem["importance_sampling"] == "sequence" and "old_logprobs" not in inputs:
+        fail("$.semantics.importance_sampling", "a sequence-level ratio needs old_logprobs (on-policy it equals token level)")
+    kl = terms["kl"]["present"]
+    if kl != ("beta" in values) or kl != ("ref_logprobs" in inputs):
+        fail("$.terms.kl.present", "a KL term needs the beta parameter and the ref_logprobs input, and they need the term")
+    if terms["mask"]["present"] != ("completion_mask" in inputs):
+        fail("$.terms.mask.present", "must be true exactly when completion_mask is an input")
+    vllm = sem.get("correction", "none") == "vllm-truncate"
+    if vllm != ("sampling_ratio" in inputs) or vllm != ("sampling_ratio_cap" in values):
+        fail("$.semantics.correction", "vllm-truncate goes with the sampling_ratio input and the sampling_ratio_cap parameter")
+    if "delta" in values and sem.get("policy", "clip") != "clip":
+        fail("$.parameters", "delta applies to the clip policy only")
+    if ("ref_logprobs" in inputs or "sampling_ratio" in inputs) and "old_logprobs" not in inputs:
+        fail("$.inputs", "ref_logprobs and sampling_ratio are declared with old_logprobs")
+    for protocol, spec in doc["traffic"].items():
+        for side in ("read", "write"):
+            for j, item in enumerate(spec[side]):
+                name = item["tensor"].removeprefix("grad:")
+                if name not in inputs:
+                    fail(f"$.traffic.{protocol}.{side}[{j}].tensor", f"unknown tensor {item['tensor']!r}; inputs: {sorted(inputs)}")
+                if item.get("rows") == "unmasked" and "completion_mask" not in inputs:
+                    fail(f"$.traffic.{protocol}.{side}[{j}].rows", "rows 'unmasked' needs the completion_mask input")
+        if not any(i["tensor"] == "grad:logits" for i in spec["write"]) and protocol != "forward":
+            fail(f"$.traffic.{protocol}.write", "a protocol with a backward writes grad:logits")
+    for name in doc["layouts"]:
+        if name not in inputs:
+            fail(f"$.layouts.{name}", f"unknown input {name!r}; inputs: {sorted(inputs)}")

@@ -1,0 +1,293 @@
+"""Per-shape plans: everything a call needs that does not change between calls, built once.
+
+A `Plan` is cached per (shapes, strides, dtypes, device, stream, member semantics, parameter
+values): it holds the grids, the constexpr settings, the scalar arguments, a one-int `flag` (what
+the last backward of this plan received: 0 = d loss was 1, 1 = it was not), and chooses the
+staged (Gluon) kernels where they can run. Per call only the per-call buffers are allocated
+(gradient, the 7 * tokens + 1 floats of `ws`, the loss) and the kernels launched: no host
+synchronisation, nothing proportional to the shape in Python.
+
+Scratch shared by all plans of one (device, stream): the per-chunk partial statistics and the
+arrival counters of the multi-chunk kernels. Kernels of one stream run in order, and every kernel
+leaves the counters at zero for the next one (kernels reset what they used), so one zeroed
+allocation serves every call. Plans are keyed by stream for the same reason (the flag, too, is
+read and written in stream order).
+
+Why the flag and where it is read: docs/triton-kernel-notes.md, round 8. In short: the forward's
+main kernel reads the flag on the device; 0 writes the gradient in the same pass as the loss (two
+DRAM passes in all when d loss = 1), 1 saves the statistics and leaves the gradient to backward,
+which writes d loss * gradient in one pass (three passes for any d loss). The mode a forward used
+is stored in its own `ws`, so a backward is correct whatever the flag said.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from . import fastlaunch, members
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _fp32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """What a call computes (docs/architecture.md section 2), as kernel switches and scalars."""
+
+    has_old: bool
+    has_kl: bool
+    has_mask: bool
+    has_rho: bool
+    has_delta: bool
+    has_cap: bool
+    cispo: bool
+    sequence: bool
+    norm: int  # 0: constant weight w_const, 1: per sequence (grpo), 2: over the batch (bnpo, dapo)
+    w_const: float
+    inv_temp: float  # 1/T rounded to fp32 (what the kernels receive) ...
+    inv_lo: float  # ... and the rest of 1/T: the float64 differences use inv_temp + inv_lo
+    eps_low: float
+    eps_high: float
+    delta: float
+    beta: float
+    cap: float
+
+    @property
+    def needs_logp(self) -> bool:
+        """The loss depends on the logits (token-is's ratio is exactly 1: its loss is a function of A)."""
+        return self.has_old or self.has_kl or self.cispo
+
+
+def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask: bool, has_rho: bool,
+                 epsilon_low, epsilon_high, temperature, loss_type, importance_sampling_level, beta,
+                 max_completion_length, delta, sampling_ratio_cap, num_items_in_batch, num_processes) -> Semantics:
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}; got {loss_type!r}")
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence'; got {importance_sampling_level!r}")
+    sequence = importance_sampling_level == "sequence"
+    if sequence and not has_old:
+        raise ValueError("importance_sampling_level='sequence' needs old_logprobs")
+    if sequence and loss_type == "cispo":
+        raise ValueError("loss_type='cispo' is implemented at token level only")
+    beta = float(beta or 0.0)
+    if beta != 0.0 and not has_ref:
+        raise ValueError("beta != 0 needs ref_logprobs [batch, seq]")
+    if float(temperature) <= 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}")
+    norm, w_const = 0, 1.0 / (batch * max(1, seq))
+    if loss_type == "dr_grpo":
+        w_const = 1.0 / (batch * (max(1, seq) if max_completion_length is None else int(max_completion_length)))
+    elif loss_type in ("dapo", "cispo") and num_items_in_batch is not None:
+        w_const = 1.0 / max(1.0, float(num_items_in_batch) / float(num_processes or 1))
+    elif has_mask:
+        norm = 1 if loss_type == "grpo" else 2
+    return Semantics(
+        has_old=has_old, has_kl=beta != 0.0, has_mask=has_mask, has_rho=has_rho, has_delta=delta is not None,
+        has_cap=has_rho and sampling_ratio_cap is not None, cispo=loss_type == "cispo", sequence=sequence,
+        norm=norm, w_const=w_const, inv_temp=_fp32(1.0 / float(temperature)),
+        inv_lo=1.0 / float(temperature) - _fp32(1.0 / float(temperature)), eps_low=float(epsilon_low),
+        eps_high=float(epsilon_high), delta=float(delta) if delta is not None else 0.0, beta=beta,
+        cap=float(sampling_ratio_cap) if sampling_ratio_cap is not None else 0.0)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch settings of the plain kernels (the staged ones: launch.GPU_DEFAULT)."""
+
+    main_chunk: int = 16384  # elements per program of the main (waiting) kernel
+    main_block: int = 2048
+    main_warps: int = 4
+    stats_programs: int = 16384  # split rows into chunks until about this many programs
+    stats_block: int = 2048
+    stats_warps: int = 1
+    grad_chunk: int = 4096  # backward: elements per work item
+    grad_warps: int = 4
+    grad_programs_per_sm: int = 8  # persistent grid; 0: one program per work item
+    staged: bool = True  # use staged.py where it can run
+
+
+GPU_TUNING = Tuning()
+
+
+def cpu_tuning(vocab: int) -> Tuning:
+    """Programs run one after another under the interpreter: a row must be one chunk (nothing to wait for)."""
+    whole = triton.next_power_of_2(vocab)
+    return Tuning(main_chunk=whole, main_block=min(whole, 4096), stats_programs=0, stats_block=min(whole, 4096),
+                  stats_warps=4, grad_chunk=min(whole, 4096), grad_programs_per_sm=0, staged=False)
+
+
+_SCRATCH: dict = {}
+
+
+def scratch(device: torch.device, stream: int, counters: int, partials: int):
+    """(counters int32, partials float32) of at least these sizes, zeroed once, shared in stream order."""
+    key = (device, stream)
+    have = _SCRATCH.get(key)
+    if have is None or have[0].numel() < counters or have[1].numel() < partials:
+        size_c = max(counters, have[0].numel() if have else 0, 1)
+        size_p = max(partials, have[1].numel() if have else 0, 1)
+        have = (torch.zeros(size_c, dtype=torch.int32, device=device),
+                torch.zeros(size_p, dtype=torch.float32, device=device))
+        _SCRATCH[key] = have
+    return have
+
+
+class Plan:
+    """Launch recipe of one shape and member; see the module docstring."""
+
+    def __init__(self, logits: torch.Tensor, sem: Semantics, tuning: Tuning, stream: int):
+        batch, seq_next, vocab = logits.shape
+        self.sem, self.tuning = sem, tuning
+        self.batch, self.seq, self.vocab = batch, seq_next - 1, vocab
+        self.tokens = batch * self.seq
+        self.rows = batch * seq_next
+        self.device = logits.device
+        self.dtype = logits.dtype
+        self.grad_shape = (batch, seq_next, vocab)
+        self.flag = torch.zeros(1, dtype=torch.int32, device=self.device)  # first guess: d loss = 1
+        self.stride_b, self.stride_t = logits.stride(0), logits.stride(1)
+        s = sem
+        self.term_args = (s.inv_temp, s.inv_lo, s.eps_low, s.eps_high, s.delta, s.beta, s.cap, s.w_const)
+        self.switches = dict(HAS_OLD=s.has_old, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_RHO=s.has_rho,
+                             HAS_DELTA=s.has_delta, HAS_CAP=s.has_cap, CISPO=s.cispo)
+        self.block_t = min(1024, triton.next_power_of_2(max(1, self.seq)))
+        cuda = logits.is_cuda and not interpreting()
+        self.staged = None
+        if cuda and tuning.staged:
+            from . import launch
+            if launch.staged_ok(logits, launch.Problem.of(logits, 0.2, 0.2, 1.0)):
+                self.staged = launch.GPU_DEFAULT
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count if cuda else 1
+        # main (waiting split) kernel
+        t = tuning
+        self.main_n = triton.cdiv(vocab, t.main_chunk)
+        self.main_cfg = dict(CHUNK=t.main_chunk, BLOCK=min(t.main_block, t.main_chunk), NUM_CHUNKS=self.main_n,
+                             CHUNKS_P2=triton.next_power_of_2(self.main_n), HINTS=cuda, num_warps=t.main_warps)
+        # stats (last arriver) kernel
+        if t.stats_programs:
+            splits = max(1, min(64, t.stats_programs // max(1, self.tokens)))
+            chunk = triton.cdiv(triton.cdiv(vocab, splits), t.stats_block) * t.stats_block
+        else:
+            chunk = triton.next_power_of_2(vocab)
+        self.stats_n = triton.cdiv(vocab, chunk)
+        self.stats_cfg = dict(CHUNK=chunk, BLOCK=min(t.stats_block, chunk), NUM_CHUNKS=self.stats_n,
+                              CHUNKS_P2=triton.next_power_of_2(self.stats_n), num_warps=t.stats_warps)
+        # backward
+        self.grad_n = triton.cdiv(vocab, t.grad_chunk)
+        self.grad_items = self.rows * self.grad_n
+        programs = self.grad_items if not t.grad_programs_per_sm else min(self.grad_items, t.grad_programs_per_sm * sms)
+        self.grad_grid = (max(1, min(programs, 8) if not cuda else programs),)
+        self.grad_cfg = dict(CHUNK=t.grad_chunk, NUM_CHUNKS=self.grad_n, HINTS=cuda, num_warps=t.grad_warps)
+        n_chunks = max(self.main_n, self.stats_n)
+        if self.staged is not None:
+            from . import launch
+            prob, g = launch.Problem.of(logits, 0.2, 0.2, 1.0), self.staged
+            for stage, block, warps in ((g.stage_bytes, g.block, g.num_warps),
+                                        (g.forward_stage_bytes, g.forward_block, g.forward_stage_warps)):
+                n_chunks = max(n_chunks, launch._staged_shape(logits, prob, stage, block, warps)["NUM_CHUNKS"])
+        self.counters, self.partials = scratch(self.device, stream, 2 * self.tokens, 2 * self.tokens * n_chunks)
+        self.stream = stream
+        self.fast = fastlaunch.enabled(self.device)
+        self._launches()
+
+    # -- launches (built once; each compiles on its first call) ----------------------------------------
+    def _launches(self) -> None:
+        L, sw, s = fastlaunch.Launch, self.switches, self.sem
+
+        def cfg(c, **extra):
+            c = dict(c)
+            return {**extra, **{k: v for k, v in c.items() if k != "num_warps"}}, {"num_warps": c["num_warps"]}
+
+        c, o = cfg(self.stats_cfg, HAS_MASK=s.has_mask, HAS_OLD=s.has_old, HAS_KL=s.has_kl)
+        self.l_stats = L(members._stats_kernel, (self.tokens * self.stats_n,), c, o, self.fast)
+        self.l_terms = [L(members._terms_kernel, (1,), dict(**sw, NEEDS_LOGP=s.needs_logp, NORM=s.norm,
+                                                            SEQUENCE=s.sequence, WRITE_COEF=w, BLOCK_T=self.block_t),
+                          {"num_warps": 4}, self.fast) for w in (False, True)]
+        self.l_norm = L(members._norm_kernel, (1,), dict(GLOBAL=s.norm == 2, BLOCK_T=self.block_t), {"num_warps": 4},
+                        self.fast)
+        c, o = cfg(self.main_cfg, **sw, PER_SEQ_W=s.norm != 0)
+        self.l_main = L(members._main_kernel, (self.rows * self.main_n,), c, o, self.fast)
+        self.l_finalize = L(members._finalize_kernel, (1,), dict(BLOCK=1024), {"num_warps": 4}, self.fast)
+        self.l_grad = [L(members._grad_kernel, self.grad_grid, {**cfg(self.grad_cfg)[0], "FORCE_STATS": f or s.sequence,
+                                                                 "UPDATE_FLAG": not s.sequence},
+                         {"num_warps": self.grad_cfg["num_warps"]}, self.fast) for f in (False, True)]
+        self.l_staged = {}  # staged_members fills it
+
+    # -- forward -----------------------------------------------------------------------------------------
+    def _ws(self) -> torch.Tensor:
+        return torch.empty(7 * self.tokens + 1, dtype=torch.float32, device=self.device)
+
+    def _stats(self, x, ws) -> None:
+        logits, ids, _adv, old, ref, mask, _rho = x
+        if self.staged is not None:
+            from . import staged_members
+            if staged_members.stats(self, x, ws):
+                return
+        self.l_stats(self.stream, logits, ids, mask, old, ref, self.partials, self.counters, ws, self.tokens,
+                     self.stride_b, self.stride_t, self.seq, self.vocab, self.sem.inv_temp, self.sem.inv_lo)
+
+    def _terms(self, x, ws, loss, write_coef: bool) -> None:
+        _logits, _ids, adv, old, ref, mask, rho = x
+        self.l_terms[write_coef](self.stream, ws, adv, old, ref, mask, rho, loss, self.batch, self.seq, self.tokens,
+                                 *self.term_args)
+
+    def forward(self, x) -> torch.Tensor:
+        """The loss only: the logits are read once, and only where the loss depends on them."""
+        loss = torch.empty((), dtype=torch.float32, device=self.device)
+        ws = self._ws()
+        if self.sem.needs_logp and self.tokens:
+            self._stats(x, ws)
+        self._terms(x, ws, loss, write_coef=False)
+        return loss
+
+    def forward_full(self, x):
+        """(loss, gradient buffer, ws): the gradient is in the buffer when the flag said 0 (ws[7T] = 0),
+        else backward writes it."""
+        logits, ids, adv, old, ref, mask, rho = x
+        loss = torch.empty((), dtype=torch.float32, device=self.device)
+        grad = torch.empty(self.grad_shape, dtype=self.dtype, device=self.device)
+        ws = self._ws()
+        if self.sem.sequence:  # the coefficient couples a whole sequence: gradient always in backward
+            if self.tokens:
+                self._stats(x, ws)
+            self._terms(x, ws, loss, write_coef=True)
+            return loss, grad, ws
+        wb = adv
+        if self.sem.norm:
+            wb = torch.empty(self.batch, dtype=torch.float32, device=self.device)
+            self.l_norm(self.stream, mask, wb, self.batch, self.seq)
+        done = False
+        if self.staged is not None:
+            from . import staged_members
+            done = staged_members.main(self, x, wb, grad, ws)
+        if not done:
+            self.l_main(
+                self.stream, logits, ids, adv, old, ref, mask, rho, wb, grad, self.partials, self.counters, ws,
+                self.flag, self.tokens, self.stride_b, self.stride_t, self.seq, self.vocab, *self.term_args)
+        self.l_finalize(self.stream, ws, loss, self.tokens)
+        return loss, grad, ws
+
+    # -- backward ----------------------------------------------------------------------------------------
+    def backward(self, x, grad, ws, dloss, force_stats: bool) -> torch.Tensor:
+        """dloss * gradient into `grad` (mode from ws, or recomputed from the statistics when forced)."""
+        logits, ids = x[0], x[1]
+        dloss = dloss.to(torch.float32)
+        if dloss.data_ptr() % 16:  # the compiled launch assumes the alignment of a fresh tensor
+            dloss = dloss.clone()
+        self.l_grad[force_stats](
+            self.stream, logits, ids, grad, ws, self.flag, dloss, self.tokens, self.grad_items,
+            self.stride_b, self.stride_t, self.seq, self.vocab, self.sem.inv_temp)
+        return grad

@@ -1,0 +1,27 @@
+import torch
+
+
+class _Loss(torch.autograd.Function):
+    # Forward never touches the logits: on-policy the ratio is exactly 1, so the loss is -mean(A)
+    # whatever the logits hold. All the work (log-sum-exp, softmax, gradient) happens in backward.
+    @staticmethod
+    def forward(ctx, logits, ids, adv, temperature):
+        ctx.save_for_backward(logits, ids, adv)
+        ctx.temperature = temperature
+        return -adv.float().mean()
+
+    @staticmethod
+    def backward(ctx, dloss):
+        logits, ids, adv = ctx.saved_tensors
+        b, s1, _ = logits.shape
+        seq = s1 - 1
+        p = torch.softmax(logits[:, :seq].float() / ctx.temperature, -1)
+        p.scatter_add_(-1, ids.unsqueeze(-1), -torch.ones_like(p[..., :1]))
+        coef = adv.float().view(b, 1, 1) / (b * seq * ctx.temperature)
+        grad = torch.zeros_like(logits)
+        grad[:, :seq] = (dloss * coef * p).to(logits.dtype)
+        return grad, None, None, None
+
+
+def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
+    return _Loss.apply(logits, completion_ids, advantages, temperature)

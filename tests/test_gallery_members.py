@@ -1,0 +1,78 @@
+"""Unit level, before (and beside) the end-to-end gallery run: every member gallery folder's function,
+called directly on the CPU, disagrees with the float64 reference on the member it cheats on, in the
+checks its expect.toml names; the issue-19 floor folders compute the right loss and gradient."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import GALLERY
+from member_cases import compare, load_impl, member_spec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MEMBER_FOLDERS = sorted(p for p in GALLERY.iterdir() if (p / "expect.toml").is_file()
+                        and "member" in tomllib.loads((p / "expect.toml").read_text()))
+CHECK_OF = {"loss": "loss_ok", "gradient": "gradient_ok"}
+
+
+def test_the_member_classes_have_folders():
+    names = {p.name for p in MEMBER_FOLDERS}
+    assert {"clip-ignored", "mask-ignored", "bnpo-as-grpo", "kl-k1", "kl-beta-ignored",
+            "sequence-ratio-per-token"} <= names
+
+
+@pytest.mark.parametrize("folder", MEMBER_FOLDERS, ids=[p.name for p in MEMBER_FOLDERS])
+def test_member_folder_fails_its_member(folder):
+    expect = tomllib.loads((folder / "expect.toml").read_text())
+    manifest = tomllib.loads((folder / "implementation.toml").read_text())
+    assert manifest["spec"] == "grpo" and manifest["members"] == [expect["member"]]
+    spec = member_spec(expect["member"])
+    fn = load_impl(folder)
+    for seed in (0, 1):
+        result = compare(fn, spec, seed)
+        for check in expect["fails"]:
+            assert not getattr(result, CHECK_OF[check]), f"{folder.name} should fail {check}: {result}"
+
+
+@pytest.mark.parametrize("folder", MEMBER_FOLDERS, ids=[p.name for p in MEMBER_FOLDERS])
+def test_the_cheat_is_invisible_where_the_member_does_not_differ(folder):
+    # what makes each class a trap: on the seed semantics (on-policy, no mask, no KL) the cheat is exact
+    name = tomllib.loads((folder / "expect.toml").read_text())["member"]
+    if name == "token-offpolicy-mask-kl":
+        pytest.skip("a KL term always differs from the seed semantics (which has none)")
+    spec = member_spec(name)
+    fn = load_impl(folder)
+
+    import torch
+
+    from member_cases import B, S, make_inputs, member_parameters
+
+    x = make_inputs(spec, 0, member_parameters(spec))
+    x["completion_mask"] = torch.ones(B, S, dtype=torch.bool)
+    leaf = x["logits"].clone().requires_grad_()
+    # old = logp.detach(): the ratio is exactly 1
+    z = torch.log_softmax(leaf[:, :S].float() / member_parameters(spec)["temperature"], -1)
+    x["old_logprobs"] = z.gather(-1, x["completion_ids"].unsqueeze(-1)).squeeze(-1).detach()
+    honest = load_impl(GALLERY.parent.parent / "implementations" / "pytorch")
+    a = fn(**{**x, "logits": leaf}, **member_parameters(spec))
+    b = honest(**{**x, "logits": leaf}, **member_parameters(spec))
+    # equal lengths and ratio 1: no clip acts, no mask, grpo and bnpo agree, token and sequence ratios agree
+    assert float(a.detach()) == pytest.approx(float(b.detach()), rel=1e-5, abs=1e-7)
+
+
+def test_forward_skipping_the_logits_is_correct():
+    spec = member_spec("token-is")
+    result = compare(load_impl(GALLERY / "forward-skips-logits"), spec)
+    assert result.loss_ok and result.gradient_ok, result
+
+
+def test_full_skipping_the_gradient_is_correct_until_timed():
+    fn = load_impl(GALLERY / "full-skips-gradient")
+    spec = member_spec("token-is")
+    assert compare(fn, spec).gradient_ok  # the first calls (the conformance checks) are right

@@ -1,0 +1,185 @@
+"""The CI gate end to end, with real worker processes (kept few: every run here is one small
+workload): one-timeout hangs, SIGINT/SIGTERM with nothing left behind, --fail-fast with -k,
+--jobs 2 equal to a serial run, and --shard 1/2 + 2/2 merged equal to the unsharded run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import GALLERY, ROOT
+from grpo_conform.check import CheckRequest, run_check
+
+PASSING, FAILING, HANGS = GALLERY / "closed-form", GALLERY / "loss-offset", GALLERY / "hangs"  # loss-offset fails `loss` on any input
+SMALL = "batch1-seq1"
+pytestmark = pytest.mark.slow
+
+
+def cli(*args, timeout=600, **kw):
+    env = dict(os.environ, COLUMNS="200")
+    for k in ("GRPO_CONFORM_SIGNING_KEY", "GRPO_CONFORM_SIGNING_KEY_FILE"):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, "-m", "grpo_conform", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def _verdicts(doc: dict) -> dict:
+    """What must not depend on how the work was split: per implementation and member, the status,
+    the coverage, every check reported, and the status of each check of a conformant member and of
+    the root checks of a failed one. (Which secondary checks of a failed member are "not judged"
+    depends on the inputs drawn, which differ from run to run.)"""
+    out = {}
+    for impl in doc["implementations"]:
+        for m in impl["members"]:
+            keep = lambda c: m["status"] == "conformant" or c["check"] in ("runs", "contract", "loss", "gradient")  # noqa
+            checks = sorted((w["workload"], c["check"], c["status"] if keep(c) else "?") for w in m["workloads"]
+                            for c in w["checks"])
+            ran = sorted(m["coverage"]["workloads_run"])
+            not_run = sorted((n["workload"], n["kind"]) for n in m["coverage"]["workloads_not_run"])
+            out[(impl["name"], m["spec"]["id"])] = (impl["status"], m["status"], ran, not_run, checks)
+    return out
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        for i, (x, y) in enumerate(zip(a[key], b[key])):
+            if x != y:
+                extra = sorted(set(x) ^ set(y)) if isinstance(x, list) else (x, y)
+                pytest.fail(f"{key} field {i} differs: {extra}")
+
+
+def test_a_hang_costs_one_timeout():
+    started = time.monotonic()
+    report = run_check(CheckRequest((str(HANGS),), device="cpu", workloads=(SMALL, "odd-vocab", "fp32-small"),
+                                    timeout=20))
+    elapsed = time.monotonic() - started
+    assert elapsed < 35, f"a hang with --timeout 20 took {elapsed:.1f} s"
+    (impl,) = report.implementations
+    (member,) = impl.members
+    assert impl.status == "failed" and report.exit_code == 1
+    (ran,) = member.workloads
+    assert ran.outcome("runs").status == "timeout"
+    hung = [n for n in member.coverage.not_run if n.kind == "hung"]
+    assert sorted(n.workload for n in hung) == sorted({SMALL, "odd-vocab", "fp32-small"} - {ran.workload})
+    assert all("hung on token-is" in n.reason and "20 s" in n.reason for n in hung)
+
+
+def _descendants(pid: int) -> set[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_exits_cleanly_and_leaves_nothing_behind(sig, code, tmp_path):
+    # Every temporary file of the run (worker scratch trees, slot files) goes under TMPDIR: a folder
+    # of this test's own, traversable by the unprivileged worker user like /tmp itself.
+    scratch = Path(tempfile.mkdtemp(prefix="gate-signal-", dir="/tmp"))
+    scratch.chmod(0o711)
+    env = dict(os.environ, TMPDIR=str(scratch))
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_conform", "check", str(HANGS), "--device", "cpu",
+                             "--workload", SMALL, "--timeout", "300", "--evidence-dir", str(tmp_path / "ev"),
+                             "--junit-xml", str(tmp_path / "j.xml")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:  # progress lines: stderr is not a terminal here
+            if ": conformance" in line:
+                break
+        else:
+            pytest.fail("no progress line before the end")
+        time.sleep(1.0)  # the first call is under way (and never returns)
+        workers = _descendants(proc.pid)
+        assert workers, "no worker process"
+        assert list(scratch.iterdir()), "the worker's scratch tree is not under TMPDIR"
+        proc.send_signal(sig)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=60) == code, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    try:
+        assert ("interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)") in rest
+        assert "Traceback" not in rest
+        assert not [w for w in workers if Path(f"/proc/{w}").exists()], "a worker process outlived the run"
+        assert not list(scratch.iterdir()), f"left behind: {list(scratch.iterdir())}"
+        assert not (tmp_path / "ev").exists() and not (tmp_path / "j.xml").exists()  # nothing half-written
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_fail_fast_stops_and_check_selection_reports_only_what_was_asked(tmp_path):
+    report = run_check(CheckRequest((str(FAILING), str(PASSING)), device="cpu", workloads=(SMALL,), fail_fast=True,
+                                    checks=("loss",)))
+    bad, stopped = report.implementations
+    assert bad.status == "failed" and report.exit_code == 1
+    assert [o.check for o in bad.workloads[0].outcomes] == ["runs", "loss"]
+    assert bad.members[0].coverage.checks == ("loss",)
+    assert stopped.status == "skipped" and "--fail-fast" in stopped.message and not stopped.workloads
+    assert [n.kind for n in stopped.members[0].coverage.not_run if n.workload == SMALL] == ["stopped"]
+
+
+@pytest.fixture(scope="module")
+def serial():
+    run = cli("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, "--no-evidence", "--format", "json")
+    assert run.returncode == 1, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_jobs_2_gives_the_serial_verdicts_in_parallel(serial, tmp_path):
+    run = cli("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, "--jobs", "2", "--format", "json",
+              "--evidence-dir", tmp_path / "ev", "--junit-xml", tmp_path / "j.xml")
+    assert run.returncode == 1, run.stderr
+    doc = json.loads(run.stdout)
+    _same(_verdicts(doc), _verdicts(serial))
+    assert "[cpu1]" in run.stderr and "[cpu2]" in run.stderr  # progress relayed from both slots
+    parts = doc["parts"]
+    assert len(parts) == 2
+    (a0, a1), (b0, b1) = sorted((p["started"], p["finished"]) for p in parts)
+    assert b0 <= a1, f"the slots did not overlap: {parts}"
+    assert len(list((tmp_path / "ev").glob("*.intoto.json"))) == len(doc["implementations"])
+    assert (tmp_path / "j.xml").read_text().count("<testcase") >= 40
+
+
+def test_shards_merged_equal_the_unsharded_run(serial, tmp_path):
+    procs = []
+    for i in (1, 2):
+        out = open(tmp_path / f"shard{i}.json", "w")
+        procs.append((subprocess.Popen([sys.executable, "-m", "grpo_conform", "check", str(PASSING), str(FAILING),
+                                        "--device", "cpu", "--workload", SMALL, "--shard", f"{i}/2", "--no-evidence",
+                                        "--format", "json"], cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True),
+                      out))
+    for proc, out in procs:
+        proc.wait(timeout=600)
+        out.close()
+    docs = [json.loads((tmp_path / f"shard{i}.json").read_text()) for i in (1, 2)]
+    assert [d["shard"] for d in docs] == ["1/2", "2/2"]
+    assert sorted(len(d["implementations"]) for d in docs) == [1, 1]  # two units, one per shard
+    merged = cli("merge", tmp_path / "shard1.json", tmp_path / "shard2.json", "--format", "json",
+                 "--junit-xml", tmp_path / "merged.xml")
+    assert merged.returncode == serial["exit_code"] == 1, merged.stderr
+    doc = json.loads(merged.stdout)
+    _same(_verdicts(doc), _verdicts(serial))
+    again = cli("merge", tmp_path / "shard1.json", tmp_path / "shard1.json")
+    assert again.returncode == 2 and "duplicate" in again.stderr
+    alone = cli("merge", tmp_path / "shard1.json")
+    assert alone.returncode == 2 and "shard 2/2 missing" in alone.stderr
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,86 @@
+"""The probe registry, the parameter draws and the inputs that issue 10's classes rely on."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from grpo_conform import inputs as gen
+from grpo_conform.checks.model import BUILTIN_DRAWS, ReferenceModel, draw_values
+from grpo_conform.checks.probes import PROBES_BY_NAME, PROFILES
+from grpo_conform.checks.registry import CHECKS_BY_NAME, CONFORMANCE_CHECKS
+from grpo_conform.compare import fp32_floor
+from grpo_conform.spec import find_spec, load_spec
+
+SEED_FILE = "specs/grpo-token-is.v1.json"
+
+
+def test_probes_feed_registered_checks_and_profiles_name_probes():
+    for probe in PROBES_BY_NAME.values():
+        assert probe.summary, probe.name
+        assert set(probe.feeds) <= set(CONFORMANCE_CHECKS), probe.name
+    for name, probes in PROFILES.items():
+        assert set(probes) <= set(PROBES_BY_NAME), name
+    fed = {c for p in PROBES_BY_NAME.values() for c in p.feeds}
+    for check in ("upstream-gradient", "non-leaf-logits", "interleaved-graphs", "input-layouts", "forward-only"):
+        assert check in CHECKS_BY_NAME and check in fed
+
+
+def test_builtin_draws_keep_temperature_away_from_one_and_inside_ranges():
+    spec = load_spec(SEED_FILE)
+    temps = []
+    for seed in range(200):
+        values = draw_values(spec, random.Random(seed))
+        for name, (low, high, away) in BUILTIN_DRAWS.items():
+            assert low <= values[name] <= high
+            assert abs(values[name] - away) >= 0.05
+        temps.append(values["temperature"])
+    assert min(temps) < 0.8 and max(temps) > 1.5  # both sides of 1 are drawn
+
+
+def test_call_values_are_exactly_the_declared_parameters():
+    spec = load_spec(SEED_FILE)
+    model = ReferenceModel.drawn(spec, random.Random(1))
+    assert set(model.call_values) == {"epsilon_low", "epsilon_high", "temperature"}
+    assert model.call_values["temperature"] != 1.0
+
+
+def test_special_ids_are_not_at_fixed_places_and_small_vocabularies_are_covered():
+    spec = find_spec("grpo-token-is")
+    firsts, lasts = set(), set()
+    for seed in range(12):
+        ids = torch.empty(3, 40, dtype=torch.int64)
+        gen.fill_ids(ids, 5003, seed, torch.Generator().manual_seed(seed))
+        flat = ids.view(-1)
+        for special in (0, 1, 2, 5001, 5002):
+            assert special in flat.tolist()
+        firsts.add(int(flat[0]))
+        lasts.add(int(flat[-1]))
+    assert len(firsts) > 3 and len(lasts) > 3
+    ids = torch.empty(4, 30, dtype=torch.int64)
+    gen.fill_ids(ids, 97, 5, torch.Generator().manual_seed(5))
+    assert set(ids.view(-1).tolist()) == set(range(97))
+    del spec
+
+
+def test_advantages_include_tiny_exact_group_and_zero_values_with_drawn_signs():
+    spec = find_spec("grpo-token-is")
+    negative_at, tiny, zero, group = set(), False, False, False
+    for seed in range(30):
+        adv = torch.empty(8)
+        gen.fill_advantages(adv, spec, torch.Generator().manual_seed(seed))
+        negative_at |= {int(i) for i in (adv < 0).nonzero().flatten()}
+        tiny |= bool(((adv.abs() > 0) & (adv.abs() < 1e-2)).any())
+        zero |= bool((adv == 0).any())
+        group |= any(abs(abs(float(a)) - 1.0 / g) < 1e-7 for a in adv for g in (2, 4, 8, 16))
+        assert abs(float(adv.mean())) > 0.1 * float(adv.abs().mean())
+    assert len(negative_at) > 4 and tiny and zero and group
+
+
+def test_fp32_floor_grows_with_sharper_rows_and_stays_a_fraction_of_the_scale():
+    z = torch.tensor([[1.0, -2.0, 3.0], [30.0, 0.0, -1.0]])
+    scale = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    cold, hot = fp32_floor(z, 1.0, scale), fp32_floor(z, 0.5, scale)
+    assert bool((hot > cold).all())
+    assert float(hot.max()) < 2e-4  # |z|/T = 60: still far below bf16 arithmetic (~4% of s)

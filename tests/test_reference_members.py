@@ -1,0 +1,236 @@
+"""The float64 reference for every family member against autograd in float64 (written the way TRL
+writes its loss: torch.min, torch.clamp, detach), the tie rule, masks, chunking, and the inputs
+grpo_conform.member_inputs draws."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from grpo_conform.inputs import generate
+from grpo_conform.member_inputs import boundary_tie, exact_tie_inputs, ratio_intervals
+from grpo_conform.reference import (
+    GrpoParameters, chunked_gradient, chunked_loss, reference_gradient_dense, reference_logprobs, reference_loss, row_scales,
+)
+from grpo_conform.spec import draw_parameters, find_spec
+
+MEMBERS = ["token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
+           "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask"]
+
+
+def autograd_loss(x, p: GrpoParameters):
+    """An independent float64 formulation on a float64 leaf; returns (loss, d loss / d logits)."""
+    leaf = x["logits"].detach().to(torch.float64).requires_grad_(True)
+    ids = x["completion_ids"]
+    batch, seq = ids.shape
+    logp = torch.log_softmax(leaf[:, :seq, :] / p.temperature, dim=-1).gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
+    m = (x["completion_mask"] != 0).double() if "completion_mask" in x else torch.ones(batch, seq, dtype=torch.float64)
+    old = x["old_logprobs"].double() if "old_logprobs" in x else logp.detach()
+    log_ratio = (logp - old) * m
+    if p.importance_sampling_level == "sequence":
+        log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_ratio)
+    A = x["advantages"].double().unsqueeze(-1)
+    if p.loss_type == "cispo":
+        per_token = -torch.clamp(coef_1, max=p.epsilon_high).detach() * A * logp
+    else:
+        coef_2 = torch.clamp(coef_1, 1 - p.epsilon_low, 1 + p.epsilon_high)
+        if p.delta is not None:
+            coef_1 = torch.clamp(coef_1, max=p.delta)
+        per_token = -torch.min(coef_1 * A, coef_2 * A)
+    per_token = per_token.expand(batch, seq)
+    if "sampling_ratio" in x:
+        per_token = per_token * torch.clamp(x["sampling_ratio"].double(), max=p.sampling_ratio_cap)
+    if "ref_logprobs" in x and p.beta:
+        d = x["ref_logprobs"].double() - logp
+        per_token = per_token + p.beta * (torch.exp(d) - d - 1)
+    if p.loss_type == "grpo":
+        loss = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    elif p.loss_type == "dr_grpo":
+        loss = (per_token * m).sum() / (batch * p.max_completion_length)
+    elif p.num_items_in_batch is not None:
+        loss = (per_token * m).sum() / max(1.0, p.num_items_in_batch / p.num_processes)
+    else:
+        loss = (per_token * m).sum() / m.sum().clamp(min=1.0)
+    loss.backward()
+    return float(loss.detach()), leaf.grad
+
+
+def _member_inputs(member, workload, seed, values=None):
+    spec = find_spec(f"grpo/{member}")
+    rw = spec.resolve(spec.workload(workload), random.Random(seed))
+    values = values if values is not None else draw_parameters(spec, random.Random(seed))
+    x = generate(spec, rw, seed, "cpu", values=values).tensors
+    return spec, x, values, GrpoParameters.from_spec(spec, values)
+
+
+def _assert_close(grad, ref):
+    assert ref.dtype == torch.float64
+    assert float((grad - ref).norm()) <= 1e-12 * float(ref.norm()) + 1e-300
+    assert float((grad - ref).abs().max()) <= 1e-12 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_closed_form_matches_autograd_for_every_member(member, seed):
+    workload = "small-bf16" if member == "token-is" else "mask-small-bf16"
+    spec, x, values, p = _member_inputs(member, workload, seed)
+    assert abs(p.temperature - 1.0) >= 0.05
+    loss, grad = autograd_loss(x, p)
+    assert reference_loss(x, p) == pytest.approx(loss, rel=1e-12, abs=1e-15)
+    _assert_close(grad, reference_gradient_dense(x, p))
+    assert float(grad.abs().max()) > 0
+
+
+def test_the_semantics_really_differ_between_members():
+    """The same inputs under each member's parameters give different losses (nothing collapses), except
+    bnpo and dapo, which are the same normaliser on one process (they differ across processes only)."""
+    _, x, values, _ = _member_inputs("token-offpolicy-mask-kl", "mask-small-bf16", 5)
+    losses = {}
+    for member in MEMBERS[1:]:
+        spec = find_spec(f"grpo/{member}")
+        xm = {k: v for k, v in x.items() if spec.has_input(k)}
+        if spec.has_input("sampling_ratio"):
+            xm["sampling_ratio"] = torch.linspace(0.3, 4.0, x["old_logprobs"].numel()).view_as(x["old_logprobs"])
+        losses[member] = reference_loss(xm, GrpoParameters.from_spec(spec, {**spec.parameter_values, "temperature": values["temperature"]}))
+    assert losses["bnpo-mask"] == losses["dapo-mask"]
+    del losses["dapo-mask"]
+    assert len({round(v, 12) for v in losses.values()}) == len(losses), losses
+
+
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "sequence-offpolicy-mask", "token-offpolicy-mask-kl"])
+def test_masked_positions_get_exactly_zero_gradient_and_their_logits_do_not_matter(member):
+    spec, x, values, p = _member_inputs(member, "mask-small-bf16", 3)
+    keep = x["completion_mask"] != 0
+    assert (~keep).any() and keep.any()
+    ref = reference_gradient_dense(x, p)
+    assert torch.equal(ref[:, :-1][~keep], torch.zeros_like(ref[:, :-1][~keep]))
+    other = dict(x)
+    other["logits"] = x["logits"].clone()
+    other["logits"][:, :-1][~keep] = torch.randn(int((~keep).sum()), x["logits"].shape[-1]).to(x["logits"].dtype) * 30
+    other["old_logprobs"] = torch.where(keep, x["old_logprobs"], x["old_logprobs"] + 7.0)
+    assert reference_loss(other, p) == reference_loss(x, p)
+    assert torch.equal(reference_gradient_dense(other, p)[:, :-1][keep], ref[:, :-1][keep])
+
+
+@pytest.mark.parametrize("member", ["sequence-offpolicy-mask", "dapo-global-mask"])
+def test_chunking_keeps_sequences_coupled(member):
+    spec, x, values, p = _member_inputs(member, "mask-long", 4)
+    vocab = x["logits"].shape[-1]
+    small = list(chunked_gradient(x, p, 8 * 4 * vocab * 5))  # 5 rows a chunk: sequences split across chunks
+    big = list(chunked_gradient(x, p))
+    assert len(small) > len(big) == 1
+    assert torch.equal(torch.cat([c.values for c in small]), big[0].values)
+    assert chunked_loss(x, p, 8 * 4 * vocab * 5) == chunked_loss(x, p)
+    scales = torch.cat([c.scale for c in small])
+    assert torch.equal(scales, row_scales(x, p, x["logits"].shape[1]))
+    assert (torch.cat([c.values for c in small]).abs().amax(-1) <= scales * (1 + 1e-12)).all()
+
+
+def test_old_logprobs_fill_every_region_and_stay_away_from_the_boundaries():
+    spec, x, values, p = _member_inputs("token-offpolicy-mask-delta", "mask-long", 6)
+    r = torch.exp(reference_logprobs(x, p) - x["old_logprobs"].double()).flatten()
+    margin = spec.validation.member_inputs.boundary_margin
+    knots = [1 - p.epsilon_low, 1 + p.epsilon_high, p.delta]
+    for k in knots:
+        assert (torch.abs(r / k - 1) > margin * 0.9).all(), k
+    edges = [0.0] + sorted(knots) + [math.inf]
+    for a, b in zip(edges, edges[1:]):
+        assert ((r > a) & (r < b)).sum() >= 10, (a, b)
+    assert len(ratio_intervals(p, spec.validation.member_inputs)) == 4
+
+
+def test_sequence_ratios_fill_every_region():
+    spec, x, values, p = _member_inputs("sequence-offpolicy-mask", "mask-long", 7)
+    keep = (x["completion_mask"] != 0).double()
+    lr = (reference_logprobs(x, p) - x["old_logprobs"].double()) * keep
+    s = torch.exp(lr.sum(-1) / keep.sum(-1).clamp(min=1))
+    rows = keep.sum(-1) > 0
+    lo, hi = 1 - p.epsilon_low, 1 + p.epsilon_high
+    assert ((s[rows] / lo - 1).abs() > 0.015).all() and ((s[rows] / hi - 1).abs() > 0.015).all()
+
+
+def test_masks_have_full_empty_and_padded_rows_in_the_workload_dtype():
+    for workload, dtype in (("mask-small-bf16", torch.bool), ("mask-fp32", torch.int64), ("mask-long", torch.int32)):
+        _, x, _, _ = _member_inputs("bnpo-mask", workload, 8)
+        mask = x["completion_mask"]
+        assert mask.dtype == dtype
+        n = (mask != 0).sum(-1)
+        seq = mask.shape[1]
+        assert (n == seq).any() and (n == 0).any() and ((n > 0) & (n < seq)).any()
+        assert torch.equal(mask != 0, torch.arange(seq)[None] < n[:, None])  # right padding
+
+
+# -- ties (docs/architecture.md s. 2: the unclipped branch is active at an exact tie) ----------------
+@pytest.mark.parametrize("member", ["token-is", "token-offpolicy-mask", "sequence-offpolicy-mask", "dr-grpo-mask"])
+def test_exact_ties_with_epsilon_zero_keep_the_full_gradient(member):
+    workload = "small-bf16" if member == "token-is" else "mask-small-bf16"
+    spec, x, values, _ = _member_inputs(member, workload, 9)
+    tx, tvalues = exact_tie_inputs(spec, x, values, 9)
+    p = GrpoParameters.from_spec(spec, tvalues)
+    assert p.epsilon_low == 0.0 == p.epsilon_high
+    if "old_logprobs" in tx:
+        assert torch.equal(reference_logprobs(tx, p), torch.zeros_like(tx["old_logprobs"], dtype=torch.float64))
+        for dtype in (torch.float32, torch.bfloat16):  # logp is exactly 0 in float32 arithmetic too
+            z = tx["logits"][:, :-1].to(dtype).float() / p.temperature
+            lp = torch.log_softmax(z, -1).gather(-1, tx["completion_ids"].unsqueeze(-1)).squeeze(-1)
+            assert torch.equal(lp, torch.zeros_like(lp))
+    loss, grad = autograd_loss(tx, p)
+    ref = reference_gradient_dense(tx, p)
+    _assert_close(grad, ref)
+    # the full gradient: the same as a wide clip (no tie at all) would give
+    wide = GrpoParameters.from_spec(spec, {**tvalues, "epsilon_low": 0.5, "epsilon_high": 0.5})
+    assert torch.allclose(ref, reference_gradient_dense(tx, wide), rtol=1e-14, atol=0)
+    assert float(ref.abs().max()) > 0
+
+
+@pytest.mark.parametrize("side", ["high", "low"])
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "sequence-offpolicy-mask"])
+def test_ties_at_nonzero_epsilon_take_the_unclipped_branch(side, member):
+    spec, x, values, _ = _member_inputs(member, "mask-small-bf16", 10)
+    tx, tvalues = boundary_tie(x, values, side, 10)
+    p = GrpoParameters.from_spec(spec, tvalues)
+    r = torch.exp(reference_logprobs(tx, p) - tx["old_logprobs"].double())
+    bound = 1 + p.epsilon_high if side == "high" else 1 - p.epsilon_low
+    assert (r == bound).all()  # exact, as the reference sees it
+    loss, grad = autograd_loss(tx, p)
+    ref = reference_gradient_dense(tx, p)
+    _assert_close(grad, ref)
+    # at the tie every token with weight passes -A*r: rows with A of either sign are non-zero
+    keep = tx["completion_mask"] != 0
+    rows = ref[:, :-1].abs().amax(-1)
+    assert (rows[keep & (tx["advantages"][:, None] != 0)] > 0).all()
+    # the other way (clipped at a tie) would zero them: nudging r past the bound does
+    nudged = dict(tx)
+    step = -1e-6 if side == "high" else 1e-6
+    nudged["old_logprobs"] = tx["old_logprobs"] + step
+    moved = reference_gradient_dense(nudged, p)[:, :-1].abs().amax(-1)
+    adv = tx["advantages"][:, None].expand_as(keep)
+    clipped_side = adv > 0 if side == "high" else adv < 0
+    assert (moved[keep & clipped_side] == 0).all() and (keep & clipped_side).any()
+
+
+def test_kl_inputs_do_not_cancel_and_the_row_scale_bounds_every_element():
+    """ref_logprobs are drawn so the KL term adds to the policy term; where terms do cancel
+    (hand-made here), the row scale stays the sum of their magnitudes, not the small difference."""
+    from grpo_conform.reference import token_terms
+
+    spec, x, values, p = _member_inputs("token-offpolicy-mask-kl", "mask-small-bf16", 11)
+    logp = reference_logprobs(x, p)
+    d = x["ref_logprobs"].double() - logp
+    adv = x["advantages"].double()[:, None].expand_as(d)
+    assert ((d.abs() >= 0.6 - 1e-6) & (d.abs() <= 1.2 + 1e-6)).all()
+    assert (torch.sign(d)[adv != 0] == torch.sign(adv)[adv != 0]).all()
+    terms = token_terms(x, p, logp)
+    keep = x["completion_mask"] != 0
+    # no cancellation: the scale (KL counted as beta*(1 + e^d)) is within (1 + e^0.6)/(e^0.6 - 1) = 3.43 of |dL/dlogp|
+    assert (terms.scale[keep] <= 3.5 * terms.dlogp.abs()[keep]).all()
+    flipped = dict(x)
+    flipped["ref_logprobs"] = (logp - d).float()  # KL against the policy term: they cancel partly
+    t2 = token_terms(flipped, p, logp)
+    assert (t2.scale >= t2.dlogp.abs()).all() and (t2.scale[keep] > t2.dlogp.abs()[keep] * 1.01).any()
+    grad = reference_gradient_dense(flipped, p)[:, :-1]
+    assert (grad.abs().amax(-1) <= t2.scale / p.temperature * (1 + 1e-12)).all()

@@ -1,0 +1,179 @@
+"""`grpo-conform report`: verified records only, the three outputs, the committed page, Chromium."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from browser import find_chromium, load_page
+from grpo_conform.evidence import PAYLOAD_TYPE, keyid_of, pae
+from grpo_conform.evidence.keys import public_pem
+from grpo_conform.report.plot import mpl_version
+from grpo_conform.report.build import OUTPUTS, REGENERATE, ReportRequest, build_leaderboard, render, run_report
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = ROOT / "evidence" / "h200"
+PAGE = ROOT / "evidence" / "leaderboard"
+SCHEMA = json.loads((ROOT / "grpo_conform" / "schemas" / "leaderboard.v1.schema.json").read_text())
+REPORTED = "tests/data/seed-records.csv"
+
+
+def _payload(name: str) -> bytes:
+    env = json.loads(next(COMMITTED.glob(f"{name}--*.intoto.json")).read_text())
+    return base64.b64decode(env["payload"])
+
+
+def _own_record(payload: bytes, key: Ed25519PrivateKey, path: Path, tamper: bool = False, sign: bool = True) -> Path:
+    """A committed statement (the exact signed bytes) signed again with a test key, so the tests do not
+    depend on which key signed the committed records."""
+    sigs = []
+    if sign:
+        sigs = [{"keyid": keyid_of(key.public_key()),
+                 "sig": base64.b64encode(key.sign(pae(PAYLOAD_TYPE, payload))).decode()}]
+    if tamper:  # one digit of a median changed after signing
+        payload = payload.replace(b'"median_ns":1', b'"median_ns":2', 1)
+    env = {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(), "signatures": sigs}
+    path.write_text(json.dumps(env))
+    return path
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    """Three records signed by a test key (triton, liger, pytorch), one tampered, one unsigned."""
+    d = tmp_path_factory.mktemp("records")
+    key = Ed25519PrivateKey.generate()
+    (d / "test.pub.pem").write_bytes(public_pem(key.public_key()))
+    (d / "trusted-keys.json").write_text(json.dumps({"format": "grpo-conform/trusted-keys/v1", "keys": [
+        {"keyid": keyid_of(key.public_key()), "public_key": "test.pub.pem", "owner": "report tests",
+         "valid_from": "2026-01-01T00:00:00Z", "valid_until": None, "revoked": False}]}))
+    good = d / "good"
+    good.mkdir()
+    for name in ("triton", "liger", "liger-inplace", "pytorch"):
+        _own_record(_payload(name), key, good / f"{name}.intoto.json")
+    _own_record(_payload("torch-compile"), key, d / "tampered.intoto.json", tamper=True)
+    _own_record(_payload("torch-compile"), key, d / "unsigned.intoto.json", sign=False)
+    return d
+
+
+def test_only_verified_records_are_shown_and_the_others_say_why(own):
+    board = build_leaderboard(ReportRequest(paths=(str(own / "good"), str(own / "tampered.intoto.json"),
+                                                   str(own / "unsigned.intoto.json")),
+                                            trusted_keys=str(own / "trusted-keys.json"), out=None))
+    shown = {i.name for s in board.sections for i in s.implementations}
+    assert shown == {"triton", "liger", "liger-inplace", "pytorch"}
+    why = {Path(r.path).name: r.reason for r in board.rejected}
+    assert set(why) == {"tampered.intoto.json", "unsigned.intoto.json"}
+    assert why["tampered.intoto.json"].startswith("signature:")
+    assert "unsigned" in why["unsigned.intoto.json"]
+    html = render(board, "html")
+    assert "tampered.intoto.json" in html and "torch-compile" not in html.split('id="rejected"')[0]
+
+
+def test_ranks_vs_first_floor_ratio_and_the_non_conformant_one(own):
+    board = build_leaderboard(ReportRequest(paths=(str(own / "good"),), trusted_keys=str(own / "trusted-keys.json"),
+                                            out=None))
+    (section,) = board.sections
+    assert section.gpu == "NVIDIA H200 SXM" and section.spec_id == "grpo-token-is"
+    full_b16 = {r.implementation: r for r in section.rows if r.protocol == "full" and r.batch == 16}
+    assert full_b16["triton"].rank == 1 and full_b16["triton"].vs_first == 1.0
+    assert full_b16["liger"].rank == 2 and full_b16["liger"].vs_first == pytest.approx(3.1133 / 2.2371, rel=1e-3)
+    assert full_b16["liger-inplace"].rank is None  # fails no-mutation: shown, never ranked
+    assert full_b16["triton"].measured_floor_ratio == pytest.approx(1.13, abs=0.01)
+    assert full_b16["triton"].wall_ms > full_b16["triton"].median_ms > full_b16["triton"].floor_ms
+    assert full_b16["pytorch"].peak_over_logits == pytest.approx(5.99, abs=0.01)
+    md = render(board, "markdown")
+    assert "| seed-b16 (batch 16) | 1 | triton | 2.2371" in md
+    assert "fails no-aliasing, no-mutation, no-output-reuse" in md
+
+
+def test_json_output_validates_against_its_schema_and_reported_records_are_explained(own):
+    board = build_leaderboard(ReportRequest(paths=(str(own / "good"),), reported=(REPORTED,),
+                                            trusted_keys=str(own / "trusted-keys.json"), out=None))
+    doc = json.loads(render(board, "json"))
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    labels = {r["label"] for r in doc["reported"]["records"]}
+    assert "not comparable" in labels  # fused linear + backward-only: another operation and protocol
+    for r in doc["reported"]["records"]:
+        assert r["explanation"], r
+    for word in ("impossible", "not comparable", "plausible"):
+        assert doc["reported"]["meanings"][word]
+    broken = dict(doc, sections=[dict(doc["sections"][0], results=[{"median_ms": -1}])])
+    with pytest.raises(jsonschema.ValidationError):  # the schema can fail
+        jsonschema.Draft202012Validator(SCHEMA).validate(broken)
+
+
+def test_the_build_is_deterministic_and_writes_the_three_files(own, tmp_path):
+    req = dict(paths=(str(own / "good"),), reported=(REPORTED,), trusted_keys=str(own / "trusted-keys.json"))
+    a = run_report(ReportRequest(out=str(tmp_path / "a"), **req))
+    b = run_report(ReportRequest(out=str(tmp_path / "b"), **req))
+    assert sorted(Path(p).name for p in a.written) == sorted(OUTPUTS.values())
+    for name in OUTPUTS.values():
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_the_committed_page_is_what_report_builds_from_the_committed_evidence(monkeypatch):
+    """evidence/leaderboard/ must be rebuilt whenever evidence/h200 changes: see README (Results)."""
+    monkeypatch.chdir(ROOT)
+    board = build_leaderboard(ReportRequest(paths=("evidence/h200",), reported=(REPORTED,), out=None))
+    for fmt, name in OUTPUTS.items():
+        committed, built = (PAGE / name).read_text(encoding="utf-8"), render(board, fmt)
+        if fmt == "html" and f'data-matplotlib="{mpl_version()}"' not in committed:
+            # Another matplotlib writes other SVG bytes for the same plot: compare everything else.
+            committed, built = (re.sub(r"<svg.*?</svg>|data-matplotlib=\"[^\"]*\"", "", t, flags=re.S)
+                                for t in (committed, built))
+        assert committed == built, f"evidence/leaderboard/{name} is stale: run `{REGENERATE}`"
+
+
+def test_html_is_self_contained():
+    html = (PAGE / "index.html").read_text(encoding="utf-8")
+    html = re.sub(r'xmlns(:xlink)?="http://www\.w3\.org/[^"]*"', "", html)  # namespace names, never fetched
+    for needle in ("http://", "https://", "<script", "<link", "@import", "<img", "<iframe"):
+        assert needle not in html, needle
+    assert not re.search(r"url\((?!#)", html), "only in-page references (clip paths) may use url()"
+
+
+CHROMIUM = find_chromium()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install -y chromium)")
+def test_the_page_loads_in_headless_chromium(tmp_path):
+    page = load_page(CHROMIUM, PAGE / "index.html")
+    assert page.errors == [] and page.failed == [], (page.errors, page.failed)
+    assert all(u.startswith("file://") for u in page.requests), page.requests  # no network asset
+    assert page.dom["timing_tables"] >= 1 and page.dom["tables"] >= 3
+    assert page.dom["svgs"] >= 1 and "batch" in page.dom["svg_text"]
+    assert page.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(page.screenshot) > 10_000
+    (tmp_path / "leaderboard.png").write_bytes(page.screenshot)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install -y chromium)")
+def test_the_browser_check_sees_errors_and_missing_assets(tmp_path):
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><img src="missing.png"><script>throw new Error("boom")</script>'
+                   "</body></html>")
+    page = load_page(CHROMIUM, bad)
+    assert page.failed and any("boom" in e for e in page.errors)
+
+
+def test_the_report_command(own, tmp_path):
+    from click.testing import CliRunner
+
+    from grpo_conform.cli import main
+
+    args = ["report", str(own / "good"), str(own / "tampered.intoto.json"), "--trusted-keys",
+            str(own / "trusted-keys.json"), "--out", str(tmp_path / "page")]
+    text = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert text.exit_code == 0
+    assert text.output.startswith("4 record(s) verified and shown in 1 section(s)")
+    assert "not shown: " in text.output and "tampered.intoto.json: signature:" in text.output
+    assert sorted(p.name for p in (tmp_path / "page").iterdir()) == sorted(OUTPUTS.values())
+    doc = json.loads(CliRunner().invoke(main, args + ["--format", "json"], catch_exceptions=False).output)
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    missing = CliRunner().invoke(main, ["report", str(tmp_path / "nothing-here")])
+    assert missing.exit_code == 2 and "no such file or directory" in missing.output
