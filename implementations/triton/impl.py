@@ -39,7 +39,10 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low=0.2, epsilon_high=
     if logits.dim() != 3 or completion_ids.dim() != 2 or logits.shape[1] != completion_ids.shape[1] + 1:
         raise ValueError(f"logits must be [batch, seq + 1, vocab] for completion_ids [batch, seq]; got "
                          f"{tuple(logits.shape)} and {tuple(completion_ids.shape)}")
-    if logits.stride(-1) != 1:
+    if not logits.is_contiguous():
+        # Views (offset rows, padded vocabularies) are copied: the validator's input-layouts check
+        # found wrong rows at the seed batches 8 and 16 with strided logits on the H200
+        # (2026-12-01); one copy of the logits is the price of a view until that path is fixed.
         logits = logits.contiguous()
     ids, adv = completion_ids.contiguous(), advantages.contiguous()
     old, ref, mask, rho = _flat(old_logprobs), _flat(ref_logprobs), _flat(completion_mask), _flat(sampling_ratio)
