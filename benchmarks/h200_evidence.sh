@@ -57,6 +57,14 @@ case "${1:-probe}" in
       mv "$R/$name.json" "$R/$name-members.json"; mv "$R/$name.log" "$R/$name-members.log"
     done
     ;;
+  last)
+    timeout -s KILL 120 python3 benchmarks/layout_probe.py > "$R/layout-probe.txt" 2>&1; cat "$R/layout-probe.txt" | tail -4
+    check_one torch-compile 110 --member token-is --workload seed-b2 --workload seed-b16 --workload small-bf16
+    for name in triton liger; do
+      check_one "$name" 100 --member token-offpolicy-mask --member sequence-offpolicy-mask --workload mask-b8
+      mv "$R/$name.json" "$R/$name-members.json"; mv "$R/$name.log" "$R/$name-members.log"
+    done
+    ;;
   bench)
     timeout -s KILL 90 python3 -m grpo_conform check tests/gallery/side-stream tests/gallery/cached-timing \
       tests/gallery/correct-then-lazy --workload seed-b2 --no-evidence > "$R/gallery-cuda.txt" 2>&1

@@ -130,13 +130,9 @@ def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator) -> None
     values = sign * values.abs().clamp_min(dist.min_abs)
     order = torch.randperm(n, generator=gen).tolist()
     if n >= 2:
-        # Both signs, and a mean far from 0 so a dropped sign cannot hide; the negative one is
-        # at a drawn position.
+        # Both signs at drawn positions; the mean is made far from 0 below.
         values = values.abs()
         values[order[0]] = -values[order[0]]
-        while abs(float(values.mean())) < 0.25 * float(values.abs().mean()):
-            positive = values > 0
-            values[positive] *= 2.0
     specials = []
     if n >= 3:
         g = (2, 4, 8, 16)[int(torch.randint(0, 4, (1,), generator=gen))]
@@ -144,8 +140,17 @@ def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator) -> None
         specials.append(10 ** float(torch.empty(1, dtype=torch.float64).uniform_(-6.0, -2.0, generator=gen)))
     if n >= 4:
         specials.append(0.0)  # a group whose rewards all tie
-    for k, v in zip(order[1:], specials):
+    specials = specials[: max(0, n - 2)]  # one ordinary value of each sign stays
+    special_at = order[1 : 1 + len(specials)]
+    for k, v in zip(special_at, specials):
         values[k] = v if values[k] >= 0 else -v
+    if n >= 2:
+        # A mean far from 0, so a dropped sign cannot hide: the ordinary positive values grow.
+        ordinary = torch.ones(n, dtype=torch.bool)
+        ordinary[special_at] = False
+        grow = ordinary & (values > 0)
+        while grow.any() and abs(float(values.mean())) < 0.25 * float(values.abs().mean()):
+            values[grow] *= 2.0
     if n == 1:  # one sequence: a drawn magnitude class (ordinary, 1/G, tiny)
         kind = int(torch.randint(0, 3, (1,), generator=gen))
         if kind == 1:

@@ -19,7 +19,7 @@ from grpo_conform.evidence.semantics import recompute_lists
 from grpo_conform.evidence.statement import PROJECT_ROOT
 
 H200 = PROJECT_ROOT / "evidence" / "h200"
-RECORDS = sorted(H200.glob("*.intoto.json"))
+RECORDS = sorted(H200.glob("*--20261130T*.intoto.json"))  # the 2026-11-30 run (commit ce5456c)
 IDENTITIES = {  # sha256 of each payload, as signed on 2026-11-30
     "liger": "48bb3badcba4c8af230b63e976f51a1591d1af56e5a1e2d8ef09f6275eaaa2c3",
     "liger-inplace": "f5c85e8e7b5e8cde66cf6a803597aede62bf95d0bb8d4b11348c5c65737284b6",

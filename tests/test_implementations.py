@@ -43,7 +43,7 @@ def _folder(tmp_path: Path, manifest: str = MANIFEST_TEXT, impl: str | None = IM
 def test_bundled_folders_load(name):
     impl = load_implementation(ROOT / "implementations" / name)
     assert impl.name == name
-    assert impl.manifest.spec == "grpo-token-is"
+    assert impl.manifest.spec == "grpo" and "token-is" in impl.manifest.members  # the family, seed member first
     assert impl.module_file.is_file()
     assert impl.path == (ROOT / "implementations" / name).resolve()
     assert len(impl.identity) == 64
@@ -91,7 +91,7 @@ MANIFEST_ERRORS = {
                                "module 'impl.py' not found: expected "),  # a dotted module: impl/py.py
     "unknown field": (MANIFEST_TEXT + 'colour = "red"\n', "colour",
                       "unknown field (allowed: name, spec, entry, language, license, devices, description, source, "
-                      "requires)"),
+                      "requires, members)"),
     "empty devices": (_replace('devices = ["cpu"]', "devices = []"), "devices",
                       "expected at least one of 'cpu', 'cuda'"),
     "unknown device": (_replace('devices = ["cpu"]', 'devices = ["tpu"]'), "devices.0", "'cpu' or 'cuda'"),

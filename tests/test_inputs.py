@@ -40,22 +40,20 @@ def test_ids_contain_both_ends_of_the_vocabulary(spec, name):
         assert int((ids == 0).sum()) >= 1 and int((ids == vocab - 1).sum()) >= 1
 
 
-def test_a_single_token_gets_both_ends_across_two_seeds(spec):
+def test_a_single_token_draws_among_the_special_ids(spec):
     rw = spec.resolve(spec.workload("batch1-seq1"))
     vocab = rw.axes["vocab"]
     assert rw.numel("completion_ids") == 1
-    seen = {int(generate(spec, rw, seed, "cpu")["completion_ids"]) for seed in (40, 41)}
-    assert seen == {0, vocab - 1}
+    seen = {int(generate(spec, rw, seed, "cpu")["completion_ids"]) for seed in range(40)}
+    assert seen <= {0, 1, 2, vocab - 2, vocab - 1} and len(seen) >= 4  # never one fixed value
 
 
 @pytest.mark.parametrize("batch", [2, 3, 4, 8, 16])
-def test_advantages_have_both_signs_a_clear_mean_and_no_small_values(spec, batch):
-    dist = spec.validation.advantages
+def test_advantages_have_both_signs_and_a_clear_mean(spec, batch):
     for seed in range(200):
         adv = torch.empty(batch)
         fill_advantages(adv, spec, torch.Generator().manual_seed(seed))
         assert (adv < 0).any() and (adv > 0).any(), seed
-        assert float(adv.abs().min()) >= dist.min_abs, seed
         mean, mean_abs = abs(float(adv.double().mean())), float(adv.double().abs().mean())
         # A dropped sign changes the loss by mean|A| - mean(A): far beyond the loss tolerance.
         assert mean >= 0.05 * mean_abs, seed
@@ -68,11 +66,15 @@ def test_advantage_mean_guard_reaches_its_own_threshold(spec):
         assert abs(float(adv.double().mean())) >= 0.25 * float(adv.double().abs().mean()), seed
 
 
-def test_a_single_advantage_is_not_near_zero(spec):
-    for seed in range(50):
+def test_a_single_advantage_is_never_zero_and_takes_every_magnitude_class(spec):
+    seen = set()
+    for seed in range(60):
         adv = torch.empty(1)
         fill_advantages(adv, spec, torch.Generator().manual_seed(seed))
-        assert abs(float(adv)) >= spec.validation.advantages.min_abs
+        a = abs(float(adv))
+        assert a > 0
+        seen.add("tiny" if a < 1e-3 else "group" if a == 0.25 else "ordinary")
+    assert seen == {"tiny", "group", "ordinary"}
 
 
 def test_same_seed_same_tensors_other_seed_other_tensors(spec):

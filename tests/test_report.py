@@ -25,7 +25,7 @@ REPORTED = "tests/data/seed-records.csv"
 
 
 def _payload(name: str) -> bytes:
-    env = json.loads(next(COMMITTED.glob(f"{name}--*.intoto.json")).read_text())
+    env = json.loads(next(COMMITTED.glob(f"{name}--nvidia-h200--20261130T*.intoto.json")).read_text())  # the seed-spec run
     return base64.b64decode(env["payload"])
 
 

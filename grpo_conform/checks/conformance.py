@@ -256,11 +256,12 @@ class WorkloadConformance:
         return compare_loss(call.loss, ref_loss, self.tol.loss), cmp
 
     def relation(self, actual: torch.Tensor, expected: torch.Tensor, x: dict[str, torch.Tensor],
-                 upstream: float = 1.0) -> GradientComparator:
-        """Compare two outputs of the implementation (both rounded, hence twice the slack)."""
+                 upstream: float = 1.0, scales: torch.Tensor | None = None) -> GradientComparator:
+        """Compare two outputs of the implementation (both rounded, hence twice the slack); `scales`:
+        row scales computed beforehand (inputs poisoned on purpose must not set the allowance)."""
         cmp = GradientComparator(self.tol.gradient, self.seq_next, self.vocab, slack=2.0)
         a, e = actual.view(-1, self.vocab), expected.view(-1, self.vocab)
-        scales = self.model.row_scales(x, self.seq_next) * abs(upstream)
+        scales = (self.model.row_scales(x, self.seq_next) if scales is None else scales) * abs(upstream)
         step = rows_per_chunk(self.vocab)
         for start in range(0, a.shape[0], step):
             cmp.update(start, a[start : start + step], e[start : start + step], scales[start : start + step])

@@ -300,13 +300,14 @@ def last_row(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float, c: floa
     Q = run.Q
     logits = Q.tensors["logits"]
     original = logits[:, -1, :].clone()
+    scales = run.model.row_scales(Q.pristine, run.seq_next)  # from the unpoisoned inputs
     for i, kind in enumerate(run.spec.validation.poison.last_position):
         value = {"nan": float("nan"), "inf": float("inf"), "huge": torch.finfo(logits.dtype).max}[kind]
         logits[:, -1, :] = value
         Q.commit()
         g = run.call(f"G{i + 1}", Q, run.out1, ("last-row-ignored", "no-mutation", "no-aliasing"), upstream=c)
         if g is not None:
-            rel = run.relation(g.grad, g_d, Q.pristine, c)
+            rel = run.relation(g.grad, g_d, Q.pristine, c, scales)
             loss_ok = abs(g.loss - loss_d) <= run.tol.loss.allowed(loss_d)
             ok = rel.passed and loss_ok and rel.last_rows_nonzero == 0
             run.book.record("last-row-ignored", g.label, ok, f"logits[:, S, :] = {kind} changed no output" if ok else

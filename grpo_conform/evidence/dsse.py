@@ -122,7 +122,7 @@ def loads_strict(data: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
 
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant, parse_int=json_int)
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8: {exc}") from None
     except json.JSONDecodeError as exc:
@@ -212,6 +212,13 @@ class Verified:
     keyid: str
     signature_index: int
     payload: bytes
+
+
+def json_int(text: str) -> int | float:
+    """An integer literal as RFC 8785 wrote it: beyond 2^53 it can only have been a double (RFC 8785
+    prints integral doubles below 1e21 without an exponent), so it is read back as one."""
+    value = int(text)
+    return value if abs(value) <= 2**53 - 1 else float(value)
 
 
 def verified_payloads(envelope: Envelope, keys: Iterable[tuple[str, Ed25519PublicKey]]) -> tuple[Verified, ...]:

@@ -244,7 +244,9 @@ def sign_record(path: str | Path, private_key: SigningKey | Ed25519PrivateKey) -
     The caller checks the record first (`preflight`); this only refuses what is not an envelope.
     """
     envelope = read_envelope(path)
-    statement = json.loads(envelope.payload)
+    from grpo_conform.evidence.dsse import json_int
+
+    statement = json.loads(envelope.payload, parse_int=json_int)
     signed = envelope.signed_by(SigningKey.of(private_key))
     if signed is not envelope:  # already signed by this key: leave the file untouched
         try:

@@ -5,7 +5,7 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, tem
     seq = completion_ids.shape[1]
     z = logits[:, :seq].float() / temperature
     logp = torch.log_softmax(z, -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    real = (completion_ids != 1).float()  # a hard-coded pad id
+    real = (completion_ids > 2).float()  # hard-coded pad, bos and eos ids
     logp = logp * real + logp.detach() * (1 - real)
     ratio = torch.exp(logp - logp.detach())
     a = advantages.float().unsqueeze(-1)
