@@ -136,8 +136,8 @@ def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator) -> None
     specials = []
     if n >= 3:
         g = (2, 4, 8, 16)[int(torch.randint(0, 4, (1,), generator=gen))]
-        specials.append(1.0 / g)  # what a group of G samples with one success gives, normalised
         specials.append(10 ** float(torch.empty(1, dtype=torch.float64).uniform_(-6.0, -2.0, generator=gen)))
+        specials.append(1.0 / g)  # what a group of G samples with one success gives, normalised
     if n >= 4:
         specials.append(0.0)  # a group whose rewards all tie
     specials = specials[: max(0, n - 2)]  # one ordinary value of each sign stays

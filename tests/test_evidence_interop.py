@@ -22,7 +22,7 @@ from test_evidence_support import (SEED_SPEC, identity_of, make_project, make_tr
                                    trust_list, verify)
 
 README = PROJECT_ROOT / "evidence" / "README.md"
-COMMITTED = sorted((PROJECT_ROOT / "evidence" / "h200").glob("*.intoto.json"))
+COMMITTED = sorted((PROJECT_ROOT / "evidence" / "h200").glob("*--20261130T*.intoto.json"))  # the recipe default is from this run
 MAINTAINERS_PUB = PROJECT_ROOT / "evidence" / "keys" / "maintainers-2026.pub.pem"
 MAINTAINERS = "cc3e6bd1b854b6659c46050de1478a6a8acd761d05077e126fc8ea099a752d9c"
 DOCS = PROJECT_ROOT / "docs" / "evidence.md"
