@@ -14,7 +14,8 @@
   log-uniform, both sides of the cap.
 
 Masked positions get values too (finite, in every region): a kernel that ignores the mask must
-see a difference. Exact ties are not drawn here; `exact_tie_inputs` and `boundary_tie` make them.
+see a difference. Exact ties are not drawn here; `exact_tie_inputs` (the validator's `exact-ties`
+probe) and `boundary_tie` (the reference's tests) make them.
 """
 
 from __future__ import annotations
@@ -154,25 +155,80 @@ def exact_rows(logits: torch.Tensor, ids: torch.Tensor, gen: torch.Generator) ->
     return out
 
 
+def tie_rows(logits: torch.Tensor, ids: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A copy of `logits` whose scored rows have two logits at exactly 0 (the target and one other
+    token) and every other one EXACT_GAP below: p = 1/2 at the target (a gradient far from zero),
+    and logp = -log(2) computed in float32 is fp32(-log 2) whatever the kernel's log-sum-exp
+    (the sum of exp is exactly 2; log of a power of two reduces to e*ln2 in every libm, Triton's
+    log and log2-based forms alike)."""
+    out = logits.clone()
+    batch, seq_next, vocab = out.shape
+    seq = seq_next - 1
+    body = out[:, :seq, :]
+    body.fill_(-EXACT_GAP)
+    target = ids.to(out.device).long().unsqueeze(-1)
+    other = (target + 1 + torch.randint(0, max(1, vocab - 1), target.shape, generator=gen).to(out.device)) % vocab
+    body.scatter_(-1, other, 0.0)
+    body.scatter_(-1, target, 0.0)
+    return out
+
+
+TIE_OLD_LOGPROB = float(torch.tensor(-math.log(2.0), dtype=torch.float32))  # fp32(-log 2)
+
+
+def _reference_ratios(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> torch.Tensor:
+    """The ratio r[b, t] as the reference computes it (float64, token or sequence level)."""
+    logp = reference_logprobs(x, p)
+    keep = (x["completion_mask"] != 0).to(logp.device) if "completion_mask" in x else torch.ones_like(logp, dtype=torch.bool)
+    log_ratio = torch.where(keep, logp - x["old_logprobs"].to(torch.float64), torch.zeros_like(logp))
+    if p.importance_sampling_level == "sequence":
+        mf = keep.to(torch.float64)
+        n = mf.sum(-1, keepdim=True).clamp_min(1.0)
+        r = torch.exp((log_ratio * mf).sum(-1, keepdim=True) / n).expand_as(logp)
+    else:
+        r = torch.exp(log_ratio)
+    return r[keep]
+
+
 def exact_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any], seed: int
                      ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Inputs and parameters where every token ties exactly, in every precision (the tie probe):
-    epsilon_low = epsilon_high = 0 and r exactly 1 (old_logprobs = 0 against rows whose logp is
-    exactly 0; on-policy members need no change of logits). Under the spec's tie rule the gradient
-    is the full -A*r one; a kernel that hands ties to the clipped branch returns 0 there."""
+    """Inputs and parameters where every token ties exactly (the `exact-ties` probe), with a
+    gradient far from zero. On-policy members: epsilon = 0 (r is exactly 1 in any arithmetic).
+    With old log-probs: `tie_rows` logits (p = 1/2 at the target) and old = fp32(-log 2), so a
+    float32 kernel computes logp - old = 0 and r = 1 exactly; the float64 reference sees
+    r64 = exp(-log 2 - old) = 1 + 2e-9, so epsilon_high = max(r64) - 1 and epsilon_low =
+    max(0, 1 - min(r64)) (exact by Sterbenz) put r64 exactly on (or inside) the bounds, which a
+    float32 kernel rounds to 1: a tie at both bounds for it, a tie for the reference. Under the
+    spec's tie rule the gradient is the full -A*r one; a kernel that hands ties to the clipped
+    branch returns 0 (the reference of a wide clip is the same gradient: tested)."""
     out = {k: v.clone() for k, v in tensors.items()}
     params = dict(values)
     names = {p.name for p in spec.parameters}
-    if "old_logprobs" in out:
-        gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0x7469) & (2**63 - 1))
-        out["logits"] = exact_rows(out["logits"], out["completion_ids"], gen)
-        out["old_logprobs"].zero_()
-    if params.get("loss_type") == "cispo":
-        params["epsilon_high"] = 1.0  # r exactly at the cap; the cap is detached, so no ambiguity
-    else:
-        for name in ("epsilon_low", "epsilon_high"):
-            if name in names:
-                params[name] = 0.0
+    for name in ("epsilon_low", "epsilon_high"):
+        if name in names:
+            params[name] = 0.0
+    if "old_logprobs" not in out:
+        return out, params
+    gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0x7469) & (2**63 - 1))
+    out["logits"] = tie_rows(out["logits"], out["completion_ids"], gen)
+    out["old_logprobs"].fill_(TIE_OLD_LOGPROB)
+    p = GrpoParameters.from_spec(spec, params)
+    if "ref_logprobs" in out:  # as fill_member_inputs draws them, against the new logp
+        cfg = _cfg(spec)
+        batch, seq = out["completion_ids"].shape
+        sign = torch.sign(out["advantages"].detach().to("cpu", torch.float64))
+        sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+        gap = cfg.ref_gap_min + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (cfg.ref_gap_max - cfg.ref_gap_min)
+        ref = -math.log(2.0) + sign[:, None] * gap
+        out["ref_logprobs"].copy_(ref.to(out["ref_logprobs"].dtype))
+    if p.loss_type == "cispo":
+        params["epsilon_high"] = 1.0  # the cap at r: it is detached, so no branch to choose
+        return out, params
+    r = _reference_ratios(out, p)
+    if r.numel():
+        params["epsilon_high"] = max(0.0, float(r.max()) - 1.0)
+        params["epsilon_low"] = max(0.0, 1.0 - float(r.min()))
+        assert 1.0 + params["epsilon_high"] >= float(r.max()) and 1.0 - params["epsilon_low"] <= float(r.min())
     return out, params
 
 

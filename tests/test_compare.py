@@ -350,3 +350,28 @@ def test_max_abs_diff():
 def test_max_abs_diff_reports_nan():
     a = torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16)
     assert math.isnan(max_abs_diff(a, torch.tensor([1.0, float("nan"), 3.0], dtype=torch.bfloat16)))
+
+
+def test_row_sums_allow_one_fp32_floor_where_the_row_cannot_be_resolved(problem, tol):
+    """A log-sum-exp rounded at the size of max|z|/T scales a whole row's probabilities alike: the row
+    sum then misses by about one element floor. Inside the floor passes; ordinary rows (small floor)
+    that lose mass still fail."""
+    from grpo_conform.compare import fp32_floor
+
+    logits, ids, _, expected, scale = problem
+    z = logits.reshape(-1, V)
+    off_target = ~_target_mask(ids)
+    scaled = torch.where(off_target, expected * 1.05, expected)  # every p of the row 5% high
+    sums = (scaled - expected).sum(dim=1).abs()
+    huge = torch.full_like(scale, 4e5)  # as if every row had max|z| = 4e5 (a Student-t row)
+    floor_huge = fp32_floor(huge[:, None].expand(-1, 2), 1.0, scale)
+    floor_plain = fp32_floor(z, 1.0, scale)
+    assert bool((sums[scale > 0] > tol.row_sum_fraction * scale[scale > 0]).any())  # the plain allowance fails it
+
+    def run(floor):
+        cmp = GradientComparator(tol, SEQ_NEXT, V)
+        cmp.update(0, scaled, expected, scale, floor)
+        return cmp
+
+    assert run(floor_huge).row_sum_failures == 0
+    assert run(floor_plain).row_sum_failures > 0

@@ -15,6 +15,8 @@ from typing import Callable
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
+from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.member_inputs import exact_tie_inputs
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,30 @@ def masked_positions(run: WorkloadConformance) -> None:
     J.masked_positions(run, *run.state["D"])
 
 
+def exact_ties(run: WorkloadConformance) -> None:
+    """T: every token at an exact tie of the clip, in the kernel's float32 arithmetic and in the
+    float64 reference (member_inputs.exact_tie_inputs): the spec gives the gradient to the
+    unclipped branch; a kernel that hands ties to the clipped one returns 0 there."""
+    check = "exact-ties"
+    if not {"epsilon_low", "epsilon_high"} <= {p.name for p in run.spec.parameters}:
+        run.book.not_applicable(check, "this spec declares no clip (no epsilon_low / epsilon_high)")
+        return
+    seed = run.seeds[0] ^ 0x71E5
+    run.generate(run.P, seed)
+    x, values = exact_tie_inputs(run.spec, run.P.pristine, run.model.values, seed)
+    run.P.write(x)
+    run.draws["exact_ties"] = {k: values[k] for k in ("epsilon_low", "epsilon_high")}
+    drawn, run.model = run.model, ReferenceModel(run.spec, values)  # the call and its reference use these
+    try:
+        t = run.call("T", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+        if t is not None:
+            J.finite(run, t)
+            J.versus_reference(run, check, t, "every token at an exact tie, epsilon_low {:g}, epsilon_high {:g}".format(
+                values["epsilon_low"], values["epsilon_high"]))
+    finally:
+        run.model = drawn
+
+
 def adversarial(run: WorkloadConformance) -> None:
     """I: seed 3 with the adversarial row profiles (logits up to 1e4)."""
     seed = run.seeds[-1] ^ 0xA5A5A5A5
@@ -217,6 +243,7 @@ _PROBES = (
     Probe("row-locality", row_locality.__doc__, ("row-locality",), row_locality),
     Probe("last-row", last_row.__doc__, ("last-row-ignored",), last_row),
     Probe("masked-positions", masked_positions.__doc__, ("masked-positions",), masked_positions),
+    Probe("exact-ties", exact_ties.__doc__, ("exact-ties",), exact_ties),
     Probe("adversarial", adversarial.__doc__, ("adversarial-inputs",), adversarial),
     Probe("upstream", upstream.__doc__, ("upstream-gradient",), upstream),
     Probe("non-leaf", non_leaf.__doc__, ("non-leaf-logits",), non_leaf),

@@ -273,6 +273,15 @@ class WorkerSession:
     def _send(self, msg: dict[str, Any], fds: list[int] | None = None) -> None:
         if self.conn is None:
             raise WorkerFailure("crash", "the worker is not running")
+        if self.device.type == "cuda":
+            # The parent's writes into shared CUDA memory (inputs generated, rewritten, restored or
+            # poisoned) are asynchronous, and the worker is another process with its own streams:
+            # nothing orders its reads after them but this. Without it the worker read rows the parent
+            # had not written yet (input-layouts failed Triton and Liger at seed-b8/b16 on the H200,
+            # 2026-12-01: wrong targets and stale rows in the last-written views).
+            import torch
+
+            torch.cuda.synchronize(self.device)
         try:
             self.conn.send_bytes(json.dumps(msg).encode())
             if fds:

@@ -103,6 +103,13 @@ def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask
         cap=float(sampling_ratio_cap) if sampling_ratio_cap is not None else 0.0)
 
 
+def kernel_switches(s: Semantics) -> dict:
+    """The member switches the main kernels (plain and staged) are specialised on; also what
+    tests/test_triton_members.py compiles the staged kernels for."""
+    return dict(HAS_OLD=s.has_old, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_RHO=s.has_rho, HAS_DELTA=s.has_delta,
+                HAS_CAP=s.has_cap, CISPO=s.cispo)
+
+
 @dataclass(frozen=True)
 class Tuning:
     """Launch settings of the plain kernels (the staged ones: launch.GPU_DEFAULT)."""
@@ -161,8 +168,7 @@ class Plan:
         self.stride_b, self.stride_t = logits.stride(0), logits.stride(1)
         s = sem
         self.term_args = (s.inv_temp, s.inv_lo, s.eps_low, s.eps_high, s.delta, s.beta, s.cap, s.w_const)
-        self.switches = dict(HAS_OLD=s.has_old, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_RHO=s.has_rho,
-                             HAS_DELTA=s.has_delta, HAS_CAP=s.has_cap, CISPO=s.cispo)
+        self.switches = kernel_switches(s)
         self.block_t = min(1024, triton.next_power_of_2(max(1, self.seq)))
         cuda = logits.is_cuda and not interpreting()
         self.staged = None

@@ -233,7 +233,10 @@ def _staged_forward_kernel(
 # ---- family members (plan.py): the same staging, the per-token terms of members.py ----------------------
 # Written with the constructs of the two kernels above only (they compile and run on the H200 with
 # triton 3.6); the per-token arithmetic mirrors members._policy_terms/_kl_terms line by line, in
-# scalars. ws layout and modes: members.py's docstring.
+# scalars. ws layout and modes: members.py's docstring. A branch that a switch makes unreachable
+# must be dropped by the frontend (an `if` on a constexpr), never left behind an `if` on a Python
+# literal: triton 3.6 cannot lower stores in such dead blocks (see `live` below, notes round 8).
+# tests/test_triton_members.py compiles every launched switch combination with any triton offline.
 
 
 @gluon.jit
@@ -329,9 +332,17 @@ def _staged_member_kernel(
             _zero_chunk(grad_row, start, vocab, lanes, layout, NBLK, BLOCK, REPS, THREADS, VEC)
     else:
         token = b * seq + t
-        live = True
+        # Without a mask `live` is a constexpr, so `if live:` is resolved by the frontend and the
+        # masked-token branch below is not emitted at all. It used to be `live = True`: a Python
+        # literal assigned to a variable becomes an i1 constant *tensor*, the `if` an scf.if on a
+        # constant true whose else branch is dead code, and triton 3.6 (the H200's) crashes lowering
+        # a tensor store in such a dead block (AxisInfo never visits it: LLVM assertion `idx < size()`
+        # in ModuleAxisInfoAnalysis::getAlignment under StoreOpConversion, ConvertTritonGPUToLLVM).
+        # Every token is live either way: same semantics, same IR for the live path.
         if HAS_MASK:
             live = gl.load(mask_ptr + token) != 0
+        else:
+            live: gl.constexpr = True
         if live:
             row_ptr = logits_ptr + b.to(gl.int64) * stride_b + t.to(gl.int64) * stride_t
             tail = start + CHUNK > vocab

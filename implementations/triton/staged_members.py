@@ -32,6 +32,18 @@ def _shapes(plan, logits):
     return cached
 
 
+def member_constexprs(sem) -> dict:
+    """The switches _staged_member_kernel is launched with for these semantics (plan.Semantics)."""
+    from .plan import kernel_switches
+
+    return dict(kernel_switches(sem), PER_SEQ_W=sem.norm != 0)
+
+
+def stats_constexprs(sem) -> dict:
+    """The switches _staged_stats_kernel is launched with."""
+    return dict(HAS_MASK=sem.has_mask, HAS_OLD=sem.has_old, HAS_KL=sem.has_kl)
+
+
 def _mask_bytes(mask):
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
@@ -55,7 +67,7 @@ def main(plan, x, wb, grad, ws) -> bool:
         if launch_ is None:
             launch_ = plan.l_staged["main"] = fastlaunch.Launch(
                 staged._staged_member_kernel, (plan.rows * shape["NUM_CHUNKS"],),
-                dict(**shape, THREAD_STATS=plan.staged.thread_stats, **plan.switches, PER_SEQ_W=plan.sem.norm != 0),
+                dict(**shape, THREAD_STATS=plan.staged.thread_stats, **member_constexprs(plan.sem)),
                 {"num_warps": plan.staged.num_warps}, plan.fast)
         launch_(
             plan.stream, logits, ids, adv, old, ref, _mask_bytes(mask), rho, wb, grad, m_part, s_part,
@@ -80,8 +92,7 @@ def stats(plan, x, ws) -> bool:
         if launch_ is None:
             launch_ = plan.l_staged["stats"] = fastlaunch.Launch(
                 staged._staged_stats_kernel, (plan.tokens * shape["NUM_CHUNKS"],),
-                dict(**shape, THREAD_STATS=plan.staged.thread_stats, HAS_MASK=plan.sem.has_mask,
-                     HAS_OLD=plan.sem.has_old, HAS_KL=plan.sem.has_kl),
+                dict(**shape, THREAD_STATS=plan.staged.thread_stats, **stats_constexprs(plan.sem)),
                 {"num_warps": plan.staged.forward_stage_warps}, plan.fast)
         launch_(
             plan.stream, logits, ids, _mask_bytes(mask), old, ref, m_part, s_part, plan.counters, ws, plan.tokens,
