@@ -142,13 +142,43 @@ def test_member_matches_the_reference_for_every_upstream_scalar(member, vocab, d
         assert err < TOLERANCE[dtype], f"c={c}: relative Frobenius error {err:.2e}"
 
 
-def test_staged_member_kernels_compiled():
-    """The Gluon member kernels must not have fallen back to the plain ones (staged_members.DISABLED)."""
+# Every switch set the family launches (staged_members.member_constexprs): token-is, no optional input at all,
+# is the set triton 3.6 crashed on before round 8's fix (notes); dr-grpo and dapo-global the constant weight.
+STAGED_CALLS = {"token-is": {}, **MEMBER_CALLS, "dapo-global-mask": dict(loss_type="dapo", num_items_in_batch=9,
+                                                                             num_processes=2),
+                "token-offpolicy-mask-delta": dict(loss_type="grpo", delta=1.1)}
+
+
+@pytest.mark.parametrize("member", sorted(STAGED_CALLS))
+def test_staged_member_kernels_compiled(member):
+    """The Gluon member kernels must have run, not fallen back to the plain ones (staged_members.DISABLED is
+    empty and the plan holds the staged launches), and the gradient must still match the reference."""
+    from grpo_conform.reference import GrpoParameters as P
+
     staged_members = importlib.import_module("grpo_impl_triton_cuda_test.staged_members")
+    cfg = dict(STAGED_CALLS[member])
+    use_ref, use_rho = cfg.pop("ref", False), cfg.pop("rho", False)
+    params = {**dict(epsilon_low=0.19, epsilon_high=0.27, temperature=0.7), **cfg}  # plans of their own
     x = _member_inputs(torch.bfloat16, 128256)
-    leaf = x["logits"].clone().requires_grad_(True)
-    impl.grpo_loss(**{**x, "logits": leaf}, epsilon_low=0.2, epsilon_high=0.2, temperature=1.0, loss_type="grpo",
-                   importance_sampling_level="sequence").backward()
-    impl.grpo_loss(**{**x, "logits": leaf}, epsilon_low=0.2, epsilon_high=0.2, temperature=1.0, loss_type="grpo",
-                   importance_sampling_level="token").backward()
+    names = {"logits", "completion_ids", "advantages"}
+    names |= set() if member == "token-is" else {"old_logprobs", "completion_mask"}
+    names |= {"ref_logprobs"} if use_ref else set()
+    names |= {"sampling_ratio"} if use_rho else set()
+    x = {k: v for k, v in x.items() if k in names}
+    before = set(impl._PLANS)
+    for c in (1.0, 0.25):  # gradient in the forward's pass, then scaled in backward
+        leaf = x["logits"].clone().requires_grad_(True)
+        (impl.grpo_loss(**{**x, "logits": leaf}, **params) * c).backward()
+    with torch.no_grad():
+        impl.grpo_loss(**x, **params)  # the loss only (the statistics kernel where the loss reads the logits)
     assert staged_members.DISABLED == []
+    plans = [impl._PLANS[k] for k in set(impl._PLANS) - before]
+    assert plans and all(p.staged is not None for p in plans)
+    launched = set().union(*(p.l_staged for p in plans))
+    assert launched >= ({"stats"} if params.get("importance_sampling_level") == "sequence" else {"main"}), launched
+    cpu = {k: v.cpu() for k, v in x.items()}
+    ref_grad = reference_gradient_dense(cpu, P.from_mapping({"importance_sampling_level": "token", **params}))
+    grad = leaf.grad.double().cpu()
+    seq = x["completion_ids"].shape[1]
+    err = float((grad[:, :seq] - 0.25 * ref_grad[:, :seq]).norm() / (0.25 * ref_grad[:, :seq]).norm())
+    assert err < TOLERANCE[torch.bfloat16], f"relative Frobenius error {err:.2e}"

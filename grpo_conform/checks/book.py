@@ -48,7 +48,7 @@ class CheckBook:
 
     def skip(self, check: str, reason: str) -> None:
         if not self.findings[check]:
-            self.skipped[check] = reason
+            self.skipped.setdefault(check, reason)  # the first reason is the specific one
 
     def not_applicable(self, check: str, reason: str) -> None:
         """The member's semantics rule this check out: it is left out of the outcomes (so a record

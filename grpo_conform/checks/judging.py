@@ -154,6 +154,9 @@ def advantage_sign(run: WorkloadConformance, c: Call, g_a: torch.Tensor) -> None
 def reread_first(run: WorkloadConformance, when: str) -> None:
     """Re-read call A's outputs (kept alive in the worker) and compare them bitwise."""
     label, g_a, loss_a = run.state["A"]
+    if not any(k.label == label for k in run.kept):  # no memory to keep it: nothing to re-read, no verdict
+        run.book.skip("no-output-reuse", f"call A's outputs could not be kept on this device to re-read {when}")
+        return
     try:
         run.session.request(op="reexport", call=label, outputs=run.out2.name)
     except WorkerFailure as failure:
@@ -190,11 +193,14 @@ def end_reread(run: WorkloadConformance) -> None:
             changed.append({"call": kept.label, "loss_changed": now[0] != kept.fingerprint[0],
                             "gradient_changed": now[1] != kept.fingerprint[1]})
     n = len(run.kept)
+    run.draws["kept_outputs"] = n
+    if n == 0:  # nothing could be kept (no memory for one more gradient): no evidence, never a pass
+        run.book.skip("no-output-reuse", "no earlier output could be kept on this device to re-read")
+        return
     ok = not changed
     run.book.record("no-output-reuse", "end", ok, f"all {n} kept outputs unchanged at the end of the workload" if ok
                     else f"{len(changed)} of {n} kept outputs changed by later calls, first {changed[0]['call']}",
                     {"kept_calls": [k.label for k in run.kept], "changed": changed})
-    run.draws["kept_outputs"] = n
 
 
 def zero_advantage(run: WorkloadConformance, c: float) -> None:

@@ -1,0 +1,52 @@
+"""Reduced probe profiles (huge CUDA workloads): only the slots their probes use are made, checks
+outside the profile are skipped with the profile named, and a re-read with nothing kept is never a pass."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.implementations import load_implementation
+from grpo_conform.isolation.session import WorkerSession
+from grpo_conform.spec import find_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(profile: str, keep_budget: int | None = None):
+    spec = find_spec("grpo/token-is")
+    w = spec.workload("small-bf16").model_copy(update={"probes": profile})
+    resolved = spec.resolve(w, random.Random(1))
+    session = WorkerSession(load_implementation(ROOT / "implementations" / "pytorch"), spec.parameter_values,
+                            torch.device("cpu"), 120.0, True)
+    session.start()
+    try:
+        run = WorkloadConformance(session, spec, resolved, [11, 12], profile=profile)
+        if keep_budget is not None:
+            run.keep_budget = keep_budget
+        outcomes = {o.check: o for o in run.run()}
+        return run, outcomes
+    finally:
+        session.close()
+
+
+def test_smoke_profile_makes_one_input_and_one_output_slot():
+    run, outcomes = _run("smoke")
+    assert run.extra_slots == []  # no Q, no O2: what lets a 16.8 GB workload fit next to its worker
+    assert outcomes["gradient"].status == "pass" and outcomes["forward-only"].status == "pass"
+    assert outcomes["upstream-gradient"].status == "skipped"
+    assert "'smoke' probe profile" in outcomes["upstream-gradient"].message
+
+
+def test_core_profile_rereads_what_it_kept_and_skips_when_nothing_was_kept():
+    run, outcomes = _run("core")
+    assert set(run.extra_slots) == {"Q", "O2"}
+    assert outcomes["no-output-reuse"].status == "pass" and run.draws["kept_outputs"] >= 1
+    run, outcomes = _run("core", keep_budget=0)
+    assert run.draws["kept_outputs"] == 0
+    assert outcomes["no-output-reuse"].status == "skipped"  # never a pass without evidence
+    assert "could not be kept" in outcomes["no-output-reuse"].message
