@@ -33,6 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # grpo_conform from this checkout if not installed
+
 # The device runs triton 3.6; newer Gluon renamed two calls: alias the old names to the new ones.
 if not hasattr(gl, "thread_barrier"):
     gl.thread_barrier = gl.barrier

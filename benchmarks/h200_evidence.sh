@@ -4,6 +4,8 @@
 #   bash benchmarks/h200_evidence.sh triton     # our kernel: every member, seed workloads timed, > 2^31
 #   bash benchmarks/h200_evidence.sh peers      # peers on the seed spec; triton, liger, pytorch on four members
 #   bash benchmarks/h200_evidence.sh bench      # the CUDA timing gallery and benchmarks/kernel_v3.py
+#   bash benchmarks/h200_evidence.sh kernel     # CUDA tests, triton on every member (+ long completion), kernel_v3
+#   bash benchmarks/h200_evidence.sh peers2     # peers on the seed member (+ long completion), slots compared
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
 # afterwards, off this machine, with `grpo-conform sign`); reports and logs under $OUT/reports.
 # GRPO_CONFORM_GIT_COMMIT names the commit the tree travelled from (the tree has no .git there).
@@ -71,6 +73,37 @@ case "${1:-probe}" in
     status "gallery (side-stream, cached-timing, correct-then-lazy; must fail): exit $?"
     timeout -s KILL 330 python3 benchmarks/kernel_v3.py ${KERNEL_V3_ARGS:---quick} > "$R/kernel_v3.log" 2>&1
     status "kernel_v3: exit $?"; grep -v '^{' "$R/kernel_v3.log" | tail -40
+    ;;
+  kernel)  # one call: CUDA tests, our kernel on every member (seed workloads timed, long completion), kernel_v3
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_cuda.py > "$R/cuda-tests.txt" 2>&1
+    status "cuda tests: exit $?"; tail -3 "$R/cuda-tests.txt"
+    check_one triton 230 --member token-is --extended
+    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
+    check_one triton 200 --member token-offpolicy-mask --member token-offpolicy-mask-kl --member dapo-mask \
+      --member sequence-offpolicy-mask --workload mask-b8 --workload mask-small-bf16
+    mv "$R/triton.json" "$R/triton-members.json"; mv "$R/triton.log" "$R/triton-members.log"
+    check_one triton 90 --member bnpo-mask --member dr-grpo-mask --member token-offpolicy-mask-delta \
+      --member cispo-mask --member dapo-global-mask --member vllm-is-mask --workload mask-small-bf16 --no-timing
+    mv "$R/triton.json" "$R/triton-members-small.json"; mv "$R/triton.log" "$R/triton-members-small.log"
+    timeout -s KILL 150 python3 benchmarks/kernel_v3.py --quick > "$R/kernel_v3.log" 2>&1
+    status "kernel_v3: exit $?"; grep -v '^{' "$R/kernel_v3.log" | tail -30
+    ;;
+  peers2)  # one call: the peers on the seed member (with the long completion), Liger on four members, slots
+    for name in pytorch liger; do check_one "$name" 170 --member token-is --extended; done
+    check_one liger-inplace 60 --member token-is --workload seed-b2 --workload small-bf16
+    check_one liger 150 --member token-offpolicy-mask --member token-offpolicy-mask-kl --member dapo-mask \
+      --member sequence-offpolicy-mask --workload mask-b8
+    mv "$R/liger.json" "$R/liger-members.json"; mv "$R/liger.log" "$R/liger-members.log"
+    for how in serial gpus jobs; do  # issue 15: the same verdicts whatever the slots
+      case $how in serial) extra="";; gpus) extra="--gpus 0";; jobs) extra="--jobs 2";; esac
+      timeout -s KILL 60 python3 -m grpo_conform check implementations/pytorch implementations/triton --member token-is \
+        --workload small-bf16 --workload odd-vocab --workload batch1-seq1 --workload fp32-small --no-timing \
+        --no-evidence --format json $extra > "$R/slots-$how.json" 2> "$R/slots-$how.log"
+      status "slots $how: exit $?"
+    done
+    python3 benchmarks/compare_verdicts.py "$R"/slots-serial.json "$R"/slots-gpus.json "$R"/slots-jobs.json | tee "$R/slots.txt"
+    check_one torch-compile 150 --member token-is --workload seed-b2 --workload small-bf16 --extended --workload long-completion
     ;;
 esac
 ls /dev/shm > "$R/dev-shm-after.txt" 2>&1
