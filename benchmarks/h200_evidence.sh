@@ -6,6 +6,7 @@
 #   bash benchmarks/h200_evidence.sh bench      # the CUDA timing gallery and benchmarks/kernel_v3.py
 #   bash benchmarks/h200_evidence.sh kernel     # CUDA tests, triton on every member (+ long completion), kernel_v3
 #   bash benchmarks/h200_evidence.sh peers2     # peers on the seed member (+ long completion), slots compared
+#   bash benchmarks/h200_evidence.sh final      # triton seed member (+ long), peers' long completion, peers, slots
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
 # afterwards, off this machine, with `grpo-conform sign`); reports and logs under $OUT/reports.
 # GRPO_CONFORM_GIT_COMMIT names the commit the tree travelled from (the tree has no .git there).
@@ -104,6 +105,26 @@ case "${1:-probe}" in
     done
     python3 benchmarks/compare_verdicts.py "$R"/slots-serial.json "$R"/slots-gpus.json "$R"/slots-jobs.json | tee "$R/slots.txt"
     check_one torch-compile 150 --member token-is --workload seed-b2 --workload small-bf16 --extended --workload long-completion
+    ;;
+  final)  # one call: triton on the seed member (+ long completion), every peer on the long completion,
+          # liger and pytorch on the seed member, the slot comparison (issue 15)
+    check_one triton 200 --member token-is --extended
+    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
+    timeout -s KILL 140 python3 -m grpo_conform check implementations/pytorch implementations/liger \
+      implementations/liger-inplace implementations/torch-compile --member token-is --extended \
+      --workload long-completion --no-timing --no-evidence --format json > "$R/long-peers.json" 2> "$R/long-peers.log"
+    status "long completion, peers: exit $?"
+    SEEDW="--workload seed-b2 --workload seed-b8 --workload seed-b16 --workload small-bf16 --workload odd-vocab
+      --workload batch1-seq1 --workload fp32-small --workload fp16-small --workload drawn-bf16 --workload seed-b17-big"
+    for name in liger pytorch; do check_one "$name" 120 --member token-is $SEEDW; done
+    for how in serial gpus jobs; do  # issue 15: the same verdicts whatever the slots
+      case $how in serial) extra="";; gpus) extra="--gpus 0";; jobs) extra="--jobs 2";; esac
+      timeout -s KILL 40 python3 -m grpo_conform check implementations/pytorch implementations/triton --member token-is \
+        --workload small-bf16 --workload odd-vocab --workload batch1-seq1 --no-timing \
+        --no-evidence --format json $extra > "$R/slots-$how.json" 2> "$R/slots-$how.log"
+      status "slots $how: exit $?"
+    done
+    python3 benchmarks/compare_verdicts.py "$R"/slots-serial.json "$R"/slots-gpus.json "$R"/slots-jobs.json | tee "$R/slots.txt"
     ;;
 esac
 ls /dev/shm > "$R/dev-shm-after.txt" 2>&1

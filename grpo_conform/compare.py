@@ -274,20 +274,37 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
+    fa, fb = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
     if a.dtype.is_floating_point:
         width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return bool(torch.equal(a.contiguous().view(width), b.contiguous().view(width)))
-    return bool(torch.equal(a, b))
+        fa, fb = fa.view(width), fb.view(width)
+    return all(torch.equal(fa[i : i + CHUNK_ELEMENTS], fb[i : i + CHUNK_ELEMENTS])
+               for i in range(0, fa.numel(), CHUNK_ELEMENTS))
+
+
+def count_where(t: torch.Tensor, predicate) -> int:
+    """How many elements satisfy `predicate`, a chunk at a time: a full-size mask of a 16.8 GB
+    gradient (and torch's int64 sum of it) does not fit beside the validator's buffers."""
+    flat = t.reshape(-1)
+    return sum(int(predicate(flat[i : i + CHUNK_ELEMENTS]).sum()) for i in range(0, flat.numel(), CHUNK_ELEMENTS))
 
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any] | None:
-    """Where two tensors of one shape first differ bitwise (NaN-aware), with both values."""
+    """Where two tensors of one shape first differ bitwise (NaN-aware), with both values; chunked."""
     if bitwise_equal(a, b):
         return None
     width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    differ = a.contiguous().view(width) != b.contiguous().view(width) if a.dtype.is_floating_point else a != b
-    count = int(differ.sum())
-    idx = [int(i) for i in differ.nonzero()[0]]
+    fa, fb = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
+    if a.dtype.is_floating_point:
+        fa, fb = fa.view(width), fb.view(width)
+    count, first = 0, None
+    for i in range(0, fa.numel(), CHUNK_ELEMENTS):
+        differ = fa[i : i + CHUNK_ELEMENTS] != fb[i : i + CHUNK_ELEMENTS]
+        n = int(differ.sum())
+        if n and first is None:
+            first = i + int(differ.nonzero()[0, 0])
+        count += n
+    idx = [int(x) for x in torch.unravel_index(torch.tensor(first), a.shape)] if a.dim() else []
     return {
         "differing": count,
         "index": idx,

@@ -47,6 +47,8 @@ def test_the_cheat_is_invisible_where_the_member_does_not_differ(folder):
     name = tomllib.loads((folder / "expect.toml").read_text())["member"]
     if name == "token-offpolicy-mask-kl":
         pytest.skip("a KL term always differs from the seed semantics (which has none)")
+    if name == "cispo-mask":
+        pytest.skip("CISPO's -c*A*logp differs from GRPO's surrogate even at ratio 1")
     spec = member_spec(name)
     fn = load_impl(folder)
 
@@ -56,13 +58,18 @@ def test_the_cheat_is_invisible_where_the_member_does_not_differ(folder):
 
     x = make_inputs(spec, 0, member_parameters(spec))
     x["completion_mask"] = torch.ones(B, S, dtype=torch.bool)
+    if "sampling_ratio" in x:  # sampler and trainer agree: the vLLM correction is 1
+        x["sampling_ratio"] = torch.ones(B, S)
+    values = member_parameters(spec)
+    if "num_items_in_batch" in values:  # the global normaliser equals this micro-batch's token count
+        values["num_items_in_batch"] = B * S * values["num_processes"]
     leaf = x["logits"].clone().requires_grad_()
     # old = logp.detach(): the ratio is exactly 1
     z = torch.log_softmax(leaf[:, :S].float() / member_parameters(spec)["temperature"], -1)
     x["old_logprobs"] = z.gather(-1, x["completion_ids"].unsqueeze(-1)).squeeze(-1).detach()
     honest = load_impl(GALLERY.parent.parent / "implementations" / "pytorch")
-    a = fn(**{**x, "logits": leaf}, **member_parameters(spec))
-    b = honest(**{**x, "logits": leaf}, **member_parameters(spec))
+    a = fn(**{**x, "logits": leaf}, **values)
+    b = honest(**{**x, "logits": leaf}, **values)
     # equal lengths and ratio 1: no clip acts, no mask, grpo and bnpo agree, token and sequence ratios agree
     assert float(a.detach()) == pytest.approx(float(b.detach()), rel=1e-5, abs=1e-7)
 
@@ -77,3 +84,27 @@ def test_full_skipping_the_gradient_is_correct_until_timed():
     fn = load_impl(GALLERY / "full-skips-gradient")
     spec = member_spec("token-is")
     assert compare(fn, spec).gradient_ok  # the first calls (the conformance checks) are right
+
+
+def test_ties_handed_to_the_clipped_branch_lose_the_whole_gradient_only_at_ties():
+    """tie-other-way, called directly: right on drawn ratios (kept away from the bounds), zero
+    gradient on the validator's exact-tie inputs where the reference keeps the full one."""
+    import random
+
+    import torch
+
+    from grpo_conform.inputs import generate
+    from grpo_conform.member_inputs import exact_tie_inputs
+    from grpo_conform.reference import GrpoParameters, reference_gradient_dense
+    from grpo_conform.spec import draw_parameters
+
+    fn = load_impl(GALLERY / "tie-other-way")
+    spec = member_spec("token-offpolicy-mask")
+    assert compare(fn, spec, 0).gradient_ok
+    rw = spec.resolve(spec.workload("mask-fp32"), random.Random(3))
+    values = draw_parameters(spec, random.Random(3))
+    x, tie_values = exact_tie_inputs(spec, generate(spec, rw, 3, "cpu", values=values).tensors, values, 3)
+    leaf = x["logits"].clone().requires_grad_()
+    fn(**{**x, "logits": leaf}, **tie_values).backward()
+    ref = reference_gradient_dense(x, GrpoParameters.from_spec(spec, tie_values))
+    assert float(ref.abs().max()) > 1e-3 and float(leaf.grad.abs().max()) == 0.0

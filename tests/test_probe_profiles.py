@@ -50,3 +50,35 @@ def test_core_profile_rereads_what_it_kept_and_skips_when_nothing_was_kept():
     assert run.draws["kept_outputs"] == 0
     assert outcomes["no-output-reuse"].status == "skipped"  # never a pass without evidence
     assert "could not be kept" in outcomes["no-output-reuse"].message
+
+
+def test_validator_out_of_memory_skips_the_rest_instead_of_crashing(monkeypatch):
+    """On the H200 a 62 GB temporary of the parent's once ended a whole run with a traceback (every
+    earlier workload's evidence lost): now the workload says the validator ran out of memory."""
+    from grpo_conform.checks import judging
+
+    def boom(run, call):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 62.63 GiB.")
+
+    monkeypatch.setattr(judging, "finite", boom)
+    _run_, outcomes = _run("smoke")
+    assert outcomes["gradient"].status == "skipped"
+    assert "validator ran out of GPU memory" in outcomes["gradient"].message
+
+
+def test_chunked_counts_and_differences_match_the_plain_ones():
+    from grpo_conform import compare
+
+    t = torch.randn(3, 5, 7)
+    t[1, 2, 3] = float("nan")
+    u = t.clone()
+    u[2, 4, 6] = 0.5
+    old = compare.CHUNK_ELEMENTS
+    try:
+        compare.CHUNK_ELEMENTS = 8  # many chunks
+        assert compare.count_where(t, torch.isnan) == 1
+        assert not compare.bitwise_equal(t, u) and compare.bitwise_equal(t, t.clone())
+        d = compare.first_difference(u, t)
+        assert d["differing"] == 1 and d["index"] == [2, 4, 6] and d["now"] == 0.5
+    finally:
+        compare.CHUNK_ELEMENTS = old

@@ -165,26 +165,38 @@ def test_masks_have_full_empty_and_padded_rows_in_the_workload_dtype():
 
 
 # -- ties (docs/architecture.md s. 2: the unclipped branch is active at an exact tie) ----------------
-@pytest.mark.parametrize("member", ["token-is", "token-offpolicy-mask", "sequence-offpolicy-mask", "dr-grpo-mask"])
-def test_exact_ties_with_epsilon_zero_keep_the_full_gradient(member):
+@pytest.mark.parametrize("member", ["token-is", "token-offpolicy-mask", "sequence-offpolicy-mask", "dr-grpo-mask",
+                                    "vllm-is-mask"])
+def test_exact_ties_keep_the_full_gradient_in_float32_and_in_the_reference(member):
+    # the validator's exact-ties probe: every token ties in a float32 kernel's arithmetic and in the reference's
     workload = "small-bf16" if member == "token-is" else "mask-small-bf16"
     spec, x, values, _ = _member_inputs(member, workload, 9)
     tx, tvalues = exact_tie_inputs(spec, x, values, 9)
     p = GrpoParameters.from_spec(spec, tvalues)
-    assert p.epsilon_low == 0.0 == p.epsilon_high
+    assert p.epsilon_low == 0.0 and 0.0 <= p.epsilon_high < 1e-8
     if "old_logprobs" in tx:
-        assert torch.equal(reference_logprobs(tx, p), torch.zeros_like(tx["old_logprobs"], dtype=torch.float64))
-        for dtype in (torch.float32, torch.bfloat16):  # logp is exactly 0 in float32 arithmetic too
+        keep = tx["completion_mask"] != 0
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):  # logp - old is exactly 0 in float32: r = 1
             z = tx["logits"][:, :-1].to(dtype).float() / p.temperature
             lp = torch.log_softmax(z, -1).gather(-1, tx["completion_ids"].unsqueeze(-1)).squeeze(-1)
-            assert torch.equal(lp, torch.zeros_like(lp))
+            assert torch.equal(lp[keep], tx["old_logprobs"][keep])
+        r = torch.exp(reference_logprobs(tx, p) - tx["old_logprobs"].double())[keep]
+        if member != "sequence-offpolicy-mask":
+            assert (r == 1 + p.epsilon_high).all()  # on the upper bound exactly, as the reference sees it
     loss, grad = autograd_loss(tx, p)
     ref = reference_gradient_dense(tx, p)
     _assert_close(grad, ref)
     # the full gradient: the same as a wide clip (no tie at all) would give
     wide = GrpoParameters.from_spec(spec, {**tvalues, "epsilon_low": 0.5, "epsilon_high": 0.5})
     assert torch.allclose(ref, reference_gradient_dense(tx, wide), rtol=1e-14, atol=0)
-    assert float(ref.abs().max()) > 0
+    # and far from zero where a token has weight: the clipped branch (zero) is far outside any tolerance
+    scales = row_scales(tx, p).view(ref.shape[0], ref.shape[1])
+    rows = ref.abs().amax(-1)
+    live = scales > 0
+    if "old_logprobs" in tx:  # tie rows: p = 1/2 at the target, so every live row holds half its scale
+        assert live.any() and (rows[live] >= 0.2 * scales[live]).all()
+    else:  # on-policy: the workload's own logits (some rows near one-hot)
+        assert float(rows.max()) >= 0.2 * float(scales.max()) > 0
 
 
 @pytest.mark.parametrize("side", ["high", "low"])

@@ -122,6 +122,10 @@ class WorkloadConformance:
                     self.book.skip(check, f"not exercised by this workload's '{self.profile}' probe profile")
         except WorkerGone as gone:
             self.book.skip_rest(f"not run: the worker was lost ({gone.failure.kind}) before this check")
+        except torch.OutOfMemoryError as exc:  # the validator's own buffers: never the implementation's fault
+            self.state.clear()
+            first = str(exc).splitlines()[0] if str(exc) else "CUDA out of memory"
+            self.book.skip_rest(f"not judged: the validator ran out of GPU memory on this workload ({first[:160]})")
         finally:
             self.state.clear()
             if self.device.type == "cuda":

@@ -10,7 +10,7 @@ import torch
 
 from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance, WorkerGone
-from grpo_conform.compare import bitwise_equal, first_difference, json_float, max_abs_diff
+from grpo_conform.compare import bitwise_equal, count_where, first_difference, json_float, max_abs_diff
 from grpo_conform.isolation.session import WorkerFailure
 from grpo_conform.isolation.worker import POISON_BYTES
 from grpo_conform.reference import rows_per_chunk
@@ -97,8 +97,8 @@ def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str)
 
 
 def finite(run: WorkloadConformance, call: Call) -> None:
-    nan = int(torch.isnan(call.grad).sum()) if call.grad_desc is not None else 0
-    inf = int(torch.isinf(call.grad).sum()) if call.grad_desc is not None else 0
+    nan = count_where(call.grad, torch.isnan) if call.grad_desc is not None else 0
+    inf = count_where(call.grad, torch.isinf) if call.grad_desc is not None else 0
     loss_ok = math.isfinite(call.loss) or call.loss_desc is None
     ok = nan == 0 and inf == 0 and loss_ok
     run.book.record("finite", call.label, ok, f"call {call.label}: " + (
@@ -107,7 +107,7 @@ def finite(run: WorkloadConformance, call: Call) -> None:
 
 
 def finite_under_poison(run: WorkloadConformance, call: Call) -> None:
-    nan = int(torch.isnan(call.grad).sum())  # the 0xFF poison reads as NaN in every float dtype
+    nan = count_where(call.grad, torch.isnan)  # the 0xFF poison reads as NaN in every float dtype
     ok = nan == 0 and math.isfinite(call.loss)
     run.book.record("stale-output", call.label, ok,
                     "no NaN after the allocator was poisoned with NaN" if ok else
