@@ -299,3 +299,31 @@ def test_rows_split_into_chunks_without_waiting(results):
         assert abs(r["loss"] - r["ref_loss"]) <= 2e-5 * max(1.0, abs(r["ref_loss"])), (k, r)
         assert abs(r["forward"] - r["ref_loss"]) <= 2e-5 * max(1.0, abs(r["ref_loss"])), (k, r)
         assert r["frob"] < 1e-2 and r["counters_zero"], (k, r)
+
+
+def test_fast_launch_reads_an_empty_hook_chain_as_no_hook():
+    """Triton >= 3.5 keeps a HookChain in knobs.runtime even when nothing is registered; only a chain
+    with a hook in it (a profiler) must keep the direct launcher off."""
+    import importlib
+    import types
+
+    from triton import knobs
+
+    pkg = types.ModuleType("grpo_impl_triton_hooks")
+    pkg.__path__ = [str(ROOT / "implementations" / "triton")]
+    sys.modules[pkg.__name__] = pkg
+    fastlaunch = importlib.import_module(pkg.__name__ + ".fastlaunch")
+    chain = knobs.runtime.launch_enter_hook
+    if not hasattr(chain, "add"):
+        pytest.skip("this triton has no hook chains")
+    assert fastlaunch._hooks_off()
+
+    def hook(*_):
+        pass
+
+    chain.add(hook)
+    try:
+        assert not fastlaunch._hooks_off()
+    finally:
+        chain.remove(hook)
+    assert fastlaunch._hooks_off()

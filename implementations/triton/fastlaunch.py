@@ -33,9 +33,15 @@ def _hooks_off() -> bool:
     try:
         from triton import knobs
 
-        return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+        return all(_empty(h) for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
     except Exception:
         return False
+
+
+def _empty(hook) -> bool:
+    # Triton >= 3.5 keeps a HookChain there even when nothing is registered: an empty chain is "no hook"
+    # (with `is None` alone the direct launcher was never on: H200 2026-12-01, "launch hooks set").
+    return hook is None or (isinstance(getattr(hook, "calls", None), list) and not hook.calls)
 
 
 def _direct(compiled, grid, stream, args):
