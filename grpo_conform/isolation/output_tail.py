@@ -9,7 +9,9 @@ the session.
 from __future__ import annotations
 
 import os
+import select
 import threading
+import time
 
 KEEP = 64 << 10  # bytes of output kept; the failure evidence shows the last STDERR_TAIL of them
 
@@ -46,7 +48,22 @@ class OutputTail:
             os.close(self.write_fd)
             self.write_fd = -1
 
+    def _settle(self, limit_s: float = 0.5) -> None:
+        """Let the drain thread catch up with what is already in the pipe: the tail taken right after a
+        worker's error reply otherwise missed its last lines under load (the line printed just before
+        the exception, the usual clue)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and self._thread.is_alive():
+            try:
+                pending, _, _ = select.select([self._r], [], [], 0)
+            except (OSError, ValueError):
+                return
+            if not pending:
+                return
+            time.sleep(0.002)
+
     def tail(self, n: int) -> str:
+        self._settle()
         with self._lock:
             data, total = bytes(self._buf[-n:]), self.total
         text = data.decode("utf-8", errors="replace")
