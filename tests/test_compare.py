@@ -375,3 +375,49 @@ def test_row_sums_allow_one_fp32_floor_where_the_row_cannot_be_resolved(problem,
 
     assert run(floor_huge).row_sum_failures == 0
     assert run(floor_plain).row_sum_failures > 0
+
+
+def test_target_floor_covers_fp32_summation_of_a_dominated_row_only_at_the_target(tol):
+    """torch's CPU fp32 log_softmax drops the tail mass one vector lane adds to the max term: on a
+    Llama-vocabulary row where one logit dominates, 1 - p_t comes out 1/8 low. Only the target element
+    gets the extra allowance, and never more than 1 - p_t of the row scale."""
+    from grpo_conform.compare import fp32_floor, fp32_target_floor
+
+    vocab, T = 128256, 2.03
+    g = torch.Generator().manual_seed(3)
+    z = (torch.randn(2, vocab, generator=g) * 1.5).to(torch.bfloat16)
+    z[0, 1] = 40.25  # the dominating target of a peaked row (the H200/CPU finding)
+    targets = torch.tensor([1, 7])
+    params = GrpoParameters(0.2, 0.2, T)
+    (chunk,) = reference_gradient(z[None], targets[None, :1], torch.tensor([0.25]), params)
+    expected = chunk.values[0]
+    scale = chunk.scale[:1]
+    honest = expected[None].clone()
+    honest[0, 1] *= 7 / 8  # 1 - p_t an eighth low at the target, as torch's 8-lane fp32 sum gives
+    floor = fp32_floor(z[:1], T, scale)
+    extra = fp32_target_floor(z[:1], targets[:1], T, scale)
+    rest = float(1 - torch.softmax(z[0].double() / T, 0)[1])
+    assert 0 < float(extra) <= rest * float(scale) * (1 + 1e-9)
+
+    def run(target):
+        cmp = GradientComparator(tol, 2, vocab)
+        cmp.update(0, honest, expected[None], scale, floor, target)
+        return cmp
+
+    assert run(None).mismatches == 1  # the plain floor does not cover it
+    assert run((targets[:1], extra)).mismatches == 0
+    wrong = honest.clone()
+    wrong[0, 5] += 1e-3 * float(scale)  # a non-target element off by far more than its floor
+    cmp = GradientComparator(tol, 2, vocab)
+    cmp.update(0, wrong, expected[None], scale, floor, (targets[:1], extra))
+    assert cmp.mismatches == 1
+
+
+def test_loss_floor_widens_a_small_loss_allowance_only_up_to_the_floor():
+    from grpo_conform.compare import compare_loss
+    from grpo_conform.spec import find_spec
+
+    tol = find_spec("grpo/token-is").tolerance("bfloat16").loss
+    assert not compare_loss(1e-4, 0.0, tol).passed or tol.allowed(0.0) >= 1e-4
+    assert compare_loss(tol.allowed(0.0) + 1e-6, 0.0, tol, floor=tol.allowed(0.0) + 2e-6).passed
+    assert not compare_loss(3e-6 + tol.allowed(0.0), 0.0, tol, floor=tol.allowed(0.0) + 2e-6).passed

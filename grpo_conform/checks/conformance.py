@@ -29,7 +29,7 @@ from grpo_conform import inputs as gen
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
-from grpo_conform.compare import GradientComparator, compare_loss, fp32_floor
+from grpo_conform.compare import GradientComparator, compare_loss, fp32_floor, fp32_target_floor
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.reference import rows_per_chunk
 from grpo_conform.checks.model import ReferenceModel
@@ -265,11 +265,22 @@ class WorkloadConformance:
         cmp = GradientComparator(self.tol.gradient, self.seq_next, self.vocab)
         flat = call.grad.view(-1, self.vocab)
         z = x["logits"].reshape(-1, self.vocab)
+        targets = self._targets(x["completion_ids"])
+        loss_floor = 0.0  # d loss / d logp times each row's fp32 log-prob resolution (chunk.scale is / T)
         for chunk in self.model.gradient(x):
             scale = chunk.scale * abs(c)
-            floor = fp32_floor(z[chunk.start : chunk.stop], self.model.temperature, scale).clamp_min(self.subnormal)
-            cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor)
-        return compare_loss(call.loss, ref_loss, self.tol.loss), cmp
+            zc, tc = z[chunk.start : chunk.stop], targets[chunk.start : chunk.stop]
+            loss_floor += self.model.temperature * float(fp32_floor(zc, self.model.temperature, chunk.scale).sum())
+            floor = fp32_floor(zc, self.model.temperature, scale).clamp_min(self.subnormal)
+            target = (tc, fp32_target_floor(zc, tc, self.model.temperature, scale))
+            cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor, target)
+        return compare_loss(call.loss, ref_loss, self.tol.loss, loss_floor), cmp
+
+    def _targets(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target column of every flattened logits row, -1 at the last position of a sequence."""
+        out = torch.full((ids.shape[0], self.seq_next), -1, dtype=torch.long, device=ids.device)
+        out[:, : ids.shape[1]] = ids.long()
+        return out.view(-1)
 
     def relation(self, actual: torch.Tensor, expected: torch.Tensor, x: dict[str, torch.Tensor],
                  upstream: float = 1.0, scales: torch.Tensor | None = None) -> GradientComparator:
