@@ -59,7 +59,7 @@ def load(folder: str):
 def compile_(case, fn, constexprs, num_warps, logits_sig, mask_sig):
     names = fn.arg_names
     ptrs = {"logits_ptr": logits_sig, "grad_ptr": logits_sig, "ids_ptr": "*i64", "count_ptr": "*i32",
-            "mask_ptr": mask_sig, "flag_ptr": "*i32"}
+            "mask_ptr": mask_sig, "flag_ptr": "*fp32"}
     sig = {n: "constexpr" if n in constexprs else ptrs.get(n, "*fp32" if n.endswith("_ptr") else
                                                           "fp32" if n in FLOATS else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)

@@ -7,6 +7,11 @@
 #   bash benchmarks/h200_evidence.sh kernel     # CUDA tests, triton on every member (+ long completion), kernel_v3
 #   bash benchmarks/h200_evidence.sh peers2     # peers on the seed member (+ long completion), slots compared
 #   bash benchmarks/h200_evidence.sh final      # triton seed member (+ long), peers' long completion, peers, slots
+#   bash benchmarks/h200_evidence.sh ours       # round 9: CUDA tests, triton on every member (seed, long, mask-b8)
+#   bash benchmarks/h200_evidence.sh peers      # round 9: every peer on every member it declares (small, untimed,
+#                                               # in parallel), then the timed seed and mask-b8 runs serially
+#   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
+#                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
 # afterwards, off this machine, with `grpo-conform sign`); reports and logs under $OUT/reports.
 # GRPO_CONFORM_GIT_COMMIT names the commit the tree travelled from (the tree has no .git there).
@@ -125,6 +130,49 @@ case "${1:-probe}" in
       status "slots $how: exit $?"
     done
     python3 benchmarks/compare_verdicts.py "$R"/slots-serial.json "$R"/slots-gpus.json "$R"/slots-jobs.json | tee "$R/slots.txt"
+    ;;
+  ours)  # one call (~8 min): our kernel on every member it declares
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_cuda.py > "$R/cuda-tests.txt" 2>&1
+    status "cuda tests: exit $?"; tail -2 "$R/cuda-tests.txt"
+    check_one triton 200 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16 \
+      --workload seed-b17-big --workload small-bf16 --workload odd-vocab --workload batch1-seq1 --workload fp32-small \
+      --workload fp16-small --workload drawn-bf16 --extended --workload long-completion
+    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
+    check_one triton 240 --member token-offpolicy-mask --member token-offpolicy-mask-kl --member bnpo-mask \
+      --member dr-grpo-mask --member dapo-mask --member sequence-offpolicy-mask --member token-offpolicy-mask-delta \
+      --member cispo-mask --member dapo-global-mask --member vllm-is-mask --workload mask-small-bf16 --workload mask-b8
+    mv "$R/triton.json" "$R/triton-members.json"; mv "$R/triton.log" "$R/triton-members.log"
+    ;;
+  peers)  # one call (~9 min): the peers; untimed small workloads of every member in parallel (no timed run
+          # shares the GPU with them: they end before the timed runs start), then timed runs one at a time
+    timeout -s KILL 200 python3 -m grpo_conform check implementations/liger implementations/pytorch \
+      implementations/torch-compile --workload small-bf16 --workload mask-small-bf16 --no-timing --jobs 3 \
+      --evidence-dir "$OUT/h200" --format json > "$R/peers-small.json" 2> "$R/peers-small.log"
+    status "peers, every member, small workloads: exit $?"
+    check_one liger 110 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
+    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
+    check_one liger 190 --member token-offpolicy-mask --member token-offpolicy-mask-kl --member bnpo-mask \
+      --member dr-grpo-mask --member dapo-mask --member sequence-offpolicy-mask --workload mask-b8
+    mv "$R/liger.json" "$R/liger-members.json"; mv "$R/liger.log" "$R/liger-members.log"
+    check_one pytorch 60 --member token-is --workload seed-b2
+    mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
+    check_one torch-compile 60 --member token-is --workload seed-b2
+    mv "$R/torch-compile.json" "$R/torch-compile-seed.json"; mv "$R/torch-compile.log" "$R/torch-compile-seed.log"
+    ;;
+  sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
+    rm -rf /tmp/bw && mkdir -p /tmp/bw
+    for deb in .debs/bubblewrap_*.deb; do dpkg -x "$deb" /tmp/bw; done
+    export GRPO_CONFORM_BWRAP=/tmp/bw/usr/bin/bwrap
+    { "$GRPO_CONFORM_BWRAP" --version; ls -ld /dev/nvidia* /dev/shm; } > "$R/sandbox-bwrap.txt" 2>&1
+    status "bwrap: $(head -1 "$R/sandbox-bwrap.txt")"
+    timeout -s KILL 55 python3 -m grpo_conform check implementations/triton --member token-is --workload small-bf16 \
+      --device cuda --no-timing --no-evidence --sandbox bwrap > "$R/sandbox-triton.txt" 2>&1
+    status "sandbox bwrap, triton token-is small-bf16: exit $? (0: conformant under the sandbox)"
+    timeout -s KILL 25 python3 -m grpo_conform check tests/gallery/escapes-sandbox --workload small-bf16 \
+      --device cuda --no-timing --no-evidence --sandbox bwrap > "$R/sandbox-escapes.txt" 2>&1
+    status "sandbox bwrap, escapes-sandbox small-bf16: exit $? (1: runs fails, both escapes refused)"
+    grep -h "sandbox: \|escape refused\|^error: \|exit code" "$R"/sandbox-triton.txt "$R"/sandbox-escapes.txt | cut -c1-400
     ;;
 esac
 ls /dev/shm > "$R/dev-shm-after.txt" 2>&1

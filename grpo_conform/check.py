@@ -26,6 +26,7 @@ from grpo_conform.gate.plan import ImplPlan, MemberPlan, Stop, build_plan
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.inputs import fresh_seed
+from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.provenance import device_info, software, utc_now
 from grpo_conform.results import (STRICT_KINDS, CheckOutcome, Coverage, ImplementationResult, MemberResult, NotRun,
@@ -53,6 +54,7 @@ class CheckRequest:
     gpus: str | tuple[int, ...] | None = None  # "all" or GPU indices: one slot (or `jobs`) per GPU
     units: tuple[tuple[str, str, str], ...] = ()  # internal (slots): only these (path, member, workload)
     extended: bool = False  # --extended: also the spec's extended-tier workloads
+    sandbox: str = "none"  # --sandbox: "bwrap" runs every worker inside bubblewrap (isolation/sandbox.py)
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ def default_timeout(spec: Spec, workloads, device: torch.device) -> float:
 def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckReport:
     device = resolve_device(request.device)
     plan = build_plan(request, device)  # every manifest and spec checked before anything runs
+    # --sandbox bwrap: bwrap present and able to start here, or nothing runs (never unsandboxed)
+    sandbox_preflight(request.sandbox, device.type)
     say = Reporter(progress)
     if request.gpus is not None or request.jobs > 1:
         from grpo_conform.gate.parallel import run_slots
@@ -247,7 +251,7 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                         session.close()
                     say(name, mp.label, w.name, "starting worker")
                     session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout,
-                                            ctx.device.type == "cpu")
+                                            ctx.device.type == "cpu", sandbox=request.sandbox)
                     try:
                         session.start()
                     except (ImplementationLoadError, WorkerFailure) as exc:

@@ -138,6 +138,9 @@ def spec_validate(files: tuple[str, ...]) -> None:
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="spec file (default: the manifest's spec id)")
 @click.option("--timeout", type=float, help="seconds one worker step may take (default: scaled by the workload)")
 @click.option("--no-timing", is_flag=True, help="skip the timed protocols on CUDA")
+@click.option("--sandbox", type=click.Choice(["none", "bwrap"]), default="none", show_default=True,
+              help="bwrap: run each worker inside bubblewrap (no network, read-only file system but its scratch "
+                   "directory); bwrap from $GRPO_CONFORM_BWRAP, /usr/bin/bwrap or PATH; exit 2 if it cannot start")
 @click.option("-x", "--fail-fast", is_flag=True, help="stop at the first failed workload (the rest: not run)")
 @click.option("--strict", is_flag=True, help="a skipped implementation or workload fails the run (exit 1)")
 @click.option("--changed-since", metavar="REF",
@@ -159,7 +162,8 @@ def spec_validate(files: tuple[str, ...]) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @_fail_cleanly
 def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], members: tuple[str, ...],
-          extended: bool, checks: tuple[str, ...], spec_path: str | None, timeout: float | None, no_timing: bool, fail_fast: bool,
+          extended: bool, checks: tuple[str, ...], spec_path: str | None, timeout: float | None, no_timing: bool,
+          sandbox: str, fail_fast: bool,
           strict: bool, changed_since: str | None, shard: str | None, jobs: int, gpus: str | None,
           junit_xml: str | None, summary_file: str | None, evidence_dir: str, no_evidence: bool,
           key_path: str | None, fmt: str) -> None:
@@ -176,7 +180,7 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
     request = CheckRequest(paths=paths, device=device, workloads=workloads, spec_path=spec_path, timeout=timeout,
                            timing=not no_timing, members=members, checks=checks, fail_fast=fail_fast, strict=strict,
                            changed_since=changed_since, shard=parse_shard(shard) if shard else None, jobs=jobs,
-                           gpus=parse_gpus(gpus) if gpus else None, extended=extended)
+                           gpus=parse_gpus(gpus) if gpus else None, extended=extended, sandbox=sandbox)
     report = _interruptible(lambda progress: run_check(request, progress=progress), "checking…")
     _finish(report, fmt, junit_xml, summary_file, evidence=None if no_evidence else (evidence_dir, key))
 

@@ -35,6 +35,11 @@ def render_check(report: CheckReport, console: Console) -> None:
         console.print()
         console.print(Text.assemble((f"{impl.name}", "bold"), f"  {impl.path}  sha256 {impl.identity[:16]}…  ",
                                     (impl.status.upper(), IMPL_STYLE[impl.status])))
+        box = (impl.worker or {}).get("sandbox") or {}
+        if box.get("kind") == "bwrap":  # --sandbox bwrap: say so where the verdict is read
+            user = ((impl.worker or {}).get("user") or {}).get("user", "?")
+            console.print(Text(f"  sandbox: bwrap ({box.get('version', '?')}): no network, read-only file system but "
+                               f"its scratch directory; worker user {user}"), soft_wrap=True)
         if impl.status in ("skipped", "load-error") or not impl.workloads:
             console.print(Text(f"  {impl.message}"), soft_wrap=True)  # one line, whatever its length
             continue

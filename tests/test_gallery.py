@@ -40,10 +40,19 @@ def test_gallery(folder):
     if expect.get("cuda_only") and not torch.cuda.is_available():
         pytest.skip("exercised on a GPU (timing checks need CUDA): see tests/gallery/README.md (cuda_only); "
                     "the last GPU run: benchmarks/results/h200-2026-11-30/gallery-cuda.txt")
+    sandbox = expect.get("sandbox", "none")  # escapes-sandbox: what `check --sandbox bwrap` must stop
+    if sandbox != "none":
+        from grpo_conform.isolation.sandbox import SandboxUnavailable, preflight
+
+        try:
+            preflight(sandbox, "cuda" if torch.cuda.is_available() else "cpu")
+        except SandboxUnavailable as exc:
+            pytest.skip(f"needs --sandbox {sandbox}: {exc}")
     timeout = expect.get("timeout")
     started = time.monotonic()
     workloads = tuple(expect.get("workloads", WORKLOADS))  # a class that only other shapes expose
-    report = run_check(CheckRequest((str(folder),), device="auto", workloads=workloads, timeout=timeout))
+    report = run_check(CheckRequest((str(folder),), device="auto", workloads=workloads, timeout=timeout,
+                                    sandbox=sandbox))
     elapsed = time.monotonic() - started
     assert report.exit_code == expect["exit_code"], report.implementations[0].message
     (impl,) = report.implementations

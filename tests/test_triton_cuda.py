@@ -131,7 +131,9 @@ def test_member_matches_the_reference_for_every_upstream_scalar(member, vocab, d
     seq = x["completion_ids"].shape[1]
     with torch.no_grad():
         assert float(impl.grpo_loss(**x, **params)) == pytest.approx(ref_loss, rel=2e-5, abs=2e-6)
-    for c in (1.0, 0.25, 0.25, 1.0, 1.0):  # the forward's guess: right, wrong, right, wrong, right
+    # The forward's prediction of d loss (plan.py): right (1), wrong, statistics, right (0.25), wrong, statistics,
+    # right (1); a negative scalar last (wrong again).
+    for c in (1.0, 0.25, 0.25, 0.25, 1.0, 1.0, 1.0, -3.0):
         leaf = x["logits"].clone().requires_grad_(True)
         loss = impl.grpo_loss(**{**x, "logits": leaf}, **params)
         (loss * c).backward()
@@ -166,7 +168,7 @@ def test_staged_member_kernels_compiled(member):
     names |= {"sampling_ratio"} if use_rho else set()
     x = {k: v for k, v in x.items() if k in names}
     before = set(impl._PLANS)
-    for c in (1.0, 0.25):  # gradient in the forward's pass, then scaled in backward
+    for c in (1.0, 0.25):  # gradient in the forward's pass, then (mispredicted) recomputed in backward
         leaf = x["logits"].clone().requires_grad_(True)
         (impl.grpo_loss(**{**x, "logits": leaf}, **params) * c).backward()
     with torch.no_grad():
@@ -175,10 +177,36 @@ def test_staged_member_kernels_compiled(member):
     plans = [impl._PLANS[k] for k in set(impl._PLANS) - before]
     assert plans and all(p.staged is not None for p in plans)
     launched = set().union(*(p.l_staged for p in plans))
-    assert launched >= ({"stats"} if params.get("importance_sampling_level") == "sequence" else {"main"}), launched
+    want = {"stats"} if params.get("importance_sampling_level") == "sequence" else \
+        {"main-backward"} if member == "token-is" else {"main"}  # token-is: the loss reads no logits (deferred)
+    assert launched >= want, launched
     cpu = {k: v.cpu() for k, v in x.items()}
     ref_grad = reference_gradient_dense(cpu, P.from_mapping({"importance_sampling_level": "token", **params}))
     grad = leaf.grad.double().cpu()
     seq = x["completion_ids"].shape[1]
     err = float((grad[:, :seq] - 0.25 * ref_grad[:, :seq]).norm() / (0.25 * ref_grad[:, :seq]).norm())
     assert err < TOLERANCE[torch.bfloat16], f"relative Frobenius error {err:.2e}"
+
+
+@pytest.mark.parametrize("vocab", [128256, 40001], ids=str)  # staged (13 chunks) and plain (3 chunks, waiting)
+def test_token_is_backward_reads_d_loss(vocab):
+    """token-is is deferred (plan.Plan.deferred): the forward reads no logits, and backward's one kernel
+    computes the statistics and writes d loss * gradient; any d loss, twice through a retained graph."""
+    logits, ids, adv = _inputs(torch.bfloat16, 3, 6, vocab, seed=5)
+    params = GrpoParameters(0.2, 0.28, 0.7)
+    ref_grad = reference_gradient_dense(logits.cpu(), ids.cpu(), adv.cpu(), params)[:, :6]
+    for c in (1.0, 0.25, -3.0, 1e-6):
+        leaf = logits.clone().requires_grad_(True)
+        loss = impl.grpo_loss(leaf, ids, adv, 0.2, 0.28, 0.7)
+        assert loss.grad_fn.grad is None  # nothing written in forward
+        (loss * c).backward()
+        grad = leaf.grad.double().cpu()
+        assert (grad[:, 6] == 0).all()
+        err = float((grad[:, :6] - c * ref_grad).norm() / (abs(c) * ref_grad.norm()))
+        assert err < TOLERANCE[torch.bfloat16], f"c={c}: relative Frobenius error {err:.2e}"
+    leaf = logits.clone().requires_grad_(True)
+    loss = impl.grpo_loss(leaf, ids, adv, 0.2, 0.28, 0.7)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    err = float((leaf.grad.double().cpu()[:, :6] - 2 * ref_grad).norm() / (2 * ref_grad.norm()))
+    assert err < TOLERANCE[torch.bfloat16], f"second backward: relative Frobenius error {err:.2e}"

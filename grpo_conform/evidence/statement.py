@@ -270,6 +270,11 @@ def build_statement(report: Any, impl: Any, member: Any = None) -> dict[str, Any
         "run": {"started": report.started, "finished": report.finished, "triton_interpreter": report.interpreter,
                 "builder": builder_identity()},
     }
+    # How the worker was isolated (--sandbox), beside the worker's user and privileges in the report;
+    # absent when no worker ran (a skipped implementation).
+    sandbox = (getattr(impl, "worker", None) or {}).get("sandbox")
+    if isinstance(sandbox, dict) and sandbox.get("kind") in ("none", "bwrap"):
+        predicate["run"]["sandbox"] = sandbox["kind"]
     statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": impl_path, "digest": {"dirHash": impl.identity}}],

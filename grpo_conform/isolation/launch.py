@@ -9,7 +9,9 @@ privileges; no implementation code has run yet. It
    namespace, so it cannot leave files behind (see privilege.mount_plan);
 2. when the plan changes the user: empties the capability bounding set, clears supplementary
    groups, sets gid then uid (all of real, effective, saved: the kernel then clears the
-   permitted, effective and ambient capabilities);
+   permitted, effective and ambient capabilities); when it keeps the user but asks for
+   `no_capabilities` (under `--sandbox bwrap`, see sandbox.py): empties the bounding set only, so
+   that the executed interpreter starts with no capability even as root;
 3. sets no_new_privs (no setuid binary or file capability can give anything back), changes to
    the worker's directory and executes the worker's interpreter with its neutral argv and
    environment. The process keeps its pid, so the session's handle stays the worker's.
@@ -65,13 +67,19 @@ def apply_mounts(mounts: list[dict], stage_root: str) -> None:
         _mount(stage, m["cover"], None, MS_MOVE)
 
 
-def drop_privileges(uid: int, gid: int) -> None:
+def empty_bounding_set() -> None:
+    """After this, execve gives no capability, also to uid 0 (its file capabilities are masked by
+    the bounding set; the inheritable and ambient sets are empty)."""
     try:
         last = int(open("/proc/sys/kernel/cap_last_cap").read())
     except OSError:
         last = 63
     for cap in range(last + 1):
         _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps this kernel lacks: ignored
+
+
+def drop_privileges(uid: int, gid: int) -> None:
+    empty_bounding_set()
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
@@ -86,6 +94,8 @@ def main() -> None:
             apply_mounts(plan["mounts"], plan["stage"])
         if plan["uid"] != os.getuid() or plan["gid"] != os.getgid():
             drop_privileges(plan["uid"], plan["gid"])
+        elif plan.get("no_capabilities"):
+            empty_bounding_set()
         _call("prctl(PR_SET_NO_NEW_PRIVS)", _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
         os.chdir(plan["cwd"])
         os.execve(plan["argv"][0], plan["argv"], plan["env"])

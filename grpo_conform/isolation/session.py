@@ -13,6 +13,11 @@ parent's, whose tail is the evidence of a crash.
 Ending (reaper.py): every process the worker started is ended with it, setsid and double forks
 included. `end_all` (for signal handlers) does that for every live session and removes their
 scratch trees.
+
+`sandbox="bwrap"` (sandbox.py): the launcher, and so the worker, start inside bubblewrap (no
+network, a read-only file system but the scratch tree). The session's process is then bwrap's,
+not the worker's: `worker_pid` is the worker as seen from here (for the privileges the parent
+reads itself), and ending bwrap's tree ends the worker with it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import torch
 import grpo_conform
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.implementations import Implementation, ManifestError
-from grpo_conform.isolation import messages, privilege
+from grpo_conform.isolation import messages, privilege, sandbox as sandboxes
 from grpo_conform.isolation.reaper import LIVE, LOCK, end_tree, register_helper, unregister_helper  # noqa: F401
 from grpo_conform.isolation.loading import Start as _Start
 from grpo_conform.isolation.output_tail import OutputTail
@@ -142,16 +147,23 @@ class WorkerSession:
     timeout: float
     interpret: bool = False
     user: str | None = None  # None: privilege.ENV_USER, default nobody (root only)
+    sandbox: str = "none"  # "bwrap": the worker runs inside bubblewrap (sandbox.py)
     proc: subprocess.Popen | None = None
     conn: Connection | None = None
     info: dict[str, Any] = field(default_factory=dict)
     _log: Any = None
     _sock: socket.socket | None = None
     directory: Path | None = None
+    worker_pid: int | None = None  # the worker's pid here (proc.pid without a sandbox)
 
     def __post_init__(self) -> None:
         self.allocator = SharedAllocator(None, self.device)
         self.identity = privilege.worker_identity(self.user, self.device.type)
+        sandboxes.validate(self.sandbox)
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.sandbox != "none"
 
     # -- lifetime ---------------------------------------------------------------------------
     def __enter__(self) -> "WorkerSession":
@@ -181,12 +193,17 @@ class WorkerSession:
         return self.directory, src, home
 
     def start(self) -> None:
+        # Before anything is created: a sandbox that cannot start raises SandboxUnavailable (never
+        # a worker run without the sandbox that was asked for).
+        sandbox_info = sandboxes.preflight(self.sandbox, self.device.type)
         privilege.harden_parent()
         with LOCK:
             LIVE[id(self)] = self
         root, src, home = self._prepare_tree()
         drops = self.identity.drops
-        env = worker_environment(self.device.type, self.interpret, home if drops else None,
+        # Under the sandbox the file system is read-only but for the scratch tree, so the worker's
+        # HOME and caches are its private ones also when it keeps the validator's user (CUDA).
+        env = worker_environment(self.device.type, self.interpret, home if drops or self.sandboxed else None,
                                  self.identity.name if drops else None)
         parent_sock, child_sock = socket.socketpair()
         boot_r, boot_w = os.pipe()
@@ -197,13 +214,19 @@ class WorkerSession:
             pickle.dump(_Start(child_sock.fileno(), self.device.type == "cpu"), w)
         argv = [sys.executable, "-c", SPAWN_ARGV.format(tracker=tracker, pipe=boot_r), "--multiprocessing-fork"]
         plan = {"uid": self.identity.uid, "gid": self.identity.gid, "cwd": str(home), "argv": argv, "env": env,
-                "mounts": self._mounts(root), "stage": str(root / ".stage")}
+                "mounts": self._mounts(root), "stage": str(root / ".stage"), "no_capabilities": self.sandboxed}
+        command = [sys.executable, "-m", "grpo_conform.isolation.launch", json.dumps(plan)]
+        if self.sandboxed:
+            # The privilege drop happens inside bwrap, in the launcher (see sandbox.py for why): bwrap
+            # starts with the validator's privileges, needs no user namespace when that is root, and
+            # the worker keeps a real unprivileged uid. The file descriptors in pass_fds (socket,
+            # boot pipe, tracker) are inherited through bwrap into the launcher and the worker.
+            command = sandboxes.bwrap_arguments(sandbox_info["binary"], root, src, self.device.type) + command
         try:
             with LOCK:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "grpo_conform.isolation.launch", json.dumps(plan)],
-                    env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=self._log.write_fd, stderr=subprocess.STDOUT,
-                    pass_fds=(child_sock.fileno(), boot_r, tracker), start_new_session=True)
+                    command, env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=self._log.write_fd,
+                    stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(), boot_r, tracker), start_new_session=True)
         finally:
             child_sock.close()
             os.close(boot_r)
@@ -211,11 +234,17 @@ class WorkerSession:
             self._log.started()
         self._sock = parent_sock
         self.conn = Connection(os.dup(parent_sock.fileno()))
+        self.worker_pid = self.proc.pid
+        if self.sandboxed:  # found before `load`: no implementation code has run, nothing else is there yet
+            self.worker_pid = sandboxes.find_worker(self.proc.pid, self.device.type,
+                                                    lambda: self.proc is not None and self.proc.poll() is None)
         self.info = self.request(timeout=max(self.timeout, LOAD_TIMEOUT_MIN), op="load", folder=str(src),
                                  name=self.impl.name, entry=self.impl.manifest.entry, parameters=self.parameters,
                                  device=self.device.type).get("info", {})
         self.info["user"] = self.identity.to_json()
-        self.info["privileges"] = privilege.observed_privileges(self.proc.pid)
+        self.info["sandbox"] = sandbox_info
+        self.info["privileges"] = (privilege.observed_privileges(self.worker_pid) if self.worker_pid is not None
+                                   else {"error": "the sandboxed worker process was not found"})
 
     def _mounts(self, root: Path) -> list[dict[str, Any]]:
         if not self.identity.drops:
@@ -301,6 +330,8 @@ class WorkerSession:
         end_tree(self.proc.pid if self.proc is not None else None)
         if code is not None and code < 0:
             how = f"killed by signal {signal.Signals(-code).name}"
+        elif code is not None and self.sandboxed and sandboxes.exit_reason(code):
+            how = sandboxes.exit_reason(code)
         else:
             how = f"exited with status {code}"
         return WorkerFailure("crash", f"the implementation's process {how}", self.stderr_tail())

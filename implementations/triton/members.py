@@ -7,7 +7,18 @@ row = b * (S + 1) + t (every logits position), m = completion mask, w = the loss
 Per-call buffer `ws` (float32, 7 * tokens + 1): [0, T) row max, [T, 2T) ln S, [2T, 3T) logp,
 [3T, 4T) coef = -(dL/dlogp) / T (so dL/dz = coef * (p - onehot)), [4T, 5T) weighted token
 loss, [5T, 6T) logp - old, [6T, 7T) ref - logp, [7T] the gradient mode this call's forward used
-(0: written in forward, 1: left to backward).
+(0: written in forward, 1: left to backward), [7T + 1] the upstream scalar c_pred the forward's
+gradient was multiplied by in mode 0 (the plan's prediction of d loss).
+
+The plan's `flag` (float32 [2]): [0] the mode the next forward uses, [1] the d loss the last
+backward received. Backward sets mode 0 (predict that value again) when d loss equals the last
+one, else mode 1; so a training loop with a constant upstream scalar (1, 1/accumulation steps,
+a loss scale) gets the gradient in the forward's pass after two calls.
+
+Arrival counters are per plan and per kernel kind and never reset: every launch adds exactly
+NUM_CHUNKS to each live token's counter, so a program's own arrival `a` tells the launch's
+target, (a // NUM_CHUNKS + 1) * NUM_CHUNKS, and the last arriver is a % NUM_CHUNKS == NUM_CHUNKS
+- 1 (no second atomic, no reset store; the plan re-zeroes them long before int32 wraps).
 
 The two differences are formed in float64 (`_differences`): where |logp| ~ 5e5 (a row whose max
 is far above its target) one fp32 rounding of logp is 0.03, i.e. 3% of exp(logp - old); in float64
@@ -20,12 +31,13 @@ is far above its target) one fp32 rounding of logp is 0.03, i.e. 3% of exp(logp 
   _terms_kernel  one program: the loss (and for sequence-level ratios the per-token coef) from logp.
   _main_kernel   per (row, chunk), programs of a row wait for each other (one chunk per row under
                  the interpreter): stats, token loss and coef of token-level members, and, when the
-                 call's mode is 0, the gradient too (masked and last rows: zeros, logits unread).
+                 call's mode is 0, c_pred times the gradient too (masked and last rows: zeros,
+                 logits unread). IN_BACKWARD: the backward of a member whose loss does not read
+                 the logits (token-is): always the gradient, times d loss read from the device.
   _finalize_kernel  one program: loss = sum of the weighted token losses, fixed order.
-  _grad_kernel   backward, persistent: mode 1 (or forced): the gradient from the saved statistics
-                 times d loss in one read and one write; mode 0: the forward's gradient scaled in
-                 place when d loss != 1, nothing when it is 1. Program 0 records whether d loss
-                 was 1 (`flag`), which the next forward at the same plan reads to pick its mode.
+  _grad_kernel   backward: mode 1, forced, or d loss != c_pred: the gradient from the saved
+                 statistics times d loss in one read and one write; mode 0 with d loss == c_pred:
+                 nothing (the forward's gradient is already right). Program 0 updates `flag`.
 """
 
 import triton
@@ -137,12 +149,11 @@ def _stats_kernel(logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, part_ptr, cou
         if NUM_CHUNKS > 1:
             tl.store(part_ptr + token * NUM_CHUNKS + k, m)
             tl.store(part_ptr + (tokens + token) * NUM_CHUNKS + k, s)
-            last = tl.atomic_add(count_ptr + token, 1, sem="acq_rel") == NUM_CHUNKS - 1
+            last = tl.atomic_add(count_ptr + token, 1, sem="acq_rel") % NUM_CHUNKS == NUM_CHUNKS - 1
         if last:
             if NUM_CHUNKS > 1:
                 m, log_s = _combine(part_ptr + token * NUM_CHUNKS, part_ptr + (tokens + token) * NUM_CHUNKS,
                                     inv_temp, NUM_CHUNKS, CHUNKS_P2)
-                tl.store(count_ptr + token, 0)  # nobody else reads it in this launch: ready for the next
             else:
                 log_s = tl.log(s)
             x_c = tl.load(row_ptr + tl.load(ids_ptr + token)).to(tl.float32)
@@ -245,16 +256,25 @@ def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_p
                  w_const, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
                  HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RHO: tl.constexpr,
                  HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
-                 HINTS: tl.constexpr):
+                 HINTS: tl.constexpr, IN_BACKWARD: tl.constexpr):
+    """IN_BACKWARD: flag_ptr is d loss; the gradient is always written, ws is not touched."""
     pid = tl.program_id(0)
     row = pid // NUM_CHUNKS  # chunk index fastest: a row's programs are dispatched together
     k = pid % NUM_CHUNKS
     b = row // (seq + 1)
     t = row % (seq + 1)
-    mode = tl.load(flag_ptr)  # 0: the gradient now; 1: statistics only, the gradient in backward
-    if pid == 0:
-        tl.store(ws_ptr + 7 * tokens, mode.to(tl.float32))
-    write = mode == 0
+    if IN_BACKWARD:
+        # A constexpr, so the frontend drops the statistics-only branch below (triton 3.6 cannot
+        # lower a memory operation in a dead block of an `if` on a constant tensor: notes, round 8).
+        write: tl.constexpr = True
+        c_pred = tl.load(flag_ptr).to(tl.float32)
+    else:
+        mode = tl.load(flag_ptr)  # 0: the gradient now (times the predicted d loss); 1: statistics only
+        c_pred = tl.load(flag_ptr + 1)
+        if pid == 0:
+            tl.store(ws_ptr + 7 * tokens, mode)
+            tl.store(ws_ptr + 7 * tokens + 1, c_pred)
+        write = mode == 0.0
     start = k * CHUNK
     grad_row = grad_ptr + tl.cast(row, tl.int64) * vocab
     token = b * seq + t
@@ -270,22 +290,19 @@ def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_p
         if NUM_CHUNKS > 1:
             tl.store(part_ptr + token * NUM_CHUNKS + k, m)
             tl.store(part_ptr + (tokens + token) * NUM_CHUNKS + k, s)
-            if write:  # the gradient follows: wait for the row's other chunks
-                tl.atomic_add(count_ptr + token, 1, sem="release")
-                while tl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
+            if write:  # the gradient follows: wait for the row's other chunks (counters: module docstring)
+                arrived = tl.atomic_add(count_ptr + token, 1, sem="release")
+                target_n = (arrived // NUM_CHUNKS + 1) * NUM_CHUNKS
+                while tl.atomic_add(count_ptr + token, 0, sem="acquire") < target_n:
                     pass
                 m, log_s = _combine(part_ptr + token * NUM_CHUNKS, part_ptr + (tokens + token) * NUM_CHUNKS,
                                     inv_temp, NUM_CHUNKS, CHUNKS_P2)
-                # The last to leave resets both counters (everyone has passed the wait by then).
-                if tl.atomic_add(count_ptr + tokens + token, 1, sem="acq_rel") == NUM_CHUNKS - 1:
-                    tl.store(count_ptr + token, 0)
-                    tl.store(count_ptr + tokens + token, 0)
             else:  # statistics only: nobody waits, the last chunk to arrive combines
-                writer = tl.atomic_add(count_ptr + token, 1, sem="acq_rel") == NUM_CHUNKS - 1
+                arrived = tl.atomic_add(count_ptr + token, 1, sem="acq_rel")
+                writer = arrived % NUM_CHUNKS == NUM_CHUNKS - 1
                 if writer:
                     m, log_s = _combine(part_ptr + token * NUM_CHUNKS, part_ptr + (tokens + token) * NUM_CHUNKS,
                                         inv_temp, NUM_CHUNKS, CHUNKS_P2)
-                    tl.store(count_ptr + token, 0)
         target = tl.load(ids_ptr + token)
         x_c = tl.load(row_ptr + target).to(tl.float32)
         logp, lr, dref = _differences(x_c, m, log_s, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
@@ -296,13 +313,15 @@ def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_p
         loss, dlogp = _token_terms(logp, lr, dref, token, tl.load(adv_ptr + b).to(tl.float32), w, rho_ptr,
                                    eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA, HAS_CAP, CISPO)
         coef = -dlogp * inv_temp
-        if writer:
-            tl.store(ws_ptr + token, m)
-            tl.store(ws_ptr + tokens + token, log_s)
-            tl.store(ws_ptr + 2 * tokens + token, logp)
-            tl.store(ws_ptr + 3 * tokens + token, coef)
-            tl.store(ws_ptr + 4 * tokens + token, loss)
+        if not IN_BACKWARD:
+            if writer:
+                tl.store(ws_ptr + token, m)
+                tl.store(ws_ptr + tokens + token, log_s)
+                tl.store(ws_ptr + 2 * tokens + token, logp)
+                tl.store(ws_ptr + 3 * tokens + token, coef)
+                tl.store(ws_ptr + 4 * tokens + token, loss)
         if write:
+            coef_g = coef * c_pred
             for v0 in range(start, start + CHUNK, BLOCK):
                 offs = v0 + tl.arange(0, BLOCK)
                 inside = offs < vocab
@@ -311,12 +330,13 @@ def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_p
                 else:
                     x = tl.load(row_ptr + offs, mask=inside, other=0.0)
                 p = tl.exp((x.to(tl.float32) - m) * inv_temp - log_s)
-                g = coef * (p - tl.where(offs == target, 1.0, 0.0))
+                g = coef_g * (p - tl.where(offs == target, 1.0, 0.0))
                 tl.store(grad_row + offs, g.to(grad_ptr.dtype.element_ty), mask=inside)
     else:
-        if scored & (k == 0):  # a masked token: no loss, no gradient
-            tl.store(ws_ptr + 3 * tokens + token, 0.0)
-            tl.store(ws_ptr + 4 * tokens + token, 0.0)
+        if not IN_BACKWARD:
+            if scored & (k == 0):  # a masked token: no loss, no gradient
+                tl.store(ws_ptr + 3 * tokens + token, 0.0)
+                tl.store(ws_ptr + 4 * tokens + token, 0.0)
         if write:
             for v0 in range(start, start + CHUNK, BLOCK):
                 offs = v0 + tl.arange(0, BLOCK)
@@ -341,16 +361,17 @@ def _grad_kernel(logits_ptr, ids_ptr, grad_ptr, ws_ptr, flag_ptr, dloss_ptr, tok
     step = tl.num_programs(0)
     c = tl.load(dloss_ptr).to(tl.float32)
     if UPDATE_FLAG:
-        if pid == 0:  # what the next forward of this plan should expect
-            tl.store(flag_ptr, tl.where(c == 1.0, 0, 1).to(tl.int32))
+        if pid == 0:  # what the next forward of this plan should expect: mode 0 predicting c if c repeats
+            tl.store(flag_ptr, tl.where(c == tl.load(flag_ptr + 1), 0.0, 1.0))
+            tl.store(flag_ptr + 1, c)
     if FORCE_STATS:
         from_stats = True
     else:
-        # A forward that guessed d loss = 1 wrote a rounded gradient; scaling it would round twice
-        # (up to two steps of the logits dtype: the validator's upstream-gradient check saw 1.2%
-        # in bf16). When the guess was wrong, the gradient is recomputed from the statistics
-        # instead: one more pass on a mispredicted call, exact to one rounding on every call.
-        from_stats = (tl.load(ws_ptr + 7 * tokens) > 0.5) | (c != 1.0)
+        # A forward that predicted another d loss wrote a rounded gradient; rescaling it would round
+        # twice (up to two steps of the logits dtype: the validator's upstream-gradient check saw
+        # 1.2% in bf16). A mispredicted call recomputes from the statistics instead: one more pass
+        # on that call, exact to one rounding on every call.
+        from_stats = (tl.load(ws_ptr + 7 * tokens) > 0.5) | (c != tl.load(ws_ptr + 7 * tokens + 1))
     if from_stats:
         for item in range(pid, n_items, step):
             row = item // NUM_CHUNKS

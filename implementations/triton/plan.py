@@ -1,23 +1,27 @@
 """Per-shape plans: everything a call needs that does not change between calls, built once.
 
 A `Plan` is cached per (shapes, strides, dtypes, device, stream, member semantics, parameter
-values): it holds the grids, the constexpr settings, the scalar arguments, a one-int `flag` (what
-the last backward of this plan received: 0 = d loss was 1, 1 = it was not), and chooses the
-staged (Gluon) kernels where they can run. Per call only the per-call buffers are allocated
-(gradient, the 7 * tokens + 1 floats of `ws`, the loss) and the kernels launched: no host
-synchronisation, nothing proportional to the shape in Python.
+values): it holds the grids, the constexpr settings, the scalar arguments, the two-float `flag`
+(the mode the next forward uses and the d loss the last backward received), the arrival counters
+of its multi-chunk kernels, and chooses the staged (Gluon) kernels where they can run. Per call
+only the per-call buffers are allocated (gradient, the 7 * tokens + 2 floats of `ws`, the loss)
+and the kernels launched: no host synchronisation, nothing proportional to the shape in Python.
 
-Scratch shared by all plans of one (device, stream): the per-chunk partial statistics and the
-arrival counters of the multi-chunk kernels. Kernels of one stream run in order, and every kernel
-leaves the counters at zero for the next one (kernels reset what they used), so one zeroed
-allocation serves every call. Plans are keyed by stream for the same reason (the flag, too, is
-read and written in stream order).
+Scratch shared by all plans of one (device, stream): the per-chunk partial statistics (kernels of
+one stream run in order). Plans are keyed by stream for the same reason (the flag, too, is read
+and written in stream order). Counters belong to one plan and one kernel kind (`Counters`).
 
-Why the flag and where it is read: docs/triton-kernel-notes.md, round 8. In short: the forward's
-main kernel reads the flag on the device; 0 writes the gradient in the same pass as the loss (two
-DRAM passes in all when d loss = 1), 1 saves the statistics and leaves the gradient to backward,
-which writes d loss * gradient in one pass (three passes for any d loss). The mode a forward used
-is stored in its own `ws`, so a backward is correct whatever the flag said.
+Where the gradient is written (docs/triton-kernel-notes.md, rounds 8 and 9):
+- a member whose loss does not read the logits (token-is: the ratio is exactly 1) is `deferred`:
+  the forward computes the loss from the advantages alone, and backward runs the main kernel
+  once with d loss read on the device: logits read once, gradient written once, for any d loss;
+- other token-level members: the forward's main kernel reads the flag on the device; mode 0
+  writes c_pred * gradient in the loss's pass (c_pred: the d loss the last backward received, so
+  two DRAM passes whenever d loss repeats: 1, 1/accumulation steps, a loss scale); mode 1 saves
+  the statistics and backward writes d loss * gradient in one more pass (three passes for any
+  d loss). The mode and c_pred a forward used are stored in its own `ws`, so a backward is
+  correct whatever the flag said (a mispredicted call recomputes from the statistics);
+- sequence-level members: statistics in forward, gradient in backward, always.
 """
 
 from __future__ import annotations
@@ -120,9 +124,13 @@ class Tuning:
     stats_programs: int = 16384  # split rows into chunks until about this many programs
     stats_block: int = 2048
     stats_warps: int = 1
-    grad_chunk: int = 4096  # backward: elements per work item
+    # backward (_grad_kernel): elements per work item, warps, persistent programs per SM (0: one program
+    # per work item). Round 9 (H200, token-offpolicy-mask b8): one program per item costs 0.16 ms when the
+    # backward has nothing to do (d loss predicted: 262k programs that exit) and 1.28 ms with work;
+    # 2048 / 4 / 32 costs ~0 and 1.34 ms. The predicted path is the common one: persistent.
+    grad_chunk: int = 2048
     grad_warps: int = 4
-    grad_programs_per_sm: int = 8  # persistent grid; 0: one program per work item
+    grad_programs_per_sm: int = 32
     staged: bool = True  # use staged.py where it can run
 
 
@@ -139,17 +147,33 @@ def cpu_tuning(vocab: int) -> Tuning:
 _SCRATCH: dict = {}
 
 
-def scratch(device: torch.device, stream: int, counters: int, partials: int):
-    """(counters int32, partials float32) of at least these sizes, zeroed once, shared in stream order."""
+def scratch(device: torch.device, stream: int, partials: int) -> torch.Tensor:
+    """Per-chunk partial statistics (float32) of at least this size, shared in stream order."""
     key = (device, stream)
     have = _SCRATCH.get(key)
-    if have is None or have[0].numel() < counters or have[1].numel() < partials:
-        size_c = max(counters, have[0].numel() if have else 0, 1)
-        size_p = max(partials, have[1].numel() if have else 0, 1)
-        have = (torch.zeros(size_c, dtype=torch.int32, device=device),
-                torch.zeros(size_p, dtype=torch.float32, device=device))
-        _SCRATCH[key] = have
+    if have is None or have.numel() < partials:
+        have = _SCRATCH[key] = torch.empty(max(partials, have.numel() if have is not None else 0, 1),
+                                           dtype=torch.float32, device=device)
     return have
+
+
+class Counters:
+    """Arrival counters of one kernel kind of one plan. The kernels never reset them: each launch
+    adds exactly `chunks` to every live token's counter (members.py), so they are zeroed here, in
+    stream order, before an int32 could wrap (after ~2^31 / chunks launches)."""
+
+    __slots__ = ("tensor", "left", "budget")
+
+    def __init__(self, tokens: int, chunks: int, device):
+        self.tensor = torch.zeros(max(1, tokens), dtype=torch.int32, device=device)
+        self.budget = self.left = (2**31 - 1) // max(1, chunks) - 2
+
+    def __call__(self) -> torch.Tensor:
+        self.left -= 1
+        if self.left < 0:
+            self.tensor.zero_()
+            self.left = self.budget - 1
+        return self.tensor
 
 
 class Plan:
@@ -164,7 +188,10 @@ class Plan:
         self.device = logits.device
         self.dtype = logits.dtype
         self.grad_shape = (batch, seq_next, vocab)
-        self.flag = torch.zeros(1, dtype=torch.int32, device=self.device)  # first guess: d loss = 1
+        # [mode of the next forward, d loss of the last backward]; first guess: mode 0, d loss = 1
+        self.flag = torch.tensor([0.0, 1.0], dtype=torch.float32, device=self.device)
+        # The loss does not read the logits: everything logits-related happens in backward.
+        self.deferred = not sem.needs_logp and not sem.sequence
         self.stride_b, self.stride_t = logits.stride(0), logits.stride(1)
         s = sem
         self.term_args = (s.inv_temp, s.inv_lo, s.eps_low, s.eps_high, s.delta, s.beta, s.cap, s.w_const)
@@ -197,17 +224,27 @@ class Plan:
         programs = self.grad_items if not t.grad_programs_per_sm else min(self.grad_items, t.grad_programs_per_sm * sms)
         self.grad_grid = (max(1, min(programs, 8) if not cuda else programs),)
         self.grad_cfg = dict(CHUNK=t.grad_chunk, NUM_CHUNKS=self.grad_n, HINTS=cuda, num_warps=t.grad_warps)
-        n_chunks = max(self.main_n, self.stats_n)
+        self.chunks = {"main": self.main_n, "stats": self.stats_n}
         if self.staged is not None:
             from . import launch
             prob, g = launch.Problem.of(logits, 0.2, 0.2, 1.0), self.staged
-            for stage, block, warps in ((g.stage_bytes, g.block, g.num_warps),
-                                        (g.forward_stage_bytes, g.forward_block, g.forward_stage_warps)):
-                n_chunks = max(n_chunks, launch._staged_shape(logits, prob, stage, block, warps)["NUM_CHUNKS"])
-        self.counters, self.partials = scratch(self.device, stream, 2 * self.tokens, 2 * self.tokens * n_chunks)
+            for kind, stage, block, warps in (("staged-main", g.stage_bytes, g.block, g.num_warps),
+                                              ("staged-stats", g.forward_stage_bytes, g.forward_block,
+                                               g.forward_stage_warps)):
+                self.chunks[kind] = launch._staged_shape(logits, prob, stage, block, warps)["NUM_CHUNKS"]
+        self.partials = scratch(self.device, stream, 2 * self.tokens * max(self.chunks.values()))
+        self._counters: dict = {}
         self.stream = stream
         self.fast = fastlaunch.enabled(self.device)
         self._launches()
+
+    def counters(self, kind: str) -> torch.Tensor:
+        """The counters of one kernel kind ("main", "stats", "staged-main", "staged-stats"): kinds
+        differ in chunks per row, and counters only stay consistent under one chunk count."""
+        c = self._counters.get(kind)
+        if c is None:
+            c = self._counters[kind] = Counters(self.tokens, self.chunks[kind], self.device)
+        return c()
 
     # -- launches (built once; each compiles on its first call) ----------------------------------------
     def _launches(self) -> None:
@@ -224,8 +261,9 @@ class Plan:
                           {"num_warps": 4}, self.fast) for w in (False, True)]
         self.l_norm = L(members._norm_kernel, (1,), dict(GLOBAL=s.norm == 2, BLOCK_T=self.block_t), {"num_warps": 4},
                         self.fast)
-        c, o = cfg(self.main_cfg, **sw, PER_SEQ_W=s.norm != 0)
-        self.l_main = L(members._main_kernel, (self.rows * self.main_n,), c, o, self.fast)
+        self.l_main = [L(members._main_kernel, (self.rows * self.main_n,),
+                         *cfg(self.main_cfg, **sw, PER_SEQ_W=s.norm != 0, IN_BACKWARD=bwd), self.fast)
+                       for bwd in (False, True)]
         self.l_finalize = L(members._finalize_kernel, (1,), dict(BLOCK=1024), {"num_warps": 4}, self.fast)
         self.l_grad = [L(members._grad_kernel, self.grad_grid, {**cfg(self.grad_cfg)[0], "FORCE_STATS": f or s.sequence,
                                                                  "UPDATE_FLAG": not s.sequence},
@@ -234,7 +272,7 @@ class Plan:
 
     # -- forward -----------------------------------------------------------------------------------------
     def _ws(self) -> torch.Tensor:
-        return torch.empty(7 * self.tokens + 1, dtype=torch.float32, device=self.device)
+        return torch.empty(7 * self.tokens + 2, dtype=torch.float32, device=self.device)
 
     def _stats(self, x, ws) -> None:
         logits, ids, _adv, old, ref, mask, _rho = x
@@ -242,7 +280,7 @@ class Plan:
             from . import staged_members
             if staged_members.stats(self, x, ws):
                 return
-        self.l_stats(self.stream, logits, ids, mask, old, ref, self.partials, self.counters, ws, self.tokens,
+        self.l_stats(self.stream, logits, ids, mask, old, ref, self.partials, self.counters("stats"), ws, self.tokens,
                      self.stride_b, self.stride_t, self.seq, self.vocab, self.sem.inv_temp, self.sem.inv_lo)
 
     def _terms(self, x, ws, loss, write_coef: bool) -> None:
@@ -260,9 +298,11 @@ class Plan:
         return loss
 
     def forward_full(self, x):
-        """(loss, gradient buffer, ws): the gradient is in the buffer when the flag said 0 (ws[7T] = 0),
-        else backward writes it."""
-        logits, ids, adv, old, ref, mask, rho = x
+        """(loss, gradient buffer or None, ws). Deferred plans: the loss alone, no buffer (backward
+        allocates and writes it). Others: the gradient is in the buffer when this call's mode was 0
+        (ws[7T] = 0), else backward writes it."""
+        if self.deferred:
+            return self.forward(x), None, None
         loss = torch.empty((), dtype=torch.float32, device=self.device)
         grad = torch.empty(self.grad_shape, dtype=self.dtype, device=self.device)
         ws = self._ws()
@@ -271,28 +311,38 @@ class Plan:
                 self._stats(x, ws)
             self._terms(x, ws, loss, write_coef=True)
             return loss, grad, ws
+        self._main(x, grad, ws, self.flag, in_backward=False)
+        self.l_finalize(self.stream, ws, loss, self.tokens)
+        return loss, grad, ws
+
+    def _main(self, x, grad, ws, flag, in_backward: bool) -> None:
+        """The main kernel, staged where it can run. In backward `flag` is d loss (and ws unused)."""
+        logits, ids, adv, old, ref, mask, rho = x
         wb = adv
         if self.sem.norm:
             wb = torch.empty(self.batch, dtype=torch.float32, device=self.device)
             self.l_norm(self.stream, mask, wb, self.batch, self.seq)
-        done = False
+        if ws is None:
+            ws = flag  # never read or written under IN_BACKWARD: any tensor stands in
         if self.staged is not None:
             from . import staged_members
-            done = staged_members.main(self, x, wb, grad, ws)
-        if not done:
-            self.l_main(
-                self.stream, logits, ids, adv, old, ref, mask, rho, wb, grad, self.partials, self.counters, ws,
-                self.flag, self.tokens, self.stride_b, self.stride_t, self.seq, self.vocab, *self.term_args)
-        self.l_finalize(self.stream, ws, loss, self.tokens)
-        return loss, grad, ws
+            if staged_members.main(self, x, wb, grad, ws, flag, in_backward):
+                return
+        self.l_main[in_backward](
+            self.stream, logits, ids, adv, old, ref, mask, rho, wb, grad, self.partials, self.counters("main"), ws,
+            flag, self.tokens, self.stride_b, self.stride_t, self.seq, self.vocab, *self.term_args)
 
     # -- backward ----------------------------------------------------------------------------------------
     def backward(self, x, grad, ws, dloss, force_stats: bool) -> torch.Tensor:
-        """dloss * gradient into `grad` (mode from ws, or recomputed from the statistics when forced)."""
+        """dloss * gradient into `grad`: deferred plans run the main kernel with d loss; others take
+        the mode from ws, or recompute from the statistics when forced."""
         logits, ids = x[0], x[1]
         dloss = dloss.to(torch.float32)
         if dloss.data_ptr() % 16:  # the compiled launch assumes the alignment of a fresh tensor
             dloss = dloss.clone()
+        if self.deferred:
+            self._main(x, grad, None, dloss, in_backward=True)
+            return grad
         self.l_grad[force_stats](
             self.stream, logits, ids, grad, ws, self.flag, dloss, self.tokens, self.grad_items,
             self.stride_b, self.stride_t, self.seq, self.vocab, self.sem.inv_temp)

@@ -307,9 +307,10 @@ def _staged_member_kernel(
     CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
     VEC: gl.constexpr, THREAD_STATS: gl.constexpr, HAS_OLD: gl.constexpr, HAS_KL: gl.constexpr,
     HAS_MASK: gl.constexpr, HAS_RHO: gl.constexpr, HAS_DELTA: gl.constexpr, HAS_CAP: gl.constexpr,
-    CISPO: gl.constexpr, PER_SEQ_W: gl.constexpr,
+    CISPO: gl.constexpr, PER_SEQ_W: gl.constexpr, IN_BACKWARD: gl.constexpr,
 ):
-    """members._main_kernel, staged: flag 0 writes the gradient, 1 only the statistics and terms."""
+    """members._main_kernel, staged: mode 0 writes c_pred times the gradient, 1 only the statistics
+    and terms; IN_BACKWARD (flag_ptr is d loss) always writes the gradient and leaves ws alone."""
     THREADS: gl.constexpr = 32 * gl.num_warps()
     REPS: gl.constexpr = BLOCK // (THREADS * VEC)
     NBLK: gl.constexpr = CHUNK // BLOCK
@@ -324,21 +325,25 @@ def _staged_member_kernel(
     start = k * CHUNK
     lanes = _block_offsets(REPS, THREADS, VEC, layout)
     grad_row = grad_ptr + row.to(gl.int64) * vocab
-    mode = gl.load(flag_ptr)
-    if pid == 0:
-        gl.store(ws_ptr + 7 * tokens, mode.to(gl.float32))
+    # `write` and `live` are constexprs where they are constant, so that the frontend drops the
+    # branches they rule out: triton 3.6 (the H200's) cannot lower a store in a dead block of an
+    # `if` on a constant tensor (a Python literal assigned to a variable is one): LLVM assertion
+    # `idx < size()` in ModuleAxisInfoAnalysis::getAlignment under StoreOpConversion (notes, round 8).
+    if IN_BACKWARD:
+        write: gl.constexpr = True
+        c_pred = gl.load(flag_ptr).to(gl.float32)
+    else:
+        mode = gl.load(flag_ptr)
+        c_pred = gl.load(flag_ptr + 1)
+        if pid == 0:
+            gl.store(ws_ptr + 7 * tokens, mode)
+            gl.store(ws_ptr + 7 * tokens + 1, c_pred)
+        write = mode == 0.0
     if t == seq:
-        if mode == 0:
+        if write:
             _zero_chunk(grad_row, start, vocab, lanes, layout, NBLK, BLOCK, REPS, THREADS, VEC)
     else:
         token = b * seq + t
-        # Without a mask `live` is a constexpr, so `if live:` is resolved by the frontend and the
-        # masked-token branch below is not emitted at all. It used to be `live = True`: a Python
-        # literal assigned to a variable becomes an i1 constant *tensor*, the `if` an scf.if on a
-        # constant true whose else branch is dead code, and triton 3.6 (the H200's) crashes lowering
-        # a tensor store in such a dead block (AxisInfo never visits it: LLVM assertion `idx < size()`
-        # in ModuleAxisInfoAnalysis::getAlignment under StoreOpConversion, ConvertTritonGPUToLLVM).
-        # Every token is live either way: same semantics, same IR for the live path.
         if HAS_MASK:
             live = gl.load(mask_ptr + token) != 0
         else:
@@ -359,25 +364,20 @@ def _staged_member_kernel(
             if NUM_CHUNKS > 1:
                 gl.store(m_ptr + token * NUM_CHUNKS + k, m)
                 gl.store(s_ptr + token * NUM_CHUNKS + k, s)
-                if mode == 0:  # the gradient follows: wait for the row's other chunks
-                    gl.atomic_add(count_ptr + token, 1, sem="release")
-                    while gl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
+                if write:  # the gradient follows: wait for the row's other chunks (members.py: counters)
+                    arrived = gl.atomic_add(count_ptr + token, 1, sem="release")
+                    target_n = (arrived // NUM_CHUNKS + 1) * NUM_CHUNKS
+                    while gl.atomic_add(count_ptr + token, 0, sem="acquire") < target_n:
                         pass
                     m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2, NUM_CHUNKS,
                                       CHUNKS_P2)
-                    # The last program to leave resets both counters: every one has passed the wait by then.
-                    gone = gl.atomic_add(count_ptr + tokens + token, 1, sem="acq_rel")
-                    if gone == NUM_CHUNKS - 1:
-                        gl.store(count_ptr + token, gone - gone)
-                        gl.store(count_ptr + tokens + token, gone - gone)
                 else:  # statistics only: nobody waits, the last chunk to arrive combines
                     arrived = gl.atomic_add(count_ptr + token, 1, sem="acq_rel")
-                    writer = arrived == NUM_CHUNKS - 1
+                    writer = arrived % NUM_CHUNKS == NUM_CHUNKS - 1
                     if writer:
                         m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2,
                                           NUM_CHUNKS, CHUNKS_P2)
-                        gl.store(count_ptr + token, arrived - arrived)
-            if writer | (mode == 0):
+            if writer | write:
                 target = gl.load(ids_ptr + token)
                 x_c = gl.load(row_ptr + target).to(gl.float32)
                 logp, lr, dref = _member_differences(x_c, m, l2, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD,
@@ -390,29 +390,32 @@ def _staged_member_kernel(
                                             eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA, HAS_CAP,
                                             CISPO)
                 coef = -dlogp * inv_temp
-                if writer:
-                    gl.store(ws_ptr + token, m)
-                    gl.store(ws_ptr + tokens + token, l2 * LN2)
-                    gl.store(ws_ptr + 2 * tokens + token, logp)
-                    gl.store(ws_ptr + 3 * tokens + token, coef)
-                    gl.store(ws_ptr + 4 * tokens + token, loss)
-                if mode == 0:
+                if not IN_BACKWARD:
+                    if writer:
+                        gl.store(ws_ptr + token, m)
+                        gl.store(ws_ptr + tokens + token, l2 * LN2)
+                        gl.store(ws_ptr + 2 * tokens + token, logp)
+                        gl.store(ws_ptr + 3 * tokens + token, coef)
+                        gl.store(ws_ptr + 4 * tokens + token, loss)
+                if write:
+                    coef_g = coef * c_pred
                     if tail:
-                        _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout, NBLK, BLOCK,
+                        _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef_g, lanes, layout, NBLK, BLOCK,
                                     True)
                     else:
-                        _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout, NBLK, BLOCK,
+                        _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef_g, lanes, layout, NBLK, BLOCK,
                                     False)
                     if (target >= start) & (target < start + CHUNK):
                         gl.thread_barrier()  # orders the sweep's store of this element before the one-hot fix
                         p_c = gl.exp2((x_c - m) * scale2 - l2)
-                        gl.store(grad_row + target, (coef * (p_c - 1.0)).to(grad_ptr.dtype.element_ty))
+                        gl.store(grad_row + target, (coef_g * (p_c - 1.0)).to(grad_ptr.dtype.element_ty))
         else:
-            if k == 0:
-                zero = (token - token).to(gl.float32)
-                gl.store(ws_ptr + 3 * tokens + token, zero)
-                gl.store(ws_ptr + 4 * tokens + token, zero)
-            if mode == 0:
+            if not IN_BACKWARD:
+                if k == 0:
+                    zero = (token - token).to(gl.float32)
+                    gl.store(ws_ptr + 3 * tokens + token, zero)
+                    gl.store(ws_ptr + 4 * tokens + token, zero)
+            if write:
                 _zero_chunk(grad_row, start, vocab, lanes, layout, NBLK, BLOCK, REPS, THREADS, VEC)
 
 
@@ -454,12 +457,11 @@ def _staged_stats_kernel(
             gl.store(m_ptr + token * NUM_CHUNKS + k, m)
             gl.store(s_ptr + token * NUM_CHUNKS + k, s)
             arrived = gl.atomic_add(count_ptr + token, 1, sem="acq_rel")
-            last = arrived == NUM_CHUNKS - 1
+            last = arrived % NUM_CHUNKS == NUM_CHUNKS - 1  # counters never reset: members.py
         if last:
             if NUM_CHUNKS > 1:
                 m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2, NUM_CHUNKS,
                                   CHUNKS_P2)
-                gl.store(count_ptr + token, arrived - arrived)  # nobody else reads it in this launch
             else:
                 l2 = gl.log2(s)
             x_c = gl.load(row_ptr + gl.load(ids_ptr + token)).to(gl.float32)

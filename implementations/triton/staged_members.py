@@ -33,10 +33,11 @@ def _shapes(plan, logits):
 
 
 def member_constexprs(sem) -> dict:
-    """The switches _staged_member_kernel is launched with for these semantics (plan.Semantics)."""
+    """The switches _staged_member_kernel is launched with for these semantics (plan.Semantics): in
+    backward for members whose loss does not read the logits (plan.Plan.deferred), else in forward."""
     from .plan import kernel_switches
 
-    return dict(kernel_switches(sem), PER_SEQ_W=sem.norm != 0)
+    return dict(kernel_switches(sem), PER_SEQ_W=sem.norm != 0, IN_BACKWARD=not sem.needs_logp and not sem.sequence)
 
 
 def stats_constexprs(sem) -> dict:
@@ -54,7 +55,8 @@ def _give_up(plan, exc) -> None:
     plan.staged = None
 
 
-def main(plan, x, wb, grad, ws) -> bool:
+def main(plan, x, wb, grad, ws, flag, in_backward: bool) -> bool:
+    """The member kernel: in the forward `flag` is the plan's flag; in backward (deferred plans) d loss."""
     if DISABLED:
         plan.staged = None
         return False
@@ -63,16 +65,18 @@ def main(plan, x, wb, grad, ws) -> bool:
         from . import staged
 
         shape, _, (m_part, s_part), scale2 = _shapes(plan, logits)
-        launch_ = plan.l_staged.get("main")
+        key = "main-backward" if in_backward else "main"
+        launch_ = plan.l_staged.get(key)
         if launch_ is None:
-            launch_ = plan.l_staged["main"] = fastlaunch.Launch(
+            launch_ = plan.l_staged[key] = fastlaunch.Launch(
                 staged._staged_member_kernel, (plan.rows * shape["NUM_CHUNKS"],),
-                dict(**shape, THREAD_STATS=plan.staged.thread_stats, **member_constexprs(plan.sem)),
+                dict(**shape, THREAD_STATS=plan.staged.thread_stats,
+                     **dict(member_constexprs(plan.sem), IN_BACKWARD=in_backward)),
                 {"num_warps": plan.staged.num_warps}, plan.fast)
         launch_(
             plan.stream, logits, ids, adv, old, ref, _mask_bytes(mask), rho, wb, grad, m_part, s_part,
-            plan.counters, ws, plan.flag, plan.tokens, plan.stride_b, plan.stride_t, plan.seq, plan.vocab, scale2,
-            *plan.term_args)
+            plan.counters("staged-main"), ws, flag, plan.tokens, plan.stride_b, plan.stride_t, plan.seq, plan.vocab,
+            scale2, *plan.term_args)
         return True
     except Exception as exc:  # compile-time only: nothing reached the device
         _give_up(plan, exc)
@@ -95,8 +99,8 @@ def stats(plan, x, ws) -> bool:
                 dict(**shape, THREAD_STATS=plan.staged.thread_stats, **stats_constexprs(plan.sem)),
                 {"num_warps": plan.staged.forward_stage_warps}, plan.fast)
         launch_(
-            plan.stream, logits, ids, _mask_bytes(mask), old, ref, m_part, s_part, plan.counters, ws, plan.tokens,
-            plan.stride_b, plan.stride_t, plan.seq, plan.vocab, scale2, plan.sem.inv_temp, plan.sem.inv_lo)
+            plan.stream, logits, ids, _mask_bytes(mask), old, ref, m_part, s_part, plan.counters("staged-stats"), ws,
+            plan.tokens, plan.stride_b, plan.stride_t, plan.seq, plan.vocab, scale2, plan.sem.inv_temp, plan.sem.inv_lo)
         return True
     except Exception as exc:
         _give_up(plan, exc)
