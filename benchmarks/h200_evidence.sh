@@ -10,6 +10,7 @@
 #   bash benchmarks/h200_evidence.sh ours       # round 9: CUDA tests, triton on every member (seed, long, mask-b8)
 #   bash benchmarks/h200_evidence.sh peers      # round 9: every peer on every member it declares (small, untimed,
 #                                               # in parallel), then the timed seed and mask-b8 runs serially
+#   bash benchmarks/h200_evidence.sh final9     # round 9's evidence in one call (timed first, then the small ones)
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -159,6 +160,22 @@ case "${1:-probe}" in
     mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
     check_one torch-compile 60 --member token-is --workload seed-b2
     mv "$R/torch-compile.json" "$R/torch-compile-seed.json"; mv "$R/torch-compile.log" "$R/torch-compile-seed.log"
+    ;;
+  final9)  # one call (~8 min), round 9's evidence: timed runs one at a time first, then every bundled
+           # implementation on every member it declares at the small CUDA workloads, untimed, in parallel
+    check_one triton 150 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16 \
+      --workload seed-b17-big --extended --workload long-completion
+    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
+    check_one triton 150 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
+    check_one liger 75 --member token-is --workload seed-b2 --workload seed-b16
+    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
+    timeout -s KILL 170 python3 -m grpo_conform check implementations/triton implementations/liger \
+      implementations/pytorch implementations/torch-compile --workload small-bf16 --workload odd-vocab \
+      --workload mask-small-bf16 --no-timing --jobs 4 --evidence-dir "$OUT/h200" --format json \
+      > "$R/all-small.json" 2> "$R/all-small.log"
+    status "every implementation, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
     ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw

@@ -1,7 +1,7 @@
 """Cross-check of the float64 reference against verl's own policy loss and aggregation, imported
 (verl.trainer.ppo.core_algos: compute_policy_loss_vanilla + agg_loss), never copied. Skipped
 when verl is not installed (it pulls ray and more: not part of the base install; see
-docs/spec-family.md "Trainer cross-check").
+docs/spec-family.md "Trainer cross-check and trainer adapter").
 
 Where verl's semantics differ from the members' (which follow TRL and Liger), the test says so
 instead of hiding it: verl's seq-mean modes average over the sequences that have at least one
