@@ -176,7 +176,11 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
     from grpo_conform.gate.parallel import parse_gpus
     from grpo_conform.gate.shard import parse_shard
 
+    from grpo_conform.provenance import check_environment
+
     key = None if no_evidence else load_signing_key(key_path)  # a bad key fails before anything runs
+    if not no_evidence:
+        check_environment()  # so does a commit a record could not carry
     request = CheckRequest(paths=paths, device=device, workloads=workloads, spec_path=spec_path, timeout=timeout,
                            timing=not no_timing, members=members, checks=checks, fail_fast=fail_fast, strict=strict,
                            changed_since=changed_since, shard=parse_shard(shard) if shard else None, jobs=jobs,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 
 import grpo_conform
+from grpo_conform.errors import GrpoConformError
 
 PROJECT_ROOT = Path(grpo_conform.__file__).resolve().parent.parent
 
@@ -30,6 +32,24 @@ def _git(*args: str) -> str | None:
 
 
 ENV_COMMIT, ENV_DIRTY = "GRPO_CONFORM_GIT_COMMIT", "GRPO_CONFORM_GIT_DIRTY"
+# What the evidence schema accepts as a commit: a full SHA-1 or SHA-256 object name.
+_COMMIT = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+class ProvenanceError(GrpoConformError):
+    """$GRPO_CONFORM_GIT_COMMIT / $GRPO_CONFORM_GIT_DIRTY say something a record cannot carry."""
+
+
+def check_environment() -> None:
+    """Fail before anything runs when the commit said in the environment could not go into a record
+    (an abbreviated hash once cost a whole GPU run: every workload passed, then no record was written)."""
+    commit = os.environ.get(ENV_COMMIT)
+    if commit and not _COMMIT.fullmatch(commit):
+        raise ProvenanceError(f"${ENV_COMMIT}={commit!r}: expected the full commit hash (40 or 64 lowercase hex "
+                              f"digits; `git rev-parse HEAD` prints it)")
+    dirty = os.environ.get(ENV_DIRTY)
+    if commit and dirty not in (None, "0", "1"):
+        raise ProvenanceError(f"${ENV_DIRTY}={dirty!r}: expected 0 (the tree is the commit) or 1 (it differs)")
 
 
 def git_state() -> dict[str, Any]:

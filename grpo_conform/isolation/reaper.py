@@ -20,19 +20,30 @@ LIVE: dict[int, Any] = {}  # id(session) -> WorkerSession
 LOCK = threading.RLock()
 
 
-def _proc_table() -> dict[int, tuple[int, int, int]]:
-    """pid -> (ppid, session id, uid) of every process this one can see."""
-    table = {}
+def proc_stats():
+    """(pid, the fields of /proc/pid/stat after the command name) of every process this one can see;
+    field 1 is the parent, 3 the session, 19 the start time in clock ticks."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
-            uid = os.stat(f"/proc/{entry.name}").st_uid
         except (OSError, IndexError):
             continue
-        table[int(entry.name)] = (int(fields[1]), int(fields[3]), uid)
+        if len(fields) > 19:
+            yield int(entry.name), fields
+
+
+def _proc_table() -> dict[int, tuple[int, int, int]]:
+    """pid -> (ppid, session id, uid) of every process this one can see."""
+    table = {}
+    for pid, fields in proc_stats():
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        table[pid] = (int(fields[1]), int(fields[3]), uid)
     return table
 
 
