@@ -7,6 +7,11 @@ reference, so memory stays bounded. Per element the allowance is
 where s_row = |dL/dlogp| / T is the row's gradient scale (no element of the row can exceed it).
 It scales with each row, so an all-zero gradient never passes (checks.md #2), and it does not
 ask fp32 to resolve 1 - p = 1e-15 in near one-hot rows, where only float64 can.
+
+Members with an importance ratio get one more, derived term where their inputs need it: an fp32
+log-softmax leaves an error of up to `fp32_logp_error` in each log-prob, the ratio exp(logp - old)
+carries it into the coefficient of the whole gradient row (and into the loss), and no other part
+of the allowance scales with it (`GradientComparator.update`'s `logp`, docs/checks.md).
 """
 
 from __future__ import annotations
@@ -66,12 +71,26 @@ class LossComparison:
             "allowed": json_float(self.allowed),
         }
 
+    def describe(self) -> str:
+        return (f"loss {self.actual:.9g} vs {self.expected:.9g} "
+                f"(|error| {abs(self.actual - self.expected):.3g} {'<=' if self.passed else '>'} {self.allowed:.3g})")
+
 
 def compare_loss(actual: float, expected: float, tol: LossTolerance, floor: float = 0.0) -> LossComparison:
     """`floor`: the absolute error an fp32 computation of the log-probs may leave in the loss (see
     `GradientComparator` callers: T * the sum of the rows' fp32 floors). The relative allowance alone
     fails honest kernels when advantages of both signs make the loss itself small."""
     return LossComparison(float(actual), float(expected), max(tol.allowed(expected), float(floor)))
+
+
+def describe_outputs(loss: LossComparison, grad: "GradientComparator") -> str:
+    """What of a call's outputs failed, by name: the loss, the gradient or both (a failed loss beside a
+    passing gradient must not read as 'all elements within tolerance')."""
+    if loss.passed:
+        return grad.describe()
+    if grad.passed:
+        return f"{loss.describe()}; gradient within tolerance (frobenius rel {grad.frobenius_rel:.2e})"
+    return f"{loss.describe()}; gradient: {grad.describe()}"
 
 
 @dataclass
@@ -93,6 +112,7 @@ class GradientComparator:
     diff_sq: float = 0.0
     ref_sq: float = 0.0
     atol_sq: float = 0.0
+    logp_sq: float = 0.0  # squared norm of the log-prob allowance (`update`'s `logp`), for the Frobenius bound
     max_abs_ref: float = 0.0
     worst: list[tuple[float, Offender]] = field(default_factory=list)
     row_sum_failures: int = 0
@@ -104,11 +124,19 @@ class GradientComparator:
         return (row // self.seq_next, row % self.seq_next, col)
 
     def update(self, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor,
-               floor: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+               floor: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
+               logp: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Compare rows [start, start + len) of the flattened gradient: actual and expected are
         [rows, vocab], scale is each row's gradient scale s_row [rows]; `floor` [rows] is an
         absolute per-element allowance below which no fp32 computation can resolve the row (see
-        `fp32_floor`); it widens element allowances only, never the Frobenius one."""
+        `fp32_floor`); it widens element allowances only, never the Frobenius one.
+
+        `logp` = (coef [rows], coef_error [rows]): each row's coefficient (expected = coef *
+        (onehot - softmax)) and the bound of how far an fp32 log-prob error moves it through the
+        ratio (`reference.token_terms`). That error scales the whole row alike: element v may miss by
+        coef_error * |onehot_v - softmax_v| = coef_error * |expected_v| / |coef| (at most coef_error),
+        and the Frobenius allowance grows by the norm of these allowances (they add to fp32's own
+        rounding, not replace it). Rows whose coefficient does not depend on logp have coef_error 0."""
         actual = actual.to(torch.float64)
         expected = expected.to(torch.float64)
         rows = torch.arange(start, start + actual.shape[0], device=actual.device)
@@ -130,6 +158,15 @@ class GradientComparator:
                 element_abs = element_abs.expand(a.shape).clone()
                 r = torch.nonzero(hit).squeeze(1)
                 element_abs[r, cols[r]] = torch.maximum(element_abs[r, cols[r]], extra[r])
+        if logp is not None:
+            coef = logp[0].to(torch.float64)[keep].unsqueeze(1)
+            moved = logp[1].to(torch.float64)[keep].unsqueeze(1)
+            if bool((moved > 0).any()):
+                share = torch.where(coef != 0, (e.abs() / coef.abs().clamp_min(1e-300)).clamp_max(1.0),
+                                    torch.ones_like(e))  # |onehot_v - softmax_v| of the row
+                extra = moved * share
+                element_abs = element_abs + extra
+                self.logp_sq += float(extra.pow(2).sum())
         allowed = (t.element_rtol * e.abs() + element_abs) * self.slack
         err = (a - e).abs()
         nan, inf = torch.isnan(a), torch.isinf(a)
@@ -194,10 +231,16 @@ class GradientComparator:
 
     @property
     def frobenius_allowed(self) -> float:
-        """Relative allowance, plus the Frobenius norm of the absolute allowances (tiny gradients)."""
+        """Relative allowance, plus the Frobenius norm of the absolute allowances (tiny gradients), plus
+        that of the log-prob allowances (rows whose ratio carries an fp32 log-prob error)."""
         if self.ref_sq == 0.0:
             return 0.0
-        return (self.tol.frobenius_rtol + math.sqrt(self.atol_sq / self.ref_sq)) * self.slack
+        return (self.tol.frobenius_rtol + math.sqrt(self.atol_sq / self.ref_sq) + self.frobenius_logp) * self.slack
+
+    @property
+    def frobenius_logp(self) -> float:
+        """The log-prob part of the Frobenius allowance, relative (0 where no row has a ratio)."""
+        return math.sqrt(self.logp_sq / self.ref_sq) if self.ref_sq else 0.0
 
     @property
     def elements_ok(self) -> bool:
@@ -216,7 +259,7 @@ class GradientComparator:
         return self.elements_ok and self.frobenius_ok
 
     def evidence(self) -> dict[str, Any]:
-        return {
+        out = {
             "elements": self.elements,
             "mismatches": self.mismatches,
             "nan": self.nan,
@@ -226,6 +269,9 @@ class GradientComparator:
             "max_abs_expected": json_float(self.max_abs_ref),
             "worst": [o.to_json() for _, o in self.worst],
         }
+        if self.logp_sq:  # only where rows carry a ratio: how much of the allowance is the log-prob error
+            out["frobenius_allowed_logprob"] = json_float(self.frobenius_logp * self.slack)
+        return out
 
     def row_sum_evidence(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rows_failing": self.row_sum_failures}
@@ -266,6 +312,28 @@ def fp32_floor(z_rows: torch.Tensor, temperature: float, scale: torch.Tensor) ->
     [0.45, 2.2] (docs/checks.md)."""
     m = z_rows.abs().amax(dim=-1).to(torch.float64) / temperature
     return FP32_RESOLUTION * (1.0 + m) * scale.to(torch.float64)
+
+
+LOGP_RESOLUTION = 5 * 2.0**-23  # derived: five roundings of quantities up to 2 max|z|/T (fp32_logp_error)
+
+
+def fp32_logp_error(z_rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per row, a bound of the error of an honest fp32 log-prob z_t/T - logsumexp(z/T), from fp32
+    rounding (unit u = 2^-24 = eps/2) with M = max|z|/T and V the vocabulary:
+      - T in fp32 (or 1/T) scales every z/T alike: moves logp by u |z_t/T - E_p[z/T]| <= 2uM;
+      - z/T rounded per element (u M each): logp moves by at most |dy_t| + max |dy_i| <= 2uM;
+      - the subtraction of the max (z_t/T - m, of size up to 2M): 2uM;
+      - an online kernel's rescaling of its partial sum by exp(m_old - m_new), the running max
+        rising by up to 2M in all: 2uM (a two-pass log_softmax has none);
+      - the final subtraction logp = (z_t/T - m) - log(sum), of size up to 2M + ln V: u (2M + ln V);
+      - the exponentials' arguments rounded at u |z_i/T - m| (weighted by p_i: at most u H(p) <= u ln V),
+        the exponentials, the sum (pairwise or blocked: relative ~ u log2 V) and the log (u ln V): a few
+        u ln V and a few u.
+    Five terms of 2uM (= eps M each) and the rest below 5 eps (1 + ln V): 5 eps (1 + M + ln V).
+    Measured (fp32 log_softmax of z/T, z * (1/T), (z - max)/T, and gather - logsumexp; mask-fp32 with
+    the adversarial profiles, logits to 1e4, T in [0.45, 2.2], 300 draws): at most 1.9 eps (1 + M + ln V)."""
+    m = z_rows.abs().amax(dim=-1).to(torch.float64) / temperature
+    return LOGP_RESOLUTION * (1.0 + m + math.log(max(2, z_rows.shape[-1])))
 
 
 def fp32_target_floor(z_rows: torch.Tensor, targets: torch.Tensor, temperature: float,

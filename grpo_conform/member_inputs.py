@@ -175,6 +175,61 @@ def tie_rows(logits: torch.Tensor, ids: torch.Tensor, gen: torch.Generator) -> t
 
 TIE_OLD_LOGPROB = float(torch.tensor(-math.log(2.0), dtype=torch.float32))  # fp32(-log 2)
 
+# Ratios far outside the clip region, for the `far-ratios` probe: above 3 (PPO's dual clip caps the
+# loss of negative advantages there: verl's clip_ratio_c defaults to 3.0) and far below 1.
+FAR_RATIOS = ((3.0, 30.0), (0.02, 0.3))
+
+
+def far_ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, float]]:
+    """FAR_RATIOS with every boundary of the member (1 - epsilon_low, 1 + epsilon_high, delta, CISPO's
+    cap) and `boundary_margin` around it cut out: far ratios, never ties."""
+    knots = [p.epsilon_high] if p.loss_type == "cispo" else [1.0 - p.epsilon_low, 1.0 + p.epsilon_high]
+    if p.delta is not None:
+        knots.append(p.delta)
+    out = list(FAR_RATIOS)
+    for k in (k for k in knots if k > 0):
+        lo, hi = k * (1 - cfg.boundary_margin), k * (1 + cfg.boundary_margin)
+        out = [piece for a, b in out for piece in ((a, min(b, lo)), (max(a, hi), b)) if piece[1] > piece[0] * 1.01]
+    return out
+
+
+def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any],
+                     seed: int) -> dict[str, torch.Tensor]:
+    """A copy of `tensors` whose old log-probs put every token's ratio (every sequence's, at sequence
+    level) far out on the side where the unclipped term is active: above 3 for a negative advantage,
+    below 0.3 for a positive one (FAR_RATIOS, boundaries cut out), so every live token carries the
+    full -A * r gradient there. If the live sequences' advantages all have one sign, the largest one
+    is negated, so that both tails are exercised. Logits and masks unchanged. The spec bounds no ratio;
+    trainers meet such ratios after a few off-policy steps, and an implementation that adds a clip the
+    member does not declare (PPO's dual clip caps a negative advantage's loss at r = 3) or clamps the
+    ratio for safety differs only there."""
+    out = {k: v.clone() for k, v in tensors.items()}
+    if "old_logprobs" not in out:
+        return out
+    p = GrpoParameters.from_spec(spec, values)
+    gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0xFA2) & (2**63 - 1))
+    batch, seq = out["completion_ids"].shape
+    keep = (out["completion_mask"].cpu() != 0) if "completion_mask" in out else torch.ones(batch, seq, dtype=torch.bool)
+    adv = out["advantages"].detach().to("cpu", torch.float64)
+    live = keep.any(-1) & (adv != 0)
+    for sign in (1.0, -1.0):  # both signs among the live sequences where there are two of them
+        if int(live.sum()) >= 2 and not (live & (adv * sign < 0)).any():
+            b = int(torch.argmax(torch.where(live, adv.abs(), torch.zeros_like(adv))))
+            out["advantages"][b] = -out["advantages"][b]
+            adv[b] = -adv[b]
+    logp = reference_logprobs(out, p).cpu()
+    intervals = far_ratio_intervals(p, _cfg(spec))
+    high = [iv for iv in intervals if iv[0] > 1.0] or intervals
+    low = [iv for iv in intervals if iv[1] < 1.0] or intervals
+    n = batch if p.importance_sampling_level == "sequence" else batch * seq
+    up, down = draw_log_ratios(n, high, gen), draw_log_ratios(n, low, gen)
+    if p.importance_sampling_level == "sequence":
+        log_r = torch.where(adv < 0, up, down)[:, None].expand(batch, seq)
+    else:
+        log_r = torch.where(adv[:, None] < 0, up.view(batch, seq), down.view(batch, seq))
+    out["old_logprobs"].copy_((logp - log_r).to(out["old_logprobs"].dtype))
+    return out
+
 
 def _reference_ratios(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> torch.Tensor:
     """The ratio r[b, t] as the reference computes it (float64, token or sequence level)."""

@@ -5,6 +5,11 @@ specs that declare no draws (the frozen seed file) from the documented built-in 
 Temperature is drawn away from 1 on every call (a missing 1/T factor shows); epsilons stay inside
 their domains; parameters without a draw (loss_type, importance_sampling_level: fixed per member)
 keep their declared value. Timed runs never use draws: they use `Spec.parameter_values`.
+
+Every drawn float also stays DEFAULT_AWAY of its draw range away from the parameter's declared
+default, whatever the spec's own `avoid` list says: an implementation that ignores the value it is
+passed and hard-codes the default (a beta of 0.04, an epsilon of 0.2) must not match by luck (the
+gallery's kl-beta-ignored passed its loss check when beta was drawn at 0.045).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ BUILTIN_DRAWS: dict[str, Draw] = {
     "temperature": Draw(min=0.45, max=2.2, avoid=(Avoid(value=1.0, width=0.05),)),
 }
 _TRIES = 10_000
+DEFAULT_AWAY = 0.1  # of the draw range: how far a drawn float stays from the declared default
 _DIGITS = 6  # drawn floats are rounded, so records show them exactly
 
 
@@ -58,6 +64,9 @@ def draw_parameters(spec: Spec, rng: random.Random) -> dict[str, Any]:
         if draw is None:
             out[p.name] = p.value
             continue
+        if p.type == "float" and isinstance(p.value, (int, float)) and draw.min <= p.value <= draw.max:
+            away = Avoid(value=float(p.value), width=DEFAULT_AWAY * (draw.max - draw.min))
+            draw = Draw(min=draw.min, max=draw.max, avoid=tuple(draw.avoid) + (away,))
         v = draw_value(draw, p.type, rng, p.name)
         if p.domain is not None and not p.domain.contains(v):  # the spec check forbids this; keep it loud
             raise DrawError(f"{p.name}: drawn {v!r} is outside the domain")

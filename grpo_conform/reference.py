@@ -70,6 +70,10 @@ class GradientChunk:
     stop: int
     values: torch.Tensor  # float64 [stop - start, vocab]
     scale: torch.Tensor  # float64 [stop - start]: s = (sum of |terms of dL/dlogp|) / T >= any |element| of the row
+    # Only when the gradient is asked with `logp_error` (see `TokenTerms`), else None; float64 [stop - start]:
+    coef: Optional[torch.Tensor] = None  # dL/dlogp / T of the row (signed): values = coef * (onehot - softmax)
+    coef_error: Optional[torch.Tensor] = None  # bound of |change of coef| under the log-prob errors
+    loss_error: Optional[torch.Tensor] = None  # bound of |change of the row's weighted loss term| under them
 
 
 def rows_per_chunk(vocab: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
@@ -150,10 +154,30 @@ class TokenTerms:
     loss: torch.Tensor
     dlogp: torch.Tensor
     scale: torch.Tensor
+    coef_error: torch.Tensor | None = None
+    loss_error: torch.Tensor | None = None
 
 
-def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Tensor | None) -> TokenTerms:
-    """The closed form of the loss and of dL/dlogp; `logp` may be None when `needs_logprobs` is False."""
+def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Tensor | None,
+                logp_error: torch.Tensor | None = None) -> TokenTerms:
+    """The closed form of the loss and of dL/dlogp; `logp` may be None when `needs_logprobs` is False.
+
+    `logp_error` [B, S] (optional): a bound e of how far an implementation's log-probs may be from
+    the float64 ones (an fp32 log-softmax: `compare.fp32_logp_error`). Then `coef_error` bounds how
+    far dL/dlogp moves and `loss_error` how far each weighted per-token loss moves when every logp
+    is off by at most e, propagated through this closed form (docs/checks.md, "fp32 log-prob error
+    through the ratio"), every branch held: the ratio moves by at most r * expm1(e) (at sequence
+    level by the mean e of the sequence), so
+      - a term linear in r (the active branch of the clip, r <= delta; CISPO's weight below its cap)
+        moves by |term| * expm1(e); a flat one (clipped, capped) does not move;
+      - CISPO's loss -w c A rho logp also moves through logp itself and through the weight c, which
+        dL/dlogp leaves out (it is detached): w |A| rho (c e + dc (|logp| + e)), dc = c expm1(e);
+      - the k3 KL term's derivative w beta (1 - exp(ref - logp)) by w |beta| exp(ref - logp) expm1(e),
+        its loss by w |beta| (exp(ref - logp) expm1(e) + e).
+    Holding the branch is exact for the validator's inputs: generated ratios stay `boundary_margin`
+    (2%) from every boundary, above the largest e of an fp32 workload (1.3%), and exact-tie inputs are
+    ties in fp32 arithmetic itself. Without log-probs (`logp` None: the ratio is exactly 1 in any
+    arithmetic) nothing moves."""
     adv = x["advantages"].to(torch.float64)
     batch, seq = x["completion_ids"].shape
     device = adv.device
@@ -174,10 +198,19 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
         if p.sampling_ratio_cap is not None:
             rho = rho.clamp(max=p.sampling_ratio_cap)
         rho = torch.where(m, rho, torch.zeros_like(rho))
+    moves = logp_error is not None and needs_logprobs(x, p)
+    if moves:
+        e = torch.where(m, logp_error.to(torch.float64).to(device), torch.zeros_like(logp))
+        # the ratio's relative error: exp(e) - 1 of its log's error (at sequence level the mean of the sequence)
+        g = torch.expm1((e * mf).sum(-1, keepdim=True) / n).expand(batch, seq) if sequence else torch.expm1(e)
     if p.loss_type == "cispo":
         c = r.clamp(max=p.epsilon_high)
         loss = -c * A * logp * rho
         dlogp = w * (-c * A) * rho
+        if moves:
+            dc = torch.where(r <= p.epsilon_high, c * g, torch.zeros_like(c))  # the cap is flat
+            coef_error = w * (dc * A.abs()) * rho
+            loss_error = w * A.abs() * rho * (c * e + dc * (logp.abs() + e))
     else:
         delta = math.inf if p.delta is None else p.delta
         lo, hi = 1.0 - p.epsilon_low, 1.0 + p.epsilon_high
@@ -189,19 +222,30 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
             dlogp = (w * dl_dr).sum(-1, keepdim=True) * r * mf / n
         else:
             dlogp = w * dl_dr * r
+        if moves:  # dl_dr is 0 on a flat branch and -A rho on a linear one: both terms are linear in r there
+            coef_error = dlogp.abs() * g
+            loss_error = (w * dl_dr).abs() * r * g
     scale = dlogp.abs()
     if "ref_logprobs" in x and p.beta != 0.0:
         d = torch.where(m, x["ref_logprobs"].to(torch.float64) - logp, torch.zeros_like(logp))
         loss = loss + p.beta * (torch.exp(d) - d - 1.0)
         dlogp = dlogp + w * p.beta * (1.0 - torch.exp(d))
         scale = scale + w * abs(p.beta) * (1.0 + torch.exp(d))
+        if moves:
+            coef_error = coef_error + w * abs(p.beta) * torch.exp(d) * torch.expm1(e)
+            loss_error = loss_error + w * abs(p.beta) * (torch.exp(d) * torch.expm1(e) + e)
     zero = torch.zeros_like(loss)
-    return TokenTerms(torch.where(m, w * loss, zero), torch.where(m, dlogp, zero), torch.where(m, scale, zero))
+    if not moves:
+        coef_error = loss_error = None if logp_error is None else zero
+    else:
+        coef_error, loss_error = torch.where(m, coef_error, zero), torch.where(m, loss_error, zero)
+    return TokenTerms(torch.where(m, w * loss, zero), torch.where(m, dlogp, zero), torch.where(m, scale, zero),
+                      coef_error, loss_error)
 
 
-def _terms(x, p, budget_bytes):
+def _terms(x, p, budget_bytes, logp_error=None):
     logp = reference_logprobs(x, p, budget_bytes) if needs_logprobs(x, p) else None
-    return token_terms(x, p, logp)
+    return token_terms(x, p, logp, logp_error)
 
 
 def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> float:
@@ -209,23 +253,42 @@ def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes:
 
 
 def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
-                     budget_bytes: int = DEFAULT_BUDGET_BYTES) -> Iterator[GradientChunk]:
+                     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                     logp_error: torch.Tensor | None = None) -> Iterator[GradientChunk]:
+    """`logp_error` [B, S]: bounds of an implementation's log-prob errors; with it every chunk also
+    carries each row's coefficient and the bounds of how far it and the row's loss term move
+    (`token_terms`)."""
     logits, ids = x["logits"], x["completion_ids"]
     batch, seq_next, vocab = logits.shape
-    terms = _terms(x, p, budget_bytes)
+    terms = _terms(x, p, budget_bytes, logp_error)
     coef, row_scale = terms.dlogp / p.temperature, terms.scale / p.temperature
+    extra = logp_error is not None
+    if extra:
+        coef_err, loss_err = terms.coef_error / p.temperature, terms.loss_error
     for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes):
         z, b, t, valid, target = _rows(logits, ids, start, stop)
         grad = torch.zeros_like(z)
         scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
+        rows = [torch.zeros_like(scale) for _ in range(3)] if extra else None
         if bool(valid.any()):
-            c = coef[b[valid], t[valid]]
+            bv, tv = b[valid], t[valid]
+            c = coef[bv, tv]
             scaled = z[valid] / p.temperature
             g = -torch.softmax(scaled, dim=-1)
             g.scatter_add_(-1, target[valid].unsqueeze(-1), torch.ones_like(g[:, :1]))
             grad[valid] = g * c.unsqueeze(-1)
-            scale[valid] = row_scale[b[valid], t[valid]]
-        yield GradientChunk(start, stop, grad, scale)
+            scale[valid] = row_scale[bv, tv]
+            if extra:
+                for out, grid in zip(rows, (coef, coef_err, loss_err)):
+                    out[valid] = grid[bv, tv]
+        yield GradientChunk(start, stop, grad, scale, *(rows or ()))
+
+
+def loss_logprob_error(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp_error: torch.Tensor,
+                       budget_bytes: int = DEFAULT_BUDGET_BYTES) -> float:
+    """Bound of how far the loss moves when every logp[b, t] is off by at most logp_error[b, t]
+    (`token_terms`; 0 without log-probs)."""
+    return float(_terms(x, p, budget_bytes, logp_error).loss_error.sum())
 
 
 def _mapping(first, rest) -> tuple[Mapping[str, torch.Tensor], GrpoParameters]:
@@ -242,10 +305,11 @@ def reference_loss(x, p, *legacy) -> float:
     return chunked_loss(x, p)
 
 
-def reference_gradient(x, p, *legacy) -> Iterator[GradientChunk]:
-    """The float64 gradient d loss / d logits, chunk by chunk over the flattened rows."""
+def reference_gradient(x, p, *legacy, logp_error: torch.Tensor | None = None) -> Iterator[GradientChunk]:
+    """The float64 gradient d loss / d logits, chunk by chunk over the flattened rows (`logp_error`:
+    see `chunked_gradient`)."""
     x, p = _mapping(x, (p, *legacy))
-    return chunked_gradient(x, p)
+    return chunked_gradient(x, p, logp_error=logp_error)
 
 
 def row_scales(x, p, *legacy) -> torch.Tensor:

@@ -68,8 +68,9 @@ def test_check_json_names_every_check_with_status_and_evidence(json_run):
     assert workload["device"] == "cpu" and len(workload["seeds"]) >= 2
     assert all(isinstance(s, str) and s.isdigit() for s in workload["seeds"])  # 62-bit seeds as strings
     names = [c["check"] for c in workload["checks"]]
-    ruled_out = set(workload["draws"].get("not_applicable", {}))  # by the member's semantics (no mask here)
-    assert ruled_out == {"masked-positions"}
+    # by the member's semantics: no mask here, and no old log-probs (the ratio is exactly 1)
+    ruled_out = set(workload["draws"].get("not_applicable", {}))
+    assert ruled_out == {"masked-positions", "far-ratios"}
     assert sorted(names) == sorted(set(WORKLOAD_CHECKS) - ruled_out) and len(names) == len(set(names))
     for c in workload["checks"]:
         assert c["status"] in STATUSES

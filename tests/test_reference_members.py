@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_conform.inputs import generate
-from grpo_conform.member_inputs import boundary_tie, exact_tie_inputs, ratio_intervals
+from grpo_conform.member_inputs import boundary_tie, exact_tie_inputs, far_ratio_inputs, ratio_intervals
 from grpo_conform.reference import (
     GrpoParameters, chunked_gradient, chunked_loss, reference_gradient_dense, reference_logprobs, reference_loss, row_scales,
 )
@@ -131,7 +131,9 @@ def test_chunking_keeps_sequences_coupled(member):
 
 
 def test_old_logprobs_fill_every_region_and_stay_away_from_the_boundaries():
-    spec, x, values, p = _member_inputs("token-offpolicy-mask-delta", "mask-long", 6)
+    # the declared values (a draw can put 1 + epsilon_high next to delta: a region too thin to count in)
+    values = dict(find_spec("grpo/token-offpolicy-mask-delta").parameter_values)
+    spec, x, values, p = _member_inputs("token-offpolicy-mask-delta", "mask-long", 6, values)
     r = torch.exp(reference_logprobs(x, p) - x["old_logprobs"].double()).flatten()
     margin = spec.validation.member_inputs.boundary_margin
     knots = [1 - p.epsilon_low, 1 + p.epsilon_high, p.delta]
@@ -246,3 +248,34 @@ def test_kl_inputs_do_not_cancel_and_the_row_scale_bounds_every_element():
     assert (t2.scale >= t2.dlogp.abs()).all() and (t2.scale[keep] > t2.dlogp.abs()[keep] * 1.01).any()
     grad = reference_gradient_dense(flipped, p)[:, :-1]
     assert (grad.abs().amax(-1) <= t2.scale / p.temperature * (1 + 1e-12)).all()
+
+
+# -- far ratios (the validator's far-ratios probe) --------------------------------------------------------
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "sequence-offpolicy-mask", "cispo-mask",
+                                    "token-offpolicy-mask-delta", "vllm-is-mask"])
+def test_far_ratios_lie_far_outside_the_clip_and_away_from_every_boundary(member):
+    spec, x, values, p = _member_inputs(member, "mask-small-bf16", 4)
+    x["advantages"] = x["advantages"].abs() + 0.1  # one sign only: the probe must make both
+    fx = far_ratio_inputs(spec, x, values, 4)
+    assert set(fx) == set(x) and all(torch.equal(fx[k], x[k]) for k in x if k not in ("old_logprobs", "advantages"))
+    assert torch.equal(fx["advantages"].abs(), x["advantages"].abs()) and (fx["advantages"] < 0).sum() == 1
+    keep = fx["completion_mask"] != 0
+    log_r = (reference_logprobs(fx, p) - fx["old_logprobs"].double())
+    adv = fx["advantages"].double()[:, None].expand_as(log_r)
+    if member.startswith("sequence"):
+        m = keep.double()
+        log_r = ((log_r * m).sum(-1) / m.sum(-1).clamp_min(1.0))[keep.any(-1)]
+        adv = fx["advantages"].double()[keep.any(-1)]
+    else:
+        log_r, adv = log_r[keep], adv[keep]
+    r = torch.exp(log_r)
+    # far out on the unclipped side of each token (float32 rounding of old aside): high for A < 0, low for A > 0
+    assert (r[adv < 0] >= 2.9).all() and (r[adv > 0] <= 0.31).all(), (r, adv)
+    assert (adv < 0).any() and (adv > 0).any()  # both tails
+    knots = [p.epsilon_high] if p.loss_type == "cispo" else [1 - p.epsilon_low, 1 + p.epsilon_high]
+    knots += [p.delta] if p.delta is not None else []
+    for k in knots:  # never a tie (a boundary inside the far range is cut out with a margin)
+        assert ((r - k).abs() > 0.01 * k).all(), (k, r)
+    # the gradient there is the reference's, far from zero where A < 0 and r > 3 (a dual clip's zeros)
+    ref = reference_gradient_dense(fx, p)
+    assert float(ref.abs().max()) > 0

@@ -29,7 +29,7 @@ from grpo_conform import inputs as gen
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
-from grpo_conform.compare import GradientComparator, compare_loss, fp32_floor, fp32_target_floor
+from grpo_conform.compare import GradientComparator, compare_loss, fp32_floor, fp32_logp_error, fp32_target_floor
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.reference import rows_per_chunk
 from grpo_conform.checks.model import ReferenceModel
@@ -267,14 +267,42 @@ class WorkloadConformance:
         z = x["logits"].reshape(-1, self.vocab)
         targets = self._targets(x["completion_ids"])
         loss_floor = 0.0  # d loss / d logp times each row's fp32 log-prob resolution (chunk.scale is / T)
-        for chunk in self.model.gradient(x):
+        loss_logp = 0.0  # the loss's move under the derived log-prob error bound, weights included
+        for chunk in self.model.gradient(x, self._logp_error(x)):
             scale = chunk.scale * abs(c)
             zc, tc = z[chunk.start : chunk.stop], targets[chunk.start : chunk.stop]
             loss_floor += self.model.temperature * float(fp32_floor(zc, self.model.temperature, chunk.scale).sum())
             floor = fp32_floor(zc, self.model.temperature, scale).clamp_min(self.subnormal)
             target = (tc, fp32_target_floor(zc, tc, self.model.temperature, scale))
-            cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor, target)
-        return compare_loss(call.loss, ref_loss, self.tol.loss, loss_floor), cmp
+            logp = None
+            if chunk.coef_error is not None:  # rows with a ratio: its fp32 log-prob error moves the whole row
+                logp = (chunk.coef * c, chunk.coef_error * abs(c))
+                loss_logp += float(chunk.loss_error.sum())
+            cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor, target, logp)
+        return compare_loss(call.loss, ref_loss, self.tol.loss, max(loss_floor, loss_logp)), cmp
+
+    def _logp_error(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """[B, S]: the bound of an fp32 implementation's error in each log-prob (`fp32_logp_error`),
+        None where the loss does not depend on log-probs (no ratio, no KL: token-is, the seed spec).
+        fp32 arithmetic is what every logits dtype requires, so bf16 and fp16 logits get the same bound."""
+        if not self.model.uses_logprobs(x):
+            return None
+        z = x["logits"].reshape(-1, self.vocab)
+        step = rows_per_chunk(self.vocab)
+        rows = torch.cat([fp32_logp_error(z[i : i + step], self.model.temperature) for i in range(0, z.shape[0], step)])
+        return rows.view(-1, self.seq_next)[:, :-1]
+
+    def loss_floor(self, x: dict[str, torch.Tensor]) -> float:
+        """The absolute loss allowance `judge` gives for fp32 log-probs, without the gradient (forward-only
+        calls): the larger of T * the rows' fp32 floors of |dL/dlogp| and the derived move of the loss."""
+        T = self.model.temperature
+        scales = self.model.row_scales(x, self.seq_next)
+        z = x["logits"].reshape(-1, self.vocab)
+        step = rows_per_chunk(self.vocab)
+        direct = sum(T * float(fp32_floor(z[i : i + step], T, scales[i : i + step]).sum())
+                     for i in range(0, z.shape[0], step))
+        grid = self._logp_error(x)
+        return max(direct, 0.0 if grid is None else self.model.loss_logprob_error(x, grid))
 
     def _targets(self, ids: torch.Tensor) -> torch.Tensor:
         """The target column of every flattened logits row, -1 at the last position of a sequence."""

@@ -10,7 +10,7 @@ import torch
 
 from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance, WorkerGone
-from grpo_conform.compare import bitwise_equal, count_where, first_difference, json_float, max_abs_diff
+from grpo_conform.compare import bitwise_equal, count_where, describe_outputs, first_difference, json_float, max_abs_diff
 from grpo_conform.isolation.session import WorkerFailure
 from grpo_conform.isolation.worker import POISON_BYTES
 from grpo_conform.reference import rows_per_chunk
@@ -91,8 +91,7 @@ def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str)
     loss_cmp, cmp = run.judge(call)
     ok = cmp.passed and loss_cmp.passed and cmp.nan == 0
     run.book.record(check, call.label, ok, f"call {call.label} ({how}): " + (
-        "matches the reference" if ok else (cmp.describe() if not cmp.passed else
-                                            f"loss {loss_cmp.actual!r} vs {loss_cmp.expected!r}")),
+        "matches the reference" if ok else describe_outputs(loss_cmp, cmp)),
         {"how": how, "upstream": call.upstream, "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
 
 
@@ -120,7 +119,7 @@ def stale_huge(run: WorkloadConformance, b: Call) -> None:
     hits = poison_hits(b.grad, POISON_BYTES["huge"])
     ok = loss_cmp.passed and grad_cmp.passed and grad_cmp.nan == 0 and hits == 0
     why = (f"{hits} gradient elements hold the allocator's 0x7B poison: never written" if hits else
-           "outputs depend on what the allocator held: " + grad_cmp.describe())
+           "outputs depend on what the allocator held: " + describe_outputs(loss_cmp, grad_cmp))
     run.book.record("stale-output", b.label, ok, "outputs match the reference under both poisons" if ok else why,
                     {"poison": "0x7B bytes (huge finite)", "poison_hits": hits,
                      "gradient": grad_cmp.evidence(), "loss": loss_cmp.to_json()})
@@ -132,7 +131,7 @@ def fresh(run: WorkloadConformance, call: Call, how: str) -> None:
     loss_cmp, cmp = run.judge(call)
     ok = cmp.passed and loss_cmp.passed
     run.book.record("freshness", call.label, ok, f"call {call.label} ({how}): " + (
-        "results follow the inputs" if ok else "results do not follow the new inputs: " + cmp.describe()),
+        "results follow the inputs" if ok else "results do not follow the new inputs: " + describe_outputs(loss_cmp, cmp)),
         {"how": how, "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
 
 
@@ -218,9 +217,9 @@ def zero_advantage(run: WorkloadConformance, c: float) -> None:
         ok = nonzero == 0 and cmp.passed and loss_cmp.passed
         msg = (f"advantage[{b}] = 0 gives an exactly zero gradient for sequence {b}" if ok else
                f"advantage[{b}] = 0: {nonzero} non-zero gradient values in sequence {b}" if nonzero else
-               "the other sequences do not match the reference: " + cmp.describe())
+               "the other sequences do not match the reference: " + describe_outputs(loss_cmp, cmp))
         run.book.record("zero-advantage", e.label, ok, msg, {"sequence": b, "nonzero": nonzero,
-                                                             "gradient": cmp.evidence()})
+                                                             "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
     Q.tensors["advantages"].copy_(original)
     Q.commit()
 
@@ -329,7 +328,7 @@ def adversarial(run: WorkloadConformance, i: Call, profiles) -> None:
     loss_cmp, cmp = run.judge(i)
     ok = cmp.passed and loss_cmp.passed and cmp.nan == 0 and cmp.inf == 0
     run.book.record("adversarial-inputs", i.label, ok,
-                    f"profiles {', '.join(profiles)}: " + ("match the reference" if ok else cmp.describe()),
+                    f"profiles {', '.join(profiles)}: " + ("match the reference" if ok else describe_outputs(loss_cmp, cmp)),
                     {"profiles": list(profiles), "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
 
 

@@ -91,10 +91,22 @@ class ReferenceModel:
             return ref.reference_loss(x, self.params)
         return ref.reference_loss(x["logits"], x["completion_ids"], x["advantages"], self.params)
 
-    def gradient(self, x: Mapping[str, torch.Tensor]) -> Iterator[ref.GradientChunk]:
+    def gradient(self, x: Mapping[str, torch.Tensor],
+                 logp_error: torch.Tensor | None = None) -> Iterator[ref.GradientChunk]:
+        """`logp_error` [B, S]: see `reference.chunked_gradient` (chunks then carry the log-prob bounds)."""
         if _new_api():
-            return ref.reference_gradient(x, self.params)
+            return ref.reference_gradient(x, self.params, logp_error=logp_error)
         return ref.reference_gradient(x["logits"], x["completion_ids"], x["advantages"], self.params)
+
+    def uses_logprobs(self, x: Mapping[str, torch.Tensor]) -> bool:
+        """Whether the loss depends on the log-probs (a ratio, CISPO's weight or a KL term)."""
+        return _new_api() and ref.needs_logprobs(x, self.params)
+
+    def loss_logprob_error(self, x: Mapping[str, torch.Tensor], logp_error: torch.Tensor) -> float:
+        """How far the loss moves when every logp is off by at most `logp_error` (0 without log-probs)."""
+        if not self.uses_logprobs(x):
+            return 0.0
+        return ref.loss_logprob_error(x, self.params, logp_error)
 
     def row_scales(self, x: Mapping[str, torch.Tensor], seq_next: int) -> torch.Tensor:
         if _new_api():

@@ -16,7 +16,7 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
-from grpo_conform.member_inputs import exact_tie_inputs
+from grpo_conform.member_inputs import exact_tie_inputs, far_ratio_inputs
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,24 @@ def exact_ties(run: WorkloadConformance) -> None:
         run.model = drawn
 
 
+def far_ratios(run: WorkloadConformance) -> None:
+    """W: every token's ratio far out on its unclipped side (3 to 30 for A < 0, 0.02 to 0.3 for
+    A > 0; both signs present; member_inputs.far_ratio_inputs), the parameters as drawn: a clip the
+    member does not declare (PPO's dual clip at 3) or a ratio clamped for safety shows only there."""
+    check = "far-ratios"
+    if "old_logprobs" not in _names(run):
+        run.book.not_applicable(check, "this member has no old log-probs: its ratio is exactly 1")
+        return
+    seed = run.seeds[0] ^ 0xFA2
+    run.generate(run.P, seed)
+    run.P.write(far_ratio_inputs(run.spec, run.P.pristine, run.model.values, seed))
+    w = run.call("W", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+    if w is not None:
+        J.finite(run, w)
+        J.versus_reference(run, check, w, "every ratio far out on its unclipped side: 3 to 30 for A < 0, "
+                                          "0.02 to 0.3 for A > 0")
+
+
 def adversarial(run: WorkloadConformance) -> None:
     """I: seed 3 with the adversarial row profiles (logits up to 1e4)."""
     seed = run.seeds[-1] ^ 0xA5A5A5A5
@@ -244,6 +262,7 @@ _PROBES = (
     Probe("last-row", last_row.__doc__, ("last-row-ignored",), last_row),
     Probe("masked-positions", masked_positions.__doc__, ("masked-positions",), masked_positions),
     Probe("exact-ties", exact_ties.__doc__, ("exact-ties",), exact_ties),
+    Probe("far-ratios", far_ratios.__doc__, ("far-ratios",), far_ratios),
     Probe("adversarial", adversarial.__doc__, ("adversarial-inputs",), adversarial),
     Probe("upstream", upstream.__doc__, ("upstream-gradient",), upstream),
     Probe("non-leaf", non_leaf.__doc__, ("non-leaf-logits",), non_leaf),

@@ -56,6 +56,8 @@ _CHECKS = (
               "redrawing their logits changes no output", (3, 7)),
     CheckInfo("exact-ties", "every ratio exactly at a clip bound (1 - epsilon_low, 1 + epsilon_high, epsilon = 0) "
               "gives the spec's gradient: at a tie the unclipped branch is active", (4,)),
+    CheckInfo("far-ratios", "every ratio far out on its unclipped side (3 to 30 for A < 0, 0.02 to 0.3 for A > 0) "
+              "gives the reference result: no clip the member does not declare", (4,)),
     CheckInfo("forward-only", "under torch.no_grad (evaluation, logging) the loss matches the reference", (1,)),
     CheckInfo("tamper-scan", "the source names none of the validator's internals (grpo_conform, __main__, "
               "sys.modules writes, gc.get_objects, frame walking, ctypes, /proc/, ptrace): a static tripwire, not "
