@@ -366,3 +366,24 @@ def test_the_pre_start_spin_covers_the_host_enqueue_time_within_bounds():
     assert spin_cycles_for(0) == PRE_SPIN_CYCLES  # never less than 0.2 ms
     assert spin_cycles_for(1_000_000) == 3_000_000  # 1 ms to enqueue: 1.5 ms of spin at 2 cycles per ns
     assert spin_cycles_for(10**12) == MAX_SPIN_CYCLES  # a call that blocks the host gets no endless spin
+
+
+def test_a_python_or_checkout_under_tmp_stays_visible_behind_the_private_tmp(monkeypatch):
+    """The worker's private /tmp hides everything but its scratch tree; an interpreter, a virtual
+    environment or the package under /tmp (a CI clone there) must be exposed with it, else every
+    worker fails to start ("No such file or directory: '/tmp/.../bin/python3'")."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    from grpo_conform.isolation import privilege
+
+    monkeypatch.setattr(_sys, "prefix", "/tmp/clone/.ci-venv")
+    monkeypatch.setattr(_sys, "executable", "/tmp/clone/.ci-venv/bin/python3")
+    (cover,) = [m for m in privilege.private_scratch_mounts(_Path("/tmp/grpo-conform-x"), "cuda")
+                if m["cover"] == "/tmp"]
+    assert cover["expose"][0] == "/tmp/grpo-conform-x" and "/tmp/clone" in cover["expose"]
+    monkeypatch.setattr(_sys, "prefix", "/opt/venv")
+    monkeypatch.setattr(_sys, "executable", "/opt/venv/bin/python3")
+    (cover,) = [m for m in privilege.private_scratch_mounts(_Path("/tmp/grpo-conform-x"), "cuda")
+                if m["cover"] == "/tmp"]
+    assert all(e == "/tmp/grpo-conform-x" or not e.startswith("/tmp/clone") for e in cover["expose"])

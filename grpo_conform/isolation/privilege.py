@@ -166,10 +166,29 @@ def private_scratch_mounts(scratch: Path, device: str) -> list[dict[str, Any]]:
     mounts = []
     scratch = Path(os.path.abspath(scratch))
     if scratch.parent == Path("/tmp"):
-        mounts.append({"cover": "/tmp", "expose": [str(scratch)], "mode": "1777", "size": "50%", "writable": True})
+        expose = [str(scratch)] + [p for p in _needed_under_tmp() if p != str(scratch)]
+        mounts.append({"cover": "/tmp", "expose": expose, "mode": "1777", "size": "50%", "writable": True})
     if device != "cuda" and os.path.isdir("/dev/shm"):
         mounts.append({"cover": "/dev/shm", "expose": [], "mode": "1777", "size": "50%", "writable": True})
     return mounts
+
+
+def _needed_under_tmp() -> list[str]:
+    """The top-level /tmp entries holding what the worker must run: the interpreter, its prefixes and
+    the grpo_conform package. A checkout or virtual environment under /tmp (a CI clone there) would
+    otherwise vanish behind the private /tmp: every worker failed with "cannot start the worker:
+    No such file or directory: '/tmp/.../bin/python3'". Only those entries are exposed, as they are."""
+    import grpo_conform
+
+    out = []
+    for path in (sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
+                 os.path.dirname(os.path.abspath(grpo_conform.__file__))):
+        parts = Path(os.path.abspath(path)).parts
+        if len(parts) > 2 and parts[:2] == ("/", "tmp"):
+            top = os.path.join("/tmp", parts[2])
+            if top not in out:
+                out.append(top)
+    return out
 
 
 _CAPS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
