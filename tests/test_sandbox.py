@@ -266,6 +266,9 @@ class _Watch:
 
     def __init__(self, secs: int):
         self.secs, self.seen, self.stop = secs, set(), False
+        # Processes that match before the implementation ran are not its own: survivors of an earlier
+        # run on this machine (a killed validator's sleepers live for their 600 s) made later runs fail.
+        self.before = {int(p) for p in os.listdir("/proc") if p.isdigit() and self.match(int(p))}
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -275,7 +278,7 @@ class _Watch:
 
     def _run(self) -> None:
         while not self.stop:
-            self.seen |= {int(p) for p in os.listdir("/proc") if p.isdigit() and self.match(int(p))}
+            self.seen |= {int(p) for p in os.listdir("/proc") if p.isdigit() and self.match(int(p))} - self.before
             time.sleep(0.1)
 
     def close(self) -> None:

@@ -168,17 +168,9 @@ def _start_time(pid: int) -> int:
 def _first_child(pid: int) -> int | None:
     """The child of `pid` that started first (the one bwrap started; anything the implementation
     forks later starts later), or None."""
-    children = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if int(fields[1]) == pid:
-                children.append((int(fields[19]), int(entry.name)))
-        except (OSError, IndexError, ValueError):
-            continue
+    from grpo_conform.isolation.reaper import proc_stats
+
+    children = [(int(fields[19]), child) for child, fields in proc_stats() if int(fields[1]) == pid]
     return min(children)[1] if children else None
 
 
