@@ -7,6 +7,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def process_gone(pid: int) -> bool:
+    """The process has exited (or is a zombie waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
 SPEC_FILE = ROOT / "specs" / "grpo-token-is.v1.json"
 GALLERY = Path(__file__).resolve().parent / "gallery"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, process_gone
 from grpo_conform.implementations import MANIFEST, ManifestError, load_implementation
 from grpo_conform.isolation import messages
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
@@ -75,12 +75,7 @@ def _report(session: WorkerSession) -> dict:
     return json.loads(info.value.error["message"])
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
+_gone = process_gone
 
 
 REACH_PARENT = SIG + textwrap.indent(textwrap.dedent("""\

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import GALLERY, ROOT
+from conftest import GALLERY, ROOT, process_gone
 from grpo_conform.implementations import MANIFEST, load_implementation
 from grpo_conform.isolation import sandbox
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
@@ -253,12 +253,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
+_gone = process_gone
 
 
 class _Watch:

@@ -105,10 +105,17 @@ def _reap(pid: int) -> None:
         pass
 
 
-def end_tree(root: int | None, rounds: int = 100) -> None:
+QUIET_ROUNDS = 5  # after a kill, this many empty scans in a row (~0.1 s) before the tree counts as ended
+
+
+def end_tree(root: int | None, rounds: int = 300) -> None:
     """SIGKILL `root`'s descendants, `root` and every orphan that came back, until none is left
     (a process that forks meanwhile is caught in the next round: its child's parent is dead, so the
-    child comes back to this subreaper)."""
+    child comes back to this subreaper). Once something was killed, the tree counts as ended only
+    after QUIET_ROUNDS empty scans: a descendant can come back to this subreaper after a first empty
+    scan (its dying parent still exiting, or a sandbox's monitor passing it on), and one empty scan
+    let a setsid'd `sleep` of tests/test_sandbox.py outlive its timeout now and then."""
+    killed, quiet = False, 0
     for _ in range(rounds):
         table = _proc_table()
         victims = _orphans(table)
@@ -118,7 +125,12 @@ def end_tree(root: int | None, rounds: int = 100) -> None:
                 victims.add(root)
         victims = {p for p in victims if _alive(p)}
         if not victims:
-            return
+            quiet += 1
+            if not killed or quiet >= QUIET_ROUNDS:
+                return
+            time.sleep(0.02)
+            continue
+        killed, quiet = True, 0
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)
