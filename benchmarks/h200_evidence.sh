@@ -9,6 +9,9 @@
 #   bash benchmarks/h200_evidence.sh final      # triton seed member (+ long), peers' long completion, peers, slots
 #   bash benchmarks/h200_evidence.sh final9     # round 9's timed evidence (triton seed + 3 members, liger seed)
 #   bash benchmarks/h200_evidence.sh small9     # every implementation x member at the small CUDA workloads
+#   bash benchmarks/h200_evidence.sh probe10    # CUDA tests, mask_probe.py, the peers on every member (small)
+#   bash benchmarks/h200_evidence.sh final10    # round 10's evidence, part 1: triton (every member small, timed), liger
+#   bash benchmarks/h200_evidence.sh peers10    # part 2, same machine and commit: pytorch, torch-compile, liger-inplace
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -148,6 +151,46 @@ case "${1:-probe}" in
       --workload mask-small-bf16 --no-timing --jobs 4 --evidence-dir "$OUT/h200" --format json \
       > "$R/all-small.json" 2> "$R/all-small.log"
     status "every implementation, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
+    ;;
+  probe10)  # one call (~7 min): CUDA tests, benchmarks/mask_probe.py (round 10), and the peers on every member
+            # they declare at the small CUDA workloads, untimed, --jobs 6 (one unit per slot: torch-compile's
+            # compiles no longer serialise on one slot as in small9)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py > "$R/cuda-tests.txt" 2>&1
+    status "cuda tests: exit $?"; tail -3 "$R/cuda-tests.txt"
+    timeout -s KILL 150 python3 benchmarks/mask_probe.py > "$R/mask_probe.log" 2>&1
+    status "mask_probe: exit $?"; grep -v '^{' "$R/mask_probe.log" | tail -30
+    timeout -s KILL 300 python3 -m grpo_conform check implementations/liger implementations/pytorch \
+      implementations/torch-compile implementations/liger-inplace --workload small-bf16 --workload odd-vocab \
+      --workload mask-small-bf16 --no-timing --jobs 6 --evidence-dir "$OUT/h200" --format json \
+      > "$R/peers-small.json" 2> "$R/peers-small.log"
+    status "peers, every member, small CUDA workloads (--jobs 6, untimed): exit $?"
+    ;;
+  final10)  # one call (~8 min), the first half of round 10's evidence run: ours and Liger
+    timeout -s KILL 120 python3 -m grpo_conform check implementations/triton --workload small-bf16 \
+      --workload odd-vocab --workload mask-small-bf16 --no-timing --jobs 4 --evidence-dir "$OUT/h200" \
+      --format json > "$R/triton-small.json" 2> "$R/triton-small.log"
+    status "triton, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
+    check_one triton 130 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16 \
+      --workload seed-b17-big --workload long-completion
+    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
+    check_one triton 150 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
+    check_one liger 90 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
+    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
+    check_one liger 150 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/liger.json" "$R/liger-members-b8.json"; mv "$R/liger.log" "$R/liger-members-b8.log"
+    ;;
+  peers10)  # the second half (~7 min), right after final10 on the same machine and commit: the other peers
+    check_one pytorch 110 --member token-is --workload seed-b2 --workload seed-b16
+    mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
+    check_one pytorch 150 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/pytorch.json" "$R/pytorch-members-b8.json"; mv "$R/pytorch.log" "$R/pytorch-members-b8.log"
+    check_one torch-compile 150 --member token-is --workload seed-b2 --workload seed-b16
+    check_one liger-inplace 80 --member token-is --workload seed-b2 --workload seed-b16
     ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw

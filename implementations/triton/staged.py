@@ -307,10 +307,13 @@ def _staged_member_kernel(
     CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
     VEC: gl.constexpr, THREAD_STATS: gl.constexpr, HAS_OLD: gl.constexpr, HAS_KL: gl.constexpr,
     HAS_MASK: gl.constexpr, HAS_RHO: gl.constexpr, HAS_DELTA: gl.constexpr, HAS_CAP: gl.constexpr,
-    CISPO: gl.constexpr, PER_SEQ_W: gl.constexpr, IN_BACKWARD: gl.constexpr,
+    CISPO: gl.constexpr, PER_SEQ_W: gl.constexpr, IN_BACKWARD: gl.constexpr, INTERLEAVE: gl.constexpr,
 ):
     """members._main_kernel, staged: mode 0 writes c_pred times the gradient, 1 only the statistics
-    and terms; IN_BACKWARD (flag_ptr is d loss) always writes the gradient and leaves ws alone."""
+    and terms; IN_BACKWARD (flag_ptr is d loss) always writes the gradient and leaves ws alone.
+    INTERLEAVE: consecutive rows of the grid are the same position of successive sequences, so that
+    right-padded (masked, write-only) rows run beside unmasked (read + write) ones instead of in
+    write-only stretches at the end of each sequence."""
     THREADS: gl.constexpr = 32 * gl.num_warps()
     REPS: gl.constexpr = BLOCK // (THREADS * VEC)
     NBLK: gl.constexpr = CHUNK // BLOCK
@@ -320,8 +323,14 @@ def _staged_member_kernel(
     pid = gl.program_id(0)
     row = pid // NUM_CHUNKS
     k = pid % NUM_CHUNKS
-    b = row // (seq + 1)
-    t = row % (seq + 1)
+    if INTERLEAVE:
+        batch = gl.num_programs(0) // NUM_CHUNKS // (seq + 1)
+        b = row % batch
+        t = row // batch
+        row = b * (seq + 1) + t
+    else:
+        b = row // (seq + 1)
+        t = row % (seq + 1)
     start = k * CHUNK
     lanes = _block_offsets(REPS, THREADS, VEC, layout)
     grad_row = grad_ptr + row.to(gl.int64) * vocab

@@ -32,12 +32,19 @@ def _shapes(plan, logits):
     return cached
 
 
+# Masked members: the grid walks position-major (row b, t at b + batch * t) so that right padding's
+# write-only rows mix with read + write rows (docs/triton-kernel-notes.md, round 10). A module
+# switch so that benchmarks/mask_probe.py can time both orders in one process.
+INTERLEAVE_MASKED = True
+
+
 def member_constexprs(sem) -> dict:
     """The switches _staged_member_kernel is launched with for these semantics (plan.Semantics): in
     backward for members whose loss does not read the logits (plan.Plan.deferred), else in forward."""
     from .plan import kernel_switches
 
-    return dict(kernel_switches(sem), PER_SEQ_W=sem.norm != 0, IN_BACKWARD=not sem.needs_logp and not sem.sequence)
+    return dict(kernel_switches(sem), PER_SEQ_W=sem.norm != 0, IN_BACKWARD=not sem.needs_logp and not sem.sequence,
+                INTERLEAVE=bool(sem.has_mask and INTERLEAVE_MASKED))
 
 
 def stats_constexprs(sem) -> dict:
