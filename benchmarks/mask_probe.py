@@ -7,13 +7,15 @@ Sections (`--only`, comma-separated):
   copy floor at those ceilings: the ramp and tail every kernel of that size pays (issue 14's
   batch-2 target is a ratio to the same floor);
 - `mask`: token-offpolicy-mask at batch 8, forward + loss.backward() (c = 1), for right-padded
-  masks of several unmasked fractions, with the grid in sequence order and interleaved by position
-  (staged_members.INTERLEAVE_MASKED); gradients of the two orders must be bit-identical.
+  masks of several unmasked fractions (round 10 also tried the grid interleaved by position, so that
+  write-only padding rows run beside read + write rows: no gain, 0.99-1.03x of sequence order);
+- `validator`: the same call on the validator's own mask-b8 inputs (grpo_conform.inputs.generate),
+  then with an int64 mask and with plain randn logits, to find which input moves the time.
 
 Device time: grpo_conform.timing.time_cuda (CUDA events, clean L2 flush, the validator's adaptive
 pre-start spin). Prints JSON lines and a table; writes $OUT/mask_probe.json.
 
-    python3 benchmarks/mask_probe.py [--only ceilings,small,mask] [--reps 10]
+    python3 benchmarks/mask_probe.py [--only ceilings,small,mask,validator] [--reps 10]
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def padded_mask(batch: int, seq: int, fraction: float, gen: torch.Generator) -> 
     return (torch.arange(seq, device="cuda")[None] < lens[:, None]).to(torch.int64).contiguous()
 
 
-def mask_rounds(impl, staged_members, ceil, reps: int) -> None:
+def mask_rounds(impl, ceil, reps: int) -> None:
     x, ids, adv, old, _ref, _mask = kv.member_inputs()
     batch, seq_next, vocab = x.shape
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -74,43 +76,63 @@ def mask_rounds(impl, staged_members, ceil, reps: int) -> None:
         floor = (unmasked + batch * seq_next) * vocab * x.element_size() / ceil.copy_bytes_per_s * 1e3
         kw = dict(completion_ids=ids, advantages=adv, old_logprobs=old, completion_mask=mask, epsilon_low=0.2,
                   epsilon_high=0.28, temperature=1.0, loss_type="grpo")
-        grads = {}
-        for interleave in (False, True):
-            staged_members.INTERLEAVE_MASKED = interleave
-            impl._PLANS.clear()  # the switch is read when a plan compiles its launch
-            ms = kv.time_full(impl.grpo_loss, leaf, kw, "1", reps)
-            leaf.grad = None
-            impl.grpo_loss(logits=leaf, **kw).backward()
-            grads[interleave] = leaf.grad.clone()
-            kv.emit(kind="mask-full", interleave=interleave, fraction=unmasked / (batch * (seq_next - 1)), ms=ms,
-                    floor_ms=floor, ratio=ms / floor)
-        same = torch.equal(grads[False], grads[True])
-        kv.emit(kind="mask-identical", fraction=fraction, identical=same)
-        del grads
-    staged_members.INTERLEAVE_MASKED = True
-    impl._PLANS.clear()
+        ms = kv.time_full(impl.grpo_loss, leaf, kw, "1", reps)
+        kv.emit(kind="mask-full", fraction=unmasked / (batch * (seq_next - 1)), ms=ms, floor_ms=floor, ratio=ms / floor)
     del x, leaf
     torch.cuda.empty_cache()
 
 
+def validator_inputs(impl, ceil, reps: int) -> None:
+    """token-offpolicy-mask at mask-b8 with the validator's own inputs (grpo_conform.inputs.generate), timed
+    in this process as above: is the validator's slower masked time (round 9) in its inputs or its path?"""
+    from grpo_conform.inputs import generate
+    from grpo_conform.spec_family import load_member
+
+    spec = load_member(str(Path(__file__).resolve().parent.parent / "specs" / "grpo.v1.json"), "token-offpolicy-mask")
+    rw = spec.resolve(spec.workload("mask-b8"))
+    for seed in (11, 12):
+        t = generate(spec, rw, seed=seed, device="cuda").tensors
+        x = t.pop("logits")
+        batch, seq_next, vocab = x.shape
+        unmasked = int((t["completion_mask"] != 0).sum())
+        floor = (unmasked + batch * seq_next) * vocab * x.element_size() / ceil.copy_bytes_per_s * 1e3
+        leaf = x.detach().requires_grad_(True)
+        kw = dict(t, **spec.parameter_values)
+        ms = kv.time_full(impl.grpo_loss, leaf, kw, "1", reps)
+        kv.emit(kind="validator-inputs-full", seed=seed, fraction=unmasked / (batch * (seq_next - 1)), ms=ms,
+                floor_ms=floor, ratio=ms / floor, dtypes={k: str(v.dtype) for k, v in t.items()})
+        # the same call with the mask as int64 and the probe's own logits: which input moves the time
+        kw64 = dict(kw, completion_mask=t["completion_mask"].to(torch.int64))
+        ms64 = kv.time_full(impl.grpo_loss, leaf, kw64, "1", reps)
+        kv.emit(kind="validator-inputs-int64-mask", seed=seed, ms=ms64, floor_ms=floor, ratio=ms64 / floor)
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        plain = (torch.randn(x.shape, device="cuda", generator=g) * 2).to(x.dtype).requires_grad_(True)
+        msp = kv.time_full(impl.grpo_loss, plain, kw, "1", reps)
+        kv.emit(kind="validator-inputs-randn-logits", seed=seed, ms=msp, floor_ms=floor, ratio=msp / floor)
+        del x, leaf, plain, t
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="ceilings,small,mask")
+    ap.add_argument("--only", default="ceilings,small,mask,validator")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
     only = set(args.only.split(","))
-    impl, _plan, staged_members, _fast = kv.load()
+    impl, _plan, _staged, _fast = kv.load()
     ceil = measure_ceilings("cuda")
     kv.emit(kind="ceilings", copy=ceil.copy_bytes_per_s, read=ceil.read_bytes_per_s,
             write=write_ceiling(args.reps) if "ceilings" in only else None)
     if "small" in only:
         small_copies(ceil, args.reps)
     if "mask" in only:
-        mask_rounds(impl, staged_members, ceil, args.reps)
+        mask_rounds(impl, ceil, args.reps)
+    if "validator" in only:
+        validator_inputs(impl, ceil, args.reps)
     print("\nkind | case | ms | floor ms | x floor")
     for r in kv.ROWS:
         if "ms" in r:
-            case = {k: v for k, v in r.items() if k in ("batch", "interleave", "fraction")}
+            case = {k: v for k, v in r.items() if k in ("batch", "seed", "fraction")}
             print(f"{r['kind']} | {case} | {r['ms']:.4f} | {r['floor_ms']:.4f} | {r['ratio']:.3f}")
         else:
             print(r)

@@ -235,8 +235,7 @@ def _finish(report: Any, fmt: str, junit_xml: str | None, summary_file: str | No
     if evidence is not None:
         from grpo_conform.evidence import write_evidence
 
-        # --jobs/--gpus: each slot's records name the device (and measured ceilings) it ran on
-        records = tuple(r for part in (report.parts or (report,)) for r in write_evidence(part, *evidence))
+        records = write_evidence(report, *evidence)  # --jobs/--gpus: one record per slot report and member
     if junit_xml:
         write_junit(report, junit_xml)
     if summary_file:

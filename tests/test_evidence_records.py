@@ -157,3 +157,71 @@ def test_write_evidence_writes_one_record_per_member(tmp_path, proj, monkeypatch
     written = write_evidence(report, tmp_path / "out", None)
     names = sorted(os.path.basename(w.path) for w in written)
     assert [n.split("--")[:2] for n in names] == [["pytorch", "a"], ["pytorch", "b"]]
+
+
+def _with_members(report, impl, spec, plan):
+    """`report` whose one implementation has members named by `plan`: {member: workloads or 'elsewhere'}."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from grpo_conform.results import Coverage, NotRun
+
+    @dataclass(frozen=True)
+    class WithMembers:
+        base: object
+        members: tuple
+
+        def __getattr__(self, name):
+            return getattr(self.base, name)
+
+    members = []
+    for m, how in plan.items():
+        ran = how != "elsewhere"
+        cov = Coverage((), (NotRun("w", "run in another slot", "elsewhere"),
+                            NotRun("x", "not selected (--workload)", "deselected"))) if not ran else Coverage()
+        members.append(SimpleNamespace(spec=SimpleNamespace(**{k: getattr(spec, k) for k in (
+            "id", "version", "identity", "source", "workloads")}, member=m, family="grpo-token-is"),
+            status="conformant", message=m, workloads=impl.workloads if ran else (), coverage=cov))
+    return type(report)(report.device, report.interpreter, (WithMembers(impl, tuple(members)),), report.specs,
+                        report.started, report.finished, report.software, report.hardware)
+
+
+def test_write_evidence_of_slot_parts(tmp_path, proj, monkeypatch) -> None:
+    """--jobs with more slots than implementations runs single workloads per slot: each slot report names
+    every selected member, most of them run elsewhere. Those get no record (a record of them would say
+    'conformant' on no check, which `verify` refuses: the H200 run of 2026-12-02 lost every record of
+    its step that way); two slots' records of one member finished in the same second both survive."""
+    from dataclasses import replace as dc_replace
+
+    monkeypatch.chdir(proj)
+    impl = synthetic_impl(proj / "implementations" / "pytorch")
+    base = synthetic_report(proj, impl)
+    spec = next(iter(base.specs.values()))
+    one = _with_members(base, impl, spec, {"a": "ran", "b": "elsewhere"})
+    two = _with_members(base, impl, spec, {"a": "ran", "b": "ran"})
+    from types import SimpleNamespace
+
+    written = write_evidence(SimpleNamespace(parts=(one, two)), tmp_path / "out", None)
+    names = sorted(os.path.basename(w.path) for w in written)
+    stamp = names[0].split("--")[3]
+    assert [n.split("--")[1] for n in names] == ["a", "a", "b"]
+    assert any(n.endswith("-2.intoto.json") for n in names) and len(set(names)) == 3
+    assert all(n.split("--")[3] == stamp for n in names)  # same second: told apart by the suffix
+    assert records.decided_elsewhere(one.implementations[0].members[1])
+    assert not records.decided_elsewhere(one.implementations[0].members[0])
+
+
+def test_write_evidence_of_parts_is_all_or_nothing(tmp_path, proj, monkeypatch) -> None:
+    """A statement that `verify` would refuse in any slot's part stops the run before any record is written."""
+    from dataclasses import replace as dc_replace
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(proj)
+    impl = synthetic_impl(proj / "implementations" / "pytorch")
+    base = synthetic_report(proj, impl)
+    spec = next(iter(base.specs.values()))
+    good = _with_members(base, impl, spec, {"a": "ran"})
+    bad = _with_members(base, dc_replace(impl, workloads=()), spec, {"b": "ran"})  # conformant on no check
+    with pytest.raises(records.StatementError, match="no check passed"):
+        write_evidence(SimpleNamespace(parts=(good, bad)), tmp_path / "out", None)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())

@@ -116,31 +116,56 @@ def record_filename(impl_name: str, device: str = "", finished: str = "", identi
     return "--".join(x for x in (impl_name, member, slug, stamp, identity[:12]) if x) + ".intoto.json"
 
 
+def decided_elsewhere(member: Any) -> bool:
+    """A member this report ran nothing of, every workload left to another slot or shard (`--jobs`,
+    `--gpus`, `--shard`): the report says nothing about it, so it gets no record from this report.
+    (Recording it would state 'conformant' on no check: `verify` refuses such a record.)"""
+    if member is None or getattr(member, "workloads", ()):
+        return False
+    not_run = tuple(getattr(getattr(member, "coverage", None), "not_run", ()) or ())
+    elsewhere = [n for n in not_run if n.kind == "elsewhere"]
+    return bool(elsewhere) and all(n.kind in ("elsewhere", "deselected") for n in not_run)
+
+
 def statements_of(report: Any) -> list[tuple[Any, Any, dict[str, Any]]]:
     """(implementation, member or None, statement): one per implementation x member (issue 13), or one
-    per implementation when the result has no members."""
+    per implementation when the result has no members; members decided elsewhere left out."""
     out = []
     for impl in report.implementations:
         members = tuple(getattr(impl, "members", ()) or ())
         for member in members or (None,):
-            out.append((impl, member, build_statement(report, impl, member)))
+            if not decided_elsewhere(member):
+                out.append((impl, member, build_statement(report, impl, member)))
     return out
 
 
 def write_evidence(report: Any, directory: str | Path,
                    private_key: SigningKey | Ed25519PrivateKey | None) -> tuple[WrittenRecord, ...]:
-    """One record per implementation (x member) of a CheckReport, named by `record_filename`."""
-    statements = statements_of(report)
-    for _, _, statement in statements:  # all or nothing: check every statement before writing any
-        check_publishable(statement)
-    device = report.device.get("name", report.device.get("kind", ""))
-    written: dict[Path, WrittenRecord] = {}
-    for impl, member, statement in statements:  # the same folder named twice in one run gets one record
-        name = getattr(getattr(member, "spec", None), "member", None) or "" if member is not None else ""
-        path = Path(directory) / record_filename(impl.name, device, report.finished, impl.identity, name)
-        if path not in written:
-            written[path] = write_record(statement, path, private_key)
-    return tuple(written.values())
+    """One record per implementation (x member) of a CheckReport, named by `record_filename`.
+
+    A report run in slots (`--jobs`, `--gpus`: `report.parts`) gets one record per slot report and
+    member it ran, each naming the device and measured ceilings of its own slot. All or nothing:
+    every statement of every part is checked before any is written. Two slot reports of one
+    implementation x member that finished in the same second get distinct names (`-2`, `-3`, ...
+    after the identity prefix); the same folder named twice in one report gets one record."""
+    parts = tuple(getattr(report, "parts", ()) or ()) or (report,)
+    planned: list[tuple[Path, dict[str, Any]]] = []
+    taken: dict[Path, int] = {}
+    for part in parts:
+        device = part.device.get("name", part.device.get("kind", ""))
+        mine: set[Path] = set()
+        for impl, member, statement in statements_of(part):
+            check_publishable(statement)
+            name = getattr(getattr(member, "spec", None), "member", None) or "" if member is not None else ""
+            path = Path(directory) / record_filename(impl.name, device, part.finished, impl.identity, name)
+            if path in mine:
+                continue
+            mine.add(path)
+            n = taken[path] = taken.get(path, 0) + 1
+            if n > 1:  # another slot's record of this implementation x member, finished in the same second
+                path = path.with_name(f"{path.name[: -len('.intoto.json')]}-{n}.intoto.json")
+            planned.append((path, statement))
+    return tuple(write_record(statement, path, private_key) for path, statement in planned)
 
 
 @dataclass(frozen=True)
