@@ -148,13 +148,60 @@ def test_timing_counts_the_fewest_unmasked_positions_of_its_input_sets():
     from grpo_conform.checks.timed import WorkloadTiming
 
     timing = WorkloadTiming.__new__(WorkloadTiming)  # only the mask bookkeeping, no worker
-    timing.mask_low = None
-    for kept in (900, 300, 700):
+    timing.mask_low, timing.set_masks = None, {}
+    for j, kept in enumerate((900, 300, 700)):
         mask = torch.zeros(B, S, dtype=torch.bool)
         mask.view(-1)[:kept] = True
-        timing._count_mask(SimpleNamespace(tensors={"completion_mask": mask}))
-    timing._count_mask(SimpleNamespace(tensors={"logits": torch.zeros(1)}))  # a member without a mask
+        timing._count_mask(SimpleNamespace(name=f"T{j}", tensors={"completion_mask": mask}))
+    timing._count_mask(SimpleNamespace(name="X", tensors={"logits": torch.zeros(1)}))  # a member without a mask
     assert timing.mask_low.unmasked == 300 and timing.mask_low.scored == B * S
+    assert {k: v.unmasked for k, v in timing.set_masks.items()} == {"T0": 900, "T1": 300, "T2": 700}
+
+
+def _timing_with_floors(spec, a100):
+    from grpo_conform.check import RunContext
+    from grpo_conform.checks.timed import WorkloadTiming
+
+    member = _masked(spec)
+    resolved = resolve_for_floor(member, member.workload("seed-b2"))
+    timing = WorkloadTiming.__new__(WorkloadTiming)
+    timing.floor_of = RunContext(torch.device("cpu"), None, gpu=a100).floor_fn(member, resolved)
+    return timing
+
+
+def _mask_count(kept: int):
+    mask = torch.zeros(B, S, dtype=torch.bool)
+    mask.view(-1)[:kept] = True
+    return count_mask(mask)
+
+
+def test_masked_ratios_are_per_call(spec, a100):
+    """Each pass draws new masks: a call is divided by the floor of its own inputs, not by the lowest
+    floor of any set (which made every masked ratio look ~10% worse than it was)."""
+    timing = _timing_with_floors(spec, a100)
+    kept = (2000, 1200, 400, 1600, 800)
+    floors = [timing.floor_of("full", _mask_count(k)) for k in kept]
+    calls = [{"event_ns": int(1.2 * f.dram_ns), "mask": _mask_count(k)} for f, k in zip(floors, kept)]
+    per_call = timing._per_call_floors("full", calls)
+    assert per_call["floor_ratio"] == pytest.approx(1.2, rel=1e-5)  # int ns
+    assert per_call["unmasked_rows"] == {"min": 400, "max": 2000, "median": 1200, "scored": B * S}
+    assert not per_call["below_floor"] and all("mask" not in c for c in calls)
+    lowest = timing.floor_of("full", _mask_count(400))
+    median = sorted(c["event_ns"] for c in calls)[2]
+    assert median / lowest.dram_ns > 1.3  # what the old ratio said
+    assert timing._per_call_floors("full", [{"event_ns": 5, "mask": None}]) is None  # unmasked members
+
+
+def test_per_call_floor_catches_what_the_lowest_floor_misses(spec, a100):
+    """Hostile: fast only where it is checked loosely. Calls at 0.9x the strict floor of their own inputs
+    are impossible, though each is above the strict floor of the set with the fewest unmasked rows."""
+    timing = _timing_with_floors(spec, a100)
+    kept = (2000, 1900, 1800, 1700, 300)
+    calls = [{"event_ns": int(0.9 * timing.floor_of("full", _mask_count(k)).strict_ns), "mask": _mask_count(k)}
+             for k in kept]
+    lowest = timing.floor_of("full", _mask_count(300))
+    assert sorted(c["event_ns"] for c in calls)[2] > lowest.strict_ns  # the old check passed it
+    assert timing._per_call_floors("full", calls)["below_floor"]
 
 
 def test_check_and_bench_floors_are_traffic_v1_with_the_mask(spec, a100):
