@@ -191,6 +191,17 @@ case "${1:-probe}" in
     check_one torch-compile 150 --member token-is --workload seed-b2 --workload seed-b16
     check_one liger-inplace 80 --member token-is --workload seed-b2 --workload seed-b16
     ;;
+  last10)  # what final10 could not finish (its steps ran ~25% slower than round 9's): the peers on every member
+           # at the small CUDA workloads (probe10's records were lost to the slot-record bug, fixed since), then
+           # triton on two masked members at mask-b8 with the per-call floor ratios
+    timeout -s KILL 230 python3 -m grpo_conform check implementations/liger implementations/pytorch \
+      implementations/torch-compile implementations/liger-inplace --workload small-bf16 --workload odd-vocab \
+      --workload mask-small-bf16 --no-timing --jobs 8 --evidence-dir "$OUT/h200" --format json \
+      > "$R/peers-small.json" 2> "$R/peers-small.log"
+    status "peers, every member, small CUDA workloads (--jobs 8, untimed): exit $?"
+    check_one triton 125 --member token-offpolicy-mask --member sequence-offpolicy-mask --workload mask-b8
+    mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
+    ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw
     for deb in .debs/bubblewrap_*.deb; do dpkg -x "$deb" /tmp/bw; done
