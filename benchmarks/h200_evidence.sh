@@ -35,9 +35,11 @@ probe_user() {
 }
 
 check_one() {  # NAME LIMIT ARGS...
+  # --deadline leaves 70 s under the kill for the last workload and the records (a killed run writes none)
   local name=$1 limit=$2; shift 2
+  local deadline=$(( limit > 110 ? limit - 70 : limit * 2 / 5 ))
   timeout -s KILL "$limit" python3 -m grpo_conform check "implementations/$name" --evidence-dir "$OUT/h200" \
-    --format json "$@" > "$R/$name.json" 2> "$R/$name.log"
+    --deadline "$deadline" --format json "$@" > "$R/$name.json" 2> "$R/$name.log"
   status "$name: exit $? ($*)"
 }
 
@@ -148,7 +150,7 @@ case "${1:-probe}" in
            # and the cut lost every record of the step: records are written when the run ends)
     timeout -s KILL 420 python3 -m grpo_conform check implementations/triton implementations/liger \
       implementations/pytorch implementations/torch-compile --workload small-bf16 --workload odd-vocab \
-      --workload mask-small-bf16 --no-timing --jobs 4 --evidence-dir "$OUT/h200" --format json \
+      --workload mask-small-bf16 --no-timing --deadline 360 --jobs 4 --evidence-dir "$OUT/h200" --format json \
       > "$R/all-small.json" 2> "$R/all-small.log"
     status "every implementation, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
     ;;
@@ -162,13 +164,13 @@ case "${1:-probe}" in
     status "mask_probe: exit $?"; grep -v '^{' "$R/mask_probe.log" | tail -30
     timeout -s KILL 300 python3 -m grpo_conform check implementations/liger implementations/pytorch \
       implementations/torch-compile implementations/liger-inplace --workload small-bf16 --workload odd-vocab \
-      --workload mask-small-bf16 --no-timing --jobs 6 --evidence-dir "$OUT/h200" --format json \
+      --workload mask-small-bf16 --no-timing --deadline 250 --jobs 6 --evidence-dir "$OUT/h200" --format json \
       > "$R/peers-small.json" 2> "$R/peers-small.log"
     status "peers, every member, small CUDA workloads (--jobs 6, untimed): exit $?"
     ;;
   final10)  # one call (~8 min), the first half of round 10's evidence run: ours and Liger
     timeout -s KILL 120 python3 -m grpo_conform check implementations/triton --workload small-bf16 \
-      --workload odd-vocab --workload mask-small-bf16 --no-timing --jobs 4 --evidence-dir "$OUT/h200" \
+      --workload odd-vocab --workload mask-small-bf16 --no-timing --deadline 90 --jobs 4 --evidence-dir "$OUT/h200" \
       --format json > "$R/triton-small.json" 2> "$R/triton-small.log"
     status "triton, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
     check_one triton 130 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16 \
@@ -196,7 +198,7 @@ case "${1:-probe}" in
            # triton on two masked members at mask-b8 with the per-call floor ratios
     timeout -s KILL 230 python3 -m grpo_conform check implementations/liger implementations/pytorch \
       implementations/torch-compile implementations/liger-inplace --workload small-bf16 --workload odd-vocab \
-      --workload mask-small-bf16 --no-timing --jobs 8 --evidence-dir "$OUT/h200" --format json \
+      --workload mask-small-bf16 --no-timing --deadline 190 --jobs 8 --evidence-dir "$OUT/h200" --format json \
       > "$R/peers-small.json" 2> "$R/peers-small.log"
     status "peers, every member, small CUDA workloads (--jobs 8, untimed): exit $?"
     check_one triton 125 --member token-offpolicy-mask --member sequence-offpolicy-mask --workload mask-b8

@@ -55,6 +55,7 @@ class CheckRequest:
     units: tuple[tuple[str, str, str], ...] = ()  # internal (slots): only these (path, member, workload)
     extended: bool = False  # --extended: also the spec's extended-tier workloads
     sandbox: str = "none"  # --sandbox: "bwrap" runs every worker inside bubblewrap (isolation/sandbox.py)
+    deadline: float | None = None  # --deadline: seconds from the start after which no workload starts
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def default_timeout(spec: Spec, workloads, device: torch.device) -> float:
 
 
 def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckReport:
+    stop = run_stop(request)  # --deadline counts from here: the planning and the bandwidth probe included
     device = resolve_device(request.device)
     plan = build_plan(request, device)  # every manifest and spec checked before anything runs
     # --sandbox bwrap: bwrap present and able to start here, or nothing runs (never unsandboxed)
@@ -176,13 +178,17 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     if request.gpus is not None or request.jobs > 1:
         from grpo_conform.gate.parallel import run_slots
 
-        return run_slots(request, plan, device, say)
+        return run_slots(request, plan, device, say, stop)
     started = utc_now()
     ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
-    stop = Stop()
     results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
     return CheckReport(device_info(device), device.type == "cpu", results, plan.specs, started, utc_now(), software(),
                        hardware, request.strict, plan.notes, request.shard)
+
+
+def run_stop(request: CheckRequest) -> Stop:
+    """The run's Stop, with --deadline counted from now."""
+    return Stop(deadline=time.monotonic() + request.deadline if request.deadline is not None else None)
 
 
 # -- one implementation ---------------------------------------------------------------------------

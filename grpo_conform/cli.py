@@ -147,6 +147,9 @@ def spec_validate(files: tuple[str, ...]) -> None:
               help="only the implementation folders changed since this git ref (all when the validator, a spec "
                    "or a lock file changed)")
 @click.option("--shard", metavar="I/N", help="run part I of N of the work (deterministic); merge with `merge`")
+@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="start no workload after this many seconds; the rest is reported as not run (stopped) and "
+                   "the records hold what completed (for a run under an outer time limit)")
 @click.option("--jobs", "-j", type=int, default=1, show_default=True,
               help="slot processes run in parallel (per GPU with --gpus; one per GPU while timing)")
 @click.option("--gpus", metavar="all|0,1", help="pin slots to these GPUs (CUDA_VISIBLE_DEVICES per slot)")
@@ -164,8 +167,8 @@ def spec_validate(files: tuple[str, ...]) -> None:
 def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], members: tuple[str, ...],
           extended: bool, checks: tuple[str, ...], spec_path: str | None, timeout: float | None, no_timing: bool,
           sandbox: str, fail_fast: bool,
-          strict: bool, changed_since: str | None, shard: str | None, jobs: int, gpus: str | None,
-          junit_xml: str | None, summary_file: str | None, evidence_dir: str, no_evidence: bool,
+          strict: bool, changed_since: str | None, shard: str | None, deadline: float | None, jobs: int,
+          gpus: str | None, junit_xml: str | None, summary_file: str | None, evidence_dir: str, no_evidence: bool,
           key_path: str | None, fmt: str) -> None:
     """Check implementation folders against their spec.
 
@@ -184,7 +187,8 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
     request = CheckRequest(paths=paths, device=device, workloads=workloads, spec_path=spec_path, timeout=timeout,
                            timing=not no_timing, members=members, checks=checks, fail_fast=fail_fast, strict=strict,
                            changed_since=changed_since, shard=parse_shard(shard) if shard else None, jobs=jobs,
-                           gpus=parse_gpus(gpus) if gpus else None, extended=extended, sandbox=sandbox)
+                           gpus=parse_gpus(gpus) if gpus else None, extended=extended, sandbox=sandbox,
+                           deadline=deadline)
     report = _interruptible(lambda progress: run_check(request, progress=progress), "checking…")
     _finish(report, fmt, junit_xml, summary_file, evidence=None if no_evidence else (evidence_dir, key))
 

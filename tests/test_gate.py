@@ -427,3 +427,32 @@ def test_jobs_are_implementations_or_single_workloads_when_slots_are_spare(tmp_p
     per_unit = make_jobs(plan, 3)  # more slots than implementations: one workload per job
     assert all(len(j) == 1 for j in per_unit) and len(per_unit) == 4
     assert per_unit[0][0][2] == "odd-vocab"  # largest first (3x6x5003 logits before 1x2x4099)
+
+
+def test_stop_deadline_sets_its_reason_once_passed():
+    from grpo_conform.gate.plan import DEADLINE_REASON, Stop
+
+    now = [100.0]
+    stop = Stop(deadline=105.0, clock=lambda: now[0])
+    assert stop.reason is None and stop.remaining() == 5.0
+    now[0] = 105.0
+    assert stop.reason == DEADLINE_REASON and stop.remaining() == 0.0
+    stop.reason = "not run: --fail-fast stopped the run"  # an explicit reason still wins once set
+    assert stop.reason.startswith("not run: --fail-fast")
+    assert Stop().reason is None and Stop().remaining() is None
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_deadline_reports_what_it_did_not_start(jobs):
+    """--deadline: nothing starts once it passes, every workload left is 'not run' with that reason (kind
+    'stopped'). With more slots than implementations each workload is its own job: several stopped jobs of
+    one implementation merge into one verdict (they used to be refused as duplicate skips)."""
+    from grpo_conform.gate.plan import DEADLINE_REASON
+
+    report = run_check(CheckRequest((str(GALLERY / "float64-eager"),), device="cpu", members=("token-is",),
+                                    deadline=1e-9, jobs=jobs))
+    (impl,) = report.implementations
+    (member,) = impl.members
+    assert impl.status == "skipped" and not member.workloads
+    stopped = [n for n in member.coverage.not_run if n.kind == "stopped"]
+    assert stopped and all(n.reason == DEADLINE_REASON for n in stopped)

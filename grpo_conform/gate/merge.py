@@ -210,7 +210,8 @@ def merge_implementations(pieces: list[Piece]) -> list[ImplementationResult]:
                 spec_of.setdefault(m.member, (m.spec.identity, p.origin))
                 by_member.setdefault(m.member, []).append((p.origin, m))
         members = [merge_member(parts, member_message) for parts in by_member.values()]
-        if sum(1 for p in group if not p.implementation.workloads and p.implementation.status == "skipped") > 1:
+        if sum(1 for p in group if not p.implementation.workloads and p.implementation.status == "skipped"
+               and not _stopped(p)) > 1:
             raise MergeError(f"duplicate: {group[0].implementation.name} is reported as skipped by several pieces "
                              f"({', '.join(p.origin for p in group)})")
         first = group[0].implementation
@@ -220,6 +221,14 @@ def merge_implementations(pieces: list[Piece]) -> list[ImplementationResult]:
         out.append(ImplementationResult(first.name, first.path, first.identity, first.manifest, status, message,
                                         tuple(w for m in members for w in m.workloads), worker, tuple(members)))
     return out
+
+
+def _stopped(piece: Piece) -> bool:
+    """A piece whose work was not started because the run stopped (--fail-fast, --deadline, an
+    interrupt): several of those are expected in one slot run, unlike two shards each reporting
+    an implementation as skipped."""
+    members = piece.implementation.members
+    return bool(members) and all(any(n.kind == "stopped" for n in m.coverage.not_run) for m in members)
 
 
 def run_merge(request: MergeRequest):

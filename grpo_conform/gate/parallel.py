@@ -103,10 +103,12 @@ def _slot_request(request, units, device: str) -> dict:
 
 
 class _Runner:
-    def __init__(self, request, plan, device, say, slots):
+    def __init__(self, request, plan, device, say, slots, stop=None):
+        from grpo_conform.check import run_stop
+
         self.request, self.plan, self.device, self.say, self.slots = request, plan, device, say, slots
         self.queue: queue.Queue = queue.Queue()
-        self.stop = Stop()
+        self.stop = stop if stop is not None else run_stop(request)
         self.lock = threading.Lock()
         self.running: dict[str, subprocess.Popen] = {}
         self.pieces: list = []
@@ -115,7 +117,10 @@ class _Runner:
 
     def run_job(self, slot: Slot, n: int, units) -> None:
         req, out = self.folder / f"job{n}.request.json", self.folder / f"job{n}.report.json"
-        req.write_text(json.dumps(_slot_request(self.request, units, self.device.type)))
+        fields = _slot_request(self.request, units, self.device.type)
+        if self.stop.deadline is not None:  # what is left of the run's --deadline, counted again in the slot
+            fields["deadline"] = self.stop.remaining()
+        req.write_text(json.dumps(fields))
         env = dict(os.environ, **slot.env)
         proc = subprocess.Popen([sys.executable, "-m", "grpo_conform.gate.slot", str(req), str(out)], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -203,7 +208,7 @@ def _coverage_lost(m, why: str):
     return Coverage((), m.not_run + tuple(NotRun(w.name, why, "skipped") for w in m.workloads))
 
 
-def run_slots(request, plan, device, say):
+def run_slots(request, plan, device, say, stop=None):
     import torch
 
     from grpo_conform.check import CheckReport, check_implementation
@@ -213,7 +218,7 @@ def run_slots(request, plan, device, say):
     gpu_count = torch.cuda.device_count() if device.type == "cuda" else 0
     slots, notes = plan_slots(device.type, request.gpus, request.jobs, request.timing, gpu_count)
     started = utc_now()
-    runner = _Runner(request, plan, device, say, slots)
+    runner = _Runner(request, plan, device, say, slots, stop)
     for n, units in enumerate(make_jobs(plan, len(slots))):
         runner.queue.put((n, units))
     say.line(f"{len(slots)} slots ({', '.join(s.name for s in slots)}), {runner.queue.qsize()} jobs")

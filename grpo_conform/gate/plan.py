@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +27,29 @@ class SelectionError(GrpoConformError):
     """A --check, --member, --workload or --shard value that selects nothing or is malformed."""
 
 
-@dataclass
-class Stop:
-    """Set once (--fail-fast, or an interrupt): what is not started after it is reported as not run."""
+DEADLINE_REASON = "not run: --deadline reached before it started"
 
-    reason: str | None = None
+
+class Stop:
+    """Set once (--fail-fast, an interrupt, or --deadline passing): what is not started after it is
+    reported as not run. `deadline` is a time.monotonic() value; the reason appears once it passes."""
+
+    def __init__(self, reason: str | None = None, deadline: float | None = None, clock=time.monotonic):
+        self._reason, self.deadline, self._clock = reason, deadline, clock
+
+    @property
+    def reason(self) -> str | None:
+        if self._reason is None and self.deadline is not None and self._clock() >= self.deadline:
+            self._reason = DEADLINE_REASON
+        return self._reason
+
+    @reason.setter
+    def reason(self, value: str | None) -> None:
+        self._reason = value
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - self._clock())
 
 
 @dataclass(frozen=True)
