@@ -237,8 +237,12 @@ def test_paths_outside_the_project_are_refused_and_never_read(env, bad, monkeypa
 def test_v1_record_with_an_absolute_path_is_refused_by_semantics(env) -> None:
     """v1's schema allows any path; the shared semantic check does not."""
     project, key, trust = env
-    record = next((PROJECT_ROOT / "evidence" / "h200").glob("pytorch--*.json"))
-    st = json.loads(base64.b64decode(json.loads(record.read_text())["payload"]))
+    def statement(path):
+        return json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
+
+    # a v1 record (the 2026-11-30 run), chosen by its predicate type: glob order is the file system's
+    records = sorted((PROJECT_ROOT / "evidence" / "h200").glob("pytorch--*.json"))
+    st = next(s for s in map(statement, records) if s["predicateType"].endswith("/check-result/v1"))
     st["subject"][0]["name"] = st["predicate"]["implementation"]["path"] = "/etc"
     st["predicate"]["configuration"][1]["uri"] = "/etc"
     path = signed_record(project / "evidence" / "v1.json", st, key)
