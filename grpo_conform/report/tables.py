@@ -71,7 +71,9 @@ def floor_note(section: Section, protocol: str) -> str:
     models = sorted({r.floor_model for r in rows if r.floor_model})
     ceilings = ", ".join(f"{k.split('_')[0]} {v:.2f} TB/s" for k, v in section.ceilings.items())
     return (f"x floor: median / the record's DRAM floor ({', '.join(models) or 'model not stated'}) at this run's "
-            f"measured ceilings ({ceilings or 'not measured'}); the datasheet ratio beside it. vs #1: median / the "
+            f"measured ceilings ({ceilings or 'not measured'}); masked members since 2026-12-02: the median "
+            f"over calls of each call's time / the floor of its own inputs' mask; the datasheet ratio beside "
+            f"it. vs #1: median / the "
             f"fastest conformant median on the same workload. wall: host-inclusive time per call.")
 
 
