@@ -21,7 +21,7 @@ from grpo_conform.evidence import (
     write_evidence,
     write_record,
 )
-from grpo_conform.evidence.dsse import parse_envelope
+from grpo_conform.evidence.dsse import loads_strict, parse_envelope
 from grpo_conform.evidence.statement import json_ready
 from grpo_conform.evidence.statement import PROJECT_ROOT
 from test_evidence_support import make_project, new_key, outcome, synthetic_impl, synthetic_report
@@ -79,7 +79,9 @@ def test_real_report_statement(real_report) -> None:
     assert p["hardware"]["device"] == real_report.device and p["software"] == real_report.software
     assert p["run"]["started"].endswith("Z") and p["run"]["finished"].endswith("Z")
     data = statement_bytes(st)  # the whole real report serializes under RFC 8785
-    assert json.loads(data) == st and canonical_bytes(json.loads(data)) == data
+    # read back as `verify` reads it: RFC 8785 prints an integral double below 1e21 without an exponent (an
+    # allowance of 4.2e19 came out of one run), so a plain json.loads gives an int and a flaky inequality
+    assert loads_strict(data) == st and canonical_bytes(loads_strict(data)) == data
 
 
 def test_real_report_round_trip(real_report, tmp_path) -> None:
@@ -198,3 +200,14 @@ def test_schema_allows_extra_fields(proj) -> None:
     st["predicate"]["future_field"] = True
     st["extra"] = 1
     assert schema_problems(st) == []
+
+
+def test_large_integral_doubles_read_back_as_doubles() -> None:
+    """RFC 8785 writes 4.198706331037212e19 as 41987063310372120000; read back with `loads_strict` it is the
+    same double (json.loads gives an int of another value, and rfc8785 refuses to write that int again)."""
+    st = {"allowed": 4.198706331037212e19, "small": 3, "exact": 2.0**53}
+    data = statement_bytes(st)
+    assert b"41987063310372120000" in data
+    back = loads_strict(data)
+    assert back == st and isinstance(back["allowed"], float) and canonical_bytes(back) == data
+    assert json.loads(data)["allowed"] != st["allowed"]  # what the flaky assertion used to compare

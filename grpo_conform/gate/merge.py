@@ -102,7 +102,9 @@ def pieces_from_report(doc: dict[str, Any], origin: str) -> list[Piece]:
 def pieces_from_record(path: str) -> list[Piece]:
     from grpo_conform.evidence.records import read_envelope
 
-    statement = json.loads(read_envelope(path).payload)
+    from grpo_conform.evidence.dsse import json_int
+
+    statement = json.loads(read_envelope(path).payload, parse_int=json_int)  # as `verify` reads payloads
     p = statement.get("predicate", {})
     try:
         impl, spec = p["implementation"], p["spec"]
