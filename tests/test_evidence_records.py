@@ -133,27 +133,10 @@ def test_run_sign_without_a_key_or_with_a_bad_file_signs_nothing(tmp_path, proj,
 
 def test_write_evidence_writes_one_record_per_member(tmp_path, proj, monkeypatch) -> None:
     """Issue 13 decision 8: an ImplementationResult with members gives one record per member."""
-    from dataclasses import dataclass
-    from types import SimpleNamespace
-
     monkeypatch.chdir(proj)
     impl = synthetic_impl(proj / "implementations" / "pytorch")
     report = synthetic_report(proj, impl)
-    spec = next(iter(report.specs.values()))
-
-    @dataclass(frozen=True)
-    class WithMembers:
-        base: object
-        members: tuple
-
-        def __getattr__(self, name):
-            return getattr(self.base, name)
-
-    members = tuple(SimpleNamespace(spec=SimpleNamespace(**{k: getattr(spec, k) for k in (
-        "id", "version", "identity", "source", "workloads")}, member=m, family="grpo-token-is"),
-        status="conformant", message=m, workloads=impl.workloads, coverage=None) for m in ("a", "b"))
-    report = type(report)(report.device, report.interpreter, (WithMembers(impl, members),), report.specs,
-                          report.started, report.finished, report.software, report.hardware)
+    report = _with_members(report, impl, next(iter(report.specs.values())), {"a": "ran", "b": "ran"})
     written = write_evidence(report, tmp_path / "out", None)
     names = sorted(os.path.basename(w.path) for w in written)
     assert [n.split("--")[:2] for n in names] == [["pytorch", "a"], ["pytorch", "b"]]
@@ -191,7 +174,7 @@ def test_write_evidence_of_slot_parts(tmp_path, proj, monkeypatch) -> None:
     every selected member, most of them run elsewhere. Those get no record (a record of them would say
     'conformant' on no check, which `verify` refuses: the H200 run of 2026-12-02 lost every record of
     its step that way); two slots' records of one member finished in the same second both survive."""
-    from dataclasses import replace as dc_replace
+    from types import SimpleNamespace
 
     monkeypatch.chdir(proj)
     impl = synthetic_impl(proj / "implementations" / "pytorch")
@@ -199,8 +182,6 @@ def test_write_evidence_of_slot_parts(tmp_path, proj, monkeypatch) -> None:
     spec = next(iter(base.specs.values()))
     one = _with_members(base, impl, spec, {"a": "ran", "b": "elsewhere"})
     two = _with_members(base, impl, spec, {"a": "ran", "b": "ran"})
-    from types import SimpleNamespace
-
     written = write_evidence(SimpleNamespace(parts=(one, two)), tmp_path / "out", None)
     names = sorted(os.path.basename(w.path) for w in written)
     stamp = names[0].split("--")[3]

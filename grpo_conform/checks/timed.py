@@ -212,18 +212,18 @@ class WorkloadTiming:
                               "median": sorted(m.unmasked for m in masks)[len(masks) // 2],
                               "scored": masks[0].scored},
         }
-        strict = []
-        for key, field in (("floor_ratio", "dram_ns"), ("measured_floor_ratio", "measured_ns"), (None, "strict_ns")):
+
+        def median_ratio(field: str) -> float | None:
             ratios = [c["event_ns"] / getattr(floors[m.unmasked], field) for c, m in zip(calls, masks)
                       if getattr(floors[m.unmasked], field)]
-            if not ratios:
-                continue
-            mid = sorted(ratios)[len(ratios) // 2]
-            if key is None:
-                strict = ratios
-            else:
-                out[key] = json_float(mid)
-        out["below_floor"] = bool(strict) and sorted(strict)[len(strict) // 2] < 1.0
+            return sorted(ratios)[len(ratios) // 2] if ratios else None  # the upper median, as recorded
+
+        for key, field in (("floor_ratio", "dram_ns"), ("measured_floor_ratio", "measured_ns")):
+            ratio = median_ratio(field)
+            if ratio is not None:
+                out[key] = json_float(ratio)
+        strict = median_ratio("strict_ns")
+        out["below_floor"] = strict is not None and strict < 1.0
         return out
 
     def _recheck(self, i: int, slot: InputSlot, protocol: str) -> dict[str, Any]:

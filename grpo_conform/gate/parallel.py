@@ -103,12 +103,10 @@ def _slot_request(request, units, device: str) -> dict:
 
 
 class _Runner:
-    def __init__(self, request, plan, device, say, slots, stop=None):
-        from grpo_conform.check import run_stop
-
+    def __init__(self, request, plan, device, say, slots, stop: Stop):
         self.request, self.plan, self.device, self.say, self.slots = request, plan, device, say, slots
         self.queue: queue.Queue = queue.Queue()
-        self.stop = stop if stop is not None else run_stop(request)
+        self.stop = stop  # the run's (check.run_stop): --deadline counted from the start of the run
         self.lock = threading.Lock()
         self.running: dict[str, subprocess.Popen] = {}
         self.pieces: list = []
@@ -208,7 +206,7 @@ def _coverage_lost(m, why: str):
     return Coverage((), m.not_run + tuple(NotRun(w.name, why, "skipped") for w in m.workloads))
 
 
-def run_slots(request, plan, device, say, stop=None):
+def run_slots(request, plan, device, say, stop: Stop):
     import torch
 
     from grpo_conform.check import CheckReport, check_implementation
