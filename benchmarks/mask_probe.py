@@ -7,8 +7,8 @@ Sections (`--only`, comma-separated):
   copy floor at those ceilings: the ramp and tail every kernel of that size pays (issue 14's
   batch-2 target is a ratio to the same floor);
 - `mask`: token-offpolicy-mask at batch 8, forward + loss.backward() (c = 1), for right-padded
-  masks of several unmasked fractions (round 10 also tried the grid interleaved by position, so that
-  write-only padding rows run beside read + write rows: no gain, 0.99-1.03x of sequence order);
+  masks of several unmasked fractions, with the grid in sequence order and interleaved by position
+  (staged_members.INTERLEAVE_MASKED, the shipped order); the two orders' gradients must be identical;
 - `validator`: the same call on the validator's own mask-b8 inputs (grpo_conform.inputs.generate),
   then with an int64 mask and with plain randn logits, to find which input moves the time.
 
@@ -65,7 +65,7 @@ def padded_mask(batch: int, seq: int, fraction: float, gen: torch.Generator) -> 
     return (torch.arange(seq, device="cuda")[None] < lens[:, None]).to(torch.int64).contiguous()
 
 
-def mask_rounds(impl, ceil, reps: int) -> None:
+def mask_rounds(impl, staged_members, ceil, reps: int) -> None:
     x, ids, adv, old, _ref, _mask = kv.member_inputs()
     batch, seq_next, vocab = x.shape
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -76,8 +76,20 @@ def mask_rounds(impl, ceil, reps: int) -> None:
         floor = (unmasked + batch * seq_next) * vocab * x.element_size() / ceil.copy_bytes_per_s * 1e3
         kw = dict(completion_ids=ids, advantages=adv, old_logprobs=old, completion_mask=mask, epsilon_low=0.2,
                   epsilon_high=0.28, temperature=1.0, loss_type="grpo")
-        ms = kv.time_full(impl.grpo_loss, leaf, kw, "1", reps)
-        kv.emit(kind="mask-full", fraction=unmasked / (batch * (seq_next - 1)), ms=ms, floor_ms=floor, ratio=ms / floor)
+        grads = {}
+        for interleave in (False, True):  # the grid's two orders (staged_members.INTERLEAVE_MASKED)
+            staged_members.INTERLEAVE_MASKED = interleave
+            impl._PLANS.clear()  # the switch is read when a plan builds its launch
+            ms = kv.time_full(impl.grpo_loss, leaf, kw, "1", reps)
+            leaf.grad = None
+            impl.grpo_loss(logits=leaf, **kw).backward()
+            grads[interleave] = leaf.grad.clone()
+            kv.emit(kind="mask-full", interleave=interleave, fraction=unmasked / (batch * (seq_next - 1)), ms=ms,
+                    floor_ms=floor, ratio=ms / floor)
+        kv.emit(kind="mask-identical", fraction=fraction, identical=torch.equal(grads[False], grads[True]))
+        del grads
+    staged_members.INTERLEAVE_MASKED = True  # back to the shipped order
+    impl._PLANS.clear()
     del x, leaf
     torch.cuda.empty_cache()
 
@@ -119,20 +131,20 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
     only = set(args.only.split(","))
-    impl, _plan, _staged, _fast = kv.load()
+    impl, _plan, staged_members, _fast = kv.load()
     ceil = measure_ceilings("cuda")
     kv.emit(kind="ceilings", copy=ceil.copy_bytes_per_s, read=ceil.read_bytes_per_s,
             write=write_ceiling(args.reps) if "ceilings" in only else None)
     if "small" in only:
         small_copies(ceil, args.reps)
     if "mask" in only:
-        mask_rounds(impl, ceil, args.reps)
+        mask_rounds(impl, staged_members, ceil, args.reps)
     if "validator" in only:
         validator_inputs(impl, ceil, args.reps)
     print("\nkind | case | ms | floor ms | x floor")
     for r in kv.ROWS:
         if "ms" in r:
-            case = {k: v for k, v in r.items() if k in ("batch", "seed", "fraction")}
+            case = {k: v for k, v in r.items() if k in ("batch", "seed", "interleave", "fraction")}
             print(f"{r['kind']} | {case} | {r['ms']:.4f} | {r['floor_ms']:.4f} | {r['ratio']:.3f}")
         else:
             print(r)
