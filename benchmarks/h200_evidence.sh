@@ -12,6 +12,9 @@
 #   bash benchmarks/h200_evidence.sh probe10    # CUDA tests, mask_probe.py, the peers on every member (small)
 #   bash benchmarks/h200_evidence.sh final10    # round 10's evidence, part 1: triton (every member small, timed), liger
 #   bash benchmarks/h200_evidence.sh peers10    # part 2, same machine and commit: pytorch, torch-compile, liger-inplace
+#   bash benchmarks/h200_evidence.sh ours11     # round 11's evidence run, 1 of 3: CUDA tests, triton (every member)
+#   bash benchmarks/h200_evidence.sh liger11    # 2 of 3, same machine and commit: liger (seed + 3 members), pytorch masked
+#   bash benchmarks/h200_evidence.sh rest11     # 3 of 3: pytorch, torch-compile, liger-inplace seed; the mask probe
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -203,6 +206,41 @@ case "${1:-probe}" in
     status "peers, every member, small CUDA workloads (--jobs 8, untimed): exit $?"
     check_one triton 125 --member token-offpolicy-mask --member sequence-offpolicy-mask --workload mask-b8
     mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
+    ;;
+  ours11)  # round 11's evidence run, part 1 (~7 min; each part under ~8 min even ~25% slower than call 9):
+           # the CUDA kernel tests on the shipped grid order, our kernel on every member (small, untimed),
+           # the seed member timed at three batches (+ > 2^31 elements, long completion), three masked members
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 110 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py > "$R/cuda-tests.txt" 2>&1
+    status "cuda tests: exit $?"; tail -2 "$R/cuda-tests.txt"
+    timeout -s KILL 100 python3 -m grpo_conform check implementations/triton --workload small-bf16 \
+      --workload odd-vocab --workload mask-small-bf16 --no-timing --deadline 75 --jobs 4 --evidence-dir "$OUT/h200" \
+      --format json > "$R/triton-small.json" 2> "$R/triton-small.log"
+    status "triton, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
+    check_one triton 150 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16 \
+      --workload seed-b17-big --workload long-completion
+    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
+    check_one triton 200 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
+    ;;
+  liger11)  # part 2 (~7 min), right after ours11: Liger on the seed member and the same three masked members,
+            # pytorch on one masked member
+    check_one liger 150 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
+    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
+    check_one liger 240 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/liger.json" "$R/liger-members-b8.json"; mv "$R/liger.log" "$R/liger-members-b8.log"
+    check_one pytorch 110 --member token-offpolicy-mask --workload mask-b8
+    mv "$R/pytorch.json" "$R/pytorch-members-b8.json"; mv "$R/pytorch.log" "$R/pytorch-members-b8.log"
+    ;;
+  rest11)  # part 3 (~6 min): the other peers on the seed member, then both grid orders of the masked kernel
+    check_one pytorch 120 --member token-is --workload seed-b2 --workload seed-b16
+    mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
+    check_one torch-compile 160 --member token-is --workload seed-b2 --workload seed-b16
+    check_one liger-inplace 90 --member token-is --workload seed-b2 --workload seed-b16
+    timeout -s KILL 100 python3 benchmarks/mask_probe.py --only mask > "$R/mask_probe.log" 2>&1
+    status "mask_probe --only mask: exit $?"; grep -v '^{' "$R/mask_probe.log" | tail -12
     ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw

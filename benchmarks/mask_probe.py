@@ -8,7 +8,7 @@ Sections (`--only`, comma-separated):
   batch-2 target is a ratio to the same floor);
 - `mask`: token-offpolicy-mask at batch 8, forward + loss.backward() (c = 1), for right-padded
   masks of several unmasked fractions, with the grid in sequence order and interleaved by position
-  (staged_members.INTERLEAVE_MASKED, the shipped order); the two orders' gradients must be identical;
+  (staged_members.INTERLEAVE_MASKED; sequence order is shipped); the two orders' gradients must be identical;
 - `validator`: the same call on the validator's own mask-b8 inputs (grpo_conform.inputs.generate),
   then with an int64 mask and with plain randn logits, to find which input moves the time.
 
@@ -69,6 +69,7 @@ def mask_rounds(impl, staged_members, ceil, reps: int) -> None:
     x, ids, adv, old, _ref, _mask = kv.member_inputs()
     batch, seq_next, vocab = x.shape
     gen = torch.Generator(device="cuda").manual_seed(7)
+    shipped = staged_members.INTERLEAVE_MASKED
     leaf = x.detach().requires_grad_(True)
     for fraction in FRACTIONS:
         mask = padded_mask(batch, seq_next - 1, fraction, gen)
@@ -88,7 +89,7 @@ def mask_rounds(impl, staged_members, ceil, reps: int) -> None:
                     floor_ms=floor, ratio=ms / floor)
         kv.emit(kind="mask-identical", fraction=fraction, identical=torch.equal(grads[False], grads[True]))
         del grads
-    staged_members.INTERLEAVE_MASKED = True  # back to the shipped order
+    staged_members.INTERLEAVE_MASKED = shipped  # back to the shipped order
     impl._PLANS.clear()
     del x, leaf
     torch.cuda.empty_cache()

@@ -192,6 +192,17 @@ def test_masked_ratios_are_per_call(spec, a100):
     assert timing._per_call_floors("full", [{"event_ns": 5, "mask": None}]) is None  # unmasked members
 
 
+def test_per_call_median_averages_an_even_count(spec, a100):
+    """The per-call ratio is the same median as every Distribution (statistics.median), not the upper one."""
+    timing = _timing_with_floors(spec, a100)
+    kept, scale = (2000, 1200, 400, 1600), (1.1, 1.4, 1.2, 1.3)
+    calls = [{"event_ns": int(r * timing.floor_of("full", _mask_count(k)).dram_ns), "mask": _mask_count(k)}
+             for k, r in zip(kept, scale)]
+    per_call = timing._per_call_floors("full", calls)
+    assert per_call["floor_ratio"] == pytest.approx(1.25, rel=1e-5)
+    assert per_call["unmasked_rows"]["median"] == 1400
+
+
 def test_per_call_floor_catches_what_the_lowest_floor_misses(spec, a100):
     """Hostile: fast only where it is checked loosely. Calls at 0.9x the strict floor of their own inputs
     are impossible, though each is above the strict floor of the set with the fewest unmasked rows."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -209,14 +210,14 @@ class WorkloadTiming:
             "method": "median over timed calls of (call time / floor of that call's own inputs, traffic-v1)",
             "calls": len(calls),
             "unmasked_rows": {"min": min(m.unmasked for m in masks), "max": max(m.unmasked for m in masks),
-                              "median": sorted(m.unmasked for m in masks)[len(masks) // 2],
+                              "median": statistics.median(m.unmasked for m in masks),
                               "scored": masks[0].scored},
         }
 
         def median_ratio(field: str) -> float | None:
             ratios = [c["event_ns"] / getattr(floors[m.unmasked], field) for c, m in zip(calls, masks)
                       if getattr(floors[m.unmasked], field)]
-            return sorted(ratios)[len(ratios) // 2] if ratios else None  # the upper median, as recorded
+            return statistics.median(ratios) if ratios else None  # the same median as Distribution
 
         for key, field in (("floor_ratio", "dram_ns"), ("measured_floor_ratio", "measured_ns")):
             ratio = median_ratio(field)
