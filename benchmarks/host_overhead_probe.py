@@ -1,7 +1,9 @@
 """Where the host time of one call goes at a launch-bound shape (issue 14): the current Triton
 implementation's forward and full call, and the pieces they are made of (allocations, one
 triton launch through `kernel[grid]` and through the compiled kernel's own launcher, an empty
-autograd.Function). Wall time per call by triton.testing.do_bench (back-to-back calls, median).
+autograd.Function, and the least any kernel implementation of the call must do: a fresh loss and a
+fresh gradient, one launch in forward and one in backward). Wall time per call by
+triton.testing.do_bench (back-to-back calls, median).
 
 Run on the GPU machine from the repo root: python3 benchmarks/host_overhead_probe.py
 """
@@ -41,6 +43,26 @@ class _Id(torch.autograd.Function):
         return g.expand(4)
 
 
+class _Minimal(torch.autograd.Function):
+    """The least any kernel implementation of this call does: a fresh loss and one launch in forward,
+    a fresh gradient of the logits' shape and one launch in backward (compiled launchers, no checks)."""
+    run = None
+
+    @staticmethod
+    def forward(ctx, logits, x):
+        loss = torch.empty((), device=logits.device)
+        _Minimal.run(x, 1024, 1024)
+        ctx.shape = logits.shape
+        ctx.x = x
+        return loss
+
+    @staticmethod
+    def backward(ctx, g):
+        grad = torch.empty(ctx.shape, device=g.device, dtype=torch.bfloat16)
+        _Minimal.run(ctx.x, 1024, 1024)
+        return grad, None
+
+
 def row(label, fn):
     ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
     print(f"{label:60s} {ms * 1000:9.1f} us")
@@ -64,6 +86,17 @@ def main():
         print("compiled runner failed:", type(e).__name__, e)
     leaf = torch.zeros(4, device=dev, requires_grad=True)
     row("autograd.Function apply + backward (empty)", lambda: _Id.apply(leaf).backward())
+    try:
+        _Minimal.run = compiled[(1, 1, 1)]
+        lm = torch.zeros(b, s + 1, v, device=dev, dtype=torch.bfloat16, requires_grad=True)
+
+        def minimal():
+            lm.grad = None
+            _Minimal.apply(lm, x).backward()
+
+        row("minimal op: 2 allocations + 2 launches, apply + backward", minimal)
+    except Exception as e:
+        print("minimal op failed:", type(e).__name__, e)
     impl = load_impl("triton")
     with torch.no_grad():
         row("ours: forward under no_grad", lambda: impl.grpo_loss(logits, ids, adv, 0.2, 0.2, 1.0))
