@@ -1,17 +1,8 @@
 #!/usr/bin/env bash
 # The evidence run (device tool, one H200), in parts that each fit one 10-minute device call:
 #   bash benchmarks/h200_evidence.sh probe      # worker isolation on CUDA + the CUDA kernel tests
-#   bash benchmarks/h200_evidence.sh triton     # our kernel: every member, seed workloads timed, > 2^31
-#   bash benchmarks/h200_evidence.sh peers      # peers on the seed spec; triton, liger, pytorch on four members
 #   bash benchmarks/h200_evidence.sh bench      # the CUDA timing gallery and benchmarks/kernel_v3.py
-#   bash benchmarks/h200_evidence.sh kernel     # CUDA tests, triton on every member (+ long completion), kernel_v3
-#   bash benchmarks/h200_evidence.sh peers2     # peers on the seed member (+ long completion), slots compared
-#   bash benchmarks/h200_evidence.sh final      # triton seed member (+ long), peers' long completion, peers, slots
-#   bash benchmarks/h200_evidence.sh final9     # round 9's timed evidence (triton seed + 3 members, liger seed)
 #   bash benchmarks/h200_evidence.sh small9     # every implementation x member at the small CUDA workloads
-#   bash benchmarks/h200_evidence.sh probe10    # CUDA tests, mask_probe.py, the peers on every member (small)
-#   bash benchmarks/h200_evidence.sh final10    # round 10's evidence, part 1: triton (every member small, timed), liger
-#   bash benchmarks/h200_evidence.sh peers10    # part 2, same machine and commit: pytorch, torch-compile, liger-inplace
 #   bash benchmarks/h200_evidence.sh ours11     # round 11's evidence run, 1 of 3: CUDA tests, triton (every member)
 #   bash benchmarks/h200_evidence.sh liger11    # 2 of 3, same machine and commit: liger (seed + 3 members), pytorch masked
 #   bash benchmarks/h200_evidence.sh rest11     # 3 of 3: pytorch, torch-compile, liger-inplace seed; the mask probe
@@ -21,6 +12,8 @@
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
 # afterwards, off this machine, with `grpo-conform sign`); reports and logs under $OUT/reports.
 # GRPO_CONFORM_GIT_COMMIT names the commit the tree travelled from (the tree has no .git there).
+# Earlier rounds' parts (triton, peers, kernel, final, final9, final10, ...) are in git history at the
+# commits their results name (README, docs/triton-kernel-notes.md).
 set -u
 . benchmarks/device_common.sh
 export GRPO_CONFORM_BUILDER_ID=${GRPO_CONFORM_BUILDER_ID:-device-tool:nvidia-h200}
@@ -58,96 +51,12 @@ case "${1:-probe}" in
       --no-evidence --format json > "$R/gallery-cuda-new.json" 2> "$R/gallery-cuda-new.log"
     status "gallery (int32-offsets, forward-skips-logits, full-skips-gradient): exit $?"
     ;;
-  triton)
-    probe_user
-    check_one triton 560 --member token-is ${TRITON_ARGS:-}
-    ;;
-  peers)
-    probe_user
-    for name in pytorch liger liger-inplace torch-compile; do
-      check_one "$name" 100 --member token-is --workload seed-b2 --workload seed-b16 --workload small-bf16
-    done
-    for name in triton liger pytorch; do
-      check_one "$name" 75 --member token-offpolicy-mask --member token-offpolicy-mask-kl --member dapo-mask \
-        --member sequence-offpolicy-mask --workload mask-b8
-      mv "$R/$name.json" "$R/$name-members.json"; mv "$R/$name.log" "$R/$name-members.log"
-    done
-    ;;
-  last)
-    timeout -s KILL 120 python3 benchmarks/layout_probe.py > "$R/layout-probe.txt" 2>&1; cat "$R/layout-probe.txt" | tail -4
-    check_one torch-compile 110 --member token-is --workload seed-b2 --workload seed-b16 --workload small-bf16
-    for name in triton liger; do
-      check_one "$name" 100 --member token-offpolicy-mask --member sequence-offpolicy-mask --workload mask-b8
-      mv "$R/$name.json" "$R/$name-members.json"; mv "$R/$name.log" "$R/$name-members.log"
-    done
-    ;;
   bench)
     timeout -s KILL 90 python3 -m grpo_conform check tests/gallery/side-stream tests/gallery/cached-timing \
       tests/gallery/correct-then-lazy --workload seed-b2 --no-evidence > "$R/gallery-cuda.txt" 2>&1
     status "gallery (side-stream, cached-timing, correct-then-lazy; must fail): exit $?"
     timeout -s KILL 330 python3 benchmarks/kernel_v3.py ${KERNEL_V3_ARGS:---quick} > "$R/kernel_v3.log" 2>&1
     status "kernel_v3: exit $?"; grep -v '^{' "$R/kernel_v3.log" | tail -40
-    ;;
-  kernel)  # one call: CUDA tests, our kernel on every member (seed workloads timed, long completion), kernel_v3
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    timeout -s KILL 170 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py > "$R/cuda-tests.txt" 2>&1
-    status "cuda tests: exit $?"; tail -3 "$R/cuda-tests.txt"
-    check_one triton 230 --member token-is --extended
-    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
-    check_one triton 200 --member token-offpolicy-mask --member token-offpolicy-mask-kl --member dapo-mask \
-      --member sequence-offpolicy-mask --workload mask-b8 --workload mask-small-bf16
-    mv "$R/triton.json" "$R/triton-members.json"; mv "$R/triton.log" "$R/triton-members.log"
-    check_one triton 90 --member bnpo-mask --member dr-grpo-mask --member token-offpolicy-mask-delta \
-      --member cispo-mask --member dapo-global-mask --member vllm-is-mask --workload mask-small-bf16 --no-timing
-    mv "$R/triton.json" "$R/triton-members-small.json"; mv "$R/triton.log" "$R/triton-members-small.log"
-    timeout -s KILL 150 python3 benchmarks/kernel_v3.py --quick > "$R/kernel_v3.log" 2>&1
-    status "kernel_v3: exit $?"; grep -v '^{' "$R/kernel_v3.log" | tail -30
-    ;;
-  peers2)  # one call: the peers on the seed member (with the long completion), Liger on four members, slots
-    for name in pytorch liger; do check_one "$name" 170 --member token-is --extended; done
-    check_one liger-inplace 60 --member token-is --workload seed-b2 --workload small-bf16
-    check_one liger 150 --member token-offpolicy-mask --member token-offpolicy-mask-kl --member dapo-mask \
-      --member sequence-offpolicy-mask --workload mask-b8
-    mv "$R/liger.json" "$R/liger-members.json"; mv "$R/liger.log" "$R/liger-members.log"
-    for how in serial gpus jobs; do  # issue 15: the same verdicts whatever the slots
-      case $how in serial) extra="";; gpus) extra="--gpus 0";; jobs) extra="--jobs 2";; esac
-      timeout -s KILL 60 python3 -m grpo_conform check implementations/pytorch implementations/triton --member token-is \
-        --workload small-bf16 --workload odd-vocab --workload batch1-seq1 --workload fp32-small --no-timing \
-        --no-evidence --format json $extra > "$R/slots-$how.json" 2> "$R/slots-$how.log"
-      status "slots $how: exit $?"
-    done
-    python3 benchmarks/compare_verdicts.py "$R"/slots-serial.json "$R"/slots-gpus.json "$R"/slots-jobs.json | tee "$R/slots.txt"
-    check_one torch-compile 150 --member token-is --workload seed-b2 --workload small-bf16 --extended --workload long-completion
-    ;;
-  final)  # one call: triton on the seed member (+ long completion), every peer on the long completion,
-          # liger and pytorch on the seed member, the slot comparison (issue 15)
-    check_one triton 200 --member token-is --extended
-    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
-    timeout -s KILL 140 python3 -m grpo_conform check implementations/pytorch implementations/liger \
-      implementations/liger-inplace implementations/torch-compile --member token-is --extended \
-      --workload long-completion --no-timing --no-evidence --format json > "$R/long-peers.json" 2> "$R/long-peers.log"
-    status "long completion, peers: exit $?"
-    SEEDW="--workload seed-b2 --workload seed-b8 --workload seed-b16 --workload small-bf16 --workload odd-vocab
-      --workload batch1-seq1 --workload fp32-small --workload fp16-small --workload drawn-bf16 --workload seed-b17-big"
-    for name in liger pytorch; do check_one "$name" 120 --member token-is $SEEDW; done
-    for how in serial gpus jobs; do  # issue 15: the same verdicts whatever the slots
-      case $how in serial) extra="";; gpus) extra="--gpus 0";; jobs) extra="--jobs 2";; esac
-      timeout -s KILL 40 python3 -m grpo_conform check implementations/pytorch implementations/triton --member token-is \
-        --workload small-bf16 --workload odd-vocab --workload batch1-seq1 --no-timing \
-        --no-evidence --format json $extra > "$R/slots-$how.json" 2> "$R/slots-$how.log"
-      status "slots $how: exit $?"
-    done
-    python3 benchmarks/compare_verdicts.py "$R"/slots-serial.json "$R"/slots-gpus.json "$R"/slots-jobs.json | tee "$R/slots.txt"
-    ;;
-  final9)  # one call (~5 min), round 9's evidence: the timed runs, one at a time
-    check_one triton 150 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16 \
-      --workload seed-b17-big --extended --workload long-completion
-    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
-    check_one triton 150 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
-      --workload mask-b8
-    mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
-    check_one liger 75 --member token-is --workload seed-b2 --workload seed-b16
-    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
     ;;
   small9)  # one call (~6 min): every bundled implementation on every member it declares at the small CUDA
            # workloads, untimed, in parallel (in final9 it was cut at 170 s with torch-compile 4 of 11 done,
@@ -157,56 +66,6 @@ case "${1:-probe}" in
       --workload mask-small-bf16 --no-timing --deadline 360 --jobs 4 --evidence-dir "$OUT/h200" --format json \
       > "$R/all-small.json" 2> "$R/all-small.log"
     status "every implementation, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
-    ;;
-  probe10)  # one call (~7 min): CUDA tests, benchmarks/mask_probe.py (round 10), and the peers on every member
-            # they declare at the small CUDA workloads, untimed, --jobs 6 (one unit per slot: torch-compile's
-            # compiles no longer serialise on one slot as in small9)
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py > "$R/cuda-tests.txt" 2>&1
-    status "cuda tests: exit $?"; tail -3 "$R/cuda-tests.txt"
-    timeout -s KILL 150 python3 benchmarks/mask_probe.py > "$R/mask_probe.log" 2>&1
-    status "mask_probe: exit $?"; grep -v '^{' "$R/mask_probe.log" | tail -30
-    timeout -s KILL 300 python3 -m grpo_conform check implementations/liger implementations/pytorch \
-      implementations/torch-compile implementations/liger-inplace --workload small-bf16 --workload odd-vocab \
-      --workload mask-small-bf16 --no-timing --deadline 250 --jobs 6 --evidence-dir "$OUT/h200" --format json \
-      > "$R/peers-small.json" 2> "$R/peers-small.log"
-    status "peers, every member, small CUDA workloads (--jobs 6, untimed): exit $?"
-    ;;
-  final10)  # one call (~8 min), the first half of round 10's evidence run: ours and Liger
-    timeout -s KILL 120 python3 -m grpo_conform check implementations/triton --workload small-bf16 \
-      --workload odd-vocab --workload mask-small-bf16 --no-timing --deadline 90 --jobs 4 --evidence-dir "$OUT/h200" \
-      --format json > "$R/triton-small.json" 2> "$R/triton-small.log"
-    status "triton, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
-    check_one triton 130 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16 \
-      --workload seed-b17-big --workload long-completion
-    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
-    check_one triton 150 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
-      --workload mask-b8
-    mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
-    check_one liger 90 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
-    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
-    check_one liger 150 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
-      --workload mask-b8
-    mv "$R/liger.json" "$R/liger-members-b8.json"; mv "$R/liger.log" "$R/liger-members-b8.log"
-    ;;
-  peers10)  # the second half (~5 min), right after final10 on the same machine and commit: the other peers
-    check_one pytorch 110 --member token-is --workload seed-b2 --workload seed-b16
-    mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
-    check_one pytorch 80 --member token-offpolicy-mask --workload mask-b8
-    mv "$R/pytorch.json" "$R/pytorch-members-b8.json"; mv "$R/pytorch.log" "$R/pytorch-members-b8.log"
-    check_one torch-compile 150 --member token-is --workload seed-b2 --workload seed-b16
-    check_one liger-inplace 80 --member token-is --workload seed-b2 --workload seed-b16
-    ;;
-  last10)  # what final10 could not finish (its steps ran ~25% slower than round 9's): the peers on every member
-           # at the small CUDA workloads (probe10's records were lost to the slot-record bug, fixed since), then
-           # triton on two masked members at mask-b8 with the per-call floor ratios
-    timeout -s KILL 230 python3 -m grpo_conform check implementations/liger implementations/pytorch \
-      implementations/torch-compile implementations/liger-inplace --workload small-bf16 --workload odd-vocab \
-      --workload mask-small-bf16 --no-timing --deadline 190 --jobs 8 --evidence-dir "$OUT/h200" --format json \
-      > "$R/peers-small.json" 2> "$R/peers-small.log"
-    status "peers, every member, small CUDA workloads (--jobs 8, untimed): exit $?"
-    check_one triton 125 --member token-offpolicy-mask --member sequence-offpolicy-mask --workload mask-b8
-    mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
     ;;
   ours11)  # round 11's evidence run, part 1 (~7 min; each part under ~8 min even ~25% slower than call 9):
            # the CUDA kernel tests on the shipped grid order, our kernel on every member (small, untimed),
