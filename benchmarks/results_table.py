@@ -2,7 +2,10 @@
 per implementation, each cell `device ms (x floor), wall ms` (median device time through the harness,
 its ratio to the run's measured floor, host-inclusive wall time). Untimed records are left out.
 
-    python3 benchmarks/results_table.py evidence/h200 --since 20261202T10 [--impl triton --impl liger ...]
+    python3 benchmarks/results_table.py evidence/h200 --since 20261202T113 [--until 20261202T13] [--impl triton ...]
+
+A record's place in time is the UTC stamp in its file name; where several records time the same cell,
+the last one read (file name order) wins, so bound the run with --since and --until.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from pathlib import Path
 PROTOCOLS = ("full", "full-scaled", "forward")
 
 
-def statements(paths: list[str], since: str):
+def statements(paths: list[str], since: str, until: str = ""):
     for p in paths:
         files = sorted(Path(p).glob("*.intoto.json")) if Path(p).is_dir() else [Path(p)]
         for f in files:
             stamp = f.name.split("--")[-2]
-            if stamp.split("-")[0] < since:
+            stamp = stamp.split("-")[0]
+            if stamp < since or (until and stamp >= until):
                 continue
             envelope = json.loads(f.read_text())
             yield f.name, json.loads(base64.b64decode(envelope["payload"]))
@@ -40,11 +44,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--since", default="", help="UTC stamp prefix, e.g. 20261202T10: records finished then or later")
+    ap.add_argument("--until", default="", help="UTC stamp prefix: records finished before it (default: no bound)")
     ap.add_argument("--impl", action="append", default=[], help="column order (default: as found)")
     args = ap.parse_args()
     rows: dict[tuple, dict[str, str]] = {}
     impls: list[str] = list(args.impl)
-    for _name, st in statements(args.paths, args.since):
+    for _name, st in statements(args.paths, args.since, args.until):
         p = st["predicate"]
         impl, member = p["implementation"]["name"], p["spec"].get("member", "")
         for w in p["workloads"]:
