@@ -40,7 +40,7 @@ FRACTIONS = (1.0, 0.8, 0.65, 0.5, 0.25, 0.0)
 def write_ceiling(reps: int) -> float:
     buf = torch.empty(2 * 1024**3, dtype=torch.bfloat16, device="cuda")
     ns = time_cuda(lambda: buf.zero_(), reps=reps, warmup=3)
-    rate = buf.numel() * 2 / (sorted(ns)[len(ns) // 2] / 1e9)
+    rate = buf.numel() * 2 / (kv.median_ms(ns) / 1e3)
     del buf
     torch.cuda.empty_cache()
     return rate
@@ -57,6 +57,13 @@ def small_copies(ceil, reps: int) -> None:
         torch.cuda.empty_cache()
 
 
+def masked_floor_ms(x: torch.Tensor, unmasked: int, ceil) -> float:
+    """traffic-v1's full-call floor for a masked member, logits terms only: the unmasked rows read, every
+    row's gradient written, all at the copy rate (as many bytes written as read or more)."""
+    batch, seq_next, vocab = x.shape
+    return (unmasked + batch * seq_next) * vocab * x.element_size() / ceil.copy_bytes_per_s * 1e3
+
+
 def padded_mask(batch: int, seq: int, fraction: float, gen: torch.Generator) -> torch.Tensor:
     """Right padding, lengths spread +-25% of seq around `fraction` (clamped), mean close to it."""
     centre = fraction * seq
@@ -67,14 +74,14 @@ def padded_mask(batch: int, seq: int, fraction: float, gen: torch.Generator) -> 
 
 def mask_rounds(impl, staged_members, ceil, reps: int) -> None:
     x, ids, adv, old, _ref, _mask = kv.member_inputs()
-    batch, seq_next, vocab = x.shape
+    batch, seq_next, _vocab = x.shape
     gen = torch.Generator(device="cuda").manual_seed(7)
     shipped = staged_members.INTERLEAVE_MASKED
     leaf = x.detach().requires_grad_(True)
     for fraction in FRACTIONS:
         mask = padded_mask(batch, seq_next - 1, fraction, gen)
         unmasked = int(mask.sum())
-        floor = (unmasked + batch * seq_next) * vocab * x.element_size() / ceil.copy_bytes_per_s * 1e3
+        floor = masked_floor_ms(x, unmasked, ceil)
         kw = dict(completion_ids=ids, advantages=adv, old_logprobs=old, completion_mask=mask, epsilon_low=0.2,
                   epsilon_high=0.28, temperature=1.0, loss_type="grpo")
         grads = {}
@@ -106,9 +113,9 @@ def validator_inputs(impl, ceil, reps: int) -> None:
     for seed in (11, 12):
         t = generate(spec, rw, seed=seed, device="cuda").tensors
         x = t.pop("logits")
-        batch, seq_next, vocab = x.shape
+        batch, seq_next, _vocab = x.shape
         unmasked = int((t["completion_mask"] != 0).sum())
-        floor = (unmasked + batch * seq_next) * vocab * x.element_size() / ceil.copy_bytes_per_s * 1e3
+        floor = masked_floor_ms(x, unmasked, ceil)
         leaf = x.detach().requires_grad_(True)
         kw = dict(t, **spec.parameter_values)
         ms = kv.time_full(impl.grpo_loss, leaf, kw, "1", reps)

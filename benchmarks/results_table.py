@@ -11,11 +11,13 @@ the last one read (file name order) wins, so bound the run with --since and --un
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import re
 import sys
 from pathlib import Path
+
+from grpo_conform.evidence.dsse import json_int
+from grpo_conform.evidence.records import read_envelope
 
 PROTOCOLS = ("full", "full-scaled", "forward")
 
@@ -28,8 +30,7 @@ def statements(paths: list[str], since: str, until: str = ""):
             stamp = stamp.split("-")[0]
             if stamp < since or (until and stamp >= until):
                 continue
-            envelope = json.loads(f.read_text())
-            yield f.name, json.loads(base64.b64decode(envelope["payload"]))
+            yield f.name, json.loads(read_envelope(f).payload, parse_int=json_int)  # as `verify` reads payloads
 
 
 def cell(t: dict) -> str:
