@@ -142,7 +142,7 @@ def specs_of(impl: Implementation, spec_path: str | None, cache: dict[str, tuple
     return cache[key]
 
 
-def _member_matches(spec: Spec, wanted: str) -> bool:
+def member_matches(spec: Spec, wanted: str) -> bool:
     return wanted in {spec.id, spec.member or "", f"{spec.id}@{spec.version}"}
 
 
@@ -186,9 +186,9 @@ def build_plan(request, device) -> Plan:
     for arg, impl in impls:
         members: list[MemberPlan] = []
         for spec in specs_of(impl, request.spec_path, cache):
-            if request.members and not any(_member_matches(spec, m) for m in request.members):
+            if request.members and not any(member_matches(spec, m) for m in request.members):
                 continue
-            seen_members |= {m for m in request.members if _member_matches(spec, m)}
+            seen_members |= {m for m in request.members if member_matches(spec, m)}
             seen_workloads |= {w.name for w in spec.workloads}
             specs[spec.identity] = spec
             run, not_run = _workloads(spec, tuple(request.workloads), device.type, getattr(request, "extended", False))
