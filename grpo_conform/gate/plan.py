@@ -16,11 +16,11 @@ from pathlib import Path
 
 from grpo_conform.checks.registry import CHECKS_BY_NAME, TIMING_CHECKS
 from grpo_conform.errors import GrpoConformError
+from grpo_conform.gate.selection import ALWAYS_REPORTED, EXTENDED_REASON, WORKLOAD_REASON
 from grpo_conform.implementations import Implementation, load_implementation
 from grpo_conform.results import CheckOutcome, NotRun
 from grpo_conform.spec import Spec, Workload, find_spec, load_spec
 
-ALWAYS_REPORTED = ("runs",)  # a crash or a hang is never deselected by -k
 
 
 class SelectionError(GrpoConformError):
@@ -155,9 +155,9 @@ def _workloads(spec: Spec, wanted: tuple[str, ...], device: str,
     run, not_run = [], []
     for w in spec.workloads:
         if wanted and w.name not in wanted:
-            not_run.append(NotRun(w.name, "not selected (--workload)", "deselected"))
+            not_run.append(NotRun(w.name, WORKLOAD_REASON, "deselected"))
         elif not wanted and not extended and w.tier == "extended":
-            not_run.append(NotRun(w.name, "an extended workload (run with --extended or --workload)", "deselected"))
+            not_run.append(NotRun(w.name, EXTENDED_REASON, "deselected"))
         elif device not in w.devices:
             not_run.append(NotRun(w.name, f"not run on {device} (the spec runs it on {', '.join(w.devices)})",
                                   "device"))
