@@ -126,7 +126,8 @@ def report_partial(report: Any) -> str | None:
     device_kind = str((report.device or {}).get("kind", ""))
     parts = []
     if checks:
-        parts.append(f"-k: {len(checks)} checks reported, {len(checks_left_out(tuple(checks), device_kind))} left out")
+        left = len(checks_left_out(tuple(checks), device_kind))
+        parts.append(f"-k: {len(checks)} of {len(checks) + left} checks reported")
     if workloads:
         parts.append(f"{workloads} workload(s) left out")
     if members:
