@@ -124,6 +124,16 @@ def test_a_symlink_inside_an_implementation_to_changed_code_selects_every_implem
     assert chosen == set(_args(repo)), note
 
 
+def test_a_link_within_an_implementation_selects_only_that_implementation(repo):
+    os.symlink("impl.py", repo / "implementations" / "beta" / "alias.py")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "an alias")
+    with open(repo / "implementations" / "beta" / "impl.py", "a") as f:
+        f.write("\n# a change\n")
+    chosen, note = changed_implementations(_args(repo), "HEAD")
+    assert chosen == {str(repo / "implementations" / "beta")}, note
+
+
 def test_an_implementation_linked_outside_the_checkout_is_always_checked(repo, tmp_path):
     outside = _impl(tmp_path / "elsewhere", "outside")
     os.symlink(outside, repo / "implementations" / "outside")

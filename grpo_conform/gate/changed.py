@@ -134,6 +134,8 @@ def changed_implementations(args: list[str], ref: str, spec_path: str | None = N
         for link in _links(folder):
             link_rel = _inside(link.parent.resolve() / link.name, root)
             target = _inside(link.resolve(), root)
+            if link != folder and target is not None and (target == real or target.startswith(real + "/")):
+                continue  # a link within the folder: a change there is the folder's own
             if target is None:
                 chosen.add(a)
                 outside.append(f"{Path(a).name} ({link.name})")
