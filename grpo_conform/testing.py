@@ -114,7 +114,8 @@ def members_to_check(folder: str | Path, spec_path: str | None, workloads: tuple
     labels = tuple(s.member or s.id for s in specs)
     if not workloads:
         return labels
-    applies = {label: [w for w in workloads if any(x.name == w for x in s.workloads)] for label, s in zip(labels, specs)}
+    applies = {label: [w for w in workloads if any(x.name == w for x in s.workloads)]
+               for label, s in zip(labels, specs)}
     unused = [w for w in workloads if not any(w in ws for ws in applies.values())]
     if unused:
         raise SelectionError(f"assert_conforms: workload {unused[0]!r} applies to no member {impl.name} declares "

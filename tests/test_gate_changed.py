@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import GALLERY
 from grpo_conform.check import CheckRequest, run_check
@@ -82,6 +81,20 @@ def test_a_bumped_submodule_selects_every_implementation(with_submodule):
     chosen, note = changed_implementations(_args(repo), base)
     assert chosen == set(_args(repo)), note
     assert "submodule" in note and "implementations/vendored" in note
+
+
+def test_a_submodule_set_to_be_ignored_is_not_hidden(with_submodule):
+    repo, _ = with_submodule
+    _git(repo, "config", "-f", ".gitmodules", "submodule.implementations/vendored.ignore", "all")
+    _git(repo, "commit", "-q", "-am", "ignore the submodule")
+    base = _git(repo, "rev-parse", "HEAD").strip()
+    sub = repo / "implementations" / "vendored"
+    (sub / "impl.py").write_text((sub / "impl.py").read_text() + "\n# changed\n")
+    _git(sub, "commit", "-q", "-am", "change")
+    _git(repo, "add", "implementations/vendored")
+    _git(repo, "commit", "-q", "-m", "bump an ignored submodule")
+    chosen, note = changed_implementations(_args(repo), base)
+    assert chosen == set(_args(repo)) and "submodule" in note, note
 
 
 def test_a_submodule_with_changed_content_selects_every_implementation(with_submodule):

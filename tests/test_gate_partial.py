@@ -18,7 +18,7 @@ from grpo_conform.evidence import Policy, build_statement
 from grpo_conform.evidence.statement import schema_problems
 from grpo_conform.gate.junit import build_junit
 from grpo_conform.gate.progress import summary_line
-from grpo_conform.gate.selection import EXTENDED_REASON, WORKLOAD_REASON, partial_reason, selection_block
+from grpo_conform.gate.selection import EXTENDED_REASON, WORKLOAD_REASON, partial_reason
 from grpo_conform.gate.summary import build_summary
 from grpo_conform.results import Coverage, MemberResult, NotRun
 from test_evidence_support import (make_project, make_trust_root, new_key, outcome, signed_record, synthetic_impl,

@@ -8,7 +8,7 @@ cannot see (issue 28 point 5):
 - the validator (`grpo_conform/`), a spec (`specs/`, or the `--spec` file);
 - the toolchain that runs it: `.ci/`, `action.yml`, `.github/workflows/`, `.github/actions/`, and
   the dependency and lock files at the root (`pyproject.toml`, `setup.py`, `setup.cfg`, `*.lock`,
-  `requirements*.txt`, `constraints*.txt`, `Pipfile`);
+  `requirements*.txt`, `constraints*.txt`, `Pipfile`) and `.gitmodules`;
 - a gitlink (a submodule bumped, added, removed or with changed content; an untracked nested
   repository): git reports only the submodule's path, not which of its files changed, and vendored
   code may be reached from several implementations;
@@ -29,7 +29,7 @@ from grpo_conform.errors import GrpoConformError
 
 GLOBAL_DIRS = ("grpo_conform/", "specs/", ".ci/", ".github/workflows/", ".github/actions/")
 GLOBAL_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "Pipfile", "*.lock", "requirements*.txt",
-                "constraints*.txt", "action.yml", "action.yaml")  # at the root of the checkout
+                "constraints*.txt", "action.yml", "action.yaml", ".gitmodules")  # at the root of the checkout
 GITLINK_MODE = "160000"
 
 
@@ -51,7 +51,10 @@ def _git(cwd: Path, *args: str) -> str:
 def changes(root: Path, ref: str) -> tuple[list[str], set[str]]:
     """(every changed path, the changed paths that are gitlinks on either side or nested repositories)."""
     _git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
-    raw = _git(root, "diff", "--raw", "-z", "--no-renames", "--no-abbrev", ref, "--").split("\0")
+    # --ignore-submodules=none: a `submodule.<name>.ignore` setting (in .gitmodules or the git config)
+    # must not hide a bump from the gate
+    raw = _git(root, "diff", "--raw", "-z", "--no-renames", "--no-abbrev", "--ignore-submodules=none", ref,
+               "--").split("\0")
     files: set[str] = set()
     gitlinks: set[str] = set()
     for meta, path in zip(raw[0::2], raw[1::2]):  # ":<old mode> <new mode> <old sha> <new sha> <status>", path
@@ -116,7 +119,8 @@ def changed_implementations(args: list[str], ref: str, spec_path: str | None = N
     everything = f"checking all {len(args)} implementations"
     trigger = next((f for f in files if is_global(f, spec_path, root)), None)
     if trigger is not None:
-        return set(args), f"--changed-since {ref}: {trigger} changed (validator, spec, toolchain or lock file): {everything}"
+        return set(args), (f"--changed-since {ref}: {trigger} changed (validator, spec, toolchain or lock file): "
+                           f"{everything}")
     if gitlinks:
         return set(args), (f"--changed-since {ref}: submodule or nested repository {sorted(gitlinks)[0]} changed "
                            f"(git does not say which of its files): {everything}")
