@@ -77,6 +77,8 @@ class CheckReport:
     def strict_failures(self) -> list[str]:
         """What --strict fails on: skipped implementations and members, workloads not run."""
         out = []
+        if not self.implementations:  # issue 28: a gate that checked nothing (--changed-since) proves nothing
+            out.append("no implementation was checked (--changed-since, --shard or --member selected none)")
         for impl in self.implementations:
             if impl.status == "skipped":
                 out.append(f"{impl.name}: {impl.message}")

@@ -415,7 +415,9 @@ def _signers(values: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 @click.option("--require-result", multiple=True, type=click.Choice(["PASSED", "WARNED", "FAILED"]),
               help="accepted result(s), e.g. --require-result PASSED")
 @click.option("--require-verdict", multiple=True, type=click.Choice(["conformant", "failed", "skipped", "load-error"]))
-@click.option("--require-full-coverage", is_flag=True, help="refuse records that ran only some workloads")
+@click.option("--require-full-coverage", is_flag=True,
+              help="refuse partial records: a workload not run, or checks (-k), workloads (--workload, --shard) "
+                   "or members (--member) left out by the run's selection")
 @click.option("--spec", "spec_id", help="the spec id the record must be checked against")
 @click.option("--spec-version", help="accepted spec versions, e.g. '>=1.0.0,<2.0.0'")
 @click.option("--signer", multiple=True, help="IMPLEMENTATION=KEYID-OR-OWNER: who may sign for it ('*': any)")

@@ -98,14 +98,50 @@ def _target(target: str | Callable[..., Any]) -> tuple[str, str, Path | None]:
     return mod, attr, None
 
 
+def members_to_check(folder: str | Path, spec_path: str | None, workloads: tuple[str, ...],
+                     members: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The members `assert_conforms` checks: every one the manifest declares (or those of `members`).
+
+    With `workloads`, each named workload runs on the members it applies to; a named workload that
+    applies to none of them, or a member that none applies to, is a SelectionError: `check` would
+    silently leave such a member out, and the assertion would pass having checked fewer members than
+    declared (issue 28: `workloads=["odd-vocab"]` dropped the ten masked members of a folder)."""
+    from grpo_conform.gate.plan import SelectionError, member_matches, specs_of
+    from grpo_conform.implementations import load_implementation
+
+    impl = load_implementation(folder)
+    specs = [s for s in specs_of(impl, spec_path, {}) if not members or any(member_matches(s, m) for m in members)]
+    labels = tuple(s.member or s.id for s in specs)
+    if not workloads:
+        return labels
+    applies = {label: [w for w in workloads if any(x.name == w for x in s.workloads)]
+               for label, s in zip(labels, specs)}
+    unused = [w for w in workloads if not any(w in ws for ws in applies.values())]
+    if unused:
+        raise SelectionError(f"assert_conforms: workload {unused[0]!r} applies to no member {impl.name} declares "
+                             f"({', '.join(labels)}); each member's workloads: `grpo-conform spec show` on its spec")
+    bare = [label for label, ws in applies.items() if not ws]
+    if bare:
+        spec = specs[labels.index(bare[0])]
+        example = next((w for w in spec.workloads if w.tier == "standard" and "cpu" in w.devices), spec.workloads[0])
+        raise SelectionError(
+            f"assert_conforms: none of the workloads {list(workloads)} applies to member(s) {', '.join(bare)} of "
+            f"{impl.name}, so they would go unchecked; name a workload of theirs too (e.g. "
+            f"{example.name!r} of {bare[0]}: {', '.join(w.name for w in spec.workloads)}), or pass "
+            f"members=[...] to check fewer members on purpose")
+    return labels
+
+
 def assert_conforms(fn_or_path: str | Path | Callable[..., Any], spec: str = "grpo-token-is", device: str = "cpu",
                     workloads: Iterable[str] = (), members: Iterable[str] = (), timing: bool = False,
                     timeout: float | None = None) -> None:
     """Run the conformance checks on `fn_or_path`; AssertionError with the evidence unless it conforms.
 
     `spec`: a spec id (as in a manifest) or, for a folder, a spec file overriding the manifest's;
-    `device`: "cpu", "cuda" or "auto"; `workloads`/`members`: run only these (all of the spec's for the
-    device by default); `timing`: also time the protocols (CUDA only; off by default in unit tests)."""
+    `device`: "cpu", "cuda" or "auto"; `workloads`: run only these (all of the spec's for the device by
+    default), each on every declared member it applies to: every member checked must get one of them
+    (else a `SelectionError` says which members would go unchecked); `members`: check only these,
+    on purpose; `timing`: also time the protocols (CUDA only; off by default in unit tests)."""
     from grpo_conform.api import check
 
     path = Path(str(fn_or_path)) if isinstance(fn_or_path, (str, Path)) else None
@@ -118,9 +154,15 @@ def assert_conforms(fn_or_path: str | Path | Callable[..., Any], spec: str = "gr
             module, attr, file = _target(fn_or_path if path is None else str(fn_or_path))
             devices = ["cpu", "cuda"] if device == "auto" else [device]
             folder = _folder_for(module, attr, file, spec, devices, Path(tmp))
+        workloads, members = tuple(workloads), tuple(members)
+        expected = members_to_check(folder, spec_path, workloads, members)
         report = check(str(folder), device=device, workloads=workloads, members=members, spec=spec_path,
                        timing=timing, timeout=timeout)
     (impl,) = report.implementations
+    checked = {m.member for m in impl.members}
+    if impl.status == "conformant" and not set(expected) <= checked:  # never a pass on fewer members than asked
+        raise AssertionError(f"{impl.name}: checked {len(checked)} of the {len(expected)} members it declares "
+                             f"(not checked: {', '.join(m for m in expected if m not in checked)})")
     if impl.status == "conformant":
         return None
     lines = failure_lines(impl) if workloads_of(impl) else [f"{impl.name} {impl.status.upper()}: {impl.message}"]

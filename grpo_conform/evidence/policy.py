@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.evidence.keys import parse_time
+from grpo_conform.gate.selection import partial_reason
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -62,7 +63,8 @@ class Policy(BaseModel):
     subject_digest: Optional[str] = None  # the implementation identity (dirHash) you expect
     require_result: tuple[str, ...] = ()  # e.g. ("PASSED",) or ("PASSED", "WARNED")
     require_verdict: tuple[str, ...] = ()  # e.g. ("conformant",)
-    require_full_coverage: bool = False  # every workload of the member, no check selection, no member left out
+    require_full_coverage: bool = False  # every workload of the member, no check selection, no member left out,
+    # nothing left out by -k/--workload/--member/--shard (the record's `selection`, issue 28)
     spec_id: Optional[str] = None
     spec_version: Optional[str] = None  # a range: ">=1.0.0,<2.0.0"
     signers: dict[str, tuple[str, ...]] = {}  # implementation name (or "*") -> allowed key ids or owners
@@ -149,15 +151,12 @@ def policy_problems(policy: Policy, statement: dict[str, Any], signers: tuple[di
     if policy.require_verdict and p["verdict"] not in policy.require_verdict:
         out.append(f"verdict {p['verdict']}, the policy requires {' or '.join(policy.require_verdict)}")
     cov = p.get("coverage")
-    if policy.require_full_coverage:
+    if policy.require_full_coverage:  # every workload, every check, every member (grpo_conform/gate/selection.py)
+        reason = partial_reason(p)
         if cov is None:
             out.append("the record does not say what it covers (a v1 record); the policy requires full coverage")
-        elif not cov["complete"]:
-            out.append(f"covers {cov['checked']} of {cov['total']} workloads; the policy requires all "
-                       f"(not run: {', '.join(w['workload'] for w in cov['workloads_not_run'][:5])})")
-        elif cov.get("members_not_run"):
-            out.append(f"{len(cov['members_not_run'])} member(s) of the implementation were not run "
-                       f"({', '.join(m['member'] for m in cov['members_not_run'][:5])}); the policy requires all")
+        elif reason:
+            out.append(f"{reason}; the policy requires full coverage")
     if policy.spec_id is not None and p["spec"]["id"] != policy.spec_id:
         out.append(f"spec {p['spec']['id']}, the policy expects {policy.spec_id}")
     if policy.spec_version is not None and not _version_ok(p["spec"]["version"], policy.spec_version):

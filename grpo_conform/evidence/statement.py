@@ -32,6 +32,7 @@ import jsonschema
 import grpo_conform
 from grpo_conform.canonical import canonical_bytes
 from grpo_conform.errors import GrpoConformError
+from grpo_conform.gate.selection import describe, selection_block
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_V1 = "https://grpo-conform.dev/attestation/check-result/v1"
@@ -237,8 +238,11 @@ def build_statement(report: Any, impl: Any, member: Any = None) -> dict[str, Any
         spec_block["member"] = spec.member
     if _family(spec):
         spec_block["family"] = _family(spec)
+    selection = selection_block(report, impl, member)  # issue 28: a narrowed run says so
     summary = status
-    if status == "conformant" and not coverage["complete"]:
+    if status == "conformant" and selection["partial"]:
+        summary = f"partial, conformant on what was selected: {describe(selection)}"[:200]
+    elif status == "conformant" and not coverage["complete"]:
         what = "checked workloads" if not coverage["checks_selected"] else "checked workloads and selected checks"
         summary = f"conformant on the {what} ({coverage['checked']} of {coverage['total']})"
     predicate = {
@@ -255,6 +259,7 @@ def build_statement(report: Any, impl: Any, member: Any = None) -> dict[str, Any
         "message": message,
         "spec": spec_block,
         "coverage": coverage,
+        "selection": selection,
         "implementation": {
             "name": impl.name,
             "language": manifest.get("language"),

@@ -6,7 +6,10 @@ One <testsuite> per implementation x spec member; one <testcase> per workload x 
 did not run, is <skipped> with the reason (under --strict a workload that did not run is a
 <failure> of type `strict`). An implementation that did not load is an <error> in a `load` test
 case; a skipped one is a skipped `load` test case. Deselected workloads (--workload, --shard,
-device) are not test cases: they were not asked for.
+device) are not test cases: they were not asked for; but a suite whose run left out checks,
+workloads or members (-k, --workload, --member, --shard) is named "(partial)", has the properties
+`selection.partial` and `selection.left_out`, and a skipped `selection` test case saying what was
+left out, so a narrowed run never reads as a full verdict (issue 28).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_conform.checks.registry import CHECKS_BY_NAME
+from grpo_conform.gate.selection import describe, selection_block
 from grpo_conform.results import STRICT_KINDS
 
 # What a workload reports on any device (the static tamper-scan included); timing checks only on CUDA.
@@ -42,12 +46,14 @@ def _child(case: ET.Element, tag: str, message: str, kind: str = "", text: str =
         el.text = _clean(text)[:MAX_TEXT]
 
 
-def _suite(root: ET.Element, name: str, report: Any, impl: Any, spec: Any) -> ET.Element:
+def _suite(root: ET.Element, name: str, report: Any, impl: Any, spec: Any, left_out: str = "") -> ET.Element:
     suite = ET.SubElement(root, "testsuite", name=name, timestamp=report.started or "", hostname=socket.gethostname())
     props = ET.SubElement(suite, "properties")
     for key, value in (("implementation.identity", impl.identity), ("implementation.path", impl.path),
                        ("spec.id", getattr(spec, "id", "")), ("spec.identity", getattr(spec, "identity", "")),
-                       ("device", str(report.device.get("name") or report.device.get("kind", "")))):
+                       ("device", str(report.device.get("name") or report.device.get("kind", ""))),
+                       ("selection.partial", "true" if left_out else "false"),
+                       *((("selection.left_out", left_out),) if left_out else ())):
         ET.SubElement(props, "property", name=key, value=str(value))
     return suite
 
@@ -58,8 +64,13 @@ def build_junit(report: Any) -> ET.ElementTree:
         members = impl.members or ()
         for m in members:
             label = m.member
-            suite = _suite(root, f"{impl.name} {label}", report, impl, m.spec)
+            selection = selection_block(report, impl, m)
+            left_out = describe(selection) if selection["partial"] else ""
+            suite = _suite(root, f"{impl.name} {label}" + (" (partial)" if left_out else ""), report, impl, m.spec,
+                           left_out)
             classname = f"grpo_conform.{impl.name}.{label}".replace("/", ".")
+            if left_out:  # visible where CI shows test results, not only in the properties
+                _child(_case(suite, classname, "selection"), "skipped", f"partial run, not a full verdict: {left_out}")
             if m.status in ("load-error", "skipped") and not m.workloads:
                 case = _case(suite, classname, "load")
                 if m.status == "load-error":

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from grpo_conform.checks.registry import CHECKS_BY_NAME, TIMING_CHECKS
 from grpo_conform.errors import GrpoConformError
+from grpo_conform.gate.selection import ALWAYS_REPORTED, EXTENDED_REASON, WORKLOAD_REASON
 from grpo_conform.implementations import Implementation, load_implementation
 from grpo_conform.results import CheckOutcome, NotRun
 from grpo_conform.spec import Spec, Workload, find_spec, load_spec
 
-ALWAYS_REPORTED = ("runs",)  # a crash or a hang is never deselected by -k
 
 
 class SelectionError(GrpoConformError):
@@ -142,7 +142,7 @@ def specs_of(impl: Implementation, spec_path: str | None, cache: dict[str, tuple
     return cache[key]
 
 
-def _member_matches(spec: Spec, wanted: str) -> bool:
+def member_matches(spec: Spec, wanted: str) -> bool:
     return wanted in {spec.id, spec.member or "", f"{spec.id}@{spec.version}"}
 
 
@@ -155,9 +155,9 @@ def _workloads(spec: Spec, wanted: tuple[str, ...], device: str,
     run, not_run = [], []
     for w in spec.workloads:
         if wanted and w.name not in wanted:
-            not_run.append(NotRun(w.name, "not selected (--workload)", "deselected"))
+            not_run.append(NotRun(w.name, WORKLOAD_REASON, "deselected"))
         elif not wanted and not extended and w.tier == "extended":
-            not_run.append(NotRun(w.name, "an extended workload (run with --extended or --workload)", "deselected"))
+            not_run.append(NotRun(w.name, EXTENDED_REASON, "deselected"))
         elif device not in w.devices:
             not_run.append(NotRun(w.name, f"not run on {device} (the spec runs it on {', '.join(w.devices)})",
                                   "device"))
@@ -186,9 +186,9 @@ def build_plan(request, device) -> Plan:
     for arg, impl in impls:
         members: list[MemberPlan] = []
         for spec in specs_of(impl, request.spec_path, cache):
-            if request.members and not any(_member_matches(spec, m) for m in request.members):
+            if request.members and not any(member_matches(spec, m) for m in request.members):
                 continue
-            seen_members |= {m for m in request.members if _member_matches(spec, m)}
+            seen_members |= {m for m in request.members if member_matches(spec, m)}
             seen_workloads |= {w.name for w in spec.workloads}
             specs[spec.identity] = spec
             run, not_run = _workloads(spec, tuple(request.workloads), device.type, getattr(request, "extended", False))

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+from grpo_conform.gate.selection import report_partial
 from grpo_conform.results import STRICT_KINDS
 
 Progress = Callable[[str], None]
@@ -60,5 +61,8 @@ def summary_line(report: Any, elapsed: float | None = None) -> str:
     parts.append(f"{sum(ch.values())} checks: {ch['passed']} passed, {ch['failed']} failed, {ch['skipped']} skipped")
     if report.strict and report.strict_failures:
         parts.append(f"--strict: {len(report.strict_failures)} skipped")
+    partial = report_partial(report)  # a narrowed run never reads as a full verdict (issue 28)
+    if partial:
+        parts.append(partial)
     tail = f" in {elapsed:.1f} s" if elapsed is not None else ""
     return "grpo-conform: " + "; ".join(parts) + f"{tail}; exit code {report.exit_code}"

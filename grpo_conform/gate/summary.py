@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_conform.gate.progress import summary_line
+from grpo_conform.gate.selection import report_partial
 
 ICON = {"conformant": "✅", "failed": "❌", "load-error": "💥", "skipped": "⏭️"}
 
@@ -21,10 +22,13 @@ def build_summary(report: Any) -> str:
     verdict = {0: "PASSED", 1: "FAILED", 2: "ERROR (usage, manifest or load error)",
                3: "NOTHING RAN (environment)"}.get(report.exit_code, str(report.exit_code))
     dev = report.device
-    lines = [f"## grpo-conform: {verdict}", "",
+    partial = report_partial(report)
+    lines = [f"## grpo-conform: {verdict}{' (partial)' if partial else ''}", "",
              f"Device: {dev.get('name') or dev.get('kind', '?')}"
              + (" (Triton under TRITON_INTERPRET=1)" if report.interpreter else "")
              + (" · --strict" if report.strict else ""), ""]
+    if partial:
+        lines += [f"**{partial}**", ""]
     for note in report.notes:
         lines.append(f"- {note}")
     if report.notes:
