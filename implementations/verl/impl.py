@@ -46,10 +46,15 @@ NOT claimed:
 - token-offpolicy-mask-kl: verl's k3 ("low_var_kl"/"k3") clamps ref - logp to [-20, 20] and the
   estimate to [-10, 10] (zero gradient beyond); the member's k3 is unclamped. They agree only
   where exp(d) - d - 1 <= 10, so this is not the member's semantics.
-- token-offpolicy-mask-delta: verl's dual clip with clip_ratio_c = delta computes the same loss
-  as the two-sided delta clip (for A > 0 the upper clip already acts above delta), but at r
-  exactly delta torch.min splits the gradient in halves where the spec passes it whole (r <=
-  delta): a different tie rule, so not claimed.
+- token-offpolicy-mask-delta: verl has no delta. Its dual clip with clip_ratio_c = delta acts only
+  for A < 0 and caps the loss at -A * delta, where the member caps the ratio min(r, delta) for both
+  signs. The two agree only when delta >= 1 + epsilon_high (then the upper clip already acts below
+  delta for A > 0), and even there not at r exactly delta (torch.min splits that tie's gradient).
+  The member's domain is delta > 1: with 1 < delta < 1 + epsilon_high they differ for A > 0 at
+  r > delta (member -A * delta, verl -A * min(r, 1 + epsilon_high)) and for A < 0 at r > delta
+  (member -A * min(r, 1 + epsilon_high), verl -A * delta), by percents of the loss
+  (tests/test_verl_dual_clip.py, with verl 0.9.1's formula restated in float64). No verl
+  configuration computes the member over its domain, so it is not claimed.
 """
 
 import math
