@@ -123,7 +123,8 @@ VARIANTS: dict[str, Variant] = {
                                            Semantics(temperature="no_chain_factor"), lambda x, p: p.temperature != 1.0),
     "sequence-ratio": Variant("the sequence-level (GSPO) ratio instead of the token-level one",
                               Semantics(level="sequence"),
-                              lambda x, p: _off_policy(x, p) and _clip(x, p) and p.importance_sampling_level == "token"),
+                              lambda x, p: _off_policy(x, p) and _clip(x, p)
+                              and p.importance_sampling_level == "token"),
     "token-ratio": Variant("the token-level ratio instead of the sequence-level (GSPO) one", Semantics(level="token"),
                            lambda x, p: _off_policy(x, p) and p.importance_sampling_level == "sequence"),
     "vllm-ignored": Variant("the vLLM importance-sampling correction never applied", Semantics(vllm="ignored"),

@@ -12,7 +12,8 @@ import torch
 
 from conftest import GALLERY
 from grpo_conform.diagnosis import VARIANTS, Semantics, diagnose, variant_grid
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss, token_terms
+from grpo_conform.reference import (GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss,
+                                    token_terms)
 from member_cases import S, load_impl, make_inputs, member_names, member_parameters, member_spec
 
 if sys.version_info >= (3, 11):
@@ -89,7 +90,8 @@ def _trl_kl(logits, completion_ids, advantages, old_logprobs, completion_mask, r
             epsilon_high, temperature, beta, **_):
     """TRL 1.16 GRPOTrainer._compute_loss with its default use_bias_correction_kl=True: the k3 KL term
     times coef_1 (the ratio, with its gradient); grpo normaliser."""
-    logp = torch.log_softmax(logits[:, :S].double() / temperature, -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    z = logits[:, :S].double() / temperature
+    logp = torch.log_softmax(z, -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     m = completion_mask.double()
     coef_1 = torch.exp(logp - old_logprobs.double())
     a = advantages.double().unsqueeze(-1)

@@ -378,12 +378,15 @@ def masked_positions(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float,
                + rel.describe())
         evidence = {"masked_positions": int(masked.shape[0]), "nonzero_at_masked": nonzero + still,
                     "loss": json_float(m.loss), "loss_before": json_float(loss_d), "gradient": rel.evidence()}
-        if not ok:
-            leaked = ["logits"]  # a gradient there, or outputs that moved with them: the logits reached the loss
-            leaked += masked_inputs_reaching(run, m, b, t, c)
-            evidence["reached_output"] = leaked
-            msg += f"; masked values of {', '.join(leaked)} reach the output"
-        run.book.record("masked-positions", m.label, ok, msg, evidence)
+        leaked = [] if ok else ["logits"]  # a gradient there, or outputs that moved with them: the logits reach it
+        try:
+            if not ok:
+                masked_inputs_reaching(run, m, b, t, c, leaked)
+        finally:  # a worker lost during the extra calls must not lose this verdict
+            if leaked:
+                evidence["reached_output"] = leaked
+                msg += f"; masked values of {', '.join(leaked)} reach the output"
+            run.book.record("masked-positions", m.label, ok, msg, evidence)
     logits[b, t] = original
     Q.commit()
 
@@ -391,14 +394,15 @@ def masked_positions(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float,
 MASKED_INPUTS = ("old_logprobs", "ref_logprobs", "sampling_ratio")  # per-token inputs a mask must hide
 
 
-def masked_inputs_reaching(run: WorkloadConformance, m: Call, b: torch.Tensor, t: torch.Tensor, c: float) -> list[str]:
+def masked_inputs_reaching(run: WorkloadConformance, m: Call, b: torch.Tensor, t: torch.Tensor, c: float,
+                           found: list[str]) -> None:
     """After a masked-positions failure only: which per-token inputs other than the logits reach the
     outputs through their masked positions. Each is redrawn there alone (finite values, the log-probs
     shifted by N(0, 1), the sampling ratio scaled by exp(N(0, 0.5))) and the call repeated; the input
-    is named when the loss or the gradient moves beyond twice the tolerance."""
+    is named (appended to `found`) when the loss or the gradient moves beyond twice the tolerance. A
+    call that fails here counts against `runs` only."""
     Q = run.Q
     base_grad, base_loss = m.grad.clone(), m.loss
-    found = []
     for name in (n for n in MASKED_INPUTS if n in Q.tensors):
         tensor = Q.tensors[name]
         original = tensor[b, t].clone()
@@ -408,13 +412,14 @@ def masked_inputs_reaching(run: WorkloadConformance, m: Call, b: torch.Tensor, t
             original.to(torch.float64) + noise
         tensor[b, t] = moved.to(tensor.dtype)
         Q.commit()
-        k = run.call(f"M-{name}", Q, run.out1, ("masked-positions", "finite", "no-mutation", "no-aliasing"), upstream=c)
-        tensor[b, t] = original
-        Q.commit()
+        try:
+            k = run.call(f"M-{name}", Q, run.out1, (), upstream=c)
+        finally:
+            tensor[b, t] = original
+            Q.commit()
         if k is None:
             continue
         rel = run.relation(k.grad, base_grad, Q.pristine, c)
         loss_moved = not abs(k.loss - base_loss) <= 2 * run.tol.loss.allowed(base_loss)
         if loss_moved or not rel.passed:
             found.append(name)
-    return found
