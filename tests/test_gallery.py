@@ -68,6 +68,12 @@ def test_gallery(folder):
         assert o.failed, f"{name} should fail: {o.status} {o.message}"
         if "status" in expect:
             assert outcomes[name].status == expect["status"]
+    if "diagnosis" in expect:  # the failure names the neighbouring semantics (grpo_conform/diagnosis.py)
+        named = [m["variant"] for check in ("loss", "gradient") if check in outcomes
+                 for m in (outcomes[check].evidence.get("likely_cause") or {}).get("matches", [])]
+        assert expect["diagnosis"] in named, (expect["diagnosis"], named)
+    if "reached_output" in expect:  # a failed masked-positions names the inputs whose masked values leak
+        assert outcomes["masked-positions"].evidence.get("reached_output") == expect["reached_output"]
     for name in expect.get("passes", []):
         assert outcomes[name].status == "pass", f"{name} should pass: {outcomes[name].message}"
     if expect["exit_code"] == 0:

@@ -29,7 +29,8 @@ else:  # pragma: no cover
 ADAPTER = ROOT / "implementations" / "verl"
 MANIFEST = tomllib.loads((ADAPTER / "implementation.toml").read_text())
 CLAIMED = list(MANIFEST["members"])
-NOT_CLAIMED = {"token-offpolicy-mask-kl", "token-offpolicy-mask-delta"}  # verl's clamped k3; its tie at delta
+# verl's clamped k3; no delta (its dual clip is another clip); N / P where the member has max(1, N / P)
+NOT_CLAIMED = {"token-offpolicy-mask-kl", "token-offpolicy-mask-delta", "dapo-global-mask"}
 
 
 def _workload(member: str) -> str:

@@ -11,6 +11,7 @@ import torch
 from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance, WorkerGone
 from grpo_conform.compare import bitwise_equal, count_where, describe_outputs, first_difference, json_float, max_abs_diff
+from grpo_conform.diagnosis import diagnose
 from grpo_conform.isolation.session import WorkerFailure
 from grpo_conform.isolation.worker import POISON_BYTES
 from grpo_conform.reference import rows_per_chunk
@@ -66,10 +67,14 @@ def plain(run: WorkloadConformance, call: Call) -> None:
             run.book.record(check, label, False, f"call {label}: no gradient to compare (see contract)")
         return
     loss_cmp, cmp = run.judge(call)
+    cause = likely_cause(run, call, loss_cmp, cmp)
+    said = f"; likely cause: {cause['summary']}" if cause and cause.get("matches") else ""
     run.book.record("loss", label, loss_cmp.passed,
                     f"call {label}: |{loss_cmp.actual:.9g} - {loss_cmp.expected:.9g}| "
-                    f"{'<=' if loss_cmp.passed else '>'} {loss_cmp.allowed:.3g}", loss_cmp.to_json())
-    run.book.record("gradient", label, cmp.passed, f"call {label}: {cmp.describe()}", cmp.evidence())
+                    f"{'<=' if loss_cmp.passed else '>'} {loss_cmp.allowed:.3g}" + said,
+                    {**loss_cmp.to_json(), **({"likely_cause": cause} if cause else {})})
+    run.book.record("gradient", label, cmp.passed, f"call {label}: {cmp.describe()}" + said,
+                    {**cmp.evidence(), **({"likely_cause": cause} if cause else {})})
     rows_ok = cmp.row_sum_failures == 0
     run.book.record("gradient-row-sums", label, rows_ok,
                     f"call {label}: " + ("every row sums to ~0" if rows_ok else
@@ -79,6 +84,21 @@ def plain(run: WorkloadConformance, call: Call) -> None:
                     f"call {label}: " + ("last position exactly 0" if zero_ok else
                                          f"{cmp.last_rows_nonzero} non-zero values at the last position"),
                     cmp.last_row_evidence())
+
+
+def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[str, Any] | None:
+    """When the loss or the gradient failed: which neighbouring semantics of the family the outputs
+    equal (`grpo_conform.diagnosis`), within the check's own allowances. Once per workload (the
+    first failing call), never on a passing call."""
+    if (loss_cmp.passed and cmp.passed) or "diagnosed" in run.state:
+        return None
+    run.state["diagnosed"] = call.label
+    try:
+        found = diagnose(call.slot.pristine, run.model.params, call.loss, call.grad, loss_cmp.allowed,
+                         max(cmp.frobenius_allowed, 1e-6), upstream=call.upstream)
+    except (RuntimeError, ValueError) as exc:  # a diagnosis that cannot run must not hide the verdict
+        return {"summary": f"not evaluated: {exc}", "matches": []}
+    return found.to_json()
 
 
 def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str) -> None:
@@ -356,8 +376,50 @@ def masked_positions(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float,
                f"{nonzero + still} gradient values at masked positions are not 0" if nonzero + still else
                f"redrawing the logits of masked positions changed the outputs: loss {m.loss!r} vs {loss_d!r}; "
                + rel.describe())
-        run.book.record("masked-positions", m.label, ok, msg,
-                        {"masked_positions": int(masked.shape[0]), "nonzero_at_masked": nonzero + still,
-                         "loss": json_float(m.loss), "loss_before": json_float(loss_d), "gradient": rel.evidence()})
+        evidence = {"masked_positions": int(masked.shape[0]), "nonzero_at_masked": nonzero + still,
+                    "loss": json_float(m.loss), "loss_before": json_float(loss_d), "gradient": rel.evidence()}
+        leaked = [] if ok else ["logits"]  # a gradient there, or outputs that moved with them: the logits reach it
+        try:
+            if not ok:
+                masked_inputs_reaching(run, m, b, t, c, leaked)
+        finally:  # a worker lost during the extra calls must not lose this verdict
+            if leaked:
+                evidence["reached_output"] = leaked
+                msg += f"; masked values of {', '.join(leaked)} reach the output"
+            run.book.record("masked-positions", m.label, ok, msg, evidence)
     logits[b, t] = original
     Q.commit()
+
+
+MASKED_INPUTS = ("old_logprobs", "ref_logprobs", "sampling_ratio")  # per-token inputs a mask must hide
+
+
+def masked_inputs_reaching(run: WorkloadConformance, m: Call, b: torch.Tensor, t: torch.Tensor, c: float,
+                           found: list[str]) -> None:
+    """After a masked-positions failure only: which per-token inputs other than the logits reach the
+    outputs through their masked positions. Each is redrawn there alone (finite values, the log-probs
+    shifted by N(0, 1), the sampling ratio scaled by exp(N(0, 0.5))) and the call repeated; the input
+    is named (appended to `found`) when the loss or the gradient moves beyond twice the tolerance. A
+    call that fails here counts against `runs` only."""
+    Q = run.Q
+    base_grad, base_loss = m.grad.clone(), m.loss
+    for name in (n for n in MASKED_INPUTS if n in Q.tensors):
+        tensor = Q.tensors[name]
+        original = tensor[b, t].clone()
+        g = torch.Generator(device=run.device).manual_seed(run.rng.getrandbits(62))
+        noise = torch.randn(original.shape, generator=g, device=run.device, dtype=torch.float64)
+        moved = original.to(torch.float64) * torch.exp(0.5 * noise) if name == "sampling_ratio" else \
+            original.to(torch.float64) + noise
+        tensor[b, t] = moved.to(tensor.dtype)
+        Q.commit()
+        try:
+            k = run.call(f"M-{name}", Q, run.out1, (), upstream=c)
+        finally:
+            tensor[b, t] = original
+            Q.commit()
+        if k is None:
+            continue
+        rel = run.relation(k.grad, base_grad, Q.pristine, c)
+        loss_moved = not abs(k.loss - base_loss) <= 2 * run.tol.loss.allowed(base_loss)
+        if loss_moved or not rel.passed:
+            found.append(name)

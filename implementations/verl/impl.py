@@ -21,9 +21,6 @@ How each claimed member maps (B = batch, S = completion length, N = unmasked tok
 - bnpo-mask, dapo-mask: "vanilla", "token-mean", batch_num_tokens = None (this batch's N, one
   process). Differs from the spec only on a batch with no unmasked token at all (verl: 0/0 = NaN;
   spec: max(1, N) gives 0), which no workload holds (every one has a fully unmasked row).
-- dapo-global-mask: "vanilla", "token-mean" with batch_num_tokens = num_items_in_batch and
-  dp_size = num_processes: masked sum / num_items_in_batch * num_processes, the member's
-  normaliser (the spec's max(1, .) acts only when num_items_in_batch < num_processes).
 - dr-grpo-mask: "vanilla", "seq-mean-token-sum-norm", global_batch_size = B, loss_scale_factor =
   max_completion_length: masked sum / (B * L).
 - sequence-offpolicy-mask: loss_mode "gspo" (sequence ratio with verl's stop-gradient token form,
@@ -43,13 +40,23 @@ takes torch.maximum of the negated terms (a tie splits the gradient in halves) a
 passes it at its bounds, so a tie gets the full unclipped gradient, as the spec states.
 
 NOT claimed:
+- dapo-global-mask: verl's "token-mean" with batch_num_tokens = num_items_in_batch (N) and dp_size =
+  num_processes (P) divides the masked sum by N / P; the member divides by max(1, N / P), and its
+  domain (N >= 1, P >= 1) holds N < P, where the two differ. verl's N / P is TRL 1.16's dapo
+  normaliser max(1, N) / P for every N >= 1, which is why grpo_loss still passes num_items_in_batch
+  through: a member with TRL's normaliser (issue 33 item 1) is what it computes.
 - token-offpolicy-mask-kl: verl's k3 ("low_var_kl"/"k3") clamps ref - logp to [-20, 20] and the
   estimate to [-10, 10] (zero gradient beyond); the member's k3 is unclamped. They agree only
   where exp(d) - d - 1 <= 10, so this is not the member's semantics.
-- token-offpolicy-mask-delta: verl's dual clip with clip_ratio_c = delta computes the same loss
-  as the two-sided delta clip (for A > 0 the upper clip already acts above delta), but at r
-  exactly delta torch.min splits the gradient in halves where the spec passes it whole (r <=
-  delta): a different tie rule, so not claimed.
+- token-offpolicy-mask-delta: verl has no delta. Its dual clip with clip_ratio_c = delta acts only
+  for A < 0 and caps the loss at -A * delta, where the member caps the ratio min(r, delta) for both
+  signs. The two agree only when delta >= 1 + epsilon_high (then the upper clip already acts below
+  delta for A > 0), and even there not at r exactly delta (torch.min splits that tie's gradient).
+  The member's domain is delta > 1: with 1 < delta < 1 + epsilon_high they differ for A > 0 at
+  r > delta (member -A * delta, verl -A * min(r, 1 + epsilon_high)) and for A < 0 at r > delta
+  (member -A * min(r, 1 + epsilon_high), verl -A * delta), by percents of the loss
+  (tests/test_verl_dual_clip.py, with verl 0.9.1's formula restated in float64). No verl
+  configuration computes the member over its domain, so it is not claimed.
 """
 
 import math
