@@ -1,7 +1,9 @@
 """The `identities` step: recompute what a record names from the project it belongs to.
 
-The project is the checkout the record file sits in (the nearest ancestor holding `.git` or
-`pyproject.toml`), else the current directory's, else an explicit `--project DIR`. Paths come
+The project is the verifier's own checkout: an explicit `--project DIR`, else the nearest ancestor
+of the current directory holding `.git` or `pyproject.toml`. Never a folder found from the record's
+path: a `pyproject.toml` dropped next to records by the same pull request would otherwise decide
+which files the identities are checked against (issue 29). Paths come
 from the record, so they are confined: relative, no `..`, and the resolved path (symbolic links
 followed) must stay inside the project, else nothing is read. When the tree differs and the
 record names a commit, the identity is recomputed from that commit's objects (`git ls-tree` /
@@ -65,15 +67,29 @@ def safe_relative(path: Any) -> str | None:
 
 
 def project_root_for(record: Path | None, explicit: str | Path | None) -> Path | None:
+    """The verifier's checkout: `explicit`, else the current directory's. `record` is not used to
+    find it (kept in the signature so callers say what they verify)."""
+    del record  # never: the record's folder is what the pull request supplies
     if explicit is not None:
         return Path(explicit).resolve()
-    starts = [record.resolve().parent] if record is not None else []
-    starts.append(Path.cwd().resolve())
-    for start in starts:
-        for d in (start, *start.parents):
-            if (d / ".git").exists() or (d / "pyproject.toml").is_file():
-                return d
+    start = Path.cwd().resolve()
+    for d in (start, *start.parents):
+        if (d / ".git").exists() or (d / "pyproject.toml").is_file():
+            return d
     return None
+
+
+def tree_identity(root: Path | None, path: str) -> str | None:
+    """The implementation identity of folder `path` in the project's tree now, or None."""
+    if root is None or safe_relative(path):
+        return None
+    folder = _inside(root, path)
+    if folder is None or not folder.is_dir():
+        return None
+    try:
+        return hashlib.sha256(folder_listing(folder).encode()).hexdigest()
+    except (ManifestError, OSError):
+        return None
 
 
 def _inside(root: Path, relative: str) -> Path | None:

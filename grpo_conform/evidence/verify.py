@@ -50,7 +50,7 @@ class VerifyRequest:
     trust_root: str | None = None  # explicit override: a folder of trust metadata (1.root.json, targets.json)
     policy: Policy = field(default_factory=Policy)
     allow_unverified: bool = False  # accept records whose identities cannot be recomputed here
-    project: str | None = None  # the checkout to recompute identities from (default: the record's)
+    project: str | None = None  # the checkout to recompute identities from (default: the current directory's, never the record's)
     now: datetime | None = None  # verification time (tests); default: the clock
     tsa_certs: tuple[str, ...] = ()  # PEM root certificates of trusted time-stamping authorities
 
