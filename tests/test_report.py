@@ -65,7 +65,7 @@ def test_only_verified_records_are_shown_and_the_others_say_why(own):
     board = build_leaderboard(ReportRequest(paths=(str(own / "good"), str(own / "tampered.intoto.json"),
                                                    str(own / "unsigned.intoto.json")),
                                             trusted_keys=str(own / "trusted-keys.json"), out=None))
-    shown = {i.name for s in board.sections for i in s.implementations}
+    shown = {i.name for s in board.sections for h in (s, *s.history) for i in h.implementations}
     assert shown == {"triton", "liger", "liger-inplace", "pytorch"}
     why = {Path(r.path).name: r.reason for r in board.rejected}
     assert set(why) == {"tampered.intoto.json", "unsigned.intoto.json"}
@@ -78,8 +78,10 @@ def test_only_verified_records_are_shown_and_the_others_say_why(own):
 def test_ranks_vs_first_floor_ratio_and_the_non_conformant_one(own):
     board = build_leaderboard(ReportRequest(paths=(str(own / "good"),), trusted_keys=str(own / "trusted-keys.json"),
                                             out=None))
-    (section,) = board.sections
-    assert section.gpu == "NVIDIA H200 SXM" and section.spec_id == "grpo-token-is"
+    (top,) = board.sections  # the seed spec's records are history of the member its id resolves to
+    assert top.spec_id == "grpo/token-is" and top.current and not top.implementations
+    (section,) = top.history
+    assert section.gpu == "NVIDIA H200 SXM" and section.spec_id == "grpo-token-is" and not section.current
     full_b16 = {r.implementation: r for r in section.rows if r.protocol == "full" and r.batch == 16}
     assert full_b16["triton"].rank == 1 and full_b16["triton"].vs_first == 1.0
     assert full_b16["liger"].rank == 2 and full_b16["liger"].vs_first == pytest.approx(3.1133 / 2.2371, rel=1e-3)
@@ -88,7 +90,7 @@ def test_ranks_vs_first_floor_ratio_and_the_non_conformant_one(own):
     assert full_b16["triton"].wall_ms > full_b16["triton"].median_ms > full_b16["triton"].floor_ms
     assert full_b16["pytorch"].peak_over_logits == pytest.approx(5.99, abs=0.01)
     md = render(board, "markdown")
-    assert "| seed-b16 (batch 16) | 1 | triton | 2.2371" in md
+    assert "| seed-b16 \\(batch 16\\) | 1 | triton | 2.2371" in md
     assert "fails no-aliasing, no-mutation, no-output-reuse" in md
 
 
