@@ -138,7 +138,7 @@ def _gpu(pred: dict[str, Any]) -> tuple[str, str]:
     return str(name), str(hw.get("device_name") or device.get("name") or name)
 
 
-def _implementation(chosen: select.Chosen, label: str, flags: tuple[str, ...]) -> Implementation:
+def _implementation(chosen: select.Chosen, label: str, flags: tuple[str, ...], current: bool) -> Implementation:
     rec = chosen.records[0]  # the newest record of the identity that counts
     p = rec.predicate
     impl = p.get("implementation") or {}
@@ -149,8 +149,8 @@ def _implementation(chosen: select.Chosen, label: str, flags: tuple[str, ...]) -
     partial = [why for r in chosen.records if (why := partial_reason(r.predicate))]
     if partial and len(partial) == len(chosen.records):
         flags += (f"partial records ({partial[0]})",)
-    if not chosen.in_tree:
-        flags += ("identity not in this checkout's tree (the folder changed or is absent)",)
+    if not chosen.in_tree and current:
+        flags += ("identity not in this checkout's tree (the folder changed or is absent): no cell",)
     return Implementation(str(impl.get("name", "?")), chosen.identity, verdict, result, p.get("message", ""),
                           tuple(failed), impl.get("language") or "", impl.get("license") or "", rec.signer,
                           select.finished(rec), (p.get("software") or {}).get("git_commit") or "", rec.path,
@@ -225,9 +225,10 @@ def _section(member: select.MemberName, identity: str, gpu: str, recs: list[Veri
         shared = len(paths_of[name]) > 1
         flags = (f"the name {name!r} is claimed by {len(paths_of[name])} folders: "
                  f"{', '.join(sorted(paths_of[name]))}",) if shared else ()
-        impl = _implementation(c, f"{name} ({c.path})" if shared else name, flags)
+        impl = _implementation(c, f"{name} ({c.path})" if shared else name, flags, current)
         impls.append(impl)
-        rows += _rows(c, impl)
+        if c.in_tree or not current:  # the current table shows only what the checkout's tree holds
+            rows += _rows(c, impl)
     newest = max(recs, key=lambda r: (select.finished(r), r.path)) if recs else None
     pred = newest.predicate if newest is not None else {}
     spec = pred.get("spec") or {}
