@@ -191,3 +191,30 @@ def test_a_trust_root_that_differs_from_the_release_says_what_differs(monkeypatc
     source = load_trust_root().source
     assert source.startswith("trust root DIFFERING FROM THIS RELEASE (targets.json sha256 ")
     assert "shipped trust root" not in source
+
+
+def test_merge_verifies_every_record_and_refuses_mixed_software(project, tmp_path) -> None:
+    from grpo_conform.gate.merge import MergeError, MergeRequest, run_merge
+    from test_evidence_support import trust_list
+
+    key = new_key()
+    keys = trust_list(tmp_path, (key, {}))
+    ev = project / "evidence"
+    good = signed_record(ev / "good.intoto.json", statement_for(project, "triton"), key)
+    unsigned = signed_record(ev / "unsigned.intoto.json", statement_for(project, "liger"), None)
+    forged = statement_for(project, "liger")
+    forged["predicate"]["implementation"]["identity"] = "0" * 64  # names a tree nobody has
+    bad = signed_record(ev / "bad.intoto.json", forged, key)
+    req = dict(trusted_keys=keys, project=str(project))
+    assert run_merge(MergeRequest((good,), **req)).exit_code == 0
+    with pytest.raises(MergeError, match="unsigned.intoto.json: does not verify"):
+        run_merge(MergeRequest((good, unsigned), **req))
+    with pytest.raises(MergeError, match="bad.intoto.json: does not verify"):
+        run_merge(MergeRequest((good, bad), **req))
+    with pytest.raises(MergeError, match="does not verify"):  # the shipped root does not trust a test key
+        run_merge(MergeRequest((good,), project=str(project)))
+    other = statement_for(project, "liger")
+    other["predicate"]["software"]["torch"] = "2.1.0"
+    mixed = signed_record(ev / "mixed.intoto.json", other, key)
+    with pytest.raises(MergeError, match="different torch"):
+        run_merge(MergeRequest((good, mixed), **req))
