@@ -218,3 +218,37 @@ def test_merge_verifies_every_record_and_refuses_mixed_software(project, tmp_pat
     mixed = signed_record(ev / "mixed.intoto.json", other, key)
     with pytest.raises(MergeError, match="different torch"):
         run_merge(MergeRequest((good, mixed), **req))
+
+
+def test_verify_judges_a_record_against_the_spec_the_verifier_resolves(project, tmp_path) -> None:
+    from grpo_conform.evidence.spec_semantics import spec_problems
+    from test_evidence_support import outcome
+
+    key = new_key()
+    trust = make_trust_root(tmp_path / "trust", (key, {}))
+    lying = statement_for(project, "triton", outcomes=(outcome("loss", "pass", mismatches=3),))
+    path = signed_record(project / "evidence" / "lying.intoto.json", lying, key)
+    f = verify(path, trust).files[0]
+    assert f.step("semantics").status == "fail" and "marked pass but its evidence finds mismatches=3" in \
+        f.step("semantics").message
+    st = statement_for(project, "triton")
+    assert spec_problems(st, project) == []
+    made_up = copy_of(st)
+    made_up["predicate"]["workloads"][0]["workload"] = "made-up"
+    assert any("not workloads of" in p for p in spec_problems(made_up, project))
+    full = copy_of(st)
+    full["predicate"]["coverage"].update(workloads_not_run=[], total=1, checked=1, complete=True)
+    assert any("coverage must account" in p for p in spec_problems(full, project))
+    fast = copy_of(st)
+    fast["predicate"]["workloads"][0]["timings"] = [_timing("full", 20_000, floor_ns=1_000_000)]
+    assert any("impossible" in p for p in spec_problems(fast, project))
+    relabel = copy_of(st)
+    relabel["predicate"]["spec"].update(id="grpo/token-is", member="dapo-mask")
+    assert any("relabelled" in p for p in spec_problems(relabel, project))
+    extra = copy_of(st)
+    extra["predicate"]["coverage"]["exercised"] = {"cases": []}  # another helper's key: allowed
+    assert spec_problems(extra, project) == []
+
+
+def copy_of(statement: dict) -> dict:
+    return json.loads(json.dumps(statement))

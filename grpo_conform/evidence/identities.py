@@ -228,9 +228,12 @@ def spec_checks(statement: dict[str, Any], root: Path | None, uri: str | None,
         if status == "match-commit":
             where += "; the tree has changed since" if sources[0][0] is not None else "; the tree no longer has it"
         checks, ok = _spec_against(spec, name, uri, file_sha256, data, where, status)
-        if ok and spec.get("member") is not None and status == "match":
-            checks.append(_member_identity(spec, name, root, where))
+        if ok and spec.get("member") is not None:
+            # at a commit too: a record relabelled as another member must not pass because the tree moved on
+            checks.append(_member_identity(spec, name, root, where, None if status == "match" else (uri, data)))
             ok = checks[-1].status == "match"
+            if ok and status == "match-commit":
+                checks[-1] = IdentityCheck(**{**checks[-1].__dict__, "status": "match-commit"})
         if ok:
             return checks
         first = first or checks
@@ -240,13 +243,22 @@ def spec_checks(statement: dict[str, Any], root: Path | None, uri: str | None,
     return [IdentityCheck("spec", name, spec["identity"], None, "unverified", tried)]
 
 
-def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str) -> IdentityCheck:
+def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str,
+                     at_commit: tuple[str, bytes] | None = None) -> IdentityCheck:
     """A member's identity is that of its resolved document: resolved by the spec module from the
-    project's specs/ (the file's sha256 already matched, so this checks the record's claim about it)."""
+    project's specs/, or from the family file as the record's commit has it (the file's sha256
+    already matched, so this checks the record's claim about which member it is)."""
+    import tempfile
+
     try:
         from grpo_conform.spec import find_spec
 
-        resolved = find_spec(name, dirs=[root / "specs"])
+        if at_commit is None:
+            resolved = find_spec(name, dirs=[root / "specs"])
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / PurePosixPath(at_commit[0]).name).write_bytes(at_commit[1])
+                resolved = find_spec(name, dirs=[Path(tmp)])
     except Exception as exc:  # noqa: BLE001 - any failure to resolve means "not recomputed", said plainly
         return IdentityCheck("spec", name, spec["identity"], None, "unverified", f"cannot resolve {name}: {exc}")
     status: Status = "match" if resolved.identity == spec["identity"] else "differs"

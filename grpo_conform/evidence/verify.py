@@ -33,6 +33,7 @@ from grpo_conform.evidence.policy import Policy, policy_problems
 from grpo_conform.evidence.semantics import canonical_problem, coverage_phrase, semantic_problems
 from grpo_conform.evidence.statement import schema_file_for, schema_problems
 from grpo_conform.evidence.signature import signature_step
+from grpo_conform.evidence.spec_semantics import spec_problems
 from grpo_conform.evidence.steps import STEPS, StepName, StepResult, StepStatus  # noqa: F401 (re-exported)
 from grpo_conform.evidence.terminal import safe
 from grpo_conform.evidence.timestamps import MAX_TOKEN_BYTES, load_tsa_roots, token_path
@@ -244,6 +245,7 @@ def _verify_file(path: str, trusted: tuple[TrustedKey, ...], request: VerifyRequ
         return FileVerification(path, tuple(steps + _skipped("schema")), **done)
     steps.append(StepResult("schema", "pass", f"valid against {schema}"))
     problems = [p for p in (canonical_problem(payload, statement),) if p] + semantic_problems(statement)
+    problems += spec_problems(statement, project_root_for(None, request.project))
     if problems:
         steps.append(StepResult("semantics", "fail", problems[0], tuple(problems[1:20])))
         return FileVerification(path, tuple(steps + _skipped("semantics")), **done)

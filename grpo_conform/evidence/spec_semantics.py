@@ -1,0 +1,81 @@
+"""What a record says, checked against the spec the verifier resolves (issue 29), not only against itself.
+
+`semantics.py` makes a record consistent with itself; a trusted key can still sign content the spec
+contradicts. With the spec member the verifier's own checkout resolves (only when its identity is the
+record's: another identity is the identities step's business), a record is refused when:
+- it names a workload the member does not have, or its coverage does not add up to the member's
+  workloads (extra coverage keys, such as `exercised`, are allowed);
+- its spec.member is not the member its spec id names (a token-is record relabelled as another);
+- a check is marked `pass` while its own evidence counts mismatches, NaN or Inf;
+- a timing is below the DRAM floor its own record states (impossible; a timing is never ranked
+  for it either).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+_BAD_COUNTS = ("mismatches", "nan", "inf")
+
+
+def _resolve(spec: dict[str, Any], root: Path | None) -> Any:
+    if root is None:
+        return None
+    try:
+        from grpo_conform.spec import find_spec
+
+        resolved = find_spec(str(spec["id"]), dirs=[root / "specs"])
+    except Exception:  # noqa: BLE001 - a spec this checkout lacks cannot be judged here
+        return None
+    return resolved if resolved.identity == spec.get("identity") else None
+
+
+def _counts(evidence: Any, depth: int = 0) -> list[str]:
+    """'gradient.mismatches=3'-style findings of failure inside a check's evidence."""
+    if depth > 6 or not isinstance(evidence, dict):
+        return []
+    out = []
+    for k, v in evidence.items():
+        if k in _BAD_COUNTS and isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            out.append(f"{k}={v}")
+        elif isinstance(v, dict):
+            out += [f"{k}.{x}" for x in _counts(v, depth + 1)]
+    return out
+
+
+def member_problem(spec: dict[str, Any]) -> str | None:
+    member, spec_id = spec.get("member"), str(spec.get("id", ""))
+    if member is not None and "/" in spec_id and spec_id.rsplit("/", 1)[1] != member:
+        return f"spec.member {member!r} is not the member its id {spec_id!r} names (a relabelled record)"
+    return None
+
+
+def spec_problems(statement: dict[str, Any], root: Path | None) -> list[str]:
+    predicate = statement["predicate"]
+    problems = [p for p in (member_problem(predicate["spec"]),) if p]
+    for w in predicate["workloads"]:
+        for c in w.get("checks", []):
+            found = _counts(c.get("evidence"))
+            if c.get("status") == "pass" and found:
+                problems.append(f"{w['workload']}/{c['check']} is marked pass but its evidence finds {', '.join(found)}")
+        for t in w.get("timings", []):
+            median = (t.get("event") or {}).get("median_ns")
+            floor = (t.get("floor") or {}).get("floor_ns")
+            if isinstance(median, (int, float)) and isinstance(floor, (int, float)) and median < floor:
+                problems.append(f"{w['workload']} {t.get('protocol')}: median {median} ns is below the DRAM floor "
+                                f"{floor} ns its record states: impossible")
+    spec = _resolve(predicate["spec"], root)
+    if spec is None:
+        return problems
+    names = [w.name for w in spec.workloads]
+    unknown = sorted({w["workload"] for w in predicate["workloads"]} - set(names))
+    if unknown:
+        problems.append(f"workload(s) {unknown} are not workloads of {spec.id} (it has {len(names)})")
+    cov = predicate.get("coverage")
+    if isinstance(cov, dict) and "workloads_run" in cov:
+        listed = set(cov.get("workloads_run", [])) | {n.get("workload") for n in cov.get("workloads_not_run", [])}
+        if listed != set(names) or cov.get("total") != len(names):
+            problems.append(f"coverage lists {len(listed)} workload(s), total {cov.get('total')}; {spec.id} has "
+                            f"{len(names)}: coverage must account for every workload of the member")
+    return problems
