@@ -549,15 +549,17 @@ def sign(files: tuple[str, ...], key_path: str | None, project: str | None, allo
               help="spec the reported records are audited against")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
               help="what to print (the three files are written whatever it is)")
+@click.option("--project", type=click.Path(file_okay=False), help="the checkout that resolves members and "
+              "implementation identities (default: the current directory's)")
 @_fail_cleanly
 def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trusted_keys: str | None, spec_ref: str,
-           fmt: str) -> None:
+           fmt: str, project: str | None = None) -> None:
     """Build the leaderboard (HTML, Markdown, JSON) from evidence records, files or folders of
     *.intoto.json, showing only those that pass verify; exit 0 once the page is written."""
     from grpo_conform.report.build import ReportRequest, render, run_report
 
     board = run_report(ReportRequest(paths=evidence, reported=reported, out=out, trusted_keys=trusted_keys,
-                                     spec=spec_ref))
+                                     spec=spec_ref, project=project))
     if fmt in ("json", "markdown"):
         click.echo(render(board, fmt), nl=False)
         return

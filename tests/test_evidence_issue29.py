@@ -252,3 +252,22 @@ def test_verify_judges_a_record_against_the_spec_the_verifier_resolves(project, 
 
 def copy_of(statement: dict) -> dict:
     return json.loads(json.dumps(statement))
+
+
+def test_a_timing_below_the_specs_floor_is_refused_even_when_the_record_lowers_its_own_floor() -> None:
+    """The audit's record: triton at 0.02x the DRAM floor, its own floor edited to 0."""
+    import base64
+
+    from grpo_conform.evidence.spec_semantics import spec_problems
+    from grpo_conform.evidence.statement import PROJECT_ROOT
+
+    (path,) = (PROJECT_ROOT / "evidence" / "h200").glob("triton--token-is--nvidia-h200--20261202T114142Z*")
+    st = json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
+    assert spec_problems(st, PROJECT_ROOT) == []  # the real record is possible
+    for w in st["predicate"]["workloads"]:
+        for t in w.get("timings", []):
+            t["event"]["median_ns"] = t["event"]["median_ns"] // 50
+            t["floor"]["floor_ns"] = t["floor"]["measured_ns"] = 0
+            t["below_floor"] = False
+    problems = spec_problems(st, PROJECT_ROOT)
+    assert any(p.startswith("seed-b16 full: median") and "below the strict floor" in p for p in problems), problems
