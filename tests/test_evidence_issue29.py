@@ -271,3 +271,24 @@ def test_a_timing_below_the_specs_floor_is_refused_even_when_the_record_lowers_i
             t["below_floor"] = False
     problems = spec_problems(st, PROJECT_ROOT)
     assert any(p.startswith("seed-b16 full: median") and "below the strict floor" in p for p in problems), problems
+
+
+def test_merge_refuses_a_json_report_whose_identity_is_not_the_checkouts(project, tmp_path, monkeypatch) -> None:
+    from grpo_conform.gate.merge import MergeError, MergeRequest, run_merge
+
+    folder = project / "implementations" / "triton"
+    monkeypatch.chdir(project)
+
+    def report(identity: str) -> str:
+        doc = {"tool": "grpo-conform", "device": {"kind": "cpu", "name": "x86_64"}, "implementations": [
+            {"name": "triton", "path": str(folder), "identity": {"sha256": identity}, "status": "conformant",
+             "message": "ok", "members": [{"spec": {"id": SPEC_ID, "identity": {"sha256": _current(project)}},
+                                           "status": "conformant", "message": "ok", "workloads": [],
+                                           "coverage": {}}]}]}
+        path = tmp_path / f"{identity[:4]}.json"
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+    assert run_merge(MergeRequest((report(identity_of(folder)),))).implementations
+    with pytest.raises(MergeError, match="the report was edited or ran another tree"):
+        run_merge(MergeRequest((report("f" * 64),)))

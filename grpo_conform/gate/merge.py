@@ -11,7 +11,9 @@ holds is reported as not run (and fails --strict).
 Merge is a checker, not a concatenator (issue 29): every evidence record goes through `verify`
 (envelope, signature against the shipped trust root or --trusted-keys, schema, semantics,
 identities recomputed from this checkout) before a byte of it counts; one that does not verify
-stops the merge, naming the step.
+stops the merge, naming the step. JSON reports are unsigned (the shards' own output in one CI run):
+their implementation identities are recomputed when the folder they name is in this checkout, and
+a difference stops the merge; only records carry a signature.
 """
 
 from __future__ import annotations
@@ -264,6 +266,7 @@ def run_merge(request: MergeRequest):
     from grpo_conform.check import CheckReport
 
     pieces = read_pieces(request.files, request.trusted_keys, request.project)
+    _check_report_identities(pieces, request.project)
     _check_shards(pieces)
     _check_software(pieces)
     names = {p.device.get("name") or p.device.get("kind") for p in pieces}
@@ -280,6 +283,28 @@ def run_merge(request: MergeRequest):
                        min(starts) if starts else "", max(ends) if ends else "", dict(first.meta.get("software", {})),
                        dict(first.meta.get("hardware") or {}), request.strict,
                        (f"merged {len(pieces)} pieces from {len(origins)} files",))
+
+
+def _check_report_identities(pieces: list[Piece], project: str | None) -> None:
+    """A JSON report's implementation identity against this checkout's tree, when the folder is in it."""
+    from grpo_conform.evidence.identities import project_root_for, tree_identity
+
+    root = project_root_for(None, project)
+    if root is None:
+        return
+    for p in pieces:
+        if p.origin.endswith(".intoto.json"):
+            continue  # verified in full by verify
+        i = p.implementation
+        folder = Path(i.path)
+        try:
+            rel = folder.resolve().relative_to(root).as_posix() if folder.is_absolute() else folder.as_posix()
+        except ValueError:
+            continue  # run in another checkout: nothing here to recompute from
+        here = tree_identity(root, rel)
+        if here is not None and here != i.identity:
+            raise MergeError(f"conflict: {p.origin} says {i.name} ({rel}) has identity {i.identity[:16]}…, this "
+                             f"checkout's tree gives {here[:16]}…: the report was edited or ran another tree")
 
 
 SOFTWARE_KEYS = ("python", "torch", "triton", "grpo_conform", "cuda_runtime", "git_commit")
