@@ -42,7 +42,7 @@ def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]], cls: str, row_
 
 def _cell(header: str, text: str) -> str:
     if header in ("conformance", "verdict"):
-        return f'<span class="{"ok" if text == "conformant" else "fail"}">{escape(text)}</span>'
+        return f'<span class="{"ok" if text.startswith("conformant") else "fail"}">{escape(text)}</span>'
     if header == "audit":
         return f'<span class="verdict-{escape(text.replace(" ", "-"))}">{escape(text)}</span>'
     return escape(text)

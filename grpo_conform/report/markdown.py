@@ -17,7 +17,7 @@ from grpo_conform.report.model import Section
 from grpo_conform.report.reported import MEANINGS
 
 _PUNCT = re.compile(r"([\\`*_{}\[\]()#!|~])")
-_AUTOLINK = re.compile(r"(?<![0-9])([.:@])|([.:@])(?![0-9])")  # "a.b", "x://", "a@b" (not "2.25")
+_AUTOLINK = re.compile(r"(@)|(:)(?=/)|(?<=www)(\.)", re.IGNORECASE)  # GFM autolinks: a@b.c, x://, www.
 
 
 def text(value: object) -> str:
@@ -25,7 +25,7 @@ def text(value: object) -> str:
     s = " ".join(str(value).split())
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     s = _PUNCT.sub(r"\\\1", s)
-    return _AUTOLINK.sub(lambda m: "\\" + (m.group(1) or m.group(2)), s)
+    return _AUTOLINK.sub(lambda m: "\\" + next(g for g in m.groups() if g), s)
 
 
 def table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

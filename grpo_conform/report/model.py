@@ -83,6 +83,7 @@ class Row:
     vs_first: float | None = None
     record_identity: str = ""  # the record this cell was read from
     flag: str = ""  # why a conformant implementation's cell is not ranked ("impossible: ...", "checks narrowed")
+    partial: str = ""  # the cell's record covers less than the member (partial_reason): ranked on this workload only
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -183,7 +184,8 @@ def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[s
                _ms((t.get("host_wall") or {}).get("median_ns")), _ms(floor_ns),
                str(floor.get("method") or floor.get("model") or ""), _num(t.get("floor_ratio")),
                _num(t.get("measured_floor_ratio")), t.get("peak_bytes") if isinstance(t.get("peak_bytes"), int) else None,
-               _num(t.get("peak_over_logits")), record_identity=rec.record_identity, flag=flag)
+               _num(t.get("peak_over_logits")), record_identity=rec.record_identity, flag=flag,
+               partial=partial_reason(rec.predicate) or "")
 
 
 def _rows(chosen: select.Chosen, impl: Implementation) -> list[Row]:

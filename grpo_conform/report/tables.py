@@ -52,7 +52,8 @@ def conformance(impl: Implementation | None) -> str:
 def _row_conformance(impl: Implementation | None, row: Row) -> str:
     if row.flag:
         return row.flag
-    return "conformant" if impl is not None and row.conformant else conformance(impl).split("; ")[0]
+    text = "conformant" if impl is not None and row.conformant else conformance(impl).split("; ")[0]
+    return text + (f" (partial record: {row.partial})" if row.partial else "")
 
 
 def timing_rows(section: Section, protocol: str) -> list[tuple[str, ...]]:
