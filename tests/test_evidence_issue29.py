@@ -233,6 +233,9 @@ def test_verify_judges_a_record_against_the_spec_the_verifier_resolves(project, 
         f.step("semantics").message
     st = statement_for(project, "triton")
     assert spec_problems(st, project) == []
+    said = copy_of(st)
+    said["predicate"]["workloads"][0]["checks"][0]["message"] = "call A#1: 3/75045 elements outside tolerance"
+    assert any("message reports elements outside tolerance" in p for p in spec_problems(said, project))
     made_up = copy_of(st)
     made_up["predicate"]["workloads"][0]["workload"] = "made-up"
     assert any("not workloads of" in p for p in spec_problems(made_up, project))

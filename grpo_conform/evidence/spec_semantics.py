@@ -6,7 +6,8 @@ record's: another identity is the identities step's business), a record is refus
 - it names a workload the member does not have, or its coverage does not add up to the member's
   workloads (extra coverage keys, such as `exercised`, are allowed);
 - its spec.member is not the member its spec id names (a token-is record relabelled as another);
-- a check is marked `pass` while its own evidence counts mismatches, NaN or Inf;
+- a check is marked `pass` while its own evidence counts mismatches, NaN or Inf, or its message
+  reports elements outside tolerance;
 - a timing is below the DRAM floor its own record states, or below the strict floor recomputed
   from the resolved spec's workload (not the record's axes) on the catalogue GPU the record names,
   counting no masked row (a lower bound whatever the mask): physically impossible.
@@ -15,11 +16,14 @@ A GPU the catalogue does not know gets no recomputed floor (the record's own sti
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 _BAD_COUNTS = ("mismatches", "nan", "inf")
+#: what the comparison writes when elements fail (compare.py); a `pass` saying it is a contradiction
+_FAILURE_TEXT = re.compile(r"\b[1-9][0-9]*/[0-9]+ elements outside tolerance")
 
 
 def _resolve(spec: dict[str, Any], root: Path | None) -> Any:
@@ -75,6 +79,9 @@ def spec_problems(statement: dict[str, Any], root: Path | None) -> list[str]:
             found = _counts(c.get("evidence"))
             if c.get("status") == "pass" and found:
                 problems.append(f"{w['workload']}/{c['check']} is marked pass but its evidence finds {', '.join(found)}")
+            elif c.get("status") == "pass" and _FAILURE_TEXT.search(str(c.get("message", ""))):
+                problems.append(f"{w['workload']}/{c['check']} is marked pass but its message reports elements "
+                                "outside tolerance")
         for t in w.get("timings", []):
             median = (t.get("event") or {}).get("median_ns")
             floor = (t.get("floor") or {}).get("floor_ns")
