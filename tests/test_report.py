@@ -179,3 +179,17 @@ def test_the_report_command(own, tmp_path):
     jsonschema.Draft202012Validator(SCHEMA).validate(doc)
     missing = CliRunner().invoke(main, ["report", str(tmp_path / "nothing-here")])
     assert missing.exit_code == 2 and "no such file or directory" in missing.output
+
+
+def test_the_committed_page_shows_the_seed_member_once_with_triton_first_where_it_is_fastest():
+    """Issue 29: the committed page showed Liger #1 at batch 16 and the seed member three times."""
+    doc = json.loads((PAGE / "leaderboard.json").read_text())
+    seed = [s for s in doc["sections"] if s["spec"]["id"] == "grpo/token-is"]
+    assert len(seed) == 1 and seed[0]["current"] and len(seed[0]["history"]) >= 1
+    assert all(s["spec"]["id"] not in ("grpo-token-is",) for s in doc["sections"])  # folded under it
+    for workload in ("seed-b2", "seed-b8", "seed-b16"):
+        for protocol in ("full", "full-scaled", "forward"):
+            rows = [r for r in seed[0]["results"] if r["workload"] == workload and r["protocol"] == protocol]
+            fastest = min((r for r in rows if r["conformant"]), key=lambda r: r["median_ms"])
+            first = next(r for r in rows if r["rank"] == 1)
+            assert first is fastest and first["implementation"] == "triton", (workload, protocol, first)

@@ -109,28 +109,15 @@ def pieces_from_report(doc: dict[str, Any], origin: str) -> list[Piece]:
         raise MergeError(f"{origin}: malformed report ({type(exc).__name__}: {exc})") from None
 
 
-def verified_payload(path: str, trusted_keys: str | None = None, project: str | None = None) -> bytes:
-    """The record's payload after every step of `verify` passed; a MergeError naming the first failure."""
-    from grpo_conform.canonical import sha256_hex
-    from grpo_conform.evidence import VerifyRequest, run_verify
-    from grpo_conform.evidence.records import read_envelope
-
-    (result,) = run_verify(VerifyRequest((path,), trusted_keys=trusted_keys, project=project)).files
-    bad = next((s for s in result.steps if not s.ok), None)
-    if bad is not None or result.unsigned or not result.record_identity:
-        why = f"{bad.step} {bad.status}: {bad.message}" if bad is not None else "not signed"
-        raise MergeError(f"{path}: does not verify ({why}); merge counts only records that `grpo-conform verify` "
-                         "accepts")
-    payload = read_envelope(path).payload
-    if sha256_hex(payload) != result.record_identity:
-        raise MergeError(f"{path}: the file changed while it was read; merge again")
-    return payload
-
-
 def pieces_from_record(path: str, trusted_keys: str | None = None, project: str | None = None) -> list[Piece]:
     from grpo_conform.evidence.dsse import json_int
+    from grpo_conform.evidence.records import RecordError
+    from grpo_conform.evidence.verified import verified_payload
 
-    payload = verified_payload(path, trusted_keys, project)
+    try:
+        payload = verified_payload(path, trusted_keys, project)
+    except RecordError as exc:
+        raise MergeError(str(exc)) from None
     statement = json.loads(payload, parse_int=json_int)  # as `verify` reads payloads
     p = statement.get("predicate", {})
     try:
