@@ -17,7 +17,8 @@ from grpo_conform.evidence import trust as trust_module
 from grpo_conform.evidence.identities import project_root_for
 from grpo_conform.evidence.partial import checks_narrowed, partial_reason
 from grpo_conform.report.build import Leaderboard, render
-from grpo_conform.report.load import RejectedRecord, VerifiedRecord, from_the_future
+from grpo_conform.evidence.semantics import future_problem
+from grpo_conform.report.load import RejectedRecord, VerifiedRecord
 from grpo_conform.report.model import build_sections
 from test_evidence_support import NOW, identity_of, make_project, make_trust_root, new_key, signed_record, \
     statement_for, verify
@@ -132,8 +133,9 @@ def test_a_record_from_the_future_is_refused(project, tmp_path) -> None:
     st["predicate"]["run"]["finished"] = "2099-01-01T00:00:00Z"
     path = signed_record(project / "evidence" / "future.intoto.json", st, key)
     board = build_leaderboard(ReportRequest((path,), out=None, trusted_keys=keys, project=str(project), now=NOW))
-    assert not board.inputs and board.rejected[0].reason.startswith("date: run.finished 2099")
-    assert from_the_future({"predicate": {"run": {"finished": "2026-12-01T00:00:00Z"}}}, NOW) is None
+    assert not board.inputs and board.rejected[0].reason.startswith("semantics: run.finished 2099")
+    assert future_problem({"predicate": {"run": {"finished": "2026-12-01T00:00:00Z"}}}, NOW) is None
+    assert verify(path, make_trust_root(tmp_path / "trust", (key, {}))).files[0].step("semantics").status == "fail"
 
 
 HOSTILE = '![x](https://evil.example/p.png) <img src=x onerror=alert(1)> [link](http://evil) `code` | cell'

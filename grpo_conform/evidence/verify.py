@@ -30,7 +30,7 @@ from grpo_conform.evidence.dsse import PAYLOAD_TYPE, Envelope, EnvelopeError, lo
 from grpo_conform.evidence.identities import IdentityCheck, implementation_check, project_root_for, spec_checks
 from grpo_conform.evidence.keys import TrustedKey, load_trusted_keys
 from grpo_conform.evidence.policy import Policy, policy_problems
-from grpo_conform.evidence.semantics import canonical_problem, coverage_phrase, semantic_problems
+from grpo_conform.evidence.semantics import canonical_problem, coverage_phrase, future_problem, semantic_problems
 from grpo_conform.evidence.statement import schema_file_for, schema_problems
 from grpo_conform.evidence.signature import signature_step
 from grpo_conform.evidence.spec_semantics import spec_problems
@@ -246,6 +246,7 @@ def _verify_file(path: str, trusted: tuple[TrustedKey, ...], request: VerifyRequ
     steps.append(StepResult("schema", "pass", f"valid against {schema}"))
     problems = [p for p in (canonical_problem(payload, statement),) if p] + semantic_problems(statement)
     problems += spec_problems(statement, project_root_for(None, request.project))
+    problems += [p for p in (future_problem(statement, now),) if p]
     if problems:
         steps.append(StepResult("semantics", "fail", problems[0], tuple(problems[1:20])))
         return FileVerification(path, tuple(steps + _skipped("semantics")), **done)
