@@ -12,6 +12,10 @@ The trust root is TUF metadata (python-tuf's `tuf.api.metadata`), installed as p
   validity window (`x-grpo-conform-*` fields). A key is revoked by removing it from the role's
   keyids (it may stay listed, marked revoked, so the verifier can say why).
 
+Rollback: the root and targets versions may not fall below `MIN_ROOT_VERSION` and
+`MIN_TARGETS_VERSION` (code), and no root version may be missing from the chain; a shipped root
+whose files differ from `RELEASE_TRUST_FILES` is reported with what differs (issue 29).
+
 Nothing is read from the current directory: a pull request that adds a key file, swaps a PEM or
 edits a list changes nothing unless the change is signed by the offline root keys. Other sources
 are explicit overrides (`--trust-root DIR`, `--trusted-keys FILE`) and are reported as such.
@@ -21,6 +25,7 @@ from they are not used (the package version is the snapshot). See docs/evidence.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import resources
@@ -100,19 +105,17 @@ def _expired(signed: Root | Targets, now: datetime) -> bool:
 def _root_files(folder: Path) -> list[int]:
     """The versions of N.root.json present; a gap (2 missing beside 1 and 3) is an error, not the end."""
     versions = sorted(int(f.name.split(".")[0]) for f in folder.glob("*.root.json") if f.name.split(".")[0].isdigit())
+    if versions and versions[-1] >= MAX_ROOT_VERSIONS:
+        raise TrustedKeysError(folder, f"root version {versions[-1]}: over {MAX_ROOT_VERSIONS} versions; refusing it")
     missing = sorted(set(range(1, (versions[-1] if versions else 1) + 1)) - set(versions))
     if missing:
         raise TrustedKeysError(folder / f"{missing[0]}.root.json", f"root version {missing[0]} is missing but version "
                                f"{versions[-1]} is present: every version of the root chain must be kept")
-    if len(versions) >= MAX_ROOT_VERSIONS:
-        raise TrustedKeysError(folder, f"over {MAX_ROOT_VERSIONS} root versions; refusing to walk them")
     return versions
 
 
 def release_differences(folder: Path) -> list[str]:
     """How the metadata files in `folder` differ from those this release ships (empty: identical)."""
-    import hashlib
-
     present = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in folder.glob("*.json") if f.is_file()}
     out = []
     for name in sorted(set(present) | set(RELEASE_TRUST_FILES)):
