@@ -270,13 +270,19 @@ def _finish(report: Any, fmt: str, junit_xml: str | None, summary_file: str | No
 @click.option("--junit-xml", type=click.Path(dir_okay=False), help="write a JUnit XML report here")
 @click.option("--summary", "summary_file", type=click.Path(dir_okay=False), help="write a Markdown summary here")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--trusted-keys", type=click.Path(dir_okay=False), help="verify records against this trusted-keys "
+              "list instead of the shipped trust root (named as an override)")
+@click.option("--project", type=click.Path(file_okay=False), help="the checkout records' identities are "
+              "recomputed from (default: the current directory's)")
 @_fail_cleanly
-def merge(files: tuple[str, ...], strict: bool, junit_xml: str | None, summary_file: str | None, fmt: str) -> None:
+def merge(files: tuple[str, ...], strict: bool, junit_xml: str | None, summary_file: str | None, fmt: str,
+          trusted_keys: str | None = None, project: str | None = None) -> None:
     """Merge shard outputs (JSON reports of `check --format json`, evidence records, or folders of them) into one
     verdict per implementation; refuses duplicates and conflicts. Exit codes as `check`."""
     from grpo_conform.gate.merge import MergeRequest, run_merge
 
-    _finish(run_merge(MergeRequest(files=files, strict=strict)), fmt, junit_xml, summary_file)
+    _finish(run_merge(MergeRequest(files=files, strict=strict, trusted_keys=trusted_keys, project=project)), fmt,
+            junit_xml, summary_file)
 
 
 # -- manifests ----------------------------------------------------------------------------------
@@ -545,15 +551,17 @@ def sign(files: tuple[str, ...], key_path: str | None, project: str | None, allo
               help="spec the reported records are audited against")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
               help="what to print (the three files are written whatever it is)")
+@click.option("--project", type=click.Path(file_okay=False), help="the checkout that resolves members and "
+              "implementation identities (default: the current directory's)")
 @_fail_cleanly
 def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trusted_keys: str | None, spec_ref: str,
-           fmt: str) -> None:
+           fmt: str, project: str | None = None) -> None:
     """Build the leaderboard (HTML, Markdown, JSON) from evidence records, files or folders of
     *.intoto.json, showing only those that pass verify; exit 0 once the page is written."""
     from grpo_conform.report.build import ReportRequest, render, run_report
 
     board = run_report(ReportRequest(paths=evidence, reported=reported, out=out, trusted_keys=trusted_keys,
-                                     spec=spec_ref))
+                                     spec=spec_ref, project=project))
     if fmt in ("json", "markdown"):
         click.echo(render(board, fmt), nl=False)
         return

@@ -294,13 +294,13 @@ def test_sign_shows_subject_result_verdict_hardware(env) -> None:
     pem = project.parent / "s.pem"
     pem.write_bytes(Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    report = run_sign(SignRequest((path,), str(pem), dry_run=True))
+    report = run_sign(SignRequest((path,), str(pem), dry_run=True, project=str(project)))
     text = "\n".join(report.lines())
     for needle in ("would sign", "subject    implementations/pytorch", "result     PASSED  verdict conformant",
                    "hardware   x86_64 (self-reported)", "NOT named by the shipped trust root"):
         assert needle in text, text
     assert json.loads(Path(path).read_text())["signatures"] == []  # dry run
-    report = run_sign(SignRequest((path,), str(pem)))
+    report = run_sign(SignRequest((path,), str(pem), project=str(project)))
     assert len(json.loads(Path(path).read_text())["signatures"]) == 1
 
 

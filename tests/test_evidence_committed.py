@@ -58,9 +58,10 @@ def test_committed_records_are_consistent(path) -> None:
 
 
 @needs_git
-def test_cli_verifies_the_committed_records_from_any_directory(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "grpo_conform", "verify", *map(str, RECORDS)], cwd=tmp_path,
-                          capture_output=True, text=True)
+def test_cli_verifies_the_committed_records_from_any_directory_given_the_project(tmp_path) -> None:
+    """Outside the checkout, --project names it: the records' own folder never does (issue 29)."""
+    done = subprocess.run([sys.executable, "-m", "grpo_conform", "verify", *map(str, RECORDS), "--project",
+                           str(PROJECT_ROOT)], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("trust: shipped trust root")

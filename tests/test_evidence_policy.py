@@ -115,10 +115,10 @@ def test_policy_file_json_and_toml(tmp_path) -> None:
 
 
 def test_cli_flags_override_the_policy_file(env, tmp_path) -> None:
-    _, _, trust, path = env
+    project, _, trust, path = env
     (tmp_path / "p.json").write_text(json.dumps({"require_result": ["FAILED"]}))
     base = [sys.executable, "-m", "grpo_conform", "verify", path, "--trust-root", str(trust.folder),
-            "--policy", str(tmp_path / "p.json")]
+            "--policy", str(tmp_path / "p.json"), "--project", str(project)]
     done = subprocess.run(base, capture_output=True, text=True)
     assert done.returncode == 1 and "result PASSED, the policy requires FAILED" in done.stdout
     done = subprocess.run(base + ["--require-result", "PASSED", "--expect-subject", "implementations/pytorch"],

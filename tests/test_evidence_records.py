@@ -104,7 +104,7 @@ def test_run_sign(tmp_path, proj) -> None:
     a, b = proj / "a.json", proj / "b.json"
     write_record(statement_for(proj), a, None)
     write_record(statement_for(proj), b, None)
-    report = run_sign(SignRequest((str(a), str(b)), str(tmp_path / "k.pem")))
+    report = run_sign(SignRequest((str(a), str(b)), str(tmp_path / "k.pem"), project=str(proj)))
     assert report.keyid == keyid and report.exit_code == 0 and all(r.signed for r in report.records)
     assert json.dumps(report.to_json())
 
@@ -114,7 +114,7 @@ def test_run_sign_reads_the_environment(tmp_path, proj, monkeypatch) -> None:
     write_record(statement_for(proj), proj / "a.json", None)
     monkeypatch.delenv("GRPO_CONFORM_SIGNING_KEY", raising=False)
     monkeypatch.setenv(ENV_SIGNING_KEY_FILE, str(tmp_path / "k.pem"))
-    report = run_sign(SignRequest((str(proj / "a.json"),)))
+    report = run_sign(SignRequest((str(proj / "a.json"),), project=str(proj)))
     assert report.keyid == keyid and ENV_SIGNING_KEY_FILE in report.key_source
 
 

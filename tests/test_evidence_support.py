@@ -176,7 +176,17 @@ def verify(paths: str | list[str], trust_root: TrustFixture | str, **kw: Any):
     else:
         kw["trusted_keys"] = trust_root
     kw.setdefault("now", NOW)
+    kw.setdefault("project", next((p for p in map(record_project, paths) if p), None))
     return run_verify(VerifyRequest(tuple(paths), **kw))
+
+
+def record_project(path: str) -> str | None:
+    """The scratch project a test record sits in, passed as --project as a user would: verify itself
+    never looks next to a record for the project (issue 29)."""
+    for d in Path(path).resolve().parents:
+        if (d / "pyproject.toml").is_file():
+            return str(d)
+    return None
 
 
 def b64(data: bytes) -> str:

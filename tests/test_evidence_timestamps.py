@@ -84,7 +84,7 @@ def stamped(tmp_path, tsa):
     pem = tmp_path / "k.pem"
     pem.write_bytes(key.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                   serialization.NoEncryption()))
-    run_sign(SignRequest((str(record),), str(pem), timestamp_query=True))
+    run_sign(SignRequest((str(record),), str(pem), timestamp_query=True, project=str(project)))
     _reply(tsa, Path(str(record) + ".tsq"), token_path(record))
     return project, key, trust, str(record), str(tsa / "ca.crt")
 

@@ -65,7 +65,7 @@ def test_only_verified_records_are_shown_and_the_others_say_why(own):
     board = build_leaderboard(ReportRequest(paths=(str(own / "good"), str(own / "tampered.intoto.json"),
                                                    str(own / "unsigned.intoto.json")),
                                             trusted_keys=str(own / "trusted-keys.json"), out=None))
-    shown = {i.name for s in board.sections for i in s.implementations}
+    shown = {i.name for s in board.sections for h in (s, *s.history) for i in h.implementations}
     assert shown == {"triton", "liger", "liger-inplace", "pytorch"}
     why = {Path(r.path).name: r.reason for r in board.rejected}
     assert set(why) == {"tampered.intoto.json", "unsigned.intoto.json"}
@@ -78,8 +78,10 @@ def test_only_verified_records_are_shown_and_the_others_say_why(own):
 def test_ranks_vs_first_floor_ratio_and_the_non_conformant_one(own):
     board = build_leaderboard(ReportRequest(paths=(str(own / "good"),), trusted_keys=str(own / "trusted-keys.json"),
                                             out=None))
-    (section,) = board.sections
-    assert section.gpu == "NVIDIA H200 SXM" and section.spec_id == "grpo-token-is"
+    (top,) = board.sections  # the seed spec's records are history of the member its id resolves to
+    assert top.spec_id == "grpo/token-is" and top.current and not top.implementations
+    (section,) = top.history
+    assert section.gpu == "NVIDIA H200 SXM" and section.spec_id == "grpo-token-is" and not section.current
     full_b16 = {r.implementation: r for r in section.rows if r.protocol == "full" and r.batch == 16}
     assert full_b16["triton"].rank == 1 and full_b16["triton"].vs_first == 1.0
     assert full_b16["liger"].rank == 2 and full_b16["liger"].vs_first == pytest.approx(3.1133 / 2.2371, rel=1e-3)
@@ -88,7 +90,7 @@ def test_ranks_vs_first_floor_ratio_and_the_non_conformant_one(own):
     assert full_b16["triton"].wall_ms > full_b16["triton"].median_ms > full_b16["triton"].floor_ms
     assert full_b16["pytorch"].peak_over_logits == pytest.approx(5.99, abs=0.01)
     md = render(board, "markdown")
-    assert "| seed-b16 (batch 16) | 1 | triton | 2.2371" in md
+    assert "| seed-b16 \\(batch 16\\) | 1 | triton | 2.2371" in md
     assert "fails no-aliasing, no-mutation, no-output-reuse" in md
 
 
@@ -177,3 +179,17 @@ def test_the_report_command(own, tmp_path):
     jsonschema.Draft202012Validator(SCHEMA).validate(doc)
     missing = CliRunner().invoke(main, ["report", str(tmp_path / "nothing-here")])
     assert missing.exit_code == 2 and "no such file or directory" in missing.output
+
+
+def test_the_committed_page_shows_the_seed_member_once_with_triton_first_where_it_is_fastest():
+    """Issue 29: the committed page showed Liger #1 at batch 16 and the seed member three times."""
+    doc = json.loads((PAGE / "leaderboard.json").read_text())
+    seed = [s for s in doc["sections"] if s["spec"]["id"] == "grpo/token-is"]
+    assert len(seed) == 1 and seed[0]["current"] and len(seed[0]["history"]) >= 1
+    assert all(s["spec"]["id"] not in ("grpo-token-is",) for s in doc["sections"])  # folded under it
+    for workload in ("seed-b2", "seed-b8", "seed-b16"):
+        for protocol in ("full", "full-scaled", "forward"):
+            rows = [r for r in seed[0]["results"] if r["workload"] == workload and r["protocol"] == protocol]
+            fastest = min((r for r in rows if r["conformant"]), key=lambda r: r["median_ms"])
+            first = next(r for r in rows if r["rank"] == 1)
+            assert first is fastest and first["implementation"] == "triton", (workload, protocol, first)

@@ -64,6 +64,7 @@ from grpo_conform.evidence.verify import (
     run_verify,
     verify_file,
 )
+from grpo_conform.evidence.partial import partial_reason
 from grpo_conform.evidence.policy import Policy, PolicyError, load_policy, policy_problems
 from grpo_conform.evidence.semantics import semantic_problems
 from grpo_conform.evidence.terminal import safe
@@ -79,5 +80,5 @@ __all__ = [
     "statement_bytes", "verify_file", "write_evidence", "write_record",
     "PINNED_ROOT_KEYIDS", "PREDICATE_V1", "Policy", "PolicyError", "ToSign", "TrustRoot", "builder_identity",
     "check_publishable", "load_policy", "load_trust_root", "loads_strict", "policy_problems", "preflight", "safe",
-    "semantic_problems",
+    "semantic_problems", "partial_reason",
 ]

@@ -1,7 +1,9 @@
 """The `identities` step: recompute what a record names from the project it belongs to.
 
-The project is the checkout the record file sits in (the nearest ancestor holding `.git` or
-`pyproject.toml`), else the current directory's, else an explicit `--project DIR`. Paths come
+The project is the verifier's own checkout: an explicit `--project DIR`, else the nearest ancestor
+of the current directory holding `.git` or `pyproject.toml`. Never a folder found from the record's
+path: a `pyproject.toml` dropped next to records by the same pull request would otherwise decide
+which files the identities are checked against (issue 29). Paths come
 from the record, so they are confined: relative, no `..`, and the resolved path (symbolic links
 followed) must stay inside the project, else nothing is read. When the tree differs and the
 record names a commit, the identity is recomputed from that commit's objects (`git ls-tree` /
@@ -65,15 +67,29 @@ def safe_relative(path: Any) -> str | None:
 
 
 def project_root_for(record: Path | None, explicit: str | Path | None) -> Path | None:
+    """The verifier's checkout: `explicit`, else the current directory's. `record` is not used to
+    find it (kept in the signature so callers say what they verify)."""
+    del record  # never: the record's folder is what the pull request supplies
     if explicit is not None:
         return Path(explicit).resolve()
-    starts = [record.resolve().parent] if record is not None else []
-    starts.append(Path.cwd().resolve())
-    for start in starts:
-        for d in (start, *start.parents):
-            if (d / ".git").exists() or (d / "pyproject.toml").is_file():
-                return d
+    start = Path.cwd().resolve()
+    for d in (start, *start.parents):
+        if (d / ".git").exists() or (d / "pyproject.toml").is_file():
+            return d
     return None
+
+
+def tree_identity(root: Path | None, path: str) -> str | None:
+    """The implementation identity of folder `path` in the project's tree now, or None."""
+    if root is None or safe_relative(path):
+        return None
+    folder = _inside(root, path)
+    if folder is None or not folder.is_dir():
+        return None
+    try:
+        return hashlib.sha256(folder_listing(folder).encode()).hexdigest()
+    except (ManifestError, OSError):
+        return None
 
 
 def _inside(root: Path, relative: str) -> Path | None:
@@ -212,9 +228,12 @@ def spec_checks(statement: dict[str, Any], root: Path | None, uri: str | None,
         if status == "match-commit":
             where += "; the tree has changed since" if sources[0][0] is not None else "; the tree no longer has it"
         checks, ok = _spec_against(spec, name, uri, file_sha256, data, where, status)
-        if ok and spec.get("member") is not None and status == "match":
-            checks.append(_member_identity(spec, name, root, where))
+        if ok and spec.get("member") is not None:
+            # at a commit too: a record relabelled as another member must not pass because the tree moved on
+            checks.append(_member_identity(spec, name, root, where, None if status == "match" else (uri, data)))
             ok = checks[-1].status == "match"
+            if ok and status == "match-commit":
+                checks[-1] = IdentityCheck(**{**checks[-1].__dict__, "status": "match-commit"})
         if ok:
             return checks
         first = first or checks
@@ -224,13 +243,22 @@ def spec_checks(statement: dict[str, Any], root: Path | None, uri: str | None,
     return [IdentityCheck("spec", name, spec["identity"], None, "unverified", tried)]
 
 
-def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str) -> IdentityCheck:
+def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str,
+                     at_commit: tuple[str, bytes] | None = None) -> IdentityCheck:
     """A member's identity is that of its resolved document: resolved by the spec module from the
-    project's specs/ (the file's sha256 already matched, so this checks the record's claim about it)."""
+    project's specs/, or from the family file as the record's commit has it (the file's sha256
+    already matched, so this checks the record's claim about which member it is)."""
+    import tempfile
+
     try:
         from grpo_conform.spec import find_spec
 
-        resolved = find_spec(name, dirs=[root / "specs"])
+        if at_commit is None:
+            resolved = find_spec(name, dirs=[root / "specs"])
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / PurePosixPath(at_commit[0]).name).write_bytes(at_commit[1])
+                resolved = find_spec(name, dirs=[Path(tmp)])
     except Exception as exc:  # noqa: BLE001 - any failure to resolve means "not recomputed", said plainly
         return IdentityCheck("spec", name, spec["identity"], None, "unverified", f"cannot resolve {name}: {exc}")
     status: Status = "match" if resolved.identity == spec["identity"] else "differs"

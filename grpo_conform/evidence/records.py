@@ -172,7 +172,7 @@ def write_evidence(report: Any, directory: str | Path,
 class SignRequest:
     files: tuple[str, ...]
     key_path: str | None = None  # else $GRPO_CONFORM_SIGNING_KEY, else $GRPO_CONFORM_SIGNING_KEY_FILE
-    project: str | None = None  # the checkout identities are recomputed from (default: the record's)
+    project: str | None = None  # the checkout identities are recomputed from (default: the current directory's)
     allow_unverified: bool = False  # sign records whose identities cannot be recomputed here
     dry_run: bool = False  # check and show, sign nothing
     timestamp_query: bool = False  # also write <record>.tsq: the RFC 3161 query for the new signature

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import rfc8785
@@ -173,6 +174,26 @@ def _coverage_problems(predicate: dict[str, Any]) -> list[str]:
         problems.append(f"coverage.complete is {cov['complete']} for {k} of {n} workloads"
                         + (" and a check selection" if cov.get("checks_selected") else ""))
     return problems
+
+
+#: A record dated after the verification time by more than this is refused: its date would keep it
+#: "newest" (on the leaderboard, in a merge) forever. The allowance is for clocks that disagree a little.
+CLOCK_SKEW = timedelta(minutes=10)
+
+
+def future_problem(statement: dict[str, Any], now: datetime) -> str | None:
+    """Why the record's run.finished cannot be believed at `now`, or None."""
+    finished = str(((statement.get("predicate") or {}).get("run") or {}).get("finished", ""))
+    try:
+        when = datetime.fromisoformat(finished.replace("Z", "+00:00"))
+    except ValueError:
+        return f"run.finished {finished!r} is not an RFC 3339 time"
+    if when.tzinfo is None:
+        return f"run.finished {finished!r} has no time zone"
+    if when > now + CLOCK_SKEW:
+        return (f"run.finished {finished} is after the verification time {now.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+                ": a record from the future would stay the newest forever")
+    return None
 
 
 def coverage_phrase(predicate: dict[str, Any]) -> str:

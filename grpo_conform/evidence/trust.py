@@ -12,6 +12,10 @@ The trust root is TUF metadata (python-tuf's `tuf.api.metadata`), installed as p
   validity window (`x-grpo-conform-*` fields). A key is revoked by removing it from the role's
   keyids (it may stay listed, marked revoked, so the verifier can say why).
 
+Rollback: the root and targets versions may not fall below `MIN_ROOT_VERSION` and
+`MIN_TARGETS_VERSION` (code), and no root version may be missing from the chain; a shipped root
+whose files differ from `RELEASE_TRUST_FILES` is reported with what differs (issue 29).
+
 Nothing is read from the current directory: a pull request that adds a key file, swaps a PEM or
 edits a list changes nothing unless the change is signed by the offline root keys. Other sources
 are explicit overrides (`--trust-root DIR`, `--trusted-keys FILE`) and are reported as such.
@@ -21,6 +25,7 @@ from they are not used (the package version is the snapshot). See docs/evidence.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import resources
@@ -40,6 +45,18 @@ PINNED_ROOT_KEYIDS: frozenset[str] = frozenset({
     "cc905b892a7b821c69df5ac9c518386033d76c13ae44df370642d560fdaddd43",  # root-key-1
     "da98328cf3cf339dea4e1af14e4ffd06a3e8f1b323cef93f87834f90c9341767",  # root-key-2
 })
+#: The lowest root and targets versions this release accepts in its shipped trust root. A pull
+#: request that restores an older signed targets.json (and deletes a newer N.root.json) would
+#: otherwise make a key revoked since trusted again; with these in code a rollback must change
+#: code (reviewed), not just files. Raise them with every release that ships newer metadata.
+MIN_ROOT_VERSION = 1
+MIN_TARGETS_VERSION = 1
+#: sha256 of each metadata file this release ships: a shipped trust root that differs (signed by
+#: the root keys, but not what was released) is named as such, with what differs, in every report.
+RELEASE_TRUST_FILES: dict[str, str] = {
+    "1.root.json": "a3499755ac0b2a4abd5872b90e6cfdee22ab1ca127beb37d4e4e676db6f99e04",
+    "targets.json": "af0f14357dfa84685f6b4e4c5ecb07f109999b2eee338f7526faa52d366221aa",
+}
 EVIDENCE_ROLE = "evidence"
 FIELD = "x-grpo-conform-"  # prefix of our fields on a delegated key (TUF keeps unknown fields)
 MAX_METADATA_BYTES = 1 << 20
@@ -85,11 +102,41 @@ def _expired(signed: Root | Targets, now: datetime) -> bool:
     return signed.expires <= now
 
 
+def _root_files(folder: Path) -> list[int]:
+    """The versions of N.root.json present; a gap (2 missing beside 1 and 3) is an error, not the end."""
+    versions = sorted(int(f.name.split(".")[0]) for f in folder.glob("*.root.json") if f.name.split(".")[0].isdigit())
+    if versions and versions[-1] >= MAX_ROOT_VERSIONS:
+        raise TrustedKeysError(folder, f"root version {versions[-1]}: over {MAX_ROOT_VERSIONS} versions; refusing it")
+    missing = sorted(set(range(1, (versions[-1] if versions else 1) + 1)) - set(versions))
+    if missing:
+        raise TrustedKeysError(folder / f"{missing[0]}.root.json", f"root version {missing[0]} is missing but version "
+                               f"{versions[-1]} is present: every version of the root chain must be kept")
+    return versions
+
+
+def release_differences(folder: Path) -> list[str]:
+    """How the metadata files in `folder` differ from those this release ships (empty: identical)."""
+    present = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in folder.glob("*.json") if f.is_file()}
+    out = []
+    for name in sorted(set(present) | set(RELEASE_TRUST_FILES)):
+        want, have = RELEASE_TRUST_FILES.get(name), present.get(name)
+        if want is None:
+            out.append(f"{name} added (sha256 {have[:12]})")  # type: ignore[index]
+        elif have is None:
+            out.append(f"{name} missing (release sha256 {want[:12]})")
+        elif have != want:
+            out.append(f"{name} sha256 {have[:12]}, release {want[:12]}")
+    return out
+
+
 def load_trust_root(folder: str | Path | None = None, *, pinned: frozenset[str] | None = PINNED_ROOT_KEYIDS,
-                    now: datetime | None = None) -> TrustRoot:
+                    now: datetime | None = None,
+                    minimum: tuple[int, int] | None = (MIN_ROOT_VERSION, MIN_TARGETS_VERSION)) -> TrustRoot:
     """Verify the root chain and targets in `folder` (default: the shipped one) and return its evidence keys.
 
-    `pinned=None` trusts whatever keys version 1 names (only for an explicit --trust-root override).
+    `pinned=None` trusts whatever keys version 1 names (only for an explicit --trust-root override);
+    `minimum` (root version, targets version) refuses a rolled-back root; it applies whenever the
+    pinned keys do, since both guard the shipped root.
     """
     now = now or datetime.now(timezone.utc)
     override = folder is not None
@@ -107,10 +154,8 @@ def load_trust_root(folder: str | Path | None = None, *, pinned: frozenset[str] 
             raise TrustedKeysError(first, f"its root keys {sorted(named)} are not the pinned root keys "
                                    f"{sorted(pinned)}; the trust root was replaced without the root keys")
     _verify(root, Root.type, root, first, "root version 1")
-    for version in range(2, MAX_ROOT_VERSIONS):
+    for version in _root_files(folder)[1:]:
         nxt = folder / f"{version}.root.json"
-        if not nxt.is_file():
-            break
         new = _read(nxt)
         if not isinstance(new.signed, Root) or new.signed.version != version:
             raise TrustedKeysError(nxt, f"expected root metadata of version {version}")
@@ -128,10 +173,24 @@ def load_trust_root(folder: str | Path | None = None, *, pinned: frozenset[str] 
     if _expired(targets.signed, now):
         raise TrustedKeysError(targets_file, f"the evidence key list expired at "
                                f"{targets.signed.expires:%Y-%m-%dT%H:%M:%SZ}; install a release with renewed keys")
+    if pinned is not None and minimum is not None:
+        if root.signed.version < minimum[0]:
+            raise TrustedKeysError(first, f"root version {root.signed.version} is older than version {minimum[0]}, "
+                                   "the oldest this release accepts: a rolled-back trust root (a newer N.root.json "
+                                   "was removed); reinstall the package")
+        if targets.signed.version < minimum[1]:
+            raise TrustedKeysError(targets_file, f"targets version {targets.signed.version} is older than version "
+                                   f"{minimum[1]}, the oldest this release accepts: a rolled-back key list (it may "
+                                   "trust a key revoked since); reinstall the package")
     keys = evidence_keys(targets.signed, targets_file)
     rk = root.signed.roles[Root.type]
     tk = root.signed.roles[Targets.type]
-    where = "override --trust-root " + str(folder) if override else "shipped trust root"
+    if override:
+        where = "override --trust-root " + str(folder)
+    else:
+        differs = release_differences(folder)
+        where = ("shipped trust root" if not differs else
+                 "trust root DIFFERING FROM THIS RELEASE (" + "; ".join(differs) + ")")
     source = (f"{where}: root v{root.signed.version} ({rk.threshold} of {len(rk.keyids)} root keys, expires "
               f"{root.signed.expires:%Y-%m-%d}), targets v{targets.signed.version} ({tk.threshold} of "
               f"{len(tk.keyids)} keys, expires {targets.signed.expires:%Y-%m-%d})")

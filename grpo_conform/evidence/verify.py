@@ -30,9 +30,10 @@ from grpo_conform.evidence.dsse import PAYLOAD_TYPE, Envelope, EnvelopeError, lo
 from grpo_conform.evidence.identities import IdentityCheck, implementation_check, project_root_for, spec_checks
 from grpo_conform.evidence.keys import TrustedKey, load_trusted_keys
 from grpo_conform.evidence.policy import Policy, policy_problems
-from grpo_conform.evidence.semantics import canonical_problem, coverage_phrase, semantic_problems
+from grpo_conform.evidence.semantics import canonical_problem, coverage_phrase, future_problem, semantic_problems
 from grpo_conform.evidence.statement import schema_file_for, schema_problems
 from grpo_conform.evidence.signature import signature_step
+from grpo_conform.evidence.spec_semantics import spec_problems
 from grpo_conform.evidence.steps import STEPS, StepName, StepResult, StepStatus  # noqa: F401 (re-exported)
 from grpo_conform.evidence.terminal import safe
 from grpo_conform.evidence.timestamps import MAX_TOKEN_BYTES, load_tsa_roots, token_path
@@ -50,7 +51,7 @@ class VerifyRequest:
     trust_root: str | None = None  # explicit override: a folder of trust metadata (1.root.json, targets.json)
     policy: Policy = field(default_factory=Policy)
     allow_unverified: bool = False  # accept records whose identities cannot be recomputed here
-    project: str | None = None  # the checkout to recompute identities from (default: the record's)
+    project: str | None = None  # the checkout to recompute identities from (default: the current directory's, never the record's)
     now: datetime | None = None  # verification time (tests); default: the clock
     tsa_certs: tuple[str, ...] = ()  # PEM root certificates of trusted time-stamping authorities
 
@@ -244,6 +245,8 @@ def _verify_file(path: str, trusted: tuple[TrustedKey, ...], request: VerifyRequ
         return FileVerification(path, tuple(steps + _skipped("schema")), **done)
     steps.append(StepResult("schema", "pass", f"valid against {schema}"))
     problems = [p for p in (canonical_problem(payload, statement),) if p] + semantic_problems(statement)
+    problems += spec_problems(statement, project_root_for(None, request.project))
+    problems += [p for p in (future_problem(statement, now),) if p]
     if problems:
         steps.append(StepResult("semantics", "fail", problems[0], tuple(problems[1:20])))
         return FileVerification(path, tuple(steps + _skipped("semantics")), **done)

@@ -4,8 +4,16 @@ Inputs are our JSON reports (`check --format json`) and/or evidence records (`*.
 Pieces are grouped by implementation (name + identity) and spec member (identity). Refused, with
 the files named: a workload reported twice for one implementation x member (duplicate), one
 implementation folder with two identities or one member with two spec identities (the shards ran
-different trees), and pieces from different GPU models. A workload that another shard was to run
-but no merged report holds is reported as not run (and fails --strict).
+different trees), pieces from different GPU models or software (python, torch, triton,
+grpo-conform, CUDA runtime, commit). A workload that another shard was to run but no merged report
+holds is reported as not run (and fails --strict).
+
+Merge is a checker, not a concatenator (issue 29): every evidence record goes through `verify`
+(envelope, signature against the shipped trust root or --trusted-keys, schema, semantics,
+identities recomputed from this checkout) before a byte of it counts; one that does not verify
+stops the merge, naming the step. JSON reports are unsigned (the shards' own output in one CI run):
+their implementation identities are recomputed when the folder they name is in this checkout, and
+a difference stops the merge; only records carry a signature.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ class Piece:
 class MergeRequest:
     files: tuple[str, ...]
     strict: bool = False
+    trusted_keys: str | None = None  # as verify's --trusted-keys (default: the shipped trust root)
+    project: str | None = None  # the checkout identities are recomputed from (default: the current directory's)
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -99,12 +109,16 @@ def pieces_from_report(doc: dict[str, Any], origin: str) -> list[Piece]:
         raise MergeError(f"{origin}: malformed report ({type(exc).__name__}: {exc})") from None
 
 
-def pieces_from_record(path: str) -> list[Piece]:
-    from grpo_conform.evidence.records import read_envelope
-
+def pieces_from_record(path: str, trusted_keys: str | None = None, project: str | None = None) -> list[Piece]:
     from grpo_conform.evidence.dsse import json_int
+    from grpo_conform.evidence.records import RecordError
+    from grpo_conform.evidence.verified import verified_payload
 
-    statement = json.loads(read_envelope(path).payload, parse_int=json_int)  # as `verify` reads payloads
+    try:
+        payload = verified_payload(path, trusted_keys, project)
+    except RecordError as exc:
+        raise MergeError(str(exc)) from None
+    statement = json.loads(payload, parse_int=json_int)  # as `verify` reads payloads
     p = statement.get("predicate", {})
     try:
         impl, spec = p["implementation"], p["spec"]
@@ -118,12 +132,14 @@ def pieces_from_record(path: str) -> list[Piece]:
         raise MergeError(f"{path}: the record's predicate lacks {exc}; is it a grpo-conform record?") from None
     run = p.get("run", {})
     device = dict((p.get("hardware") or {}).get("device") or {})
+    shard = (p.get("selection") or {}).get("shard") if isinstance(p.get("selection"), dict) else None
     return [Piece(path, device, result, {"started": run.get("started"), "finished": run.get("finished"),
+                                         "shard": shard if isinstance(shard, str) else None,
                                          "software": p.get("software", {}),
                                          "interpreter": run.get("triton_interpreter", False)})]
 
 
-def read_pieces(files: tuple[str, ...]) -> list[Piece]:
+def read_pieces(files: tuple[str, ...], trusted_keys: str | None = None, project: str | None = None) -> list[Piece]:
     pieces: list[Piece] = []
     seen: set[Path] = set()
     for f in files:
@@ -135,7 +151,7 @@ def read_pieces(files: tuple[str, ...]) -> list[Piece]:
             if not path.is_file():
                 raise MergeError(f"{path}: no such file")
             if path.name.endswith(".intoto.json"):
-                pieces += pieces_from_record(str(path))
+                pieces += pieces_from_record(str(path), trusted_keys, project)
                 continue
             try:
                 doc = json.loads(path.read_text())
@@ -236,8 +252,10 @@ def _stopped(piece: Piece) -> bool:
 def run_merge(request: MergeRequest):
     from grpo_conform.check import CheckReport
 
-    pieces = read_pieces(request.files)
+    pieces = read_pieces(request.files, request.trusted_keys, request.project)
+    _check_report_identities(pieces, request.project)
     _check_shards(pieces)
+    _check_software(pieces)
     names = {p.device.get("name") or p.device.get("kind") for p in pieces}
     if len(names) > 1:
         raise MergeError(f"conflict: the pieces ran on different devices ({', '.join(sorted(map(str, names)))}); "
@@ -252,6 +270,44 @@ def run_merge(request: MergeRequest):
                        min(starts) if starts else "", max(ends) if ends else "", dict(first.meta.get("software", {})),
                        dict(first.meta.get("hardware") or {}), request.strict,
                        (f"merged {len(pieces)} pieces from {len(origins)} files",))
+
+
+def _check_report_identities(pieces: list[Piece], project: str | None) -> None:
+    """A JSON report's implementation identity against this checkout's tree, when the folder is in it."""
+    from grpo_conform.evidence.identities import project_root_for, tree_identity
+
+    root = project_root_for(None, project)
+    if root is None:
+        return
+    for p in pieces:
+        if p.origin.endswith(".intoto.json"):
+            continue  # verified in full by verify
+        i = p.implementation
+        folder = Path(i.path)
+        try:
+            rel = folder.resolve().relative_to(root).as_posix() if folder.is_absolute() else folder.as_posix()
+        except ValueError:
+            continue  # run in another checkout: nothing here to recompute from
+        here = tree_identity(root, rel)
+        if here is not None and here != i.identity:
+            raise MergeError(f"conflict: {p.origin} says {i.name} ({rel}) has identity {i.identity[:16]}…, this "
+                             f"checkout's tree gives {here[:16]}…: the report was edited or ran another tree")
+
+
+SOFTWARE_KEYS = ("python", "torch", "triton", "grpo_conform", "cuda_runtime", "git_commit")
+
+
+def _check_software(pieces: list[Piece]) -> None:
+    """One verdict from one software stack: shards run with another torch or commit are not one run."""
+    for key in SOFTWARE_KEYS:
+        seen: dict[str, str] = {}
+        for p in pieces:
+            value = (p.meta.get("software") or {}).get(key)
+            if value is not None:
+                seen.setdefault(str(value), p.origin)
+        if len(seen) > 1:
+            raise MergeError(f"conflict: the pieces ran with different {key} ("
+                             + ", ".join(f"{v} in {o}" for v, o in sorted(seen.items())) + "); merge one run's pieces")
 
 
 def _check_shards(pieces: list[Piece]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ class ReportRequest:
     trusted_keys: str | None = None
     spec: str = "grpo-token-is"  # what reported records are audited against
     formats: tuple[str, ...] = ("html", "markdown", "json")
+    project: str | None = None  # the checkout that resolves members and implementation identities (default: cwd's)
+    now: datetime | None = None  # the verification time (tests); default: the clock
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,10 @@ class Leaderboard:
 
 
 def build_leaderboard(request: ReportRequest) -> Leaderboard:
-    verified, rejected, keys_file = load_records(request.paths, request.trusted_keys)
+    verified, rejected, keys_file = load_records(request.paths, request.trusted_keys, project=request.project,
+                                                 now=request.now)
     reported = audit_reported(request.reported, request.spec) if request.reported else []
-    return Leaderboard(tuple(build_sections(verified)), tuple(reported), tuple(rejected), tuple(verified),
+    return Leaderboard(tuple(build_sections(verified, request.project)), tuple(reported), tuple(rejected), tuple(verified),
                        _display_path(keys_file), request.spec)
 
 

@@ -42,18 +42,22 @@ def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]], cls: str, row_
 
 def _cell(header: str, text: str) -> str:
     if header in ("conformance", "verdict"):
-        return f'<span class="{"ok" if text == "conformant" else "fail"}">{escape(text)}</span>'
+        return f'<span class="{"ok" if text.startswith("conformant") else "fail"}">{escape(text)}</span>'
     if header == "audit":
-        return f'<span class="verdict-{text.replace(" ", "-")}">{escape(text)}</span>'
+        return f'<span class="verdict-{escape(text.replace(" ", "-"))}">{escape(text)}</span>'
     return escape(text)
 
 
-def _section(s) -> str:
+def _section(s, level: int = 2) -> str:
     member = f" (member {escape(s.member)})" if s.member else ""
-    parts = [f'<section class="board" id="{escape(s.spec_id)}-{escape(s.gpu).replace(" ", "-")}">',
-             f"<h2>{escape(s.spec_id)} {escape(s.spec_version)}{member} on {escape(s.gpu)}</h2>",
-             f'<p class="note">spec identity sha256 <code>{escape(s.spec_identity)}</code>; device '
+    state = "current identity" if s.current else "superseded identity (history)"
+    anchor = escape(f"{s.spec_id}-{s.gpu}" + ("" if s.current else f"-{s.spec_identity[:12]}")).replace(" ", "-")
+    parts = [f'<section class="board{"" if s.current else " history"}" id="{anchor}">',
+             f"<h{level}>{escape(s.spec_id)} {escape(s.spec_version)}{member} on {escape(s.gpu)}</h{level}>",
+             f'<p class="note">spec identity sha256 <code>{escape(s.spec_identity)}</code> ({state}); device '
              f"{escape(s.device_name)}</p>"]
+    if not s.implementations:
+        parts.append('<p class="note">No verified record of this identity.</p>')
     best = T.first_by_protocol(s, "full") or next((T.first_by_protocol(s, p) for p in s.protocols
                                                    if T.first_by_protocol(s, p)), None)
     if best is not None:
@@ -76,6 +80,12 @@ def _section(s) -> str:
                          f'{svg}<figcaption>Scaling by '
                          f"batch, {escape(protocol)}: median device time per implementation (log scale), dashed "
                          "black: the DRAM floor; dotted: not conformant.</figcaption></figure>")
+    if s.history:
+        parts.append(f"<details class=\"history\"><summary>History: {len(s.history)} superseded spec identit"
+                     f"{'y' if len(s.history) == 1 else 'ies'} of {escape(s.spec_id)} on {escape(s.gpu)} (not ranked "
+                     "against the current one)</summary>")
+        parts += [_section(old, 3) for old in s.history]
+        parts.append("</details>")
     parts.append("</section>")
     return "\n".join(parts)
 

@@ -8,6 +8,7 @@ so the page never shows a byte that the signature did not cover.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +75,14 @@ def _trust_label(report: Any) -> str:
     return str(label)
 
 
-def load_records(paths: tuple[str, ...], trusted_keys: str | None = None
-                 ) -> tuple[list[VerifiedRecord], list[RejectedRecord], str]:
+def load_records(paths: tuple[str, ...], trusted_keys: str | None = None, *, project: str | None = None,
+                 now: datetime | None = None) -> tuple[list[VerifiedRecord], list[RejectedRecord], str]:
     """(verified, rejected, what the signatures were checked against). Verification is exactly
     `grpo-conform verify` with its defaults (the shipped trust root unless `trusted_keys` overrides
     it); unsigned or unverifiable records are never accepted here."""
     files = record_files(paths)
-    report = run_verify(VerifyRequest(files=tuple(files), trusted_keys=trusted_keys))
+    now = now or datetime.now(timezone.utc)
+    report = run_verify(VerifyRequest(files=tuple(files), trusted_keys=trusted_keys, project=project, now=now))
     verified: list[VerifiedRecord] = []
     rejected: list[RejectedRecord] = []
     for v in report.files:

@@ -1,40 +1,74 @@
 """The leaderboard as Markdown (for READMEs and pull requests): the same tables as the HTML page,
-no plots (a link to the HTML page has them)."""
+no plots (a link to the HTML page has them).
+
+Every string that comes from a record (names, paths, messages, reasons, even a payloadType) is
+escaped with `text()`: Markdown punctuation is backslash-escaped and `<`, `>`, `&` become entities,
+so a record cannot make a link, an image fetched from elsewhere, raw HTML or a heading (issue 29).
+Record text is never put in a code span (a backtick in it would end the span).
+"""
 
 from __future__ import annotations
 
+import re
+
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
+from grpo_conform.report.model import Section
 from grpo_conform.report.reported import MEANINGS
 
+_PUNCT = re.compile(r"([\\`*_{}\[\]()#!|~])")
+_AUTOLINK = re.compile(r"(@)|(:)(?=/)|(?<=www)(\.)", re.IGNORECASE)  # GFM autolinks: a@b.c, x://, www.
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+
+def text(value: object) -> str:
+    """`value` as inert Markdown text, on one line."""
+    s = " ".join(str(value).split())
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    s = _PUNCT.sub(r"\\\1", s)
+    return _AUTOLINK.sub(lambda m: "\\" + next(g for g in m.groups() if g), s)
 
 
 def table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    out += ["| " + " | ".join(text(c) for c in row) + " |" for row in rows]
     return out
+
+
+def _section(s: Section, level: int) -> list[str]:
+    member = f" (member {text(s.member)})" if s.member else ""
+    h = "#" * level
+    state = "current identity" if s.current else "superseded identity (history)"
+    lines = [f"{h} {text(s.spec_id)} {text(s.spec_version)}{member} on {text(s.gpu)}", "",
+             f"Spec identity sha256 {text(s.spec_identity)} ({state}); device {text(s.device_name)}.", ""]
+    if not s.implementations:
+        lines += ["No verified record of this identity.", ""]
+        return lines
+    lines += table(T.IMPL_HEADERS, T.impl_rows(s)) + [""]
+    for protocol in s.protocols:
+        lines += [f"{h}# {text(T.PROTOCOL_TITLES.get(protocol, protocol))}", ""]
+        lines += table(T.TIMING_HEADERS, T.timing_rows(s, protocol)) + ["", text(T.floor_note(s, protocol)), ""]
+    return lines
 
 
 def render_markdown(board: Leaderboard) -> str:
     lines = ["# GRPO loss leaderboard: verified evidence only", "",
              f"Built from {len(board.inputs)} signed record(s) that pass `grpo-conform verify` against "
-             f"`{board.trusted_keys}` (latest run {board.latest or 'none'}); records that do not verify are listed "
-             f"at the end with the reason. Regenerate: `{REGENERATE}`.", ""]
+             f"{text(board.trusted_keys)} (latest run {text(board.latest or 'none')}); records that do not verify are "
+             f"listed at the end with the reason. Regenerate: `{REGENERATE}`. One section per spec member and GPU at "
+             "the identity the checkout's spec resolves to; superseded identities follow it as history. Per "
+             "implementation (folder and identity) the identity in the checkout's tree counts; each cell is the "
+             "newest record of it that timed that workload.", ""]
     for s in board.sections:
-        member = f" (member {s.member})" if s.member else ""
-        lines += [f"## {s.spec_id} {s.spec_version}{member} on {s.gpu}", "",
-                  f"Spec identity sha256 `{s.spec_identity}`; device `{s.device_name}`.", ""]
-        lines += table(T.IMPL_HEADERS, T.impl_rows(s)) + [""]
-        for protocol in s.protocols:
-            lines += [f"### {T.PROTOCOL_TITLES.get(protocol, protocol)}", ""]
-            lines += table(T.TIMING_HEADERS, T.timing_rows(s, protocol)) + ["", T.floor_note(s, protocol), ""]
+        lines += _section(s, 2)
+        if s.history:
+            lines += [f"### History of {text(s.spec_id)} on {text(s.gpu)}: superseded spec identities", "",
+                      "Not ranked against the current identity: the spec's meaning or workloads differed.", ""]
+            for old in s.history:
+                lines += _section(old, 4)
     if board.reported:
         lines += ["## Reported records (third party, not reproduced)", "",
-                  f"Audited against `{board.audited_against}` by `grpo-conform audit`. What each verdict means:", ""]
-        lines += [f"- **{k}**: {v}" for k, v in MEANINGS.items()] + [""]
+                  f"Audited against {text(board.audited_against)} by `grpo-conform audit`. What each verdict means:", ""]
+        lines += [f"- **{text(k)}**: {text(v)}" for k, v in MEANINGS.items()] + [""]
         lines += table(T.REPORTED_HEADERS, T.reported_rows(board.reported)) + [""]
     lines += ["## Records not shown", ""]
     if board.rejected:

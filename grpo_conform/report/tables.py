@@ -7,7 +7,7 @@ from grpo_conform.report.reported import ReportedRow
 
 TIMING_HEADERS = ("workload", "#", "implementation", "median ms (p10-p90)", "wall ms", "x floor", "vs #1",
                   "peak memory", "conformance")
-IMPL_HEADERS = ("implementation", "verdict", "identity (sha256)", "language", "license", "signed by", "run finished",
+IMPL_HEADERS = ("implementation", "folder", "verdict", "identity (sha256)", "language", "license", "signed by", "run finished",
                 "commit", "record (sha256)")
 REPORTED_HEADERS = ("implementation", "GPU", "workload", "protocol", "median ms", "x floor", "audit", "why",
                     "source")
@@ -44,12 +44,20 @@ def conformance(impl: Implementation | None) -> str:
     if impl is None:
         return "?"
     if impl.conformant:
-        return "conformant"
-    return f"fails {', '.join(impl.failed_checks)}" if impl.failed_checks else impl.verdict
+        return "conformant" + "".join(f"; {f}" for f in impl.flags)
+    text = f"fails {', '.join(impl.failed_checks)}" if impl.failed_checks else impl.verdict
+    return text + "".join(f"; {f}" for f in impl.flags)
+
+
+def _row_conformance(impl: Implementation | None, row: Row) -> str:
+    if row.flag:
+        return row.flag
+    text = "conformant" if impl is not None and row.conformant else conformance(impl).split("; ")[0]
+    return text + (f" (partial record: {row.partial})" if row.partial else "")
 
 
 def timing_rows(section: Section, protocol: str) -> list[tuple[str, ...]]:
-    impls = {i.name: i for i in section.implementations}
+    impls = {i.label or i.name: i for i in section.implementations}
     out = []
     last = None
     for r in (r for r in section.rows if r.protocol == protocol):
@@ -61,7 +69,7 @@ def timing_rows(section: Section, protocol: str) -> list[tuple[str, ...]]:
         peak = _bytes(r.peak_bytes) + (f" ({r.peak_over_logits:.2f}x logits)" if r.peak_over_logits is not None else "")
         out.append((label if label != last else "", str(r.rank) if r.rank else "—", r.implementation,
                     _ms(r.median_ms) + spread, _ms(r.wall_ms), floor, _x(r.vs_first), peak,
-                    conformance(impls.get(r.implementation))))
+                    _row_conformance(impls.get(r.implementation), r)))
         last = label
     return out
 
@@ -78,9 +86,10 @@ def floor_note(section: Section, protocol: str) -> str:
 
 
 def impl_rows(section: Section) -> list[tuple[str, ...]]:
-    return [(i.name, conformance(i), short(i.identity, 16), i.language, i.license,
+    return [(i.label or i.name, i.path, conformance(i), short(i.identity, 16), i.language, i.license,
              f"{i.signer.get('owner', '?')} (key {short(i.signer.get('keyid', ''), 12)})", i.finished,
-             short(i.commit, 12), short(i.record_identity, 12)) for i in section.implementations]
+             short(i.commit, 12), short(i.record_identity, 12) + (f" (newest of {i.records})" if i.records > 1 else ""))
+            for i in section.implementations]
 
 
 def reported_rows(rows: tuple[ReportedRow, ...]) -> list[tuple[str, ...]]:

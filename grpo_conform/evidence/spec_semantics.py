@@ -1,0 +1,142 @@
+"""What a record says, checked against the spec the verifier resolves (issue 29), not only against itself.
+
+`semantics.py` makes a record consistent with itself; a trusted key can still sign content the spec
+contradicts. With the spec member the verifier's own checkout resolves (only when its identity is the
+record's: another identity is the identities step's business), a record is refused when:
+- it names a workload the member does not have, or its coverage does not add up to the member's
+  workloads (extra coverage keys, such as `exercised`, are allowed);
+- its spec.member is not the member its spec id names (a token-is record relabelled as another);
+- a check is marked `pass` while its own evidence counts mismatches, NaN or Inf, or its message
+  reports elements outside tolerance;
+- a timing is below the DRAM floor its own record states, or below the strict floor recomputed
+  from the resolved spec's workload (not the record's axes) on the catalogue GPU the record names,
+  counting no masked row (a lower bound whatever the mask): physically impossible.
+A GPU the catalogue does not know gets no recomputed floor (the record's own still applies).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+_BAD_COUNTS = ("mismatches", "nan", "inf")
+#: what the comparison writes when elements fail (compare.py); a `pass` saying it is a contradiction
+_FAILURE_TEXT = re.compile(r"\b[1-9][0-9]*/[0-9]+ elements outside tolerance")
+
+
+def _resolve(spec: dict[str, Any], root: Path | None) -> Any:
+    if root is None:
+        return None
+    resolved = _find(str(spec["id"]), str(root / "specs"), _dir_state(root / "specs"))
+    return resolved if resolved is not None and resolved.identity == spec.get("identity") else None
+
+
+def _dir_state(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """What the cache key needs to notice an edited spec file (name, size, mtime)."""
+    try:
+        return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.glob("*.json")))
+    except OSError:
+        return ()
+
+
+@lru_cache(maxsize=64)
+def _find(spec_id: str, folder: str, _state: tuple) -> Any:
+    try:
+        from grpo_conform.spec import find_spec
+
+        return find_spec(spec_id, dirs=[Path(folder)])
+    except Exception:  # noqa: BLE001 - a spec this checkout lacks cannot be judged here
+        return None
+
+
+def _counts(evidence: Any, depth: int = 0) -> list[str]:
+    """'gradient.mismatches=3'-style findings of failure inside a check's evidence."""
+    if depth > 6 or not isinstance(evidence, dict):
+        return []
+    out = []
+    for k, v in evidence.items():
+        if k in _BAD_COUNTS and isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            out.append(f"{k}={v}")
+        elif isinstance(v, dict):
+            out += [f"{k}.{x}" for x in _counts(v, depth + 1)]
+    return out
+
+
+def member_problem(spec: dict[str, Any]) -> str | None:
+    member, spec_id = spec.get("member"), str(spec.get("id", ""))
+    if member is not None and "/" in spec_id and spec_id.rsplit("/", 1)[1] != member:
+        return f"spec.member {member!r} is not the member its id {spec_id!r} names (a relabelled record)"
+    return None
+
+
+def spec_problems(statement: dict[str, Any], root: Path | None) -> list[str]:
+    predicate = statement["predicate"]
+    problems = [p for p in (member_problem(predicate["spec"]),) if p]
+    for w in predicate["workloads"]:
+        for c in w.get("checks", []):
+            found = _counts(c.get("evidence"))
+            if c.get("status") == "pass" and found:
+                problems.append(f"{w['workload']}/{c['check']} is marked pass but its evidence finds {', '.join(found)}")
+            elif c.get("status") == "pass" and _FAILURE_TEXT.search(str(c.get("message", ""))):
+                problems.append(f"{w['workload']}/{c['check']} is marked pass but its message reports elements "
+                                "outside tolerance")
+        for t in w.get("timings", []):
+            median = (t.get("event") or {}).get("median_ns")
+            floor = (t.get("floor") or {}).get("floor_ns")
+            if isinstance(median, (int, float)) and isinstance(floor, (int, float)) and median < floor:
+                problems.append(f"{w['workload']} {t.get('protocol')}: median {median} ns is below the DRAM floor "
+                                f"{floor} ns its record states: impossible")
+    spec = _resolve(predicate["spec"], root)
+    if spec is None:
+        return problems
+    names = [w.name for w in spec.workloads]
+    unknown = sorted({w["workload"] for w in predicate["workloads"]} - set(names))
+    if unknown:
+        problems.append(f"workload(s) {unknown} are not workloads of {spec.id} (it has {len(names)})")
+    problems += _spec_floor_problems(spec, predicate)
+    cov = predicate.get("coverage")
+    if isinstance(cov, dict) and "workloads_run" in cov:
+        listed = set(cov.get("workloads_run", [])) | {n.get("workload") for n in cov.get("workloads_not_run", [])}
+        if listed != set(names) or cov.get("total") != len(names):
+            problems.append(f"coverage lists {len(listed)} workload(s), total {cov.get('total')}; {spec.id} has "
+                            f"{len(names)}: coverage must account for every workload of the member")
+    return problems
+
+
+_FLOORS: dict[tuple[str, str, str, str], Any] = {}  # a floor depends only on spec identity, workload, protocol, GPU
+
+
+def _spec_floor_problems(spec: Any, predicate: dict[str, Any]) -> list[str]:
+    hw = predicate.get("hardware") or {}
+    if (hw.get("device") or {}).get("kind") == "cpu" or not any(w.get("timings") for w in predicate["workloads"]):
+        return []  # nothing timed on a GPU: no floor to judge (and no reason to import torch for it)
+    from grpo_conform.floors import PROTOCOLS, below_floor, compute_floor, resolve_for_floor
+    from grpo_conform.hardware import load_catalogue
+
+    name = (hw.get("catalogue") or {}).get("name") or (hw.get("device") or {}).get("name")
+    match = load_catalogue().lookup(str(name)) if name else None
+    if match is None:
+        return []
+    by_name = {w.name: w for w in spec.workloads}
+    problems = []
+    for w in predicate["workloads"]:
+        if w["workload"] not in by_name:
+            continue
+        for t in w.get("timings", []):
+            protocol, median = t.get("protocol"), (t.get("event") or {}).get("median_ns")
+            if protocol not in PROTOCOLS or protocol == "backward" or not isinstance(median, (int, float)):
+                continue
+            key = (spec.identity, w["workload"], protocol, match.gpu.id)
+            if key not in _FLOORS:
+                try:
+                    resolved = resolve_for_floor(spec, by_name[w["workload"]])
+                    _FLOORS[key] = compute_floor(spec, resolved, protocol, match.gpu, unmasked=0.0)
+                except Exception:  # noqa: BLE001 - a floor that cannot be computed judges nothing
+                    _FLOORS[key] = None
+            floor = _FLOORS[key]
+            if floor is not None and below_floor(median, floor):
+                problems.append(f"{w['workload']} {protocol}: median {median} ns is below the strict floor "
+                                f"{floor.strict_ns} ns of {spec.id} on {match.gpu.name}: impossible")
+    return problems
