@@ -123,7 +123,7 @@ def enter_ipc_namespace(facts: dict) -> None:
         facts["ipc_namespace"] = True
     else:
         err = ctypes.get_errno()
-        facts["ipc_namespace"] = f"refused: {os.strerror(err)}{_needs(err)}"
+        facts["ipc_namespace"] = f"refused: unshare(CLONE_NEWIPC): {os.strerror(err)}{_needs(err)}"
 
 
 def _report(fd: int | None, facts: dict) -> None:
