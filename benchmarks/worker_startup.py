@@ -7,7 +7,8 @@ variant and prints the median and spread of `WorkerSession.start()` (fork, launc
 privilege drop, exec of the interpreter, torch's import, the load reply) and of `close()` (kill,
 reap, the fallback sweep, removing the scratch tree). Variants: no namespace (the fallback sweep
 does the clean-up), IPC namespace only, private mounts only, both (the default as root on the CPU).
-A second table times the launcher alone (`python -m grpo_conform.isolation.launch PLAN` executing
+A first table times the system calls alone, in a forked child (unshare(CLONE_NEWIPC); unshare
+(CLONE_NEWNS) with the private tmpfs mounts), 50 times each. A second table times the launcher alone (`python -m grpo_conform.isolation.launch PLAN` executing
 /bin/true after its namespaces and the uid change), where torch's import does not drown the cost.
 Needs root (the namespaces and the uid change); the variants are interleaved so that a machine
 getting busier affects them alike.
@@ -36,12 +37,47 @@ MANIFEST = ('name = "trivial"\nspec = "grpo-token-is"\nentry = "impl:grpo_loss"\
             'license = "MIT"\ndevices = ["cpu"]\ndescription = "start-up timing"\n')
 
 
+def _in_child(fn) -> float:
+    """Seconds `fn` took in a forked child (namespaces are per process: the parent stays as it was)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        t0 = time.perf_counter()
+        fn()
+        os.write(w, repr(time.perf_counter() - t0).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        took = float(f.read())
+    os.waitpid(pid, 0)
+    return took
+
+
+def syscall_costs(repeat: int = 50) -> None:
+    from grpo_conform.isolation import launch
+
+    scratch = Path(tempfile.mkdtemp())
+    os.chmod(scratch, 0o711)
+    private = privilege.private_scratch_mounts(scratch, "cpu")
+
+    def mounts():
+        stage = tempfile.mkdtemp(dir=scratch)
+        launch.apply_mounts([], stage, private, {})
+
+    for name, fn in (("unshare(CLONE_NEWIPC)", lambda: launch.enter_ipc_namespace({})),
+                     (f"mount ns + {len(private)} private tmpfs", mounts)):
+        took = sorted(_in_child(fn) for _ in range(repeat))
+        print(f"{name:<32} median {statistics.median(took) * 1e3:7.3f} ms  max {took[-1] * 1e3:7.3f} ms  (n={repeat})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=10)
     args = ap.parse_args()
     if os.getuid() != 0:
         sys.exit("run as root: the namespaces and the uid change need it")
+    syscall_costs()
     folder = Path(tempfile.mkdtemp()) / "trivial"
     folder.mkdir()
     (folder / "implementation.toml").write_text(MANIFEST)
