@@ -87,7 +87,7 @@ def main() -> None:
     closes: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(args.repeat):
         for name, (ipc, mounts) in VARIANTS.items():
-            namespaces.wanted = lambda device, sandboxed, ipc=ipc, mounts=mounts: {"ipc": ipc, "mounts": mounts}
+            namespaces.wanted = lambda device, sandboxed, ipc=ipc, mounts=mounts: {"ipc": ipc, "mounts": mounts, "proc": mounts}
             session = WorkerSession(impl, {}, torch.device("cpu"), 60.0)
             t0 = time.perf_counter()
             session.start()

@@ -203,3 +203,45 @@ def test_jobs_2_a_saboteur_cannot_take_down_the_honest_slot(tmp_path):
     assert status == {"honest": "conformant", "kills-others": "conformant"}, doc
     workers = {i["name"]: i["worker"]["user"]["uid"] for i in doc["implementations"]}
     assert workers["honest"] != workers["kills-others"]
+
+
+# -- /proc of others -----------------------------------------------------------------------------------
+SEES = textwrap.dedent("""\
+    import json, os
+    def grpo_loss(*args, **kwargs):
+        seen = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    seen[name] = os.stat("/proc/" + name).st_uid
+                except OSError:
+                    pass
+        raise ValueError(json.dumps({"me": os.getuid(), "seen": seen}))
+""")
+
+
+@ROOT_ONLY
+@pytest.mark.slow
+def test_a_worker_sees_no_process_of_another_uid_in_proc(tmp_path, monkeypatch):
+    """hidepid=2 on a procfs of its own (kernel 5.8+): not the validator, not another slot's worker."""
+    import json
+
+    from grpo_conform.isolation import namespaces
+
+    if not namespaces.wanted("cpu", False)["proc"]:
+        pytest.skip("kernel older than 5.8: proc mount options are shared with the host's /proc")
+    monkeypatch.delenv(privilege.ENV_USER, raising=False)
+    with _session(_folder(tmp_path, "sees", SEES)) as session:
+        assert session.info["isolation"]["proc"] == "hidepid=2"
+        g = torch.Generator().manual_seed(0)
+        descriptors = {}
+        for name, t in {"logits": torch.randn(1, 2, 11, generator=g).to(torch.bfloat16),
+                        "completion_ids": torch.tensor([[3]]), "advantages": torch.tensor([0.5])}.items():
+            _, descriptors[name] = session.allocator.share(t)
+        session.bind("in", descriptors)
+        with pytest.raises(WorkerFailure) as info:
+            session.call("in", None, "full")
+    out = json.loads(info.value.error["message"])
+    assert out["seen"] and set(out["seen"].values()) == {out["me"]}, out  # its own processes only
+    assert str(os.getpid()) not in out["seen"]
+    assert "hidepid" not in Path("/proc/self/mountinfo").read_text()  # the host's /proc is as it was

@@ -135,7 +135,7 @@ def test_nothing_survives_a_conformant_check_in_the_workers_namespaces(tmp_path)
 def test_where_the_namespaces_are_refused_the_sweep_removes_everything(tmp_path, monkeypatch):
     """As on a kernel that refuses unshare: no IPC namespace, no private places. The traces reach the
     host's /tmp, /var/tmp, /dev/shm and SysV tables; the sweep of the worker's uid removes them all."""
-    monkeypatch.setattr(namespaces, "wanted", lambda device, sandboxed: {"ipc": False, "mounts": False})
+    monkeypatch.setattr(namespaces, "wanted", lambda device, sandboxed: {"ipc": False, "mounts": False, "proc": False})
     mark, key = _mark()
     worker = _check(_impl(tmp_path, mark, key))
     block = worker["isolation"]

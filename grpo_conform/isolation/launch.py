@@ -36,7 +36,7 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
 MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 32, 4096, 8192, 16384, 1 << 18
-MS_RDONLY = 1
+MS_RDONLY, MS_NOEXEC = 1, 8
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 EXIT_LAUNCH = 71
 
@@ -118,6 +118,18 @@ def drop_privileges(uid: int, gid: int) -> None:
         raise OSError("the user change did not take effect")
 
 
+def hide_processes(facts: dict) -> None:
+    """A procfs of its own over /proc with hidepid=2: the worker (another uid) sees only its own
+    processes, not the validator's, nor another slot's worker's cmdline or status. Only on kernels
+    where every proc mount has its own options (5.8 and later): on older ones the option would
+    reach the host's /proc."""
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+        facts["proc"] = "hidepid=2"
+    except OSError as exc:
+        facts["proc"] = f"refused: {exc.strerror}{_needs(exc.errno)}"
+
+
 def enter_ipc_namespace(facts: dict) -> None:
     if _libc.unshare(CLONE_NEWIPC) == 0:
         facts["ipc_namespace"] = True
@@ -144,6 +156,8 @@ def main() -> None:
             enter_ipc_namespace(facts)
         if plan["mounts"] or plan.get("private"):
             apply_mounts(plan["mounts"], plan["stage"], plan.get("private", []), facts)
+            if plan.get("hide_processes") and facts.get("mount_namespace") is True:
+                hide_processes(facts)
         if plan["uid"] != os.getuid() or plan["gid"] != os.getgid():
             drop_privileges(plan["uid"], plan["gid"])
         elif plan.get("no_capabilities"):

@@ -32,9 +32,19 @@ REPORT_TIMEOUT = 30.0
 
 
 def wanted(device: str, sandboxed: bool) -> dict[str, bool]:
-    """Which namespaces the launcher is asked for: only root can make them without a user namespace."""
+    """Which namespaces the launcher is asked for: only root can make them without a user namespace.
+    `proc`: a procfs with hidepid=2 (kernel 5.8+, where each proc mount has its own options; not
+    under bwrap, whose /proc is its own already)."""
     root = os.getuid() == 0
-    return {"ipc": root and device != "cuda", "mounts": root}
+    return {"ipc": root and device != "cuda", "mounts": root, "proc": root and not sandboxed and _kernel_at_least(5, 8)}
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        parts = os.uname().release.split(".")
+        return (int(parts[0]), int(parts[1].split("-")[0])) >= (major, minor)
+    except (ValueError, IndexError):
+        return False
 
 
 def read_report(fd: int, timeout: float = REPORT_TIMEOUT) -> dict[str, Any]:
@@ -75,6 +85,8 @@ def describe(facts: dict[str, Any], identity: privilege.WorkerIdentity, device: 
         "private": private,
         "not_private": exposed,
     }
+    if facts.get("proc"):
+        block["proc"] = facts["proc"]
     if facts.get("refused"):
         block["refused"] = facts["refused"]
     if not exposed and ipc is True:

@@ -1,8 +1,10 @@
 """Who the worker runs as, and what the parent checks about it from the outside.
 
 When the validator runs as root (CI and containers usually do), the worker drops to an
-unprivileged user: `GRPO_CONFORM_WORKER_USER` (a name or a numeric uid, optionally `uid:gid`),
-default `nobody` (uid and gid 65534 when the system has no such entry). The drop happens in the
+unprivileged user: on the CPU by default a uid (and gid) of its own, drawn afresh for every worker
+(uids.py: no fixed identity marks the validator, no two workers share one);
+`GRPO_CONFORM_WORKER_USER` (a name or a numeric uid, optionally `uid:gid`; `nobody` is uid and gid
+65534 when the system has no such entry) fixes one instead; on CUDA the default is root (below). The drop happens in the
 launcher (grpo_conform/isolation/launch.py) before the worker's interpreter starts: supplementary
 groups cleared, gid then uid set, the capability bounding set emptied, `no_new_privs` set; the
 uid change clears the permitted, effective and ambient capabilities. `GRPO_CONFORM_WORKER_USER=root`
@@ -115,7 +117,7 @@ def worker_identity(setting: str | None = None, device: str = "cpu") -> WorkerId
             gid = int(group) if group.isdigit() else __import__("grp").getgrnam(group).gr_gid
     except (KeyError, ValueError):
         raise EnvironmentProblem(f"{ENV_USER}={setting!r}: no such user or group; expected a user name, a uid, "
-                                 "or uid:gid (default: nobody)") from None
+                                 "or uid:gid (default: a uid drawn per worker, see GRPO_CONFORM_WORKER_UIDS)") from None
     return WorkerIdentity(uid, gid, name)
 
 

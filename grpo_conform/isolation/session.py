@@ -159,7 +159,7 @@ class WorkerSession:
     device: torch.device
     timeout: float
     interpret: bool = False
-    user: str | None = None  # None: privilege.ENV_USER, default nobody (root only)
+    user: str | None = None  # None: privilege.ENV_USER, default a uid drawn per worker (root, CPU)
     sandbox: str = "none"  # "bwrap": the worker runs inside bubblewrap (sandbox.py)
     proc: subprocess.Popen | None = None
     conn: Connection | None = None
@@ -235,6 +235,7 @@ class WorkerSession:
         plan = {"uid": self.identity.uid, "gid": self.identity.gid, "cwd": str(home), "argv": argv, "env": env,
                 "mounts": self._mounts(root), "stage": str(root / ".stage"), "no_capabilities": self.sandboxed,
                 "ipc": want["ipc"], "report_fd": report_w,
+                "hide_processes": want.get("proc", False) and self.identity.drops,
                 "private": (privilege.private_scratch_mounts(root, self.device.type, self.sandboxed)
                             if want["mounts"] else [])}
         command = [sys.executable, "-m", "grpo_conform.isolation.launch", json.dumps(plan)]
