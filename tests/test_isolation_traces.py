@@ -203,3 +203,18 @@ def test_the_private_places_cover_every_world_writable_one(tmp_path):
     sandboxed = [m["cover"] for m in privilege.private_scratch_mounts(Path("/tmp/tmpabc"), "cpu", sandboxed=True)]
     assert "/var/tmp" not in sandboxed  # read-only under bwrap: it stays so
     assert launch.CLONE_NEWIPC == 0x08000000
+
+
+def test_the_launchers_report_is_read_up_to_its_newline():
+    """Under bwrap the sandbox keeps an inherited copy of the pipe open: no EOF until it exits."""
+    r, w = os.pipe()
+    kept = os.dup(w)  # as bwrap's monitor would
+    os.write(w, b'{"ipc_namespace": true}\n')
+    os.close(w)
+    started = time.monotonic()
+    assert namespaces.read_report(r, timeout=20) == {"ipc_namespace": True}
+    assert time.monotonic() - started < 5
+    os.close(kept)
+    r, w = os.pipe()
+    os.close(w)  # the launcher died before writing
+    assert namespaces.read_report(r) == {}

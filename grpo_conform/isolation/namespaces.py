@@ -48,11 +48,12 @@ def _kernel_at_least(major: int, minor: int) -> bool:
 
 
 def read_report(fd: int, timeout: float = REPORT_TIMEOUT) -> dict[str, Any]:
-    """The launcher's JSON line (it closes the pipe before the worker's exec), or {} when it died first."""
+    """The launcher's JSON line, or {} when it died first. Read up to the newline, not to EOF: under
+    bwrap the sandbox's own process keeps an inherited copy of the pipe open."""
     data = b""
     deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and b"\n" not in data:
             ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
@@ -63,7 +64,7 @@ def read_report(fd: int, timeout: float = REPORT_TIMEOUT) -> dict[str, Any]:
     finally:
         os.close(fd)
     try:
-        facts = json.loads(data.decode() or "{}")
+        facts = json.loads(data.split(b"\n", 1)[0].decode() or "{}")
     except (UnicodeDecodeError, json.JSONDecodeError):
         return {}
     return facts if isinstance(facts, dict) else {}
