@@ -245,3 +245,32 @@ def test_a_worker_sees_no_process_of_another_uid_in_proc(tmp_path, monkeypatch):
     assert out["seen"] and set(out["seen"].values()) == {out["me"]}, out  # its own processes only
     assert str(os.getpid()) not in out["seen"]
     assert "hidepid" not in Path("/proc/self/mountinfo").read_text()  # the host's /proc is as it was
+
+
+# -- a kill while loading fails the run with exit 3, serial and in slots --------------------------------
+SIGKILLED_AT_IMPORT = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+
+
+@pytest.mark.slow
+def test_a_run_whose_worker_is_killed_while_loading_stops_with_exit_3(tmp_path):
+    """Serial: run_check raises WorkerKilled (the CLI's exit 3), nothing is reported as a load error."""
+    from grpo_conform.check import CheckRequest, run_check
+
+    folder = _folder(tmp_path, "killed-at-import", SIGKILLED_AT_IMPORT)
+    with pytest.raises(WorkerKilled) as info:
+        run_check(CheckRequest((str(folder),), device="cpu", workloads=("batch1-seq1",), timeout=60))
+    assert info.value.exit_code == EXIT_ENVIRONMENT and "killed-at-import" in str(info.value)
+
+
+@ROOT_ONLY
+@pytest.mark.slow
+def test_a_slot_whose_worker_is_killed_while_loading_fails_the_run_with_exit_3(tmp_path):
+    killed = _folder(tmp_path, "killed-at-import", SIGKILLED_AT_IMPORT)
+    honest = _folder(tmp_path, "honest", "from eager import grpo_loss\n")
+    env = dict(os.environ, COLUMNS="1000")
+    run = subprocess.run([sys.executable, "-m", "grpo_conform", "check", str(killed), str(honest), "--device", "cpu",
+                          "--workload", "batch1-seq1", "--jobs", "2", "--no-evidence"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == EXIT_ENVIRONMENT, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "not of an implementation" in run.stderr and "killed by signal SIGKILL while loading" in run.stderr
+    assert "Traceback" not in run.stderr
