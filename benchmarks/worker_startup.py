@@ -8,8 +8,9 @@ privilege drop, exec of the interpreter, torch's import, the load reply) and of 
 reap, the fallback sweep, removing the scratch tree). Variants: no namespace (the fallback sweep
 does the clean-up), IPC namespace only, private mounts only, both (the default as root on the CPU).
 A first table times the system calls alone, in a forked child (unshare(CLONE_NEWIPC); unshare
-(CLONE_NEWNS) with the private tmpfs mounts), 50 times each. A second table times the launcher alone (`python -m grpo_conform.isolation.launch PLAN` executing
-/bin/true after its namespaces and the uid change), where torch's import does not drown the cost.
+(CLONE_NEWNS) with the private tmpfs mounts), 50 times each. A second table times the launcher
+alone (`python -m grpo_conform.isolation.launch PLAN` executing /bin/true after its namespaces
+and the uid change), where torch's import does not drown the cost.
 Needs root (the namespaces and the uid change); the variants are interleaved so that a machine
 getting busier affects them alike.
 """
@@ -87,7 +88,8 @@ def main() -> None:
     closes: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(args.repeat):
         for name, (ipc, mounts) in VARIANTS.items():
-            namespaces.wanted = lambda device, sandboxed, ipc=ipc, mounts=mounts: {"ipc": ipc, "mounts": mounts, "proc": mounts}
+            namespaces.wanted = lambda device, sandboxed, ipc=ipc, mounts=mounts: {  # noqa: E731
+                "ipc": ipc, "mounts": mounts, "proc": mounts}
             session = WorkerSession(impl, {}, torch.device("cpu"), 60.0)
             t0 = time.perf_counter()
             session.start()

@@ -26,7 +26,8 @@ from conftest import ROOT
 from grpo_conform.check import CheckRequest, run_check
 from grpo_conform.isolation import launch, leftovers, namespaces, privilege
 
-ROOT_ONLY = pytest.mark.skipif(os.getuid() != 0, reason="namespaces and the uid change need a validator running as root")
+ROOT_ONLY = pytest.mark.skipif(os.getuid() != 0,
+                               reason="namespaces and the uid change need a validator running as root")
 WORKLOAD = "batch1-seq1"
 
 TRACES = textwrap.dedent('''\
