@@ -103,7 +103,7 @@ def describe(facts: dict[str, Any], identity: privilege.WorkerIdentity, device: 
 
 def clean_up(block: dict[str, Any], identity: privilege.WorkerIdentity, started: float) -> None:
     """The fallback sweep (after the worker's last process ended), recorded in the block."""
-    if not identity.drawn or not block:
+    if not identity.drawn or not block or "removed" in block:  # "removed": swept already (closed twice)
         return
     places, sysv = block.get("not_private", []), block.get("ipc_namespace") is not True
     if not places and not sysv:
