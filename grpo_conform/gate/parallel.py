@@ -7,6 +7,11 @@ its JSON report; the parent relays its progress lines and merges the reports
 to that GPU alone (so the slot's parent-side tensors and its worker's CUDA IPC handles agree on
 device 0). Timed runs never share a GPU: when timing on CUDA, a GPU has one slot whatever
 `--jobs` says; untimed (`--no-timing`, or the CPU) a GPU or the CPU takes `--jobs` slots.
+
+Slots cannot reach each other's workers: each slot draws its workers' uids from its own block of
+the worker uid range (`with_uid_blocks`, isolation/uids.py), so no worker can signal, ptrace or
+read the private /proc files of another slot's. A slot whose worker was killed from outside
+(isolation.session.WorkerKilled) exits 3; the run then fails with exit 3, blaming nobody.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from grpo_conform.errors import EnvironmentProblem
+from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
 from grpo_conform.gate.plan import SelectionError, Stop
 from grpo_conform.gate.shard import apply_units, unit_cost
 from grpo_conform.results import ImplementationResult, MemberResult
@@ -84,6 +89,21 @@ def plan_slots(device_type: str, gpus, jobs: int, timing: bool, gpu_count: int) 
     return slots, notes
 
 
+def with_uid_blocks(slots: list[Slot]) -> tuple[list[Slot], list[str]]:
+    """Each slot's workers draw their uids from a block of the range no other slot uses. Only where
+    uids are drawn (a root validator; GRPO_CONFORM_WORKER_USER unset): otherwise said in a note."""
+    from grpo_conform.isolation import privilege, uids
+
+    if len(slots) < 2:
+        return slots, []
+    if os.getuid() != 0:
+        return slots, ["the slots' workers run as the validator's own user (not root): they can signal each other"]
+    if os.environ.get(privilege.ENV_USER, "").strip():
+        return slots, [f"{privilege.ENV_USER} names one user for every slot's workers: they can signal each other"]
+    blocks = uids.split(*uids.uid_range(), len(slots))
+    return [replace(s, env={**s.env, uids.ENV_UIDS: f"{lo}-{hi}"}) for s, (lo, hi) in zip(slots, blocks)], []
+
+
 def make_jobs(plan, slots: int) -> list[list[tuple[str, str, str]]]:
     """One job per implementation; single workloads when there are more slots than implementations.
     Largest first, so the long ones start early."""
@@ -111,6 +131,7 @@ class _Runner:
         self.running: dict[str, subprocess.Popen] = {}
         self.pieces: list = []
         self.parts: list[dict] = []
+        self.environment: list[str] = []  # slots that stopped on an environment problem (exit 3)
         self.folder = Path(tempfile.mkdtemp(prefix="grpo-conform-slots-"))
 
     def run_job(self, slot: Slot, n: int, units) -> None:
@@ -143,6 +164,10 @@ class _Runner:
             doc = json.loads(out.read_text())
         except (OSError, json.JSONDecodeError):
             doc = None
+        if doc is None and code == EXIT_ENVIRONMENT:
+            with self.lock:
+                self.environment.append(f"[{slot.name}] " + next((t for t in reversed(tail) if t.startswith("error:")),
+                                                                  " | ".join(tail[-3:])))
         if doc is None:
             self._lost(units, f"the slot process ({slot.name}) exited with {code} before writing its report: "
                               + " | ".join(tail[-5:]))
@@ -215,6 +240,8 @@ def run_slots(request, plan, device, say, stop: Stop):
 
     gpu_count = torch.cuda.device_count() if device.type == "cuda" else 0
     slots, notes = plan_slots(device.type, request.gpus, request.jobs, request.timing, gpu_count)
+    slots, uid_notes = with_uid_blocks(slots)
+    notes += uid_notes
     started = utc_now()
     runner = _Runner(request, plan, device, say, slots, stop)
     for n, units in enumerate(make_jobs(plan, len(slots))):
@@ -236,6 +263,9 @@ def run_slots(request, plan, device, say, stop: Stop):
         raise
     finally:
         shutil.rmtree(runner.folder, ignore_errors=True)
+    if runner.environment:
+        raise EnvironmentProblem("a slot stopped on a problem of this machine, not of an implementation: "
+                                 + "; ".join(runner.environment))
     merged = {(i.name, i.identity, i.path): i for i in merge_implementations(runner.pieces)}
     order = {str(p.impl.path): k for k, p in enumerate(plan.implementations)}
     impls = sorted((_real_specs(i, plan.specs) for i in merged.values()), key=lambda i: order.get(i.path, 1 << 30))

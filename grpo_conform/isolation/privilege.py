@@ -1,8 +1,10 @@
 """Who the worker runs as, and what the parent checks about it from the outside.
 
 When the validator runs as root (CI and containers usually do), the worker drops to an
-unprivileged user: `GRPO_CONFORM_WORKER_USER` (a name or a numeric uid, optionally `uid:gid`),
-default `nobody` (uid and gid 65534 when the system has no such entry). The drop happens in the
+unprivileged user: on the CPU by default a uid (and gid) of its own, drawn afresh for every worker
+(uids.py: no fixed identity marks the validator, no two workers share one);
+`GRPO_CONFORM_WORKER_USER` (a name or a numeric uid, optionally `uid:gid`; `nobody` is uid and gid
+65534 when the system has no such entry) fixes one instead; on CUDA the default is root (below). The drop happens in the
 launcher (grpo_conform/isolation/launch.py) before the worker's interpreter starts: supplementary
 groups cleared, gid then uid set, the capability bounding set emptied, `no_new_privs` set; the
 uid change clears the permitted, effective and ambient capabilities. `GRPO_CONFORM_WORKER_USER=root`
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_conform.errors import EnvironmentProblem
+from grpo_conform.isolation import uids
 
 ENV_USER = "GRPO_CONFORM_WORKER_USER"
 DEFAULT_USER = "nobody"
@@ -45,6 +48,7 @@ class WorkerIdentity:
     uid: int
     gid: int
     name: str
+    drawn: bool = False  # a uid of its own, drawn for this worker (uids.py): nothing else runs as it
 
     @property
     def drops(self) -> bool:
@@ -52,7 +56,11 @@ class WorkerIdentity:
         return self.uid != os.getuid()
 
     def to_json(self) -> dict[str, Any]:
-        return {"uid": self.uid, "gid": self.gid, "user": self.name}
+        out: dict[str, Any] = {"uid": self.uid, "gid": self.gid, "user": self.name}
+        if self.drawn:
+            lo, hi = uids.uid_range()
+            out["drawn_from"] = f"{lo}-{hi}"
+        return out
 
 
 def _prctl(option: int, value: int) -> int:
@@ -83,8 +91,11 @@ def worker_identity(setting: str | None = None, device: str = "cpu") -> WorkerId
         except KeyError:
             name = str(me)
         return WorkerIdentity(me, os.getgid(), name)
-    default = CUDA_DEFAULT_USER if device == "cuda" else DEFAULT_USER
-    setting = (setting if setting is not None else os.environ.get(ENV_USER, "")).strip() or default
+    setting = (setting if setting is not None else os.environ.get(ENV_USER, "")).strip()
+    if not setting and device != "cuda":
+        uid = uids.draw()  # no fixed identity marks the validator, no two workers share one (uids.py)
+        return WorkerIdentity(uid, uid, str(uid), drawn=True)
+    setting = setting or CUDA_DEFAULT_USER
     user, _, group = setting.partition(":")
     try:
         if user.isdigit():
@@ -106,7 +117,7 @@ def worker_identity(setting: str | None = None, device: str = "cpu") -> WorkerId
             gid = int(group) if group.isdigit() else __import__("grp").getgrnam(group).gr_gid
     except (KeyError, ValueError):
         raise EnvironmentProblem(f"{ENV_USER}={setting!r}: no such user or group; expected a user name, a uid, "
-                                 "or uid:gid (default: nobody)") from None
+                                 "or uid:gid (default: a uid drawn per worker, see GRPO_CONFORM_WORKER_UIDS)") from None
     return WorkerIdentity(uid, gid, name)
 
 
@@ -159,33 +170,60 @@ def mount_plan(who: WorkerIdentity, extra: tuple[Path, ...] = ()) -> list[dict[s
     return [{"cover": str(a), "expose": sorted(str(e) for e in exposed)} for a, exposed in sorted(plan.items())]
 
 
-def private_scratch_mounts(scratch: Path, device: str) -> list[dict[str, Any]]:
-    """Private, writable /tmp (holding only the scratch tree) and, on the CPU, /dev/shm: whatever
-    the worker writes there disappears with its mount namespace. On CUDA /dev/shm stays shared:
-    torch's IPC reference counters live there."""
+#: The places any user may write on a usual Linux system (mode 1777); those that exist here and are
+#: world-writable get a private, empty tmpfs in the worker's mount namespace. /dev/shm holds POSIX
+#: shared memory (shm_open). A world-writable directory elsewhere is not covered (docs/checks.md).
+WRITABLE_PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/var/crash")
+
+
+def writable_places(device: str) -> list[str]:
+    """The world-writable places of WRITABLE_PLACES here (symlinks resolved, each once). On CUDA
+    /dev/shm stays shared: torch keeps its CUDA IPC reference counters there."""
+    out: list[str] = []
+    for place in WRITABLE_PLACES:
+        real = os.path.realpath(place)
+        try:
+            st = os.stat(real)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and real not in out:
+            if not (device == "cuda" and real == "/dev/shm"):
+                out.append(real)
+    return out
+
+
+def private_scratch_mounts(scratch: Path, device: str, sandboxed: bool = False) -> list[dict[str, Any]]:
+    """A private, empty, writable tmpfs over every world-writable place (`writable_places`); /tmp
+    holds only the scratch tree (and what the interpreter needs there): whatever the worker writes
+    disappears with its mount namespace. Under bwrap only /tmp and (CPU) /dev/shm: the rest of the
+    file system is read-only there, and stays so."""
     mounts = []
     scratch = Path(os.path.abspath(scratch))
-    if scratch.parent == Path("/tmp"):
-        expose = [str(scratch)] + [p for p in _needed_under_tmp() if p != str(scratch)]
-        mounts.append({"cover": "/tmp", "expose": expose, "mode": "1777", "size": "50%", "writable": True})
-    if device != "cuda" and os.path.isdir("/dev/shm"):
-        mounts.append({"cover": "/dev/shm", "expose": [], "mode": "1777", "size": "50%", "writable": True})
+    places = writable_places(device)
+    if sandboxed:
+        places = [p for p in ("/tmp", "/dev/shm") if p in places]
+    for place in places:
+        expose = [str(scratch)] if scratch.parent == Path(place) else []
+        expose += [p for p in _needed_under(place) if p != str(scratch)]
+        mounts.append({"cover": place, "expose": expose, "mode": "1777", "size": "50%", "writable": True})
     return mounts
 
 
-def _needed_under_tmp() -> list[str]:
-    """The top-level /tmp entries holding what the worker must run: the interpreter, its prefixes and
-    the grpo_conform package. A checkout or virtual environment under /tmp (a CI clone there) would
-    otherwise vanish behind the private /tmp: every worker failed with "cannot start the worker:
-    No such file or directory: '/tmp/.../bin/python3'". Only those entries are exposed, as they are."""
+def _needed_under(place: str = "/tmp") -> list[str]:
+    """The top-level entries of `place` holding what the worker must run: the interpreter, its
+    prefixes and the grpo_conform package. A checkout or virtual environment under /tmp (a CI clone
+    there) would otherwise vanish behind the private /tmp: every worker failed with "cannot start the
+    worker: No such file or directory: '/tmp/.../bin/python3'". Only those entries are exposed, as
+    they are."""
     import grpo_conform
 
     out = []
+    root = Path(place).parts
     for path in (sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
                  os.path.dirname(os.path.abspath(grpo_conform.__file__))):
         parts = Path(os.path.abspath(path)).parts
-        if len(parts) > 2 and parts[:2] == ("/", "tmp"):
-            top = os.path.join("/tmp", parts[2])
+        if len(parts) > len(root) and parts[:len(root)] == root:
+            top = os.path.join(place, parts[len(root)])
             if top not in out:
                 out.append(top)
     return out

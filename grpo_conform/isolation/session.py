@@ -42,9 +42,9 @@ from typing import Any
 import torch
 
 import grpo_conform
-from grpo_conform.errors import GrpoConformError
+from grpo_conform.errors import EnvironmentProblem, GrpoConformError
 from grpo_conform.implementations import Implementation, ManifestError
-from grpo_conform.isolation import messages, privilege, sandbox as sandboxes
+from grpo_conform.isolation import messages, namespaces, privilege, sandbox as sandboxes, uids
 from grpo_conform.isolation.reaper import LIVE, LOCK, end_tree, register_helper, unregister_helper  # noqa: F401
 from grpo_conform.isolation.loading import Start as _Start
 from grpo_conform.isolation.output_tail import OutputTail
@@ -88,6 +88,19 @@ class WorkerFailure(GrpoConformError):
 
 class ImplementationLoadError(ManifestError):
     """The implementation's module failed to import, or its entry is not a callable."""
+
+
+#: Signals that end a process only when something sends them (the faults SIGSEGV, SIGBUS, SIGILL,
+#: SIGFPE, SIGABRT, SIGSYS come from the process's own code and stay the implementation's crash).
+SENT_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                          signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM})
+
+
+class WorkerKilled(EnvironmentProblem):
+    """The worker was killed by a signal the validator did not send while it loaded the
+    implementation: not evidence against the implementation (issue 28: another slot's worker did
+    it, before slots had uids of their own; now: the OOM killer or another root process). The run
+    stops with exit 3 and blames nobody."""
 
 
 def worker_environment(device: str, interpret: bool, home: Path | None = None,
@@ -146,7 +159,7 @@ class WorkerSession:
     device: torch.device
     timeout: float
     interpret: bool = False
-    user: str | None = None  # None: privilege.ENV_USER, default nobody (root only)
+    user: str | None = None  # None: privilege.ENV_USER, default a uid drawn per worker (root, CPU)
     sandbox: str = "none"  # "bwrap": the worker runs inside bubblewrap (sandbox.py)
     proc: subprocess.Popen | None = None
     conn: Connection | None = None
@@ -155,6 +168,10 @@ class WorkerSession:
     _sock: socket.socket | None = None
     directory: Path | None = None
     worker_pid: int | None = None  # the worker's pid here (proc.pid without a sandbox)
+    _ending: bool = False  # the validator itself is ending the worker (timeout, protocol, close)
+    _loading: bool = False
+    _started_at: float = 0.0
+    _isolation: dict[str, Any] = field(default_factory=dict)  # namespaces.describe's block
 
     def __post_init__(self) -> None:
         self.allocator = SharedAllocator(None, self.device)
@@ -213,8 +230,14 @@ class WorkerSession:
             pickle.dump({}, w)
             pickle.dump(_Start(child_sock.fileno(), self.device.type == "cpu"), w)
         argv = [sys.executable, "-c", SPAWN_ARGV.format(tracker=tracker, pipe=boot_r), "--multiprocessing-fork"]
+        report_r, report_w = os.pipe()  # the launcher's word on which namespaces it made (namespaces.py)
+        want = namespaces.wanted(self.device.type, self.sandboxed)
         plan = {"uid": self.identity.uid, "gid": self.identity.gid, "cwd": str(home), "argv": argv, "env": env,
-                "mounts": self._mounts(root), "stage": str(root / ".stage"), "no_capabilities": self.sandboxed}
+                "mounts": self._mounts(root), "stage": str(root / ".stage"), "no_capabilities": self.sandboxed,
+                "ipc": want["ipc"], "report_fd": report_w,
+                "hide_processes": want.get("proc", False) and self.identity.drops,
+                "private": (privilege.private_scratch_mounts(root, self.device.type, self.sandboxed)
+                            if want["mounts"] else [])}
         command = [sys.executable, "-m", "grpo_conform.isolation.launch", json.dumps(plan)]
         if self.sandboxed:
             # The privilege drop happens inside bwrap, in the launcher (see sandbox.py for why): bwrap
@@ -222,35 +245,42 @@ class WorkerSession:
             # the worker keeps a real unprivileged uid. The file descriptors in pass_fds (socket,
             # boot pipe, tracker) are inherited through bwrap into the launcher and the worker.
             command = sandboxes.bwrap_arguments(sandbox_info["binary"], root, src, self.device.type) + command
+        self._started_at = time.time()
         try:
             with LOCK:
                 self.proc = subprocess.Popen(
                     command, env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=self._log.write_fd,
-                    stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(), boot_r, tracker), start_new_session=True)
+                    stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(), boot_r, tracker, report_w),
+                    start_new_session=True)
         finally:
             child_sock.close()
             os.close(boot_r)
             os.close(tracker)
+            os.close(report_w)
             self._log.started()
+        facts = namespaces.read_report(report_r)
         self._sock = parent_sock
         self.conn = Connection(os.dup(parent_sock.fileno()))
         self.worker_pid = self.proc.pid
         if self.sandboxed:  # found before `load`: no implementation code has run, nothing else is there yet
             self.worker_pid = sandboxes.find_worker(self.proc.pid, self.device.type,
                                                     lambda: self.proc is not None and self.proc.poll() is None)
+        self._isolation = namespaces.describe(facts, self.identity, self.device.type, self.sandbox)
+        self._loading = True
         self.info = self.request(timeout=max(self.timeout, LOAD_TIMEOUT_MIN), op="load", folder=str(src),
                                  name=self.impl.name, entry=self.impl.manifest.entry, parameters=self.parameters,
                                  device=self.device.type).get("info", {})
+        self._loading = False
         self.info["user"] = self.identity.to_json()
+        self.info["isolation"] = self._isolation  # the same dict: close() adds what the fallback removed
         self.info["sandbox"] = sandbox_info
         self.info["privileges"] = (privilege.observed_privileges(self.worker_pid) if self.worker_pid is not None
                                    else {"error": "the sandboxed worker process was not found"})
 
     def _mounts(self, root: Path) -> list[dict[str, Any]]:
-        if not self.identity.drops:
-            return []
-        # Blocked directories first (their exposures may lie anywhere), then the private /tmp.
-        return privilege.mount_plan(self.identity) + privilege.private_scratch_mounts(root, self.device.type)
+        """The mounts without which the worker cannot start (directories its user cannot enter); the
+        private writable places follow them in the plan's `private` (refusable, then swept)."""
+        return privilege.mount_plan(self.identity) if self.identity.drops else []
 
     def close(self, graceful: bool = True) -> None:
         if graceful and self.proc is not None and self.proc.poll() is None and self.conn is not None:
@@ -260,6 +290,10 @@ class WorkerSession:
             except (OSError, subprocess.TimeoutExpired, WorkerFailure):
                 pass
         self._kill()
+        if self.proc is not None:  # every process of the worker has ended: sweep what it left outside
+            namespaces.clean_up(self._isolation, self.identity, self._started_at)
+        if self.identity.drawn:
+            uids.release(self.identity.uid)
         for c in (self.conn, self._sock, self._log):
             if c is not None:
                 try:
@@ -277,6 +311,7 @@ class WorkerSession:
     def _kill(self) -> None:
         if self.proc is None:
             return
+        self._ending = True
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -318,7 +353,7 @@ class WorkerSession:
         except OSError:
             raise self._died() from None
 
-    def _died(self) -> WorkerFailure:
+    def _died(self) -> WorkerFailure | WorkerKilled:
         code = None
         if self.proc is not None:
             try:
@@ -328,12 +363,19 @@ class WorkerSession:
                 code = self.proc.returncode
         self.conn = None
         end_tree(self.proc.pid if self.proc is not None else None)
+        sent = None
         if code is not None and code < 0:
-            how = f"killed by signal {signal.Signals(-code).name}"
+            how, sent = f"killed by signal {signal.Signals(-code).name}", -code
         elif code is not None and self.sandboxed and sandboxes.exit_reason(code):
-            how = sandboxes.exit_reason(code)
+            how, sent = sandboxes.exit_reason(code), code - 128
         else:
             how = f"exited with status {code}"
+        if self._loading and not self._ending and sent in SENT_SIGNALS:
+            return WorkerKilled(
+                f"the worker of {self.impl.name} was {how} while loading it, and the validator did not send it: "
+                "something outside the check ended it (the kernel's OOM killer, another root process), or the "
+                "implementation killed itself at import; no verdict is given. Run the check again (alone, or with "
+                "fewer --jobs); the worker's output: " + (self.stderr_tail()[-500:] or "none"))
         return WorkerFailure("crash", f"the implementation's process {how}", self.stderr_tail())
 
     def _protocol(self, reason: str) -> WorkerFailure:
