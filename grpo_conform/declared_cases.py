@@ -125,3 +125,23 @@ def record(draws: dict[str, Any], category: str, name: str) -> None:
     names = draws.setdefault("exercised", {}).setdefault(category, [])
     if name not in names:
         names.append(name)
+
+
+def declared_names(spec: Spec) -> dict[str, list[str]]:
+    """{category: case names} the spec declares (what `verify --require-declared-cases` asks for)."""
+    return merge_exercised(*({c: [n]} for call in declared_calls(spec, random.Random(0)) for c, n in call.exercised))
+
+
+def workload_exercised(draws: dict[str, Any], dtypes: dict[str, str], axes: dict[str, int]) -> dict[str, list[str]]:
+    """What one workload exercised: the cases its probes recorded (draws["exercised"]), the mask layouts
+    and call patterns other probes name in draws, the input dtypes and the shape."""
+    out = merge_exercised(draws.get("exercised"))
+    for key in ("mask_layouts", "call_patterns"):
+        if draws.get(key):
+            out = merge_exercised(out, {key: [str(x) for x in draws[key]]})
+    if dtypes:
+        out = merge_exercised(out, {"dtypes": [f"{k}:{v}" for k, v in dtypes.items()]})
+    if axes:
+        shape = ",".join(f"{k}={v}" for k, v in axes.items() if k != "seq_next")
+        out = merge_exercised(out, {"shapes": [shape]})
+    return out
