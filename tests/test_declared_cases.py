@@ -131,3 +131,14 @@ def test_verify_requires_exercised_cases(tmp_path):
     assert verify(path2, trust, policy=Policy(require_declared_cases=True)).files[0].ok
     with pytest.raises(ValueError):
         Policy(require_exercised=("no-colon",))
+
+
+def test_the_text_report_lists_what_each_member_exercised():
+    from types import SimpleNamespace
+
+    from grpo_conform.render import coverage_lines
+
+    w = SimpleNamespace(draws={"exercised": {"ties": ["tie at delta"], "defaults": ["delta=default"]}},
+                        dtypes={"logits": "bfloat16"}, axes={"batch": 1, "seq": 72, "vocab": 256})
+    impl = SimpleNamespace(members=(SimpleNamespace(spec=SimpleNamespace(member="d", id="grpo/d"), workloads=(w,)),))
+    assert coverage_lines(impl) == ["  exercised d: defaults 1; dtypes 1; shapes 1; ties [tie at delta]"]
