@@ -156,7 +156,8 @@ def exact_ties(run: WorkloadConformance) -> None:
     x, values = exact_tie_inputs(run.spec, run.P.pristine, run.model.values, seed)
     run.P.write(x)
     run.draws["exact_ties"] = {k: values[k] for k in ("epsilon_low", "epsilon_high")}
-    record(run.draws, "ties", "tie at both epsilon bounds")
+    cispo = values.get("loss_type") == "cispo"  # exact_tie_inputs puts CISPO's cap (epsilon_high) at r = 1
+    record(run.draws, "ties", "tie at the cap, epsilon_high = 1" if cispo else "tie at both epsilon bounds")
     drawn, run.model = run.model, ReferenceModel(run.spec, values)  # the call and its reference use these
     try:
         t = run.call("T", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
