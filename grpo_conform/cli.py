@@ -424,6 +424,10 @@ def _signers(values: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 @click.option("--require-full-coverage", is_flag=True,
               help="refuse partial records: a workload not run, or checks (-k), workloads (--workload, --shard) "
                    "or members (--member) left out by the run's selection")
+@click.option("--require-exercised", multiple=True, metavar="CATEGORY:CASE",
+              help="a case the record's coverage.exercised must list, e.g. 'ties:tie at delta' ('dtypes:*': any)")
+@click.option("--require-declared-cases", is_flag=True,
+              help="refuse records that did not exercise every case their spec declares (coverage.declared)")
 @click.option("--spec", "spec_id", help="the spec id the record must be checked against")
 @click.option("--spec-version", help="accepted spec versions, e.g. '>=1.0.0,<2.0.0'")
 @click.option("--signer", multiple=True, help="IMPLEMENTATION=KEYID-OR-OWNER: who may sign for it ('*': any)")
@@ -444,7 +448,7 @@ def _signers(values: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def verify(files: tuple[str, ...], policy_file: str | None, expect_subject: str | None, expect_digest: str | None,
            require_result: tuple[str, ...], require_verdict: tuple[str, ...], require_full_coverage: bool,
-           spec_id: str | None, spec_version: str | None, signer: tuple[str, ...], hardware: str | None,
+           require_exercised: tuple[str, ...], require_declared_cases: bool, spec_id: str | None, spec_version: str | None, signer: tuple[str, ...], hardware: str | None,
            max_age: str | None, builder: str | None, project: str | None, allow_unverified: bool,
            allow_unsigned: bool, trusted_keys: str | None, trust_root: str | None, tsa_cert: tuple[str, ...],
            fmt: str) -> None:
@@ -458,6 +462,7 @@ def verify(files: tuple[str, ...], policy_file: str | None, expect_subject: str 
         policy = policy.merged(subject_path=expect_subject, subject_digest=expect_digest,
                                require_result=require_result, require_verdict=require_verdict,
                                require_full_coverage=require_full_coverage, spec_id=spec_id,
+                               require_exercised=require_exercised, require_declared_cases=require_declared_cases,
                                spec_version=spec_version, signers=_signers(signer), hardware=hardware,
                                max_age=max_age, builder=builder)
         report = run_verify(VerifyRequest(files=files, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned,

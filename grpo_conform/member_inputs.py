@@ -311,3 +311,13 @@ def boundary_tie(tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any],
         params["epsilon_low"] = 1.0 - r64
         assert 1.0 - params["epsilon_low"] == r64
     return out, params
+
+
+def tie_ratio(spec: Spec, x: Mapping[str, torch.Tensor], values: Mapping[str, Any]) -> float:
+    """The largest ratio the float64 reference sees on `exact_tie_inputs`' tensors (every token's is
+    the same there); 1.0 on-policy, where the ratio is exactly 1. `declared_cases.tie_value` puts a
+    clip bound on it."""
+    if "old_logprobs" not in x:
+        return 1.0
+    r = _reference_ratios(x, GrpoParameters.from_spec(spec, values))
+    return float(r.max()) if r.numel() else 1.0

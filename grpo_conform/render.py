@@ -57,12 +57,30 @@ def render_check(report: CheckReport, console: Console) -> None:
                 table.add_row("", f"time {t.get('protocol')}", Text("TIME", style="cyan"), Text(t.get("summary", "")))
             table.add_section()
         console.print(table)
+        for line in coverage_lines(impl):
+            console.print(Text(line, style="dim"), soft_wrap=True, highlight=False)
     for impl in failing(report.implementations):  # the root cause, whole, where the eye lands last
         console.print()
         for i, line in enumerate(failure_lines(impl)):
             console.print(Text(line, style="bold red" if i == 0 else ""), soft_wrap=True, highlight=False)
     console.print()
     console.print(f"exit code {report.exit_code}")
+
+
+def coverage_lines(impl) -> list[str]:
+    """Per member, what its calls exercised (the record's coverage.exercised): named cases listed,
+    long categories (defaults, boundaries, dtypes, shapes) counted."""
+    from grpo_conform.declared_cases import merge_exercised, workload_exercised
+
+    out = []
+    for m in getattr(impl, "members", ()) or ():
+        got = merge_exercised(*(workload_exercised(w.draws, w.dtypes, w.axes) for w in m.workloads))
+        if not got:
+            continue
+        parts = [f"{k} {len(v)}" if k in ("defaults", "boundaries", "dtypes", "shapes") else f"{k} [{', '.join(v)}]"
+                 for k, v in got.items()]
+        out.append(f"  exercised {m.spec.member or m.spec.id}: " + "; ".join(parts))
+    return out
 
 
 def render_spec(spec: Spec, console: Console, brief: bool = False) -> None:

@@ -136,6 +136,21 @@ class Parameter(_Frozen):
     draw: Optional[Draw] = None
 
 
+class CaseTie(_Frozen):
+    parameter: str
+    bound: Literal["value", "1+value", "1-value"]  # where the clip bound sits, as a function of the value
+
+
+class Case(_Frozen):
+    """A declared case (grpo_conform.declared_cases): parameter values, an equality or an exact tie."""
+
+    name: str
+    description: str = ""
+    values: Optional[dict[str, Union[bool, float, int, str]]] = None
+    equal: Optional[tuple[str, ...]] = None
+    tie: Optional[CaseTie] = None
+
+
 class LossTolerance(_Frozen):
     atol: float
     rtol: float
@@ -336,6 +351,7 @@ class Spec(_Frozen):
     traffic: Optional[dict[str, TrafficProtocol]] = None
     layouts: dict[str, tuple[Literal["contiguous", "offset", "strided"], ...]] = {}
     timing: Timing = Timing()
+    cases: tuple[Case, ...] = ()
 
     _identity: str = PrivateAttr(default="")
     _source: str = PrivateAttr(default="")

@@ -102,3 +102,27 @@ def check_member(doc: dict[str, Any], fail: Fail) -> None:
     for name in doc["layouts"]:
         if name not in inputs:
             fail(f"$.layouts.{name}", f"unknown input {name!r}; inputs: {sorted(inputs)}")
+    check_cases(doc, fail)
+
+
+def check_cases(doc: dict[str, Any], fail: Fail) -> None:
+    """Declared cases (grpo_conform.declared_cases) name declared parameters and valid values."""
+    params = {p["name"]: p for p in doc["parameters"]}
+    seen: set[str] = set()
+    for i, case in enumerate(doc.get("cases", [])):
+        where = f"$.cases[{i}]"
+        if case["name"] in seen:
+            fail(f"{where}.name", f"duplicate case name {case['name']!r}")
+        seen.add(case["name"])
+        named = list(case.get("values", {})) + list(case.get("equal", []))
+        if "tie" in case:
+            named.append(case["tie"]["parameter"])
+        for name in named:
+            if name not in params:
+                fail(where, f"names parameter {name!r}, which this member does not declare ({sorted(params)})")
+        for name, value in case.get("values", {}).items():
+            if not _in_domain(value, params[name]["domain"]):
+                fail(f"{where}.values.{name}", f"{value!r} is outside the parameter's domain {params[name]['domain']}")
+        for name in case.get("equal", []) + ([case["tie"]["parameter"]] if "tie" in case else []):
+            if params[name]["type"] != "float" or params[name].get("draw") is None:
+                fail(where, f"parameter {name!r} is not a drawn float: an equality or a tie needs one")

@@ -16,7 +16,8 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
-from grpo_conform.member_inputs import exact_tie_inputs, far_ratio_inputs
+from grpo_conform.declared_cases import declared_calls, record, tie_value
+from grpo_conform.member_inputs import exact_tie_inputs, far_ratio_inputs, tie_ratio
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ def exact_ties(run: WorkloadConformance) -> None:
     x, values = exact_tie_inputs(run.spec, run.P.pristine, run.model.values, seed)
     run.P.write(x)
     run.draws["exact_ties"] = {k: values[k] for k in ("epsilon_low", "epsilon_high")}
+    cispo = values.get("loss_type") == "cispo"  # exact_tie_inputs puts CISPO's cap (epsilon_high) at r = 1
+    record(run.draws, "ties", "tie at the cap, epsilon_high = 1" if cispo else "tie at both epsilon bounds")
     drawn, run.model = run.model, ReferenceModel(run.spec, values)  # the call and its reference use these
     try:
         t = run.call("T", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
@@ -162,6 +165,37 @@ def exact_ties(run: WorkloadConformance) -> None:
             J.finite(run, t)
             J.versus_reference(run, check, t, "every token at an exact tie, epsilon_low {:g}, epsilon_high {:g}".format(
                 values["epsilon_low"], values["epsilon_high"]))
+    finally:
+        run.model = drawn
+
+
+def declared(run: WorkloadConformance) -> None:
+    """K: one call per declared case (grpo_conform.declared_cases): every parameter at its default
+    exactly (temperature 1.0), all at the low ends of their ranges, all at the high ends, each of the
+    member's named cases and equalities, and each tie its cases name (every ratio exactly on that
+    bound, as `exact-ties` builds them). The random draws never reach these values."""
+    drawn = run.model
+    try:
+        for i, dc in enumerate(declared_calls(run.spec, run.rng)):
+            seed = run.seeds[i % len(run.seeds)] ^ (0xDC00 + i)
+            run.model = ReferenceModel(run.spec, dict(dc.values))  # inputs follow the call's parameters
+            run.generate(run.P, seed)
+            check, values = "declared-cases", dict(dc.values)
+            if dc.tie is not None:
+                check = "exact-ties"
+                x, _ = exact_tie_inputs(run.spec, run.P.pristine, values, seed)
+                values[dc.tie.parameter] = tie_value(dc.tie.bound, tie_ratio(run.spec, x, values))
+                run.P.write(x)
+                run.model = ReferenceModel(run.spec, values)
+            run.draws.setdefault("declared", {})[dc.label] = dict(values)
+            label = "K-" + "".join(ch if ch.isalnum() else "-" for ch in dc.label)
+            k = run.call(label, run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+            if k is not None:
+                J.finite(run, k)
+                J.versus_reference(run, check, k, f"declared case {dc.label!r}: " + ", ".join(
+                    f"{n} {values[n]!r}" for n in values if n in {p.name for p in run.spec.parameters}))
+            for category, name in dc.exercised:
+                record(run.draws, category, name)
     finally:
         run.model = drawn
 
@@ -262,6 +296,7 @@ _PROBES = (
     Probe("last-row", last_row.__doc__, ("last-row-ignored",), last_row),
     Probe("masked-positions", masked_positions.__doc__, ("masked-positions",), masked_positions),
     Probe("exact-ties", exact_ties.__doc__, ("exact-ties",), exact_ties),
+    Probe("declared-cases", declared.__doc__, ("declared-cases", "exact-ties"), declared),
     Probe("far-ratios", far_ratios.__doc__, ("far-ratios",), far_ratios),
     Probe("adversarial", adversarial.__doc__, ("adversarial-inputs",), adversarial),
     Probe("upstream", upstream.__doc__, ("upstream-gradient",), upstream),

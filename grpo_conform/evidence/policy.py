@@ -65,6 +65,9 @@ class Policy(BaseModel):
     require_verdict: tuple[str, ...] = ()  # e.g. ("conformant",)
     require_full_coverage: bool = False  # every workload of the member, no check selection, no member left out,
     # nothing left out by -k/--workload/--member/--shard (the record's `selection`, issue 28)
+    # "CATEGORY:CASE" the record's coverage.exercised must list ("ties:tie at delta"; CASE "*": any)
+    require_exercised: tuple[str, ...] = ()
+    require_declared_cases: bool = False  # every case coverage.declared names was exercised
     spec_id: Optional[str] = None
     spec_version: Optional[str] = None  # a range: ">=1.0.0,<2.0.0"
     signers: dict[str, tuple[str, ...]] = {}  # implementation name (or "*") -> allowed key ids or owners
@@ -78,6 +81,14 @@ class Policy(BaseModel):
         bad = [r for r in v if r not in ("PASSED", "WARNED", "FAILED")]
         if bad:
             raise ValueError(f"{bad}: expected PASSED, WARNED or FAILED")
+        return v
+
+    @field_validator("require_exercised")
+    @classmethod
+    def _exercised(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [r for r in v if ":" not in r or not r.split(":", 1)[0] or not r.split(":", 1)[1]]
+        if bad:
+            raise ValueError(f"{bad}: expected CATEGORY:CASE, e.g. 'ties:tie at delta' or 'dtypes:*'")
         return v
 
     @field_validator("max_age")
@@ -157,6 +168,7 @@ def policy_problems(policy: Policy, statement: dict[str, Any], signers: tuple[di
             out.append("the record does not say what it covers (a v1 record); the policy requires full coverage")
         elif reason:
             out.append(f"{reason}; the policy requires full coverage")
+    out += _exercised_problems(policy, cov)
     if policy.spec_id is not None and p["spec"]["id"] != policy.spec_id:
         out.append(f"spec {p['spec']['id']}, the policy expects {policy.spec_id}")
     if policy.spec_version is not None and not _version_ok(p["spec"]["version"], policy.spec_version):
@@ -180,3 +192,26 @@ def policy_problems(policy: Policy, statement: dict[str, Any], signers: tuple[di
         if not str(builder).startswith(policy.builder):
             out.append(f"builder {builder or '(none recorded)'!r} does not start with {policy.builder!r}")
     return out
+
+
+def _exercised_problems(policy: Policy, cov: dict[str, Any] | None) -> list[str]:
+    """--require-exercised / --require-declared-cases against coverage.exercised (issue 27 item 6)."""
+    if not policy.require_exercised and not policy.require_declared_cases:
+        return []
+    exercised = (cov or {}).get("exercised")
+    if exercised is None:
+        return ["the record does not list what its calls exercised (coverage.exercised: a record older than "
+                "issue 27); the policy requires it"]
+    missing = []
+    for rule in policy.require_exercised:
+        category, case = rule.split(":", 1)
+        names = exercised.get(category, [])
+        if not names if case == "*" else case not in names:
+            missing.append(rule)
+    if policy.require_declared_cases:
+        for category, names in (cov.get("declared") or {}).items():
+            missing += [f"{category}:{n}" for n in names if n not in exercised.get(category, [])]
+    if not missing:
+        return []
+    return [f"not exercised: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}; the policy requires "
+            f"{'them' if len(missing) > 1 else 'it'}"]

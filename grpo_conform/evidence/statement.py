@@ -190,6 +190,19 @@ def _coverage(spec: Any, device: str, workloads: Any, member: Any) -> dict[str, 
             "complete": k == n and not checks, "checks_selected": checks}
 
 
+def _exercised(spec: Any, workloads: Any) -> dict[str, Any]:
+    """coverage.exercised (what the parent drew, per category) and coverage.declared (the cases the
+    spec declares): issue 27 item 6; `verify --require-exercised` / `--require-declared-cases` read them."""
+    from grpo_conform.declared_cases import declared_names, merge_exercised, workload_exercised
+
+    parts = [workload_exercised(getattr(w, "draws", None) or {}, getattr(w, "dtypes", None) or {},
+                                getattr(w, "axes", None) or {}) for w in workloads]
+    out: dict[str, Any] = {"exercised": merge_exercised(*parts)}
+    if getattr(spec, "parameters", None) is not None:
+        out["declared"] = declared_names(spec)
+    return out
+
+
 def _family(spec: Any) -> str | None:
     family = getattr(spec, "family", None)
     if family is None or isinstance(family, str):
@@ -226,6 +239,7 @@ def build_statement(report: Any, impl: Any, member: Any = None) -> dict[str, Any
         hardware["reported_device" if key == "device" else key] = value  # report.device keeps the name
     device_kind = str(report.device.get("kind", ""))
     coverage = _coverage(spec, device_kind, workloads, member)
+    coverage.update(_exercised(spec, workloads))
     # The implementation's other members: which this run also checked (their own records) and which not.
     ran_members = [m.spec.member for m in getattr(impl, "members", ()) or () if getattr(m.spec, "member", None)]
     declared = [str(m) for m in manifest.get("members") or ()]

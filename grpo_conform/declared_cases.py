@@ -1,0 +1,147 @@
+"""Declared cases: the parameter values every conformance workload calls, derived from the spec's
+declarations alone (issue 27 item 1), beside the random draws of `parameter_draws`.
+
+From each numeric parameter with a domain or a draw range:
+  - `defaults`: one call with every parameter at its declared default exactly (temperature 1.0,
+    TRL's 0.2 / 0.2 epsilons): the random draws stay away from the defaults on purpose, so this is
+    the only call that sees them;
+  - `boundaries`: one call with every parameter at the low end of its range and one at the high
+    end. An end is the domain's own where it is finite and inclusive (epsilon 0, beta 0, a count
+    of 1), else the end of the draw range (the trainers' typical range the member declares);
+and from the spec's `cases` list (a member's own list replaces the family's common one):
+  - `values`: the named parameters at the given values (GSPO's 3e-4 / 4e-4), the rest at defaults;
+  - `equalities`: the named parameters at one common value, drawn inside every one's draw range
+    (away from the defaults, which the `defaults` call covers);
+  - `ties`: every ratio exactly on the clip bound of one parameter. The bound is a function of the
+    value (`value`, `1+value`, `1-value`) and `tie_value` inverts it at the ratio the tie inputs
+    produce, so that bound == ratio in float64 and in a float32 kernel's arithmetic.
+Nothing here knows the loss's input names: the probe that makes the calls builds the tie inputs.
+The names returned (`exercised`) are what the evidence record lists under coverage.exercised.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_conform.errors import GrpoConformError
+from grpo_conform.parameter_draws import DEFAULT_AWAY, draw_for, draw_value
+from grpo_conform.spec import Avoid, CaseTie, Draw, Parameter, Spec
+
+
+class DeclaredCaseError(GrpoConformError):
+    """A declared case the spec's parameters cannot satisfy (an equality with no common range)."""
+
+
+@dataclass(frozen=True)
+class DeclaredCall:
+    label: str  # the call's label in the report
+    values: dict[str, Any]  # every declared parameter (a tie's bound is set by the probe, see tie_value)
+    tie: CaseTie | None
+    exercised: tuple[tuple[str, str], ...]  # (category, case name)
+
+
+def _numeric(spec: Spec) -> list[tuple[Parameter, Draw | None]]:
+    out = []
+    for p in spec.parameters:
+        if p.type in ("float", "int") and not isinstance(p.value, bool):
+            draw = draw_for(spec, p.name)
+            if draw is not None or (p.domain is not None and p.domain.choices is None):
+                out.append((p, draw))
+    return out
+
+
+def parameter_ends(spec: Spec) -> dict[str, tuple[Any, Any]]:
+    """(low, high) of every numeric parameter: the domain's end where finite and inclusive, else the
+    draw range's; a parameter with neither on a side keeps its default there."""
+    ends: dict[str, tuple[Any, Any]] = {}
+    for p, draw in _numeric(spec):
+        d = p.domain
+        low = d.min if d is not None and d.min is not None and not d.min_exclusive else (draw.min if draw else p.value)
+        high = d.max if d is not None and d.max is not None and not d.max_exclusive else (draw.max if draw else p.value)
+        cast = int if p.type == "int" else float
+        ends[p.name] = (cast(low), cast(high))
+    return ends
+
+
+def _common_value(spec: Spec, names: tuple[str, ...], rng: random.Random) -> float:
+    """A value inside every named parameter's draw range, away from each default."""
+    draws = [draw_for(spec, n) for n in names]
+    if any(d is None for d in draws):
+        raise DeclaredCaseError(f"equality {names}: every parameter needs a draw range")
+    lo, hi = max(d.min for d in draws), min(d.max for d in draws)
+    if hi < lo:
+        raise DeclaredCaseError(f"equality {names}: the draw ranges have no common value")
+    params = {p.name: p for p in spec.parameters}
+    avoid = tuple(Avoid(value=float(params[n].value), width=DEFAULT_AWAY * (hi - lo)) for n in names)
+    return draw_value(Draw(min=lo, max=hi, avoid=avoid), "float", rng, " == ".join(names))
+
+
+def declared_calls(spec: Spec, rng: random.Random) -> tuple[DeclaredCall, ...]:
+    """The calls of the declared cases, in order; random only where an equality draws its value."""
+    defaults = dict(spec.parameter_values)
+    ends = parameter_ends(spec)
+    calls = [DeclaredCall("defaults", defaults, None, tuple(("defaults", f"{n}=default") for n in ends))]
+    for side, i in (("min", 0), ("max", 1)):
+        values = {**defaults, **{n: e[i] for n, e in ends.items()}}
+        calls.append(DeclaredCall(f"all-{side}", values, None, tuple(("boundaries", f"{n}={side}") for n in ends)))
+    for case in spec.cases:
+        if case.values is not None:
+            calls.append(DeclaredCall(case.name, {**defaults, **case.values}, None, (("values", case.name),)))
+        elif case.equal is not None:
+            v = _common_value(spec, case.equal, rng)
+            calls.append(DeclaredCall(case.name, {**defaults, **{n: v for n in case.equal}}, None,
+                                      (("equalities", case.name),)))
+        elif case.tie is not None:
+            calls.append(DeclaredCall(case.name, defaults, case.tie, (("ties", case.name),)))
+    return tuple(calls)
+
+
+def tie_value(bound: str, ratio: float) -> float:
+    """The parameter value whose clip bound is exactly `ratio` (float64, exact by Sterbenz near 1).
+    `1-value` needs a ratio <= 1; above 1 it gives 0, a bound of exactly 1, which a float32 kernel's
+    ratio of exactly 1 ties (the float64 reference sees it inside the bound: the same branch)."""
+    if bound == "value":
+        return ratio
+    if bound == "1+value":
+        return max(0.0, ratio - 1.0)
+    if bound == "1-value":
+        return max(0.0, 1.0 - ratio)
+    raise DeclaredCaseError(f"unknown bound form {bound!r}")
+
+
+def merge_exercised(*parts: dict[str, list[str]] | None) -> dict[str, list[str]]:
+    """{category: sorted unique case names} over several workloads' records."""
+    out: dict[str, set[str]] = {}
+    for part in parts:
+        for category, names in (part or {}).items():
+            out.setdefault(str(category), set()).update(str(n) for n in names)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def record(draws: dict[str, Any], category: str, name: str) -> None:
+    """Add one exercised case to a workload's draws (draws["exercised"], {category: [names]})."""
+    names = draws.setdefault("exercised", {}).setdefault(category, [])
+    if name not in names:
+        names.append(name)
+
+
+def declared_names(spec: Spec) -> dict[str, list[str]]:
+    """{category: case names} the spec declares (what `verify --require-declared-cases` asks for)."""
+    return merge_exercised(*({c: [n]} for call in declared_calls(spec, random.Random(0)) for c, n in call.exercised))
+
+
+def workload_exercised(draws: dict[str, Any], dtypes: dict[str, str], axes: dict[str, int]) -> dict[str, list[str]]:
+    """What one workload exercised: the cases its probes recorded (draws["exercised"]), the mask layouts
+    and call patterns other probes name in draws, the input dtypes and the shape."""
+    out = merge_exercised(draws.get("exercised"))
+    for key in ("mask_layouts", "call_patterns"):
+        if draws.get(key):
+            out = merge_exercised(out, {key: [str(x) for x in draws[key]]})
+    if dtypes:
+        out = merge_exercised(out, {"dtypes": [f"{k}:{v}" for k, v in dtypes.items()]})
+    if axes:
+        shape = ",".join(f"{k}={v}" for k, v in axes.items() if k != "seq_next")
+        out = merge_exercised(out, {"shapes": [shape]})
+    return out
