@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from grpo_conform.inputs import generate
-from grpo_conform.member_inputs import boundary_tie, exact_tie_inputs, far_ratio_inputs, ratio_intervals
+from grpo_conform.generators.logprob_gaps import far_ratio_inputs
+from grpo_conform.member_inputs import boundary_tie, exact_tie_inputs, ratio_intervals
 from grpo_conform.reference import (
     GrpoParameters, chunked_gradient, chunked_loss, reference_gradient_dense, reference_logprobs, reference_loss, row_scales,
 )
