@@ -87,10 +87,18 @@ def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
     n = batch if sequence else batch * seq
     up, down = draw_log_ratios(n, high, gen), draw_log_ratios(n, low, gen)
     top, bottom = math.log(high[-1][1]), math.log(low[0][0])
-    live_seq = keep.any(-1) if sequence else keep.reshape(-1)
-    neg = (adv < 0) if sequence else (adv[:, None] < 0).expand(batch, seq).reshape(-1)
-    _reach(up, live_seq & neg, top - 1.0, top, gen)
-    _reach(down, live_seq & ~neg, bottom, bottom + 1.0, gen)
+    # The far ends on the live sequence of largest |A| of each sign (a tiny A would hide them).
+    for values_, side, lo_, hi_ in ((up, adv < 0, top - 1.0, top), (down, adv > 0, bottom, bottom + 1.0)):
+        rows = keep.any(-1) & side
+        if rows.any():
+            b = int(torch.argmax(torch.where(rows, adv.abs(), torch.full_like(adv, -1.0))))
+            if sequence:
+                where = torch.arange(batch) == b
+            else:  # its least likely live token: a near one-hot row would hide the ratio (1 - p ~ 0)
+                t = int(torch.argmin(torch.where(keep[b], logp[b], torch.full_like(logp[b], math.inf))))
+                where = torch.zeros(batch * seq, dtype=torch.bool)
+                where[b * seq + t] = True
+            _reach(values_, where, lo_, hi_, gen)
     if sequence:
         log_r = torch.where(adv < 0, up, down)[:, None].expand(batch, seq)
     else:

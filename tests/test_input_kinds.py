@@ -1,0 +1,126 @@
+"""The generators per input kind (grpo_conform/generators): mask layouts and dtypes, far log-prob
+gaps, and the float64 reference on what they produce (all-masked rows and batches, gaps of 25)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from grpo_conform import inputs as gen
+from grpo_conform.generators import INPUT_KINDS, kind_of
+from grpo_conform.generators.logprob_gaps import FAR_LOG, far_log_cap, far_ratio_inputs
+from grpo_conform.generators.masks import UNTIMED, classify, draw_mask, row_layouts
+from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss
+from grpo_conform.spec_family import load_member
+from member_cases import FAMILY
+
+
+def _member(name, workload="mask-small-bf16", **axes):
+    spec = load_member(FAMILY, name)
+    w = spec.workload(workload)
+    if axes:
+        w = w.model_copy(update={"axes": {**w.axes, **axes}})
+    return spec, spec.resolve(w, random.Random(0))
+
+
+def test_every_declared_input_has_a_kind():
+    spec = load_member(FAMILY, "token-offpolicy-mask-kl")
+    assert {kind_of(t.name) for t in spec.inputs} <= set(INPUT_KINDS.values())
+    with pytest.raises(KeyError, match="INPUT_KINDS"):
+        kind_of("hidden_states")
+
+
+def test_classify_reads_the_layout_back():
+    rows = torch.tensor([[1, 1, 0, 0], [0, 0, 1, 1], [1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0],
+                         [0, 1, 1, 0]], dtype=torch.bool)
+    assert classify(rows) == ["right", "left", "holes", "single", "full", "empty", "holes"]
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 6])
+def test_every_layout_within_the_first_sets_of_a_workload(batch):
+    wanted = set(UNTIMED) - ({"empty"} if batch == 1 else set())
+    seen = set()
+    for case in range(math.ceil(len(UNTIMED) / batch) + (batch == 1)):
+        keep = draw_mask(batch, 12, case, False, 0.75, torch.Generator().manual_seed(case))
+        assert keep.any(), case  # never a dead batch: the all-masked batch is a call of its own
+        seen |= set(classify(keep))
+    assert wanted <= seen, wanted - seen
+    assert "empty" not in row_layouts(1, 5, torch.Generator())
+
+
+def test_short_rows_still_hold_something_and_say_what():
+    for seq in (1, 2, 3):
+        for case in range(6):
+            keep = draw_mask(2, seq, case, False, 0.75, torch.Generator().manual_seed(seq * 7 + case))
+            assert keep.any() and len(classify(keep)) == 2
+
+
+def test_timed_masks_keep_the_fraction_and_pad_on_both_sides():
+    g = torch.Generator().manual_seed(1)
+    keep = torch.cat([draw_mask(8, 64, None, True, 0.75, g) for _ in range(20)])
+    assert 0.65 < float(keep.float().mean()) < 0.85
+    layouts = set(classify(keep))
+    assert {"right", "left"} <= layouts and "holes" not in layouts
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "int32"])
+def test_masks_are_zero_one_in_every_declared_dtype(dtype):
+    spec, rw = _member("token-offpolicy-mask")
+    assert dtype in spec.input("completion_mask").dtypes
+    rw.dtypes["completion_mask"] = dtype
+    x = gen.generate(spec, rw, 5, "cpu", values=spec.parameter_values, case=0)
+    m = x["completion_mask"]
+    assert m.dtype == gen.torch_dtype(dtype) and set(m.flatten().tolist()) <= {0, 1}
+    assert x.covered["mask_dtypes"] == [dtype] and len(x.covered["mask_layouts"]) >= 3
+
+
+def _live(x):
+    return x["completion_mask"] != 0
+
+
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "sequence-offpolicy-mask", "token-offpolicy-mask-kl"])
+def test_far_gaps_reach_25_on_live_tokens_and_the_reference_stays_finite(member):
+    spec, rw = _member(member)
+    values = dict(spec.parameter_values)
+    for seed in range(4):
+        x = gen.generate(spec, rw, seed, "cpu", values=values, case=seed).tensors
+        reach = {}
+        fx = far_ratio_inputs(spec, x, values, seed, reach)
+        lo, hi = reach["log_ratio"]
+        assert hi >= FAR_LOG - 1.0 and lo <= -FAR_LOG + 1.0, reach  # beyond verl's clamp at +-20
+        if "ref_logprobs" in fx:
+            glo, ghi = reach["ref_gap"]
+            assert ghi >= FAR_LOG - 1.0 and glo <= -FAR_LOG + 1.0, reach
+        p = GrpoParameters.from_spec(spec, values)
+        loss = reference_loss(fx, p)
+        grad = reference_gradient_dense(fx, p)
+        assert math.isfinite(loss) and torch.isfinite(grad).all()
+        assert float(grad.abs().max()) > 1e6  # the far tokens carry e^gap, unclamped
+
+
+def test_far_gaps_stay_inside_a_float16_gradient():
+    spec, rw = _member("token-offpolicy-mask-kl", "mask-fp16")
+    values = dict(spec.parameter_values)
+    x = gen.generate(spec, rw, 3, "cpu", values=values, case=0).tensors
+    reach = {}
+    far_ratio_inputs(spec, x, values, 3, reach)
+    cap = far_log_cap(torch.float16)
+    assert cap < 8 and reach["log_ratio"][1] <= cap + 1e-3 and reach["ref_gap"][1] <= cap + 1e-3  # spans: 3 decimals
+    assert reach["log_ratio"][0] <= -FAR_LOG + 1.0  # the shrinking side needs no cap
+
+
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "bnpo-mask", "dapo-mask", "sequence-offpolicy-mask",
+                                    "token-offpolicy-mask-kl", "cispo-mask", "dr-grpo-mask"])
+def test_the_reference_of_an_all_masked_batch_is_zero_and_finite(member):
+    spec, rw = _member(member)
+    values = dict(spec.parameter_values)
+    x = gen.generate(spec, rw, 9, "cpu", values=values, case=0).tensors
+    x["completion_mask"].zero_()
+    p = GrpoParameters.from_spec(spec, values)
+    assert reference_loss(x, p) == 0.0
+    grad = reference_gradient_dense(x, p)
+    assert torch.isfinite(grad).all() and not grad.any()
+    assert torch.isfinite(reference_logprobs(x, p)).all()
