@@ -124,3 +124,33 @@ def test_the_reference_of_an_all_masked_batch_is_zero_and_finite(member):
     grad = reference_gradient_dense(x, p)
     assert torch.isfinite(grad).all() and not grad.any()
     assert torch.isfinite(reference_logprobs(x, p)).all()
+
+
+@pytest.mark.slow
+def test_a_masked_workload_records_what_its_inputs_covered():
+    """End to end (pytorch, a small shape of batch 2): every mask layout, the all-masked batch, the three
+    mask dtypes, small advantages, drawn special ids and far gaps are in the workload's draws."""
+    from pathlib import Path
+
+    from grpo_conform.checks.conformance import WorkloadConformance
+    from grpo_conform.implementations import load_implementation
+    from grpo_conform.isolation.session import WorkerSession
+
+    spec, rw = _member("token-offpolicy-mask-kl", batch=2, seq=6, vocab=97)
+    root = Path(__file__).resolve().parent.parent
+    session = WorkerSession(load_implementation(root / "implementations" / "pytorch"), spec.parameter_values,
+                            torch.device("cpu"), 120.0, True)
+    session.start()
+    try:
+        run = WorkloadConformance(session, spec, rw, [21, 22])
+        outcomes = {o.check: o for o in run.run()}
+    finally:
+        session.close()
+    assert all(o.status in ("pass", "not_applicable") for o in outcomes.values()), \
+        {k: o.message for k, o in outcomes.items() if o.status not in ("pass", "not_applicable")}
+    d = run.draws
+    assert {"right", "left", "holes", "single", "full", "empty", "all-masked batch"} <= set(d["mask_layouts"])
+    assert d["mask_dtypes"] == ["bool", "int32", "int64"]
+    assert {"tiny", "exact-tiny"} <= set(d["advantage_cases"])
+    assert d["far_gaps"]["log_ratio"][1] >= 24 and d["far_gaps"]["ref_gap"][0] <= -24
+    assert d["special_ids"] and "input_sets_without_special_ids" in d
