@@ -77,10 +77,6 @@ def test_masks_are_zero_one_in_every_declared_dtype(dtype):
     assert x.covered["mask_dtypes"] == [dtype] and len(x.covered["mask_layouts"]) >= 3
 
 
-def _live(x):
-    return x["completion_mask"] != 0
-
-
 @pytest.mark.parametrize("member", ["token-offpolicy-mask", "sequence-offpolicy-mask", "token-offpolicy-mask-kl"])
 def test_far_gaps_reach_25_on_live_tokens_and_the_reference_stays_finite(member):
     spec, rw = _member(member)
