@@ -3,8 +3,8 @@ tokenizers reserve (pad, bos, eos near 0; added special tokens at the top of the
 
 The subset is drawn per input set, sometimes empty, each chosen id at a drawn position: no fixed set
 of ids marks the validator's inputs (the same five ids in every set did, the timed re-checks'
-included). The first set of a workload (`case` 0) always holds at least one, so a kernel that
-mistreats them meets one in call A. When the batch has at least as many tokens as the vocabulary,
+included). The first set of a workload (`case` 0) always holds one of 0, 1, 2 and one of V-3..V-1
+(drawn), so a kernel that mistreats them meets them in call A. When the batch has at least as many tokens as the vocabulary,
 every id appears (a tiny vocabulary: every id is a special one).
 """
 
@@ -28,6 +28,10 @@ def draw_specials(vocab: int, n: int, case: int | None, gen: torch.Generator) ->
         return []
     k = int(torch.randint(1, MOST + 1, (1,), generator=gen))
     picked = [POOL[i] for i in torch.randperm(len(POOL), generator=gen)[:k].tolist()]
+    if case == 0:  # call A: a drawn pad/bos/eos-like id and a drawn top-of-table id, before the rest
+        low, high = POOL[:3], POOL[-3:]
+        picked = [low[int(torch.randint(0, 3, (1,), generator=gen))],
+                  high[int(torch.randint(0, 3, (1,), generator=gen))]] + picked[: MOST - 2]
     seen, out = set(), []
     for p in picked:
         if p % vocab not in seen:
