@@ -3,10 +3,11 @@
 
 - logits rows get a mix of profiles inside one batch (normal, wide, peaked near one-hot,
   heavy-tailed; the adversarial set adds logits up to 1e4), assigned by a seeded permutation;
-- completion ids are uniform over the vocabulary; the special ids (0, 1, 2, vocab-2, vocab-1) sit
-  at drawn positions, and a small vocabulary has every id present;
+- completion ids are uniform over the vocabulary plus a drawn subset (sometimes none) of the ids
+  tokenizers reserve (generators.token_ids), and a small vocabulary has every id present;
 - advantages have both signs at drawn positions (batch >= 2), a clearly non-zero mean, and the
-  values GRPO variants produce: tiny magnitudes (down to 1e-6), exact +-1/G, exact 0.
+  values GRPO variants produce (generators.advantages): tiny magnitudes (1e-6 to 0.035), exact
+  powers of two, exact +-1/G, exact 0, at every batch size.
 
 Generation runs on the target device, chunk by chunk, so batch 16 of the seed workload needs
 no more than a chunk of float32 scratch beside the logits.
@@ -15,12 +16,13 @@ no more than a chunk of float32 scratch beside the logits.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
+from grpo_conform.generators import advantages, token_ids
 from grpo_conform.member_inputs import fill_member_inputs
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
@@ -39,6 +41,7 @@ class Inputs:
     tensors: dict[str, torch.Tensor]
     seed: int
     profiles: tuple[str, ...]
+    covered: dict[str, list[str]] = field(default_factory=dict)  # cases the generators placed
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tensors[name]
@@ -100,64 +103,11 @@ def fill_logits(
             flat[sel] = x.clamp_(-limit, limit).to(logits.dtype)
 
 
-SPECIAL_IDS = (0, 1, 2, -2, -1)  # 0, 1, 2, vocab-2, vocab-1: pad/bos/eos-like ids and the top of the table
-
-
-def fill_ids(ids: torch.Tensor, vocab: int, seed: int, gen: torch.Generator) -> None:
-    """Uniform ids; the special ids sit at parent-drawn positions (never at fixed places a kernel
-    could recognise); when there are at least as many tokens as ids, every id appears."""
-    n = ids.numel()
-    flat = torch.randint(0, vocab, (n,), generator=gen, device=ids.device)
-    if n >= vocab:
-        flat[:vocab] = torch.arange(vocab, device=ids.device)
-    else:
-        specials = sorted({s % vocab for s in SPECIAL_IDS})
-        if n < len(specials):  # tiny workloads: a seeded choice of which special ids fit
-            pick = torch.randperm(len(specials), generator=gen, device=ids.device)[:n].tolist()
-            specials = [specials[i] for i in pick]
-        flat[: len(specials)] = torch.tensor(specials, device=ids.device)
-    flat = flat[torch.randperm(n, generator=gen, device=ids.device)]
-    ids.copy_(flat.view(ids.shape))
-
-
-def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator) -> None:
-    """Advantages of both signs (placed at random) with a mean far from 0, including the values
-    GRPO variants produce: magnitudes down to 1e-6, exact +-1/G, and exact 0 when batch >= 4."""
+def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator, case: int | None = None) -> list[str]:
+    """The spec's advantage distribution through `generators.advantages` (both signs, a clear mean,
+    tiny, exactly representable tiny, 1/G and 0 values as the batch and `case` allow)."""
     dist = spec.validation.advantages
-    n = adv.numel()
-    values = torch.randn(n, generator=gen, dtype=torch.float64) * dist.std + dist.mean
-    sign = torch.where(values < 0, -1.0, 1.0).to(torch.float64)
-    values = sign * values.abs().clamp_min(dist.min_abs)
-    order = torch.randperm(n, generator=gen).tolist()
-    if n >= 2:
-        # Both signs at drawn positions; the mean is made far from 0 below.
-        values = values.abs()
-        values[order[0]] = -values[order[0]]
-    specials = []
-    if n >= 3:
-        g = (2, 4, 8, 16)[int(torch.randint(0, 4, (1,), generator=gen))]
-        specials.append(10 ** float(torch.empty(1, dtype=torch.float64).uniform_(-6.0, -2.0, generator=gen)))
-        specials.append(1.0 / g)  # what a group of G samples with one success gives, normalised
-    if n >= 4:
-        specials.append(0.0)  # a group whose rewards all tie
-    specials = specials[: max(0, n - 2)]  # one ordinary value of each sign stays
-    special_at = order[1 : 1 + len(specials)]
-    for k, v in zip(special_at, specials):
-        values[k] = v if values[k] >= 0 else -v
-    if n >= 2:
-        # A mean far from 0, so a dropped sign cannot hide: the ordinary positive values grow.
-        ordinary = torch.ones(n, dtype=torch.bool)
-        ordinary[special_at] = False
-        grow = ordinary & (values > 0)
-        while grow.any() and abs(float(values.mean())) < 0.25 * float(values.abs().mean()):
-            values[grow] *= 2.0
-    if n == 1:  # one sequence: a drawn magnitude class (ordinary, 1/G, tiny)
-        kind = int(torch.randint(0, 3, (1,), generator=gen))
-        if kind == 1:
-            values[0] = 0.25 if values[0] >= 0 else -0.25
-        elif kind == 2:
-            values[0] = 1e-4 if values[0] >= 0 else -1e-4
-    adv.copy_(values.to(adv.dtype))
+    return advantages.fill_advantages(adv, dist.mean, dist.std, dist.min_abs, gen, case)
 
 
 def generate(
@@ -168,24 +118,28 @@ def generate(
     profiles: Sequence[str] | None = None,
     out: dict[str, torch.Tensor] | None = None,
     values: Mapping[str, Any] | None = None,
+    case: int | None = None,
 ) -> Inputs:
     """Seeded inputs for a workload. With `out`, values are written in place into those tensors.
-    `values`: the call's parameter values (drawn ones), which the members' old log-probs follow."""
+    `values`: the call's parameter values (drawn ones), which the members' old log-probs follow.
+    `case`: the index of this input set in its workload (generators rotate layouts with it; None:
+    drawn from the seed alone). `Inputs.covered` says what the set holds (for the workload's draws)."""
     profiles = tuple(profiles or spec.validation.base_profiles)
     tensors = out if out is not None else allocate(resolved, spec, device)
     device = tensors["logits"].device
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     vocab = resolved.axes[spec.input("completion_ids").range.max_exclusive]
-    fill_ids(tensors["completion_ids"], vocab, seed, gen)
     cpu_gen = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
+    covered: dict[str, list[str]] = {}
+    covered["special_ids"] = token_ids.fill_ids(tensors["completion_ids"], vocab, cpu_gen, case)
     adv = torch.empty(tensors["advantages"].shape, dtype=tensors["advantages"].dtype)
-    fill_advantages(adv, spec, cpu_gen)
+    covered["advantages"] = fill_advantages(adv, spec, cpu_gen, case)
     tensors["advantages"].copy_(adv)
     fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen)
-    fill_member_inputs(spec, resolved, tensors, seed, values)  # mask, old/ref log-probs, sampling ratio
-    return Inputs(tensors, seed, profiles)
+    covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case))  # mask, log-probs, ratios
+    return Inputs(tensors, seed, profiles, covered)
 
 
 def clone_inputs(inputs: Inputs) -> Inputs:
-    return Inputs({k: v.clone() for k, v in inputs.tensors.items()}, inputs.seed, inputs.profiles)
+    return Inputs({k: v.clone() for k, v in inputs.tensors.items()}, inputs.seed, inputs.profiles, dict(inputs.covered))

@@ -1,9 +1,9 @@
 """The optional inputs of family members, drawn from the parent's seed (docs/spec-family.md):
 
-- `completion_mask`: right padding with variable lengths; outside timed workloads one fully
-  masked and one fully unmasked row (at random rows) when the batch allows; timed workloads aim
-  at the spec's `unmasked_fraction` (~75%, the anchors' configuration). bool or int, as the
-  workload's dtype says.
+- `completion_mask`: the layouts of `generators.masks` (right and left padding, interior holes, a
+  single token, full and empty rows), rotated over a workload's input sets; timed workloads aim
+  at the spec's `unmasked_fraction` (~75%, the anchors' configuration), rows right- or left-padded.
+  bool or int, as the buffer's dtype says.
 - `old_logprobs`: logp - log(r) with r drawn, token by token (or one s_b per sequence at
   sequence level, with per-token spread of mean 0), evenly over the intervals the clip boundaries
   cut (below 1 - eps_low, between, above 1 + eps_high, above delta; below/above the cispo cap),
@@ -15,7 +15,8 @@
 
 Masked positions get values too (finite, in every region): a kernel that ignores the mask must
 see a difference. Exact ties are not drawn here; `exact_tie_inputs` (the validator's `exact-ties`
-probe) and `boundary_tie` (the reference's tests) make them.
+probe) and `boundary_tie` (the reference's tests) make them; far gaps (|log r|, |ref - logp| up to
+25) are `generators.logprob_gaps.far_ratio_inputs` (the `far-ratios` probe).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any, Mapping
 
 import torch
 
+from grpo_conform.dtypes import dtype_name
+from grpo_conform.generators.masks import classify, draw_mask
 from grpo_conform.reference import GrpoParameters, reference_logprobs
 from grpo_conform.spec import MemberInputs, ResolvedWorkload, Spec
 
@@ -37,26 +40,10 @@ def _cfg(spec: Spec) -> MemberInputs:
     return spec.validation.member_inputs
 
 
-def draw_lengths(batch: int, seq: int, timed: bool, fraction: float, gen: torch.Generator) -> torch.Tensor:
-    """Completion lengths per row (right padding)."""
-    if timed:
-        low = max(0, min(seq, math.ceil(seq * (2 * fraction - 1))))
-        return torch.randint(low, seq + 1, (batch,), generator=gen)
-    lengths = torch.randint(1, seq + 1, (batch,), generator=gen) if seq >= 1 else torch.zeros(batch, dtype=torch.int64)
-    rows = torch.randperm(batch, generator=gen).tolist()
-    if batch >= 2:
-        lengths[rows[0]] = seq  # a fully unmasked row
-    if batch >= 3:
-        lengths[rows[1]] = 0  # a fully masked row
-    if batch >= 2 and seq >= 2:
-        lengths[rows[-1]] = int(torch.randint(1, seq, (1,), generator=gen))  # a padded one, for sure
-    return lengths
-
-
-def fill_completion_mask(mask: torch.Tensor, rw: ResolvedWorkload, cfg: MemberInputs, gen: torch.Generator) -> torch.Tensor:
+def fill_completion_mask(mask: torch.Tensor, rw: ResolvedWorkload, cfg: MemberInputs, gen: torch.Generator,
+                         case: int | None = None) -> torch.Tensor:
     batch, seq = mask.shape
-    lengths = draw_lengths(batch, seq, rw.workload.timed, cfg.unmasked_fraction, gen)
-    keep = torch.arange(seq)[None, :] < lengths[:, None]
+    keep = draw_mask(batch, seq, case, rw.workload.timed, cfg.unmasked_fraction, gen)
     mask.copy_(keep.to(mask.dtype))
     return keep
 
@@ -112,19 +99,24 @@ def sampling_ratios(shape: tuple[int, int], cap: float, cfg: MemberInputs, gen: 
 
 
 def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torch.Tensor], seed: int,
-                       values: Mapping[str, Any] | None = None) -> None:
+                       values: Mapping[str, Any] | None = None, case: int | None = None) -> dict[str, list[str]]:
     """Write the member's optional inputs into `tensors` (in place), given the logits, ids and advantages
-    already there. `values` are the call's parameter values (default: the spec's)."""
+    already there. `values` are the call's parameter values (default: the spec's); `case` the index of
+    this input set in its workload (generators.masks rotates the mask layouts with it). Returns what
+    the set covered (the mask's row layouts and dtype)."""
     names = [t.name for t in spec.inputs if t.name in OPTIONAL_INPUTS]
+    covered: dict[str, list[str]] = {}
     if not names:
-        return
+        return covered
     p = GrpoParameters.from_spec(spec, values)
     cfg = _cfg(spec)
     gen = torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1))
     batch, seq = tensors["completion_ids"].shape
     keep = torch.ones(batch, seq, dtype=torch.bool)
     if "completion_mask" in tensors:
-        keep = fill_completion_mask(tensors["completion_mask"], rw, cfg, gen)
+        keep = fill_completion_mask(tensors["completion_mask"], rw, cfg, gen, case)
+        covered["mask_layouts"] = sorted(set(classify(keep)))
+        covered["mask_dtypes"] = [dtype_name(tensors["completion_mask"].dtype)]
     logp = None
     if "old_logprobs" in tensors or "ref_logprobs" in tensors:
         logp = reference_logprobs(tensors, p).cpu()
@@ -139,6 +131,7 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
     if "sampling_ratio" in tensors:
         cap = p.sampling_ratio_cap if p.sampling_ratio_cap is not None else 3.0
         tensors["sampling_ratio"].copy_(sampling_ratios((batch, seq), cap, cfg, gen).to(tensors["sampling_ratio"].dtype))
+    return covered
 
 
 def exact_rows(logits: torch.Tensor, ids: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -174,62 +167,6 @@ def tie_rows(logits: torch.Tensor, ids: torch.Tensor, gen: torch.Generator) -> t
 
 
 TIE_OLD_LOGPROB = float(torch.tensor(-math.log(2.0), dtype=torch.float32))  # fp32(-log 2)
-
-# Ratios far outside the clip region, for the `far-ratios` probe: above 3 (PPO's dual clip caps the
-# loss of negative advantages there: verl's clip_ratio_c defaults to 3.0) and far below 1.
-FAR_RATIOS = ((3.0, 30.0), (0.02, 0.3))
-
-
-def far_ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, float]]:
-    """FAR_RATIOS with every boundary of the member (1 - epsilon_low, 1 + epsilon_high, delta, CISPO's
-    cap) and `boundary_margin` around it cut out: far ratios, never ties."""
-    knots = [p.epsilon_high] if p.loss_type == "cispo" else [1.0 - p.epsilon_low, 1.0 + p.epsilon_high]
-    if p.delta is not None:
-        knots.append(p.delta)
-    out = list(FAR_RATIOS)
-    for k in (k for k in knots if k > 0):
-        lo, hi = k * (1 - cfg.boundary_margin), k * (1 + cfg.boundary_margin)
-        out = [piece for a, b in out for piece in ((a, min(b, lo)), (max(a, hi), b)) if piece[1] > piece[0] * 1.01]
-    return out
-
-
-def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any],
-                     seed: int) -> dict[str, torch.Tensor]:
-    """A copy of `tensors` whose old log-probs put every token's ratio (every sequence's, at sequence
-    level) far out on the side where the unclipped term is active: above 3 for a negative advantage,
-    below 0.3 for a positive one (FAR_RATIOS, boundaries cut out), so every live token carries the
-    full -A * r gradient there. If the live sequences' advantages all have one sign, the largest one
-    is negated, so that both tails are exercised. Logits and masks unchanged. The spec bounds no ratio;
-    trainers meet such ratios after a few off-policy steps, and an implementation that adds a clip the
-    member does not declare (PPO's dual clip caps a negative advantage's loss at r = 3) or clamps the
-    ratio for safety differs only there."""
-    out = {k: v.clone() for k, v in tensors.items()}
-    if "old_logprobs" not in out:
-        return out
-    p = GrpoParameters.from_spec(spec, values)
-    gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0xFA2) & (2**63 - 1))
-    batch, seq = out["completion_ids"].shape
-    keep = (out["completion_mask"].cpu() != 0) if "completion_mask" in out else torch.ones(batch, seq, dtype=torch.bool)
-    adv = out["advantages"].detach().to("cpu", torch.float64)
-    live = keep.any(-1) & (adv != 0)
-    for sign in (1.0, -1.0):  # both signs among the live sequences where there are two of them
-        if int(live.sum()) >= 2 and not (live & (adv * sign < 0)).any():
-            b = int(torch.argmax(torch.where(live, adv.abs(), torch.zeros_like(adv))))
-            out["advantages"][b] = -out["advantages"][b]
-            adv[b] = -adv[b]
-    logp = reference_logprobs(out, p).cpu()
-    intervals = far_ratio_intervals(p, _cfg(spec))
-    high = [iv for iv in intervals if iv[0] > 1.0] or intervals
-    low = [iv for iv in intervals if iv[1] < 1.0] or intervals
-    n = batch if p.importance_sampling_level == "sequence" else batch * seq
-    up, down = draw_log_ratios(n, high, gen), draw_log_ratios(n, low, gen)
-    if p.importance_sampling_level == "sequence":
-        log_r = torch.where(adv < 0, up, down)[:, None].expand(batch, seq)
-    else:
-        log_r = torch.where(adv[:, None] < 0, up.view(batch, seq), down.view(batch, seq))
-    out["old_logprobs"].copy_((logp - log_r).to(out["old_logprobs"].dtype))
-    return out
-
 
 def _reference_ratios(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> torch.Tensor:
     """The ratio r[b, t] as the reference computes it (float64, token or sequence level)."""

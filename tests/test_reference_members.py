@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from grpo_conform.inputs import generate
-from grpo_conform.member_inputs import boundary_tie, exact_tie_inputs, far_ratio_inputs, ratio_intervals
+from grpo_conform.generators.logprob_gaps import far_ratio_inputs
+from grpo_conform.member_inputs import boundary_tie, exact_tie_inputs, ratio_intervals
 from grpo_conform.reference import (
     GrpoParameters, chunked_gradient, chunked_loss, reference_gradient_dense, reference_logprobs, reference_loss, row_scales,
 )
@@ -155,15 +156,18 @@ def test_sequence_ratios_fill_every_region():
     assert ((s[rows] / lo - 1).abs() > 0.015).all() and ((s[rows] / hi - 1).abs() > 0.015).all()
 
 
-def test_masks_have_full_empty_and_padded_rows_in_the_workload_dtype():
+def test_masks_have_every_layout_in_the_first_sets_in_the_workload_dtype():
+    from grpo_conform.generators.masks import classify
+
+    spec = find_spec("grpo/bnpo-mask")
     for workload, dtype in (("mask-small-bf16", torch.bool), ("mask-fp32", torch.int64), ("mask-long", torch.int32)):
-        _, x, _, _ = _member_inputs("bnpo-mask", workload, 8)
-        mask = x["completion_mask"]
-        assert mask.dtype == dtype
-        n = (mask != 0).sum(-1)
-        seq = mask.shape[1]
-        assert (n == seq).any() and (n == 0).any() and ((n > 0) & (n < seq)).any()
-        assert torch.equal(mask != 0, torch.arange(seq)[None] < n[:, None])  # right padding
+        rw = spec.resolve(spec.workload(workload), random.Random(8))
+        layouts = set()
+        for case in range(2):  # batch 3 and 4: six layouts within two input sets
+            mask = generate(spec, rw, 8 + case, "cpu", values=spec.parameter_values, case=case)["completion_mask"]
+            assert mask.dtype == dtype and (mask != 0).any()
+            layouts |= set(classify(mask != 0))
+        assert {"right", "left", "holes", "single", "full", "empty"} <= layouts, (workload, layouts)
 
 
 # -- ties (docs/architecture.md s. 2: the unclipped branch is active at an exact tie) ----------------

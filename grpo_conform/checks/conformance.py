@@ -29,6 +29,7 @@ from grpo_conform import inputs as gen
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
+from grpo_conform.generators import kind_of
 from grpo_conform.compare import GradientComparator, compare_loss, fp32_floor, fp32_logp_error, fp32_target_floor
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.reference import rows_per_chunk
@@ -102,6 +103,8 @@ class WorkloadConformance:
         least = 1 if self.device.type != "cuda" or free > 12 * grad_bytes else 0
         self.keep_budget = max(least, int(budget // max(1, grad_bytes)))
         self._count = 0
+        self._sets = 0  # input sets generated so far (the generators' `case`)
+        self._mask_shift = self.rng.randrange(2)  # which other mask dtype Q gets (K the remaining one)
 
     # -- the run ----------------------------------------------------------------------------
     def run(self):
@@ -142,10 +145,11 @@ class WorkloadConformance:
         return self.book.outcomes()
 
     def __getattr__(self, name: str):
-        # The second input set and output slot are made when a probe first uses them: a smoke-profile
-        # workload (16.8 GB of logits at seq 65,536) cannot afford six logits-sized buffers on one GPU.
-        if name in ("Q", "out2") and "dtypes" in self.__dict__:
-            slot = (InputSlot.create(self.session, "Q", self.rw.shapes, self.dtypes) if name == "Q" else
+        # The second input set (and K, the input-cases probe's) and output slot are made when a probe first
+        # uses them: a smoke-profile workload (16.8 GB of logits at seq 65,536) cannot afford six
+        # logits-sized buffers on one GPU.
+        if name in ("Q", "K", "out2") and "dtypes" in self.__dict__:
+            slot = (InputSlot.create(self.session, name, self.rw.shapes, self.slot_dtypes(name)) if name != "out2" else
                     OutputSlot.create(self.session, "O2", self.rw.shapes["logits"], self.dtypes["logits"]))
             self.__dict__[name] = slot
             self.extra_slots.append(slot.name)
@@ -154,13 +158,41 @@ class WorkloadConformance:
 
     # -- primitive steps --------------------------------------------------------------------
     def generate(self, slot: InputSlot, seed: int, profiles=None) -> None:
-        # Old and reference log-probs follow the logits at this workload's drawn parameters.
-        values = self.model.values
+        # Old and reference log-probs follow the logits at this workload's drawn parameters. `case`
+        # counts the workload's input sets: the generators rotate their layouts with it.
+        values, case = self.model.values, self._sets
+        self._sets += 1
         if slot.layout:  # views: generate contiguous values, then write them through the views
-            slot.write(gen.generate(self.spec, self.rw, seed, self.device, profiles=profiles, values=values).tensors)
-            return
-        gen.generate(self.spec, self.rw, seed, self.device, profiles=profiles, out=slot.tensors, values=values)
-        slot.commit()
+            x = gen.generate(self.spec, self.rw, seed, self.device, profiles=profiles, values=values, case=case)
+            slot.write(x.tensors)
+        else:
+            x = gen.generate(self.spec, self.rw, seed, self.device, profiles=profiles, out=slot.tensors,
+                             values=values, case=case)
+            slot.commit()
+        self.cover(x.covered)
+
+    def cover(self, covered: dict[str, list[str]]) -> None:
+        """What the input sets held, accumulated in `draws` (the coverage list reads it):
+        mask_layouts, mask_dtypes, advantage_cases, special_ids (union) and input_sets_without_special_ids."""
+        for key, name in (("mask_layouts", "mask_layouts"), ("mask_dtypes", "mask_dtypes"),
+                          ("advantages", "advantage_cases"), ("special_ids", "special_ids")):
+            if key in covered:
+                self.draws[name] = sorted(set(self.draws.get(name, ())) | set(covered[key]))
+        if "special_ids" in covered:
+            self.draws.setdefault("input_sets_without_special_ids", 0)
+            self.draws["input_sets_without_special_ids"] += not covered["special_ids"]
+
+    def slot_dtypes(self, name: str) -> dict[str, torch.dtype]:
+        """The dtypes of input set `name`. The workload's own for P; the other sets take, in turn, the
+        other dtypes a mask input allows, so every workload of a masked member passes every mask
+        dtype the spec declares (bool, int64, int32) whatever its own."""
+        dtypes = dict(self.dtypes)
+        order = {"Q": 1, "K": 2}.get(name, 0)
+        for t in self.spec.inputs:
+            if order and kind_of(t.name) == "mask" and len(t.dtypes) > 1:
+                others = [d for d in t.dtypes if d != gen.dtype_name(dtypes[t.name])]
+                dtypes[t.name] = gen.torch_dtype(others[(order - 1 + self._mask_shift) % len(others)])
+        return dtypes
 
     def _label(self, label: str) -> str:
         self._count += 1

@@ -17,7 +17,9 @@ from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.declared_cases import declared_calls, record, tie_value
-from grpo_conform.member_inputs import exact_tie_inputs, far_ratio_inputs, tie_ratio
+from grpo_conform.generators import kind_of
+from grpo_conform.generators.logprob_gaps import far_ratio_inputs
+from grpo_conform.member_inputs import exact_tie_inputs, tie_ratio
 
 
 @dataclass(frozen=True)
@@ -201,21 +203,25 @@ def declared(run: WorkloadConformance) -> None:
 
 
 def far_ratios(run: WorkloadConformance) -> None:
-    """W: every token's ratio far out on its unclipped side (3 to 30 for A < 0, 0.02 to 0.3 for
-    A > 0; both signs present; member_inputs.far_ratio_inputs), the parameters as drawn: a clip the
-    member does not declare (PPO's dual clip at 3) or a ratio clamped for safety shows only there."""
+    """W: every token's ratio far out on its unclipped side (3 to e^25 for A < 0, e^-25 to 0.3 for
+    A > 0; both signs present; reference log-probs up to 25 from logp on both sides;
+    generators.logprob_gaps.far_ratio_inputs), the parameters as drawn: a clip the member does not
+    declare (PPO's dual clip at 3) or a log-ratio or KL gap clamped for safety (verl: 20, 10) shows
+    only there."""
     check = "far-ratios"
     if "old_logprobs" not in _names(run):
         run.book.not_applicable(check, "this member has no old log-probs: its ratio is exactly 1")
         return
     seed = run.seeds[0] ^ 0xFA2
     run.generate(run.P, seed)
-    run.P.write(far_ratio_inputs(run.spec, run.P.pristine, run.model.values, seed))
+    reach: dict = {}
+    run.P.write(far_ratio_inputs(run.spec, run.P.pristine, run.model.values, seed, reach))
+    run.draws["far_gaps"] = reach  # [min, max] of log r (and ref - logp) over the live tokens
     w = run.call("W", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
     if w is not None:
         J.finite(run, w)
-        J.versus_reference(run, check, w, "every ratio far out on its unclipped side: 3 to 30 for A < 0, "
-                                          "0.02 to 0.3 for A > 0")
+        J.versus_reference(run, check, w, "every ratio far out on its unclipped side: 3 to e^25 for A < 0, "
+                                          "e^-25 to 0.3 for A > 0" + (", ref - logp to +-25" if "ref_gap" in reach else ""))
 
 
 def adversarial(run: WorkloadConformance) -> None:
@@ -281,6 +287,23 @@ def extra_seeds(run: WorkloadConformance) -> None:
             J.plain(run, extra)
 
 
+def input_cases(run: WorkloadConformance) -> None:
+    """K: the input set a batch cannot hold beside ordinary rows: every token of every row masked
+    (loss 0, gradient 0; a kernel dividing by the token count returns NaN), in its own input set,
+    whose mask takes the mask dtype neither P nor Q has (conformance.slot_dtypes)."""
+    mask = next((t.name for t in run.spec.inputs if kind_of(t.name) == "mask"), None)
+    if mask is None:
+        return  # nothing to mask: the ordinary sets already hold every case of this member's inputs
+    K = run.K
+    run.generate(K, run.seeds[0] ^ 0xA11)
+    K.tensors[mask].zero_()
+    K.commit()
+    run.draws["mask_layouts"] = sorted(set(run.draws.get("mask_layouts", ())) | {"all-masked batch"})
+    k = run.call("K-all-masked", K, run.out1, PLAIN)
+    if k is not None:
+        J.plain(run, k)
+
+
 def end_reread(run: WorkloadConformance) -> None:
     """R: every output kept so far re-read at the end of the workload (a ring of N reused
     buffers shows for any N below the number of kept calls)."""
@@ -305,6 +328,7 @@ _PROBES = (
     Probe("layouts", layouts.__doc__, ("input-layouts",), layouts),
     Probe("forward-only", forward_only.__doc__, ("forward-only",), forward_only),
     Probe("extra-seeds", extra_seeds.__doc__, PLAIN, extra_seeds),
+    Probe("input-cases", input_cases.__doc__, PLAIN, input_cases),
     Probe("end-reread", end_reread.__doc__, ("no-output-reuse",), end_reread),
 )
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in _PROBES}

@@ -1,0 +1,131 @@
+"""Per-token log-probs (kind `token-logprobs`) far from the policy's own: the regions where real
+implementations clamp. verl clamps the log-ratio at +-20 (and GSPO's log sequence ratio at 10), its
+k3 KL the gap ref - logp at +-20 and the estimate at 10 (zero gradient beyond); the members declare
+no clamp. The `far-ratios` probe's inputs (`far_ratio_inputs`) therefore reach |log r| = FAR_LOG
+and, for members with reference log-probs, |ref - logp| = FAR_LOG, with one live token (sequence,
+at sequence level) of each side within 1 of the far end, so a clamp anywhere below 24 shows.
+
+The ordinary sets keep their gaps small (ratios 0.4 to 1.5x the top boundary, KL gaps 0.6-1.2 of
+the sign of A: member_inputs): a token at r = e^25 dominates its row's scale, so there it would
+hide other terms' errors.
+
+A float16 gradient cannot hold e^25: where the gap makes the gradient grow (r above 1 with A < 0,
+ref above logp) the far end is log(float16 max) - 4 (r up to ~1200) for float16 logits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+from grpo_conform.member_inputs import _SALT, _cfg, draw_log_ratios
+from grpo_conform.reference import GrpoParameters, reference_logprobs
+from grpo_conform.spec import MemberInputs, Spec
+
+FAR_LOG = 25.0
+FAR_ABOVE, FAR_BELOW = 3.0, 0.3  # the far sides start here: above 3 (PPO's dual clip, verl's clip_ratio_c), below 0.3
+
+
+def far_log_cap(dtype: torch.dtype) -> float:
+    """The largest log-gap whose e^gap a gradient of this dtype holds with room for A, weights and
+    the upstream scalar."""
+    return min(FAR_LOG, math.log(torch.finfo(dtype).max) - 4.0)
+
+
+def far_ratio_intervals(p: GrpoParameters, cfg: MemberInputs, cap: float = FAR_LOG) -> list[tuple[float, float]]:
+    """(3, e^cap) and (e^-FAR_LOG, 0.3) with every boundary of the member (1 - epsilon_low,
+    1 + epsilon_high, delta, CISPO's cap) and `boundary_margin` around it cut out: far ratios, never ties."""
+    knots = [p.epsilon_high] if p.loss_type == "cispo" else [1.0 - p.epsilon_low, 1.0 + p.epsilon_high]
+    if p.delta is not None:
+        knots.append(p.delta)
+    out = [(FAR_ABOVE, math.exp(cap)), (math.exp(-FAR_LOG), FAR_BELOW)]
+    for k in (k for k in knots if k > 0):
+        lo, hi = k * (1 - cfg.boundary_margin), k * (1 + cfg.boundary_margin)
+        out = [piece for a, b in out for piece in ((a, min(b, lo)), (max(a, hi), b)) if piece[1] > piece[0] * 1.01]
+    return out
+
+
+def _reach(values: torch.Tensor, where: torch.Tensor, lo: float, hi: float, gen: torch.Generator) -> None:
+    """One element of `values` among `where` (drawn) set uniformly in [lo, hi]."""
+    idx = where.nonzero().flatten()
+    if idx.numel():
+        k = idx[int(torch.randint(0, idx.numel(), (1,), generator=gen))]
+        values[k] = lo + float(torch.rand(1, generator=gen, dtype=torch.float64)) * (hi - lo)
+
+
+def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any], seed: int,
+                     covered: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """A copy of `tensors` whose old log-probs put every token's ratio (every sequence's, at sequence
+    level) far out on the side where the unclipped term is active: above 3 for a negative advantage,
+    below 0.3 for a positive one, up to e^+-25 (boundaries cut out), so every live token carries the
+    full -A * r gradient there. If the live sequences' advantages all have one sign, the largest one
+    is negated, so that both tails are exercised. Reference log-probs, where the member has them, sit
+    up to 25 from logp on both sides. Logits and masks unchanged. `covered` receives the reach of
+    the gaps on live tokens (for the workload's draws)."""
+    out = {k: v.clone() for k, v in tensors.items()}
+    if "old_logprobs" not in out:
+        return out
+    p = GrpoParameters.from_spec(spec, values)
+    gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0xFA2) & (2**63 - 1))
+    batch, seq = out["completion_ids"].shape
+    keep = (out["completion_mask"].cpu() != 0) if "completion_mask" in out else torch.ones(batch, seq, dtype=torch.bool)
+    adv = out["advantages"].detach().to("cpu", torch.float64)
+    live = keep.any(-1) & (adv != 0)
+    for sign in (1.0, -1.0):  # both signs among the live sequences where there are two of them
+        if int(live.sum()) >= 2 and not (live & (adv * sign < 0)).any():
+            b = int(torch.argmax(torch.where(live, adv.abs(), torch.zeros_like(adv))))
+            out["advantages"][b] = -out["advantages"][b]
+            adv[b] = -adv[b]
+    logp = reference_logprobs(out, p).cpu()
+    cap = far_log_cap(out["logits"].dtype)
+    intervals = far_ratio_intervals(p, _cfg(spec), cap)
+    high = [iv for iv in intervals if iv[0] > 1.0] or intervals
+    low = [iv for iv in intervals if iv[1] < 1.0] or intervals
+    sequence = p.importance_sampling_level == "sequence"
+    n = batch if sequence else batch * seq
+    up, down = draw_log_ratios(n, high, gen), draw_log_ratios(n, low, gen)
+    top, bottom = math.log(high[-1][1]), math.log(low[0][0])
+    # The far ends on the live sequence of largest |A| of each sign (a tiny A would hide them).
+    for values_, side, lo_, hi_ in ((up, adv < 0, top - 1.0, top), (down, adv > 0, bottom, bottom + 1.0)):
+        rows = keep.any(-1) & side
+        if rows.any():
+            b = int(torch.argmax(torch.where(rows, adv.abs(), torch.full_like(adv, -1.0))))
+            if sequence:
+                where = torch.arange(batch) == b
+            else:  # its least likely live token: a near one-hot row would hide the ratio (1 - p ~ 0)
+                t = int(torch.argmin(torch.where(keep[b], logp[b], torch.full_like(logp[b], math.inf))))
+                where = torch.zeros(batch * seq, dtype=torch.bool)
+                where[b * seq + t] = True
+            _reach(values_, where, lo_, hi_, gen)
+    if sequence:
+        log_r = torch.where(adv < 0, up, down)[:, None].expand(batch, seq)
+    else:
+        log_r = torch.where(adv[:, None] < 0, up.view(batch, seq), down.view(batch, seq))
+    out["old_logprobs"].copy_((logp - log_r).to(out["old_logprobs"].dtype))
+    reach: dict[str, Any] = {"log_ratio": _span(log_r, keep)}
+    if "ref_logprobs" in out:
+        gap = far_ref_gaps(batch, seq, keep, cap, gen)
+        out["ref_logprobs"].copy_((logp + gap).to(out["ref_logprobs"].dtype))
+        reach["ref_gap"] = _span(gap, keep)
+    if covered is not None:
+        covered.update(reach)
+    return out
+
+
+def far_ref_gaps(batch: int, seq: int, keep: torch.Tensor, cap: float, gen: torch.Generator) -> torch.Tensor:
+    """ref - logp per token: both signs, |gap| uniform in [0.5, 25] (the positive side to `cap`),
+    one live token within 1 of each far end."""
+    sign = torch.where(torch.rand(batch, seq, generator=gen) < 0.5, -1.0, 1.0).double()
+    size = 0.5 + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (FAR_LOG - 0.5)
+    gap = (sign * size).clamp(max=cap).view(-1)
+    flat = keep.reshape(-1)
+    _reach(gap, flat, cap - 1.0, cap, gen)
+    _reach(gap, flat & (gap < cap - 1.0), -FAR_LOG, -FAR_LOG + 1.0, gen)
+    return gap.view(batch, seq)
+
+
+def _span(values: torch.Tensor, keep: torch.Tensor) -> list[float]:
+    v = values[keep]
+    return [round(float(v.min()), 3), round(float(v.max()), 3)] if v.numel() else []

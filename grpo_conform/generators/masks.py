@@ -1,0 +1,112 @@
+"""Completion masks (kind `mask`): the layouts trainers produce, row by row.
+
+- `right`: a completion followed by padding (TRL, verl);
+- `left`: padding first (left-padded batches, prompts and completions packed to the right);
+- `holes`: interior zero runs inside a completion (tool-output and multi-turn masks: tokens the
+  policy did not sample are masked in the middle);
+- `single`: exactly one unmasked token;
+- `full`: no padding; `empty`: a fully masked row.
+A whole batch with no unmasked token is a call of its own (`all_masked`), made by the validator's
+`input-cases` probe: putting it in an ordinary call would leave that call's checks nothing to see.
+
+Every row's layout is read back from the mask itself (`classify`), so what `draws` reports is what
+the implementation got, also where a short row cannot hold the layout asked for. Values are 0/1 in
+every dtype the input allows (bool, int64, int32: TRL's masks are int).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+UNTIMED = ("right", "left", "holes", "single", "full", "empty")
+
+
+def classify(keep: torch.Tensor) -> list[str]:
+    """The layout of each row of a [B, S] bool mask."""
+    out = []
+    seq = keep.shape[1]
+    for row in keep.tolist():
+        n = sum(row)
+        if n == 0:
+            out.append("empty")
+        elif n == seq:
+            out.append("full")
+        elif n == 1:
+            out.append("single")
+        else:
+            first, last = row.index(True), seq - 1 - row[::-1].index(True)
+            if last - first + 1 != n:
+                out.append("holes")
+            elif first == 0:
+                out.append("right")
+            elif last == seq - 1:
+                out.append("left")
+            else:
+                out.append("holes")  # padded on both sides: a completion inside a packed row
+    return out
+
+
+def _row(layout: str, seq: int, gen: torch.Generator) -> torch.Tensor:
+    t = torch.arange(seq)
+
+    def draw(lo: int, hi: int) -> int:  # inclusive
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen)) if hi > lo else lo
+
+    if layout == "empty":
+        return torch.zeros(seq, dtype=torch.bool)
+    if layout == "full" or seq == 1:
+        return torch.ones(seq, dtype=torch.bool)
+    if layout == "single":
+        return t == draw(0, seq - 1)
+    if layout in ("right", "left"):
+        n = draw(2 if seq >= 3 else 1, seq - 1)
+        return t < n if layout == "right" else t >= seq - n
+    # holes: a completion of n >= 3 tokens (right-padded or full) with one or two interior zero runs
+    if seq < 3:
+        return t == draw(0, seq - 1)
+    n = draw(3, seq)
+    keep = t < n
+    for _ in range(1 + (n >= 7 and draw(0, 1))):
+        a = draw(1, n - 2)
+        b = draw(a + 1, min(n - 1, a + max(1, n // 3)))
+        keep[a:b] = False
+    return keep
+
+
+def row_layouts(batch: int, case: int | None, gen: torch.Generator) -> list[str]:
+    """The layouts asked for, one per row: the rotation of UNTIMED by `case` (every layout within
+    ceil(6 / batch) sets), rows shuffled; a batch of one never gets `empty` (see all_masked)."""
+    if case is None:
+        picks = torch.randint(0, len(UNTIMED), (batch,), generator=gen).tolist()
+    else:
+        picks = [(case * batch + b) % len(UNTIMED) for b in range(batch)]
+    names = [UNTIMED[i] for i in picks]
+    if batch == 1 and names[0] == "empty":
+        names[0] = "holes"
+    order = torch.randperm(batch, generator=gen).tolist()
+    return [names[i] for i in order]
+
+
+def timed_rows(batch: int, seq: int, fraction: float, gen: torch.Generator) -> torch.Tensor:
+    """Timed workloads: about `fraction` of the tokens unmasked (the anchors' configuration), each
+    row right- or left-padded at random."""
+    low = max(0, min(seq, math.ceil(seq * (2 * fraction - 1))))
+    lengths = torch.randint(low, seq + 1, (batch,), generator=gen)
+    t = torch.arange(seq)[None, :]
+    left = torch.rand(batch, generator=gen) < 0.5
+    return torch.where(left[:, None], t >= seq - lengths[:, None], t < lengths[:, None])
+
+
+def draw_mask(batch: int, seq: int, case: int | None, timed: bool, fraction: float,
+              gen: torch.Generator) -> torch.Tensor:
+    """A [B, S] bool mask; at least one unmasked token in the batch."""
+    if timed:
+        keep = timed_rows(batch, seq, fraction, gen)
+    else:
+        keep = torch.stack([_row(name, seq, gen) for name in row_layouts(batch, case, gen)]) if batch else \
+            torch.zeros(0, seq, dtype=torch.bool)
+    if seq and batch and not keep.any():  # one live token, so the call has something to judge
+        keep[int(torch.randint(0, batch, (1,), generator=gen)), int(torch.randint(0, seq, (1,), generator=gen))] = True
+    return keep
