@@ -203,6 +203,8 @@ def upstream(run: WorkloadConformance) -> None:
         slot = run.P if i % 2 == 0 else run.Q
         run.generate(slot, run.seeds[i % len(run.seeds)] ^ (0x51ED270B + i))
         c = _upstream(run, kind)
+        patterns.exercised(run, "upstream-" + kind)
+        patterns.exercised(run, method)
         u = run.call(f"U-{kind}", slot, run.out1, ("upstream-gradient", "finite", "no-mutation", "no-aliasing"),
                      upstream=c, method=method)
         if u is not None:
@@ -215,6 +217,7 @@ def non_leaf(run: WorkloadConformance) -> None:
     side owns; the gradient is read from that leaf (backward and autograd.grad)."""
     run.generate(run.Q, run.seeds[1 % len(run.seeds)] ^ 0x1EAF)
     for leaf, method in (("view", "backward"), ("affine", "autograd.grad")):
+        patterns.exercised(run, f"non-leaf-{leaf}")
         n = run.call(f"N-{leaf}", run.Q, run.out2, ("non-leaf-logits", "finite", "no-mutation", "no-aliasing"),
                      leaf=leaf, method=method)
         if n is not None:
@@ -236,6 +239,26 @@ def layouts(run: WorkloadConformance) -> None:
 def forward_only(run: WorkloadConformance) -> None:
     """O: one call under torch.no_grad (evaluation, logging): the loss must match too."""
     patterns.forward_only(run)
+
+
+def inference_mode(run: WorkloadConformance) -> None:
+    """IM: one call under torch.inference_mode (serving, evaluation): the loss matches and every
+    input is bitwise unchanged after it."""
+    patterns.inference_mode(run)
+
+
+def retained_graph(run: WorkloadConformance) -> None:
+    """RG: backward with retain_graph=True (a negative drawn upstream), then torch.autograd.grad
+    through the same graph (a second drawn upstream): both gradients match the reference."""
+    c1 = _upstream(run, "negative")
+    c2 = float(f"{run.rng.uniform(1.5, 3.0):.6g}")  # not 1: a gradient scaled in place by c1 shows
+    patterns.retained_graph(run, c1, c2)
+
+
+def repeated_calls(run: WorkloadConformance) -> None:
+    """RC: 100 calls at one small drawn shape with fresh inputs each, every one judged: behaviour
+    that switches after some calls, or results cached by shape."""
+    patterns.repeated_calls(run)
 
 
 def extra_seeds(run: WorkloadConformance) -> None:
@@ -269,13 +292,18 @@ _PROBES = (
     Probe("interleaved", interleaved.__doc__, ("interleaved-graphs",), interleaved),
     Probe("layouts", layouts.__doc__, ("input-layouts",), layouts),
     Probe("forward-only", forward_only.__doc__, ("forward-only",), forward_only),
+    Probe("inference-mode", inference_mode.__doc__, ("inference-mode",), inference_mode),
+    Probe("retained-graph", retained_graph.__doc__, ("retained-graph", "no-mutation"), retained_graph),
     Probe("extra-seeds", extra_seeds.__doc__, PLAIN, extra_seeds),
+    # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
+    Probe("repeated-calls", repeated_calls.__doc__, ("repeated-calls", "no-mutation"), repeated_calls),
     Probe("end-reread", end_reread.__doc__, ("no-output-reuse",), end_reread),
 )
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in _PROBES}
 PROFILES: dict[str, tuple[str, ...]] = {
     "full": tuple(PROBES_BY_NAME),
     # For huge shapes (above 2^31 logits elements): the call patterns that matter most.
-    "core": ("baseline", "new-buffers", "upstream", "forward-only", "end-reread"),
+    # A retained graph holds a second gradient of a huge shape: full profile only.
+    "core": ("baseline", "new-buffers", "upstream", "forward-only", "inference-mode", "repeated-calls", "end-reread"),
     "smoke": ("baseline", "forward-only"),
 }
