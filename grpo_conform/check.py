@@ -56,6 +56,7 @@ class CheckRequest:
     extended: bool = False  # --extended: also the spec's extended-tier workloads
     sandbox: str = "none"  # --sandbox: "bwrap" runs every worker inside bubblewrap (isolation/sandbox.py)
     deadline: float | None = None  # --deadline: seconds from the start after which no workload starts
+    explore: int = 0  # --explore N: N property-based cases per member after its workloads (explore.py)
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,11 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                              f"within {timeout:g} s); a hang ends its implementation at the first timeout")
                 if bad and request.fail_fast:
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
+            if request.explore and session is not None and session.alive and not (ended or stop.reason):
+                from grpo_conform.explore import explore_workload
+
+                say(name, mp.label, "explore", f"{request.explore} property-based cases")
+                results.append(explore_workload(session, mp.spec, request.explore, p.impl))
         finally:
             if session is not None:
                 session.close()

@@ -16,6 +16,7 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.explore import apply_advantages
 from grpo_conform.member_inputs import exact_tie_inputs, far_ratio_inputs
 
 
@@ -270,6 +271,19 @@ def extra_seeds(run: WorkloadConformance) -> None:
             J.plain(run, extra)
 
 
+def explore_call(run: WorkloadConformance) -> None:
+    """E: one plain call on the inputs an explore case drew (`check --explore`, grpo_conform/explore.py;
+    the profile `explore` only, no workload runs it)."""
+    case = run.draws["explore_case"]
+    run.generate(run.P, case["seed"])
+    if case.get("advantages") is not None:
+        apply_advantages(run.P.tensors, case)
+        run.P.commit()
+    e = run.call("E", run.P, run.out1, PLAIN, keep=False)
+    if e is not None:
+        J.plain(run, e)
+
+
 def end_reread(run: WorkloadConformance) -> None:
     """R: every output kept so far re-read at the end of the workload (a ring of N reused
     buffers shows for any N below the number of kept calls)."""
@@ -298,12 +312,14 @@ _PROBES = (
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
     Probe("repeated-calls", repeated_calls.__doc__, ("repeated-calls", "no-mutation"), repeated_calls),
     Probe("end-reread", end_reread.__doc__, ("no-output-reuse",), end_reread),
+    Probe("explore-call", explore_call.__doc__, PLAIN, explore_call),
 )
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in _PROBES}
 PROFILES: dict[str, tuple[str, ...]] = {
-    "full": tuple(PROBES_BY_NAME),
+    "full": tuple(n for n in PROBES_BY_NAME if n != "explore-call"),
     # For huge shapes (above 2^31 logits elements): the call patterns that matter most.
     # A retained graph holds a second gradient of a huge shape: full profile only.
     "core": ("baseline", "new-buffers", "upstream", "forward-only", "inference-mode", "repeated-calls", "end-reread"),
     "smoke": ("baseline", "forward-only"),
+    "explore": ("explore-call",),  # one case of `check --explore`
 }
