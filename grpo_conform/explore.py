@@ -30,6 +30,7 @@ from grpo_conform.spec import Parameter, Spec
 
 EXPLORE_AXES = {"batch": (1, 4), "seq": (1, 12), "vocab": (2, 512)}
 MAX_ADVANTAGE = 8.0
+MIN_ADVANTAGE = 1e-6  # as the default generator's smallest magnitudes
 EXTRA_EVALUATIONS = 60  # how many cases shrinking may run beyond the N drawn ones
 
 
@@ -94,7 +95,10 @@ def case_strategy(spec: Spec):
     @st.composite
     def case(draw):
         shape = {k: draw(s) for k, s in axes.items()}
-        adv = st.floats(-MAX_ADVANTAGE, MAX_ADVANTAGE, allow_nan=False, allow_subnormal=False, width=32)
+        # Exactly 0, or a magnitude in [MIN_ADVANTAGE, MAX_ADVANTAGE] of either sign: below that a bf16
+        # gradient is subnormal, where only the element test has a floor (the Frobenius one has none).
+        magnitude = st.floats(MIN_ADVANTAGE, MAX_ADVANTAGE, allow_nan=False)
+        adv = st.one_of(st.just(0.0), magnitude, magnitude.map(lambda v: -v))
         return {
             "axes": shape,
             "dtypes": {"logits": draw(st.sampled_from(logits_dtypes))},

@@ -182,8 +182,17 @@ def repeated_calls(run: WorkloadConformance) -> None:
     each judged against the reference: a kernel that switches behaviour after N calls (a tuner
     settling, a counter) or caches its result by shape shows here. One finding for all of them."""
     check = "repeated-calls"
+    # Once per worker process: what it catches is a property of the process (a counter, a tuner, a
+    # cache), and a hundred interpreted Triton calls cost ~30 s on 2 CPU cores. A restarted worker
+    # (after a crash) is a new process and gets its hundred calls again.
+    made_in = getattr(run.session, "repeated_calls_made_in", None)
+    if made_in is not None:
+        run.book.not_applicable(check, f"made once per worker process: its {REPEATED_CALLS} calls ran in "
+                                       f"workload {made_in}")
+        return
+    run.session.repeated_calls_made_in = run.rw.name
     r = run.rng
-    axes = {"batch": r.randint(1, 3), "seq": r.randint(2, 6), "vocab": r.randint(64, 256)}
+    axes = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
     small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))
     if "K" not in run.extra_slots:
         run.K = InputSlot.create(run.session, "K", small.shapes, run.dtypes)

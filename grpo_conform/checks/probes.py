@@ -258,7 +258,8 @@ def retained_graph(run: WorkloadConformance) -> None:
 
 def repeated_calls(run: WorkloadConformance) -> None:
     """RC: 100 calls at one small drawn shape with fresh inputs each, every one judged: behaviour
-    that switches after some calls, or results cached by shape."""
+    that switches after some calls, or results cached by shape. Once per worker process (the
+    first workload it serves); later workloads list the check as not applicable, saying where."""
     patterns.repeated_calls(run)
 
 
