@@ -31,6 +31,7 @@ from grpo_conform.spec import Parameter, Spec
 EXPLORE_AXES = {"batch": (1, 4), "seq": (1, 12), "vocab": (2, 512)}
 MAX_ADVANTAGE = 8.0
 MIN_ADVANTAGE = 1e-6  # as the default generator's smallest magnitudes
+GRID = 2**16  # steps a float parameter's explored range is cut into (_on_grid)
 EXTRA_EVALUATIONS = 60  # how many cases shrinking may run beyond the N drawn ones
 
 
@@ -88,8 +89,8 @@ def case_strategy(spec: Spec):
         elif p.type == "int":
             params[p.name] = st.integers(int(bounds[0]), int(bounds[1]))
         else:
-            params[p.name] = st.floats(bounds[0], bounds[1], allow_nan=False, allow_subnormal=False).map(
-                lambda v: float(f"{v:.6g}"))
+            params[p.name] = st.floats(bounds[0], bounds[1], allow_nan=False).map(
+                lambda v, lo=bounds[0], hi=bounds[1]: _on_grid(v, lo, hi))
     logits_dtypes = list(spec.input("logits").dtypes)
 
     @st.composite
@@ -108,6 +109,14 @@ def case_strategy(spec: Spec):
         }
 
     return case()
+
+
+def _on_grid(v: float, lo: float, hi: float) -> float:
+    """A drawn float on a grid of GRID steps over [lo, hi], 6 significant digits: Hypothesis also
+    draws values such as 1.2e-38, where a bf16 gradient term is subnormal and the validator's
+    Frobenius and row-sum allowances have no floor; no trainer's beta or epsilon is that small."""
+    step = (hi - lo) / GRID
+    return min(hi, max(lo, float(f"{lo + round((v - lo) / step) * step:.6g}")))
 
 
 def resolved_case(spec: Spec, case: dict[str, Any]):

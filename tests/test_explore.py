@@ -112,4 +112,4 @@ def test_explore_passes_an_honest_implementation():
         result = explore(session, spec, 12, seed=3)
     finally:
         session.close()
-    assert result.case is None and result.examples == 12 and result.evaluations == 12
+    assert result.case is None and result.examples == 12 and 1 <= result.evaluations <= 12  # repeats run once
