@@ -25,6 +25,7 @@ from grpo_conform import inputs as gen
 from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.isolation.session import WorkerSession
+from grpo_conform.parameter_draws import draw_for
 from grpo_conform.results import CheckOutcome, WorkloadResult
 from grpo_conform.spec import Parameter, Spec
 
@@ -51,15 +52,18 @@ class ExploreResult:
 
 
 # -- the domain -------------------------------------------------------------------------------
-def parameter_bounds(p: Parameter) -> tuple[float, float] | None:
-    """The explored [low, high] of a numeric parameter (module docstring), None for choices."""
+def parameter_bounds(spec: Spec, p: Parameter) -> tuple[float, float] | None:
+    """The explored [low, high] of a numeric parameter (module docstring), None for choices. A
+    parameter without a declared domain (the frozen seed file's) keeps its draw range."""
     d = p.domain
     if d is not None and d.choices is not None or p.type in ("bool", "str"):
         return None
-    draw_lo = p.draw.min if p.draw is not None else float(p.value)
-    draw_hi = p.draw.max if p.draw is not None else float(p.value)
-    lo_decl = d.min if d is not None else None
-    hi_decl = d.max if d is not None else None
+    draw = draw_for(spec, p.name)
+    draw_lo = draw.min if draw is not None else float(p.value)
+    draw_hi = draw.max if draw is not None else float(p.value)
+    if d is None:
+        return (draw_lo, draw_hi)
+    lo_decl, hi_decl = d.min, d.max
     if lo_decl is None:
         lo = draw_lo - 3 * (abs(draw_lo) + 1)
     elif d.min_exclusive:
@@ -82,10 +86,12 @@ def case_strategy(spec: Spec):
     axes = {name: st.integers(lo, hi) for name, (lo, hi) in EXPLORE_AXES.items()}
     params = {}
     for p in spec.parameters:
-        bounds = parameter_bounds(p)
+        bounds = parameter_bounds(spec, p)
         if bounds is None:
             choices = p.domain.choices if p.domain is not None and p.domain.choices else (p.value,)
             params[p.name] = st.sampled_from(list(choices))
+        elif bounds[0] == bounds[1]:
+            params[p.name] = st.just(p.value)
         elif p.type == "int":
             params[p.name] = st.integers(int(bounds[0]), int(bounds[1]))
         else:

@@ -15,6 +15,7 @@ import torch
 from grpo_conform.explore import case_inputs, explore, parameter_bounds
 from grpo_conform.implementations import load_implementation
 from grpo_conform.isolation.session import WorkerSession
+from grpo_conform.spec import load_spec
 from grpo_conform.spec_family import load_family
 
 FAMILY = "specs/grpo.v1.json"
@@ -23,7 +24,7 @@ CATCHES = Path(__file__).resolve().parent / "data" / "explore" / "temperature-fl
 
 def _bounds(member: str) -> dict:
     spec = load_family(FAMILY).member(member)
-    return {p.name: parameter_bounds(p) for p in spec.parameters}
+    return {p.name: parameter_bounds(spec, p) for p in spec.parameters}
 
 
 def test_explored_domain_keeps_closed_ends_approaches_open_ones_and_widens_infinite_ones():
@@ -34,6 +35,8 @@ def test_explored_domain_keeps_closed_ends_approaches_open_ones_and_widens_infin
     assert _bounds("token-offpolicy-mask-delta")["delta"] == pytest.approx((1 + 0.3 / 4, 8.0))
     assert _bounds("dapo-global-mask")["num_items_in_batch"] == pytest.approx((1, 4 * 65536))
     assert _bounds("token-offpolicy-mask")["loss_type"] is None  # a choice: its declared values
+    seed_file = load_spec("specs/grpo-token-is.v1.json")  # declares no domains: its built-in draw ranges
+    assert {p.name: parameter_bounds(seed_file, p) for p in seed_file.parameters}["temperature"] == (0.45, 2.2)
 
 
 def test_case_inputs_are_the_generator_s_with_the_drawn_advantages():
