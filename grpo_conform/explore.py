@@ -22,11 +22,12 @@ from typing import Any
 import torch
 
 from grpo_conform import inputs as gen
-from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.checks import judging as J
+from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.parameter_draws import draw_for
-from grpo_conform.results import CheckOutcome, WorkloadResult
+from grpo_conform.results import CheckOutcome, WorkloadResult, attribute_root_cause
 from grpo_conform.spec import Parameter, Spec
 
 EXPLORE_AXES = {"batch": (1, 4), "seq": (1, 12), "vocab": (2, 512)}
@@ -177,7 +178,7 @@ class _WorkerLost(BaseException):  # not an Exception: Hypothesis lets it throug
 def explore(session: WorkerSession, spec: Spec, n: int, seed: int | None = None,
             impl: Any = None) -> ExploreResult:
     """Run n property-based cases against the member's worker; shrink the first failure."""
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as with_seed
     from hypothesis.errors import Flaky
 
@@ -195,7 +196,8 @@ def explore(session: WorkerSession, spec: Spec, n: int, seed: int | None = None,
         return memo[key]
 
     @settings(max_examples=n, deadline=None, database=None, phases=(Phase.generate, Phase.shrink),
-              suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False)
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False,
+              verbosity=Verbosity.quiet)  # the library prints nothing: the result carries the case
     @given(case_strategy(spec))
     def prop(case: dict[str, Any]) -> None:
         counts["drawn"] += 1
@@ -220,9 +222,22 @@ def explore(session: WorkerSession, spec: Spec, n: int, seed: int | None = None,
     examples = min(n, counts["drawn"])
     if found is None:
         return ExploreResult(examples, len(memo), seed)
-    failed = tuple(sorted({o.check for o in found.outcomes if o.failed}))
+    outcomes = attribute_root_cause(found.outcomes)  # a call that never returned fails `runs` alone
+    failed = tuple(sorted({o.check for o in outcomes if o.failed}))
     text = snippet(spec, found.case, failed, session.device.type, impl) if impl is not None else None
-    return ExploreResult(examples, len(memo), seed, found.case, failed, text, found.outcomes)
+    return ExploreResult(examples, len(memo), seed, found.case, failed, text, outcomes)
+
+
+def explore_call(run: WorkloadConformance) -> None:
+    """The probe `explore-call`: the case's inputs in P, one plain call, judged."""
+    case = run.draws["explore_case"]
+    run.generate(run.P, case["seed"])
+    if case.get("advantages") is not None:
+        apply_advantages(run.P.tensors, case)
+        run.P.commit()
+    e = run.call("E", run.P, run.out1, PLAIN, keep=False)
+    if e is not None:
+        J.plain(run, e)
 
 
 def judge_case(session: WorkerSession, spec: Spec, case: dict[str, Any]) -> tuple[CheckOutcome, ...]:

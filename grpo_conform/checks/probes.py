@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from grpo_conform import explore
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
-from grpo_conform.explore import apply_advantages
 from grpo_conform.member_inputs import exact_tie_inputs, far_ratio_inputs
 
 
@@ -275,14 +275,7 @@ def extra_seeds(run: WorkloadConformance) -> None:
 def explore_call(run: WorkloadConformance) -> None:
     """E: one plain call on the inputs an explore case drew (`check --explore`, grpo_conform/explore.py;
     the profile `explore` only, no workload runs it)."""
-    case = run.draws["explore_case"]
-    run.generate(run.P, case["seed"])
-    if case.get("advantages") is not None:
-        apply_advantages(run.P.tensors, case)
-        run.P.commit()
-    e = run.call("E", run.P, run.out1, PLAIN, keep=False)
-    if e is not None:
-        J.plain(run, e)
+    explore.explore_call(run)
 
 
 def end_reread(run: WorkloadConformance) -> None:
