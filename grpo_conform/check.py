@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -281,9 +281,11 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
             if request.explore and session is not None and session.alive and not (ended or stop.reason):
                 from grpo_conform.explore import explore_workload
+                from grpo_conform.gate.plan import select_outcomes
 
                 say(name, mp.label, "explore", f"{request.explore} property-based cases")
-                results.append(explore_workload(session, mp.spec, request.explore, p.impl))
+                explored = explore_workload(session, mp.spec, request.explore, p.impl)
+                results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
         finally:
             if session is not None:
                 session.close()
