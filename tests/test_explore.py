@@ -116,3 +116,16 @@ def test_explore_passes_an_honest_implementation():
     finally:
         session.close()
     assert result.case is None and result.examples == 12 and 1 <= result.evaluations <= 12  # repeats run once
+
+
+@pytest.mark.slow
+def test_a_worker_lost_during_exploration_ends_it_with_that_case_and_runs_failed():
+    """No shrinking on a dead worker: the case that lost it is the result, `runs` alone fails."""
+    spec = load_family(FAMILY).member("token-is")
+    folder = Path(__file__).resolve().parent / "gallery" / "kills-itself"
+    session = _session(folder, spec)
+    try:
+        result = explore(session, spec, 5, seed=5)
+    finally:
+        session.close()
+    assert result.failed == ("runs",) and result.evaluations == 1 and result.case is not None
