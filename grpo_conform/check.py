@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -56,6 +56,7 @@ class CheckRequest:
     extended: bool = False  # --extended: also the spec's extended-tier workloads
     sandbox: str = "none"  # --sandbox: "bwrap" runs every worker inside bubblewrap (isolation/sandbox.py)
     deadline: float | None = None  # --deadline: seconds from the start after which no workload starts
+    explore: int = 0  # --explore N: N property-based cases per member after its workloads (explore.py)
 
 
 @dataclass(frozen=True)
@@ -285,6 +286,13 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                              f"within {timeout:g} s); a hang ends its implementation at the first timeout")
                 if bad and request.fail_fast:
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
+            if request.explore and session is not None and session.alive and not (ended or stop.reason):
+                from grpo_conform.explore import explore_workload
+                from grpo_conform.gate.plan import select_outcomes
+
+                say(name, mp.label, "explore", f"{request.explore} property-based cases")
+                explored = explore_workload(session, mp.spec, request.explore, p.impl)
+                results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
         finally:
             if session is not None:
                 session.close()

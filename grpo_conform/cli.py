@@ -142,6 +142,9 @@ def spec_validate(files: tuple[str, ...]) -> None:
               help="bwrap: run each worker inside bubblewrap (no network, read-only file system but its scratch "
                    "directory); bwrap from $GRPO_CONFORM_BWRAP, /usr/bin/bwrap or PATH; exit 2 if it cannot start")
 @click.option("-x", "--fail-fast", is_flag=True, help="stop at the first failed workload (the rest: not run)")
+@click.option("--explore", type=click.IntRange(min=0), default=0, metavar="N",
+              help="after the workloads, N property-based cases per member over its declared domain (shapes, "
+                   "dtypes, parameters, advantages); a failure is shrunk and printed as a runnable snippet")
 @click.option("--strict", is_flag=True, help="a skipped implementation or workload fails the run (exit 1)")
 @click.option("--changed-since", metavar="REF",
               help="only the implementation folders changed since this git ref (all when the validator, a spec "
@@ -166,7 +169,7 @@ def spec_validate(files: tuple[str, ...]) -> None:
 @_fail_cleanly
 def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], members: tuple[str, ...],
           extended: bool, checks: tuple[str, ...], spec_path: str | None, timeout: float | None, no_timing: bool,
-          sandbox: str, fail_fast: bool,
+          sandbox: str, fail_fast: bool, explore: int,
           strict: bool, changed_since: str | None, shard: str | None, deadline: float | None, jobs: int,
           gpus: str | None, junit_xml: str | None, summary_file: str | None, evidence_dir: str, no_evidence: bool,
           key_path: str | None, fmt: str) -> None:
@@ -188,9 +191,14 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
                            timing=not no_timing, members=members, checks=checks, fail_fast=fail_fast, strict=strict,
                            changed_since=changed_since, shard=parse_shard(shard) if shard else None, jobs=jobs,
                            gpus=parse_gpus(gpus) if gpus else None, extended=extended, sandbox=sandbox,
-                           deadline=deadline)
+                           deadline=deadline, explore=explore)
     report = _interruptible(lambda progress: run_check(request, progress=progress), "checking…")
     _finish(report, fmt, junit_xml, summary_file, evidence=None if no_evidence else (evidence_dir, key))
+
+
+def _explore_snippets(report: Any) -> list[str]:
+    return [w.draws["explore"]["snippet"] for impl in report.implementations for w in impl.workloads
+            if w.workload == "explore" and (w.draws.get("explore") or {}).get("snippet")]
 
 
 def _interruptible(run: Callable[[Callable[[str], None]], Any], label: str) -> Any:
@@ -255,6 +263,8 @@ def _finish(report: Any, fmt: str, junit_xml: str | None, summary_file: str | No
             err.print(Text.assemble(("evidence: ", ""), (f"{r.path} is UNSIGNED", "bold yellow"),
                                     " (no --key, $GRPO_CONFORM_SIGNING_KEY or $GRPO_CONFORM_SIGNING_KEY_FILE); "
                                     "`grpo-conform verify` rejects it unless --allow-unsigned"), highlight=False)
+    for snippet in _explore_snippets(report):  # --explore: each minimal failing case, ready to run
+        err.print(snippet, highlight=False, markup=False, soft_wrap=True)
     for note in report.notes:
         err.print(f"note: {note}", highlight=False, markup=False)
     if report.strict and report.strict_failures:

@@ -38,8 +38,9 @@ class CheckOutcome:
 #: not explain their failure and they stay judged.
 REFERENCE_DEPENDENT: frozenset[str] = frozenset({
     "freshness", "stale-output", "zero-advantage", "row-locality", "adversarial-inputs", "timed-outputs",
-    "upstream-gradient", "non-leaf-logits", "interleaved-graphs", "input-layouts", "forward-only"})
-LOSS_ONLY: frozenset[str] = frozenset({"forward-only"})  # compares the loss alone
+    "upstream-gradient", "non-leaf-logits", "interleaved-graphs", "input-layouts", "forward-only",
+    "inference-mode", "retained-graph", "repeated-calls"})
+LOSS_ONLY: frozenset[str] = frozenset({"forward-only", "inference-mode"})  # compares the loss alone
 ROOT_CAUSES: tuple[str, ...] = ("loss", "gradient")
 
 
@@ -56,7 +57,8 @@ def _explained_by(o: CheckOutcome, causes: list[str]) -> str | None:
     e = o.evidence
     own = {"stale-output": bool(e.get("poison_hits") or e.get("gradient_nan")),  # poison left in the output
            "zero-advantage": bool(e.get("nonzero")),  # non-zero gradient where the advantage is 0
-           "row-locality": bool(e.get("other_rows_changed")) or "did not change" in o.message}.get(o.check, False)
+           "row-locality": bool(e.get("other_rows_changed")) or "did not change" in o.message,
+           "inference-mode": bool(e.get("changes"))}.get(o.check, False)  # inputs written under inference_mode
     if own:
         return None
     g = e.get("gradient") if isinstance(e.get("gradient"), dict) else (e if "mismatches" in e else None)

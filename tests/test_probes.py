@@ -84,3 +84,14 @@ def test_fp32_floor_grows_with_sharper_rows_and_stays_a_fraction_of_the_scale():
     cold, hot = fp32_floor(z, 1.0, scale), fp32_floor(z, 0.5, scale)
     assert bool((hot > cold).all())
     assert float(hot.max()) < 2e-4  # |z|/T = 60: still far below bf16 arithmetic (~4% of s)
+
+
+def test_call_pattern_probes_are_in_the_profiles_and_explore_call_in_none_but_its_own():
+    full = PROFILES["full"]
+    for probe, check in (("inference-mode", "inference-mode"), ("retained-graph", "retained-graph"),
+                         ("repeated-calls", "repeated-calls")):
+        assert probe in full and check in PROBES_BY_NAME[probe].feeds and check in CONFORMANCE_CHECKS
+    # Late, so that a kernel that turns wrong after N calls fails there and not in the probes before.
+    assert full.index("repeated-calls") == len(full) - 2 and full[-1] == "end-reread"
+    assert "retained-graph" not in PROFILES["core"]  # a second gradient of a huge shape
+    assert "explore-call" not in full and PROFILES["explore"] == ("explore-call",)

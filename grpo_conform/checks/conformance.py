@@ -204,11 +204,13 @@ class WorkloadConformance:
             raise WorkerGone(failure) from None
 
     def forward(self, label: str, slot: InputSlot, checks: tuple[str, ...], *, grad: bool = True,
-                leaf: str = "leaf", poison: str | None = None) -> dict[str, Any] | None:
-        """Forward only; the inputs are compared with the pristine copy right after it."""
+                leaf: str = "leaf", poison: str | None = None, inference: bool = False) -> dict[str, Any] | None:
+        """Forward only; the inputs are compared with the pristine copy right after it.
+        `inference`: under torch.inference_mode instead of torch.no_grad (with grad=False)."""
+        extra = {"inference": True} if inference else {}
         try:
             reply = self.session.request(op="forward", call=label, inputs=slot.name, params=self.model.call_values,
-                                         grad=grad, leaf=leaf, poison=poison)
+                                         grad=grad, leaf=leaf, poison=poison, **extra)
         except WorkerFailure as failure:
             self._fail(checks, label, failure)
             self.mutation(label, slot, {"after error": slot.changes()})
@@ -216,9 +218,12 @@ class WorkloadConformance:
         return {"loss": reply.get("loss"), "forward": slot.changes()}
 
     def backward(self, labels: list[str], upstream: list[float], checks: tuple[str, ...],
-                 method: str = "backward", poison: str | None = None) -> dict[str, str] | None:
+                 method: str = "backward", poison: str | None = None, retain: bool = False) -> dict[str, str] | None:
+        """`retain`: retain_graph=True, so that a second backward through the same graph can follow."""
+        extra = {"retain": True} if retain else {}
         try:
-            reply = self.session.request(op="backward", calls=labels, upstream=upstream, method=method, poison=poison)
+            reply = self.session.request(op="backward", calls=labels, upstream=upstream, method=method, poison=poison,
+                                         **extra)
         except WorkerFailure as failure:
             self._fail(checks, "/".join(labels), failure)
             return None

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
+from grpo_conform import inputs as gen
 from grpo_conform.checks import judging as J
-from grpo_conform.checks.buffers import InputSlot
+from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
-from grpo_conform.compare import compare_loss, json_float
+from grpo_conform.compare import compare_loss, describe_outputs, json_float
 
 
 def _finish(run: WorkloadConformance, label: str, slot: InputSlot, c: float, skipped: dict[str, str],
@@ -30,6 +31,7 @@ def interleaved(run: WorkloadConformance, c: float) -> None:
     check = "interleaved-graphs"
     checks = (check, "no-mutation")
     seeds = (run.seeds[0] ^ 0x0F0F0F0F, run.seeds[1 % len(run.seeds)] ^ 0x70707070)
+    exercised(run, "two-graphs")
     for round_, order in (("sum", None), ("reversed", (1, 0))):
         run.generate(run.P, seeds[0] ^ len(round_))
         run.generate(run.Q, seeds[1] ^ len(round_))
@@ -77,6 +79,7 @@ def layouts(run: WorkloadConformance) -> None:
         run.extra_slots.append("V")
     run.generate(run.V, run.seeds[0] ^ 0x7A7A7A7A)
     run.draws["layouts"] = run.V.layout
+    exercised(run, "strided-views")
     call = run.call("L", run.V, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
     if call is not None:
         J.finite(run, call)
@@ -84,25 +87,164 @@ def layouts(run: WorkloadConformance) -> None:
             f"{k} stride {v['stride']} offset {v['storage_offset']}" for k, v in run.V.layout.items()))
 
 
+def exercised(run: WorkloadConformance, pattern: str) -> None:
+    """Name a call pattern this workload made (draws["call_patterns"], for the coverage list)."""
+    made = run.draws.setdefault("call_patterns", [])
+    if pattern not in made:
+        made.append(pattern)
+
+
 def forward_only(run: WorkloadConformance) -> None:
     """A call under torch.no_grad: the loss must match the reference."""
-    check = "forward-only"
-    run.generate(run.P, run.seeds[0] ^ 0x0BAD5EED)
-    label = run._label("O")
-    f = run.forward(label, run.P, (check, "no-mutation"), grad=False)
+    _forward_only(run, "forward-only", "O", run.seeds[0] ^ 0x0BAD5EED, inference=False)
+
+
+def inference_mode(run: WorkloadConformance) -> None:
+    """A call under torch.inference_mode: the loss must match the reference and every input must be
+    bitwise unchanged after it (a kernel that works in place "because nothing needs the inputs"
+    when no graph can be built shows here, and is judged here rather than under no-mutation)."""
+    _forward_only(run, "inference-mode", "IM", run.seeds[0] ^ 0x1F3E7E, inference=True)
+
+
+def _forward_only(run: WorkloadConformance, check: str, prefix: str, seed: int, inference: bool) -> None:
+    ctx = "torch.inference_mode" if inference else "torch.no_grad"
+    run.generate(run.P, seed)
+    label = run._label(prefix)
+    f = run.forward(label, run.P, (check,) if inference else (check, "no-mutation"), grad=False, inference=inference)
+    exercised(run, "inference-mode" if inference else "no-grad")
     if f is None:
         return
     exported = run.export(label, run.out1, (check,), keep=False)
     if exported is None:
         return
-    run.mutation(label, run.P, {"forward": f["forward"]})
+    changes = {"forward": f["forward"]} if f["forward"] else {}
+    if inference:  # judged here: the inputs after a call under inference_mode, bitwise
+        if changes:
+            run.P.restore()
+    else:
+        run.mutation(label, run.P, {"forward": f["forward"]})
     desc = exported["report"].get("loss")
     actual = float(run.out1.loss[0])
     expected = run.model.loss(run.P.pristine)
     cmp = compare_loss(actual, expected, run.tol.loss, run.loss_floor(run.P.pristine))  # as judge's loss allowance
-    ok = cmp.passed and desc is not None and "dtype" in desc
-    msg = (f"under torch.no_grad the loss {actual:.9g} matches {expected:.9g}" if ok else
-           f"under torch.no_grad: the loss is not a tensor ({desc})" if not (desc and "dtype" in desc) else
-           f"under torch.no_grad: |{actual:.9g} - {expected:.9g}| > {cmp.allowed:.3g}")
-    run.book.record(check, label, ok, msg, {"loss": cmp.to_json(), "loss_description": desc,
-                                            "finite": math.isfinite(actual), "value": json_float(actual)})
+    ok = cmp.passed and desc is not None and "dtype" in desc and not (inference and changes)
+    msg = (f"under {ctx} the loss {actual:.9g} matches {expected:.9g}" if ok else
+           f"under {ctx}: the loss is not a tensor ({desc})" if not (desc and "dtype" in desc) else
+           f"under {ctx}: |{actual:.9g} - {expected:.9g}| > {cmp.allowed:.3g}" if not cmp.passed else
+           f"under {ctx}: {', '.join(changes['forward'])} changed during the call")
+    evidence = {"loss": cmp.to_json(), "loss_description": desc, "finite": math.isfinite(actual),
+                "value": json_float(actual)}
+    if inference:
+        evidence["changes"] = changes
+    run.book.record(check, label, ok, msg, evidence)
+
+
+def retained_graph(run: WorkloadConformance, c1: float, c2: float) -> None:
+    """One forward, a backward with retain_graph=True (upstream c1), then torch.autograd.grad
+    through the same graph again (upstream c2), as a second loss term or a gradient penalty does:
+    both gradients must match the reference. A kernel that frees or scales in place what it saved
+    for backward gives zeros, garbage or c1*c2 times the gradient the second time."""
+    check = "retained-graph"
+    checks = (check, "no-mutation")
+    run.generate(run.P, run.seeds[0] ^ 0x2E7A1)
+    label = run._label("RG")
+    f = run.forward(label, run.P, checks)
+    exercised(run, "retained-graph")
+    if f is None:
+        return
+    for i, (c, method) in enumerate(((c1, "backward"), (c2, "autograd.grad"))):
+        first = i == 0
+        skipped = run.backward([label], [c], checks, method=method, retain=first)
+        if skipped is None:
+            return
+        # The first export must keep the call alive in the worker: its graph is used again.
+        exported = run.export(label, run.out1, (check,), keep=True if first else None)
+        if exported is None:
+            return
+        if first:  # its outputs are replaced by the second backward's: nothing to re-read at the end
+            run.kept = [k for k in run.kept if k.label != label]
+        report = exported["report"]
+        call = Call(label, run.P, c, float(run.out1.loss[0]), report.get("loss"), report.get("grad"), run.out1.grad,
+                    skipped.get(label), exported["kept"])
+        J.finite(run, call)
+        J.versus_reference(run, check, call, "first backward, retain_graph=True" if first else
+                           "second backward through the retained graph, torch.autograd.grad")
+    run.book.record("runs", label, True, "every call returned")
+    run.mutation(label, run.P, {"forward": f["forward"], "backward": run.P.changes()})
+    run.draws["retained_graph_upstream"] = [c1, c2]
+
+
+REPEATED_CALLS = 100  # well past the ~30 calls a workload makes otherwise
+
+
+def repeated_calls(run: WorkloadConformance) -> None:
+    """REPEATED_CALLS calls at one small drawn shape, fresh inputs each (same buffers, new values),
+    each judged against the reference: a kernel that switches behaviour after N calls (a tuner
+    settling, a counter) or caches its result by shape shows here. One finding for all of them."""
+    check = "repeated-calls"
+    # Once per worker process: what it catches is a property of the process (a counter, a tuner, a
+    # cache), and a hundred interpreted Triton calls cost ~30 s on 2 CPU cores. A restarted worker
+    # (after a crash) is a new process and gets its hundred calls again.
+    made_in = getattr(run.session, "repeated_calls_made_in", None)
+    if made_in is not None:
+        run.book.not_applicable(check, f"made once per worker process: its {REPEATED_CALLS} calls ran in "
+                                       f"workload {made_in}")
+        return
+    run.session.repeated_calls_made_in = run.rw.name
+    r = run.rng
+    axes = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
+    small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))
+    if "K" not in run.extra_slots:
+        run.K = InputSlot.create(run.session, "K", small.shapes, run.dtypes)
+        run.OK = OutputSlot.create(run.session, "OK", small.shapes["logits"], run.dtypes["logits"])
+        run.extra_slots += ["K", "OK"]
+    exercised(run, "repeated-calls")
+    saved = run.rw, run.seq_next, run.vocab
+    run.rw, run.seq_next, run.vocab = small, small.axes["seq_next"], small.axes["vocab"]  # what judge() reads
+    base = run.seeds[-1] ^ 0x4E9EA7ED
+    bad: list[dict] = []
+    mutated: dict | None = None
+    done = 0
+    try:
+        for i in range(REPEATED_CALLS):
+            gen.generate(run.spec, small, base + i, run.device, out=run.K.tensors, values=run.model.values)
+            run.K.commit()
+            label = run._label(f"RC{i + 1}")
+            f = run.forward(label, run.K, (check,))
+            if f is None:
+                return
+            skipped = run.backward([label], [1.0], (check,))
+            if skipped is None:
+                return
+            exported = run.export(label, run.OK, (check,), keep=False)
+            if exported is None:
+                return
+            done += 1
+            changed = {k: v for k, v in (("forward", f["forward"]), ("backward", run.K.changes())) if v}
+            if changed and mutated is None:
+                mutated = {"call": i + 1, "changes": changed}
+            report = exported["report"]
+            call = Call(label, run.K, 1.0, float(run.OK.loss[0]), report.get("loss"), report.get("grad"), run.OK.grad,
+                        skipped.get(label))
+            if call.grad_desc is None:
+                bad.append({"call": i + 1, "why": call.skipped_backward or "no gradient"})
+                continue
+            loss_cmp, cmp = run.judge(call)
+            if not (loss_cmp.passed and cmp.passed and cmp.nan == 0):
+                bad.append({"call": i + 1, "why": describe_outputs(loss_cmp, cmp)})
+    finally:
+        run.rw, run.seq_next, run.vocab = saved
+        run.draws["repeated_calls"] = {"calls": done, "axes": axes}
+        if done:
+            run.book.record("runs", f"RC1..RC{done}", True, "every call returned")
+    shape = list(small.shapes["logits"])
+    run.book.record(check, f"RC1..RC{done}", not bad,
+                    f"{done} calls at shape {shape}, fresh inputs each: all match the reference" if not bad else
+                    f"{len(bad)} of {done} calls at shape {shape} do not match the reference, first call "
+                    f"{bad[0]['call']}: {bad[0]['why']}",
+                    {"calls": done, "shape": shape, "failing_calls": [b["call"] for b in bad][:50],
+                     "first_failure": bad[0] if bad else None})
+    run.book.record("no-mutation", f"RC1..RC{done}", mutated is None,
+                    "inputs bitwise unchanged in every repeated call" if mutated is None else
+                    f"call RC{mutated['call']}: {', '.join(next(iter(mutated['changes'].values())))} changed",
+                    mutated or {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from grpo_conform import explore
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
@@ -243,6 +244,8 @@ def upstream(run: WorkloadConformance) -> None:
         slot = run.P if i % 2 == 0 else run.Q
         run.generate(slot, run.seeds[i % len(run.seeds)] ^ (0x51ED270B + i))
         c = _upstream(run, kind)
+        patterns.exercised(run, "upstream-" + kind)
+        patterns.exercised(run, method)
         u = run.call(f"U-{kind}", slot, run.out1, ("upstream-gradient", "finite", "no-mutation", "no-aliasing"),
                      upstream=c, method=method)
         if u is not None:
@@ -255,6 +258,7 @@ def non_leaf(run: WorkloadConformance) -> None:
     side owns; the gradient is read from that leaf (backward and autograd.grad)."""
     run.generate(run.Q, run.seeds[1 % len(run.seeds)] ^ 0x1EAF)
     for leaf, method in (("view", "backward"), ("affine", "autograd.grad")):
+        patterns.exercised(run, f"non-leaf-{leaf}")
         n = run.call(f"N-{leaf}", run.Q, run.out2, ("non-leaf-logits", "finite", "no-mutation", "no-aliasing"),
                      leaf=leaf, method=method)
         if n is not None:
@@ -276,6 +280,27 @@ def layouts(run: WorkloadConformance) -> None:
 def forward_only(run: WorkloadConformance) -> None:
     """O: one call under torch.no_grad (evaluation, logging): the loss must match too."""
     patterns.forward_only(run)
+
+
+def inference_mode(run: WorkloadConformance) -> None:
+    """IM: one call under torch.inference_mode (serving, evaluation): the loss matches and every
+    input is bitwise unchanged after it."""
+    patterns.inference_mode(run)
+
+
+def retained_graph(run: WorkloadConformance) -> None:
+    """RG: backward with retain_graph=True (a negative drawn upstream), then torch.autograd.grad
+    through the same graph (a second drawn upstream): both gradients match the reference."""
+    c1 = _upstream(run, "negative")
+    c2 = float(f"{run.rng.uniform(1.5, 3.0):.6g}")  # not 1: a gradient scaled in place by c1 shows
+    patterns.retained_graph(run, c1, c2)
+
+
+def repeated_calls(run: WorkloadConformance) -> None:
+    """RC: 100 calls at one small drawn shape with fresh inputs each, every one judged: behaviour
+    that switches after some calls, or results cached by shape. Once per worker process (the
+    first workload it serves); later workloads list the check as not applicable, saying where."""
+    patterns.repeated_calls(run)
 
 
 def extra_seeds(run: WorkloadConformance) -> None:
@@ -304,6 +329,12 @@ def input_cases(run: WorkloadConformance) -> None:
         J.plain(run, k)
 
 
+def explore_call(run: WorkloadConformance) -> None:
+    """E: one plain call on the inputs an explore case drew (`check --explore`, grpo_conform/explore.py;
+    the profile `explore` only, no workload runs it)."""
+    explore.explore_call(run)
+
+
 def end_reread(run: WorkloadConformance) -> None:
     """R: every output kept so far re-read at the end of the workload (a ring of N reused
     buffers shows for any N below the number of kept calls)."""
@@ -327,14 +358,21 @@ _PROBES = (
     Probe("interleaved", interleaved.__doc__, ("interleaved-graphs",), interleaved),
     Probe("layouts", layouts.__doc__, ("input-layouts",), layouts),
     Probe("forward-only", forward_only.__doc__, ("forward-only",), forward_only),
+    Probe("inference-mode", inference_mode.__doc__, ("inference-mode",), inference_mode),
+    Probe("retained-graph", retained_graph.__doc__, ("retained-graph", "no-mutation"), retained_graph),
     Probe("extra-seeds", extra_seeds.__doc__, PLAIN, extra_seeds),
     Probe("input-cases", input_cases.__doc__, PLAIN, input_cases),
+    # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
+    Probe("repeated-calls", repeated_calls.__doc__, ("repeated-calls", "no-mutation"), repeated_calls),
     Probe("end-reread", end_reread.__doc__, ("no-output-reuse",), end_reread),
+    Probe("explore-call", explore_call.__doc__, PLAIN, explore_call),
 )
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in _PROBES}
 PROFILES: dict[str, tuple[str, ...]] = {
-    "full": tuple(PROBES_BY_NAME),
+    "full": tuple(n for n in PROBES_BY_NAME if n != "explore-call"),
     # For huge shapes (above 2^31 logits elements): the call patterns that matter most.
-    "core": ("baseline", "new-buffers", "upstream", "forward-only", "end-reread"),
+    # A retained graph holds a second gradient of a huge shape: full profile only.
+    "core": ("baseline", "new-buffers", "upstream", "forward-only", "inference-mode", "repeated-calls", "end-reread"),
     "smoke": ("baseline", "forward-only"),
+    "explore": ("explore-call",),  # one case of `check --explore`
 }

@@ -62,6 +62,12 @@ _CHECKS = (
     CheckInfo("far-ratios", "every ratio far out on its unclipped side (3 to 30 for A < 0, 0.02 to 0.3 for A > 0) "
               "gives the reference result: no clip the member does not declare", (4,)),
     CheckInfo("forward-only", "under torch.no_grad (evaluation, logging) the loss matches the reference", (1,)),
+    CheckInfo("inference-mode", "under torch.inference_mode the loss matches the reference and every input is "
+              "bitwise unchanged after the call", (1, 8)),
+    CheckInfo("retained-graph", "a backward with retain_graph=True, then torch.autograd.grad through the same graph "
+              "again (other upstream scalars): both gradients match the reference", (2, 10)),
+    CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
+              "switch after some calls, no result cached by shape)", (13,)),
     CheckInfo("tamper-scan", "the source names none of the validator's internals (grpo_conform, __main__, "
               "sys.modules writes, gc.get_objects, frame walking, ctypes, /proc/, ptrace): a static tripwire, not "
               "a proof", (), static=True),

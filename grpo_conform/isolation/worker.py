@@ -165,7 +165,7 @@ class _Worker:
     # non-leaf view of the logits. Every call's outputs stay alive here until released, so the
     # parent can re-read them at the end of a workload (a ring of reused buffers shows there).
     def op_forward(self, call: str, inputs: str, params: dict, grad: bool, leaf: str = "leaf",
-                   poison: str | None = None) -> None:
+                   poison: str | None = None, inference: bool = False) -> None:
         import torch
 
         shared = self.slots[inputs]
@@ -180,7 +180,8 @@ class _Worker:
             elif leaf == "affine":
                 x = base * 1.0  # a new non-leaf tensor computed from the leaf
         args = {name: (x if name == "logits" else t) for name, t in shared.items()}
-        grad_ctx = torch.enable_grad() if grad else torch.no_grad()
+        # inference: torch.inference_mode (a serving or evaluation loop), a stricter no_grad
+        grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         with grad_ctx:
             loss = self._guarded("forward", lambda: self.entry(**args, **params))
         self._sync("forward")
@@ -188,7 +189,7 @@ class _Worker:
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
-                    poison: str | None = None) -> None:
+                    poison: str | None = None, retain: bool = False) -> None:
         import torch
 
         skipped: dict[str, str] = {}
@@ -213,13 +214,14 @@ class _Worker:
                 self._poison(poison, self.slots[self.calls[names[0]]["inputs"]])
             if method == "autograd.grad":
                 grads = self._guarded("backward", lambda: torch.autograd.grad(
-                    losses, leaves, grads_in, allow_unused=True))
+                    losses, leaves, grads_in, allow_unused=True, retain_graph=retain))
             else:
-                self._guarded("backward", lambda: torch.autograd.backward(losses, grads_in))
+                self._guarded("backward", lambda: torch.autograd.backward(losses, grads_in, retain_graph=retain))
                 grads = [leaf.grad for leaf in leaves]
             self._sync("backward")
             for name, g in zip(names, grads):
                 self.calls[name]["grad"] = g
+                self.calls[name]["retained"] = retain  # a second backward through this graph follows
         self.send(status="ok", skipped=skipped)
 
     def op_export(self, call: str, outputs: str, keep: bool = True) -> None:
@@ -234,7 +236,8 @@ class _Worker:
         self._copy_out(self.slots[outputs], loss, grad)
         self._sync("export")
         if keep:
-            entry["leaf"] = None  # outputs stay alive; the inputs' tensor objects need not
+            if not entry.get("retained"):  # a retained graph is backpropagated again from this leaf
+                entry["leaf"] = None  # outputs stay alive; the inputs' tensor objects need not
         else:
             del self.calls[call]
         self.send(status="ok", report=report)
