@@ -64,3 +64,17 @@ def test_init_writes_a_valid_folder_and_refuses_to_overwrite(tmp_path):
     run_init(InitRequest("token-is", tmp_path / "My-Kernel", force=True))
     with pytest.raises(InitError, match="members: token-is"):
         run_init(InitRequest("no-such-member", tmp_path / "other"))
+
+
+def test_init_command_writes_the_folder_and_refuses_a_second_time(tmp_path):
+    from click.testing import CliRunner
+
+    from grpo_conform.cli import main
+
+    folder = tmp_path / "mine"
+    first = CliRunner().invoke(main, ["init", "vllm-is-mask", str(folder)])
+    assert first.exit_code == 0, first.output
+    assert "wrote" in first.output and 'members = ["vllm-is-mask"]' in (folder / "implementation.toml").read_text()
+    assert "sampling_ratio_cap" in (folder / "impl.py").read_text()
+    again = CliRunner().invoke(main, ["init", "vllm-is-mask", str(folder)])
+    assert again.exit_code == 2 and "already exist" in again.output and "Traceback" not in again.output
