@@ -315,6 +315,23 @@ def manifest_validate(paths: tuple[str, ...]) -> None:
     sys.exit(report.exit_code)
 
 
+@main.command("init")
+@click.argument("member")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--name", help="the implementation's name (default: the folder's name)")
+@click.option("--force", is_flag=True, help="overwrite implementation.toml and impl.py if they exist")
+@_fail_cleanly
+def init(member: str, folder: str, name: str | None, force: bool) -> None:
+    """Write FOLDER/implementation.toml and a commented, conformant eager PyTorch impl.py for MEMBER
+    of the grpo family (e.g. token-offpolicy-mask), to start an implementation from."""
+    from grpo_conform.scaffold import InitRequest, run_init
+
+    result = run_init(InitRequest(member=member, folder=Path(folder), name=name, force=force))
+    for f in result.files:
+        click.echo(f"wrote {f}")
+    click.echo(f"next: grpo-conform check {folder} --device cpu")
+
+
 # -- timing and floors --------------------------------------------------------------------------
 @main.command()
 @click.argument("paths", nargs=-1, required=True)

@@ -657,11 +657,21 @@ def spec_from_document(doc: Any, source: str | Path) -> Spec:
     return spec
 
 
+#: The specs shipped in the wheel: setup.py copies the checkout's specs/*.json here at build time,
+#: byte for byte (tests/test_packaging.py), so a spec's identity is the same installed or not.
+PACKAGED_SPECS = Path(__file__).resolve().parent / "specs"
+
+
 def spec_dirs() -> list[Path]:
-    """Where `spec = "<id>"` in a manifest is looked up: $GRPO_CONFORM_SPECS, ./specs, the checkout's specs/."""
+    """Where `spec = "<id>"` in a manifest is looked up, first match of the highest version winning:
+    $GRPO_CONFORM_SPECS (os.pathsep-separated folders), ./specs, the checkout's specs/ (an editable
+    install or PYTHONPATH), the specs packaged in the wheel."""
     dirs = [Path(p) for p in os.environ.get(ENV_SPEC_DIRS, "").split(os.pathsep) if p]
     dirs.append(Path.cwd() / "specs")
-    dirs.append(Path(__file__).resolve().parent.parent / "specs")
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file():  # not site-packages/specs, which another package may own
+        dirs.append(checkout / "specs")
+    dirs.append(PACKAGED_SPECS)
     unique: list[Path] = []
     for d in dirs:
         if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:

@@ -200,6 +200,10 @@ def specs_for_manifest(manifest: Any, spec_path: str | Path | None = None, dirs:
             fam = find_family(base, version, dirs)
         if fam is None:
             if members:
+                try:
+                    find_spec(ref, dirs)
+                except SpecError as exc:  # no spec of that id at all: say where we looked, not "drop members"
+                    raise ManifestError(file, "spec", f"no spec family {base!r} found: {exc.problem}") from None
                 raise ManifestError(file, "members", f"spec {ref!r} is not a spec family: drop 'members' "
                                     "(it lists the members of a family such as spec = \"grpo\")")
             return (find_spec(ref, dirs),)

@@ -42,6 +42,7 @@ def test_smoke_profile_makes_one_input_and_one_output_slot():
     assert "'smoke' probe profile" in outcomes["upstream-gradient"].message
 
 
+@pytest.mark.slow  # ~12 s CPU: the core profile run twice through a worker
 def test_core_profile_rereads_what_it_kept_and_skips_when_nothing_was_kept():
     run, outcomes = _run("core")
     assert set(run.extra_slots) == {"Q", "O2", "K", "OK"}  # K, OK: repeated-calls' small shape

@@ -53,6 +53,7 @@ def test_manifest_claims_members_of_the_family_and_says_why_not_the_others():
         assert f"- {member}:" in text  # the reason it is not claimed is written down
 
 
+@pytest.mark.slow  # ~29 s CPU where verl is absent (CI): implementations/pytorch checked twice beside the adapter
 def test_a_missing_trainer_skips_the_adapter(tmp_path):
     folder = _copy(tmp_path, "verl")
     manifest = (folder / "implementation.toml").read_text()

@@ -222,6 +222,7 @@ def test_gradient_mode_follows_the_last_upstream_scalar(results, member):
         assert flags == [[0, 1], [1, 0.25], [0, 0.25], [0, 0.25], [1, 1], [0, 1], [0, 1]], flags
 
 
+@pytest.mark.slow  # ~50 s CPU on a clean clone (no Triton cache): every switch set compiled to PTX
 def test_staged_kernels_compile_for_sm90():
     """The Gluon kernels cannot run here, but they must compile (frontend to PTX) for an H200 for every switch
     set the launcher uses (each member of the manifest, three launch shapes: benchmarks/compile_staged.py),

@@ -13,13 +13,15 @@ import importlib.util
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grpo_conform.checks.registry import CHECKS_BY_NAME, TIMING_CHECKS
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.gate.selection import ALWAYS_REPORTED, EXTENDED_REASON, WORKLOAD_REASON
 from grpo_conform.implementations import Implementation, load_implementation
 from grpo_conform.results import CheckOutcome, NotRun
-from grpo_conform.spec import Spec, Workload, find_spec, load_spec
+from grpo_conform.spec import Spec, Workload, load_spec, read_document
+from grpo_conform.spec_family import is_family_document
 
 
 
@@ -127,18 +129,24 @@ def expand_paths(paths: tuple[str, ...]) -> list[str]:
     return out
 
 
-def specs_of(impl: Implementation, spec_path: str | None, cache: dict[str, tuple[Spec, ...]]) -> tuple[Spec, ...]:
-    key = spec_path or f"{impl.manifest.spec}|{','.join(getattr(impl.manifest, 'members', ()) or ())}"
+def specs_of(impl: Implementation, spec_path: str | None, cache: dict[str, tuple[Spec, ...]],
+             members: tuple[str, ...] = ()) -> tuple[Spec, ...]:
+    """The specs an implementation is checked against. `--spec FILE` replaces the manifest's spec; a
+    family file takes the manifest's members, or (a manifest without members) the `--member` names."""
+    from grpo_conform.spec import specs_for_manifest
+
+    claimed = tuple(getattr(impl.manifest, "members", ()) or ())
+    key = f"{spec_path}|{impl.manifest.spec}|{','.join(claimed)}|{','.join(members)}"
     if key not in cache:
-        if spec_path:
+        target: Any = impl
+        family = bool(spec_path) and is_family_document(read_document(spec_path))
+        if spec_path and not family:  # a standalone spec file replaces whatever the manifest claims
             cache[key] = (load_spec(spec_path),)
-        else:
-            try:
-                from grpo_conform.spec import specs_for_manifest  # the SPEC engineer's API (decision 2)
-            except ImportError:
-                cache[key] = (find_spec(impl.manifest.spec),)
-            else:
-                cache[key] = tuple(specs_for_manifest(impl.manifest))
+            return cache[key]
+        if family and not claimed and members:
+            names = tuple(m.split("/")[-1].split("@")[0] for m in members)  # `grpo/token-is@1.0.0` -> token-is
+            target = impl.manifest.model_copy(update={"members": names})
+        cache[key] = tuple(specs_for_manifest(target, spec_path))
     return cache[key]
 
 
@@ -185,7 +193,7 @@ def build_plan(request, device) -> Plan:
     seen_workloads: set[str] = set()
     for arg, impl in impls:
         members: list[MemberPlan] = []
-        for spec in specs_of(impl, request.spec_path, cache):
+        for spec in specs_of(impl, request.spec_path, cache, tuple(request.members)):
             if request.members and not any(member_matches(spec, m) for m in request.members):
                 continue
             seen_members |= {m for m in request.members if member_matches(spec, m)}
@@ -204,7 +212,7 @@ def build_plan(request, device) -> Plan:
     missing = [w for w in request.workloads if w not in seen_workloads]
     if missing:
         for _, impl in impls[:1]:
-            specs_of(impl, request.spec_path, cache)[0].workload(missing[0])  # the spec's error, naming the known
+            specs_of(impl, request.spec_path, cache, tuple(request.members))[0].workload(missing[0])  # the spec's error, naming the known
     plan = Plan(tuple(plans), specs, tuple(notes))
     if request.shard:
         plan = shard_units(plan, request.shard)
