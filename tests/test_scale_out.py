@@ -5,6 +5,7 @@ The Slurm recipe is also run on a real Slurm in tests/test_scale_out_slurm.py.""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -20,6 +21,7 @@ RECIPES = ROOT / "docs" / "scale-out"
 SCHEMA = ROOT / "tests" / "data" / "k8s-job-batch-v1.37.0.schema.json"
 
 
+@functools.cache
 def _job_validator():
     schema = json.loads(SCHEMA.read_text())
     cls = jsonschema.validators.validator_for(schema)
