@@ -46,3 +46,16 @@ def test_merge_refuses_shards_of_different_gpu_models(tmp_path):
     devices = [{"kind": "cuda", "name": "NVIDIA H200"}, {"kind": "cuda", "name": "NVIDIA A100-SXM4-80GB"}]
     with pytest.raises(GrpoConformError, match="different devices|GPU"):
         run_merge(MergeRequest(tuple(_shards(tmp_path, [soft, soft], devices))))
+
+
+@pytest.mark.xfail(strict=True, reason="merge counts a shard by its pieces; an empty shard has none (issue 34)")
+def test_merge_counts_a_shard_that_had_no_unit(tmp_path):
+    """N larger than the units: shard 2/2 ran nothing, and said so in a report of no implementation."""
+    soft = {"python": "3.11.7", "torch": "2.13.0"}
+    (one,) = _shards(tmp_path, [soft])
+    doc = json.loads(open(one).read())
+    doc["shard"] = "1/2"
+    (tmp_path / "shard-1.json").write_text(json.dumps(doc))
+    (tmp_path / "shard-2.json").write_text(json.dumps(dict(doc, shard="2/2", implementations=[])))
+    report = run_merge(MergeRequest((one, str(tmp_path / "shard-2.json"))))
+    assert [i.name for i in report.implementations] == ["k1"]
