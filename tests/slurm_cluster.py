@@ -97,7 +97,8 @@ class SlurmCluster:
     def start(self) -> "SlurmCluster":
         missing = [exe for exe in DAEMONS if shutil.which(exe) is None]
         if missing:
-            raise SlurmUnavailable(f"{', '.join(missing)} not installed (apt-get install slurm-wlm munge; .ci/run does)")
+            raise SlurmUnavailable(f"{', '.join(missing)} not on PATH (apt-get install slurm-wlm munge: "
+                                   ".ci/run does)")
         d = self.dir
         (d / "state").mkdir()
         (d / "spool").mkdir()

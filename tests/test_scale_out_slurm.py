@@ -7,7 +7,6 @@ munge is not installed or its daemons do not start (.ci/run installs them)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -36,7 +35,8 @@ def slurm():
 
 
 def _submit(slurm, out, check_args: list[str], key=None) -> tuple[str, str]:
-    env = dict(slurm.env, GRPO_CONFORM=f"{sys.executable} -m grpo_conform", GRPO_CONFORM_CHECK_ARGS=" ".join(check_args),
+    env = dict(slurm.env, GRPO_CONFORM=f"{sys.executable} -m grpo_conform",
+               GRPO_CONFORM_CHECK_ARGS=" ".join(check_args),
                PYTHONPATH=str(ROOT), SBATCH_ARRAY_INX="1-2")  # the array of 2 instead of the recipe's 4
     for k in ("GRPO_CONFORM_SIGNING_KEY", "GRPO_CONFORM_SIGNING_KEY_FILE"):
         env.pop(k, None)
@@ -87,7 +87,8 @@ def test_slurm_array_and_afterok_merge_equal_the_serial_run(slurm, tmp_path):
 
 def test_a_shard_that_cannot_run_holds_the_merge_back(slurm):
     out = slurm.dir / "broken"
-    array, merge = _submit(slurm, out, [str(GALLERY / "closed-form"), "--device", "cpu", "--workload", "no-such-workload"])
+    bad = [str(GALLERY / "closed-form"), "--device", "cpu", "--workload", "no-such-workload"]  # exit 2
+    array, merge = _submit(slurm, out, bad)
     assert slurm.wait_idle(90), slurm.out("squeue")
     assert slurm.job(merge).get("JobState") == "CANCELLED"  # afterok never satisfied: --kill-on-invalid-dep
     assert slurm.job(f"{array}_1").get("JobState") == "FAILED"
