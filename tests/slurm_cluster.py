@@ -91,18 +91,21 @@ class SlurmCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="gcslurm-", dir="/tmp"))  # short: socket paths
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = dict(os.environ, SLURM_CONF=str(self.dir / "slurm.conf"), **{MARKER: str(self.dir)})
+        # the daemons live in /usr/sbin, which a non-root CI user's PATH may lack
+        self.env["PATH"] = os.pathsep.join([self.env.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
         for k in [k for k in self.env if k.startswith(("SBATCH_", "SLURM_")) and k != "SLURM_CONF"]:
             del self.env[k]  # a test run inside a Slurm job must not leak its job's settings
 
     def start(self) -> "SlurmCluster":
-        missing = [exe for exe in DAEMONS if shutil.which(exe) is None]
+        missing = [exe for exe in DAEMONS if shutil.which(exe, path=self.env["PATH"]) is None]
         if missing:
-            raise SlurmUnavailable(f"{', '.join(missing)} not on PATH (apt-get install slurm-wlm munge: "
+            raise SlurmUnavailable(f"{', '.join(missing)} not found (apt-get install slurm-wlm munge: "
                                    ".ci/run does)")
         d = self.dir
         (d / "state").mkdir()
         (d / "spool").mkdir()
-        run = subprocess.run(["mungekey", "-c", "-k", str(d / "munge.key")], capture_output=True, text=True)
+        run = subprocess.run(["mungekey", "-c", "-k", str(d / "munge.key")], env=self.env, capture_output=True,
+                             text=True)
         if run.returncode:
             raise SlurmUnavailable(f"mungekey failed: {run.stderr.strip()}")
         self._spawn("munged", ["munged", "-F", "-f", f"--key-file={d}/munge.key", f"--socket={d}/munge.sock",
