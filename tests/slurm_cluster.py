@@ -157,7 +157,7 @@ class SlurmCluster:
                 out.append(f"--- {name}\n" + "\n".join(tail))
         return "\n".join(out)
 
-    def _marked(self) -> list[int]:
+    def leftovers(self) -> list[int]:
         """Processes started by this cluster: their environment carries its marker."""
         mark = f"{MARKER}={self.dir}".encode()
         pids = []
@@ -184,7 +184,7 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(timeout=10)
-        for pid in self._marked():  # job steps and scripts slurmd left behind
+        for pid in self.leftovers():  # job steps and scripts slurmd left behind
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -32,6 +32,7 @@ def slurm():
         pytest.skip(f"no Slurm here: {e}")
     finally:
         cluster.stop()
+    assert not cluster.leftovers(), "a daemon or job process outlived the cluster"
 
 
 def _submit(slurm, out, check_args: list[str], key=None) -> tuple[str, str]:
@@ -54,8 +55,13 @@ def test_slurm_array_and_afterok_merge_equal_the_serial_run(slurm, tmp_path):
     serial_out = open(tmp_path / "serial.json", "w")
     serial = subprocess.Popen([sys.executable, "-m", "grpo_conform", "check", *SELECTION, "--no-evidence",
                                "--format", "json"], cwd=ROOT, stdout=serial_out, stderr=subprocess.PIPE, text=True)
-    subprocess.run([sys.executable, "-m", "grpo_conform", "keygen", "--private-key", tmp_path / "key.pem",
-                    "--public-key", tmp_path / "key.pub.pem"], check=True, capture_output=True, cwd=tmp_path)
+    keygen = subprocess.run([sys.executable, "-m", "grpo_conform", "keygen", "--private-key", tmp_path / "key.pem",
+                             "--public-key", tmp_path / "key.pub.pem"], check=True, capture_output=True, text=True)
+    keyid = next(line.split()[-1] for line in keygen.stdout.splitlines() if line.startswith("key id:"))
+    trusted = tmp_path / "trusted-keys.json"
+    trusted.write_text(json.dumps({"format": "grpo-conform/trusted-keys/v1", "keys": [
+        {"keyid": keyid, "public_key": "key.pub.pem", "owner": "tests", "valid_from": "2020-01-01T00:00:00Z",
+         "valid_until": None, "revoked": False}]}))
     out = slurm.dir / "results"
     array, merge = _submit(slurm, out, SELECTION, key=tmp_path / "key.pem")
     assert slurm.job(array)["ArrayTaskId"] in ("1-2", "1", "2")
@@ -71,9 +77,13 @@ def test_slurm_array_and_afterok_merge_equal_the_serial_run(slurm, tmp_path):
     shards = [json.loads((out / f"shard-{i}" / "report.json").read_text()) for i in (1, 2)]
     assert [d["shard"] for d in shards] == ["1/2", "2/2"]
     assert sorted(len(d["implementations"]) for d in shards) == [1, 1], "one implementation per shard"
-    for i in (1, 2):  # each shard's bundle: its report and its records, signed where it ran
-        records = list((out / f"shard-{i}").glob("*.intoto.json"))
-        assert records and all(json.loads(r.read_text())["signatures"] for r in records), f"shard {i}: {records}"
+    # each shard's bundle: its report and its records, signed where it ran, verifying on their own
+    records = [r for i in (1, 2) for r in (out / f"shard-{i}").glob("*.intoto.json")]
+    assert {r.parent.name for r in records} == {"shard-1", "shard-2"}, records
+    verify = subprocess.run([sys.executable, "-m", "grpo_conform", "verify", "--trusted-keys", trusted, *records],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert sum(line.startswith("AUTHENTIC") for line in verify.stdout.splitlines()) == len(records), verify.stdout
     ends = [slurm.job(f"{array}_{i}")["EndTime"] for i in (1, 2)]
     assert job["StartTime"] >= max(ends), f"the merge started ({job['StartTime']}) before a shard ended ({ends})"
 
