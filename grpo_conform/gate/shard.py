@@ -1,9 +1,14 @@
 """`--shard I/N`: a deterministic split of the work units (implementation x member x workload)
 over N machines, the same on every machine that runs the same command on the same tree.
 
-Units are weighed by their logits' element count (plus a fixed cost for a worker start) and dealt
-largest first to the least loaded shard, ties to the lowest index: balanced and reproducible.
-An implementation that runs nothing (skipped) is one pseudo-unit, so exactly one shard reports it.
+Units are weighed by the spec's size model: traffic-v1 (grpo_conform.floors, docs/floors.md), the
+bytes of every declared input read and every output and gradient written, so a float32 workload
+weighs twice a bfloat16 one of the same shape, and a member with more tensors weighs more. Ranged
+axes count at their midpoint (what a run draws on average). A fixed cost is added for a worker start
+and the per-workload checks that do not scale with size. Units are dealt heaviest first to the least
+loaded shard, ties to the lowest index (greedy LPT: no shard ends more than one unit above the
+lightest), the same on every machine. An implementation that runs nothing (skipped) is one
+pseudo-unit, so exactly one shard reports it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from dataclasses import replace
 
 from grpo_conform.results import NotRun
 
-UNIT_BASE_COST = 2_000_000  # elements: what a worker start and a small workload cost, roughly
+# Bytes of traffic that cost as much time as a worker start and a unit's fixed checks: a CPU run
+# of the smallest workloads (tens of kB) takes ~10 s, nearly all of it fixed, as does a bf16
+# workload of ~2M logits (the previous element-count weighing used 2M elements: 8 MB of traffic).
+UNIT_BASE_COST = 8_000_000
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -27,13 +35,31 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+class _Midpoint(random.Random):
+    """Resolves a ranged axis to the middle of its range: the size a run draws on average."""
+
+    def randint(self, a: int, b: int) -> int:  # type: ignore[override]
+        return (a + b) // 2
+
+
+def workload_bytes(spec, workload) -> int:
+    """traffic-v1 bytes of one workload: what the size model says a call must move."""
+    from grpo_conform.floors import FloorError, tensor_traffic
+
+    resolved = spec.resolve(workload, _Midpoint())
+    try:
+        return sum(t.bytes for t in tensor_traffic(spec, resolved))
+    except FloorError:  # a dtype without a known byte size: weigh its elements at 4 bytes
+        return 4 * sum(resolved.numel(t.name) for t in spec.inputs)
+
+
 def unit_cost(plan, unit: tuple[str, str, str]) -> int:
     arg, member, workload = unit
     p = next(p for p in plan.implementations if p.arg == arg)
     for m in p.members:
         if m.label == member:
             w = next(w for w in m.workloads if w.name == workload)
-            return UNIT_BASE_COST + m.spec.resolve(w, random.Random(0)).numel("logits")
+            return UNIT_BASE_COST + workload_bytes(m.spec, w)
     return UNIT_BASE_COST
 
 
