@@ -7,6 +7,8 @@
 #   bash benchmarks/h200_evidence.sh liger11    # 2 of 3, same machine and commit: liger (seed + 3 members), pytorch masked
 #   bash benchmarks/h200_evidence.sh rest11     # 3 of 3: pytorch, torch-compile, liger-inplace seed; the mask probe
 #   bash benchmarks/h200_evidence.sh gaps11     # the two workloads their deadlines left out
+#   bash benchmarks/h200_evidence.sh round12a   # round 12 (identities of issue 27), 1 of 2: CUDA tests, seed member
+#   bash benchmarks/h200_evidence.sh round12b   # 2 of 2: pytorch seed, triton small + masked members
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -107,6 +109,31 @@ case "${1:-probe}" in
     check_one triton 110 --member token-is --workload long-completion
     mv "$R/triton.json" "$R/triton-long.json"; mv "$R/triton.log" "$R/triton-long.log"
     check_one torch-compile 260 --member token-is --workload seed-b16
+    ;;
+  round12a)  # round 12 (issues 27-29: every member's identity changed with its declared cases), 1 of 2:
+              # CUDA tests, the review's batch-2 small-advantage kernel, triton and liger on the seed member
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    probe_user
+    timeout -s KILL 110 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py > "$R/cuda-tests.txt" 2>&1
+    status "cuda tests: exit $?"; tail -2 "$R/cuda-tests.txt"
+    timeout -s KILL 90 python3 -m grpo_conform check tests/gallery/small-advantage-cutoff-b2 --workload seed-b2 \
+      --no-timing --no-evidence > "$R/small-advantage-b2.txt" 2>&1
+    status "small-advantage-cutoff-b2 at seed-b2 (must fail gradient): exit $?"
+    check_one triton 200 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
+    mv "$R/triton.json" "$R/triton-token-is.json"; mv "$R/triton.log" "$R/triton-token-is.log"
+    check_one liger 180 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
+    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
+    ;;
+  round12b)  # 2 of 2: pytorch on the seed member, triton on every member (small, untimed), three masked members
+    check_one pytorch 150 --member token-is --workload seed-b2 --workload seed-b16
+    mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
+    timeout -s KILL 130 python3 -m grpo_conform check implementations/triton --workload small-bf16 \
+      --workload odd-vocab --workload mask-small-bf16 --no-timing --deadline 100 --jobs 4 --evidence-dir "$OUT/h200" \
+      --format json > "$R/triton-small.json" 2> "$R/triton-small.log"
+    status "triton, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
+    check_one triton 230 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
     ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw
