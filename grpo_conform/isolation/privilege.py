@@ -211,7 +211,7 @@ def private_scratch_mounts(scratch: Path, device: str, sandboxed: bool = False) 
 
 def _needed_under(place: str = "/tmp") -> list[str]:
     """The top-level entries of `place` holding what the worker must run: the interpreter, its
-    prefixes and the grpo_conform package. A checkout or virtual environment under /tmp (a CI clone
+    prefixes, the grpo_conform package and every directory on sys.path. A checkout or virtual environment under /tmp (a CI clone
     there) would otherwise vanish behind the private /tmp: every worker failed with "cannot start the
     worker: No such file or directory: '/tmp/.../bin/python3'". Only those entries are exposed, as
     they are."""
@@ -219,8 +219,11 @@ def _needed_under(place: str = "/tmp") -> list[str]:
 
     out = []
     root = Path(place).parts
+    # sys.path too: the worker's PYTHONPATH is built from it (session.worker_environment), and wheels
+    # installed with `pip --target /tmp/site` (the device runs) vanished with the private /tmp.
     for path in (sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
-                 os.path.dirname(os.path.abspath(grpo_conform.__file__))):
+                 os.path.dirname(os.path.abspath(grpo_conform.__file__)),
+                 *(p for p in sys.path if p and os.path.isdir(p))):
         parts = Path(os.path.abspath(path)).parts
         if len(parts) > len(root) and parts[:len(root)] == root:
             top = os.path.join(place, parts[len(root)])
