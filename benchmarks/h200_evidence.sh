@@ -8,7 +8,8 @@
 #   bash benchmarks/h200_evidence.sh rest11     # 3 of 3: pytorch, torch-compile, liger-inplace seed; the mask probe
 #   bash benchmarks/h200_evidence.sh gaps11     # the two workloads their deadlines left out
 #   bash benchmarks/h200_evidence.sh round12a   # round 12 (identities of issue 27), 1 of 2: CUDA tests, seed member
-#   bash benchmarks/h200_evidence.sh round12b   # 2 of 2: pytorch seed, triton small + masked members
+#   bash benchmarks/h200_evidence.sh round12b   # 2 of 3: liger and pytorch seed, triton small
+#   bash benchmarks/h200_evidence.sh round12c   # 3 of 3: triton and liger on three masked members at mask-b8
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -124,16 +125,24 @@ case "${1:-probe}" in
     check_one liger 180 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
     mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
     ;;
-  round12b)  # 2 of 2: pytorch on the seed member, triton on every member (small, untimed), three masked members
+  round12b)  # 2 of 3: liger (its round12a worker lost /tmp/site behind the private /tmp), pytorch on the seed
+             # member, triton on every member (small, untimed)
+    check_one liger 180 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
+    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
     check_one pytorch 150 --member token-is --workload seed-b2 --workload seed-b16
     mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
     timeout -s KILL 130 python3 -m grpo_conform check implementations/triton --workload small-bf16 \
       --workload odd-vocab --workload mask-small-bf16 --no-timing --deadline 100 --jobs 4 --evidence-dir "$OUT/h200" \
       --format json > "$R/triton-small.json" 2> "$R/triton-small.log"
     status "triton, every member, small CUDA workloads (--jobs 4, untimed): exit $?"
+    ;;
+  round12c)  # 3 of 3: three masked members at the anchors' batch 8, ours and Liger's
     check_one triton 230 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
       --workload mask-b8
     mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
+    check_one liger 250 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/liger.json" "$R/liger-members-b8.json"; mv "$R/liger.log" "$R/liger-members-b8.log"
     ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw
