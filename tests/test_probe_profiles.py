@@ -45,7 +45,7 @@ def test_smoke_profile_makes_one_input_and_one_output_slot():
 @pytest.mark.slow  # ~12 s CPU: the core profile run twice through a worker
 def test_core_profile_rereads_what_it_kept_and_skips_when_nothing_was_kept():
     run, outcomes = _run("core")
-    assert set(run.extra_slots) == {"Q", "O2", "K", "OK"}  # K, OK: repeated-calls' small shape
+    assert set(run.extra_slots) == {"Q", "O2", "RCI", "RCO"}  # repeated-calls' own small shape
     assert outcomes["no-output-reuse"].status == "pass" and run.draws["kept_outputs"] >= 1
     run, outcomes = _run("core", keep_budget=0)
     assert run.draws["kept_outputs"] == 0

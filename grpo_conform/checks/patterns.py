@@ -194,10 +194,11 @@ def repeated_calls(run: WorkloadConformance) -> None:
     r = run.rng
     axes = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
     small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))
-    if "K" not in run.extra_slots:
-        run.K = InputSlot.create(run.session, "K", small.shapes, run.dtypes)
-        run.OK = OutputSlot.create(run.session, "OK", small.shapes["logits"], run.dtypes["logits"])
-        run.extra_slots += ["K", "OK"]
+    # Slots of their own: input-cases (K) holds a workload-sized set by now.
+    if "RCI" not in run.extra_slots:
+        run.RCI = InputSlot.create(run.session, "RCI", small.shapes, run.dtypes)
+        run.RCO = OutputSlot.create(run.session, "RCO", small.shapes["logits"], run.dtypes["logits"])
+        run.extra_slots += ["RCI", "RCO"]
     exercised(run, "repeated-calls")
     saved = run.rw, run.seq_next, run.vocab
     run.rw, run.seq_next, run.vocab = small, small.axes["seq_next"], small.axes["vocab"]  # what judge() reads
@@ -207,24 +208,24 @@ def repeated_calls(run: WorkloadConformance) -> None:
     done = 0
     try:
         for i in range(REPEATED_CALLS):
-            gen.generate(run.spec, small, base + i, run.device, out=run.K.tensors, values=run.model.values)
-            run.K.commit()
+            gen.generate(run.spec, small, base + i, run.device, out=run.RCI.tensors, values=run.model.values)
+            run.RCI.commit()
             label = run._label(f"RC{i + 1}")
-            f = run.forward(label, run.K, (check,))
+            f = run.forward(label, run.RCI, (check,))
             if f is None:
                 return
             skipped = run.backward([label], [1.0], (check,))
             if skipped is None:
                 return
-            exported = run.export(label, run.OK, (check,), keep=False)
+            exported = run.export(label, run.RCO, (check,), keep=False)
             if exported is None:
                 return
             done += 1
-            changed = {k: v for k, v in (("forward", f["forward"]), ("backward", run.K.changes())) if v}
+            changed = {k: v for k, v in (("forward", f["forward"]), ("backward", run.RCI.changes())) if v}
             if changed and mutated is None:
                 mutated = {"call": i + 1, "changes": changed}
             report = exported["report"]
-            call = Call(label, run.K, 1.0, float(run.OK.loss[0]), report.get("loss"), report.get("grad"), run.OK.grad,
+            call = Call(label, run.RCI, 1.0, float(run.RCO.loss[0]), report.get("loss"), report.get("grad"), run.RCO.grad,
                         skipped.get(label))
             if call.grad_desc is None:
                 bad.append({"call": i + 1, "why": call.skipped_backward or "no gradient"})
