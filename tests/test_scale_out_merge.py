@@ -33,7 +33,6 @@ def test_merge_accepts_shards_of_one_software_stack(tmp_path):
     assert sorted(i.name for i in report.implementations) == ["k1", "k2"]
 
 
-@pytest.mark.xfail(strict=True, reason="merge refuses mixed software identities once h/evidence is merged")
 def test_merge_refuses_shards_of_different_software(tmp_path):
     a = {"python": "3.11.7", "torch": "2.13.0", "grpo_conform": "0.1.0"}
     b = dict(a, torch="2.12.1")  # one node of the cluster had another torch

@@ -203,10 +203,19 @@ def private_scratch_mounts(scratch: Path, device: str, sandboxed: bool = False) 
     if sandboxed:
         places = [p for p in ("/tmp", "/dev/shm") if p in places]
     for place in places:
-        expose = [str(scratch)] if scratch.parent == Path(place) else []
-        expose += [p for p in _needed_under(place) if p != str(scratch)]
+        # The scratch tree's top entry under the place: TMPDIR may be a folder below /tmp (pytest's,
+        # a CI runner's), and a worker whose scratch vanished behind the private /tmp could not start.
+        top = _top_under(place, str(scratch))
+        expose = [top] if top else []
+        expose += [p for p in _needed_under(place) if p != top]
         mounts.append({"cover": place, "expose": expose, "mode": "1777", "size": "50%", "writable": True})
     return mounts
+
+
+def _top_under(place: str, path: str) -> str | None:
+    """`place`'s top-level entry that holds `path`, or None when `path` is not below `place`."""
+    root, parts = Path(place).parts, Path(os.path.abspath(path)).parts
+    return os.path.join(place, parts[len(root)]) if len(parts) > len(root) and parts[:len(root)] == root else None
 
 
 def _needed_under(place: str = "/tmp") -> list[str]:
@@ -218,17 +227,14 @@ def _needed_under(place: str = "/tmp") -> list[str]:
     import grpo_conform
 
     out = []
-    root = Path(place).parts
     # sys.path too: the worker's PYTHONPATH is built from it (session.worker_environment), and wheels
     # installed with `pip --target /tmp/site` (the device runs) vanished with the private /tmp.
     for path in (sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
                  os.path.dirname(os.path.abspath(grpo_conform.__file__)),
                  *(p for p in sys.path if p and os.path.isdir(p))):
-        parts = Path(os.path.abspath(path)).parts
-        if len(parts) > len(root) and parts[:len(root)] == root:
-            top = os.path.join(place, parts[len(root)])
-            if top not in out:
-                out.append(top)
+        top = _top_under(place, path)
+        if top and top not in out:
+            out.append(top)
     return out
 
 
