@@ -260,13 +260,14 @@ def copy_of(statement: dict) -> dict:
 
 
 def test_a_timing_below_the_specs_floor_is_refused_even_when_the_record_lowers_its_own_floor() -> None:
-    """The audit's record: triton at 0.02x the DRAM floor, its own floor edited to 0."""
+    """The audit's record: triton at 0.02x the DRAM floor, its own floor edited to 0 (a record of the
+    current member identity: the strict floor is recomputed from the spec the verifier resolves)."""
     import base64
 
     from grpo_conform.evidence.spec_semantics import spec_problems
     from grpo_conform.evidence.statement import PROJECT_ROOT
 
-    (path,) = (PROJECT_ROOT / "evidence" / "h200").glob("triton--token-is--nvidia-h200--20261202T114142Z*")
+    (path,) = (PROJECT_ROOT / "evidence" / "h200").glob("triton--token-is--nvidia-h200--20261202T191759Z*")
     st = json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
     assert spec_problems(st, PROJECT_ROOT) == []  # the real record is possible
     for w in st["predicate"]["workloads"]:
