@@ -2,7 +2,8 @@
 
 Both signs at drawn positions (batch >= 2) and a mean clearly away from 0 (a dropped sign cannot
 hide), plus the special values:
-- `tiny`: |A| drawn log-uniform in [1e-6, 0.035] (below the 0.04 a kernel might treat as zero);
+- `tiny`: |A| drawn log-uniform in [1e-3, 0.035] (below the 0.04 a kernel might treat as zero, and large
+  enough that a gradient zeroed there is outside the tolerance: at 1e-6 a zeroed batch-1 gradient passed);
 - `exact-tiny`: 2^-k, k in 5..20: exactly representable, what normalised rewards of large groups give;
 - `group`: exactly 1/G, G in {2, 4, 8, 16}: one success in a group of G, normalised;
 - `zero`: exactly 0 (a group whose rewards all tie), batch >= 4.
@@ -21,11 +22,12 @@ import math
 import torch
 
 SMALL_MAX = 0.035
+SMALL_MIN = 1e-3  # the exact-tiny case reaches 2^-20; a tiny case must stay judgeable
 
 
 def _special(kind: str, gen: torch.Generator) -> float:
     if kind == "tiny":
-        return 10 ** float(torch.empty(1, dtype=torch.float64).uniform_(-6.0, math.log10(SMALL_MAX), generator=gen))
+        return 10 ** float(torch.empty(1, dtype=torch.float64).uniform_(math.log10(SMALL_MIN), math.log10(SMALL_MAX), generator=gen))
     if kind == "exact-tiny":
         return 2.0 ** -int(torch.randint(5, 21, (1,), generator=gen))
     if kind == "group":
