@@ -252,8 +252,10 @@ def row_locality(run: WorkloadConformance, g_d: torch.Tensor, c: float) -> None:
     if not live:
         run.book.skip("row-locality", "no row of these inputs has a non-zero gradient")
         return
-    # Among the larger half, so that the change shows above the dtype's rounding (fp16 underflows).
-    cut = float(scales[live].median())
+    # Among the largest quarter, so that the change shows above the dtype's rounding (fp16 underflows;
+    # with issue 27's small advantages the upper half still held rows an honest fp16 kernel could not
+    # show a change in: pytorch and triton each failed once on fp16-small).
+    cut = float(torch.quantile(scales[live].to(torch.float64), 0.75))
     live = [r for r in live if float(scales[r]) >= cut]
     row = live[run.rng.randrange(len(live))]
     b, t = row // run.seq_next, row % run.seq_next
