@@ -25,7 +25,7 @@ from grpo_conform.floors import compute_floor
 from grpo_conform.gate.plan import ImplPlan, MemberPlan, Stop, build_plan
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
-from grpo_conform.inputs import fresh_seed
+from grpo_conform.ops.grpo_logits.inputs import fresh_seed
 from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.provenance import device_info, software, utc_now
@@ -287,7 +287,7 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 if bad and request.fail_fast:
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
             if request.explore and session is not None and session.alive and not (ended or stop.reason):
-                from grpo_conform.explore import explore_workload
+                from grpo_conform.ops.grpo_logits.explore import explore_workload
                 from grpo_conform.gate.plan import select_outcomes
 
                 say(name, mp.label, "explore", f"{request.explore} property-based cases")

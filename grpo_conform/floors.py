@@ -3,7 +3,7 @@
 Two models of the bytes that must cross DRAM, each named in every floor it gives:
 
 - `traffic-v1` (the default, used by check, bench, audit and the records): what the member
-  declares must be read and written per protocol (grpo_conform.traffic: rows all / scored /
+  declares must be read and written per protocol (grpo_conform.ops.grpo_logits.traffic: rows all / scored /
   unmasked, the unmasked rows counted from the actual mask), derived from the semantics for the
   frozen v1 file. The seed spec's forward reads only the advantages: its loss is -mean(A).
 - `headroom-v1`, as the seed leaderboard defines it: every declared tensor crosses DRAM exactly
@@ -27,7 +27,7 @@ from typing import Any, Optional
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.hardware import Catalogue, Ceilings, GpuMatch, GpuSpec, load_catalogue
 from grpo_conform.spec import ResolvedWorkload, Spec, Workload, find_spec, load_spec
-from grpo_conform.traffic import MaskCount, TrafficError, count_item, mask_count_for, traffic_of
+from grpo_conform.ops.grpo_logits.traffic import MaskCount, TrafficError, count_item, mask_count_for, traffic_of
 
 HEADROOM = "headroom-v1"
 TRAFFIC = "traffic-v1"

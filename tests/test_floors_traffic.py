@@ -11,7 +11,7 @@ import torch
 from grpo_conform.floors import FloorError, below_floor, compute_floor, resolve_for_floor
 from grpo_conform.hardware import load_catalogue
 from grpo_conform.spec import TrafficItem, TrafficProtocol, load_spec
-from grpo_conform.traffic import MaskCount, TrafficError, count_mask, derived_traffic, mask_count_for
+from grpo_conform.ops.grpo_logits.traffic import MaskCount, TrafficError, count_mask, derived_traffic, mask_count_for
 
 SPEC_FILE = Path(__file__).resolve().parent.parent / "specs" / "grpo-token-is.v1.json"
 A100_BPS = 2039e9

@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from grpo_conform import inputs as gen
+from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
-from grpo_conform.generators import kind_of
+from grpo_conform.ops.grpo_logits.generators import kind_of
 from grpo_conform.compare import GradientComparator, compare_loss, fp32_floor, fp32_logp_error, fp32_target_floor
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
-from grpo_conform.reference import rows_per_chunk
+from grpo_conform.ops.grpo_logits.reference import rows_per_chunk
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.spec import ResolvedWorkload, Spec
 

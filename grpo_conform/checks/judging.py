@@ -11,10 +11,10 @@ import torch
 from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance, WorkerGone
 from grpo_conform.compare import bitwise_equal, count_where, describe_outputs, first_difference, json_float, max_abs_diff
-from grpo_conform.diagnosis import diagnose
+from grpo_conform.ops.grpo_logits.diagnosis import diagnose
 from grpo_conform.isolation.session import WorkerFailure
 from grpo_conform.isolation.worker import POISON_BYTES
-from grpo_conform.reference import rows_per_chunk
+from grpo_conform.ops.grpo_logits.reference import rows_per_chunk
 
 
 def poison_hits(t: torch.Tensor, byte: int) -> int:
@@ -88,7 +88,7 @@ def plain(run: WorkloadConformance, call: Call) -> None:
 
 def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[str, Any] | None:
     """When the loss or the gradient failed: which neighbouring semantics of the family the outputs
-    equal (`grpo_conform.diagnosis`), within the check's own allowances. Once per workload (the
+    equal (`grpo_conform.ops.grpo_logits.diagnosis`), within the check's own allowances. Once per workload (the
     first failing call), never on a passing call."""
     if (loss_cmp.passed and cmp.passed) or "diagnosed" in run.state:
         return None

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from grpo_conform import reference as ref
+from grpo_conform.ops.grpo_logits import reference as ref
 from grpo_conform.spec import Spec
 
 # Draw ranges for the frozen seed file's three parameters (it declares no domains).

@@ -25,11 +25,11 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_conform import inputs as gen
+from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.compare import GradientComparator, compare_loss, json_float
 from grpo_conform.floors import Floor, below_floor
-from grpo_conform.traffic import count_mask
+from grpo_conform.ops.grpo_logits.traffic import count_mask
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.compare import fp32_floor

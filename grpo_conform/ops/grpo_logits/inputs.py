@@ -22,8 +22,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
-from grpo_conform.generators import advantages, token_ids
-from grpo_conform.member_inputs import fill_member_inputs
+from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
+from grpo_conform.ops.grpo_logits.member_inputs import fill_member_inputs
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
 CHUNK_ELEMENTS = 1 << 26

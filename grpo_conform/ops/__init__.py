@@ -1,0 +1,1 @@
+"""Operations the validator checks (issue 30): each one an object implementing `interface.Operation`."""
