@@ -146,9 +146,10 @@ def test_timing_counts_the_fewest_unmasked_positions_of_its_input_sets():
     from types import SimpleNamespace
 
     from grpo_conform.checks.timed import WorkloadTiming
+    from grpo_conform.ops import OPERATIONS
 
     timing = WorkloadTiming.__new__(WorkloadTiming)  # only the mask bookkeeping, no worker
-    timing.mask_low, timing.set_masks = None, {}
+    timing.mask_low, timing.set_masks, timing.op = None, {}, OPERATIONS["grpo-logits"]
     for j, kept in enumerate((900, 300, 700)):
         mask = torch.zeros(B, S, dtype=torch.bool)
         mask.view(-1)[:kept] = True

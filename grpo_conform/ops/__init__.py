@@ -4,7 +4,7 @@ A spec names its operation in an `operation` field. A spec without one (every sp
 operations were plug-ins: the frozen seed file `specs/grpo-token-is.v1.json`, identity a1591ee3...,
 and the `grpo` family) is GRPO over materialised logits, "grpo-logits". The default is applied when
 the spec is read here, never written into it: the field is not part of any identity that exists
-today, so every committed spec, member and record identity stays as it is (docs/decisions.md).
+today, so every committed spec, member and record identity stays as it is (docs/operations.md).
 """
 
 from __future__ import annotations
