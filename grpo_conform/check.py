@@ -288,11 +288,10 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 if bad and request.fail_fast:
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
             if request.explore and session is not None and session.alive and not (ended or stop.reason):
-                from grpo_conform.ops.grpo_logits.explore import explore_workload
                 from grpo_conform.gate.plan import select_outcomes
 
                 say(name, mp.label, "explore", f"{request.explore} property-based cases")
-                explored = explore_workload(session, mp.spec, request.explore, p.impl)
+                explored = operation_for(mp.spec).explore_workload(session, mp.spec, request.explore, p.impl)
                 results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
         finally:
             if session is not None:
