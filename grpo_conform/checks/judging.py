@@ -88,7 +88,7 @@ def plain(run: WorkloadConformance, call: Call) -> None:
 
 def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[str, Any] | None:
     """When the loss or the gradient failed: which neighbouring semantics of the family the outputs
-    equal (`grpo_conform.ops.grpo_logits.diagnosis`), within the check's own allowances. Once per workload (the
+    equal (`grpo_conform.diagnosis`), within the check's own allowances. Once per workload (the
     first failing call), never on a passing call."""
     if (loss_cmp.passed and cmp.passed) or "diagnosed" in run.state:
         return None

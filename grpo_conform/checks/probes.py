@@ -173,7 +173,7 @@ def exact_ties(run: WorkloadConformance) -> None:
 
 
 def declared(run: WorkloadConformance) -> None:
-    """K: one call per declared case (grpo_conform.ops.grpo_logits.declared_cases): every parameter at its default
+    """K: one call per declared case (grpo_conform.declared_cases): every parameter at its default
     exactly (temperature 1.0), all at the low ends of their ranges, all at the high ends, each of the
     member's named cases and equalities, and each tie its cases name (every ratio exactly on that
     bound, as `exact-ties` builds them). The random draws never reach these values."""
@@ -330,7 +330,7 @@ def input_cases(run: WorkloadConformance) -> None:
 
 
 def explore_call(run: WorkloadConformance) -> None:
-    """E: one plain call on the inputs an explore case drew (`check --explore`, grpo_conform/ops/grpo_logits/explore.py;
+    """E: one plain call on the inputs an explore case drew (`check --explore`, grpo_conform/explore.py;
     the profile `explore` only, no workload runs it)."""
     explore.explore_call(run)
 
