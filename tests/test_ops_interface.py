@@ -92,3 +92,17 @@ def test_an_unknown_operation_is_a_clear_error(spec):
     text = str(err.value)
     assert "specs/x.v1.json" in text and "'operation'" in text and "fused-linear-nope" in text
     assert "grpo-logits" in text and "upgrade" in text
+
+
+def test_the_shared_grpo_terms_take_any_operation_s_log_probs():
+    """A fused-linear operation computes logp from hidden states and a weight, then calls the shared
+    [batch, seq] terms: fed the logits' log-probs they give the logits reference's loss."""
+    from grpo_conform.ops.grpo_logits.reference import reference_logprobs
+    from grpo_conform.ops.grpo_terms import token_terms
+
+    member = load_member(FAMILY, "token-offpolicy-mask-kl")
+    x = make_inputs(member, seed=4)
+    params = operation_for(member).parameters(member, dict(member.parameter_values))
+    terms = token_terms(x, params, reference_logprobs(x, params))
+    assert float(terms.loss.sum()) == pytest.approx(reference_loss(x, params), rel=1e-12, abs=1e-15)
+    assert terms.dlogp.shape == x["completion_ids"].shape and bool(terms.dlogp.abs().sum() > 0)

@@ -234,7 +234,7 @@ def test_ties_at_nonzero_epsilon_take_the_unclipped_branch(side, member):
 def test_kl_inputs_do_not_cancel_and_the_row_scale_bounds_every_element():
     """ref_logprobs are drawn so the KL term adds to the policy term; where terms do cancel
     (hand-made here), the row scale stays the sum of their magnitudes, not the small difference."""
-    from grpo_conform.ops.grpo_logits.reference import token_terms
+    from grpo_conform.ops.grpo_terms import token_terms
 
     spec, x, values, p = _member_inputs("token-offpolicy-mask-kl", "mask-small-bf16", 11)
     logp = reference_logprobs(x, p)
