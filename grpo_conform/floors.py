@@ -3,17 +3,19 @@
 Two models of the bytes that must cross DRAM, each named in every floor it gives:
 
 - `traffic-v1` (the default, used by check, bench, audit and the records): what the member
-  declares must be read and written per protocol (grpo_conform.ops.grpo_logits.traffic: rows all / scored /
-  unmasked, the unmasked rows counted from the actual mask), derived from the semantics for the
-  frozen v1 file. The seed spec's forward reads only the advantages: its loss is -mean(A).
+  declares must be read and written per protocol (the operation's `traffic`; grpo-logits:
+  grpo_conform/ops/grpo_logits/traffic.py, rows all / scored / unmasked, the unmasked rows
+  counted from the actual mask), derived from the semantics for the frozen v1 file. The seed
+  spec's forward reads only the advantages: its loss is -mean(A).
 - `headroom-v1`, as the seed leaderboard defines it: every declared tensor crosses DRAM exactly
   once (forward: every input read, every output written; full: plus every gradient written).
   The seed page's 257.9 us is this model's forward floor of seed-b2 on the A100 80GB.
 
 Backward has no floor of its own in either model (work can move into forward, and a gradient
 computed there is returned for free). Beside the DRAM floor: the same bytes over measured
-ceilings (when a `Ceilings` is given) and an arithmetic floor (one exponential per logits
-element read, over the GPU's exponential throughput). `below_floor` uses the strict bound.
+ceilings (when a `Ceilings` is given) and an arithmetic floor (the exponentials the spec's
+operation cannot avoid, `Operation.arithmetic`: grpo-logits needs one per logits element read, over
+the GPU's exponential throughput). `below_floor` uses the strict bound.
 """
 
 from __future__ import annotations
