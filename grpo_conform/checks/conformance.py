@@ -83,7 +83,8 @@ class WorkloadConformance:
         logits_dtype = self.rw.dtypes.get("logits", self.spec.input("logits").dtypes[0])
         self.tol = self.spec.tolerance(logits_dtype)
         self.seq_next = self.rw.axes["seq_next"]
-        self.vocab = self.rw.shapes["logits"][-1]
+        grouping = self.op.gradient_groupings(self.spec)[self.spec.differentiable_input.name]
+        self.vocab = grouping.width(self.rw)  # the elements of one unit (a row) the comparators judge together
         self.book = CheckBook(CONFORMANCE_CHECKS)
         info = torch.finfo(torch_dtype(logits_dtype))
         self.subnormal = 2.0 * info.tiny * info.eps  # values below the gradient dtype's range round to 0
