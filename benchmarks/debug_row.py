@@ -8,7 +8,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from grpo_conform import inputs as gen  # noqa: E402
+from grpo_conform.ops.grpo_logits import inputs as gen  # noqa: E402
 from grpo_conform.spec import load_spec  # noqa: E402
 
 pkg = types.ModuleType("gi"); pkg.__path__ = [str(ROOT / "implementations" / "triton")]; sys.modules["gi"] = pkg

@@ -12,8 +12,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from grpo_conform.compare import GradientComparator  # noqa: E402
-from grpo_conform.inputs import generate  # noqa: E402
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss, row_scales  # noqa: E402
+from grpo_conform.ops.grpo_logits.inputs import generate  # noqa: E402
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss, row_scales  # noqa: E402
 from grpo_conform.spec import draw_parameters, find_spec  # noqa: E402
 
 

@@ -9,7 +9,7 @@ Sections (`--only`, comma-separated):
 - `mask`: token-offpolicy-mask at batch 8, forward + loss.backward() (c = 1), for right-padded
   masks of several unmasked fractions, with the grid in sequence order and interleaved by position
   (staged_members.INTERLEAVE_MASKED; sequence order is shipped); the two orders' gradients must be identical;
-- `validator`: the same call on the validator's own mask-b8 inputs (grpo_conform.inputs.generate),
+- `validator`: the same call on the validator's own mask-b8 inputs (grpo_conform.ops.grpo_logits.inputs.generate),
   then with an int64 mask and with plain randn logits, to find which input moves the time.
 
 Device time: grpo_conform.timing.time_cuda (CUDA events, clean L2 flush, the validator's adaptive
@@ -103,9 +103,9 @@ def mask_rounds(impl, staged_members, ceil, reps: int) -> None:
 
 
 def validator_inputs(impl, ceil, reps: int) -> None:
-    """token-offpolicy-mask at mask-b8 with the validator's own inputs (grpo_conform.inputs.generate), timed
+    """token-offpolicy-mask at mask-b8 with the validator's own inputs (grpo_conform.ops.grpo_logits.inputs.generate), timed
     in this process as above: is the validator's slower masked time (round 9) in its inputs or its path?"""
-    from grpo_conform.inputs import generate
+    from grpo_conform.ops.grpo_logits.inputs import generate
     from grpo_conform.spec_family import load_member
 
     spec = load_member(str(Path(__file__).resolve().parent.parent / "specs" / "grpo.v1.json"), "token-offpolicy-mask")

@@ -25,8 +25,9 @@ from grpo_conform.floors import compute_floor
 from grpo_conform.gate.plan import ImplPlan, MemberPlan, Stop, build_plan
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
-from grpo_conform.inputs import fresh_seed
 from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.interface import fresh_seed
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.provenance import device_info, software, utc_now
 from grpo_conform.results import (STRICT_KINDS, CheckOutcome, Coverage, ImplementationResult, MemberResult, NotRun,
@@ -163,10 +164,10 @@ def resolve_device(name: str) -> torch.device:
 
 def default_timeout(spec: Spec, workloads, device: torch.device) -> float:
     """Seconds a worker may take for one step (load, or one call): generous, scaled by the data."""
-    largest = 0
+    largest, op = 0, operation_for(spec)
     for w in workloads:
         rw = spec.resolve(w, random.Random(0))
-        largest = max(largest, rw.numel("logits"))
+        largest = max(largest, op.workload_size(spec, rw).elements)
     gigabytes = largest * 4 / 1e9
     return (180.0 if device.type == "cpu" else 120.0) + 60.0 * gigabytes
 
@@ -287,11 +288,10 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 if bad and request.fail_fast:
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
             if request.explore and session is not None and session.alive and not (ended or stop.reason):
-                from grpo_conform.explore import explore_workload
                 from grpo_conform.gate.plan import select_outcomes
 
                 say(name, mp.label, "explore", f"{request.explore} property-based cases")
-                explored = explore_workload(session, mp.spec, request.explore, p.impl)
+                explored = operation_for(mp.spec).explore_workload(session, mp.spec, request.explore, p.impl)
                 results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
         finally:
             if session is not None:
@@ -325,7 +325,7 @@ def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request
     resolved = spec.resolve(w, random.Random(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
-    say(name, member, w.name, f"conformance {list(resolved.shapes['logits'])}")
+    say(name, member, w.name, f"conformance {operation_for(spec).describe_workload(spec, resolved)}")
     outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, profile=w.probes, draws=draws).run())
     outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
     timings: list = []

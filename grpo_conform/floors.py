@@ -3,17 +3,19 @@
 Two models of the bytes that must cross DRAM, each named in every floor it gives:
 
 - `traffic-v1` (the default, used by check, bench, audit and the records): what the member
-  declares must be read and written per protocol (grpo_conform.traffic: rows all / scored /
-  unmasked, the unmasked rows counted from the actual mask), derived from the semantics for the
-  frozen v1 file. The seed spec's forward reads only the advantages: its loss is -mean(A).
+  declares must be read and written per protocol (the operation's `traffic`; grpo-logits:
+  grpo_conform/ops/grpo_logits/traffic.py, rows all / scored / unmasked, the unmasked rows
+  counted from the actual mask), derived from the semantics for the frozen v1 file. The seed
+  spec's forward reads only the advantages: its loss is -mean(A).
 - `headroom-v1`, as the seed leaderboard defines it: every declared tensor crosses DRAM exactly
   once (forward: every input read, every output written; full: plus every gradient written).
   The seed page's 257.9 us is this model's forward floor of seed-b2 on the A100 80GB.
 
 Backward has no floor of its own in either model (work can move into forward, and a gradient
 computed there is returned for free). Beside the DRAM floor: the same bytes over measured
-ceilings (when a `Ceilings` is given) and an arithmetic floor (one exponential per logits
-element read, over the GPU's exponential throughput). `below_floor` uses the strict bound.
+ceilings (when a `Ceilings` is given) and an arithmetic floor (the exponentials the spec's
+operation cannot avoid, `Operation.arithmetic`: grpo-logits needs one per logits element read, over
+the GPU's exponential throughput). `below_floor` uses the strict bound.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Optional
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.hardware import Catalogue, Ceilings, GpuMatch, GpuSpec, load_catalogue
 from grpo_conform.spec import ResolvedWorkload, Spec, Workload, find_spec, load_spec
-from grpo_conform.traffic import MaskCount, TrafficError, count_item, mask_count_for, traffic_of
+from grpo_conform.ops import operation_for
 
 HEADROOM = "headroom-v1"
 TRAFFIC = "traffic-v1"
@@ -38,8 +40,6 @@ PROTOCOLS = ("forward", "full", "full-scaled", "backward")
 MEASURED_SLACK = 0.10  # a kernel may beat a measured streaming ceiling by this much, never more
 ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "bfloat16": 2,
             "float16": 2, "int16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
-#: Spec families with an arithmetic floor: what costs one exponential per element read.
-EXP_FAMILIES = {"grpo": "the log-sum-exp over the vocabulary needs exp() of every logit the loss reads"}
 
 
 class FloorError(GrpoConformError):
@@ -118,31 +118,17 @@ def tensor_traffic(spec: Spec, resolved: ResolvedWorkload) -> tuple[Traffic, ...
     return tuple(out)
 
 
-def exp_count(spec: Spec, resolved: ResolvedWorkload) -> tuple[int, str]:
-    """Exponentials the operation cannot avoid: one per element of the differentiable input it reads."""
-    if spec.semantics.family not in EXP_FAMILIES:
-        return 0, f"no arithmetic formula for family {spec.semantics.family!r}"
-    x = spec.differentiable_input
-    shape = resolved.shapes[x.name]
-    count = math.prod(shape)
-    dims = " x ".join(map(str, shape))
-    for g in spec.gradients:
-        if g.input == x.name and g.exact_zero is not None:
-            extent = shape[list(x.shape).index(g.exact_zero.axis)]
-            count = count // extent * (extent - 1)
-            dims += f" less the {g.exact_zero.axis}[{g.exact_zero.index}] slice, never read"
-    return count, f"{count:,} exp ({x.name} {dims}; {EXP_FAMILIES[spec.semantics.family]})"
-
-
-def _read_exps(spec: Spec, traffic: tuple[Traffic, ...]) -> tuple[int, str]:
-    """traffic-v1: one exponential per element of the differentiable input that must be read."""
-    if spec.semantics.family not in EXP_FAMILIES:
-        return 0, f"no arithmetic formula for family {spec.semantics.family!r}"
-    x = spec.differentiable_input.name
-    count = sum(t.bytes // _itemsize(t.dtype) for t in traffic if t.tensor == x and t.direction == "read")
-    if not count:
-        return 0, f"no exponential needed: {x} need not be read"
-    return count, f"{count:,} exp ({x} elements that must be read; {EXP_FAMILIES[spec.semantics.family]})"
+def _arithmetic(spec: Spec, resolved: ResolvedWorkload, model: str, traffic: tuple[Traffic, ...]) -> tuple[int, str]:
+    """The operation's unavoidable exponentials: over every element (headroom-v1) or over the elements of
+    each input that traffic-v1 says must be read."""
+    read = None
+    if model != HEADROOM:
+        read = {}
+        for t in traffic:
+            if t.role == "input" and t.direction == "read":
+                read[t.tensor] = read.get(t.tensor, 0) + t.bytes // _itemsize(t.dtype)
+    arithmetic = operation_for(spec).arithmetic(spec, resolved, read)
+    return arithmetic.exponentials, arithmetic.exp_text
 
 
 def format_ns(ns: float | None) -> str:
@@ -217,10 +203,10 @@ def model_traffic(spec: Spec, resolved: ResolvedWorkload, protocol: str, model: 
     if model != TRAFFIC:
         raise FloorError(f"unknown floor model {model!r}: expected one of {', '.join(MODELS)}")
     try:
-        mask = mask_count_for(resolved, unmasked)
-        per_protocol, origin = traffic_of(spec)
-        counted = [count_item(spec, resolved, item, mask, _itemsize) for item in per_protocol.get(protocol, [])]
-    except TrafficError as exc:
+        counted, origin = operation_for(spec).traffic(spec, resolved, protocol, unmasked, _itemsize)
+    except FloorError:
+        raise
+    except GrpoConformError as exc:  # the operation's traffic model cannot count it (TrafficError)
         raise FloorError(str(exc)) from None
     roles = {t.name: "input" for t in spec.inputs} | {o.name: "output" for o in spec.outputs}
     traffic = tuple(Traffic(c.tensor, roles.get(c.tensor, "gradient"), c.direction, c.shape, c.dtype, c.bytes, 0,
@@ -272,7 +258,7 @@ def compute_floor(spec: Spec, resolved: ResolvedWorkload, protocol: str, gpu: Gp
             strict = _floor_ns(seconds * (read + written - unread) / (read + written) * (1 - MEASURED_SLACK))
             lines.append(f"  no datasheet entry: impossible below {format_ns(strict)} (strict bytes, "
                          f"{MEASURED_SLACK:.0%} below the measured ceilings)")
-    exps, exp_text = exp_count(spec, resolved) if model == HEADROOM else _read_exps(spec, traffic)
+    exps, exp_text = _arithmetic(spec, resolved, model, traffic)
     if gpu is not None and exps:
         arith = _floor_ns(exps / gpu.exp_per_s)
         lines.append(f"arithmetic: {exp_text} / ({gpu.compute_units} {gpu.compute_unit} x "

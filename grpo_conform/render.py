@@ -70,7 +70,7 @@ def render_check(report: CheckReport, console: Console) -> None:
 def coverage_lines(impl) -> list[str]:
     """Per member, what its calls exercised (the record's coverage.exercised): named cases listed,
     long categories (defaults, boundaries, dtypes, shapes) counted."""
-    from grpo_conform.declared_cases import merge_exercised, workload_exercised
+    from grpo_conform.ops.grpo_logits.declared_cases import merge_exercised, workload_exercised
 
     out = []
     for m in getattr(impl, "members", ()) or ():

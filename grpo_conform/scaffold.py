@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_conform.errors import GrpoConformError
+from grpo_conform.ops import operation_name
 from grpo_conform.spec import Spec, SpecError
 
 FAMILY = "grpo"
+STARTER_OPERATION = "grpo-logits"  # the operation starter_source writes an implementation of
 
 
 class InitError(GrpoConformError):
@@ -51,6 +53,10 @@ def member_spec(family: str, member: str) -> Spec:
 
 def run_init(request: InitRequest) -> InitResult:
     spec = member_spec(request.family, request.member)
+    if operation_name(spec) != STARTER_OPERATION:  # the starter below is written for GRPO over logits only
+        raise InitError(f"{request.family}/{request.member}: `init` writes starters for the {STARTER_OPERATION} "
+                        f"operation only; this member's operation is {operation_name(spec)!r}: start from an "
+                        "implementation folder of that operation instead")
     folder = Path(request.folder)
     name = request.name or folder.resolve().name.lower()
     files = {folder / "implementation.toml": manifest_text(spec, name), folder / "impl.py": starter_source(spec)}

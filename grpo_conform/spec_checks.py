@@ -106,7 +106,7 @@ def check_member(doc: dict[str, Any], fail: Fail) -> None:
 
 
 def check_cases(doc: dict[str, Any], fail: Fail) -> None:
-    """Declared cases (grpo_conform.declared_cases) name declared parameters and valid values."""
+    """Declared cases (grpo_conform.ops.grpo_logits.declared_cases) name declared parameters and valid values."""
     params = {p["name"]: p for p in doc["parameters"]}
     seen: set[str] = set()
     for i, case in enumerate(doc.get("cases", [])):

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
 from grpo_conform.spec import Spec
 from grpo_conform.spec_family import load_family, load_member
 

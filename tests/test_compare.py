@@ -16,7 +16,7 @@ from grpo_conform.compare import (
     json_float,
     max_abs_diff,
 )
-from grpo_conform.reference import GrpoParameters, reference_gradient, row_scales
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, row_scales
 from grpo_conform.spec import GradientTolerance, LossTolerance
 
 PARAMS = GrpoParameters(0.2, 0.2, 1.0)

@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from grpo_conform.declared_cases import (declared_calls, declared_names, merge_exercised, parameter_ends, tie_value,
+from grpo_conform.ops.grpo_logits.declared_cases import (declared_calls, declared_names, merge_exercised, parameter_ends, tie_value,
                                          workload_exercised)
 from grpo_conform.evidence import Policy
-from grpo_conform.member_inputs import exact_tie_inputs, tie_ratio
-from grpo_conform.reference import GrpoParameters, reference_gradient
+from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient
 from grpo_conform.spec import SpecError, load_spec, validate_document
 from grpo_conform.spec_family import load_family, resolve_member_document
 from conftest import GALLERY

@@ -1,4 +1,4 @@
-"""The failure diagnosis (grpo_conform/diagnosis.py, issue 35 item 3): every gallery folder whose bug is
+"""The failure diagnosis (grpo_conform/ops/grpo_logits/diagnosis.py, issue 35 item 3): every gallery folder whose bug is
 a known neighbouring semantics (`diagnosis = "VARIANT"` in its expect.toml) is named by that variant,
 computed in-process on small CPU inputs (tests/member_cases.py); the variants' own baseline equals the
 reference for every member; outputs that match no variant (or the reference) name none."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import GALLERY
-from grpo_conform.diagnosis import VARIANTS, Semantics, diagnose, variant_grid
-from grpo_conform.reference import (GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss,
+from grpo_conform.ops.grpo_logits.diagnosis import VARIANTS, Semantics, diagnose, variant_grid
+from grpo_conform.ops.grpo_logits.reference import (GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss,
                                     token_terms)
 from member_cases import S, load_impl, make_inputs, member_names, member_parameters, member_spec
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_conform.explore import case_inputs, explore, parameter_bounds
+from grpo_conform.ops.grpo_logits.explore import case_inputs, explore, parameter_bounds
 from grpo_conform.implementations import load_implementation
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.spec import load_spec

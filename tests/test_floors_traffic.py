@@ -11,7 +11,7 @@ import torch
 from grpo_conform.floors import FloorError, below_floor, compute_floor, resolve_for_floor
 from grpo_conform.hardware import load_catalogue
 from grpo_conform.spec import TrafficItem, TrafficProtocol, load_spec
-from grpo_conform.traffic import MaskCount, TrafficError, count_mask, derived_traffic, mask_count_for
+from grpo_conform.ops.grpo_logits.traffic import MaskCount, TrafficError, count_mask, derived_traffic, mask_count_for
 
 SPEC_FILE = Path(__file__).resolve().parent.parent / "specs" / "grpo-token-is.v1.json"
 A100_BPS = 2039e9
@@ -146,9 +146,10 @@ def test_timing_counts_the_fewest_unmasked_positions_of_its_input_sets():
     from types import SimpleNamespace
 
     from grpo_conform.checks.timed import WorkloadTiming
+    from grpo_conform.ops import OPERATIONS
 
     timing = WorkloadTiming.__new__(WorkloadTiming)  # only the mask bookkeeping, no worker
-    timing.mask_low, timing.set_masks = None, {}
+    timing.mask_low, timing.set_masks, timing.op = None, {}, OPERATIONS["grpo-logits"]
     for j, kept in enumerate((900, 300, 700)):
         mask = torch.zeros(B, S, dtype=torch.bool)
         mask.view(-1)[:kept] = True

@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_conform import inputs as gen
+from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import (
     GradientComparator, LossComparison, describe_outputs, fp32_logp_error,
 )
-from grpo_conform.reference import GrpoParameters, needs_logprobs, reference_logprobs, token_terms
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
+from grpo_conform.ops.grpo_terms import needs_logprobs, token_terms
 from grpo_conform.spec import find_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -68,7 +68,7 @@ def test_gallery(folder):
         assert o.failed, f"{name} should fail: {o.status} {o.message}"
         if "status" in expect:
             assert outcomes[name].status == expect["status"]
-    if "diagnosis" in expect:  # the failure names the neighbouring semantics (grpo_conform/diagnosis.py)
+    if "diagnosis" in expect:  # the failure names the neighbouring semantics (grpo_conform/ops/grpo_logits/diagnosis.py)
         named = [m["variant"] for check in ("loss", "gradient") if check in outcomes
                  for m in (outcomes[check].evidence.get("likely_cause") or {}).get("matches", [])]
         assert expect["diagnosis"] in named, (expect["diagnosis"], named)

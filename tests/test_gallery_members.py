@@ -93,9 +93,9 @@ def test_ties_handed_to_the_clipped_branch_lose_the_whole_gradient_only_at_ties(
 
     import torch
 
-    from grpo_conform.inputs import generate
-    from grpo_conform.member_inputs import exact_tie_inputs
-    from grpo_conform.reference import GrpoParameters, reference_gradient_dense
+    from grpo_conform.ops.grpo_logits.inputs import generate
+    from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs
+    from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense
     from grpo_conform.spec import draw_parameters
 
     fn = load_impl(GALLERY / "tie-other-way")

@@ -1,4 +1,4 @@
-"""The generators per input kind (grpo_conform/generators): mask layouts and dtypes, far log-prob
+"""The generators per input kind (grpo_conform/ops/grpo_logits/generators): mask layouts and dtypes, far log-prob
 gaps, and the float64 reference on what they produce (all-masked rows and batches, gaps of 25)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import random
 import pytest
 import torch
 
-from grpo_conform import inputs as gen
-from grpo_conform.generators import INPUT_KINDS, kind_of
-from grpo_conform.generators.logprob_gaps import FAR_LOG, far_log_cap, far_ratio_inputs
-from grpo_conform.generators.masks import UNTIMED, classify, draw_mask, row_layouts
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss
+from grpo_conform.ops.grpo_logits import inputs as gen
+from grpo_conform.ops.grpo_logits.generators import INPUT_KINDS, kind_of
+from grpo_conform.ops.grpo_logits.generators.logprob_gaps import FAR_LOG, far_log_cap, far_ratio_inputs
+from grpo_conform.ops.grpo_logits.generators.masks import UNTIMED, classify, draw_mask, row_layouts
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss
 from grpo_conform.spec_family import load_member
 from member_cases import FAMILY
 
@@ -155,7 +155,7 @@ def test_a_masked_workload_records_what_its_inputs_covered():
 @pytest.mark.parametrize("member", ["token-offpolicy-mask-kl", "sequence-offpolicy-mask", "cispo-mask"])
 def test_the_chunked_reference_with_log_prob_bounds_stays_finite_on_far_gaps(member):
     """What `judge` runs: small chunks, every row's coefficient and its fp32 log-prob error bound."""
-    from grpo_conform.reference import chunked_gradient, loss_logprob_error
+    from grpo_conform.ops.grpo_logits.reference import chunked_gradient, loss_logprob_error
 
     spec, rw = _member(member)
     values = dict(spec.parameter_values)

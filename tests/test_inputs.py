@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from grpo_conform import inputs as gen
+from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.compare import bitwise_equal
-from grpo_conform.inputs import allocate, clone_inputs, dtype_name, fill_advantages, generate, torch_dtype
+from grpo_conform.ops.grpo_logits.inputs import allocate, clone_inputs, dtype_name, fill_advantages, generate, torch_dtype
 
 CPU_WORKLOADS = ["small-bf16", "odd-vocab", "batch1-seq1", "fp32-small", "fp16-small", "drawn-bf16"]
 

@@ -51,7 +51,7 @@ def test_pytorch_matches_the_reference(member):
 
 
 def test_pytorch_keeps_the_seed_call():
-    from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss
+    from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
 
     fn = load_impl(IMPLEMENTATIONS / "pytorch")
     logits = torch.randn(2, 5, 33, dtype=torch.bfloat16)

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from grpo_conform import inputs as gen
+from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks.model import BUILTIN_DRAWS, ReferenceModel, draw_values
 from grpo_conform.checks.probes import PROBES_BY_NAME, PROFILES
 from grpo_conform.checks.registry import CHECKS_BY_NAME, CONFORMANCE_CHECKS
@@ -47,7 +47,7 @@ def test_call_values_are_exactly_the_declared_parameters():
 
 
 def test_special_ids_are_not_at_fixed_places_and_small_vocabularies_are_covered():
-    from grpo_conform.generators.token_ids import fill_ids
+    from grpo_conform.ops.grpo_logits.generators.token_ids import fill_ids
 
     firsts, lasts, seen = set(), set(), set()
     for seed in range(12):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_conform.reference import (
+from grpo_conform.ops.grpo_logits.reference import (
     GrpoParameters,
     reference_gradient,
     reference_gradient_dense,

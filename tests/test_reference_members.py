@@ -1,6 +1,6 @@
 """The float64 reference for every family member against autograd in float64 (written the way TRL
 writes its loss: torch.min, torch.clamp, detach), the tie rule, masks, chunking, and the inputs
-grpo_conform.member_inputs draws."""
+grpo_conform.ops.grpo_logits.member_inputs draws."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import random
 import pytest
 import torch
 
-from grpo_conform.inputs import generate
-from grpo_conform.generators.logprob_gaps import far_ratio_inputs
-from grpo_conform.member_inputs import boundary_tie, exact_tie_inputs, ratio_intervals
-from grpo_conform.reference import (
+from grpo_conform.ops.grpo_logits.inputs import generate
+from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs
+from grpo_conform.ops.grpo_logits.member_inputs import boundary_tie, exact_tie_inputs, ratio_intervals
+from grpo_conform.ops.grpo_logits.reference import (
     GrpoParameters, chunked_gradient, chunked_loss, reference_gradient_dense, reference_logprobs, reference_loss, row_scales,
 )
 from grpo_conform.spec import draw_parameters, find_spec
@@ -157,7 +157,7 @@ def test_sequence_ratios_fill_every_region():
 
 
 def test_masks_have_every_layout_in_the_first_sets_in_the_workload_dtype():
-    from grpo_conform.generators.masks import classify
+    from grpo_conform.ops.grpo_logits.generators.masks import classify
 
     spec = find_spec("grpo/bnpo-mask")
     for workload, dtype in (("mask-small-bf16", torch.bool), ("mask-fp32", torch.int64), ("mask-long", torch.int32)):
@@ -234,7 +234,7 @@ def test_ties_at_nonzero_epsilon_take_the_unclipped_branch(side, member):
 def test_kl_inputs_do_not_cancel_and_the_row_scale_bounds_every_element():
     """ref_logprobs are drawn so the KL term adds to the policy term; where terms do cancel
     (hand-made here), the row scale stays the sum of their magnitudes, not the small difference."""
-    from grpo_conform.reference import token_terms
+    from grpo_conform.ops.grpo_terms import token_terms
 
     spec, x, values, p = _member_inputs("token-offpolicy-mask-kl", "mask-small-bf16", 11)
     logp = reference_logprobs(x, p)

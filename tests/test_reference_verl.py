@@ -19,8 +19,8 @@ import torch
 
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed")
 
-from grpo_conform.inputs import generate  # noqa: E402
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss  # noqa: E402
+from grpo_conform.ops.grpo_logits.inputs import generate  # noqa: E402
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss  # noqa: E402
 from grpo_conform.spec import draw_parameters, find_spec  # noqa: E402
 
 

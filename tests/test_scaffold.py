@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
 from grpo_conform.scaffold import InitError, InitRequest, run_init, starter_source
 from grpo_conform.spec_family import find_family
 

@@ -211,8 +211,8 @@ def test_the_frozen_file_gets_the_documented_built_in_draws():
 def test_float16_tolerance_fails_a_kernel_wrong_on_small_elements_and_passes_fp16_rounding():
     """Issue 10 point 12: fp16 rounding of the exact gradient passes; zeroing every element below
     0.1% of its row scale (allowed by the old 1e-3 * s term) fails."""
-    from grpo_conform.inputs import generate
-    from grpo_conform.reference import GrpoParameters, reference_gradient_dense, row_scales
+    from grpo_conform.ops.grpo_logits.inputs import generate
+    from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, row_scales
 
     spec = find_spec("grpo/token-is")
     rw = spec.resolve(spec.workload("fp16-small"))

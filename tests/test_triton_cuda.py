@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available():
     pytest.skip("the staged kernels run on CUDA only", allow_module_level=True)
 
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss  # noqa: E402
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss  # noqa: E402
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 WORST = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -9, torch.float32: 1e-5}  # one rounding of the dtype
@@ -80,7 +80,7 @@ def test_loss_and_gradient_match_the_reference(dtype, vocab):
 
 
 # ---- family members and the gradient-mode choice (plan.py, staged member kernels) -------------------------
-from grpo_conform.reference import reference_loss as _ref_loss  # noqa: E402
+from grpo_conform.ops.grpo_logits.reference import reference_loss as _ref_loss  # noqa: E402
 
 MEMBER_CALLS = {
     "token-offpolicy-mask": dict(loss_type="grpo"),
@@ -114,7 +114,7 @@ CASES += [("token-offpolicy-mask-kl", 5008, torch.float32), ("sequence-offpolicy
 
 @pytest.mark.parametrize("member,vocab,dtype", CASES, ids=str)
 def test_member_matches_the_reference_for_every_upstream_scalar(member, vocab, dtype):
-    from grpo_conform.reference import GrpoParameters as P
+    from grpo_conform.ops.grpo_logits.reference import GrpoParameters as P
 
     cfg = dict(MEMBER_CALLS[member])
     use_ref, use_rho = cfg.pop("ref", False), cfg.pop("rho", False)
@@ -155,7 +155,7 @@ STAGED_CALLS = {"token-is": {}, **MEMBER_CALLS, "dapo-global-mask": dict(loss_ty
 def test_staged_member_kernels_compiled(member):
     """The Gluon member kernels must have run, not fallen back to the plain ones (staged_members.DISABLED is
     empty and the plan holds the staged launches), and the gradient must still match the reference."""
-    from grpo_conform.reference import GrpoParameters as P
+    from grpo_conform.ops.grpo_logits.reference import GrpoParameters as P
 
     staged_members = importlib.import_module("grpo_impl_triton_cuda_test.staged_members")
     cfg = dict(STAGED_CALLS[member])

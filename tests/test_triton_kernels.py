@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
 
 folder = sys.argv[1]
 package = "grpo_impl_triton"

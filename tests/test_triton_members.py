@@ -1,5 +1,5 @@
 """implementations/triton for every member it declares, under TRITON_INTERPRET=1, against the
-float64 reference (grpo_conform.reference), through autograd as the validator calls it.
+float64 reference (grpo_conform.ops.grpo_logits.reference), through autograd as the validator calls it.
 
 Also the device-side choice of where the gradient is written (plan.py, notes rounds 8-9): a run
 of upstream scalars 1, 0.25, 0.25, 0.25, 1, 1, 1 makes the forward predict d loss right (gradient
@@ -31,7 +31,7 @@ pytest.importorskip("triton", reason="the Triton implementation needs triton")
 SCRIPT = r'''
 import importlib, json, sys, types
 import torch
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
 
 folder, spec_path = sys.argv[1], sys.argv[2]
 pkg = types.ModuleType("grpo_impl_triton_m"); pkg.__path__ = [folder]; sys.modules[pkg.__name__] = pkg

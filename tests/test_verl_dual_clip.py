@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_conform.reference import GrpoParameters, reference_gradient_dense, reference_loss
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
 from member_cases import S, TEMPERATURE, make_inputs, member_spec
 
 

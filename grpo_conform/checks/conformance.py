@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from grpo_conform import inputs as gen
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
-from grpo_conform.generators import kind_of
+from grpo_conform.dtypes import dtype_name, torch_dtype
 from grpo_conform.compare import GradientComparator, compare_loss, fp32_floor, fp32_logp_error, fp32_target_floor
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
-from grpo_conform.reference import rows_per_chunk
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.grpo_logits.reference import rows_per_chunk
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.spec import ResolvedWorkload, Spec
 
@@ -77,19 +77,22 @@ class WorkloadConformance:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seeds[0] ^ 0x9E3779B97F4A7C15)
+        self.op = operation_for(self.spec)  # inputs, reference and sizes of the spec's operation
         self.model = ReferenceModel.drawn(self.spec, self.rng)
         self.draws["parameters"] = dict(self.model.values)
         logits_dtype = self.rw.dtypes.get("logits", self.spec.input("logits").dtypes[0])
         self.tol = self.spec.tolerance(logits_dtype)
         self.seq_next = self.rw.axes["seq_next"]
-        self.vocab = self.rw.shapes["logits"][-1]
+        grouping = self.op.gradient_groupings(self.spec)[self.spec.differentiable_input.name]
+        self.vocab = grouping.width(self.rw)  # the elements of one unit (a row) the comparators judge together
         self.book = CheckBook(CONFORMANCE_CHECKS)
-        info = torch.finfo(gen.torch_dtype(logits_dtype))
+        info = torch.finfo(torch_dtype(logits_dtype))
         self.subnormal = 2.0 * info.tiny * info.eps  # values below the gradient dtype's range round to 0
         self.device = self.session.device
         self.kept: list[Kept] = []
         self._key = (self.rng.getrandbits(31) | 1, self.rng.getrandbits(31))
-        grad_bytes = self.rw.numel("logits") * torch.empty((), dtype=gen.torch_dtype(logits_dtype)).element_size()
+        grad_bytes = (self.op.workload_size(self.spec, self.rw).elements
+                      * torch.empty((), dtype=torch_dtype(logits_dtype)).element_size())
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # what earlier workloads left cached here is the worker's to use
             free, _total = torch.cuda.mem_get_info(self.device)
@@ -111,7 +114,7 @@ class WorkloadConformance:
         from grpo_conform.checks.probes import PROFILES, PROBES_BY_NAME
 
         s = self.session
-        dtypes = {t.name: gen.torch_dtype(self.rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
+        dtypes = {t.name: torch_dtype(self.rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
         self.dtypes = dtypes
         self.P = InputSlot.create(s, "P", self.rw.shapes, dtypes)
         self.out1 = OutputSlot.create(s, "O1", self.rw.shapes["logits"], dtypes["logits"])
@@ -163,10 +166,10 @@ class WorkloadConformance:
         values, case = self.model.values, self._sets
         self._sets += 1
         if slot.layout:  # views: generate contiguous values, then write them through the views
-            x = gen.generate(self.spec, self.rw, seed, self.device, profiles=profiles, values=values, case=case)
+            x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, values=values, case=case)
             slot.write(x.tensors)
         else:
-            x = gen.generate(self.spec, self.rw, seed, self.device, profiles=profiles, out=slot.tensors,
+            x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, out=slot.tensors,
                              values=values, case=case)
             slot.commit()
         self.cover(x.covered)
@@ -189,9 +192,9 @@ class WorkloadConformance:
         dtypes = dict(self.dtypes)
         order = {"Q": 1, "K": 2}.get(name, 0)
         for t in self.spec.inputs:
-            if order and kind_of(t.name) == "mask" and len(t.dtypes) > 1:
-                others = [d for d in t.dtypes if d != gen.dtype_name(dtypes[t.name])]
-                dtypes[t.name] = gen.torch_dtype(others[(order - 1 + self._mask_shift) % len(others)])
+            if order and self.op.input_kind(t.name) == "mask" and len(t.dtypes) > 1:
+                others = [d for d in t.dtypes if d != dtype_name(dtypes[t.name])]
+                dtypes[t.name] = torch_dtype(others[(order - 1 + self._mask_shift) % len(others)])
         return dtypes
 
     def _label(self, label: str) -> str:

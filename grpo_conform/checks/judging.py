@@ -11,10 +11,10 @@ import torch
 from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance, WorkerGone
 from grpo_conform.compare import bitwise_equal, count_where, describe_outputs, first_difference, json_float, max_abs_diff
-from grpo_conform.diagnosis import diagnose
+from grpo_conform.ops.grpo_logits.diagnosis import diagnose
 from grpo_conform.isolation.session import WorkerFailure
 from grpo_conform.isolation.worker import POISON_BYTES
-from grpo_conform.reference import rows_per_chunk
+from grpo_conform.ops.grpo_logits.reference import rows_per_chunk
 
 
 def poison_hits(t: torch.Tensor, byte: int) -> int:

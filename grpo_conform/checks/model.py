@@ -16,7 +16,8 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from grpo_conform import reference as ref
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.grpo_logits import reference as ref
 from grpo_conform.spec import Spec
 
 # Draw ranges for the frozen seed file's three parameters (it declares no domains).
@@ -81,22 +82,22 @@ class ReferenceModel:
         return {p.name: self.values[p.name] for p in self.spec.parameters}
 
     @property
+    def operation(self):
+        return operation_for(self.spec)
+
+    @property
     def params(self):
-        if _new_api():
-            return ref.GrpoParameters.from_spec(self.spec, self.values)
-        return ref.GrpoParameters.from_mapping(self.values)
+        return self.operation.parameters(self.spec, self.values)
 
     def loss(self, x: Mapping[str, torch.Tensor]) -> float:
-        if _new_api():
-            return ref.reference_loss(x, self.params)
-        return ref.reference_loss(x["logits"], x["completion_ids"], x["advantages"], self.params)
+        return self.operation.reference_loss(self.spec, x, self.params)
 
     def gradient(self, x: Mapping[str, torch.Tensor],
                  logp_error: torch.Tensor | None = None) -> Iterator[ref.GradientChunk]:
-        """`logp_error` [B, S]: see `reference.chunked_gradient` (chunks then carry the log-prob bounds)."""
-        if _new_api():
-            return ref.reference_gradient(x, self.params, logp_error=logp_error)
-        return ref.reference_gradient(x["logits"], x["completion_ids"], x["advantages"], self.params)
+        """The differentiable input's reference gradient, chunked (`logp_error` [B, S]: see
+        `reference.chunked_gradient`; the chunks then carry the log-prob bounds)."""
+        grads = self.operation.reference_gradients(self.spec, x, self.params, logp_error=logp_error)
+        return grads[self.spec.differentiable_input.name]
 
     def uses_logprobs(self, x: Mapping[str, torch.Tensor]) -> bool:
         """Whether the loss depends on the log-probs (a ratio, CISPO's weight or a KL term)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from grpo_conform import inputs as gen
+from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance

@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from grpo_conform import explore
+from grpo_conform.ops.grpo_logits import explore
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
-from grpo_conform.declared_cases import declared_calls, record, tie_value
-from grpo_conform.generators import kind_of
-from grpo_conform.generators.logprob_gaps import far_ratio_inputs
-from grpo_conform.member_inputs import exact_tie_inputs, tie_ratio
+from grpo_conform.ops.grpo_logits.declared_cases import declared_calls, record, tie_value
+from grpo_conform.ops.grpo_logits.generators import kind_of
+from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs
+from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
 
 
 @dataclass(frozen=True)

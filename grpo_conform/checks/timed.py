@@ -25,11 +25,12 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_conform import inputs as gen
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.compare import GradientComparator, compare_loss, json_float
+from grpo_conform.dtypes import torch_dtype
 from grpo_conform.floors import Floor, below_floor
-from grpo_conform.traffic import count_mask
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.interface import fresh_seed
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.compare import fp32_floor
@@ -63,12 +64,13 @@ class WorkloadTiming:
         self.session, self.spec, self.rw, self.settings, self.floor_of = session, spec, resolved, settings, floor_of
         self.tol = spec.tolerance(resolved.dtypes.get("logits", spec.input("logits").dtypes[0]))
         self.rng = random.Random(secrets.randbits(64))
+        self.op = operation_for(spec)
         self.device = session.device
 
     def _count_mask(self, slot: InputSlot) -> None:
-        mask = slot.tensors.get("completion_mask") if isinstance(slot.tensors, dict) else None
-        if mask is not None:
-            counted = self.set_masks[slot.name] = count_mask(mask)
+        counted = self.op.work_counts(slot.tensors)  # the operation's counts of the values (a mask's rows)
+        if counted is not None:
+            self.set_masks[slot.name] = counted
             if self.mask_low is None or counted.unmasked < self.mask_low.unmasked:
                 self.mask_low = counted
 
@@ -76,7 +78,7 @@ class WorkloadTiming:
         rw = self.rw
         self.mask_low = None
         self.set_masks: dict[str, Any] = {}  # each buffer set's mask count as last written (masked members)
-        dtypes = {t.name: gen.torch_dtype(rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
+        dtypes = {t.name: torch_dtype(rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
         set_bytes = 2 * sum(rw.numel(t.name) * torch.empty((), dtype=dtypes[t.name]).element_size()
                             for t in self.spec.inputs)  # a set and its pristine copy
         free, _ = torch.cuda.mem_get_info(self.device)
@@ -103,7 +105,7 @@ class WorkloadTiming:
     # -- one protocol -----------------------------------------------------------------------
     def _refresh(self, slots: list[InputSlot]) -> None:
         for slot in slots:
-            gen.generate(self.spec, self.rw, gen.fresh_seed(), self.device, out=slot.tensors)
+            self.op.generate(self.spec, self.rw, fresh_seed(), self.device, out=slot.tensors)
             slot.commit()
             self._count_mask(slot)
         torch.cuda.synchronize(self.device)
@@ -156,7 +158,8 @@ class WorkloadTiming:
         host_d = Distribution.of([c["wall_ns"] for c in calls])
         # traffic-v1 counts unmasked rows from the actual masks: the fewest of any timed set bounds every call
         floor = self.floor_of(protocol, self.mask_low) if self.mask_low is not None else self.floor_of(protocol)
-        io_bytes = self.rw.numel("logits") * self.sets[0].tensors["logits"].element_size()
+        size = self.op.workload_size(self.spec, self.rw)
+        io_bytes = size.elements * self.sets[0].tensors[size.tensor].element_size()
         peak = max(c["peak_bytes"] for c in calls)
         result: dict[str, Any] = {
             "protocol": protocol,

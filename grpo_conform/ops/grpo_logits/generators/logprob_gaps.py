@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
-from grpo_conform.member_inputs import _SALT, _cfg, draw_log_ratios
-from grpo_conform.reference import GrpoParameters, reference_logprobs
+from grpo_conform.ops.grpo_logits.member_inputs import _SALT, _cfg, draw_log_ratios
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.spec import MemberInputs, Spec
 
 FAR_LOG = 25.0

@@ -35,5 +35,5 @@ def kind_of(name: str) -> Kind:
     try:
         return INPUT_KINDS[name]
     except KeyError:
-        raise KeyError(f"input {name!r} has no declared kind: add it to grpo_conform.generators.INPUT_KINDS "
+        raise KeyError(f"input {name!r} has no declared kind: add it to grpo_conform.ops.grpo_logits.generators.INPUT_KINDS "
                        f"(one of {sorted(set(INPUT_KINDS.values()))}) or declare its generator") from None

@@ -27,8 +27,8 @@ from typing import Any, Mapping
 import torch
 
 from grpo_conform.dtypes import dtype_name
-from grpo_conform.generators.masks import classify, draw_mask
-from grpo_conform.reference import GrpoParameters, reference_logprobs
+from grpo_conform.ops.grpo_logits.generators.masks import classify, draw_mask
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.spec import MemberInputs, ResolvedWorkload, Spec
 
 OPTIONAL_INPUTS = ("completion_mask", "old_logprobs", "ref_logprobs", "sampling_ratio")

@@ -15,23 +15,18 @@ no more than a chunk of float32 scratch beside the logits.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
-from grpo_conform.generators import advantages, token_ids
-from grpo_conform.member_inputs import fill_member_inputs
+from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
+from grpo_conform.ops.grpo_logits.member_inputs import fill_member_inputs
+from grpo_conform.ops.interface import fresh_seed  # noqa: F401  (re-exported: an operation-independent seed)
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
 CHUNK_ELEMENTS = 1 << 26
-
-
-def fresh_seed() -> int:
-    """A seed no implementation can derive: drawn from the OS, never passed to a worker."""
-    return secrets.randbits(62)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from grpo_conform import inputs as gen
+from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
@@ -282,7 +282,7 @@ def snippet(spec: Spec, case: dict[str, Any], failed: tuple[str, ...], device: s
     return f'''# grpo-conform check --explore: minimal failing case of {impl.name}{f" ({member})" if member else ""}
 # failed: {", ".join(failed)}. Run from a checkout of grpo-conform (or with it installed).
 import torch
-from grpo_conform.explore import case_inputs, load_member_spec, reference_outputs
+from grpo_conform.ops.grpo_logits.explore import case_inputs, load_member_spec, reference_outputs
 from grpo_conform.isolation.loading import import_entry
 
 spec = load_member_spec({str(spec.source)!r}, {member!r})

@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from grpo_conform.reference import GrpoParameters, chunk_bounds, mask_of, reference_logprobs
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, chunk_bounds, reference_logprobs
+from grpo_conform.ops.grpo_terms import mask_of
 
 TRL_FORMER_BETA = 0.04  # Liger-Kernel 0.8.5's default beta (LigerFusedLinearGRPOLoss), TRL's before 0.19
 

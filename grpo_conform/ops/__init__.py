@@ -1,0 +1,43 @@
+"""Operations the validator checks (issue 30): a plain registry {operation name: operation object}.
+
+A spec names its operation in an `operation` field. A spec without one (every spec written before
+operations were plug-ins: the frozen seed file `specs/grpo-token-is.v1.json`, identity a1591ee3...,
+and the `grpo` family) is GRPO over materialised logits, "grpo-logits". The default is applied when
+the spec is read here, never written into it: the field is not part of any identity that exists
+today, so every committed spec, member and record identity stays as it is (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_conform.errors import GrpoConformError
+from grpo_conform.ops.grpo_logits.operation import GRPO_LOGITS
+from grpo_conform.ops.interface import Operation
+
+DEFAULT_OPERATION = "grpo-logits"
+
+OPERATIONS: dict[str, Operation] = {GRPO_LOGITS.name: GRPO_LOGITS}
+
+
+class UnknownOperation(GrpoConformError):
+    """A spec names an operation this validator does not implement."""
+
+
+def operation_name(spec: Any) -> str:
+    """The spec's operation; absent means grpo-logits (not part of any identity: see the module's note).
+    The one place that reads the field, so the spec model can gain it without touching the callers."""
+    return getattr(spec, "operation", None) or DEFAULT_OPERATION
+
+
+def operation_for(spec: Any) -> Operation:
+    """The operation object a spec names, or a clear error naming the spec and the known operations."""
+    name = operation_name(spec)
+    try:
+        return OPERATIONS[name]
+    except KeyError:
+        where = getattr(spec, "source", "") or getattr(spec, "id", "the spec")
+        raise UnknownOperation(
+            f"{where}: field 'operation': {name!r} is not an operation this validator knows (known: "
+            f"{', '.join(sorted(OPERATIONS))}); name one of them, or upgrade grpo-conform if the spec was "
+            "written for a newer version") from None

@@ -1,0 +1,104 @@
+"""grpo-logits: the GRPO loss family over materialised logits, as a `grpo_conform.ops.interface.Operation`.
+
+Every method delegates to the modules beside it (inputs, reference, generators, traffic); nothing here
+computes anything of its own, so behaviour is the pre-plug-in behaviour exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from grpo_conform.ops.grpo_logits import traffic as _traffic
+from grpo_conform.ops.grpo_logits.generators import kind_of
+from grpo_conform.ops.grpo_logits.inputs import generate
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_loss
+from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
+
+#: Spec families with an arithmetic floor: what costs one exponential per element read.
+EXP_FAMILIES = {"grpo": "the log-sum-exp over the vocabulary needs exp() of every logit the loss reads"}
+
+
+class GrpoLogits:
+    name = "grpo-logits"
+    summary = ("GRPO-family loss over given logits [batch, seq + 1, vocab] and the sampled completion ids; "
+               "its gradient is d loss / d logits")
+
+    # -- workloads ---------------------------------------------------------------------------------
+    def workload_size(self, spec, resolved) -> WorkloadSize:
+        x = spec.differentiable_input.name
+        return WorkloadSize(x, resolved.numel(x))
+
+    def describe_workload(self, spec, resolved) -> str:
+        return str(list(resolved.shapes[spec.differentiable_input.name]))
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def input_kind(self, name: str) -> str:
+        return kind_of(name)
+
+    def generate(self, spec, resolved, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
+                 out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
+        return generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
+
+    # -- reference ---------------------------------------------------------------------------------
+    def parameters(self, spec, values: Mapping[str, Any]):
+        return GrpoParameters.from_spec(spec, values)
+
+    def reference_loss(self, spec, x: Mapping[str, Any], params) -> float:
+        return reference_loss(x, params)
+
+    def reference_gradients(self, spec, x: Mapping[str, Any], params,
+                            logp_error=None) -> dict[str, Iterator[GradientChunk]]:
+        """d loss / d logits over the flattened [batch * seq_next] rows. `logp_error` [B, S]: bounds of an
+        implementation's log-prob errors; the chunks then carry the rows' coefficients and the bounds of
+        how far they move (`reference.chunked_gradient`)."""
+        return {spec.differentiable_input.name: reference_gradient(x, params, logp_error=logp_error)}
+
+    def explore_workload(self, session, spec, cases: int, impl):
+        # imported here: explore uses checks.model, which reads this registry (a cycle at import time)
+        from grpo_conform.ops.grpo_logits.explore import explore_workload
+
+        return explore_workload(session, spec, cases, impl)
+
+    def gradient_groupings(self, spec) -> dict[str, GradientGrouping]:
+        # a unit is one logits row (b, t): the softmax couples the vocabulary, never two positions
+        out = {}
+        for g in spec.gradients:
+            shape = tuple(spec.input(g.input).shape)
+            out[g.input] = GradientGrouping(g.input, shape[:-1], shape[-1:])
+        return out
+
+    # -- work terms of the floors ------------------------------------------------------------------
+    def traffic(self, spec, resolved, protocol: str, counts: Any, itemsize) -> tuple[list[Any], str]:
+        mask = _traffic.mask_count_for(resolved, counts)
+        per_protocol, origin = _traffic.traffic_of(spec)
+        return [_traffic.count_item(spec, resolved, item, mask, itemsize) for item in per_protocol.get(protocol, [])], origin
+
+    def work_counts(self, tensors: Mapping[str, Any]) -> Optional[_traffic.MaskCount]:
+        """The completion mask's counts (traffic-v1 reads only unmasked rows); None without a mask."""
+        mask = tensors.get("completion_mask") if isinstance(tensors, Mapping) else None
+        return _traffic.count_mask(mask) if mask is not None else None
+
+    def arithmetic(self, spec, resolved, read: Optional[Mapping[str, int]]) -> Arithmetic:
+        """One exponential per element of the differentiable input the call reads."""
+        family = spec.semantics.family
+        if family not in EXP_FAMILIES:
+            return Arithmetic(0, f"no arithmetic formula for family {family!r}")
+        x = spec.differentiable_input
+        if read is not None:  # traffic-v1: the elements that must be read
+            count = read.get(x.name, 0)
+            if not count:
+                return Arithmetic(0, f"no exponential needed: {x.name} need not be read")
+            return Arithmetic(count, f"{count:,} exp ({x.name} elements that must be read; {EXP_FAMILIES[family]})")
+        shape = resolved.shapes[x.name]  # headroom-v1: every element, less slices never read
+        count = math.prod(shape)
+        dims = " x ".join(map(str, shape))
+        for g in spec.gradients:
+            if g.input == x.name and g.exact_zero is not None:
+                extent = shape[list(x.shape).index(g.exact_zero.axis)]
+                count = count // extent * (extent - 1)
+                dims += f" less the {g.exact_zero.axis}[{g.exact_zero.index}] slice, never read"
+        return Arithmetic(count, f"{count:,} exp ({x.name} {dims}; {EXP_FAMILIES[family]})")
+
+
+GRPO_LOGITS = GrpoLogits()

@@ -1,0 +1,183 @@
+"""The float64 reference for every member of the `grpo` family (docs/architecture.md s. 2).
+
+Everything is computed on the upcast input values in float64. Two steps, so that memory stays
+bounded whatever the batch and a sequence-level ratio can couple a whole sequence:
+1. log-probs logp [B, S] of the target tokens, chunk by chunk over rows of the logits;
+2. on the small [B, S] grid, the closed-form per-token loss and dL/dlogp (ratio, clip branch,
+   cispo weight, vLLM correction, k3 KL, the loss type's weights w, GSPO's sequence coupling):
+   `grpo_conform.ops.grpo_terms`, shared with every operation that computes log-probs;
+3. the gradient, chunk by chunk: dL/dz[b,t,v] = dL/dlogp[b,t] / T * (onehot(c[b,t]) - softmax(z[b,t]/T)),
+   exactly 0 on row t = S and on masked rows.
+Chunks hold whole sequences when one fits the budget, else runs of rows; either way a chunk's
+values need nothing of other chunks (step 2 saw the whole grid). The closed form is checked
+against autograd in float64 for every member (tests/test_reference_members.py).
+
+Ties: where the unclipped and the clipped term are equal the unclipped branch is active
+(gradient -A*r times its coefficient's derivative), as TRL (torch.min splits, torch.clamp
+passes at its bounds: the halves add up), verl and Liger define it.
+
+The public API takes the inputs as a mapping by input name (`x["logits"]`, ...) and a
+`GrpoParameters`; the pre-family positional form `f(logits, completion_ids, advantages, params)`
+still works for existing callers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Optional
+
+import torch
+
+from grpo_conform.ops.grpo_terms import GrpoParameters, needs_logprobs, token_terms
+
+DEFAULT_BUDGET_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class GradientChunk:
+    """Reference gradient for flattened logits rows [start, stop) (rows run over batch * seq_next)."""
+
+    start: int
+    stop: int
+    values: torch.Tensor  # float64 [stop - start, vocab]
+    scale: torch.Tensor  # float64 [stop - start]: s = (sum of |terms of dL/dlogp|) / T >= any |element| of the row
+    # Only when the gradient is asked with `logp_error` (see `TokenTerms`), else None; float64 [stop - start]:
+    coef: Optional[torch.Tensor] = None  # dL/dlogp / T of the row (signed): values = coef * (onehot - softmax)
+    coef_error: Optional[torch.Tensor] = None  # bound of |change of coef| under the log-prob errors
+    loss_error: Optional[torch.Tensor] = None  # bound of |change of the row's weighted loss term| under them
+
+
+def rows_per_chunk(vocab: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
+    # About four float64 temporaries of a chunk are alive at once.
+    return max(1, budget_bytes // (4 * 8 * vocab))
+
+
+def chunk_bounds(batch: int, seq_next: int, vocab: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> list[tuple[int, int]]:
+    rows, step = batch * seq_next, rows_per_chunk(vocab, budget_bytes)
+    if step >= seq_next:
+        step -= step % seq_next  # whole sequences
+    return [(s, min(s + step, rows)) for s in range(0, rows, step)]
+
+
+def _rows(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
+    batch, seq_next, vocab = logits.shape
+    seq = seq_next - 1
+    rows = torch.arange(start, stop, device=logits.device)
+    b, t = rows // seq_next, rows % seq_next
+    z = logits.reshape(batch * seq_next, vocab)[start:stop].to(torch.float64)
+    valid = t < seq
+    target = torch.zeros_like(rows)
+    if seq > 0:
+        target[valid] = ids[b[valid], t[valid]].to(torch.int64)
+    return z, b, t, valid, target
+
+
+def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> torch.Tensor:
+    """float64 logp[b, t] = z[c]/T - logsumexp(z/T) for t < S (row S is never read)."""
+    logits, ids = x["logits"], x["completion_ids"]
+    batch, seq_next, vocab = logits.shape
+    seq = seq_next - 1
+    out = torch.zeros(batch, max(seq, 0), dtype=torch.float64, device=logits.device)
+    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes):
+        z, b, t, valid, target = _rows(logits, ids, start, stop)
+        if bool(valid.any()):
+            scaled = z[valid] / p.temperature
+            lp = scaled.gather(-1, target[valid].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+            out[b[valid], t[valid]] = lp
+    return out
+
+
+def _terms(x, p, budget_bytes, logp_error=None):
+    logp = reference_logprobs(x, p, budget_bytes) if needs_logprobs(x, p) else None
+    return token_terms(x, p, logp, logp_error)
+
+
+def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> float:
+    return float(_terms(x, p, budget_bytes).loss.sum())
+
+
+def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
+                     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                     logp_error: torch.Tensor | None = None) -> Iterator[GradientChunk]:
+    """`logp_error` [B, S]: bounds of an implementation's log-prob errors; with it every chunk also
+    carries each row's coefficient and the bounds of how far it and the row's loss term move
+    (`token_terms`)."""
+    logits, ids = x["logits"], x["completion_ids"]
+    batch, seq_next, vocab = logits.shape
+    terms = _terms(x, p, budget_bytes, logp_error)
+    coef, row_scale = terms.dlogp / p.temperature, terms.scale / p.temperature
+    extra = logp_error is not None
+    if extra:
+        coef_err, loss_err = terms.coef_error / p.temperature, terms.loss_error
+    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes):
+        z, b, t, valid, target = _rows(logits, ids, start, stop)
+        grad = torch.zeros_like(z)
+        scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
+        rows = [torch.zeros_like(scale) for _ in range(3)] if extra else None
+        if bool(valid.any()):
+            bv, tv = b[valid], t[valid]
+            c = coef[bv, tv]
+            scaled = z[valid] / p.temperature
+            g = -torch.softmax(scaled, dim=-1)
+            g.scatter_add_(-1, target[valid].unsqueeze(-1), torch.ones_like(g[:, :1]))
+            grad[valid] = g * c.unsqueeze(-1)
+            scale[valid] = row_scale[bv, tv]
+            if extra:
+                for out, grid in zip(rows, (coef, coef_err, loss_err)):
+                    out[valid] = grid[bv, tv]
+        yield GradientChunk(start, stop, grad, scale, *(rows or ()))
+
+
+def loss_logprob_error(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp_error: torch.Tensor,
+                       budget_bytes: int = DEFAULT_BUDGET_BYTES) -> float:
+    """Bound of how far the loss moves when every logp[b, t] is off by at most logp_error[b, t]
+    (`token_terms`; 0 without log-probs)."""
+    return float(_terms(x, p, budget_bytes, logp_error).loss_error.sum())
+
+
+def _mapping(first, rest) -> tuple[Mapping[str, torch.Tensor], GrpoParameters]:
+    """(x, p) from the new call (x, p) or the pre-family call (logits, completion_ids, advantages, params)."""
+    if isinstance(first, Mapping):
+        return first, rest[0]
+    ids, adv, params = rest
+    return {"logits": first, "completion_ids": ids, "advantages": adv}, params
+
+
+def reference_loss(x, p, *legacy) -> float:
+    """The reduced loss in float64. `reference_loss(x, p)`; legacy: `(logits, completion_ids, advantages, params)`."""
+    x, p = _mapping(x, (p, *legacy))
+    return chunked_loss(x, p)
+
+
+def reference_gradient(x, p, *legacy, logp_error: torch.Tensor | None = None) -> Iterator[GradientChunk]:
+    """The float64 gradient d loss / d logits, chunk by chunk over the flattened rows (`logp_error`:
+    see `chunked_gradient`)."""
+    x, p = _mapping(x, (p, *legacy))
+    return chunked_gradient(x, p, logp_error=logp_error)
+
+
+def row_scales(x, p, *legacy) -> torch.Tensor:
+    """Per flattened logits row, |dL/dlogp| / T (0 on the last position and masked rows).
+    `row_scales(x, p, seq_next)`; legacy: `row_scales(advantages, seq_next, params)` (on-policy)."""
+    if isinstance(x, Mapping):
+        seq_next = legacy[0] if legacy else x["logits"].shape[1]
+        params = p
+    else:
+        adv, seq_next, params = x, p, legacy[0]
+        x = {"advantages": adv, "completion_ids": torch.zeros(adv.numel(), seq_next - 1, dtype=torch.int64, device=adv.device)}
+    coef = _terms(x, params, DEFAULT_BUDGET_BYTES).scale / params.temperature
+    batch = coef.shape[0]
+    out = torch.zeros(batch, seq_next, dtype=torch.float64, device=coef.device)
+    out[:, : seq_next - 1] = coef
+    return out.reshape(-1)
+
+
+def reference_gradient_dense(x, p, *legacy) -> torch.Tensor:
+    """The whole float64 gradient as one tensor (small inputs and tests only)."""
+    x, p = _mapping(x, (p, *legacy))
+    logits = x["logits"]
+    out = torch.empty(logits.shape, dtype=torch.float64, device=logits.device)
+    flat = out.view(-1, logits.shape[-1])
+    for chunk in chunked_gradient(x, p):
+        flat[chunk.start : chunk.stop] = chunk.values
+    return out

@@ -1,0 +1,175 @@
+"""The GRPO terms on the [batch, seq] grid, shared by every operation that feeds them log-probs (issue 30).
+
+Given the float64 log-probs logp [B, S] of the sampled tokens (however an operation computes them:
+from given logits, or from hidden states times an lm_head weight), `token_terms` gives the closed-form
+weighted per-token loss and dL/dlogp: the importance ratio (token or sequence level), the clip branch
+(and dual clip), CISPO's weight, the vLLM sampling-ratio correction, the k3 KL term and the loss
+type's normaliser (`token_weights`). An operation then chains dL/dlogp into the gradients of its own
+inputs. Moved unchanged from the logits reference (grpo_conform/ops/grpo_logits/reference.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class GrpoParameters:
+    epsilon_low: float
+    epsilon_high: float
+    temperature: float
+    loss_type: str = "grpo"
+    importance_sampling_level: str = "token"
+    beta: float = 0.0
+    max_completion_length: Optional[int] = None
+    delta: Optional[float] = None
+    sampling_ratio_cap: Optional[float] = None
+    num_items_in_batch: Optional[int] = None
+    num_processes: int = 1
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "GrpoParameters":
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in values.items() if k in known and v is not None}
+        for k in ("epsilon_low", "epsilon_high", "temperature", "beta", "delta", "sampling_ratio_cap"):
+            if k in kw:
+                kw[k] = float(kw[k])
+        return cls(**kw)
+
+    @classmethod
+    def from_spec(cls, spec: Any, values: Mapping[str, Any] | None = None) -> "GrpoParameters":
+        """The spec's declared defaults, overridden by `values` (drawn ones); undeclared terms are off."""
+        merged = dict(spec.parameter_values)
+        merged.update({k: v for k, v in (values or {}).items() if k in merged})
+        return cls.from_mapping(merged)
+
+
+def needs_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> bool:
+    """On-policy clip without KL (member token-is, the seed spec): the ratio is exactly 1, logp is not needed."""
+    return "old_logprobs" in x or p.loss_type == "cispo" or ("ref_logprobs" in x and p.beta != 0.0)
+
+
+def mask_of(x: Mapping[str, torch.Tensor], shape: tuple[int, int], device) -> torch.Tensor:
+    if "completion_mask" in x:
+        return (x["completion_mask"] != 0).to(device)
+    return torch.ones(shape, dtype=torch.bool, device=device)
+
+
+def token_weights(m: torch.Tensor, p: GrpoParameters) -> torch.Tensor:
+    """w[b,t] of loss = sum w*l for the loss type (masked tokens get 0)."""
+    mf = m.to(torch.float64)
+    batch, seq = m.shape
+    lt = p.loss_type.replace("-", "_")
+    if lt == "grpo":
+        return mf / (batch * mf.sum(-1, keepdim=True).clamp_min(1.0))
+    if lt == "dr_grpo":
+        return mf / (batch * (p.max_completion_length if p.max_completion_length is not None else max(1, seq)))
+    if lt in ("dapo", "cispo") and p.num_items_in_batch is not None:
+        return mf / max(1.0, float(p.num_items_in_batch) / float(p.num_processes or 1))
+    if lt in ("bnpo", "dapo", "cispo"):
+        return mf / max(1.0, float(mf.sum()))
+    raise ValueError(f"loss_type {p.loss_type!r} has no reference (expected grpo, bnpo, dr_grpo, dapo, cispo)")
+
+
+@dataclass(frozen=True)
+class TokenTerms:
+    """On the [B, S] grid: the weighted per-token loss (sums to the loss), dL/dlogp, and the scale
+    the tolerances use: the sum of the magnitudes of the terms that make dL/dlogp (the policy term,
+    and the KL term counted as w*beta*(1 + exp(d))), an upper bound of |dL/dlogp| that does not
+    shrink where the terms cancel. An fp32 log-sum-exp error e in logp moves each term by about e
+    times its own magnitude, so a cancellation must not make the allowance smaller than that."""
+
+    loss: torch.Tensor
+    dlogp: torch.Tensor
+    scale: torch.Tensor
+    coef_error: torch.Tensor | None = None
+    loss_error: torch.Tensor | None = None
+
+
+def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Tensor | None,
+                logp_error: torch.Tensor | None = None) -> TokenTerms:
+    """The closed form of the loss and of dL/dlogp; `logp` may be None when `needs_logprobs` is False.
+
+    `logp_error` [B, S] (optional): a bound e of how far an implementation's log-probs may be from
+    the float64 ones (an fp32 log-softmax: `compare.fp32_logp_error`). Then `coef_error` bounds how
+    far dL/dlogp moves and `loss_error` how far each weighted per-token loss moves when every logp
+    is off by at most e, propagated through this closed form (docs/checks.md, "fp32 log-prob error
+    through the ratio"), every branch held: the ratio moves by at most r * expm1(e) (at sequence
+    level by the mean e of the sequence), so
+      - a term linear in r (the active branch of the clip, r <= delta; CISPO's weight below its cap)
+        moves by |term| * expm1(e); a flat one (clipped, capped) does not move;
+      - CISPO's loss -w c A rho logp also moves through logp itself and through the weight c, which
+        dL/dlogp leaves out (it is detached): w |A| rho (c e + dc (|logp| + e)), dc = c expm1(e);
+      - the k3 KL term's derivative w beta (1 - exp(ref - logp)) by w |beta| exp(ref - logp) expm1(e),
+        its loss by w |beta| (exp(ref - logp) expm1(e) + e).
+    Holding the branch is exact for the validator's inputs: generated ratios stay `boundary_margin`
+    (2%) from every boundary, above the largest e of an fp32 workload (1.3%), and exact-tie inputs are
+    ties in fp32 arithmetic itself. Without log-probs (`logp` None: the ratio is exactly 1 in any
+    arithmetic) nothing moves."""
+    adv = x["advantages"].to(torch.float64)
+    batch, seq = x["completion_ids"].shape
+    device = adv.device
+    m = mask_of(x, (batch, seq), device)
+    mf = m.to(torch.float64)
+    w = token_weights(m, p)
+    A = adv.reshape(batch, 1).expand(batch, seq)
+    if logp is None:
+        logp = torch.zeros(batch, seq, dtype=torch.float64, device=device)
+    old = x["old_logprobs"].to(torch.float64) if "old_logprobs" in x else logp
+    log_ratio = torch.where(m, logp - old, torch.zeros_like(logp))  # masked: finite whatever they hold
+    n = mf.sum(-1, keepdim=True).clamp_min(1.0)
+    sequence = p.importance_sampling_level == "sequence"
+    r = torch.exp((log_ratio * mf).sum(-1, keepdim=True) / n).expand(batch, seq) if sequence else torch.exp(log_ratio)
+    rho = torch.ones_like(r)
+    if "sampling_ratio" in x:
+        rho = x["sampling_ratio"].to(torch.float64)
+        if p.sampling_ratio_cap is not None:
+            rho = rho.clamp(max=p.sampling_ratio_cap)
+        rho = torch.where(m, rho, torch.zeros_like(rho))
+    moves = logp_error is not None and needs_logprobs(x, p)
+    if moves:
+        e = torch.where(m, logp_error.to(torch.float64).to(device), torch.zeros_like(logp))
+        # the ratio's relative error: exp(e) - 1 of its log's error (at sequence level the mean of the sequence)
+        g = torch.expm1((e * mf).sum(-1, keepdim=True) / n).expand(batch, seq) if sequence else torch.expm1(e)
+    if p.loss_type == "cispo":
+        c = r.clamp(max=p.epsilon_high)
+        loss = -c * A * logp * rho
+        dlogp = w * (-c * A) * rho
+        if moves:
+            dc = torch.where(r <= p.epsilon_high, c * g, torch.zeros_like(c))  # the cap is flat
+            coef_error = w * (dc * A.abs()) * rho
+            loss_error = w * A.abs() * rho * (c * e + dc * (logp.abs() + e))
+    else:
+        delta = math.inf if p.delta is None else p.delta
+        lo, hi = 1.0 - p.epsilon_low, 1.0 + p.epsilon_high
+        c1, c2 = r.clamp(max=delta), r.clamp(lo, hi)
+        unclipped = c1 * A <= c2 * A  # ties: the unclipped branch is active
+        loss = -torch.where(unclipped, c1 * A, c2 * A) * rho
+        dl_dr = -A * torch.where(unclipped, (r <= delta).to(r.dtype), ((r >= lo) & (r <= hi)).to(r.dtype)) * rho
+        if sequence:  # every token of b feels s_b: sum over the sequence, then d s_b / d logp[b,t] = s_b m / n_b
+            dlogp = (w * dl_dr).sum(-1, keepdim=True) * r * mf / n
+        else:
+            dlogp = w * dl_dr * r
+        if moves:  # dl_dr is 0 on a flat branch and -A rho on a linear one: both terms are linear in r there
+            coef_error = dlogp.abs() * g
+            loss_error = (w * dl_dr).abs() * r * g
+    scale = dlogp.abs()
+    if "ref_logprobs" in x and p.beta != 0.0:
+        d = torch.where(m, x["ref_logprobs"].to(torch.float64) - logp, torch.zeros_like(logp))
+        loss = loss + p.beta * (torch.exp(d) - d - 1.0)
+        dlogp = dlogp + w * p.beta * (1.0 - torch.exp(d))
+        scale = scale + w * abs(p.beta) * (1.0 + torch.exp(d))
+        if moves:
+            coef_error = coef_error + w * abs(p.beta) * torch.exp(d) * torch.expm1(e)
+            loss_error = loss_error + w * abs(p.beta) * (torch.exp(d) * torch.expm1(e) + e)
+    zero = torch.zeros_like(loss)
+    if not moves:
+        coef_error = loss_error = None if logp_error is None else zero
+    else:
+        coef_error, loss_error = torch.where(m, coef_error, zero), torch.where(m, loss_error, zero)
+    return TokenTerms(torch.where(m, w * loss, zero), torch.where(m, dlogp, zero), torch.where(m, scale, zero),
+                      coef_error, loss_error)

@@ -1,0 +1,142 @@
+"""What an operation gives the validator (issue 30, item 4): one interface, implemented once per operation.
+
+The engine (conformance calls, timed calls, floors, the gate's sizing) knows specs, workloads,
+tensors by name and gradients by input name; everything that depends on what the operation computes
+comes from here: seeded inputs, the float64 reference with one gradient per differentiable input,
+how each gradient is grouped into units for worst-index reports, the work terms of the floors, and
+the size and description of a workload. `grpo_conform.ops.OPERATIONS` maps a spec's operation name
+to its object (grpo_conform/ops/__init__.py says how a spec without the field is read).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:  # annotations only
+    import torch
+
+    from grpo_conform.spec import ResolvedWorkload, Spec
+
+
+def fresh_seed() -> int:
+    """A seed no implementation can derive: drawn from the OS, never passed to a worker."""
+    return secrets.randbits(62)
+
+
+@dataclass(frozen=True)
+class WorkloadSize:
+    """The tensor whose size scales a workload's cost (worker timeouts, memory, peak ratios) and its
+    element count."""
+
+    tensor: str
+    elements: int
+
+
+@dataclass(frozen=True)
+class GradientGrouping:
+    """How one gradient is compared: viewed as [units, width], a unit (a row: the index reported as the
+    worst one) spans `unit_axes`, its elements lie along `width_axes` (the axes after the unit axes)."""
+
+    input: str  # the differentiable input; the gradient's name in `{name: grad}`
+    unit_axes: tuple[str, ...]
+    width_axes: tuple[str, ...]
+
+    def units(self, resolved: "ResolvedWorkload") -> int:
+        return math.prod(resolved.axes[a] for a in self.unit_axes)
+
+    def width(self, resolved: "ResolvedWorkload") -> int:
+        return math.prod(resolved.axes[a] for a in self.width_axes)
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """Arithmetic a call cannot avoid, for the arithmetic floors: exponentials (special-function unit)
+    and, for operations with matrix products, their FLOPs (tensor cores). A count of 0 comes with the
+    reason there is none."""
+
+    exponentials: int
+    exp_text: str
+    flops: int = 0  # GEMM FLOPs (a fused linear operation); none over given logits
+    flop_text: str = ""
+
+
+@runtime_checkable
+class GradientChunk(Protocol):
+    """Reference gradient of units [start, stop) of one gradient (float64 `values` [stop - start, width]);
+    `scale` [stop - start] bounds every |element| of its unit (the tolerances scale with it)."""
+
+    start: int
+    stop: int
+    values: "torch.Tensor"
+    scale: "torch.Tensor"
+
+
+class Operation(Protocol):
+    """One operation a spec can name. Every method is pure given its arguments (seeded generation)."""
+
+    name: str
+    summary: str  # one line: what the operation computes
+
+    # -- workloads ---------------------------------------------------------------------------------
+    def workload_size(self, spec: "Spec", resolved: "ResolvedWorkload") -> WorkloadSize: ...
+
+    def describe_workload(self, spec: "Spec", resolved: "ResolvedWorkload") -> str:
+        """One line naming the workload's shape, as progress lines print it."""
+        ...
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def input_kind(self, name: str) -> str:
+        """The kind of a declared input (what its generator draws: a mask, token ids, ...)."""
+        ...
+
+    def generate(self, spec: "Spec", resolved: "ResolvedWorkload", seed: int, device: Any, *,
+                 profiles: Optional[Sequence[str]] = None, out: Optional[dict] = None,
+                 values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None) -> Any:
+        """Seeded inputs (an object with `.tensors` {name: tensor} and `.covered`); with `out` written in place."""
+        ...
+
+    # -- reference ---------------------------------------------------------------------------------
+    def parameters(self, spec: "Spec", values: Mapping[str, Any]) -> Any:
+        """The reference's parameter object for these parameter values (declared defaults for the rest)."""
+        ...
+
+    def reference_loss(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any) -> float:
+        """The reduced loss in float64."""
+        ...
+
+    def reference_gradients(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any,
+                            **refinements: Any) -> dict[str, Iterator[GradientChunk]]:
+        """Per differentiable input (keyed by its name), the float64 gradient chunk by chunk over units
+        (`gradient_groupings`); iterators, so a chunk is computed when asked for and memory stays bounded.
+        `refinements`: operation-specific extras a comparator may ask for (grpo-logits: `logp_error`)."""
+        ...
+
+    def gradient_groupings(self, spec: "Spec") -> dict[str, GradientGrouping]:
+        """One per gradient the spec lists, keyed by its input's name."""
+        ...
+
+    def explore_workload(self, session: Any, spec: "Spec", cases: int, impl: Any) -> Any:
+        """`check --explore N`: N property-based cases of this operation through a live worker session,
+        a failure shrunk to a runnable snippet; returns a WorkloadResult."""
+        ...
+
+    # -- work terms of the floors ------------------------------------------------------------------
+    def traffic(self, spec: "Spec", resolved: "ResolvedWorkload", protocol: str, counts: Any,
+                itemsize) -> tuple[list[Any], str]:
+        """traffic-v1: the counted tensors `protocol` must read and write (each with tensor, direction,
+        rows, shape, dtype, bytes, note) and where the declaration comes from (declared | derived).
+        `counts`: what `work_counts` found in the actual inputs (or a caller's equivalent), or None."""
+        ...
+
+    def work_counts(self, tensors: Mapping[str, Any]) -> Any:
+        """What of the actual input values the work terms depend on (None when only shapes matter)."""
+        ...
+
+    def arithmetic(self, spec: "Spec", resolved: "ResolvedWorkload",
+                   read: Optional[Mapping[str, int]]) -> Arithmetic:
+        """`read`: elements of each input the traffic model says must be read; None: every element of
+        every input, less slices the spec declares never read (headroom-v1)."""
+        ...
