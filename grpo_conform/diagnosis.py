@@ -96,8 +96,8 @@ VARIANTS: dict[str, Variant] = {
     "normaliser-dapo-trl": Variant("TRL 1.16's dapo normaliser max(1, num_items_in_batch) / num_processes",
                                    Semantics(normaliser="dapo_trl"),
                                    lambda x, p: p.num_items_in_batch is not None and _normaliser(p) != "dapo_trl"),
-    "normaliser-dapo-global": Variant("the dapo normaliser max(1, num_items_in_batch / num_processes) (Liger's), not "
-                                      "TRL's max(1, num_items_in_batch) / num_processes",
+    "normaliser-dapo-global": Variant("the dapo normaliser clamped after the division, max(1, num_items_in_batch / "
+                                      "num_processes) (Liger's), not TRL's max(1, num_items_in_batch) / num_processes",
                                       Semantics(normaliser="dapo_global"),
                                       lambda x, p: p.num_items_in_batch is not None and _normaliser(p) != "dapo_global"),
     "accumulation-factor-ignored": Variant("TRL's dapo normaliser without its gradient_accumulation_steps / "
@@ -233,11 +233,11 @@ def _weights(m, p, normaliser, seq):
         return mf / (batch * max(1, seq))
     if normaliser in ("dapo_trl", "dapo_global", "dapo_trl_no_factor") and p.num_items_in_batch is not None:
         items, procs = float(p.num_items_in_batch), float(p.num_processes or 1)
-        if normaliser == "dapo_global":
-            return mf / max(1.0, items / procs)
-        factor = 1.0
-        if normaliser == "dapo_trl" and p.gradient_accumulation_steps is not None:
+        factor = 1.0  # TRL's accumulation factor where the member has one (dapo-global-accum-mask)
+        if normaliser != "dapo_trl_no_factor" and p.gradient_accumulation_steps is not None:
             factor = p.gradient_accumulation_steps / (p.steps_per_generation or p.gradient_accumulation_steps)
+        if normaliser == "dapo_global":
+            return mf / (max(1.0, items / procs) * factor)
         return mf / (max(1.0, items) / procs * factor)
     return mf / max(1.0, float(mf.sum()))  # bnpo; dapo of this batch
 
