@@ -226,7 +226,10 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, 
                     if HAS_RHO:
                         rho = tl.load(rho_ptr + b * seq + t, mask=live, other=0.0).to(tl.float32)
                         if HAS_CAP:
-                            rho = tl.minimum(rho, cap)
+                            if RHO_MASK:
+                                rho = tl.where(rho > cap, 0.0, rho)
+                            else:
+                                rho = tl.minimum(rho, cap)
                         rho_acc += tl.where(live, rho, 0.0)
         n_b = tl.sum(n_acc, axis=0)
         if NORM == 1 and HAS_MASK:
