@@ -276,11 +276,14 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
             via = via.sum(-1, keepdim=True) * r * mf / n if sequence else via * r
             dlogp = dlogp + direct + via
             scale = scale + w * abs(p.beta) * r * (1.0 + torch.exp(d) + k3) + via.abs()
-            if moves:  # r moves by r g, k3 by e^d expm1(e) + e, (1 - e^d) by e^d expm1(e)
+            if moves and not sequence:  # the derivative is -w beta r d: r moves by r g, d by e
+                coef_error = coef_error + w * abs(p.beta) * r * (g * d.abs() + (1.0 + g) * e)
+            elif moves:  # r moves by r g, k3 by e^d expm1(e) + e, (1 - e^d) by e^d expm1(e)
                 coef_error = coef_error + (w * abs(p.beta) * r * ((1.0 + g) * torch.exp(d) * torch.expm1(e)
                                                                    + g * (1.0 + torch.exp(d)))
                                            + via.abs() * g + w * abs(p.beta) * r * (1.0 + g)
                                            * (torch.exp(d) * torch.expm1(e) + e))
+            if moves:
                 loss_error = loss_error + w * abs(p.beta) * r * ((1.0 + g) * (torch.exp(d) * torch.expm1(e) + e)
                                                                  + k3 * g)
         else:
