@@ -34,7 +34,8 @@ class Semantics:
     """How a variant differs from the member; None keeps the member's choice."""
 
     objective: Optional[str] = None  # "clip" | "cispo"
-    normaliser: Optional[str] = None  # grpo | bnpo | dr_grpo | dapo_trl | dapo_global | all_positions | dapo_trl_no_factor
+    # grpo | bnpo | dr_grpo | dapo_trl | dapo_global | all_positions | dapo_trl_no_factor
+    normaliser: Optional[str] = None
     clip: Optional[str] = None  # "none" (ratio never clipped) | "dual3" (verl's dual clip, clip_ratio_c = 3)
     delta_as_dual_clip: bool = False  # verl's dual clip with clip_ratio_c = delta instead of min(r, delta)
     ratio_detached: bool = False  # the ratio carries no gradient (exp(logp - logp), or r.detach())
@@ -43,7 +44,8 @@ class Semantics:
     mask: Optional[str] = None  # "ignored" | "ratio_only" (exp((logp - old) m), reduction unmasked)
     temperature: Optional[str] = None  # "ignored" (logits not divided) | "no_chain_factor" (gradient times T)
     level: Optional[str] = None  # "token" | "sequence"
-    vllm: Optional[str] = None  # "ignored" | "untruncated" | "token_mask" | "sequence_truncate" | "sequence_mask" | "token_truncate"
+    # "ignored" | "untruncated" | "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask"
+    vllm: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -257,7 +257,8 @@ class Semantics(_Frozen):
     formula: tuple[str, ...] = ()
     policy: Literal["clip", "cispo"] = "clip"  # v2
     # v2: the sampling-ratio weight; vllm-truncate is TRL's token_truncate, the others its other modes (issue 33)
-    correction: Literal["none", "vllm-truncate", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask"] = "none"
+    correction: Literal["none", "vllm-truncate", "vllm-token-mask", "vllm-sequence-truncate",
+                        "vllm-sequence-mask"] = "none"
     ties: str = ""  # v2: which branch carries the gradient at an exact tie
 
 
