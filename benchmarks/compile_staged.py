@@ -83,7 +83,11 @@ def member_semantics(folder: str, plan):
             importance_sampling_level=values.get("importance_sampling_level", "token"), beta=values.get("beta", 0.0),
             max_completion_length=values.get("max_completion_length"), delta=values.get("delta"),
             sampling_ratio_cap=values.get("sampling_ratio_cap"), num_items_in_batch=values.get("num_items_in_batch"),
-            num_processes=values.get("num_processes", 1))
+            num_processes=values.get("num_processes", 1),
+            use_bias_correction_kl=values.get("use_bias_correction_kl", False),
+            vllm_importance_sampling_mode=values.get("vllm_importance_sampling_mode", "token_truncate"),
+            gradient_accumulation_steps=values.get("gradient_accumulation_steps"),
+            steps_per_generation=values.get("steps_per_generation"))
         yield s.member or s.id, sem
 
 

@@ -161,11 +161,26 @@ def starter_source(spec: Spec) -> str:
     if sem.correction == "vllm-truncate":
         add("# 6. Sampling correction (vLLM importance sampling, truncated): a per-token weight, capped.")
         add("per_token = per_token * torch.clamp(sampling_ratio.float(), max=sampling_ratio_cap)")
+    elif sem.correction != "none":  # TRL's other modes (issue 33)
+        add(f"# 6. Sampling correction (vLLM importance sampling, TRL's {sem.correction[5:].replace('-', '_')}).")
+        add("rho = sampling_ratio.float()")
+        if "sequence" in sem.correction:
+            add("#    One ratio per sequence: exp of the sum of the kept tokens' log-ratios.")
+            add("rho = torch.exp(torch.where(keep, torch.log(rho), torch.zeros_like(rho)).sum(-1, keepdim=True))")
+        if sem.correction.endswith("mask"):
+            add("rho = torch.where(rho > sampling_ratio_cap, torch.zeros_like(rho), rho)  # above the cap: 0")
+        else:
+            add("rho = torch.clamp(rho, max=sampling_ratio_cap)")
+        add("per_token = per_token * rho")
     if spec.terms.kl.present:
         add("# 7. KL(policy || reference), k3 estimator exp(d) - d - 1 with d = ref - logp, times beta.")
         add("ref = torch.where(keep, ref_logprobs.float(), logp.detach())")
         add("d = ref - logp")
-        add("per_token = per_token + beta * (torch.exp(d) - d - 1.0)")
+        if params.get("use_bias_correction_kl"):
+            add("#    Bias correction (TRL 1.16's default): times the ratio, which keeps its gradient.")
+            add("per_token = per_token + beta * (torch.exp(d) - d - 1.0) * ratio")
+        else:
+            add("per_token = per_token + beta * (torch.exp(d) - d - 1.0)")
     add("per_token = torch.where(keep, per_token, torch.zeros_like(per_token))")
     add(f"# 8. Reduction ({sem.reduction}).")
     body.extend(_reduction(sem.reduction))
@@ -186,6 +201,11 @@ def _reduction(reduction: str) -> list[str]:
     if reduction == "dapo":
         return ["# Token-level: the sum divided by this batch's kept-token count.",
                 "return per_token.sum() / m.sum().clamp(min=1.0)"]
+    if reduction == "dapo_trl":
+        return ["# TRL 1.16 in training: the generation batch's token count (at least 1) per process, times",
+                "# the accumulation factor.",
+                "return per_token.sum() / (max(1.0, float(num_items_in_batch)) / float(num_processes)",
+                "                          * gradient_accumulation_steps / steps_per_generation)"]
     if reduction == "dapo_global":
         return ["# Token-level over the whole generation batch: its token count per process.",
                 "return per_token.sum() / max(1.0, float(num_items_in_batch) / float(num_processes))"]

@@ -256,7 +256,9 @@ class Semantics(_Frozen):
     old_logprobs: str = ""
     formula: tuple[str, ...] = ()
     policy: Literal["clip", "cispo"] = "clip"  # v2
-    correction: Literal["none", "vllm-truncate"] = "none"  # v2: per-token sampling-ratio weight
+    # v2: the sampling-ratio weight; vllm-truncate is TRL's token_truncate, the others its other modes (issue 33)
+    correction: Literal["none", "vllm-truncate", "vllm-token-mask", "vllm-sequence-truncate",
+                        "vllm-sequence-mask"] = "none"
     ties: str = ""  # v2: which branch carries the gradient at an exact tie
 
 

@@ -12,9 +12,10 @@ from typing import Any, Callable
 KNOWN_PARAMETERS = {
     "epsilon_low", "epsilon_high", "temperature", "loss_type", "importance_sampling_level", "beta",
     "max_completion_length", "delta", "sampling_ratio_cap", "num_items_in_batch", "num_processes",
+    "use_bias_correction_kl", "vllm_importance_sampling_mode", "gradient_accumulation_steps", "steps_per_generation",
 }
 # loss_type -> the reductions it may be stated with
-_REDUCTIONS = {"grpo": {"grpo"}, "bnpo": {"bnpo"}, "dr_grpo": {"dr_grpo"}, "dapo": {"dapo", "dapo_global"}, "cispo": {"dapo", "dapo_global"}}
+_REDUCTIONS = {"grpo": {"grpo"}, "bnpo": {"bnpo"}, "dr_grpo": {"dr_grpo"}, "dapo": {"dapo", "dapo_global", "dapo_trl"}, "cispo": {"dapo", "dapo_global"}}
 _TYPES = {"float": (int, float), "int": (int,), "bool": (bool,), "str": (str,)}
 
 Fail = Callable[[str, str], None]
@@ -67,8 +68,12 @@ def check_member(doc: dict[str, Any], fail: Fail) -> None:
     loss_type = values.get("loss_type", "grpo")
     if sem["reduction"] not in _REDUCTIONS.get(loss_type, set()):
         fail("$.semantics.reduction", f"{sem['reduction']!r} does not go with loss_type {loss_type!r}")
-    if (sem["reduction"] == "dapo_global") != ("num_items_in_batch" in values):
+    if (sem["reduction"] in ("dapo_global", "dapo_trl")) != ("num_items_in_batch" in values):
         fail("$.semantics.reduction", "reduction dapo_global goes with (and only with) the num_items_in_batch parameter")
+    accum = ("gradient_accumulation_steps" in values, "steps_per_generation" in values)
+    if (sem["reduction"] == "dapo_trl") != accum[0] or accum[0] != accum[1]:
+        fail("$.semantics.reduction", "reduction dapo_trl goes with (and only with) gradient_accumulation_steps and "
+             "steps_per_generation")
     if ("num_items_in_batch" in values) != ("num_processes" in values):
         fail("$.parameters", "num_items_in_batch and num_processes are declared together")
     if (sem.get("policy", "clip") == "cispo") != (loss_type == "cispo"):
@@ -82,9 +87,15 @@ def check_member(doc: dict[str, Any], fail: Fail) -> None:
         fail("$.terms.kl.present", "a KL term needs the beta parameter and the ref_logprobs input, and they need the term")
     if terms["mask"]["present"] != ("completion_mask" in inputs):
         fail("$.terms.mask.present", "must be true exactly when completion_mask is an input")
-    vllm = sem.get("correction", "none") == "vllm-truncate"
+    correction = sem.get("correction", "none")
+    vllm = correction != "none"
     if vllm != ("sampling_ratio" in inputs) or vllm != ("sampling_ratio_cap" in values):
-        fail("$.semantics.correction", "vllm-truncate goes with the sampling_ratio input and the sampling_ratio_cap parameter")
+        fail("$.semantics.correction", "a vllm correction goes with the sampling_ratio input and the sampling_ratio_cap parameter")
+    mode = values.get("vllm_importance_sampling_mode", "token_truncate")
+    if vllm and correction != ("vllm-truncate" if mode == "token_truncate" else "vllm-" + mode.replace("_", "-")):
+        fail("$.semantics.correction", f"{correction!r} does not go with vllm_importance_sampling_mode {mode!r}")
+    if values.get("use_bias_correction_kl") and not kl:
+        fail("$.parameters", "use_bias_correction_kl needs the KL term")
     if "delta" in values and sem.get("policy", "clip") != "clip":
         fail("$.parameters", "delta applies to the clip policy only")
     if ("ref_logprobs" in inputs or "sampling_ratio" in inputs) and "old_logprobs" not in inputs:

@@ -72,6 +72,14 @@ def make_inputs(spec: Spec, seed: int = 0, values: dict[str, Any] | None = None)
     if "sampling_ratio" in names:
         cap = float(p.get("sampling_ratio_cap", 3.0))
         x["sampling_ratio"] = torch.empty(B, S).uniform_(0.3, 1.6 * cap, generator=g)
+        if str(p.get("vllm_importance_sampling_mode", "")).startswith("sequence"):
+            # TRL's sequence modes: each sequence's kept ratios multiply to 0.6 cap or 1.5 cap, alternately
+            q = x["sampling_ratio"].double()
+            for b, n in enumerate(LENGTHS):
+                if n:
+                    prod = float(torch.log(q[b, :n]).sum().exp())
+                    q[b, :n] = q[b, :n] * ((0.6 if b % 2 == 0 else 1.5) * cap / prod) ** (1.0 / n)
+            x["sampling_ratio"] = q.float()
     return x
 
 
@@ -87,6 +95,8 @@ def member_parameters(spec: Spec, seed: int = 0) -> dict[str, Any]:
     values["temperature"] = TEMPERATURE
     if "num_items_in_batch" in values:
         values["num_items_in_batch"] = 40  # over num_processes: a normaliser unlike this batch's 13 tokens
+        if "gradient_accumulation_steps" in values and seed % 2:
+            values["num_items_in_batch"] = 3  # TRL's max(1, N) / P differs from max(1, N / P) below P (6 here)
     return values
 
 

@@ -33,7 +33,7 @@ from grpo_conform.spec import find_spec
 ROOT = Path(__file__).resolve().parent.parent
 RATIO_MEMBERS = ("token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
                  "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask",
-                 "vllm-is-mask")
+                 "vllm-is-mask", "token-offpolicy-mask-kl-bc")
 # (member, seeds[0], seeds[1]) -> what the judgment failed before the log-prob terms (found by the
 # seed search over implementations/pytorch, and through run_check: docs/spec-family.md)
 # Found under the parameter draws of parameter_draws.py as they are now (a change of the draw rules

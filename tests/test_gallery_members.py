@@ -63,6 +63,8 @@ def test_the_cheat_is_invisible_where_the_member_does_not_differ(folder):
     values = member_parameters(spec)
     if "num_items_in_batch" in values:  # the global normaliser equals this micro-batch's token count
         values["num_items_in_batch"] = B * S * values["num_processes"]
+    if "steps_per_generation" in values:  # TRL's default steps_per_generation = gradient_accumulation_steps
+        values["steps_per_generation"] = values["gradient_accumulation_steps"]
     leaf = x["logits"].clone().requires_grad_()
     # old = logp.detach(): the ratio is exactly 1
     z = torch.log_softmax(leaf[:, :S].float() / member_parameters(spec)["temperature"], -1)

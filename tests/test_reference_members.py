@@ -19,7 +19,9 @@ from grpo_conform.ops.grpo_logits.reference import (
 from grpo_conform.spec import draw_parameters, find_spec
 
 MEMBERS = ["token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
-           "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask"]
+           "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask",
+           "token-offpolicy-mask-kl-bc", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask",
+           "dapo-global-accum-mask"]
 
 
 def autograd_loss(x, p: GrpoParameters):
@@ -34,6 +36,7 @@ def autograd_loss(x, p: GrpoParameters):
     if p.importance_sampling_level == "sequence":
         log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     coef_1 = torch.exp(log_ratio)
+    ratio = coef_1  # TRL 1.16 multiplies the KL by coef_1 before the delta clamp rebinds it
     A = x["advantages"].double().unsqueeze(-1)
     if p.loss_type == "cispo":
         per_token = -torch.clamp(coef_1, max=p.epsilon_high).detach() * A * logp
@@ -43,15 +46,29 @@ def autograd_loss(x, p: GrpoParameters):
             coef_1 = torch.clamp(coef_1, max=p.delta)
         per_token = -torch.min(coef_1 * A, coef_2 * A)
     per_token = per_token.expand(batch, seq)
-    if "sampling_ratio" in x:
-        per_token = per_token * torch.clamp(x["sampling_ratio"].double(), max=p.sampling_ratio_cap)
+    if "sampling_ratio" in x:  # TRL 1.16 _generate_and_score_completions, from per-token log-ratios
+        diff = torch.log(x["sampling_ratio"].double()) * m
+        mode = p.vllm_importance_sampling_mode
+        is_ratio = torch.exp(diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff)
+        if mode.endswith("truncate"):
+            is_ratio = torch.clamp(is_ratio, max=p.sampling_ratio_cap)
+        else:
+            is_ratio = is_ratio.masked_fill(is_ratio > p.sampling_ratio_cap, 0.0)
+        per_token = per_token * is_ratio
     if "ref_logprobs" in x and p.beta:
         d = x["ref_logprobs"].double() - logp
-        per_token = per_token + p.beta * (torch.exp(d) - d - 1)
+        kl = torch.exp(d) - d - 1
+        if p.use_bias_correction_kl:
+            kl = kl * ratio
+        per_token = per_token + p.beta * kl
     if p.loss_type == "grpo":
         loss = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
     elif p.loss_type == "dr_grpo":
         loss = (per_token * m).sum() / (batch * p.max_completion_length)
+    elif p.gradient_accumulation_steps is not None:  # TRL 1.16, training mode
+        normalizer = torch.tensor(float(p.num_items_in_batch), dtype=torch.float64).clamp(min=1.0) / p.num_processes
+        normalizer = normalizer * p.gradient_accumulation_steps / p.steps_per_generation
+        loss = (per_token * m).sum() / normalizer
     elif p.num_items_in_batch is not None:
         loss = (per_token * m).sum() / max(1.0, p.num_items_in_batch / p.num_processes)
     else:
@@ -99,6 +116,10 @@ def test_the_semantics_really_differ_between_members():
         losses[member] = reference_loss(xm, GrpoParameters.from_spec(spec, {**spec.parameter_values, "temperature": values["temperature"]}))
     assert losses["bnpo-mask"] == losses["dapo-mask"]
     del losses["dapo-mask"]
+    # TRL's normaliser at its defaults (N >= P, accumulation factor 1) is dapo-global-mask's: the
+    # declared case and the draws below N = P tell them apart (test_trl_dapo_normaliser_differs_below_p)
+    assert losses["dapo-global-accum-mask"] == losses["dapo-global-mask"]
+    del losses["dapo-global-accum-mask"]
     assert len({round(v, 12) for v in losses.values()}) == len(losses), losses
 
 
@@ -283,3 +304,49 @@ def test_far_ratios_lie_far_outside_the_clip_and_away_from_every_boundary(member
     # the gradient there is the reference's, far from zero where A < 0 and r > 3 (a dual clip's zeros)
     ref = reference_gradient_dense(fx, p)
     assert float(ref.abs().max()) > 0
+
+
+# -- TRL 1.16 defaults (issue 33): bias-corrected KL, the vLLM modes, TRL's dapo normaliser ---------------
+def test_trl_dapo_normaliser_differs_below_p_and_with_the_accumulation_factor():
+    spec, x, values, _ = _member_inputs("dapo-global-accum-mask", "mask-small-bf16", 11)
+    base = {**values, "num_processes": 8, "gradient_accumulation_steps": 1, "steps_per_generation": 1}
+    trl = GrpoParameters.from_spec(spec, {**base, "num_items_in_batch": 3})
+    ours = GrpoParameters.from_spec(find_spec("grpo/dapo-global-mask"), {**base, "num_items_in_batch": 3})
+    # max(1, 3) / 8 = 0.375 against max(1, 3 / 8) = 1
+    assert reference_loss(x, trl) == pytest.approx(reference_loss(x, ours) / 0.375, rel=1e-12)
+    factor = GrpoParameters.from_spec(spec, {**base, "num_items_in_batch": 64, "gradient_accumulation_steps": 4,
+                                             "steps_per_generation": 2})
+    plain = GrpoParameters.from_spec(spec, {**base, "num_items_in_batch": 64})
+    assert reference_loss(x, factor) == pytest.approx(reference_loss(x, plain) / 2, rel=1e-12)
+    # the draws reach N < P (the member's draw range for N is [1, 48])
+    draws = [draw_parameters(spec, random.Random(s)) for s in range(300)]
+    assert sum(d["num_items_in_batch"] < d["num_processes"] for d in draws) >= 5
+
+
+def test_bias_corrected_kl_differs_on_policy_and_has_the_closed_form():
+    """TRL 1.16's k3 * ratio: even at r = 1 its gradient is beta * (logp - ref), not beta * (1 - e^(ref - logp))."""
+    spec, x, values, p = _member_inputs("token-offpolicy-mask-kl-bc", "mask-small-bf16", 12)
+    on = dict(x)
+    on["old_logprobs"] = reference_logprobs(x, p).float()  # r = 1 to fp32 rounding
+    on["advantages"] = torch.zeros_like(x["advantages"])  # the KL terms alone
+    bc = reference_gradient_dense(on, p)
+    plain = reference_gradient_dense(on, GrpoParameters.from_spec(find_spec("grpo/token-offpolicy-mask-kl"), values))
+    assert float((bc - plain).norm()) > 0.2 * float(plain.norm())  # refs 0.6 to 1.2 nats away
+    loss, grad = autograd_loss(on, p)
+    _assert_close(grad, bc)
+
+
+@pytest.mark.parametrize("member", ["vllm-sequence-truncate", "vllm-sequence-mask"])
+def test_sequence_sampling_ratios_straddle_the_cap(member):
+    spec, x, values, p = _member_inputs(member, "mask-long", 13)
+    keep = x["completion_mask"] != 0
+    q = torch.exp(torch.where(keep, torch.log(x["sampling_ratio"].double()), torch.zeros(1, dtype=torch.float64)).sum(-1))
+    rows = keep.any(-1)
+    cap = p.sampling_ratio_cap
+    assert ((q[rows] / cap - 1).abs() > 0.015).all()
+    assert (q[rows] > cap).any() and (q[rows] < cap).any()
+    per_token = x["sampling_ratio"][keep].double()
+    assert float(per_token.max()) < cap  # a token-level mode would keep every token: the modes differ
+    token = GrpoParameters.from_spec(find_spec("grpo/vllm-is-mask"), {k: v for k, v in values.items()
+                                                                      if k != "vllm_importance_sampling_mode"})
+    assert reference_loss(x, token) != pytest.approx(reference_loss(x, p), rel=1e-3)

@@ -27,6 +27,8 @@ SEED_FILE_SHA256 = "0862f7edcbf87382fd3cc931f02e0c25d7ad25195951f61e60591da4266e
 MANDATORY = ["token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
              "sequence-offpolicy-mask"]
 OPTIONAL = ["token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask"]
+OPTIONAL += ["token-offpolicy-mask-kl-bc", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask",
+             "dapo-global-accum-mask"]  # issue 33: TRL 1.16's defaults
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +113,7 @@ def test_masked_members_declare_their_inputs_parameters_and_the_anchor_workload(
         assert spec.workloads_for("cpu")
         for p in spec.parameters:
             assert p.domain is not None and p.domain.contains(p.value)
-            assert (p.draw is None) == (p.type == "str")
+            assert (p.draw is None) == (p.type in ("str", "bool"))  # bool: use_bias_correction_kl, fixed
     assert family.member("token-offpolicy-mask-kl").has_input("ref_logprobs")
     assert family.member("vllm-is-mask").has_input("sampling_ratio")
     assert family.member("sequence-offpolicy-mask").parameter_values["importance_sampling_level"] == "sequence"

@@ -90,7 +90,28 @@ MEMBER_CALLS = {
     "sequence-offpolicy-mask": dict(loss_type="grpo", importance_sampling_level="sequence"),
     "cispo-mask": dict(loss_type="cispo", epsilon_high=5.0),
     "vllm-is-mask": dict(loss_type="grpo", rho=True, sampling_ratio_cap=1.5),
+    # issue 33: TRL 1.16's defaults
+    "token-offpolicy-mask-kl-bc": dict(loss_type="grpo", beta=0.05, ref=True, use_bias_correction_kl=True),
+    "vllm-token-mask": dict(loss_type="grpo", rho=True, sampling_ratio_cap=1.5,
+                            vllm_importance_sampling_mode="token_mask"),
+    "vllm-sequence-truncate": dict(loss_type="grpo", rho=True, sampling_ratio_cap=1.5,
+                                   vllm_importance_sampling_mode="sequence_truncate"),
+    "vllm-sequence-mask": dict(loss_type="grpo", rho=True, sampling_ratio_cap=1.5,
+                               vllm_importance_sampling_mode="sequence_mask"),
+    "dapo-global-accum-mask": dict(loss_type="dapo", num_items_in_batch=3, num_processes=8,
+                                   gradient_accumulation_steps=4, steps_per_generation=2),
 }
+
+
+def _sequence_ratios(x):
+    """TRL's sequence vLLM modes: sequence 0's kept sampling ratios multiply to 0.8, sequence 1's to 2.5
+    (cap 1.5): one sequence kept, one dropped or truncated."""
+    q, keep = x["sampling_ratio"].double(), x["completion_mask"]
+    for b, target in ((0, 0.8), (1, 2.5)):
+        n = int(keep[b].sum())
+        prod = float(torch.log(q[b][keep[b]]).sum().exp())
+        q[b] = torch.where(keep[b], q[b] * (target / prod) ** (1.0 / n), q[b])
+    return {**x, "sampling_ratio": q.float()}
 
 
 def _member_inputs(dtype, vocab, batch=3, seq=7, seed=3):
@@ -124,6 +145,8 @@ def test_member_matches_the_reference_for_every_upstream_scalar(member, vocab, d
     names |= {"ref_logprobs"} if use_ref else set()
     names |= {"sampling_ratio"} if use_rho else set()
     x = {k: v for k, v in x.items() if k in names}
+    if str(params.get("vllm_importance_sampling_mode", "")).startswith("sequence"):
+        x = _sequence_ratios(x)
     p = P.from_mapping(params)
     cpu = {k: v.cpu() for k, v in x.items()}
     ref_loss = _ref_loss(cpu, p)
@@ -167,6 +190,8 @@ def test_staged_member_kernels_compiled(member):
     names |= {"ref_logprobs"} if use_ref else set()
     names |= {"sampling_ratio"} if use_rho else set()
     x = {k: v for k, v in x.items() if k in names}
+    if str(params.get("vllm_importance_sampling_mode", "")).startswith("sequence"):
+        x = _sequence_ratios(x)
     before = set(impl._PLANS)
     for c in (1.0, 0.25):  # gradient in the forward's pass, then (mispredicted) recomputed in backward
         leaf = x["logits"].clone().requires_grad_(True)

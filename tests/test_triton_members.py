@@ -42,7 +42,8 @@ common = {p["name"]: p for p in family["common"]["parameters"]}
 B, S, V = 3, 5, 300
 # Values that make every term bite at this size (the spec's defaults are for seq 1024).
 OVERRIDE = {"temperature": 0.8, "epsilon_high": 0.28, "max_completion_length": 7, "num_items_in_batch": 9,
-            "num_processes": 2, "sampling_ratio_cap": 1.5, "delta": 1.1, "beta": 0.05}
+            "num_processes": 2, "sampling_ratio_cap": 1.5, "delta": 1.1, "beta": 0.05,
+            "gradient_accumulation_steps": 3, "steps_per_generation": 2}
 SCALES = (1.0, 0.25, 0.25, 0.25, 1.0, 1.0, 1.0)
 
 
@@ -91,6 +92,15 @@ for member in family["members"]:
         else (torch.bfloat16,)
     for dtype in dtypes:
         x = {k: v for k, v in inputs(dtype, True).items() if k in names}
+        if str(values.get("vllm_importance_sampling_mode", "")).startswith("sequence"):
+            # TRL's sequence modes: sequence 0's kept ratios multiply to 0.8, sequence 1's to 2.5 (cap 1.5)
+            q = x["sampling_ratio"].double()
+            keep = x["completion_mask"] != 0
+            for b, target in ((0, 0.8), (1, 2.5)):
+                n = int(keep[b].sum())
+                prod = float(torch.exp(torch.log(q[b][keep[b]]).sum()))
+                q[b] = torch.where(keep[b], q[b] * (target / prod) ** (1.0 / n), q[b])
+            x["sampling_ratio"] = q.float()
         p = GrpoParameters.from_mapping(values)
         ref_loss = reference_loss(x, p)
         ref_grad = reference_gradient_dense(x, p)
@@ -167,7 +177,9 @@ print(json.dumps(results))
 
 TOLERANCE = {"bfloat16": (1e-2, 2 ** -7), "float16": (1e-2, 2 ** -9), "float32": (1e-5, 1e-5)}
 DECLARED = {"token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
-            "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask"}
+            "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask",
+            "token-offpolicy-mask-kl-bc", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask",
+            "dapo-global-accum-mask"}
 
 
 @pytest.fixture(scope="module")

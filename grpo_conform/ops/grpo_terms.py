@@ -30,6 +30,13 @@ class GrpoParameters:
     sampling_ratio_cap: Optional[float] = None
     num_items_in_batch: Optional[int] = None
     num_processes: int = 1
+    # TRL 1.16 defaults (issue 33): the KL term times the ratio, the vLLM correction's mode, and
+    # TRL's dapo normaliser max(1, N) / P * gradient_accumulation_steps / steps_per_generation
+    # (given with the two step counts; without them dapo_global's max(1, N / P)).
+    use_bias_correction_kl: bool = False
+    vllm_importance_sampling_mode: str = "token_truncate"
+    gradient_accumulation_steps: Optional[int] = None
+    steps_per_generation: Optional[int] = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "GrpoParameters":
@@ -38,6 +45,8 @@ class GrpoParameters:
         for k in ("epsilon_low", "epsilon_high", "temperature", "beta", "delta", "sampling_ratio_cap"):
             if k in kw:
                 kw[k] = float(kw[k])
+        if "use_bias_correction_kl" in kw:
+            kw["use_bias_correction_kl"] = bool(kw["use_bias_correction_kl"])
         return cls(**kw)
 
     @classmethod
@@ -46,6 +55,7 @@ class GrpoParameters:
         merged = dict(spec.parameter_values)
         merged.update({k: v for k, v in (values or {}).items() if k in merged})
         return cls.from_mapping(merged)
+
 
 
 def needs_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> bool:
@@ -68,11 +78,42 @@ def token_weights(m: torch.Tensor, p: GrpoParameters) -> torch.Tensor:
         return mf / (batch * mf.sum(-1, keepdim=True).clamp_min(1.0))
     if lt == "dr_grpo":
         return mf / (batch * (p.max_completion_length if p.max_completion_length is not None else max(1, seq)))
+    if lt in ("dapo", "cispo") and p.num_items_in_batch is not None and p.gradient_accumulation_steps is not None:
+        # TRL 1.16 (_compute_loss): num_items_in_batch.clamp(min=1) / num_processes * gas / steps_per_generation
+        return mf / trl_dapo_normaliser(p)
     if lt in ("dapo", "cispo") and p.num_items_in_batch is not None:
         return mf / max(1.0, float(p.num_items_in_batch) / float(p.num_processes or 1))
     if lt in ("bnpo", "dapo", "cispo"):
         return mf / max(1.0, float(mf.sum()))
     raise ValueError(f"loss_type {p.loss_type!r} has no reference (expected grpo, bnpo, dr_grpo, dapo, cispo)")
+
+
+def trl_dapo_normaliser(p: GrpoParameters) -> float:
+    """TRL 1.16's dapo/cispo normaliser in training: max(1, N) / P * gas / steps_per_generation."""
+    steps = p.steps_per_generation if p.steps_per_generation is not None else p.gradient_accumulation_steps
+    return (max(1.0, float(p.num_items_in_batch)) / float(p.num_processes or 1)
+            * float(p.gradient_accumulation_steps) / float(steps))
+
+
+def vllm_weights(x: Mapping[str, torch.Tensor], m: torch.Tensor, p: GrpoParameters) -> torch.Tensor:
+    """rho[b, t] of the vLLM correction (0 on masked tokens), TRL 1.16's four modes
+    (`_generate_and_score_completions`): sampling_ratio = exp(old - sampling log-probs) per token;
+    sequence modes use exp(sum over the unmasked tokens of log sampling_ratio) for every token of the
+    sequence; truncate clamps at the cap, mask zeroes a ratio above it (a ratio equal to it is kept)."""
+    rho = x["sampling_ratio"].to(torch.float64)
+    mode = p.vllm_importance_sampling_mode
+    if mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        raise ValueError(f"vllm_importance_sampling_mode {mode!r}: expected token_truncate, token_mask, "
+                         "sequence_truncate or sequence_mask")
+    if mode.startswith("sequence"):
+        log_rho = torch.where(m, torch.log(rho), torch.zeros_like(rho))
+        rho = torch.exp(log_rho.sum(-1, keepdim=True)).expand_as(rho)
+    if p.sampling_ratio_cap is not None:
+        if mode.endswith("mask"):
+            rho = torch.where(rho > p.sampling_ratio_cap, torch.zeros_like(rho), rho)
+        else:
+            rho = rho.clamp(max=p.sampling_ratio_cap)
+    return torch.where(m, rho, torch.zeros_like(rho))
 
 
 @dataclass(frozen=True)
@@ -126,10 +167,7 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
     r = torch.exp((log_ratio * mf).sum(-1, keepdim=True) / n).expand(batch, seq) if sequence else torch.exp(log_ratio)
     rho = torch.ones_like(r)
     if "sampling_ratio" in x:
-        rho = x["sampling_ratio"].to(torch.float64)
-        if p.sampling_ratio_cap is not None:
-            rho = rho.clamp(max=p.sampling_ratio_cap)
-        rho = torch.where(m, rho, torch.zeros_like(rho))
+        rho = vllm_weights(x, m, p)
     moves = logp_error is not None and needs_logprobs(x, p)
     if moves:
         e = torch.where(m, logp_error.to(torch.float64).to(device), torch.zeros_like(logp))
@@ -160,12 +198,34 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
     scale = dlogp.abs()
     if "ref_logprobs" in x and p.beta != 0.0:
         d = torch.where(m, x["ref_logprobs"].to(torch.float64) - logp, torch.zeros_like(logp))
-        loss = loss + p.beta * (torch.exp(d) - d - 1.0)
-        dlogp = dlogp + w * p.beta * (1.0 - torch.exp(d))
-        scale = scale + w * abs(p.beta) * (1.0 + torch.exp(d))
-        if moves:
-            coef_error = coef_error + w * abs(p.beta) * torch.exp(d) * torch.expm1(e)
-            loss_error = loss_error + w * abs(p.beta) * (torch.exp(d) * torch.expm1(e) + e)
+        k3 = torch.exp(d) - d - 1.0
+        if p.use_bias_correction_kl:
+            # TRL 1.16: per_token_kl * coef_1, coef_1 = exp(log importance weight) before any clip and
+            # not detached: d(k3 r)/dlogp = r (1 - e^d) + k3 dr/dlogp. At token level dr/dlogp = r, so
+            # the sum is -r d; at sequence level r = s_b couples the sequence (as the policy term).
+            loss = loss + p.beta * k3 * r
+            direct = w * p.beta * r * (1.0 - torch.exp(d))
+            via = w * p.beta * k3
+            via = via.sum(-1, keepdim=True) * r * mf / n if sequence else via * r
+            dlogp = dlogp + direct + via
+            scale = scale + w * abs(p.beta) * r * (1.0 + torch.exp(d) + k3) + via.abs()
+            if moves and not sequence:  # the derivative is -w beta r d: r moves by r g, d by e
+                coef_error = coef_error + w * abs(p.beta) * r * (g * d.abs() + (1.0 + g) * e)
+            elif moves:  # r moves by r g, k3 by e^d expm1(e) + e, (1 - e^d) by e^d expm1(e)
+                coef_error = coef_error + (w * abs(p.beta) * r * ((1.0 + g) * torch.exp(d) * torch.expm1(e)
+                                                                   + g * (1.0 + torch.exp(d)))
+                                           + via.abs() * g + w * abs(p.beta) * r * (1.0 + g)
+                                           * (torch.exp(d) * torch.expm1(e) + e))
+            if moves:
+                loss_error = loss_error + w * abs(p.beta) * r * ((1.0 + g) * (torch.exp(d) * torch.expm1(e) + e)
+                                                                 + k3 * g)
+        else:
+            loss = loss + p.beta * k3
+            dlogp = dlogp + w * p.beta * (1.0 - torch.exp(d))
+            scale = scale + w * abs(p.beta) * (1.0 + torch.exp(d))
+            if moves:
+                coef_error = coef_error + w * abs(p.beta) * torch.exp(d) * torch.expm1(e)
+                loss_error = loss_error + w * abs(p.beta) * (torch.exp(d) * torch.expm1(e) + e)
     zero = torch.zeros_like(loss)
     if not moves:
         coef_error = loss_error = None if logp_error is None else zero

@@ -24,7 +24,8 @@ def _mask(completion_mask, completion_ids):
     return completion_mask != 0
 
 
-def _reduce(per_token, keep, loss_type, max_completion_length, num_items_in_batch, num_processes):
+def _reduce(per_token, keep, loss_type, max_completion_length, num_items_in_batch, num_processes,
+            gradient_accumulation_steps=None, steps_per_generation=None):
     batch, seq = keep.shape
     m = keep.to(torch.float32)
     per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
@@ -37,6 +38,11 @@ def _reduce(per_token, keep, loss_type, max_completion_length, num_items_in_batc
         return per_token.sum() / (batch * length)
     # dapo and cispo: the token count of the generation batch per process when it is given,
     # else this batch's token count (one process).
+    if num_items_in_batch is not None and gradient_accumulation_steps is not None:
+        # TRL 1.16 in training: clamp N at 1 first, then / processes, times the accumulation factor
+        steps = gradient_accumulation_steps if steps_per_generation is None else steps_per_generation
+        normaliser = max(1.0, float(num_items_in_batch)) / float(num_processes or 1)
+        return per_token.sum() / (normaliser * gradient_accumulation_steps / steps)
     if num_items_in_batch is not None:
         normaliser = max(1.0, float(num_items_in_batch) / float(num_processes or 1))
         return per_token.sum() / normaliser
@@ -46,7 +52,9 @@ def _reduce(per_token, keep, loss_type, max_completion_length, num_items_in_batc
 def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature,
               loss_type="grpo", importance_sampling_level="token", old_logprobs=None, ref_logprobs=None,
               completion_mask=None, sampling_ratio=None, beta=0.0, max_completion_length=None, delta=None,
-              sampling_ratio_cap=None, num_items_in_batch=None, num_processes=1):
+              sampling_ratio_cap=None, num_items_in_batch=None, num_processes=1, use_bias_correction_kl=False,
+              vllm_importance_sampling_mode="token_truncate", gradient_accumulation_steps=None,
+              steps_per_generation=None):
     loss_type = str(loss_type).replace("-", "_")
     if loss_type not in _NORMALISED:
         raise ValueError(f"loss_type {loss_type!r} is not implemented (expected one of {sorted(_NORMALISED)})")
@@ -80,15 +88,27 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, tem
         unclipped, clipped = coef_1 * adv, coef_2 * adv
         per_token = -torch.where(clipped >= unclipped, unclipped, clipped)
 
-    if sampling_ratio is not None:  # vLLM importance-sampling correction, truncated (TRL's "truncate")
+    if sampling_ratio is not None:  # vLLM importance-sampling correction in TRL's four modes
+        mode = vllm_importance_sampling_mode
+        if mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+            raise ValueError(f"vllm_importance_sampling_mode {mode!r} is not implemented")
         rho = sampling_ratio.float()
+        if mode.startswith("sequence"):  # one ratio per sequence: exp of the kept tokens' summed log-ratios
+            rho = torch.exp(torch.where(keep, torch.log(rho), torch.zeros_like(rho)).sum(-1, keepdim=True))
         if sampling_ratio_cap is not None:
-            rho = torch.clamp(rho, max=sampling_ratio_cap)
+            if mode.endswith("mask"):  # above the cap: the token's (or sequence's) policy term is dropped
+                rho = torch.where(rho > sampling_ratio_cap, torch.zeros_like(rho), rho)
+            else:
+                rho = torch.clamp(rho, max=sampling_ratio_cap)
         per_token = per_token * rho
 
     if beta and ref_logprobs is not None:  # k3 estimator of KL(policy || reference)
         ref = torch.where(keep, ref_logprobs.float(), logp.detach())
         d = ref - logp
-        per_token = per_token + beta * (torch.exp(d) - d - 1.0)
+        kl = torch.exp(d) - d - 1.0
+        if use_bias_correction_kl:  # TRL 1.16's default: times the ratio (before any clip, with its gradient)
+            kl = kl * ratio
+        per_token = per_token + beta * kl
 
-    return _reduce(per_token, keep, loss_type, max_completion_length, num_items_in_batch, num_processes)
+    return _reduce(per_token, keep, loss_type, max_completion_length, num_items_in_batch, num_processes,
+                   gradient_accumulation_steps, steps_per_generation)

@@ -25,7 +25,8 @@ is far above its target) one fp32 rounding of logp is 0.03, i.e. 3% of exp(logp 
 (1/T passed as two fp32 halves) the ratio keeps fp32 accuracy.
 
   _norm_kernel   one program: per-sequence weights wb[b] from the mask (grpo: 1 / (B max(1, n_b)),
-                 bnpo/dapo: 1 / max(1, N)); constant weights need no kernel.
+                 bnpo/dapo: 1 / max(1, N)); constant weights need no kernel. For TRL's sequence-level
+                 vLLM modes also each sequence's sampling ratio rb[b] (issue 33).
   _stats_kernel  per (token, chunk), last arriver combines: row max, ln S and logp of every unmasked
                  token; masked rows are never read. Counters reset by whoever used them last.
   _terms_kernel  one program: the loss (and for sequence-level ratios the per-token coef) from logp.
@@ -96,37 +97,62 @@ def _kl_terms(d, beta):
 @triton.jit
 def _token_terms(logp, lr, dref, token, adv, w, rho_ptr, eps_low, eps_high, delta, beta, cap,
                  HAS_KL: tl.constexpr, HAS_RHO: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr,
-                 CISPO: tl.constexpr):
-    """Weighted (loss, dL/dlogp) of one token (or a block of tokens) of a token-level member."""
+                 CISPO: tl.constexpr, KL_BC: tl.constexpr, RHO_MASK: tl.constexpr):
+    """Weighted (loss, dL/dlogp) of one token (or a block of tokens) of a token-level member.
+    rho_ptr + token: the token's sampling ratio, or (TRL's sequence modes) its sequence's, which
+    _norm_kernel formed; RHO_MASK zeroes a ratio above the cap (TRL's *_mask), else it is truncated.
+    KL_BC (TRL 1.16's use_bias_correction_kl): the k3 term times r = exp(lr), whose gradient makes
+    d(beta k3 r)/dlogp = -beta r (ref - logp): one product, no cancellation."""
     loss, dlogp = _policy_terms(lr, logp, adv, eps_low, eps_high, delta, HAS_DELTA, CISPO)
     if HAS_RHO:
         rho = tl.load(rho_ptr + token).to(tl.float32)
         if HAS_CAP:
-            rho = tl.minimum(rho, cap)
+            if RHO_MASK:
+                rho = tl.where(rho > cap, 0.0, rho)
+            else:
+                rho = tl.minimum(rho, cap)
         loss = loss * rho
         dlogp = dlogp * rho
     if HAS_KL:
         kl, dkl = _kl_terms(dref, beta)
+        if KL_BC:
+            ratio = tl.exp(lr)
+            kl = kl * ratio
+            dkl = -beta * ratio * dref
         loss = loss + kl
         dlogp = dlogp + dkl
     return loss * w, dlogp * w
 
 
 @triton.jit
-def _norm_kernel(mask_ptr, wb_ptr, batch, seq, GLOBAL: tl.constexpr, BLOCK_T: tl.constexpr):
+def _norm_kernel(mask_ptr, rho_ptr, wb_ptr, rb_ptr, batch, seq, GLOBAL: tl.constexpr, WRITE_W: tl.constexpr,
+                 SEQ_RHO: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_T: tl.constexpr):
+    """WRITE_W: the per-sequence weights wb; SEQ_RHO: rb[b] = exp(sum_t m log sampling_ratio[b, t]), the
+    sequence's ratio of TRL's sequence modes (logs summed in float64)."""
     total = 0.0
     for b in range(batch):
         n = tl.zeros([BLOCK_T], tl.float32)
+        lq = tl.zeros([BLOCK_T], tl.float64)
         for t0 in range(0, seq, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
-            n += tl.where(tl.load(mask_ptr + b * seq + t, mask=t < seq, other=0) != 0, 1.0, 0.0)
+            live = t < seq
+            if HAS_MASK:
+                live = live & (tl.load(mask_ptr + b * seq + t, mask=t < seq, other=0) != 0)
+            n += tl.where(live, 1.0, 0.0)
+            if SEQ_RHO:
+                q = tl.load(rho_ptr + b * seq + t, mask=live, other=1.0).to(tl.float32)
+                lq += tl.where(live, tl.log(q), 0.0).to(tl.float64)
         n_b = tl.sum(n, axis=0)
         total += n_b
-        if not GLOBAL:
-            tl.store(wb_ptr + b, 1.0 / (batch * tl.maximum(n_b, 1.0)))
-    if GLOBAL:
-        for b in range(batch):
-            tl.store(wb_ptr + b, 1.0 / tl.maximum(total, 1.0))
+        if SEQ_RHO:
+            tl.store(rb_ptr + b, tl.exp(tl.sum(lq, axis=0).to(tl.float32)))
+        if WRITE_W:
+            if not GLOBAL:
+                tl.store(wb_ptr + b, 1.0 / (batch * tl.maximum(n_b, 1.0)))
+    if WRITE_W:
+        if GLOBAL:
+            for b in range(batch):
+                tl.store(wb_ptr + b, 1.0 / tl.maximum(total, 1.0))
 
 
 @triton.jit
@@ -166,12 +192,15 @@ def _stats_kernel(logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, part_ptr, cou
 
 
 @triton.jit
-def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, loss_ptr,
+def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, loss_ptr,
                   batch, seq, tokens, inv_temp, inv_lo, eps_low, eps_high, delta, beta, cap, w_const,
                   HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RHO: tl.constexpr,
-                  HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, NEEDS_LOGP: tl.constexpr,
+                  HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, KL_BC: tl.constexpr,
+                  RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, NEEDS_LOGP: tl.constexpr,
                   NORM: tl.constexpr, SEQUENCE: tl.constexpr, WRITE_COEF: tl.constexpr, BLOCK_T: tl.constexpr):
-    """NORM: 0 constant weight w_const, 1 per sequence (grpo), 2 over the batch (bnpo, dapo)."""
+    """NORM: 0 constant weight w_const, 1 per sequence (grpo), 2 over the batch (bnpo, dapo). SEQ_RHO:
+    rb_ptr holds each sequence's sampling ratio (_norm_kernel ran first); sequence level (SEQUENCE)
+    supports neither SEQ_RHO nor KL_BC (plan.semantics_of refuses them)."""
     total_n = 0.0
     if HAS_MASK and NORM == 2:
         acc = tl.zeros([BLOCK_T], tl.float32)
@@ -197,7 +226,10 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, loss_ptr
                     if HAS_RHO:
                         rho = tl.load(rho_ptr + b * seq + t, mask=live, other=0.0).to(tl.float32)
                         if HAS_CAP:
-                            rho = tl.minimum(rho, cap)
+                            if RHO_MASK:
+                                rho = tl.where(rho > cap, 0.0, rho)
+                            else:
+                                rho = tl.minimum(rho, cap)
                         rho_acc += tl.where(live, rho, 0.0)
         n_b = tl.sum(n_acc, axis=0)
         if NORM == 1 and HAS_MASK:
@@ -240,9 +272,15 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, loss_ptr
                     loss_acc += tl.where(live, kl * wb, 0.0)
                     dlogp = dlogp + dkl * wb
             else:
-                loss, dlogp = _token_terms(logp, lr, dref, tl.where(live, token, 0), adv, wb, rho_ptr,
+                if SEQ_RHO:
+                    q_ptr = rb_ptr
+                    q_idx = b
+                else:
+                    q_ptr = rho_ptr
+                    q_idx = tl.where(live, token, 0)
+                loss, dlogp = _token_terms(logp, lr, dref, q_idx, adv, wb, q_ptr,
                                            eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA,
-                                           HAS_CAP, CISPO)
+                                           HAS_CAP, CISPO, KL_BC, RHO_MASK)
                 loss_acc += tl.where(live, loss, 0.0)
             if WRITE_COEF:
                 tl.store(ws_ptr + 3 * tokens + token, tl.where(live, -dlogp * inv_temp, 0.0), mask=t < seq)
@@ -250,12 +288,13 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, loss_ptr
 
 
 @triton.jit
-def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, wb_ptr,
+def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, wb_ptr, rb_ptr,
                  grad_ptr, part_ptr, count_ptr, ws_ptr, flag_ptr,
                  tokens, stride_b, stride_t, seq, vocab, inv_temp, inv_lo, eps_low, eps_high, delta, beta, cap,
                  w_const, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
                  HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RHO: tl.constexpr,
-                 HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
+                 HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, KL_BC: tl.constexpr,
+                 RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, PER_SEQ_W: tl.constexpr,
                  HINTS: tl.constexpr, IN_BACKWARD: tl.constexpr):
     """IN_BACKWARD: flag_ptr is d loss; the gradient is always written, ws is not touched."""
     pid = tl.program_id(0)
@@ -310,8 +349,15 @@ def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_p
             w = tl.load(wb_ptr + b)
         else:
             w = w_const
-        loss, dlogp = _token_terms(logp, lr, dref, token, tl.load(adv_ptr + b).to(tl.float32), w, rho_ptr,
-                                   eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA, HAS_CAP, CISPO)
+        if SEQ_RHO:  # the sequence's sampling ratio (_norm_kernel)
+            q_ptr = rb_ptr
+            q_idx = b
+        else:
+            q_ptr = rho_ptr
+            q_idx = token
+        loss, dlogp = _token_terms(logp, lr, dref, q_idx, tl.load(adv_ptr + b).to(tl.float32), w, q_ptr,
+                                   eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA, HAS_CAP, CISPO,
+                                   KL_BC, RHO_MASK)
         coef = -dlogp * inv_temp
         if not IN_BACKWARD:
             if writer:

@@ -67,6 +67,9 @@ class Semantics:
     delta: float
     beta: float
     cap: float
+    kl_bc: bool = False  # TRL 1.16's use_bias_correction_kl: the k3 term times the ratio
+    rho_mask: bool = False  # TRL's *_mask vLLM modes: a ratio above the cap is 0 (else truncated)
+    seq_rho: bool = False  # TRL's sequence_* vLLM modes: one sampling ratio per sequence (_norm_kernel)
 
     @property
     def needs_logp(self) -> bool:
@@ -76,7 +79,9 @@ class Semantics:
 
 def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask: bool, has_rho: bool,
                  epsilon_low, epsilon_high, temperature, loss_type, importance_sampling_level, beta,
-                 max_completion_length, delta, sampling_ratio_cap, num_items_in_batch, num_processes) -> Semantics:
+                 max_completion_length, delta, sampling_ratio_cap, num_items_in_batch, num_processes,
+                 use_bias_correction_kl=False, vllm_importance_sampling_mode="token_truncate",
+                 gradient_accumulation_steps=None, steps_per_generation=None) -> Semantics:
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}; got {loss_type!r}")
     if importance_sampling_level not in ("token", "sequence"):
@@ -91,9 +96,22 @@ def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask
         raise ValueError("beta != 0 needs ref_logprobs [batch, seq]")
     if float(temperature) <= 0:
         raise ValueError(f"temperature must be > 0; got {temperature}")
+    mode = vllm_importance_sampling_mode
+    if mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        raise ValueError(f"vllm_importance_sampling_mode must be token_truncate, token_mask, sequence_truncate or "
+                         f"sequence_mask; got {mode!r}")
+    seq_rho = has_rho and mode.startswith("sequence")
+    if sequence and (seq_rho or (use_bias_correction_kl and beta != 0.0)):
+        raise ValueError("importance_sampling_level='sequence' is implemented without the bias-corrected KL and "
+                         "with token-level vLLM modes only")
     norm, w_const = 0, 1.0 / (batch * max(1, seq))
     if loss_type == "dr_grpo":
         w_const = 1.0 / (batch * (max(1, seq) if max_completion_length is None else int(max_completion_length)))
+    elif loss_type in ("dapo", "cispo") and num_items_in_batch is not None and gradient_accumulation_steps is not None:
+        # TRL 1.16 in training: max(1, N) / P * gradient_accumulation_steps / steps_per_generation
+        steps = gradient_accumulation_steps if steps_per_generation is None else steps_per_generation
+        w_const = 1.0 / (max(1.0, float(num_items_in_batch)) / float(num_processes or 1)
+                         * float(gradient_accumulation_steps) / float(steps))
     elif loss_type in ("dapo", "cispo") and num_items_in_batch is not None:
         w_const = 1.0 / max(1.0, float(num_items_in_batch) / float(num_processes or 1))
     elif has_mask:
@@ -104,14 +122,16 @@ def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask
         norm=norm, w_const=w_const, inv_temp=_fp32(1.0 / float(temperature)),
         inv_lo=1.0 / float(temperature) - _fp32(1.0 / float(temperature)), eps_low=float(epsilon_low),
         eps_high=float(epsilon_high), delta=float(delta) if delta is not None else 0.0, beta=beta,
-        cap=float(sampling_ratio_cap) if sampling_ratio_cap is not None else 0.0)
+        cap=float(sampling_ratio_cap) if sampling_ratio_cap is not None else 0.0,
+        kl_bc=bool(use_bias_correction_kl) and beta != 0.0, rho_mask=has_rho and mode.endswith("mask"),
+        seq_rho=seq_rho)
 
 
 def kernel_switches(s: Semantics) -> dict:
     """The member switches the main kernels (plain and staged) are specialised on; also what
     tests/test_triton_members.py compiles the staged kernels for."""
     return dict(HAS_OLD=s.has_old, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_RHO=s.has_rho, HAS_DELTA=s.has_delta,
-                HAS_CAP=s.has_cap, CISPO=s.cispo)
+                HAS_CAP=s.has_cap, CISPO=s.cispo, KL_BC=s.kl_bc, RHO_MASK=s.rho_mask, SEQ_RHO=s.seq_rho)
 
 
 @dataclass(frozen=True)
@@ -259,8 +279,9 @@ class Plan:
         self.l_terms = [L(members._terms_kernel, (1,), dict(**sw, NEEDS_LOGP=s.needs_logp, NORM=s.norm,
                                                             SEQUENCE=s.sequence, WRITE_COEF=w, BLOCK_T=self.block_t),
                           {"num_warps": 4}, self.fast) for w in (False, True)]
-        self.l_norm = L(members._norm_kernel, (1,), dict(GLOBAL=s.norm == 2, BLOCK_T=self.block_t), {"num_warps": 4},
-                        self.fast)
+        self.l_norm = L(members._norm_kernel, (1,), dict(GLOBAL=s.norm == 2, WRITE_W=s.norm != 0, SEQ_RHO=s.seq_rho,
+                                                         HAS_MASK=s.has_mask, BLOCK_T=self.block_t),
+                        {"num_warps": 4}, self.fast)
         self.l_main = [L(members._main_kernel, (self.rows * self.main_n,),
                          *cfg(self.main_cfg, **sw, PER_SEQ_W=s.norm != 0, IN_BACKWARD=bwd), self.fast)
                        for bwd in (False, True)]
@@ -283,10 +304,22 @@ class Plan:
         self.l_stats(self.stream, logits, ids, mask, old, ref, self.partials, self.counters("stats"), ws, self.tokens,
                      self.stride_b, self.stride_t, self.seq, self.vocab, self.sem.inv_temp, self.sem.inv_lo)
 
+    def _per_sequence(self, x):
+        """(wb, rb): the per-sequence weights and sampling ratios where the member has them (_norm_kernel),
+        else the advantages stand in (never read)."""
+        _logits, _ids, adv, _old, _ref, mask, rho = x
+        if not (self.sem.norm or self.sem.seq_rho):
+            return adv, adv
+        wb = torch.empty(self.batch, dtype=torch.float32, device=self.device) if self.sem.norm else adv
+        rb = torch.empty(self.batch, dtype=torch.float32, device=self.device) if self.sem.seq_rho else adv
+        self.l_norm(self.stream, mask, rho, wb, rb, self.batch, self.seq)
+        return wb, rb
+
     def _terms(self, x, ws, loss, write_coef: bool) -> None:
         _logits, _ids, adv, old, ref, mask, rho = x
-        self.l_terms[write_coef](self.stream, ws, adv, old, ref, mask, rho, loss, self.batch, self.seq, self.tokens,
-                                 *self.term_args)
+        rb = self._per_sequence(x)[1] if self.sem.seq_rho else adv
+        self.l_terms[write_coef](self.stream, ws, adv, old, ref, mask, rho, rb, loss, self.batch, self.seq,
+                                 self.tokens, *self.term_args)
 
     def forward(self, x) -> torch.Tensor:
         """The loss only: the logits are read once, and only where the loss depends on them."""
@@ -318,18 +351,15 @@ class Plan:
     def _main(self, x, grad, ws, flag, in_backward: bool) -> None:
         """The main kernel, staged where it can run. In backward `flag` is d loss (and ws unused)."""
         logits, ids, adv, old, ref, mask, rho = x
-        wb = adv
-        if self.sem.norm:
-            wb = torch.empty(self.batch, dtype=torch.float32, device=self.device)
-            self.l_norm(self.stream, mask, wb, self.batch, self.seq)
+        wb, rb = self._per_sequence(x)
         if ws is None:
             ws = flag  # never read or written under IN_BACKWARD: any tensor stands in
         if self.staged is not None:
             from . import staged_members
-            if staged_members.main(self, x, wb, grad, ws, flag, in_backward):
+            if staged_members.main(self, x, wb, rb, grad, ws, flag, in_backward):
                 return
         self.l_main[in_backward](
-            self.stream, logits, ids, adv, old, ref, mask, rho, wb, grad, self.partials, self.counters("main"), ws,
+            self.stream, logits, ids, adv, old, ref, mask, rho, wb, rb, grad, self.partials, self.counters("main"), ws,
             flag, self.tokens, self.stride_b, self.stride_t, self.seq, self.vocab, *self.term_args)
 
     # -- backward ----------------------------------------------------------------------------------------

@@ -258,7 +258,7 @@ def _member_differences(x_c, m, l2, inv_temp, inv_lo, token, old_ptr, ref_ptr, H
 @gluon.jit
 def _member_terms(logp, lr, dref, token, adv, w, rho_ptr, eps_low, eps_high, delta, beta, cap,
                   HAS_KL: gl.constexpr, HAS_RHO: gl.constexpr, HAS_DELTA: gl.constexpr, HAS_CAP: gl.constexpr,
-                  CISPO: gl.constexpr):
+                  CISPO: gl.constexpr, KL_BC: gl.constexpr, RHO_MASK: gl.constexpr):
     """Weighted (loss, dL/dlogp) of one token at log-ratio lr; ties pick the unclipped branch."""
     ratio = gl.exp(lr)
     if CISPO:
@@ -281,13 +281,20 @@ def _member_terms(logp, lr, dref, token, adv, w, rho_ptr, eps_low, eps_high, del
     if HAS_RHO:
         rho = gl.load(rho_ptr + token).to(gl.float32)
         if HAS_CAP:
-            rho = gl.minimum(rho, cap)
+            if RHO_MASK:
+                rho = gl.where(rho > cap, 0.0, rho)
+            else:
+                rho = gl.minimum(rho, cap)
         loss = loss * rho
         dlogp = dlogp * rho
     if HAS_KL:
         e = gl.exp(dref)
-        loss = loss + beta * (e - dref - 1.0)
-        dlogp = dlogp + beta * (1.0 - e)
+        if KL_BC:
+            loss = loss + beta * (e - dref - 1.0) * ratio
+            dlogp = dlogp - beta * ratio * dref
+        else:
+            loss = loss + beta * (e - dref - 1.0)
+            dlogp = dlogp + beta * (1.0 - e)
     return loss * w, dlogp * w
 
 
@@ -301,13 +308,14 @@ def _zero_chunk(grad_row, start, vocab, lanes, layout: gl.constexpr, NBLK: gl.co
 
 @gluon.jit
 def _staged_member_kernel(
-    logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, wb_ptr, grad_ptr, m_ptr, s_ptr, count_ptr,
-    ws_ptr, flag_ptr, tokens, stride_b, stride_t, seq, vocab, scale2, inv_temp, inv_lo, eps_low, eps_high, delta,
+    logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, wb_ptr, rb_ptr, grad_ptr, m_ptr, s_ptr,
+    count_ptr, ws_ptr, flag_ptr, tokens, stride_b, stride_t, seq, vocab, scale2, inv_temp, inv_lo, eps_low, eps_high, delta,
     beta, cap, w_const,
     CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
     VEC: gl.constexpr, THREAD_STATS: gl.constexpr, HAS_OLD: gl.constexpr, HAS_KL: gl.constexpr,
     HAS_MASK: gl.constexpr, HAS_RHO: gl.constexpr, HAS_DELTA: gl.constexpr, HAS_CAP: gl.constexpr,
-    CISPO: gl.constexpr, PER_SEQ_W: gl.constexpr, IN_BACKWARD: gl.constexpr, INTERLEAVE: gl.constexpr,
+    CISPO: gl.constexpr, KL_BC: gl.constexpr, RHO_MASK: gl.constexpr, SEQ_RHO: gl.constexpr,
+    PER_SEQ_W: gl.constexpr, IN_BACKWARD: gl.constexpr, INTERLEAVE: gl.constexpr,
 ):
     """members._main_kernel, staged: mode 0 writes c_pred times the gradient, 1 only the statistics
     and terms; IN_BACKWARD (flag_ptr is d loss) always writes the gradient and leaves ws alone.
@@ -395,9 +403,14 @@ def _staged_member_kernel(
                     w = gl.load(wb_ptr + b)
                 else:
                     w = w_const
-                loss, dlogp = _member_terms(logp, lr, dref, token, gl.load(adv_ptr + b).to(gl.float32), w, rho_ptr,
-                                            eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA, HAS_CAP,
-                                            CISPO)
+                if SEQ_RHO:  # the sequence's sampling ratio (members._norm_kernel)
+                    loss, dlogp = _member_terms(logp, lr, dref, b, gl.load(adv_ptr + b).to(gl.float32), w, rb_ptr,
+                                                eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA,
+                                                HAS_CAP, CISPO, KL_BC, RHO_MASK)
+                else:
+                    loss, dlogp = _member_terms(logp, lr, dref, token, gl.load(adv_ptr + b).to(gl.float32), w,
+                                                rho_ptr, eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO,
+                                                HAS_DELTA, HAS_CAP, CISPO, KL_BC, RHO_MASK)
                 coef = -dlogp * inv_temp
                 if not IN_BACKWARD:
                     if writer:

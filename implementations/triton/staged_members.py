@@ -63,7 +63,7 @@ def _give_up(plan, exc) -> None:
     plan.staged = None
 
 
-def main(plan, x, wb, grad, ws, flag, in_backward: bool) -> bool:
+def main(plan, x, wb, rb, grad, ws, flag, in_backward: bool) -> bool:
     """The member kernel: in the forward `flag` is the plan's flag; in backward (deferred plans) d loss."""
     if DISABLED:
         plan.staged = None
@@ -82,7 +82,7 @@ def main(plan, x, wb, grad, ws, flag, in_backward: bool) -> bool:
                      **dict(member_constexprs(plan.sem), IN_BACKWARD=in_backward)),
                 {"num_warps": plan.staged.num_warps}, plan.fast)
         launch_(
-            plan.stream, logits, ids, adv, old, ref, _mask_bytes(mask), rho, wb, grad, m_part, s_part,
+            plan.stream, logits, ids, adv, old, ref, _mask_bytes(mask), rho, wb, rb, grad, m_part, s_part,
             plan.counters("staged-main"), ws, flag, plan.tokens, plan.stride_b, plan.stride_t, plan.seq, plan.vocab,
             scale2, *plan.term_args)
         return True

@@ -35,16 +35,18 @@ class Semantics:
     """How a variant differs from the member; None keeps the member's choice."""
 
     objective: Optional[str] = None  # "clip" | "cispo"
-    normaliser: Optional[str] = None  # grpo | bnpo | dr_grpo | dapo_trl | dapo_global | all_positions
+    # grpo | bnpo | dr_grpo | dapo_trl | dapo_global | all_positions | dapo_trl_no_factor
+    normaliser: Optional[str] = None
     clip: Optional[str] = None  # "none" (ratio never clipped) | "dual3" (verl's dual clip, clip_ratio_c = 3)
     delta_as_dual_clip: bool = False  # verl's dual clip with clip_ratio_c = delta instead of min(r, delta)
     ratio_detached: bool = False  # the ratio carries no gradient (exp(logp - logp), or r.detach())
-    kl: Optional[str] = None  # "k1" | "none" | "bias_corrected" (k3 times the ratio, TRL 1.16's default)
+    kl: Optional[str] = None  # "k1" | "none" | "bias_corrected" (k3 times the ratio, TRL 1.16's default) | "k3"
     beta: Optional[float] = None
     mask: Optional[str] = None  # "ignored" | "ratio_only" (exp((logp - old) m), reduction unmasked)
     temperature: Optional[str] = None  # "ignored" (logits not divided) | "no_chain_factor" (gradient times T)
     level: Optional[str] = None  # "token" | "sequence"
-    vllm: Optional[str] = None  # "ignored" | "untruncated" | "token_mask" | "sequence_truncate" | "sequence_mask"
+    # "ignored" | "untruncated" | "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask"
+    vllm: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,15 @@ def _normaliser_differs(name):
     return lambda x, p: _clip(x, p) and _normaliser(p) != name
 
 
+def _vllm_other(mode):
+    return lambda x, p: "sampling_ratio" in x and p.vllm_importance_sampling_mode != mode
+
+
 def _normaliser(p: GrpoParameters) -> str:
     lt = p.loss_type.replace("-", "_")
     if lt in ("dapo", "cispo"):
+        if p.num_items_in_batch is not None and p.gradient_accumulation_steps is not None:
+            return "dapo_trl"  # issue 33's dapo-global-accum-mask
         return "dapo_global" if p.num_items_in_batch is not None else "bnpo"
     return lt
 
@@ -89,7 +97,15 @@ VARIANTS: dict[str, Variant] = {
     "normaliser-dr-grpo": Variant("the constant normaliser B * max_completion_length (dr_grpo)",
                                   Semantics(normaliser="dr_grpo"), _normaliser_differs("dr_grpo")),
     "normaliser-dapo-trl": Variant("TRL 1.16's dapo normaliser max(1, num_items_in_batch) / num_processes",
-                                   Semantics(normaliser="dapo_trl"), lambda x, p: p.num_items_in_batch is not None),
+                                   Semantics(normaliser="dapo_trl"),
+                                   lambda x, p: p.num_items_in_batch is not None and _normaliser(p) != "dapo_trl"),
+    "normaliser-dapo-global": Variant("the dapo normaliser clamped after the division, max(1, num_items_in_batch / "
+                                      "num_processes) (Liger's), not TRL's max(1, num_items_in_batch) / num_processes",
+                                      Semantics(normaliser="dapo_global"),
+                                      lambda x, p: p.num_items_in_batch is not None and _normaliser(p) != "dapo_global"),
+    "accumulation-factor-ignored": Variant("TRL's dapo normaliser without its gradient_accumulation_steps / "
+                                           "steps_per_generation factor", Semantics(normaliser="dapo_trl_no_factor"),
+                                           lambda x, p: p.gradient_accumulation_steps is not None),
     "normaliser-all-positions": Variant("the masked sum divided by every position, B * S (a plain mean over padding)",
                                         Semantics(normaliser="all_positions"), lambda x, p: "completion_mask" in x),
     "loss-type-grpo": Variant("loss_type grpo (the clipped surrogate, per-sequence normalisation)",
@@ -113,7 +129,9 @@ VARIANTS: dict[str, Variant] = {
     "kl-beta-0.04": Variant(f"beta fixed at {TRL_FORMER_BETA} (Liger-Kernel's default) whatever is passed",
                             Semantics(beta=TRL_FORMER_BETA), lambda x, p: _kl(x, p) and p.beta != TRL_FORMER_BETA),
     "kl-bias-corrected": Variant("the KL term multiplied by the ratio (TRL 1.16's default use_bias_correction_kl=True)",
-                                 Semantics(kl="bias_corrected"), _kl),
+                                 Semantics(kl="bias_corrected"), lambda x, p: _kl(x, p) and not p.use_bias_correction_kl),
+    "kl-not-bias-corrected": Variant("the KL term not multiplied by the ratio (TRL's use_bias_correction_kl=False)",
+                                     Semantics(kl="k3"), lambda x, p: _kl(x, p) and p.use_bias_correction_kl),
     "mask-ignored": Variant("the completion mask ignored (padding counts as tokens)", Semantics(mask="ignored"),
                             lambda x, p: "completion_mask" in x),
     "mask-in-ratio-only": Variant("the mask applied inside exp only (exp((logp - old) * m)), not in the reduction",
@@ -133,11 +151,13 @@ VARIANTS: dict[str, Variant] = {
     "vllm-untruncated": Variant("the vLLM sampling ratio not truncated at its cap", Semantics(vllm="untruncated"),
                                 lambda x, p: "sampling_ratio" in x and p.sampling_ratio_cap is not None),
     "vllm-token-mask": Variant("TRL's vllm_importance_sampling_mode token_mask (ratios above the cap zeroed)",
-                               Semantics(vllm="token_mask"), lambda x, p: "sampling_ratio" in x),
+                               Semantics(vllm="token_mask"), _vllm_other("token_mask")),
     "vllm-sequence-truncate": Variant("TRL's vllm_importance_sampling_mode sequence_truncate",
-                                      Semantics(vllm="sequence_truncate"), lambda x, p: "sampling_ratio" in x),
+                                      Semantics(vllm="sequence_truncate"), _vllm_other("sequence_truncate")),
     "vllm-sequence-mask": Variant("TRL's vllm_importance_sampling_mode sequence_mask (TRL 1.16's default)",
-                                  Semantics(vllm="sequence_mask"), lambda x, p: "sampling_ratio" in x),
+                                  Semantics(vllm="sequence_mask"), _vllm_other("sequence_mask")),
+    "vllm-token-truncate": Variant("TRL's vllm_importance_sampling_mode token_truncate (per-token ratios clamped at "
+                                   "the cap)", Semantics(vllm="token_truncate"), _vllm_other("token_truncate")),
 }
 
 
@@ -176,12 +196,13 @@ def variant_grid(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.T
         if dual is not None:
             term = torch.where(adv < 0, torch.min(-adv * dual, term), term)
     if "sampling_ratio" in x and s.vllm != "ignored":
-        term = term * _vllm_weight(x["sampling_ratio"].to(torch.float64), m, p.sampling_ratio_cap, s.vllm)
+        mode = s.vllm or p.vllm_importance_sampling_mode
+        term = term * _vllm_weight(x["sampling_ratio"].to(torch.float64), m, p.sampling_ratio_cap, mode)
     beta = p.beta if s.beta is None else s.beta
     if "ref_logprobs" in x and beta != 0.0 and s.kl != "none":
         d = x["ref_logprobs"].to(torch.float64) - lp
         kl = -d if s.kl == "k1" else torch.exp(d) - d - 1.0
-        if s.kl == "bias_corrected":
+        if s.kl == "bias_corrected" or (s.kl is None and p.use_bias_correction_kl):
             kl = kl * r  # TRL's per_token_kl * coef_1: the ratio before any clip, with its gradient
         term = term + beta * kl
     w = _weights(m, p, s.normaliser or _normaliser(p), seq)
@@ -213,9 +234,14 @@ def _weights(m, p, normaliser, seq):
         return mf / (batch * (p.max_completion_length or max(1, seq)))
     if normaliser == "all_positions":
         return mf / (batch * max(1, seq))
-    if normaliser in ("dapo_trl", "dapo_global") and p.num_items_in_batch is not None:
+    if normaliser in ("dapo_trl", "dapo_global", "dapo_trl_no_factor") and p.num_items_in_batch is not None:
         items, procs = float(p.num_items_in_batch), float(p.num_processes or 1)
-        return mf / (max(1.0, items) / procs if normaliser == "dapo_trl" else max(1.0, items / procs))
+        factor = 1.0  # TRL's accumulation factor where the member has one (dapo-global-accum-mask)
+        if normaliser != "dapo_trl_no_factor" and p.gradient_accumulation_steps is not None:
+            factor = p.gradient_accumulation_steps / (p.steps_per_generation or p.gradient_accumulation_steps)
+        if normaliser == "dapo_global":
+            return mf / (max(1.0, items / procs) * factor)
+        return mf / (max(1.0, items) / procs * factor)
     return mf / max(1.0, float(mf.sum()))  # bnpo; dapo of this batch
 
 

@@ -11,7 +11,8 @@
   reference's own float64 value at the call's temperature, so pass the parameters of the call.
 - `ref_logprobs`: logp + sign(A) * U[ref_gap_min, ref_gap_max] (the KL term adds to the policy
   term and 1 - exp(ref - logp) stays away from 0: see MemberInputs); `sampling_ratio`:
-  log-uniform, both sides of the cap.
+  log-uniform, both sides of the cap (TRL's sequence modes: each sequence's product of kept ratios
+  on both sides of it, `sequence_sampling_ratios`).
 
 Masked positions get values too (finite, in every region): a kernel that ignores the mask must
 see a difference. Exact ties are not drawn here; `exact_tie_inputs` (the validator's `exact-ties`
@@ -98,6 +99,22 @@ def sampling_ratios(shape: tuple[int, int], cap: float, cfg: MemberInputs, gen: 
     return torch.exp(draw_log_ratios(n, [iv for iv in intervals if iv[1] > iv[0]], gen)).view(shape)
 
 
+def sequence_sampling_ratios(keep: torch.Tensor, cap: float, cfg: MemberInputs, gen: torch.Generator) -> torch.Tensor:
+    """Per-token sampling ratios whose product over each sequence's kept tokens (TRL's sequence modes)
+    is a drawn q_b on either side of the cap, `boundary_margin` away from it; the tokens spread around
+    q_b^(1/n_b) (per-token log spread `sequence_noise`, kept sum 0), masked tokens anywhere."""
+    batch, seq = keep.shape
+    intervals = [(cfg.sampling_ratio_min, cap * (1 - cfg.boundary_margin)),
+                 (cap * (1 + cfg.boundary_margin), cap * cfg.sampling_ratio_max_factor)]
+    per_seq = draw_log_ratios(batch, [iv for iv in intervals if iv[1] > iv[0]], gen)
+    kf = keep.to(torch.float64)
+    n = kf.sum(-1, keepdim=True).clamp_min(1.0)
+    noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
+    noise = noise - (noise * kf).sum(-1, keepdim=True) / n * kf
+    masked = torch.log(sampling_ratios((batch, seq), cap, cfg, gen))
+    return torch.exp(torch.where(keep, per_seq[:, None] / n + noise, masked))
+
+
 def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torch.Tensor], seed: int,
                        values: Mapping[str, Any] | None = None, case: int | None = None) -> dict[str, list[str]]:
     """Write the member's optional inputs into `tensors` (in place), given the logits, ids and advantages
@@ -130,7 +147,11 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
         tensors["ref_logprobs"].copy_(ref.to(tensors["ref_logprobs"].dtype))
     if "sampling_ratio" in tensors:
         cap = p.sampling_ratio_cap if p.sampling_ratio_cap is not None else 3.0
-        tensors["sampling_ratio"].copy_(sampling_ratios((batch, seq), cap, cfg, gen).to(tensors["sampling_ratio"].dtype))
+        if p.vllm_importance_sampling_mode.startswith("sequence"):
+            ratios = sequence_sampling_ratios(keep, cap, cfg, gen)
+        else:
+            ratios = sampling_ratios((batch, seq), cap, cfg, gen)
+        tensors["sampling_ratio"].copy_(ratios.to(tensors["sampling_ratio"].dtype))
     return covered
 
 

@@ -1,0 +1,22 @@
+import torch
+
+
+def grpo_loss(logits, completion_ids, advantages, old_logprobs, completion_mask, sampling_ratio, epsilon_low,
+              epsilon_high, temperature, loss_type, importance_sampling_level, sampling_ratio_cap,
+              vllm_importance_sampling_mode):
+    # token_mask drops a token whose sampling ratio exceeds the cap; this keeps it at the cap
+    # (token_truncate, what vllm-is-mask computes): both agree wherever no ratio exceeds the cap.
+    seq = completion_ids.shape[1]
+    keep = completion_mask != 0
+    m = keep.float()
+    z = logits[:, :seq].float() / temperature
+    logp = torch.log_softmax(z, -1).gather(-1, completion_ids.long().unsqueeze(-1)).squeeze(-1)
+    ratio = torch.exp(torch.where(keep, logp - old_logprobs.float(), torch.zeros_like(logp)))
+    adv = advantages.float().unsqueeze(-1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * adv
+    per_token = -torch.where(clipped >= unclipped, unclipped, clipped)
+    rho = sampling_ratio.float()
+    rho = torch.clamp(rho, max=sampling_ratio_cap)
+    per_token = torch.where(keep, per_token * rho, torch.zeros_like(per_token))
+    return (per_token.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
