@@ -1,6 +1,6 @@
 """The peers lane (issue 33 item 3): the trainers' own loss functions against the float64 reference.
 
-Tests marked `peers` run only when the lane is selected (`pytest -m peers`, .ci/run's third lane):
+Tests marked `peers` are deselected unless the lane is selected (`pytest -m peers`, .ci/run's third lane):
 importing TRL alone takes 10-25 s here, which the other lanes must not pay. Each trainer's tests skip
 with the reason when its optional extra is missing (`pip install -e '.[peers]'`; verl's light install
 is in docs/spec-family.md). The terminal summary prints one line per trainer route and member.
@@ -39,11 +39,13 @@ def require(route: str) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    selected = "peers" in (config.getoption("markexpr") or "")
-    skip = pytest.mark.skip(reason="the peers lane runs only when selected: pytest -m peers")
-    for item in items:
-        if item.get_closest_marker("peers") is not None and not selected:
-            item.add_marker(skip)
+    """Deselect (reported as "deselected") the peers tests unless the marker expression names peers."""
+    if "peers" in (config.getoption("markexpr") or ""):
+        return
+    lane = [item for item in items if item.get_closest_marker("peers") is not None]
+    if lane:
+        config.hook.pytest_deselected(items=lane)
+        items[:] = [item for item in items if item.get_closest_marker("peers") is None]
 
 
 def pytest_terminal_summary(terminalreporter):
