@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +19,9 @@ from grpo_conform import __version__
 from grpo_conform.errors import EXIT_OK, EXIT_USAGE, GrpoConformError
 from grpo_conform.floors import PROTOCOLS
 
-out = Console(soft_wrap=False, width=200)
+# Tables fit the screen at a terminal (issue 35: they were a fixed 200 columns) and follow $COLUMNS where
+# it is set; a log or a pipe with neither keeps 200 columns, so long evidence lines stay whole there.
+out = Console(soft_wrap=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200)
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, also when stderr is not a terminal
 
 
