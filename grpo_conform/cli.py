@@ -314,7 +314,7 @@ def manifest_validate(paths: tuple[str, ...]) -> None:
 
     report = run_validate(ValidateRequest(paths=paths))
     for line in report.lines:
-        out.print(line, highlight=False, markup=False)
+        out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line each, any width
     sys.exit(report.exit_code)
 
 
@@ -393,7 +393,7 @@ def floor(spec_path: str, workload: str, gpu: str, protocol: str, model: str, un
         _emit_json(report.to_json())
     else:
         for line in report.lines():
-            out.print(line, highlight=False, markup=False)
+            out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line each, any width
 
 
 @main.command()
@@ -505,7 +505,7 @@ def verify(files: tuple[str, ...], policy_file: str | None, expect_subject: str 
         _emit_json(report.to_json())
     else:
         for line in report.lines():
-            out.print(line, highlight=False, markup=False)
+            out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line each, any width
     sys.exit(report.exit_code)
 
 
@@ -569,7 +569,7 @@ def sign(files: tuple[str, ...], key_path: str | None, project: str | None, allo
         _emit_json(report.to_json())
     else:
         for line in report.lines():
-            out.print(line, highlight=False, markup=False)
+            out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line each, any width
 
 
 # -- report (the leaderboard; REPORT owns this command) --------------------------------------------
