@@ -15,7 +15,9 @@ constants or names of what the call supplies:
   "@tokens" this batch's unmasked-token count (one process: TRL's and Liger's num_items_in_batch);
   "@batch"  the batch size B (verl's global_batch_size);
   "@truncated_sampling_ratio"  min(sampling_ratio, sampling_ratio_cap), formed by the caller as
-            TRL's `token_truncate` mode forms it before the loss (Liger leaves it to the caller).
+            TRL's `token_truncate` mode forms it before the loss (Liger leaves it to the caller);
+  "@trl_is_MODE"  TRL's weight for vllm_importance_sampling_mode MODE (token_truncate, token_mask,
+            sequence_truncate, sequence_mask) with clip_max = sampling_ratio_cap (peer_runners.trl_is_ratio).
 `nearest` of a NotExpressible row is the closest setting; the peers lane checks that it DOES differ
 from the member where `where` says (a named draw of parameters inside the member's domain), so a
 "not expressible" is tested as much as an "exact".
@@ -129,7 +131,7 @@ MAPPING: dict[str, dict[str, Exact | NotExpressible]] = {
         "trl": Exact({"loss_type": "grpo", "use_vllm": True, "vllm_importance_sampling_correction": True,
                       "vllm_importance_sampling_mode": "token_truncate",
                       "vllm_importance_sampling_clip_max": "=sampling_ratio_cap",
-                      "importance_sampling_ratio": "@truncated_sampling_ratio"}),
+                      "importance_sampling_ratio": "@trl_is_token_truncate"}),
         "liger": Exact({"loss_type": "grpo", "vllm_is_ratio": "@truncated_sampling_ratio"}),
         "verl": Exact({"loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-mean", "global_batch_size": "@batch",
                        "clip_ratio_c": _NO_DUAL_CLIP, "rollout_is": "token",

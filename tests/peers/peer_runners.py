@@ -30,7 +30,22 @@ def supplied(x: Mapping[str, torch.Tensor], values: Mapping[str, Any]) -> dict[s
     out = {"tokens": int(mask.sum()), "batch": int(mask.shape[0])}
     if "sampling_ratio" in x:
         out["truncated_sampling_ratio"] = x["sampling_ratio"].double().clamp(max=float(values["sampling_ratio_cap"]))
+        for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+            out[f"trl_is_{mode}"] = trl_is_ratio(x, mask, mode, values.get("sampling_ratio_cap"))
     return out
+
+
+def trl_is_ratio(x, mask, mode: str, cap) -> torch.Tensor:
+    """TRL 1.16's vLLM importance weight as `_generate_and_score_completions` forms it (restated: it is
+    not a function of its own there), sampling_ratio = exp(old - sampling log-probs): the masked log
+    difference, summed per sequence for sequence_* modes, exp, then truncated at cap (*_truncate)
+    or zeroed above it (*_mask). clip_min is None (TRL's default)."""
+    diff = torch.log(x["sampling_ratio"].double()) * mask.to(torch.float64)
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)
+    ratio = torch.exp(diff)
+    cap = float("inf") if cap is None else float(cap)
+    return ratio.clamp(max=cap) if mode.endswith("truncate") else ratio.masked_fill(ratio > cap, 0.0)
 
 
 def _mask(x) -> torch.Tensor:

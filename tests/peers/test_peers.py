@@ -71,3 +71,13 @@ def test_the_lane_can_fail_trl_default_kl_is_not_the_kl_member():
     worst = max(max(_errors("trl", {"loss_type": "grpo", "beta": "=beta"}, spec, x, values))
                 for _, x, values in cases(spec))
     assert worst > DIFFERS, worst
+
+
+def test_the_lane_can_fail_trl_default_vllm_mode_is_not_the_vllm_member():
+    """TRL 1.16's default vllm_importance_sampling_mode="sequence_mask" is not vllm-is-mask (issue 33)."""
+    require("trl")
+    spec = member_spec("vllm-is-mask")
+    flags = {"loss_type": "grpo", "use_vllm": True, "vllm_importance_sampling_clip_max": "=sampling_ratio_cap",
+             "importance_sampling_ratio": "@trl_is_sequence_mask"}
+    worst = max(max(_errors("trl", flags, spec, x, values)) for _, x, values in cases(spec))
+    assert worst > DIFFERS, worst
