@@ -38,6 +38,9 @@ VERSIONS = {"trl": "1.16.0", "liger": "0.8.5", "verl": "0.9.1"}
 @dataclass(frozen=True)
 class Exact:
     flags: Mapping[str, Any]
+    # relative tolerance where the trainer itself rounds a constant to float32 on a float64 call (TRL's
+    # and Liger's torch.where of two Python floats is a float32 tensor): None keeps the route's own
+    float32_constants: float | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,81 @@ MAPPING: dict[str, dict[str, Exact | NotExpressible]] = {
         "verl": Exact({"loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-mean", "global_batch_size": "@batch",
                        "clip_ratio_c": _NO_DUAL_CLIP, "rollout_is": "token",
                        "rollout_is_threshold": "=sampling_ratio_cap"}),
+    },
+    # --- issue 33 item 1 (members-a): rows live once the members are in specs/grpo.v1.json ---------------
+    "token-offpolicy-mask-kl-bc": {
+        "trl": Exact({"loss_type": "grpo", "beta": "=beta", "use_bias_correction_kl": True}),
+        "liger": Exact({"loss_type": "grpo", "beta": "=beta", "use_bias_correction_kl": True}),
+        "verl": NotExpressible("verl's KL loss (kl_penalty, its own agg_loss call) has no ratio factor, and its "
+                               "k3 clamps as for token-offpolicy-mask-kl"),
+    },
+    "vllm-token-mask": {
+        "trl": Exact({"loss_type": "grpo", "use_vllm": True, "vllm_importance_sampling_mode": "token_mask",
+                      "vllm_importance_sampling_clip_max": "=sampling_ratio_cap",
+                      "importance_sampling_ratio": "@trl_is_token_mask"}),
+        "liger": Exact({"loss_type": "grpo", "vllm_is_ratio": "@trl_is_token_mask"}),
+        "verl": Exact({"loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-mean", "global_batch_size": "@batch",
+                       "clip_ratio_c": _NO_DUAL_CLIP, "rollout_is": "token",
+                       "rollout_is_threshold": "@verl_zero_to_cap"}),
+    },
+    "vllm-sequence-truncate": {
+        "trl": Exact({"loss_type": "grpo", "use_vllm": True, "vllm_importance_sampling_mode": "sequence_truncate",
+                      "vllm_importance_sampling_clip_max": "=sampling_ratio_cap",
+                      "importance_sampling_ratio": "@trl_is_sequence_truncate"}),
+        "liger": Exact({"loss_type": "grpo", "vllm_is_ratio": "@trl_is_sequence_truncate"}),
+        "verl": Exact({"loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-mean", "global_batch_size": "@batch",
+                       "clip_ratio_c": _NO_DUAL_CLIP, "rollout_is": "sequence",
+                       "rollout_is_threshold": "=sampling_ratio_cap"}),
+    },
+    "vllm-sequence-mask": {
+        "trl": Exact({"loss_type": "grpo", "use_vllm": True, "vllm_importance_sampling_mode": "sequence_mask",
+                      "vllm_importance_sampling_clip_max": "=sampling_ratio_cap",
+                      "importance_sampling_ratio": "@trl_is_sequence_mask"}),
+        "liger": Exact({"loss_type": "grpo", "vllm_is_ratio": "@trl_is_sequence_mask"}),
+        "verl": Exact({"loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-mean", "global_batch_size": "@batch",
+                       "clip_ratio_c": _NO_DUAL_CLIP, "rollout_is": "sequence",
+                       "rollout_is_threshold": "@verl_zero_to_cap"}),
+    },
+    "dapo-global-accum-mask": {
+        "trl": Exact({"loss_type": "dapo", "num_items_in_batch": "=num_items_in_batch",
+                      "num_processes": "=num_processes", "gradient_accumulation_steps": "=gradient_accumulation_steps",
+                      "steps_per_generation": "=steps_per_generation"}),
+        "liger": NotExpressible("Liger's max(1, N / world_size) clamps after the division and has no "
+                                "accumulation factor"),
+        "verl": Exact({"loss_mode": "vanilla", "loss_agg_mode": "token-mean", "clip_ratio_c": _NO_DUAL_CLIP,
+                       "dp_size": "=num_processes", "batch_num_tokens": "@accumulated_items"}),
+    },
+    # --- issue 33 item 1 (members-b) ---------------------------------------------------------------------
+    "sapo-mask": {
+        # TRL: torch.where(A > 0, tau_pos, tau_neg) is float32 (measured 6.4e-7 relative on the loss)
+        "trl": Exact({"loss_type": "sapo", "sapo_temperature_pos": "=sapo_temperature_pos",
+                      "sapo_temperature_neg": "=sapo_temperature_neg"}, float32_constants=1e-5),
+        "liger": Exact({"loss_type": "sapo", "sapo_temperature_pos": "=sapo_temperature_pos",
+                        "sapo_temperature_neg": "=sapo_temperature_neg"}),
+        "verl": NotExpressible("verl's 'sapo' loss mode clamps log r to [-20, 20] (zero gradient beyond; the "
+                               "far-ratios probe reaches 25) and forces 'seq-mean-token-mean'"),
+    },
+    "luspo-mask": {
+        "trl": Exact({"loss_type": "luspo"}),
+        "liger": NotExpressible("Liger reduces luspo as (per_token_loss * n_b).mean() over all B * S positions; "
+                                "the member weights m / B: equal only when no token is masked"),
+        "verl": Exact({"loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-sum", "global_batch_size": "@batch",
+                       "clip_ratio_c": _NO_DUAL_CLIP}),
+    },
+    "luspo-sequence-mask": {
+        "trl": Exact({"loss_type": "luspo", "importance_sampling_level": "sequence"}),
+        "liger": NotExpressible("as luspo-mask: Liger's luspo weights every position by n_b / (B S)"),
+        "verl": Exact({"loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-sum", "global_batch_size": "@batch"}),
+    },
+    "vespo-mask": {
+        "trl": Exact({"loss_type": "vespo", "num_items_in_batch": "@tokens", "vespo_k_pos": "=vespo_k_pos",
+                      "vespo_lambda_pos": "=vespo_lambda_pos", "vespo_k_neg": "=vespo_k_neg",
+                      "vespo_lambda_neg": "=vespo_lambda_neg"}, float32_constants=1e-5),
+        # both: get_gamma_weights' k and lambda from torch.where of Python floats are float32 (1.8e-8 measured)
+        "liger": Exact({"loss_type": "vespo", "vespo_k_pos": "=vespo_k_pos", "vespo_lambda_pos": "=vespo_lambda_pos",
+                        "vespo_k_neg": "=vespo_k_neg", "vespo_lambda_neg": "=vespo_lambda_neg"},
+                       float32_constants=1e-5),
+        "verl": NotExpressible("verl 0.9.1 has no gamma-weight (vespo) loss mode"),
     },
 }
 

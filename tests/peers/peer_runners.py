@@ -19,6 +19,9 @@ from peer_mapping import resolve
 
 # Keys of a TRL row that are entries of `inputs`, not GRPOConfig fields.
 _TRL_INPUTS = ("num_items_in_batch", "importance_sampling_ratio")
+# Keys of a TRL row that are the trainer's state, not GRPOConfig fields (the accelerator's process
+# count, the accumulation window TRL's current_gradient_accumulation_steps holds).
+_TRL_STUB = ("num_processes", "gradient_accumulation_steps")
 # Keys of a verl row that go to the actor config's global_batch_info / the rollout correction.
 _VERL_BATCH_INFO = ("global_batch_size", "batch_num_tokens", "dp_size", "loss_scale_factor")
 _VERL_ROLLOUT = ("rollout_is", "rollout_is_threshold")
@@ -28,6 +31,14 @@ def supplied(x: Mapping[str, torch.Tensor], values: Mapping[str, Any]) -> dict[s
     """What the "@name" flags of the table stand for, computed from this case."""
     mask = _mask(x)
     out = {"tokens": int(mask.sum()), "batch": int(mask.shape[0])}
+    if "num_items_in_batch" in values and "gradient_accumulation_steps" in values:
+        # verl's token-mean divides by batch_num_tokens / dp_size: TRL's accumulation factor folded into it
+        out["accumulated_items"] = (float(values["num_items_in_batch"]) * float(values["gradient_accumulation_steps"])
+                                    / float(values["steps_per_generation"]))
+    if "sampling_ratio_cap" in values:
+        # verl's IcePop form "lower_upper" zeroes weights outside [lower, upper]; lower must be > 0, and 1e-9 is
+        # below e^-20, the least weight verl forms (it clamps the log-ratio at its SAFETY_BOUND 20)
+        out["verl_zero_to_cap"] = f"1e-9_{values['sampling_ratio_cap']}"
     if "sampling_ratio" in x:
         out["truncated_sampling_ratio"] = x["sampling_ratio"].double().clamp(max=float(values["sampling_ratio_cap"]))
         for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
@@ -97,7 +108,7 @@ def trl(flags: Mapping[str, Any], x: Mapping[str, torch.Tensor], values: Mapping
     args = {f.name: f.default for f in dataclasses.fields(GRPOConfig) if f.default is not dataclasses.MISSING}
     args.update(epsilon=float(values["epsilon_low"]), epsilon_high=float(values["epsilon_high"]),
                 steps_per_generation=1)
-    args.update({k: v for k, v in row.items() if k not in _TRL_INPUTS and k != "num_processes"})
+    args.update({k: v for k, v in row.items() if k not in _TRL_INPUTS and k not in _TRL_STUB})
     args = SimpleNamespace(**args)
 
     ids = x["completion_ids"]
@@ -117,7 +128,8 @@ def trl(flags: Mapping[str, Any], x: Mapping[str, torch.Tensor], values: Mapping
         use_vllm=args.use_vllm, vllm_importance_sampling_correction=args.vllm_importance_sampling_correction,
         max_completion_length=args.max_completion_length, entropy_coef=args.entropy_coef,
         use_adaptive_entropy=False, _entropy_bonus_enabled=False, aux_loss_enabled=False,
-        current_gradient_accumulation_steps=1, get_gamma_weights=GRPOTrainer.get_gamma_weights,
+        current_gradient_accumulation_steps=int(row.get("gradient_accumulation_steps", 1)),
+        get_gamma_weights=GRPOTrainer.get_gamma_weights,
         _metrics={"train": _Metrics(), "eval": _Metrics()},
         _get_per_token_logps_and_entropies=per_token_logps)
     empty = torch.zeros(ids.shape[0], 0, dtype=torch.long)
@@ -216,7 +228,8 @@ def verl(flags, x, values):
     if "rollout_is" in row:
         weights, _ = compute_rollout_correction_weights(
             log_ratio=torch.log(x["sampling_ratio"].double()), response_mask=mask, rollout_is=row["rollout_is"],
-            rollout_is_threshold=float(row["rollout_is_threshold"]))
+            rollout_is_threshold=row["rollout_is_threshold"] if isinstance(row["rollout_is_threshold"], str)
+            else float(row["rollout_is_threshold"]))
     loss_fn = core_algos.get_policy_loss_fn(row["loss_mode"])
     loss, _ = loss_fn(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
                       loss_agg_mode=row["loss_agg_mode"], config=config, rollout_is_weights=weights)
