@@ -28,3 +28,19 @@ def test_readme_test_commands_are_the_ci_commands():
     pip, pytest = peers.split(" && ")
     assert pip.replace("python3 -m pip install -e", "python3 -m pip install -q -e") in ci
     assert pytest in ci, pytest
+
+
+def test_readme_manifest_is_the_member_manifest_in_full():
+    """The README's implementation.toml names every manifest key and validates as written."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from grpo_conform.implementations import Manifest
+
+    text = (ROOT / "README.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", text, re.S)
+    data = tomllib.loads(block)
+    assert set(data) == set(Manifest.model_fields), set(Manifest.model_fields) ^ set(data)
+    assert Manifest(**data).members
