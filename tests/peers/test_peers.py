@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import RESULTS, reference, require
+from peers.peer_lane import RESULTS, reference, require
 from member_cases import member_names, member_spec
 from peer_draws import cases
 from peer_mapping import MAPPING, Exact, NotExpressible

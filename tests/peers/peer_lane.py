@@ -1,5 +1,8 @@
 """The peers lane (issue 33 item 3): the trainers' own loss functions against the float64 reference.
 
+Not a conftest.py: the suite imports `from conftest import ...` (tests/conftest.py), which a second
+conftest module would shadow; tests/conftest.py imports the two hooks below instead.
+
 Tests marked `peers` are deselected unless the lane is selected (`pytest -m peers`, .ci/run's third lane):
 importing TRL alone takes 10-25 s here, which the other lanes must not pay. Each trainer's tests skip
 with the reason when its optional extra is missing (`pip install -e '.[peers]'`; verl's light install
