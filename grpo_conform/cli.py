@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +19,9 @@ from grpo_conform import __version__
 from grpo_conform.errors import EXIT_OK, EXIT_USAGE, GrpoConformError
 from grpo_conform.floors import PROTOCOLS
 
-out = Console(soft_wrap=False, width=200)
+# Tables fit the screen at a terminal (issue 35: they were a fixed 200 columns) and follow $COLUMNS where
+# it is set; a log or a pipe with neither keeps 200 columns, so long evidence lines stay whole there.
+out = Console(soft_wrap=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200)
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, also when stderr is not a terminal
 
 
@@ -311,7 +314,7 @@ def manifest_validate(paths: tuple[str, ...]) -> None:
 
     report = run_validate(ValidateRequest(paths=paths))
     for line in report.lines:
-        out.print(line, highlight=False, markup=False)
+        out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line each, any width
     sys.exit(report.exit_code)
 
 
@@ -390,7 +393,7 @@ def floor(spec_path: str, workload: str, gpu: str, protocol: str, model: str, un
         _emit_json(report.to_json())
     else:
         for line in report.lines():
-            out.print(line, highlight=False, markup=False)
+            out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line each, any width
 
 
 @main.command()
@@ -502,7 +505,7 @@ def verify(files: tuple[str, ...], policy_file: str | None, expect_subject: str 
         _emit_json(report.to_json())
     else:
         for line in report.lines():
-            out.print(line, highlight=False, markup=False)
+            out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line each, any width
     sys.exit(report.exit_code)
 
 
@@ -566,7 +569,7 @@ def sign(files: tuple[str, ...], key_path: str | None, project: str | None, allo
         _emit_json(report.to_json())
     else:
         for line in report.lines():
-            out.print(line, highlight=False, markup=False)
+            out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line each, any width
 
 
 # -- report (the leaderboard; REPORT owns this command) --------------------------------------------

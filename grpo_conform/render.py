@@ -25,16 +25,16 @@ def _status(status: str, informational: bool = False, set_aside: bool = False) -
 def render_check(report: CheckReport, console: Console) -> None:
     dev = report.device
     where = dev.get("name", dev["kind"])
-    if report.interpreter:
-        console.print(f"device: cpu ({where}); Triton kernels run under TRITON_INTERPRET=1 (no GPU)")
+    if report.interpreter:  # header lines stay whole at any width (soft_wrap): identities are copied from them
+        console.print(f"device: cpu ({where}); Triton kernels run under TRITON_INTERPRET=1 (no GPU)", soft_wrap=True)
     else:
-        console.print(f"device: {where}")
+        console.print(f"device: {where}", soft_wrap=True)
     for spec in report.specs.values():
-        console.print(f"spec: {spec.id} {spec.version}  sha256 {spec.identity}")
+        console.print(f"spec: {spec.id} {spec.version}  sha256 {spec.identity}", soft_wrap=True, highlight=False)
     for impl in report.implementations:
         console.print()
         console.print(Text.assemble((f"{impl.name}", "bold"), f"  {impl.path}  sha256 {impl.identity[:16]}…  ",
-                                    (impl.status.upper(), IMPL_STYLE[impl.status])))
+                                    (impl.status.upper(), IMPL_STYLE[impl.status])), soft_wrap=True)
         box = (impl.worker or {}).get("sandbox") or {}
         if box.get("kind") == "bwrap":  # --sandbox bwrap: say so where the verdict is read
             user = ((impl.worker or {}).get("user") or {}).get("user", "?")
@@ -59,6 +59,8 @@ def render_check(report: CheckReport, console: Console) -> None:
         console.print(table)
         for line in coverage_lines(impl):
             console.print(Text(line, style="dim"), soft_wrap=True, highlight=False)
+        for line in not_run_lines(impl):
+            console.print(Text(line, style="dim"), soft_wrap=True, highlight=False)
     for impl in failing(report.implementations):  # the root cause, whole, where the eye lands last
         console.print()
         for i, line in enumerate(failure_lines(impl)):
@@ -80,6 +82,23 @@ def coverage_lines(impl) -> list[str]:
         parts = [f"{k} {len(v)}" if k in ("defaults", "boundaries", "dtypes", "shapes") else f"{k} [{', '.join(v)}]"
                  for k, v in got.items()]
         out.append(f"  exercised {m.spec.member or m.spec.id}: " + "; ".join(parts))
+    return out
+
+
+def not_run_lines(impl) -> list[str]:
+    """Per member, every workload that did not run, grouped by why (the summary line counts the same
+    labels: gate.progress.not_run_label), so the table, the summary and --strict tell one story."""
+    from grpo_conform.gate.progress import not_run_label
+
+    out = []
+    for m in getattr(impl, "members", ()) or ():
+        groups: dict[tuple[str, str], list[str]] = {}
+        for n in m.coverage.not_run:
+            groups.setdefault((not_run_label(n), n.reason), []).append(n.workload)
+        if groups:
+            said = "; ".join(f"{reason}: {', '.join(names)}" if reason.startswith(label) else
+                             f"{label}: {', '.join(names)} ({reason})" for (label, reason), names in groups.items())
+            out.append(f"  not run {m.spec.member or m.spec.id}: {said}")
     return out
 
 

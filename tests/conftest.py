@@ -25,3 +25,7 @@ def spec():
     from grpo_conform.spec import load_spec
 
     return load_spec(SPEC_FILE)
+
+
+# The peers lane's hooks (tests/peers/peer_lane.py): deselected unless `-m peers`, a per-member table at the end
+from peers.peer_lane import pytest_collection_modifyitems, pytest_terminal_summary  # noqa: E402,F401

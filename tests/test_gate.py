@@ -259,6 +259,38 @@ def test_junit_xml_one_case_per_check_with_evidence_and_reasons(tmp_path):
     assert kinds == {"Failure"}
 
 
+def test_summary_line_table_and_strict_tell_one_story():
+    """Issue 35: a check set aside is "not judged" in the summary as in the table, every workload not
+    run is counted and listed by why (not only those --strict fails on), --strict uses the CLI's words."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from grpo_conform.gate.selection import EXTENDED_REASON
+    from grpo_conform.render import render_check
+
+    w = _workload("odd-vocab", failing="loss")
+    set_aside = CheckOutcome("freshness", "skipped", "not judged: the loss is already wrong (see loss)",
+                             {"not_judged": {"because": "loss", "status": "fail", "message": "stale"}})
+    w = dataclasses.replace(w, outcomes=w.outcomes + (set_aside,))
+    not_run = [NotRun("fp32-small", EXTENDED_REASON, "deselected"), NotRun("seed-b2", "not run on cpu", "device"),
+               NotRun("batch1-seq1", "not run: --fail-fast stopped the run", "stopped")]
+    report = _report(_impl("bad", [w], not_run), strict=True)
+    line = summary_line(report)
+    assert "1 workloads run, 3 not run (1 stopped, 1 for another device, 1 extended)" in line, line
+    assert ", 1 not judged;" in line and "skipped" not in line.split("--strict")[0], line
+    assert "--strict: 1 skipped or not run" in line
+    buf = io.StringIO()
+    render_check(report, Console(file=buf, width=100, soft_wrap=False))
+    text = buf.getvalue()
+    assert "NOT JUDGED" in text
+    assert f"not run {M}: extended: fp32-small ({EXTENDED_REASON}); for another device: seed-b2" in text
+    table = [x for x in text.splitlines() if x[:1] in "┏┃┡│└"]
+    assert table and max(len(x) for x in table) <= 100  # the table fits the console's width (lines below it
+    # are one line each, whatever their length, for logs and grep)
+
+
 def test_markdown_summary_and_summary_line(tmp_path, monkeypatch):
     failed = _impl("bad", [_workload("odd-vocab", failing="loss")],
                    [NotRun("fp32-small", "not run: --fail-fast stopped the run", "stopped")])
@@ -268,8 +300,8 @@ def test_markdown_summary_and_summary_line(tmp_path, monkeypatch):
     assert f"**bad** {M} `odd-vocab` **loss** (fail)" in text and '"mismatches": 3' in text
     assert "--fail-fast stopped the run" in text
     line = summary_line(_report(failed, _impl("good", [_workload("odd-vocab")])), 2.5)
-    assert line == ("grpo-conform: 2 implementations: 1 conformant, 1 failed; 2 workloads run, 1 not run; "
-                    "8 checks: 7 passed, 1 failed, 0 skipped in 2.5 s; exit code 1")
+    assert line == ("grpo-conform: 2 implementations: 1 conformant, 1 failed; 2 workloads run, 1 not run (1 stopped); "
+                    "8 checks: 7 passed, 1 failed in 2.5 s; exit code 1")
     from grpo_conform.gate.summary import write_summary
 
     target = tmp_path / "step-summary.md"

@@ -12,8 +12,8 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
-from grpo_conform.gate.selection import report_partial
-from grpo_conform.results import STRICT_KINDS
+from grpo_conform.gate.selection import EXTENDED_REASON, report_partial
+from grpo_conform.results import not_judged
 
 Progress = Callable[[str], None]
 
@@ -34,18 +34,31 @@ class Reporter:
 def counts(report: Any) -> dict[str, Counter]:
     impls = Counter(i.status for i in report.implementations)
     workloads: Counter = Counter()
+    not_run: Counter = Counter()  # by label (NOT_RUN_LABEL): every workload not run, not only --strict's
     checks: Counter = Counter()
     for impl in report.implementations:
         members = impl.members or ()
         for m in members:
             workloads["run"] += len(m.workloads)
-            workloads["not run"] += sum(1 for n in m.coverage.not_run if n.kind in STRICT_KINDS)
+            not_run.update(not_run_label(n) for n in m.coverage.not_run)
         if not members:
             workloads["run"] += len(impl.workloads)
         for w in impl.workloads:
-            for o in w.outcomes:
-                checks["failed" if o.failed else ("skipped" if o.status == "skipped" else "passed")] += 1
-    return {"implementations": impls, "workloads": workloads, "checks": checks}
+            for o in w.outcomes:  # "not judged" as the table says it (results.not_judged), apart from skipped
+                checks["failed" if o.failed else ("not judged" if not_judged(o) else
+                                                  "skipped" if o.status == "skipped" else "passed")] += 1
+    return {"implementations": impls, "workloads": workloads, "not_run": not_run, "checks": checks}
+
+
+def not_run_label(n: Any) -> str:
+    """Why a workload did not run, in the words the table's not-run lines use (render.not_run_lines)."""
+    if n.kind == "deselected":
+        return "extended" if n.reason == EXTENDED_REASON else "not selected"
+    return NOT_RUN_LABEL.get(n.kind, n.kind)
+
+
+NOT_RUN_LABEL = {"device": "for another device", "skipped": "skipped", "stopped": "stopped", "hung": "after a hang",
+                 "elsewhere": "in another shard"}
 
 
 def summary_line(report: Any, elapsed: float | None = None) -> str:
@@ -55,12 +68,16 @@ def summary_line(report: Any, elapsed: float | None = None) -> str:
     parts = [f"{sum(impl.values())} implementation{'s' if sum(impl.values()) != 1 else ''}: "
              + ", ".join(f"{impl[k]} {k}" for k in ("conformant", "failed", "load-error", "skipped") if impl[k])
              if impl else "no implementation checked"]
-    w = c["workloads"]
-    parts.append(f"{w['run']} workloads run" + (f", {w['not run']} not run" if w["not run"] else ""))
+    w, nr = c["workloads"], c["not_run"]
+    parts.append(f"{w['run']} workloads run" + (f", {sum(nr.values())} not run ("
+                                                 + ", ".join(f"{v} {k}" for v, k in sorted(
+                                                     ((v, k) for k, v in nr.items()), reverse=True)) + ")"
+                                                 if nr else ""))
     ch = c["checks"]
-    parts.append(f"{sum(ch.values())} checks: {ch['passed']} passed, {ch['failed']} failed, {ch['skipped']} skipped")
-    if report.strict and report.strict_failures:
-        parts.append(f"--strict: {len(report.strict_failures)} skipped")
+    parts.append(f"{sum(ch.values())} checks: {ch['passed']} passed, {ch['failed']} failed"
+                 + "".join(f", {ch[k]} {k}" for k in ("not judged", "skipped") if ch[k]))
+    if report.strict and report.strict_failures:  # the same words as the CLI's --strict line
+        parts.append(f"--strict: {len(report.strict_failures)} skipped or not run")
     partial = report_partial(report)  # a narrowed run never reads as a full verdict (issue 28)
     if partial:
         parts.append(partial)

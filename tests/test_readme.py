@@ -1,0 +1,46 @@
+"""The README's test commands are what CI runs (.ci/run), so its "Run the tests" cannot drift."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    return [line.strip() for b in blocks for line in b.splitlines() if "pytest" in line or "'.[" in line]
+
+
+def test_readme_test_commands_are_the_ci_commands():
+    ci = (ROOT / ".ci" / "run").read_text()
+    lanes = re.search(r'for lane in ((?:"[^"]+" ?)+); do', ci).group(1)
+    lanes = re.findall(r'"([^"]+)"', lanes)
+    commands = _readme_commands()
+    pytest_lines = [c for c in commands if "pytest" in c and "-m peers" not in c]
+    assert [re.search(r'-m "([^"]+)"', c).group(1) for c in pytest_lines] == lanes, pytest_lines
+    for c in pytest_lines:  # the lane's line with the lane replaced by .ci/run's loop variable
+        assert re.sub(r'-m "[^"]+"', '-m "$lane"', c) in ci, c
+    install = [c for c in commands if c.startswith("python3 -m pip install -e '.[triton,liger,test]'")]
+    assert install and install[0] in ci
+    (peers,) = [c for c in commands if "-m peers" in c]
+    pip, pytest = peers.split(" && ")
+    assert pip.replace("python3 -m pip install -e", "python3 -m pip install -q -e") in ci
+    assert pytest in ci, pytest
+
+
+def test_readme_manifest_is_the_member_manifest_in_full():
+    """The README's implementation.toml names every manifest key and validates as written."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from grpo_conform.implementations import Manifest
+
+    text = (ROOT / "README.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", text, re.S)
+    data = tomllib.loads(block)
+    assert set(data) == set(Manifest.model_fields), set(Manifest.model_fields) ^ set(data)
+    assert Manifest(**data).members
