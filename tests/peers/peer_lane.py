@@ -23,7 +23,7 @@ RESULTS: dict[tuple[str, str], str] = {}
 
 def reference():
     """The float64 reference module (the one line to change when it moves to grpo_conform/ops/grpo_logits/)."""
-    from grpo_conform import reference as module
+    from grpo_conform.ops.grpo_logits import reference as module
 
     return module
 
