@@ -106,7 +106,7 @@ def validator_inputs(impl, ceil, reps: int) -> None:
     """token-offpolicy-mask at mask-b8 with the validator's own inputs (grpo_conform.inputs.generate), timed
     in this process as above: is the validator's slower masked time (round 9) in its inputs or its path?"""
     from grpo_conform.inputs import generate
-    from grpo_conform.spec_family import load_member
+    from grpo_conform.spec import load_member
 
     spec = load_member(str(Path(__file__).resolve().parent.parent / "specs" / "grpo.v1.json"), "token-offpolicy-mask")
     rw = spec.resolve(spec.workload("mask-b8"))

@@ -59,8 +59,7 @@ def spec() -> None:
 def spec_show(file: str, member: str | None, resolved: bool, fmt: str) -> None:
     """Print a spec's id, version, sha256 identity and a readable summary (a family: its members)."""
     from grpo_conform.render import render_spec
-    from grpo_conform.spec import load_spec, read_document
-    from grpo_conform.spec_family import is_family_document, load_family
+    from grpo_conform.spec import is_family_document, load_family, load_spec, read_document
 
     doc = read_document(file)
     if is_family_document(doc):
@@ -100,8 +99,7 @@ def spec_show(file: str, member: str | None, resolved: bool, fmt: str) -> None:
 @_fail_cleanly
 def spec_validate(files: tuple[str, ...]) -> None:
     """Validate spec files (standalone or family: every member resolved) against the schema and their cross-references."""
-    from grpo_conform.spec import load_spec, read_document
-    from grpo_conform.spec_family import is_family_document, load_family
+    from grpo_conform.spec import is_family_document, load_family, load_spec, read_document
 
     from grpo_conform.report.spec_text import validate_problems
 
@@ -590,7 +588,8 @@ def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trust
            fmt: str, project: str | None = None) -> None:
     """Build the leaderboard (HTML, Markdown, JSON) from evidence records, files or folders of
     *.intoto.json, showing only those that pass verify; exit 0 once the page is written."""
-    from grpo_conform.report.build import ReportRequest, render, run_report
+    from grpo_conform.report.build import ReportRequest
+    from grpo_conform.report.write import render, run_report
 
     board = run_report(ReportRequest(paths=evidence, reported=reported, out=out, trusted_keys=trusted_keys,
                                      spec=spec_ref, project=project))

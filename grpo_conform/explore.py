@@ -26,7 +26,7 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.isolation.session import WorkerSession
-from grpo_conform.parameter_draws import draw_for
+from grpo_conform.spec.draws import draw_for
 from grpo_conform.results import CheckOutcome, WorkloadResult, attribute_root_cause
 from grpo_conform.spec import Parameter, Spec
 
@@ -156,8 +156,7 @@ def reference_outputs(spec: Spec, values: dict[str, Any], x: dict[str, torch.Ten
 
 
 def load_member_spec(path: str, member: str | None) -> Spec:
-    from grpo_conform.spec import load_spec
-    from grpo_conform.spec_family import load_family
+    from grpo_conform.spec import load_family, load_spec
 
     return load_family(path).member(member) if member else load_spec(path)
 

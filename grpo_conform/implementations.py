@@ -69,7 +69,7 @@ class Manifest(BaseModel):
     source: Optional[str] = None
     requires: tuple[str, ...] = ()
     # The family members claimed (spec = "grpo"); required when `spec` names a family, checked by
-    # grpo_conform.spec_family.specs_for_manifest, which knows the specs (docs/spec-family.md).
+    # grpo_conform.spec.find.specs_for_manifest, which knows the specs (docs/spec-family.md).
     members: tuple[str, ...] = ()
 
     @field_validator("name")

@@ -39,7 +39,7 @@ class InitResult:
 
 
 def member_spec(family: str, member: str) -> Spec:
-    from grpo_conform.spec_family import find_family
+    from grpo_conform.spec import find_family
 
     fam = find_family(family)
     if fam is None:

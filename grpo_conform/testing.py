@@ -142,7 +142,7 @@ def assert_conforms(fn_or_path: str | Path | Callable[..., Any], spec: str = "gr
     default), each on every declared member it applies to: every member checked must get one of them
     (else a `SelectionError` says which members would go unchecked); `members`: check only these,
     on purpose; `timing`: also time the protocols (CUDA only; off by default in unit tests)."""
-    from grpo_conform.api import check
+    from grpo_conform.check import check_paths as check  # the engine (torch) only when a check runs
 
     path = Path(str(fn_or_path)) if isinstance(fn_or_path, (str, Path)) else None
     with tempfile.TemporaryDirectory(prefix="grpo-conform-assert-") as tmp:

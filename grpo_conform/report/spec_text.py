@@ -70,8 +70,8 @@ def validate_problems(file: str | Path) -> list[str]:
     their first problem (they assume the shape the schema guarantees)."""
     import jsonschema
 
-    from grpo_conform.spec import SpecError, _describe, _json_path, _schema, load_spec, read_document
-    from grpo_conform.spec_family import is_family_document, load_family
+    from grpo_conform.spec import SpecError, is_family_document, load_family, load_spec, read_document
+    from grpo_conform.spec.documents import _describe, _json_path, _schema
 
     try:
         doc = read_document(file)

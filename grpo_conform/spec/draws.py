@@ -18,7 +18,7 @@ import random
 from typing import Any
 
 from grpo_conform.errors import GrpoConformError
-from grpo_conform.spec import Avoid, Draw, Spec
+from grpo_conform.spec.model import Avoid, Draw, Spec
 
 # The frozen grpo-token-is 1.0.0 file declares no draws; these are its draws (docs/spec-family.md),
 # the same ranges the family member token-is declares.
