@@ -6,9 +6,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from grpo_conform.check import CheckReport
 from grpo_conform.report.failures import failing, failure_lines
-from grpo_conform.results import not_judged
+from grpo_conform.results import CheckReport, not_judged
 from grpo_conform.spec import Spec
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "timeout": "bold red", "skipped": "yellow"}
