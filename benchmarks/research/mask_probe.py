@@ -15,7 +15,7 @@ Sections (`--only`, comma-separated):
 Device time: grpo_conform.timing.time_cuda (CUDA events, clean L2 flush, the validator's adaptive
 pre-start spin). Prints JSON lines and a table; writes $OUT/mask_probe.json.
 
-    python3 benchmarks/mask_probe.py [--only ceilings,small,mask,validator] [--reps 10]
+    python3 benchmarks/research/mask_probe.py [--only ceilings,small,mask,validator] [--reps 10]
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def validator_inputs(impl, ceil, reps: int) -> None:
     from grpo_conform.inputs import generate
     from grpo_conform.spec import load_member
 
-    spec = load_member(str(Path(__file__).resolve().parent.parent / "specs" / "grpo.v1.json"), "token-offpolicy-mask")
+    spec = load_member(str(Path(__file__).resolve().parents[2] / "specs" / "grpo.v1.json"), "token-offpolicy-mask")
     rw = spec.resolve(spec.workload("mask-b8"))
     for seed in (11, 12):
         t = generate(spec, rw, seed=seed, device="cuda").tensors
