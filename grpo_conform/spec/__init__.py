@@ -13,10 +13,11 @@ the one way callers name them; modules inside the package import each other, nev
 """
 
 from grpo_conform.spec.model import (  # noqa: F401
-    ENV_SPEC_DIRS, FAMILY_FORMAT, MEMBER_FORMAT, SPEC_SCHEMA_FILE, AdvantageDistribution, Avoid, Axis, Case, CaseTie,
-    Constraints, Domain, Draw, ExactZero, FamilyRef, GradientSpec, GradientTolerance, KlTerm, LossTolerance, MaskTerm,
-    MemberInputs, OutputSpec, Parameter, Poison, Profile, ResolvedWorkload, Semantics, SpanRange, Spec, SpecError,
-    TensorSpec, Terms, Timing, Tolerance, TrafficItem, TrafficProtocol, Validation, ValueRange, Workload,
+    DEFAULT_OPERATION, ENV_SPEC_DIRS, FAMILY_FORMAT, MEMBER_FORMAT, SPEC_SCHEMA_FILE, AdvantageDistribution, Avoid,
+    Axis, Case, CaseTie, Constraints, Domain, Draw, ExactZero, FamilyRef, GradientSpec, GradientTolerance, KlTerm,
+    LossTolerance, MaskTerm, MemberInputs, OutputSpec, Parameter, Poison, Profile, ResolvedWorkload, Semantics,
+    SpanRange, Spec, SpecError, TensorSpec, Terms, Timing, Tolerance, TrafficItem, TrafficProtocol, Validation,
+    ValueRange, Workload, operation_of,
 )
 from grpo_conform.spec.documents import (  # noqa: F401
     PACKAGED_SPECS, load_spec, read_document, spec_dirs, spec_from_document, validate_document,

@@ -20,6 +20,9 @@ SPEC_SCHEMA_FILE = "spec.schema.json"
 FAMILY_FORMAT = "grpo-conform-spec-family/1"
 MEMBER_FORMAT = "grpo-conform-spec/2"
 ENV_SPEC_DIRS = "GRPO_CONFORM_SPECS"
+#: What a spec without an `operation` field describes: GRPO over materialised logits (every spec
+#: written before the field existed; the field is optional so that their identities stay as they are).
+DEFAULT_OPERATION = "grpo-logits"
 
 
 class SpecError(GrpoConformError):
@@ -326,6 +329,7 @@ class Spec(_Frozen):
     format: str
     id: str
     version: str
+    operation: Optional[str] = None  # read it through `operation_of` (absent: DEFAULT_OPERATION)
     title: str
     summary: str = ""
     semantics: Semantics
@@ -468,6 +472,12 @@ class Spec(_Frozen):
             timed = (", timed" if w.timed else "") + (f", {w.probes} probes" if w.probes != "full" else "")
             lines.append(f"workload {w.name}: {axes}; {dts}; on {'/'.join(w.devices)}{timed}")
         return [line for line in lines if line]
+
+
+def operation_of(spec: Spec) -> str:
+    """The operation a spec describes, by its name in grpo_conform.ops: the spec's `operation` field,
+    or DEFAULT_OPERATION where the spec has none (the only way callers should read the field)."""
+    return spec.operation or DEFAULT_OPERATION
 
 
 def _domain_text(d: Domain | None) -> str:
