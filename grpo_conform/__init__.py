@@ -1,5 +1,7 @@
 """grpo-conform: conformance checks, honest timing and signed evidence for GRPO loss kernels."""
 
+import importlib
+
 __version__ = "0.1.0"
 
 
@@ -8,7 +10,5 @@ def __getattr__(name: str):
     # before anything imported the submodule: imported on first use, as `testing`, so that
     # `import grpo_conform` stays light for the CLI (check pulls torch).
     if name in ("check", "testing"):
-        import importlib
-
         return importlib.import_module(f"grpo_conform.{name}")
     raise AttributeError(f"module 'grpo_conform' has no attribute {name!r}")

@@ -34,7 +34,8 @@ from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
 from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.floors import compute_floor
-from grpo_conform.gate.plan import ImplPlan, Stop, build_plan
+from grpo_conform.explore import explore_workload
+from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, select_outcomes, wants_timing
 from grpo_conform.gate.parallel import run_slots
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
@@ -203,9 +204,6 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 if bad and request.fail_fast:
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
             if request.explore and session is not None and session.alive and not (ended or stop.reason):
-                from grpo_conform.explore import explore_workload
-                from grpo_conform.gate.plan import select_outcomes
-
                 say(name, mp.label, "explore", f"{request.explore} property-based cases")
                 explored = explore_workload(session, mp.spec, request.explore, p.impl)
                 results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
@@ -236,8 +234,6 @@ def _load_message(p: ImplPlan, exc: Exception) -> str:
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
                  name: str, member: str) -> WorkloadResult:
     """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA)."""
-    from grpo_conform.gate.plan import select_outcomes, wants_timing
-
     resolved = spec.resolve(w, random.Random(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_conform.errors import GrpoConformError
-from grpo_conform.spec.draws import DEFAULT_AWAY, draw_for, draw_value
 from grpo_conform.spec import Avoid, CaseTie, Draw, Parameter, Spec
+from grpo_conform.spec.draws import DEFAULT_AWAY, draw_for, draw_value
 
 
 class DeclaredCaseError(GrpoConformError):

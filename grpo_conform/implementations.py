@@ -23,6 +23,7 @@ it, sorted bytewise, `__pycache__` left out), reproducible with coreutils:
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import os
 import re
 import sys
@@ -154,8 +155,6 @@ class Implementation:
         a top-level name is looked up by the path finder on sys.path (no package `__init__` runs),
         leaving out every directory inside the implementation folder and the current directory's
         entry, so the folder can neither satisfy its own requirement nor run code in the parent."""
-        import importlib.machinery
-
         folder = str(self.path)
         roots = [p for p in sys.path if p and os.path.abspath(p) != folder
                  and not os.path.abspath(p).startswith(folder + os.sep)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_conform.errors import GrpoConformError
-from grpo_conform.spec import Spec, SpecError
+from grpo_conform.spec import Spec, SpecError, find_family
 
 FAMILY = "grpo"
 
@@ -39,8 +39,6 @@ class InitResult:
 
 
 def member_spec(family: str, member: str) -> Spec:
-    from grpo_conform.spec import find_family
-
     fam = find_family(family)
     if fam is None:
         raise InitError(f"no spec family {family!r} found (set GRPO_CONFORM_SPECS to a folder holding its file)")

@@ -174,7 +174,7 @@ class WorkerSession:
     _isolation: dict[str, Any] = field(default_factory=dict)  # namespaces.describe's block
 
     def __post_init__(self) -> None:
-        self.allocator = SharedAllocator(None, self.device)
+        self.allocator = SharedAllocator(self.device)
         self.identity = privilege.worker_identity(self.user, self.device.type)
         sandboxes.validate(self.sandbox)
 
