@@ -181,7 +181,7 @@ class Coverage:
 
 @dataclass(frozen=True)
 class MemberResult:
-    """One implementation against one resolved spec member (TEAM.md decision 8)."""
+    """One implementation against one resolved spec member (decision member-results, docs/decisions.md)."""
 
     spec: Any  # grpo_conform.spec.Spec (or grpo_conform.gate.merge.SpecRef in merged reports)
     status: ImplStatus

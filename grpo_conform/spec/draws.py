@@ -1,4 +1,4 @@
-"""Parameter draws for conformance calls (decision 7): from each parameter's declared `draw`
+"""Parameter draws for conformance calls (decision draws, docs/decisions.md): from each parameter's declared `draw`
 (uniform in [min, max], from the parent's seed, rejecting values near an `avoid` value), and for
 specs that declare no draws (the frozen seed file) from the documented built-in table below.
 

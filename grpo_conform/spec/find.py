@@ -19,7 +19,7 @@ _ID_VERSION = re.compile(r"^(?P<id>[a-z0-9][a-z0-9-]*)(/(?P<member>[a-z0-9][a-z0
 def find_spec(reference: str, dirs: list[Path] | None = None) -> Spec:
     """Find a spec among the spec directories (highest version wins). `id` or `id@version` names a
     standalone file; `family/member` or `family/member@version` a family member; an unversioned
-    `family-member` (e.g. `grpo-token-is`) the family member when the family has it (decision 1),
+    `family-member` (e.g. `grpo-token-is`) the family member when the family has it (decision spec-alias),
     else the standalone file of that id."""
     m = _ID_VERSION.match(reference)
     if not m:
@@ -58,7 +58,7 @@ def find_spec(reference: str, dirs: list[Path] | None = None) -> Spec:
 
 
 def specs_for_manifest(manifest: Any, spec_path: str | Path | None = None, dirs: list[Path] | None = None) -> tuple[Spec, ...]:
-    """The specs an implementation claims (decision 2): `spec = "grpo"` + `members = [...]` gives one
+    """The specs an implementation claims (decision manifest-members): `spec = "grpo"` + `members = [...]` gives one
     resolved member each, in the manifest's order; a standalone spec (or an alias such as
     `grpo-token-is`) gives one. `spec_path` (`--spec FILE`) replaces the manifest's spec reference.
     Accepts a `Manifest` or an `Implementation` (whose manifest file then names the errors)."""

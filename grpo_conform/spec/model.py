@@ -90,7 +90,7 @@ class GradientSpec(_Frozen):
 
 
 class Domain(_Frozen):
-    """What values are valid (decision 7): a numeric interval or a list of choices."""
+    """What values are valid (decision draws, docs/decisions.md): a numeric interval or a list of choices."""
 
     min: Optional[float] = None
     min_exclusive: bool = False
@@ -186,7 +186,7 @@ class Workload(_Frozen):
     devices: tuple[Literal["cpu", "cuda"], ...]
     seeds: int = 2
     timed: bool = False
-    probes: Literal["full", "core", "smoke"] = "full"  # v2: the probe profile (docs/architecture.md s. 5)
+    probes: Literal["full", "core", "smoke"] = "full"  # v2: the probe profile (docs/architecture.md section 5)
     # "extended" workloads run only when asked for (`check --extended` or `--workload NAME`): the
     # default CPU run stays within a minute per implementation; records say what was not run.
     tier: Literal["standard", "extended"] = "standard"
