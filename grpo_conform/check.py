@@ -33,10 +33,10 @@ from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
 from grpo_conform.errors import EnvironmentProblem
-from grpo_conform.floors import compute_floor
 from grpo_conform.explore import explore_workload
-from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, select_outcomes, wants_timing
+from grpo_conform.floors import compute_floor
 from grpo_conform.gate.parallel import run_slots
+from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, select_outcomes, wants_timing
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.inputs import fresh_seed
