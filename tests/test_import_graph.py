@@ -6,6 +6,7 @@ than one module fails the test, printed with the import lines that close it."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "grpo_conform"
@@ -17,6 +18,13 @@ KNOWN_CIRCLES: set[frozenset[str]] = {
     frozenset({"grpo_conform.checks.conformance", "grpo_conform.checks.judging", "grpo_conform.checks.patterns",
                "grpo_conform.checks.probes", "grpo_conform.explore"}),
 }
+
+
+@lru_cache(maxsize=None)
+def _parsed(file: Path) -> tuple[list[str], ast.Module]:
+    """Source lines and syntax tree of a file, read once for every test of this module."""
+    text = file.read_text(encoding="utf-8")
+    return text.split("\n"), ast.parse(text, str(file))
 
 
 def _modules(package: Path) -> dict[str, tuple[Path, list[str]]]:
@@ -46,7 +54,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {}
     for name, (file, base) in modules.items():
         edges: dict[str, int] = {}
-        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), str(file))):
+        for node in ast.walk(_parsed(file)[1]):
             targets: list[str | None] = []
             if isinstance(node, ast.Import):
                 targets = [known(a.name) for a in node.names]
@@ -132,3 +140,39 @@ def test_the_graph_sees_local_and_relative_imports(tmp_path):
     graph = import_graph(pkg)
     assert circles(graph) == [frozenset({"pkg.a", "pkg.sub.b"})]
     assert "pkg.sub.b -> pkg.a (line 2)" in _describe(circles(graph)[0], graph)
+
+
+# Files whose function-local imports still lack their one-line reason at the merge of issue 30's helpers
+# (owned by other helpers this session); the lead empties this set.
+UNEXPLAINED_LOCAL_IMPORTS: set[str] = {"isolation/worker.py", "checks/conformance.py"}
+
+
+def unexplained_local_imports(package: Path = PACKAGE) -> list[str]:
+    """`file:line` of every import inside a function without a comment on its line, on another line of
+    its group of consecutive imports, or on the line just above that group."""
+    out = []
+    for file in sorted(package.rglob("*.py")):
+        lines, tree = _parsed(file)
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                first = last = node.lineno - 1
+                while first > 0 and lines[first - 1].lstrip().startswith(("import ", "from ")):
+                    first -= 1
+                while last + 1 < len(lines) and lines[last + 1].lstrip().startswith(("import ", "from ")):
+                    last += 1
+                group = lines[first:last + 1]
+                above = lines[first - 1].strip() if first > 0 else ""
+                if not (above.startswith("#") or any("#" in line for line in group)):
+                    out.append(f"{file.relative_to(package).as_posix()}:{node.lineno}")
+    return out
+
+
+def test_every_function_local_import_says_why():
+    """A local import that hid a circle is gone (see above); one left must say why it is local: start-up
+    time (torch, Hypothesis, the evidence stack) or an optional dependency."""
+    missing = [loc for loc in unexplained_local_imports() if loc.split(":")[0] not in UNEXPLAINED_LOCAL_IMPORTS]
+    assert not missing, "function-local imports without their reason:\n  " + "\n  ".join(missing)
