@@ -8,8 +8,7 @@ that triton's wheel in a folder of its own (`python3 -m pip install --no-deps --
 triton==3.6.0`, the H200's version; the wheel must match this Python) and name the folder in
 PYTHONPATH, which comes before site-packages (torch and grpo_conform still come from there).
 
-Cases are what the launchers really compile: launch.py's two seed kernels, and for every member the
-manifest declares, its default parameters through plan.semantics_of and
+Cases are what the launchers really compile: for every member the manifest declares, its default parameters through plan.semantics_of and
 staged_members.member_constexprs / stats_constexprs (the switch sets the launches use); all at the
 launch shapes of launch.GPU_DEFAULT (launch._staged_shape) for a 128256 vocabulary in bf16 (13
 chunks per row), in fp32 (other VEC and REPS) and a 5008 one (one chunk: the `NUM_CHUNKS > 1` code
@@ -103,10 +102,6 @@ def main(folder: str) -> dict:
         stats_shape = launch._staged_shape(logits, p, g.forward_stage_bytes, g.forward_block, g.forward_stage_warps)
         sig = TORCH_TO_SIG[dtype]
         base = dict(THREAD_STATS=g.thread_stats)
-        out[f"seed@{tag}"] = compile_(f"seed@{tag}", staged._staged_kernel, dict(main_shape, **base), g.num_warps,
-                                      sig, "*u8")
-        out[f"forward@{tag}"] = compile_(f"forward@{tag}", staged._staged_forward_kernel, dict(stats_shape, **base),
-                                         g.forward_stage_warps, sig, "*u8")  # launch.py's loss-only pass
         done = {}
         for name, sem in members:  # one compile per distinct switch set; every member named in the result
             mask_sig = "*u8" if sem.has_mask else "*i64"  # without a mask, the ids stand in (impl.py)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The evidence run (device tool, one H200), in parts that each fit one 10-minute device call:
 #   bash benchmarks/h200_evidence.sh probe      # worker isolation on CUDA + the CUDA kernel tests
-#   bash benchmarks/h200_evidence.sh bench      # the CUDA timing gallery and benchmarks/kernel_v3.py
+#   bash benchmarks/h200_evidence.sh bench      # the CUDA timing gallery and benchmarks/research/kernel_v3.py
 #   bash benchmarks/h200_evidence.sh small9     # every implementation x member at the small CUDA workloads
 #   bash benchmarks/h200_evidence.sh ours11     # round 11's evidence run, 1 of 3: CUDA tests, triton (every member)
 #   bash benchmarks/h200_evidence.sh liger11    # 2 of 3, same machine and commit: liger (seed + 3 members), pytorch masked
@@ -58,7 +58,7 @@ case "${1:-probe}" in
     timeout -s KILL 90 python3 -m grpo_conform check tests/gallery/side-stream tests/gallery/cached-timing \
       tests/gallery/correct-then-lazy --workload seed-b2 --no-evidence > "$R/gallery-cuda.txt" 2>&1
     status "gallery (side-stream, cached-timing, correct-then-lazy; must fail): exit $?"
-    timeout -s KILL 330 python3 benchmarks/kernel_v3.py ${KERNEL_V3_ARGS:---quick} > "$R/kernel_v3.log" 2>&1
+    timeout -s KILL 330 python3 benchmarks/research/kernel_v3.py ${KERNEL_V3_ARGS:---quick} > "$R/kernel_v3.log" 2>&1
     status "kernel_v3: exit $?"; grep -v '^{' "$R/kernel_v3.log" | tail -40
     ;;
   small9)  # one call (~6 min): every bundled implementation on every member it declares at the small CUDA
@@ -102,7 +102,7 @@ case "${1:-probe}" in
     mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
     check_one torch-compile 160 --member token-is --workload seed-b2 --workload seed-b16
     check_one liger-inplace 90 --member token-is --workload seed-b2 --workload seed-b16
-    timeout -s KILL 100 python3 benchmarks/mask_probe.py --only mask > "$R/mask_probe.log" 2>&1
+    timeout -s KILL 100 python3 benchmarks/research/mask_probe.py --only mask > "$R/mask_probe.log" 2>&1
     status "mask_probe --only mask: exit $?"; grep -v '^{' "$R/mask_probe.log" | tail -12
     ;;
   gaps11)  # what the deadlines of ours11 and rest11 left out (each step's limit less 70 s came first): our

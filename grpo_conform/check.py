@@ -5,24 +5,37 @@ The plan is made before anything runs (every manifest and spec checked first). S
 happen here, in this process; `--jobs`/`--gpus` hand whole plans to slot processes
 (grpo_conform.gate.parallel) and merge their reports. A hang ends its implementation at the first
 timeout (the rest is reported as not run), so a hanging implementation costs one timeout.
+
+The Python API is this module, called: `grpo_conform.check(...)` (`check_paths`, at the end) runs
+exactly what `grpo-conform check` runs and returns the `CheckReport`, printing and exiting nothing:
+
+    import grpo_conform
+    report = grpo_conform.check("implementations/triton", device="cpu", workloads=["odd-vocab"])
+    report.exit_code                    # 0 conformant, 1 a check failed, 2 usage, 3 environment
+    for impl in report.implementations:  # ImplementationResult: status, message, members, workloads
+        print(impl.name, impl.status)
+    report.to_json()                    # what --format json prints
 """
 
 from __future__ import annotations
 
 import random
 import secrets
+import sys
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+import types
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
 
 import torch
 
 from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
-from grpo_conform.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EnvironmentProblem
+from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.floors import compute_floor
-from grpo_conform.gate.plan import ImplPlan, MemberPlan, Stop, build_plan
+from grpo_conform.gate.parallel import run_slots
+from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, select_outcomes, wants_timing
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
@@ -30,8 +43,9 @@ from grpo_conform.ops import operation_for
 from grpo_conform.ops.interface import fresh_seed
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.provenance import device_info, software, utc_now
-from grpo_conform.results import (STRICT_KINDS, CheckOutcome, Coverage, ImplementationResult, MemberResult, NotRun,
-                                  WorkloadResult, implementation_status, worst_status)
+from grpo_conform.results import CheckOutcome, CheckReport, ImplementationResult, MemberResult, NotRun, WorkloadResult
+from grpo_conform.results import implementation_result as _result  # short names of the run loop below
+from grpo_conform.results import member_result as _member
 from grpo_conform.spec import Spec
 
 __all__ = ["CheckRequest", "CheckReport", "run_check", "resolve_device", "default_timeout"]
@@ -58,72 +72,6 @@ class CheckRequest:
     sandbox: str = "none"  # --sandbox: "bwrap" runs every worker inside bubblewrap (isolation/sandbox.py)
     deadline: float | None = None  # --deadline: seconds from the start after which no workload starts
     explore: int = 0  # --explore N: N property-based cases per member after its workloads (explore.py)
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    device: dict[str, Any]
-    interpreter: bool
-    implementations: tuple[ImplementationResult, ...]
-    specs: dict[str, Spec]
-    started: str
-    finished: str
-    software: dict[str, Any] = field(default_factory=dict)
-    hardware: dict[str, Any] = field(default_factory=dict)  # datasheet and measured ceilings (CUDA runs)
-    strict: bool = False
-    notes: tuple[str, ...] = ()  # what the gate selected and why (changed-since, shard, slots)
-    shard: tuple[int, int] | None = None
-    parts: tuple["CheckReport", ...] = ()  # --gpus/--jobs: the slot reports (each with its own device)
-
-    @property
-    def strict_failures(self) -> list[str]:
-        """What --strict fails on: skipped implementations and members, workloads not run."""
-        out = []
-        if not self.implementations:  # issue 28: a gate that checked nothing (--changed-since) proves nothing
-            out.append("no implementation was checked (--changed-since, --shard or --member selected none)")
-        for impl in self.implementations:
-            if impl.status == "skipped":
-                out.append(f"{impl.name}: {impl.message}")
-            for m in impl.members:
-                if m.status == "skipped" and impl.status != "skipped":
-                    out.append(f"{impl.name} {m.member}: {m.message}")
-                out += [f"{impl.name} {m.member} {n.workload}: {n.reason}" for n in m.coverage.not_run
-                        if n.kind in STRICT_KINDS]
-        return out
-
-    @property
-    def exit_code(self) -> int:
-        statuses = [i.status for i in self.implementations]
-        if "load-error" in statuses:
-            return EXIT_USAGE
-        if "failed" in statuses:
-            return EXIT_FAILED
-        if self.strict and self.strict_failures:
-            return EXIT_FAILED
-        if statuses and all(s == "skipped" for s in statuses):
-            return EXIT_ENVIRONMENT
-        return EXIT_OK
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tool": "grpo-conform",
-            "started": self.started,
-            "finished": self.finished,
-            "device": self.device,
-            "triton_interpreter": self.interpreter,
-            "software": self.software,
-            "hardware": self.hardware,
-            "specs": [{"id": s.id, "version": s.version, "identity": {"sha256": s.identity}, "path": s.source,
-                       "member": getattr(s, "member", None)} for s in self.specs.values()],
-            "implementations": [i.to_json() for i in self.implementations],
-            "strict": self.strict,
-            "strict_failures": self.strict_failures if self.strict else [],
-            "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
-            "notes": list(self.notes),
-            "parts": [{"device": p.device, "hardware": p.hardware, "started": p.started, "finished": p.finished,
-                       "implementations": [i.path for i in p.implementations]} for p in self.parts],
-            "exit_code": self.exit_code,
-        }
 
 
 @dataclass(frozen=True)
@@ -185,9 +133,7 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     sandbox_preflight(request.sandbox, device.type)
     say = Reporter(progress)
     if request.gpus is not None or request.jobs > 1:
-        from grpo_conform.gate.parallel import run_slots
-
-        return run_slots(request, plan, device, say, stop)
+        return run_slots(request, plan, device, say, stop, check_implementation)
     started = utc_now()
     ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
     results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
@@ -201,36 +147,6 @@ def run_stop(request: CheckRequest) -> Stop:
 
 
 # -- one implementation ---------------------------------------------------------------------------
-def _result(p: ImplPlan, members: list[MemberResult], worker: dict, status: str | None = None,
-            message: str | None = None) -> ImplementationResult:
-    impl = p.impl
-    status = status or worst_status(m.status for m in members)
-    if message is None:
-        message = members[0].message if len(members) == 1 else "; ".join(f"{m.member}: {m.message}" for m in members)
-    flat = tuple(w for m in members for w in m.workloads)
-    return ImplementationResult(impl.name, str(impl.path), impl.identity, impl.manifest.model_dump(mode="json"),
-                                status, message, flat, worker, tuple(members))  # type: ignore[arg-type]
-
-
-def member_message(status: str, workloads, coverage: Coverage) -> str:
-    if status == "failed":
-        failed = sorted({o.check for w in workloads for o in w.outcomes if o.failed})
-        return f"failed: {', '.join(failed)}"
-    scope = "every workload" if not coverage.not_run else f"the checked workloads ({coverage.checked} of " \
-                                                        f"{coverage.total})"
-    checks = f" (checks: {', '.join(coverage.checks)})" if coverage.checks else ""
-    return f"conformant on {scope}{checks}"
-
-
-def _member(mp: MemberPlan, status: str, message: str, workloads=(), not_run: tuple[NotRun, ...] = (),
-            checks: tuple[str, ...] = ()) -> MemberResult:
-    cov = Coverage(tuple(w.workload for w in workloads), tuple(mp.not_run) + tuple(not_run), checks)
-    if status == "":
-        status = implementation_status(tuple(workloads))
-        message = member_message(status, workloads, cov)
-    return MemberResult(mp.spec, status, message, tuple(workloads), cov)  # type: ignore[arg-type]
-
-
 def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter,
                          stop: Stop) -> ImplementationResult:
     name = p.impl.name
@@ -288,8 +204,6 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 if bad and request.fail_fast:
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
             if request.explore and session is not None and session.alive and not (ended or stop.reason):
-                from grpo_conform.gate.plan import select_outcomes
-
                 say(name, mp.label, "explore", f"{request.explore} property-based cases")
                 explored = operation_for(mp.spec).explore_workload(session, mp.spec, request.explore, p.impl)
                 results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
@@ -320,8 +234,6 @@ def _load_message(p: ImplPlan, exc: Exception) -> str:
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
                  name: str, member: str) -> WorkloadResult:
     """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA)."""
-    from grpo_conform.gate.plan import select_outcomes, wants_timing
-
     resolved = spec.resolve(w, random.Random(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
@@ -352,3 +264,27 @@ def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunCont
     except WorkerFailure as failure:
         return [], timing_failure_outcomes(failure)
 
+
+# -- the Python API ------------------------------------------------------------------------------
+def check_paths(*paths: str, device: str = "auto", workloads: Iterable[str] = (), spec: str | None = None,
+                members: Iterable[str] = (), timing: bool = True, timeout: float | None = None,
+                **options: Any) -> CheckReport:
+    """Check implementation folders against their spec; returns the `CheckReport` (never exits).
+
+    `spec`: a spec file overriding the manifests' spec; `workloads`/`members`: run only these; `timing`:
+    time the protocols on CUDA; other keyword options are `CheckRequest` fields (e.g. fail_fast=True)."""
+    if not paths:
+        raise TypeError("grpo_conform.check() needs at least one implementation folder")
+    request = CheckRequest(paths=tuple(str(p) for p in paths), device=device, workloads=tuple(workloads),
+                           spec_path=spec, timing=timing, timeout=timeout, members=tuple(members), **options)
+    return run_check(request)
+
+
+class _CallableModule(types.ModuleType):
+    """`grpo_conform.check(...)` calls `check_paths` while `grpo_conform.check` stays this module."""
+
+    def __call__(self, *paths: str, **options: Any) -> CheckReport:
+        return check_paths(*paths, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

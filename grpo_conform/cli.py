@@ -1,13 +1,18 @@
 """The command line. Each command parses its options into a request object and hands it to the
 library; only this module prints and exits. A `GrpoConformError` becomes its message on stderr
-and its exit code (2 usage/spec/manifest, 3 environment); anything else is a bug."""
+and its exit code (2 usage/spec/manifest, 3 environment); anything else is a bug.
+
+Each command imports the library modules it uses inside its own function: `grpo-conform --help` and
+the light commands (`spec`, `verify`, `report`) must not pay for torch and the engine at start-up."""
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -61,9 +66,9 @@ def spec() -> None:
 @_fail_cleanly
 def spec_show(file: str, member: str | None, resolved: bool, fmt: str) -> None:
     """Print a spec's id, version, sha256 identity and a readable summary (a family: its members)."""
+    # start-up: see the module docstring
     from grpo_conform.render import render_spec
-    from grpo_conform.spec import load_spec, read_document
-    from grpo_conform.spec_family import is_family_document, load_family
+    from grpo_conform.spec import is_family_document, load_family, load_spec, read_document
 
     doc = read_document(file)
     if is_family_document(doc):
@@ -103,9 +108,10 @@ def spec_show(file: str, member: str | None, resolved: bool, fmt: str) -> None:
 @_fail_cleanly
 def spec_validate(files: tuple[str, ...]) -> None:
     """Validate spec files (standalone or family: every member resolved) against the schema and their cross-references."""
-    from grpo_conform.spec import load_spec, read_document
-    from grpo_conform.spec_family import is_family_document, load_family
+    # start-up: see the module docstring
+    from grpo_conform.spec import is_family_document, load_family, load_spec, read_document
 
+    # start-up: see the module docstring
     from grpo_conform.report.spec_text import validate_problems
 
     problems = {f: validate_problems(f) for f in files}  # every file, every schema error (not the first)
@@ -180,11 +186,13 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
 
     Exit 0 conformant, 1 failed (or skipped, with --strict), 2 usage/manifest/load error, 3 nothing
     could run here (environment), 130 interrupted (SIGINT), 143 terminated (SIGTERM)."""
+    # start-up: see the module docstring
     from grpo_conform.check import CheckRequest, run_check
     from grpo_conform.evidence import load_signing_key
     from grpo_conform.gate.parallel import parse_gpus
     from grpo_conform.gate.shard import parse_shard
 
+    # start-up: see the module docstring
     from grpo_conform.provenance import check_environment
 
     key = None if no_evidence else load_signing_key(key_path)  # a bad key fails before anything runs
@@ -207,8 +215,8 @@ def _explore_snippets(report: Any) -> list[str]:
 def _interruptible(run: Callable[[Callable[[str], None]], Any], label: str) -> Any:
     """Run with progress lines (a spinner on a terminal); Ctrl-C exits 130, SIGTERM 143, both after
     the run's `finally` blocks closed every worker and removed its files."""
-    import time
 
+    # start-up: see the module docstring
     from grpo_conform.gate.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, install_handlers
 
     install_handlers()
@@ -234,6 +242,7 @@ def _end_workers() -> None:
     """Belt and braces after the run's `finally` blocks: every live worker session (and any process
     that escaped one and came back to our subreaper) ended, every scratch tree removed."""
     try:
+        # start-up: see the module docstring
         from grpo_conform.isolation.session import end_all
     except ImportError:  # pragma: no cover - an isolation layer without the registry
         return
@@ -241,6 +250,7 @@ def _end_workers() -> None:
 
 
 def _finish(report: Any, fmt: str, junit_xml: str | None, summary_file: str | None, evidence=None) -> None:
+    # start-up: see the module docstring
     from grpo_conform.gate.junit import write_junit
     from grpo_conform.gate.progress import summary_line
     from grpo_conform.gate.summary import write_summary
@@ -248,6 +258,7 @@ def _finish(report: Any, fmt: str, junit_xml: str | None, summary_file: str | No
 
     records: tuple = ()
     if evidence is not None:
+        # start-up: see the module docstring
         from grpo_conform.evidence import write_evidence
 
         records = write_evidence(report, *evidence)  # --jobs/--gpus: one record per slot report and member
@@ -292,6 +303,7 @@ def merge(files: tuple[str, ...], strict: bool, junit_xml: str | None, summary_f
           trusted_keys: str | None = None, project: str | None = None) -> None:
     """Merge shard outputs (JSON reports of `check --format json`, evidence records, or folders of them) into one
     verdict per implementation; refuses duplicates and conflicts. Exit codes as `check`."""
+    # start-up: see the module docstring
     from grpo_conform.gate.merge import MergeRequest, run_merge
 
     _finish(run_merge(MergeRequest(files=files, strict=strict, trusted_keys=trusted_keys, project=project)), fmt,
@@ -310,6 +322,7 @@ def manifest() -> None:
 def manifest_validate(paths: tuple[str, ...]) -> None:
     """Validate implementation folders (or their implementation.toml): manifest fields, entry file, spec and
     members resolvable. Used by the pre-commit hook."""
+    # start-up: see the module docstring
     from grpo_conform.gate.validate import ValidateRequest, run_validate
 
     report = run_validate(ValidateRequest(paths=paths))
@@ -327,6 +340,7 @@ def manifest_validate(paths: tuple[str, ...]) -> None:
 def init(member: str, folder: str, name: str | None, force: bool) -> None:
     """Write FOLDER/implementation.toml and a commented, conformant eager PyTorch impl.py for MEMBER
     of the grpo family (e.g. token-offpolicy-mask), to start an implementation from."""
+    # start-up: see the module docstring
     from grpo_conform.scaffold import InitRequest, run_init
 
     result = run_init(InitRequest(member=member, folder=Path(folder), name=name, force=force))
@@ -349,6 +363,7 @@ def init(member: str, folder: str, name: str | None, force: bool) -> None:
 @_fail_cleanly
 def bench(paths, protocols, workloads, spec_path, reps, warmup, timeout, fmt) -> None:
     """Time implementations on a GPU: median, quantiles, floor ratios, ratio to the first one named."""
+    # start-up: see the module docstring
     from grpo_conform.bench import BenchRequest, run_bench
     from grpo_conform.render import render_bench
 
@@ -385,6 +400,7 @@ def bench(paths, protocols, workloads, spec_path, reps, warmup, timeout, fmt) ->
 def floor(spec_path: str, workload: str, gpu: str, protocol: str, model: str, unmasked: float | None,
           fmt: str) -> None:
     """Print the DRAM and arithmetic floors of a workload on a GPU (traffic-v1 and headroom-v1), with the derivation."""
+    # start-up: see the module docstring
     from grpo_conform.floors import FloorRequest, run_floor
 
     report = run_floor(FloorRequest(spec_path=spec_path, workload=workload, gpu=gpu, protocol=protocol, model=model,
@@ -405,6 +421,7 @@ def floor(spec_path: str, workload: str, gpu: str, protocol: str, model: str, un
 def audit(files: tuple[str, ...], spec_ref: str, fmt: str, verbose: bool) -> None:
     """Audit reported timings (Liger-Kernel benchmark CSV or grpo-conform-reported/1 JSON files): one line
     per record; exit 1 if any is impossible."""
+    # start-up: see the module docstring
     from grpo_conform.audit import AuditRequest, run_audit
     from grpo_conform.report.audit_text import compact_lines
 
@@ -422,6 +439,7 @@ def audit(files: tuple[str, ...], spec_ref: str, fmt: str, verbose: bool) -> Non
 # -- evidence -----------------------------------------------------------------------------------
 def _evidence_error(exc: GrpoConformError, fmt: str) -> None:
     """`--format json` always prints JSON, also when the command cannot start (bad trust root, policy)."""
+    # start-up: see the module docstring
     from grpo_conform.evidence.terminal import safe
 
     if fmt == "json":
@@ -485,6 +503,7 @@ def verify(files: tuple[str, ...], policy_file: str | None, expect_subject: str 
     """Verify evidence records: envelope, signature (shipped trust root), schema, semantics, identities, policy.
 
     Exit 0 only if every file passes every step."""
+    # start-up: see the module docstring
     from grpo_conform.evidence import Policy, VerifyRequest, load_policy, run_verify
 
     try:
@@ -517,6 +536,7 @@ def verify(files: tuple[str, ...], policy_file: str | None, expect_subject: str 
 @_fail_cleanly
 def keygen(private_key: str, public_key: str) -> None:
     """Make an Ed25519 key pair for signing evidence records."""
+    # start-up: see the module docstring
     from grpo_conform.evidence import KeygenRequest, run_keygen
 
     report = run_keygen(KeygenRequest(private_key=private_key, public_key=public_key))
@@ -526,7 +546,6 @@ def keygen(private_key: str, public_key: str) -> None:
     out.print("verify trusts it only once the root keys sign it into the trust root (tools/trust-root.py), "
               "or with --trusted-keys", highlight=False)
     # How to trust it locally, ready to paste (REPORT, issue 16): the list names the key file relative to itself.
-    import datetime
 
     pub = Path(report.public_key)
     listing = pub.parent / "trusted-keys.local.json"
@@ -556,6 +575,7 @@ def sign(files: tuple[str, ...], key_path: str | None, project: str | None, allo
     """Add a signature to existing records (e.g. made on a machine that must not hold the key).
 
     Refuses (and signs nothing) when any record fails what `verify` checks besides the signature."""
+    # start-up: see the module docstring
     from grpo_conform.evidence import SignRequest, run_sign
 
     try:
@@ -593,7 +613,9 @@ def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trust
            fmt: str, project: str | None = None) -> None:
     """Build the leaderboard (HTML, Markdown, JSON) from evidence records, files or folders of
     *.intoto.json, showing only those that pass verify; exit 0 once the page is written."""
-    from grpo_conform.report.build import ReportRequest, render, run_report
+    # start-up: see the module docstring
+    from grpo_conform.report.build import ReportRequest
+    from grpo_conform.report.write import render, run_report
 
     board = run_report(ReportRequest(paths=evidence, reported=reported, out=out, trusted_keys=trusted_keys,
                                      spec=spec_ref, project=project))

@@ -321,7 +321,7 @@ def measure_streams(copy_fn: Callable[[], object], read_fn: Callable[[], object]
 
 def _cuda_device(device: Any):
     """`device` as a torch CUDA device, or an EnvironmentProblem saying why it cannot be one."""
-    import torch
+    import torch  # only where a GPU is measured: floors and `spec` commands stay torch-free
 
     dev = torch.device(device)
     if dev.type != "cuda":
@@ -334,7 +334,7 @@ def _cuda_device(device: Any):
 def measure_ceilings(device: Any = "cuda", *, buffer_bytes: int | None = None, reps: int = DEFAULT_REPS,
                      warmup: int = DEFAULT_WARMUP, timer: Timer | None = None) -> Ceilings:
     """Copy and read bandwidth of the CUDA `device` over buffers several times its L2."""
-    import torch
+    import torch  # only where a GPU is measured: floors and `spec` commands stay torch-free
 
     dev = _cuda_device(device)
     props = torch.cuda.get_device_properties(dev)
@@ -395,7 +395,7 @@ def describe_gpu(device_name: str, properties: dict[str, Any] | None = None, cei
 
 def describe_running_gpu(device: Any = "cuda", ceilings: Ceilings | None = None,
                          catalogue: Catalogue | None = None) -> RunningGpu:
-    import torch
+    import torch  # only where a GPU is measured: floors and `spec` commands stay torch-free
 
     dev = _cuda_device(device)
     p = torch.cuda.get_device_properties(dev)

@@ -23,6 +23,7 @@ it, sorted bytewise, `__pycache__` left out), reproducible with coreutils:
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import os
 import re
 import sys
@@ -69,7 +70,7 @@ class Manifest(BaseModel):
     source: Optional[str] = None
     requires: tuple[str, ...] = ()
     # The family members claimed (spec = "grpo"); required when `spec` names a family, checked by
-    # grpo_conform.spec_family.specs_for_manifest, which knows the specs (docs/spec-family.md).
+    # grpo_conform.spec.find.specs_for_manifest, which knows the specs (docs/spec-family.md).
     members: tuple[str, ...] = ()
 
     @field_validator("name")
@@ -154,8 +155,6 @@ class Implementation:
         a top-level name is looked up by the path finder on sys.path (no package `__init__` runs),
         leaving out every directory inside the implementation folder and the current directory's
         entry, so the folder can neither satisfy its own requirement nor run code in the parent."""
-        import importlib.machinery
-
         folder = str(self.path)
         roots = [p for p in sys.path if p and os.path.abspath(p) != folder
                  and not os.path.abspath(p).startswith(folder + os.sep)]

@@ -6,9 +6,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from grpo_conform.check import CheckReport
+from grpo_conform.ops.grpo_logits.declared_cases import merge_exercised, workload_exercised
 from grpo_conform.report.failures import failing, failure_lines
-from grpo_conform.results import not_judged
+from grpo_conform.report.spec_text import spec_text
+from grpo_conform.results import CheckReport, not_judged
 from grpo_conform.spec import Spec
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "timeout": "bold red", "skipped": "yellow"}
@@ -72,8 +73,6 @@ def render_check(report: CheckReport, console: Console) -> None:
 def coverage_lines(impl) -> list[str]:
     """Per member, what its calls exercised (the record's coverage.exercised): named cases listed,
     long categories (defaults, boundaries, dtypes, shapes) counted."""
-    from grpo_conform.ops.grpo_logits.declared_cases import merge_exercised, workload_exercised
-
     out = []
     for m in getattr(impl, "members", ()) or ():
         got = merge_exercised(*(workload_exercised(w.draws, w.dtypes, w.axes) for w in m.workloads))
@@ -104,8 +103,6 @@ def not_run_lines(impl) -> list[str]:
 
 def render_spec(spec: Spec, console: Console, brief: bool = False) -> None:
     """Formula, inputs, outputs, parameters, constraints (then tolerances, traffic, workloads unless brief)."""
-    from grpo_conform.report.spec_text import spec_text
-
     for line in spec_text(spec, brief):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
 

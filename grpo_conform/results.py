@@ -1,9 +1,12 @@
-"""Result types of a check run: frozen dataclasses, serialized one way (`to_json`)."""
+"""Result types of a check run and their builders: frozen dataclasses, serialized one way (`to_json`).
+The engine (check.py) and the gate (gate/parallel.py, gate/merge.py) both build them from here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from grpo_conform.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 Status = Literal["pass", "fail", "error", "timeout", "skipped"]
 FAILING: frozenset[str] = frozenset({"fail", "error", "timeout"})
@@ -178,7 +181,7 @@ class Coverage:
 
 @dataclass(frozen=True)
 class MemberResult:
-    """One implementation against one resolved spec member (TEAM.md decision 8)."""
+    """One implementation against one resolved spec member (decision member-results, docs/decisions.md)."""
 
     spec: Any  # grpo_conform.spec.Spec (or grpo_conform.gate.merge.SpecRef in merged reports)
     status: ImplStatus
@@ -230,6 +233,107 @@ def worst_status(statuses) -> ImplStatus:
 
 def implementation_status(workloads: tuple[WorkloadResult, ...]) -> ImplStatus:
     return "failed" if any(w.failed for w in workloads) else "conformant"
+
+
+# -- builders (check.py's run, the gate's stopped and lost pieces) -----------------------------------
+def implementation_result(p, members: list[MemberResult], worker: dict, status: str | None = None,
+                          message: str | None = None) -> ImplementationResult:
+    """The result of one planned implementation (`p`: a gate.plan.ImplPlan) from its members' results."""
+    impl = p.impl
+    status = status or worst_status(m.status for m in members)
+    if message is None:
+        message = members[0].message if len(members) == 1 else "; ".join(f"{m.member}: {m.message}" for m in members)
+    flat = tuple(w for m in members for w in m.workloads)
+    return ImplementationResult(impl.name, str(impl.path), impl.identity, impl.manifest.model_dump(mode="json"),
+                                status, message, flat, worker, tuple(members))  # type: ignore[arg-type]
+
+
+def member_message(status: str, workloads, coverage: Coverage) -> str:
+    if status == "failed":
+        failed = sorted({o.check for w in workloads for o in w.outcomes if o.failed})
+        return f"failed: {', '.join(failed)}"
+    scope = "every workload" if not coverage.not_run else f"the checked workloads ({coverage.checked} of " \
+                                                        f"{coverage.total})"
+    checks = f" (checks: {', '.join(coverage.checks)})" if coverage.checks else ""
+    return f"conformant on {scope}{checks}"
+
+
+def member_result(mp, status: str, message: str, workloads=(), not_run: tuple[NotRun, ...] = (),
+                  checks: tuple[str, ...] = ()) -> MemberResult:
+    """One member's result (`mp`: a gate.plan.MemberPlan); status "" = from its workloads' outcomes."""
+    cov = Coverage(tuple(w.workload for w in workloads), tuple(mp.not_run) + tuple(not_run), checks)
+    if status == "":
+        status = implementation_status(tuple(workloads))
+        message = member_message(status, workloads, cov)
+    return MemberResult(mp.spec, status, message, tuple(workloads), cov)  # type: ignore[arg-type]
+
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    device: dict[str, Any]
+    interpreter: bool
+    implementations: tuple[ImplementationResult, ...]
+    specs: dict[str, Any]  # identity -> grpo_conform.spec.Spec (gate.merge.SpecRef in merged reports)
+    started: str
+    finished: str
+    software: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)  # datasheet and measured ceilings (CUDA runs)
+    strict: bool = False
+    notes: tuple[str, ...] = ()  # what the gate selected and why (changed-since, shard, slots)
+    shard: tuple[int, int] | None = None
+    parts: tuple["CheckReport", ...] = ()  # --gpus/--jobs: the slot reports (each with its own device)
+
+    @property
+    def strict_failures(self) -> list[str]:
+        """What --strict fails on: skipped implementations and members, workloads not run."""
+        out = []
+        if not self.implementations:  # issue 28: a gate that checked nothing (--changed-since) proves nothing
+            out.append("no implementation was checked (--changed-since, --shard or --member selected none)")
+        for impl in self.implementations:
+            if impl.status == "skipped":
+                out.append(f"{impl.name}: {impl.message}")
+            for m in impl.members:
+                if m.status == "skipped" and impl.status != "skipped":
+                    out.append(f"{impl.name} {m.member}: {m.message}")
+                out += [f"{impl.name} {m.member} {n.workload}: {n.reason}" for n in m.coverage.not_run
+                        if n.kind in STRICT_KINDS]
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        statuses = [i.status for i in self.implementations]
+        if "load-error" in statuses:
+            return EXIT_USAGE
+        if "failed" in statuses:
+            return EXIT_FAILED
+        if self.strict and self.strict_failures:
+            return EXIT_FAILED
+        if statuses and all(s == "skipped" for s in statuses):
+            return EXIT_ENVIRONMENT
+        return EXIT_OK
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool": "grpo-conform",
+            "started": self.started,
+            "finished": self.finished,
+            "device": self.device,
+            "triton_interpreter": self.interpreter,
+            "software": self.software,
+            "hardware": self.hardware,
+            "specs": [{"id": s.id, "version": s.version, "identity": {"sha256": s.identity}, "path": s.source,
+                       "member": getattr(s, "member", None)} for s in self.specs.values()],
+            "implementations": [i.to_json() for i in self.implementations],
+            "strict": self.strict,
+            "strict_failures": self.strict_failures if self.strict else [],
+            "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
+            "notes": list(self.notes),
+            "parts": [{"device": p.device, "hardware": p.hardware, "started": p.started, "finished": p.finished,
+                       "implementations": [i.path for i in p.implementations]} for p in self.parts],
+            "exit_code": self.exit_code,
+        }
+
 
 
 # -- reading our own JSON back (merge, parallel slots) ---------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.ops import operation_name
-from grpo_conform.spec import Spec, SpecError
+from grpo_conform.spec import Spec, SpecError, find_family
 
 FAMILY = "grpo"
 STARTER_OPERATION = "grpo-logits"  # the operation starter_source writes an implementation of
@@ -41,8 +41,6 @@ class InitResult:
 
 
 def member_spec(family: str, member: str) -> Spec:
-    from grpo_conform.spec_family import find_family
-
     fam = find_family(family)
     if fam is None:
         raise InitError(f"no spec family {family!r} found (set GRPO_CONFORM_SPECS to a folder holding its file)")

@@ -29,6 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from grpo_conform.gate.plan import SelectionError, member_matches, specs_of
+from grpo_conform.implementations import load_implementation
 from grpo_conform.report.failures import failure_lines, workloads_of
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
@@ -106,9 +108,6 @@ def members_to_check(folder: str | Path, spec_path: str | None, workloads: tuple
     applies to none of them, or a member that none applies to, is a SelectionError: `check` would
     silently leave such a member out, and the assertion would pass having checked fewer members than
     declared (issue 28: `workloads=["odd-vocab"]` dropped the ten masked members of a folder)."""
-    from grpo_conform.gate.plan import SelectionError, member_matches, specs_of
-    from grpo_conform.implementations import load_implementation
-
     impl = load_implementation(folder)
     specs = [s for s in specs_of(impl, spec_path, {}) if not members or any(member_matches(s, m) for m in members)]
     labels = tuple(s.member or s.id for s in specs)
@@ -142,7 +141,7 @@ def assert_conforms(fn_or_path: str | Path | Callable[..., Any], spec: str = "gr
     default), each on every declared member it applies to: every member checked must get one of them
     (else a `SelectionError` says which members would go unchecked); `members`: check only these,
     on purpose; `timing`: also time the protocols (CUDA only; off by default in unit tests)."""
-    from grpo_conform.api import check
+    from grpo_conform.check import check_paths as check  # the engine (torch) only when a check runs
 
     path = Path(str(fn_or_path)) if isinstance(fn_or_path, (str, Path)) else None
     with tempfile.TemporaryDirectory(prefix="grpo-conform-assert-") as tmp:

@@ -16,8 +16,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
-from grpo_conform.spec import Spec
-from grpo_conform.spec_family import load_family, load_member
+from grpo_conform.spec import Spec, load_family, load_member
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILY = ROOT / "specs" / "grpo.v1.json"

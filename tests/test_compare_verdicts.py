@@ -1,11 +1,11 @@
-"""benchmarks/compare_verdicts.py: equal reports agree, a changed or missing verdict is reported (exit 1)."""
+"""tools/compare_verdicts.py: equal reports agree, a changed or missing verdict is reported (exit 1)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "compare_verdicts.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "compare_verdicts.py"
 
 
 def _report(status_b: str, extra: bool = False) -> dict:

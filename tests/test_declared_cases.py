@@ -15,8 +15,7 @@ from grpo_conform.ops.grpo_logits.declared_cases import (declared_calls, declare
 from grpo_conform.evidence import Policy
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient
-from grpo_conform.spec import SpecError, load_spec, validate_document
-from grpo_conform.spec_family import load_family, resolve_member_document
+from grpo_conform.spec import SpecError, load_family, load_spec, resolve_member_document, validate_document
 from conftest import GALLERY
 from test_evidence_support import make_project, make_trust_root, new_key, signed_record, statement_for, verify
 

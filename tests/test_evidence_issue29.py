@@ -16,7 +16,8 @@ from grpo_conform.evidence import TrustedKeysError, load_trust_root
 from grpo_conform.evidence import trust as trust_module
 from grpo_conform.evidence.identities import project_root_for
 from grpo_conform.evidence.partial import checks_narrowed, partial_reason
-from grpo_conform.report.build import Leaderboard, render
+from grpo_conform.report.build import Leaderboard
+from grpo_conform.report.write import render
 from grpo_conform.evidence.semantics import future_problem
 from grpo_conform.report.load import RejectedRecord, VerifiedRecord
 from grpo_conform.report.model import build_sections

@@ -132,7 +132,7 @@ def test_run_sign_without_a_key_or_with_a_bad_file_signs_nothing(tmp_path, proj,
 
 
 def test_write_evidence_writes_one_record_per_member(tmp_path, proj, monkeypatch) -> None:
-    """Issue 13 decision 8: an ImplementationResult with members gives one record per member."""
+    """Decision member-results (docs/decisions.md): an ImplementationResult with members gives one record per member."""
     monkeypatch.chdir(proj)
     impl = synthetic_impl(proj / "implementations" / "pytorch")
     report = synthetic_report(proj, impl)

@@ -15,8 +15,7 @@ import torch
 from grpo_conform.ops.grpo_logits.explore import case_inputs, explore, parameter_bounds
 from grpo_conform.implementations import load_implementation
 from grpo_conform.isolation.session import WorkerSession
-from grpo_conform.spec import load_spec
-from grpo_conform.spec_family import load_family
+from grpo_conform.spec import load_family, load_spec
 
 FAMILY = "specs/grpo.v1.json"
 CATCHES = Path(__file__).resolve().parent / "data" / "explore" / "temperature-floor"

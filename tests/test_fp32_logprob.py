@@ -36,7 +36,7 @@ RATIO_MEMBERS = ("token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask",
                  "vllm-is-mask", "token-offpolicy-mask-kl-bc")
 # (member, seeds[0], seeds[1]) -> what the judgment failed before the log-prob terms (found by the
 # seed search over implementations/pytorch, and through run_check: docs/spec-family.md)
-# Found under the parameter draws of parameter_draws.py as they are now (a change of the draw rules
+# Found under the parameter draws of grpo_conform/spec/draws.py as they are now (a change of the draw rules
 # moves every seed's parameters: DEFAULT_AWAY re-pinned these on 2026-12-02; the first pins are in
 # docs/spec-family.md).
 PINNED = {  # re-pinned for the input generators of issue 27 (draws Random(900000 + i), i = 124, 4, 124)

@@ -17,7 +17,8 @@ import torch
 import yaml
 
 from conftest import GALLERY, ROOT, SPEC_FILE
-from grpo_conform.check import CheckReport, CheckRequest, member_message, run_check
+from grpo_conform.check import CheckReport, CheckRequest, run_check
+from grpo_conform.results import member_message
 from grpo_conform.gate.changed import changed_implementations
 from grpo_conform.gate.junit import WORKLOAD_CHECKS, write_junit
 from grpo_conform.gate.merge import MergeError, MergeRequest, Piece, merge_implementations, run_merge

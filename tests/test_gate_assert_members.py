@@ -57,7 +57,7 @@ def test_members_to_check_is_every_declared_member_unless_narrowed_on_purpose(ig
 def test_a_pass_on_fewer_members_than_declared_is_an_assertion_error(ignores_mask, monkeypatch):
     """The run is planned on every member; a report that comes back conformant on fewer (how the old
     behaviour looked) fails the assertion instead of passing. No worker runs: `check` is replaced."""
-    import grpo_conform.api
+    import grpo_conform.check
 
     planned = []
 
@@ -69,7 +69,7 @@ def test_a_pass_on_fewer_members_than_declared_is_an_assertion_error(ignores_mas
         impl = SimpleNamespace(name="pytorch", status="conformant", message="", members=(only,), workloads=())
         return SimpleNamespace(implementations=(impl,))
 
-    monkeypatch.setattr(grpo_conform.api, "check", fake_check)
+    monkeypatch.setattr(grpo_conform.check, "check_paths", fake_check)
     with pytest.raises(AssertionError, match=r"checked 1 of the 2 members .*not checked: token-offpolicy-mask"):
         assert_conforms(ignores_mask, device="cpu", workloads=["odd-vocab", "mask-small-bf16"])
     assert planned == [("token-is", ("odd-vocab",)), ("token-offpolicy-mask", ("mask-small-bf16",))]

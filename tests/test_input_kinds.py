@@ -14,7 +14,7 @@ from grpo_conform.ops.grpo_logits.generators import INPUT_KINDS, kind_of
 from grpo_conform.ops.grpo_logits.generators.logprob_gaps import FAR_LOG, far_log_cap, far_ratio_inputs
 from grpo_conform.ops.grpo_logits.generators.masks import UNTIMED, classify, draw_mask, row_layouts
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss
-from grpo_conform.spec_family import load_member
+from grpo_conform.spec import load_member
 from member_cases import FAMILY
 
 

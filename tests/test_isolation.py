@@ -276,7 +276,7 @@ def _open(alloc: SharedAllocator, desc: dict):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64])
 def test_shared_cpu_tensors_map_the_same_memory(dtype):
-    alloc = SharedAllocator(None, torch.device("cpu"))
+    alloc = SharedAllocator(torch.device("cpu"))
     parent, desc = alloc.empty((3, 5), dtype)
     assert desc["kind"] == "memfd" and desc["view"] == {"storage_offset": 0, "shape": [3, 5], "stride": [5, 1]}
     child = _open(alloc, desc)
@@ -290,7 +290,7 @@ def test_shared_cpu_tensors_map_the_same_memory(dtype):
 
 
 def test_share_copies_the_values():
-    alloc = SharedAllocator(None, torch.device("cpu"))
+    alloc = SharedAllocator(torch.device("cpu"))
     source = torch.randn(4, 6).to(torch.bfloat16)
     shared, desc = alloc.share(source)
     assert torch.equal(shared, source) and shared.data_ptr() != source.data_ptr()
@@ -304,7 +304,7 @@ def test_share_copies_the_values():
 @pytest.mark.parametrize("kind", ["offset", "strided"])
 @pytest.mark.parametrize("shape", [(2, 3, 7), (5,)])
 def test_views_of_a_larger_buffer(kind, shape):
-    alloc = SharedAllocator(None, torch.device("cpu"))
+    alloc = SharedAllocator(torch.device("cpu"))
     source = torch.randn(shape)
     parent, desc = alloc.share(source, kind)
     child = _open(alloc, desc)
@@ -320,7 +320,7 @@ def test_views_of_a_larger_buffer(kind, shape):
 
 
 def test_a_view_that_does_not_fit_its_buffer_is_refused():
-    alloc = SharedAllocator(None, torch.device("cpu"))
+    alloc = SharedAllocator(torch.device("cpu"))
     _, desc = alloc.empty((4,), torch.float32)
     desc["view"] = {"storage_offset": 2, "shape": [4], "stride": [1]}
     with pytest.raises(ValueError, match="does not fit"):
@@ -329,7 +329,7 @@ def test_a_view_that_does_not_fit_its_buffer_is_refused():
 
 def test_shared_memory_cannot_be_shrunk_or_grown():
     """The worker's attack on the parent's mapping: truncating the memory (SIGBUS in the parent)."""
-    alloc = SharedAllocator(None, torch.device("cpu"))
+    alloc = SharedAllocator(torch.device("cpu"))
     parent, desc = alloc.empty((1024,), torch.float32)
     fd = os.dup(alloc._fds[desc["fd"]])
     for size in (0, 4, 1 << 20):
@@ -343,7 +343,7 @@ def test_shared_memory_cannot_be_shrunk_or_grown():
 
 
 def test_a_write_in_another_process_is_seen():
-    alloc = SharedAllocator(None, torch.device("cpu"))
+    alloc = SharedAllocator(torch.device("cpu"))
     tensor, desc = alloc.empty((4,), torch.float32)
     tensor.zero_()
     fd = os.dup(alloc._fds[desc["fd"]])

@@ -15,7 +15,8 @@ from browser import find_chromium, load_page
 from grpo_conform.evidence import PAYLOAD_TYPE, keyid_of, pae
 from grpo_conform.evidence.keys import public_pem
 from grpo_conform.report.plot import mpl_version
-from grpo_conform.report.build import OUTPUTS, REGENERATE, ReportRequest, build_leaderboard, render, run_report
+from grpo_conform.report.build import REGENERATE, ReportRequest, build_leaderboard
+from grpo_conform.report.write import OUTPUTS, render, run_report
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "evidence" / "h200"

@@ -1,11 +1,11 @@
-"""benchmarks/results_table.py: the README's table from the committed, signed records."""
+"""tools/results_table.py: the README's table from the committed, signed records."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "results_table.py"
+SCRIPT = ROOT / "tools" / "results_table.py"
 
 
 def _run(*args) -> subprocess.CompletedProcess:

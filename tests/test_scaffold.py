@@ -10,7 +10,7 @@ import torch
 
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
 from grpo_conform.scaffold import InitError, InitRequest, run_init, starter_source
-from grpo_conform.spec_family import find_family
+from grpo_conform.spec import find_family
 
 MEMBERS = find_family("grpo").member_names
 

@@ -341,7 +341,7 @@ def test_unknown_workload_lists_the_known_ones(spec):
 
 # -- finding specs ---------------------------------------------------------------------------------
 def test_find_spec_by_id_and_by_id_at_version(spec):
-    # decision 1: the unversioned id names the family member (same loss, checked harder), the
+    # decision spec-alias (docs/decisions.md): the unversioned id names the family member (same loss, checked harder), the
     # versioned one the frozen file
     member = find_spec("grpo-token-is")
     assert member.id == "grpo/token-is" and member.member == "token-is" and member.identity != spec.identity

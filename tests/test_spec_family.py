@@ -17,9 +17,8 @@ import torch
 from conftest import ROOT, SPEC_FILE
 from grpo_conform.compare import GradientComparator
 from grpo_conform.implementations import ManifestError, Manifest, load_implementation
-from grpo_conform.parameter_draws import BUILTIN_DRAWS
-from grpo_conform.spec import SpecError, draw_parameters, find_spec, load_spec, specs_for_manifest
-from grpo_conform.spec_family import load_family, resolve_member_document
+from grpo_conform.spec.draws import BUILTIN_DRAWS
+from grpo_conform.spec import SpecError, draw_parameters, find_spec, load_family, load_spec, resolve_member_document, specs_for_manifest
 
 FAMILY_FILE = ROOT / "specs" / "grpo.v1.json"
 SEED_IDENTITY = "a1591ee3a750b87738c7867f73e7e3300b6635eecca8229b45a7a1803e1c171f"

@@ -14,6 +14,7 @@ import torch
 
 from grpo_conform.compare import first_difference
 from grpo_conform.isolation.session import WorkerSession
+from grpo_conform.isolation.sharing import cuda_descriptor
 
 
 @dataclass
@@ -58,8 +59,6 @@ class InputSlot:
             layout[key] = {"shape": list(shape), "stride": list(stride), "storage_offset": storage_offset,
                            "base_shape": list(base_shape)}
             if desc.get("kind") == "cuda_ipc":
-                from grpo_conform.isolation.sharing import cuda_descriptor
-
                 descs[key] = cuda_descriptor(view)  # torch's IPC rebuild keeps offset and strides
             else:
                 descs[key] = dict(desc, view={"storage_offset": storage_offset, "shape": list(shape),

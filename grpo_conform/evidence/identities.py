@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from typing import Any, Literal
 import rfc8785
 
 from grpo_conform.implementations import ManifestError, folder_listing
+from grpo_conform.spec import find_spec
 
 Status = Literal["match", "match-commit", "differs", "unverified"]
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -248,11 +250,7 @@ def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str,
     """A member's identity is that of its resolved document: resolved by the spec module from the
     project's specs/, or from the family file as the record's commit has it (the file's sha256
     already matched, so this checks the record's claim about which member it is)."""
-    import tempfile
-
     try:
-        from grpo_conform.spec import find_spec
-
         if at_commit is None:
             resolved = find_spec(name, dirs=[root / "specs"])
         else:

@@ -20,12 +20,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from grpo_conform.canonical import sha256_hex
 from grpo_conform.errors import EXIT_OK, GrpoConformError
-from grpo_conform.evidence.dsse import Envelope, EnvelopeError, make_envelope, parse_envelope, verify_signature
+from grpo_conform.evidence.dsse import Envelope, EnvelopeError, json_int, make_envelope, parse_envelope, verify_signature
 from grpo_conform.evidence.keys import ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey, SigningKeyError, \
     load_signing_key
 from grpo_conform.evidence.semantics import semantic_problems
 from grpo_conform.evidence.statement import StatementError, build_statement, check_statement, statement_bytes
 from grpo_conform.evidence.terminal import safe
+from grpo_conform.evidence.timestamps import timestamp_query
+from grpo_conform.evidence.trust import load_trust_root
+from grpo_conform.evidence.verify import VerifyRequest, verify_file
 
 
 class RecordError(GrpoConformError):
@@ -236,8 +239,6 @@ class SignReport:
 
 def preflight(path: str, request: SignRequest) -> ToSign:
     """Everything `verify` checks but the signature; a RecordError naming the first refusal."""
-    from grpo_conform.evidence.verify import VerifyRequest, verify_file  # verify imports this module's peers
-
     result = verify_file(path, (), VerifyRequest((path,), project=request.project,
                                                   allow_unverified=request.allow_unverified), ignore_signatures=True)
     bad = [s for s in result.steps if not s.ok and s.status != "skipped"]
@@ -269,8 +270,6 @@ def sign_record(path: str | Path, private_key: SigningKey | Ed25519PrivateKey) -
     The caller checks the record first (`preflight`); this only refuses what is not an envelope.
     """
     envelope = read_envelope(path)
-    from grpo_conform.evidence.dsse import json_int
-
     statement = json.loads(envelope.payload, parse_int=json_int)
     signed = envelope.signed_by(SigningKey.of(private_key))
     if signed is not envelope:  # already signed by this key: leave the file untouched
@@ -285,8 +284,6 @@ def sign_record(path: str | Path, private_key: SigningKey | Ed25519PrivateKey) -
 
 
 def _key_standing(keyid: str) -> str:
-    from grpo_conform.evidence.trust import load_trust_root
-
     try:
         keys = {k.keyid: k for k in load_trust_root().keys}
     except GrpoConformError as exc:
@@ -310,8 +307,6 @@ def run_sign(request: SignRequest) -> SignReport:
     planned = tuple(preflight(f, request) for f in request.files)  # one refused file signs nothing
     records = () if request.dry_run else tuple(sign_record(f, key) for f in request.files)
     if request.timestamp_query and not request.dry_run:
-        from grpo_conform.evidence.timestamps import timestamp_query
-
         for f in request.files:  # the query covers this key's signature bytes
             env = read_envelope(f)
             sig = next(s.sig for s in env.signatures if verify_signature(key.public_key, env.pae, s.sig))

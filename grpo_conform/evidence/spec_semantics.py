@@ -21,6 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from grpo_conform.spec import find_spec
+
 _BAD_COUNTS = ("mismatches", "nan", "inf")
 #: what the comparison writes when elements fail (compare.py); a `pass` saying it is a contradiction
 _FAILURE_TEXT = re.compile(r"\b[1-9][0-9]*/[0-9]+ elements outside tolerance")
@@ -44,8 +46,6 @@ def _dir_state(folder: Path) -> tuple[tuple[str, int, int], ...]:
 @lru_cache(maxsize=64)
 def _find(spec_id: str, folder: str, _state: tuple) -> Any:
     try:
-        from grpo_conform.spec import find_spec
-
         return find_spec(spec_id, dirs=[Path(folder)])
     except Exception:  # noqa: BLE001 - a spec this checkout lacks cannot be judged here
         return None
@@ -112,6 +112,7 @@ def _spec_floor_problems(spec: Any, predicate: dict[str, Any]) -> list[str]:
     hw = predicate.get("hardware") or {}
     if (hw.get("device") or {}).get("kind") == "cpu" or not any(w.get("timings") for w in predicate["workloads"]):
         return []  # nothing timed on a GPU: no floor to judge (and no reason to import torch for it)
+    # here, not above: floors pulls torch, which `verify` of an untimed record never needs
     from grpo_conform.floors import PROTOCOLS, below_floor, compute_floor, resolve_for_floor
     from grpo_conform.hardware import load_catalogue
 

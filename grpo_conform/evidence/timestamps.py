@@ -35,7 +35,7 @@ def token_path(record: str | Path) -> Path:
 
 def timestamp_query(signature: bytes) -> bytes:
     """The DER TimeStampReq (sha256 imprint of the signature bytes, nonce, certificate requested)."""
-    from rfc3161_client import HashAlgorithm, TimestampRequestBuilder
+    from rfc3161_client import HashAlgorithm, TimestampRequestBuilder  # only when a timestamp is asked for
 
     builder = TimestampRequestBuilder().data(signature).hash_algorithm(HashAlgorithm.SHA256)
     return builder.nonce(nonce=True).cert_request(cert_request=True).build().as_bytes()
@@ -53,7 +53,7 @@ def load_tsa_roots(paths: tuple[str, ...]) -> tuple[x509.Certificate, ...]:
 
 def token_time(token: bytes, signature: bytes, roots: tuple[x509.Certificate, ...]) -> datetime:
     """genTime of a token that verifies over `signature` under one of `roots`, else TimestampError."""
-    from rfc3161_client import VerificationError, VerifierBuilder, decode_timestamp_response
+    from rfc3161_client import VerificationError, VerifierBuilder, decode_timestamp_response  # only for a token
 
     if len(token) > MAX_TOKEN_BYTES:
         raise TimestampError(f"timestamp token of {len(token)} bytes; over {MAX_TOKEN_BYTES} is refused")

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_conform.errors import GrpoConformError
-from grpo_conform.results import (Coverage, ImplementationResult, MemberResult, NotRun, WorkloadResult,
-                                  coverage_from_json, implementation_status, workload_from_json, worst_status)
+from grpo_conform.results import (CheckReport, Coverage, ImplementationResult, MemberResult, NotRun, WorkloadResult,
+                                  coverage_from_json, implementation_status, member_message, workload_from_json,
+                                  worst_status)
 
 
 class MergeError(GrpoConformError):
@@ -110,6 +111,7 @@ def pieces_from_report(doc: dict[str, Any], origin: str) -> list[Piece]:
 
 
 def pieces_from_record(path: str, trusted_keys: str | None = None, project: str | None = None) -> list[Piece]:
+    # the evidence stack (cryptography, trust roots: ~1 s) only where a signed record is merged
     from grpo_conform.evidence.dsse import json_int
     from grpo_conform.evidence.records import RecordError
     from grpo_conform.evidence.verified import verified_payload
@@ -202,8 +204,6 @@ def merge_member(parts: list[tuple[str, MemberResult]], member_message) -> Membe
 
 
 def merge_implementations(pieces: list[Piece]) -> list[ImplementationResult]:
-    from grpo_conform.check import member_message
-
     groups: dict[tuple[str, str], list[Piece]] = {}
     where: dict[tuple[str, str], tuple[str, str]] = {}
     for p in pieces:
@@ -249,9 +249,7 @@ def _stopped(piece: Piece) -> bool:
     return bool(members) and all(any(n.kind == "stopped" for n in m.coverage.not_run) for m in members)
 
 
-def run_merge(request: MergeRequest):
-    from grpo_conform.check import CheckReport
-
+def run_merge(request: MergeRequest) -> CheckReport:
     pieces = read_pieces(request.files, request.trusted_keys, request.project)
     _check_report_identities(pieces, request.project)
     _check_shards(pieces)
@@ -274,7 +272,7 @@ def run_merge(request: MergeRequest):
 
 def _check_report_identities(pieces: list[Piece], project: str | None) -> None:
     """A JSON report's implementation identity against this checkout's tree, when the folder is in it."""
-    from grpo_conform.evidence.identities import project_root_for, tree_identity
+    from grpo_conform.evidence.identities import project_root_for, tree_identity  # the evidence stack: see above
 
     root = project_root_for(None, project)
     if root is None:

@@ -28,10 +28,16 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import torch
+
 from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
+from grpo_conform.gate.merge import Piece, impl_from_json, merge_implementations, pieces_from_report
 from grpo_conform.gate.plan import SelectionError, Stop
 from grpo_conform.gate.shard import apply_units, unit_cost
-from grpo_conform.results import ImplementationResult, MemberResult
+from grpo_conform.isolation import privilege, uids
+from grpo_conform.provenance import device_info, software, utc_now
+from grpo_conform.results import (CheckReport, Coverage, ImplementationResult, MemberResult, NotRun,
+                                  implementation_result)
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,6 @@ def plan_slots(device_type: str, gpus, jobs: int, timing: bool, gpu_count: int) 
 def with_uid_blocks(slots: list[Slot]) -> tuple[list[Slot], list[str]]:
     """Each slot's workers draw their uids from a block of the range no other slot uses. Only where
     uids are drawn (a root validator; GRPO_CONFORM_WORKER_USER unset): otherwise said in a note."""
-    from grpo_conform.isolation import privilege, uids
-
     if len(slots) < 2:
         return slots, []
     if os.getuid() != 0:
@@ -123,8 +127,9 @@ def _slot_request(request, units, device: str) -> dict:
 
 
 class _Runner:
-    def __init__(self, request, plan, device, say, slots, stop: Stop):
+    def __init__(self, request, plan, device, say, slots, stop: Stop, check_one):
         self.request, self.plan, self.device, self.say, self.slots = request, plan, device, say, slots
+        self.check_one = check_one  # check.check_implementation: returns at once for a stopped plan
         self.queue: queue.Queue = queue.Queue()
         self.stop = stop  # the run's (check.run_stop): --deadline counted from the start of the run
         self.lock = threading.Lock()
@@ -158,8 +163,6 @@ class _Runner:
         self._collect(slot, units, out, code, tail)
 
     def _collect(self, slot: Slot, units, out: Path, code: int, tail: list[str]) -> None:
-        from grpo_conform.gate.merge import pieces_from_report
-
         try:
             doc = json.loads(out.read_text())
         except (OSError, json.JSONDecodeError):
@@ -181,13 +184,10 @@ class _Runner:
             self.stop.reason = self.stop.reason or f"not run: --fail-fast stopped the run after {name} failed"
 
     def _lost(self, units, why: str) -> None:
-        from grpo_conform.check import _result
-        from grpo_conform.gate.merge import Piece
-
         p = apply_units(self.plan, set(units), "run in another slot").implementations[0]
         members = [MemberResult(m.spec, "failed", why, (), _coverage_lost(m, why)) for m in p.members]
         with self.lock:
-            self.pieces.append(Piece("lost", {}, _result(p, members, {}, "failed", why)))
+            self.pieces.append(Piece("lost", {}, implementation_result(p, members, {}, "failed", why)))
 
     def worker(self, slot: Slot) -> None:
         while True:
@@ -201,11 +201,8 @@ class _Runner:
             self.run_job(slot, n, units)
 
     def _not_started(self, units) -> None:
-        from grpo_conform.check import check_implementation
-        from grpo_conform.gate.merge import Piece
-
         p = apply_units(self.plan, set(units), "run in another slot").implementations[0]
-        result = check_implementation(p, None, self.request, self.say, self.stop)  # returns at once: stopped
+        result = self.check_one(p, None, self.request, self.say, self.stop)  # returns at once: stopped
         with self.lock:
             self.pieces.append(Piece("stopped", {}, result))
 
@@ -226,30 +223,25 @@ class _Runner:
 
 
 def _coverage_lost(m, why: str):
-    from grpo_conform.results import Coverage, NotRun
-
     return Coverage((), m.not_run + tuple(NotRun(w.name, why, "skipped") for w in m.workloads))
 
 
-def run_slots(request, plan, device, say, stop: Stop):
-    import torch
-
-    from grpo_conform.check import CheckReport, check_implementation
-    from grpo_conform.gate.merge import Piece, merge_implementations
-    from grpo_conform.provenance import device_info, software, utc_now
-
+def run_slots(request, plan, device, say, stop: Stop, check_one) -> CheckReport:
+    """The plan run by slot processes, merged into one report. `check_one` is the engine's
+    check_implementation (handed in: the gate does not import the engine that calls it), used for
+    implementations the plan skips and jobs a stop left unstarted."""
     gpu_count = torch.cuda.device_count() if device.type == "cuda" else 0
     slots, notes = plan_slots(device.type, request.gpus, request.jobs, request.timing, gpu_count)
     slots, uid_notes = with_uid_blocks(slots)
     notes += uid_notes
     started = utc_now()
-    runner = _Runner(request, plan, device, say, slots, stop)
+    runner = _Runner(request, plan, device, say, slots, stop, check_one)
     for n, units in enumerate(make_jobs(plan, len(slots))):
         runner.queue.put((n, units))
     say.line(f"{len(slots)} slots ({', '.join(s.name for s in slots)}), {runner.queue.qsize()} jobs")
     for p in plan.implementations:
         if p.skip:
-            runner.pieces.append(Piece("plan", {}, check_implementation(p, None, request, say, Stop())))
+            runner.pieces.append(Piece("plan", {}, check_one(p, None, request, say, Stop())))
     threads = [threading.Thread(target=runner.worker, args=(s,), daemon=True) for s in slots]
     try:
         for t in threads:
@@ -285,10 +277,7 @@ def _real_specs(impl: ImplementationResult, specs: dict) -> ImplementationResult
     return replace(impl, members=members)
 
 
-def _part(doc: dict, specs: dict):
-    from grpo_conform.check import CheckReport
-    from grpo_conform.gate.merge import impl_from_json
-
+def _part(doc: dict, specs: dict) -> CheckReport:
     impls = tuple(_real_specs(impl_from_json(i), specs) for i in doc["implementations"])
     return CheckReport(doc.get("device", {}), bool(doc.get("triton_interpreter")), impls, specs, doc.get("started", ""),
                        doc.get("finished", ""), doc.get("software", {}), doc.get("hardware", {}))

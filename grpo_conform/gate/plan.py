@@ -9,24 +9,19 @@ they cover (issue 16 point 4).
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_conform.checks.registry import CHECKS_BY_NAME, TIMING_CHECKS
-from grpo_conform.errors import GrpoConformError
-from grpo_conform.gate.selection import ALWAYS_REPORTED, EXTENDED_REASON, WORKLOAD_REASON
+from grpo_conform.gate.changed import changed_implementations
+from grpo_conform.gate.selection import ALWAYS_REPORTED, EXTENDED_REASON, WORKLOAD_REASON, SelectionError
+from grpo_conform.gate.shard import apply_units, shard_units
 from grpo_conform.implementations import Implementation, load_implementation
 from grpo_conform.results import CheckOutcome, NotRun
-from grpo_conform.spec import Spec, Workload, load_spec, read_document
-from grpo_conform.spec_family import is_family_document
+from grpo_conform.spec import Spec, Workload, is_family_document, load_spec, read_document, specs_for_manifest
 
-
-
-class SelectionError(GrpoConformError):
-    """A --check, --member, --workload or --shard value that selects nothing or is malformed."""
 
 
 DEADLINE_REASON = "not run: --deadline reached before it started"
@@ -133,8 +128,6 @@ def specs_of(impl: Implementation, spec_path: str | None, cache: dict[str, tuple
              members: tuple[str, ...] = ()) -> tuple[Spec, ...]:
     """The specs an implementation is checked against. `--spec FILE` replaces the manifest's spec; a
     family file takes the manifest's members, or (a manifest without members) the `--member` names."""
-    from grpo_conform.spec import specs_for_manifest
-
     claimed = tuple(getattr(impl.manifest, "members", ()) or ())
     key = f"{spec_path}|{impl.manifest.spec}|{','.join(claimed)}|{','.join(members)}"
     if key not in cache:
@@ -175,9 +168,6 @@ def _workloads(spec: Spec, wanted: tuple[str, ...], device: str,
 
 
 def build_plan(request, device) -> Plan:
-    from grpo_conform.gate.changed import changed_implementations
-    from grpo_conform.gate.shard import apply_units, shard_units
-
     checks = resolve_checks(request.checks)
     args = expand_paths(tuple(request.paths))
     impls = [(a, load_implementation(a)) for a in args]  # every manifest checked before anything runs

@@ -15,6 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_conform.checks.registry import CHECKS_BY_NAME
+from grpo_conform.errors import GrpoConformError
+
+
+class SelectionError(GrpoConformError):
+    """A --check, --member, --workload or --shard value that selects nothing or is malformed."""
+
 
 EXTENDED_REASON = "an extended workload (run with --extended or --workload)"
 WORKLOAD_REASON = "not selected (--workload)"

@@ -17,6 +17,8 @@ import random
 import re
 from dataclasses import replace
 
+from grpo_conform.floors import FloorError, tensor_traffic
+from grpo_conform.gate.selection import SelectionError
 from grpo_conform.results import NotRun
 
 # Bytes of traffic that cost as much time as a worker start and a unit's fixed checks: a CPU run
@@ -26,8 +28,6 @@ UNIT_BASE_COST = 8_000_000
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    from grpo_conform.gate.plan import SelectionError
-
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
     if not m or not (1 <= int(m.group(1)) <= int(m.group(2))):
         raise SelectionError(f"--shard {text!r}: expected I/N with 1 <= I <= N, e.g. 2/4 (for a Slurm array "
@@ -44,8 +44,6 @@ class _Midpoint(random.Random):
 
 def workload_bytes(spec, workload) -> int:
     """traffic-v1 bytes of one workload: what the size model says a call must move."""
-    from grpo_conform.floors import FloorError, tensor_traffic
-
     resolved = spec.resolve(workload, _Midpoint())
     try:
         return sum(t.bytes for t in tensor_traffic(spec, resolved))

@@ -13,6 +13,7 @@ from grpo_conform.gate.signals import EXIT_TERMINATED, Terminated, install_handl
 
 def main(argv: list[str]) -> int:
     install_handlers()
+    # after the handlers: a SIGTERM during the engine's import (torch, seconds) must already be handled
     from grpo_conform.check import CheckRequest, run_check
     from grpo_conform.errors import GrpoConformError
 
@@ -26,7 +27,7 @@ def main(argv: list[str]) -> int:
     try:
         report = run_check(request, progress=lambda line: print(line, flush=True))
     except Terminated:
-        from grpo_conform.isolation.session import end_all
+        from grpo_conform.isolation.session import end_all  # with the engine's imports above
 
         end_all()  # after the run's finally blocks: nothing of this slot's workers is left
         return EXIT_TERMINATED

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_conform.errors import EXIT_OK, EXIT_USAGE, GrpoConformError
+from grpo_conform.gate.plan import specs_of
+from grpo_conform.implementations import load_implementation
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,6 @@ class ValidateReport:
 
 
 def run_validate(request: ValidateRequest) -> ValidateReport:
-    from grpo_conform.gate.plan import specs_of
-    from grpo_conform.implementations import load_implementation
-
     lines, errors, seen = [], 0, set()
     cache: dict = {}
     for raw in request.paths:

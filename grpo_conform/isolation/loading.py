@@ -78,18 +78,3 @@ def import_entry(folder: str, package: str, module_name: str) -> types.ModuleTyp
     if folder not in sys.path:
         sys.path.append(folder)
     return importlib.import_module(f"{package}.{module_name}")
-
-
-class Start:
-    """What the multiprocessing spawn bootstrap unpickles in the worker (defined in this light
-    module, so unpickling imports nothing heavy): its `_bootstrap` runs the worker
-    (grpo_conform.isolation.worker.run) on the message socket."""
-
-    def __init__(self, fd: int, malloc: bool):
-        self.fd, self.malloc = fd, malloc
-
-    def _bootstrap(self, parent_sentinel: int | None = None) -> int:
-        from grpo_conform.isolation.worker import run
-
-        run(self.fd, self.malloc)
-        return 0

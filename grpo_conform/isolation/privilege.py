@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpo_conform
 from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.isolation import uids
 
@@ -145,8 +146,6 @@ def blocked_ancestor(path: Path, who: WorkerIdentity) -> Path | None:
 
 def needed_paths() -> list[Path]:
     """What the worker's interpreter must reach: itself, its prefixes, every sys.path directory."""
-    import grpo_conform
-
     paths = [Path(sys.executable), Path(os.path.realpath(sys.executable)),
              Path(grpo_conform.__file__).resolve().parent.parent]
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path):
@@ -224,8 +223,6 @@ def _needed_under(place: str = "/tmp") -> list[str]:
     there) would otherwise vanish behind the private /tmp: every worker failed with "cannot start the
     worker: No such file or directory: '/tmp/.../bin/python3'". Only those entries are exposed, as
     they are."""
-    import grpo_conform
-
     out = []
     # sys.path too: the worker's PYTHONPATH is built from it (session.worker_environment), and wheels
     # installed with `pip --target /tmp/site` (the device runs) vanished with the private /tmp.

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_conform.errors import EXIT_USAGE, GrpoConformError
+from grpo_conform.isolation.reaper import proc_stats
 
 SANDBOXES = ("none", "bwrap")
 ENV_BWRAP = "GRPO_CONFORM_BWRAP"
@@ -168,8 +170,6 @@ def _start_time(pid: int) -> int:
 def _first_child(pid: int) -> int | None:
     """The child of `pid` that started first (the one bwrap started; anything the implementation
     forks later starts later), or None."""
-    from grpo_conform.isolation.reaper import proc_stats
-
     children = [(int(fields[19]), child) for child, fields in proc_stats() if int(fields[1]) == pid]
     return min(children)[1] if children else None
 
@@ -192,8 +192,6 @@ def find_worker(bwrap_pid: int, device: str, alive, timeout: float = 30.0) -> in
 
 def exit_reason(code: int) -> str | None:
     """bwrap reports a command killed by signal N as exit status 128 + N."""
-    import signal
-
     if 128 < code < 128 + 65:
         try:
             return f"killed by signal {signal.Signals(code - 128).name} (bwrap's exit status {code})"

@@ -46,7 +46,7 @@ from grpo_conform.errors import EnvironmentProblem, GrpoConformError
 from grpo_conform.implementations import Implementation, ManifestError
 from grpo_conform.isolation import messages, namespaces, privilege, sandbox as sandboxes, uids
 from grpo_conform.isolation.reaper import LIVE, LOCK, end_tree, register_helper, unregister_helper  # noqa: F401
-from grpo_conform.isolation.loading import Start as _Start
+from grpo_conform.isolation.start import Start as _Start
 from grpo_conform.isolation.output_tail import OutputTail
 from grpo_conform.isolation.sharing import SharedAllocator
 
@@ -174,7 +174,7 @@ class WorkerSession:
     _isolation: dict[str, Any] = field(default_factory=dict)  # namespaces.describe's block
 
     def __post_init__(self) -> None:
-        self.allocator = SharedAllocator(None, self.device)
+        self.allocator = SharedAllocator(self.device)
         self.identity = privilege.worker_identity(self.user, self.device.type)
         sandboxes.validate(self.sandbox)
 

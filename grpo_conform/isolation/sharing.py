@@ -27,11 +27,11 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from math import prod
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers torch's CUDA IPC reductions)
+from torch.multiprocessing.reductions import reduce_tensor
 
 from grpo_conform.dtypes import dtype_name as name_of_dtype
 from grpo_conform.dtypes import torch_dtype as dtype_from_name
@@ -102,7 +102,6 @@ class SharedAllocator:
     CPU descriptors name a memfd by number (`fd`); `fds_for` gives the file descriptors a bind
     message must carry. `close` releases them (the parent's own mappings stay valid)."""
 
-    directory: Path | None  # unused since memfds replaced files; kept for callers that pass it
     device: torch.device
     _fds: dict[int, int] = field(default_factory=dict)
     _count: int = 0
@@ -162,8 +161,6 @@ def cuda_descriptor(t: torch.Tensor) -> dict[str, Any]:
     """torch's CUDA IPC reduction of `t`. `ref_counter` names the /dev/shm file in which torch
     counts the importers of the allocation: the session gives it to the worker user (torch creates
     it 0600), see WorkerSession.bind and docs/checks.md for what that leaves open."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
     fn, args = reduce_tensor(t)
     counter = next((a for a in args if isinstance(a, bytes) and a.startswith(b"/torch_")), None)
     desc = {

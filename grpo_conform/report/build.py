@@ -1,4 +1,4 @@
-"""`grpo-conform report EVIDENCE...`: the request, the leaderboard object, the three outputs.
+"""`grpo-conform report EVIDENCE...`: the request and the leaderboard object (write.py renders it).
 
 The page is a pure function of the records (and reported files) given: no clock, no host name, no
 absolute path is read, so rebuilding from the same inputs gives byte-identical files (a test checks
@@ -18,7 +18,6 @@ from grpo_conform.report.model import Section, build_sections
 from grpo_conform.report.reported import MEANINGS, ReportedRow, audit_reported
 
 FORMAT = "grpo-conform-leaderboard/1"
-OUTPUTS = {"html": "index.html", "markdown": "leaderboard.md", "json": "leaderboard.json"}
 REGENERATE = ("grpo-conform report evidence/h200 --reported tests/data/seed-records.csv "
               "--out evidence/leaderboard")
 
@@ -82,32 +81,3 @@ def _display_path(path: str) -> str:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return p.name
-
-
-def render(board: Leaderboard, fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(board.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n"
-    if fmt == "markdown":
-        from grpo_conform.report.markdown import render_markdown
-
-        return render_markdown(board)
-    if fmt == "html":
-        from grpo_conform.report.html import render_html
-
-        return render_html(board)
-    raise ValueError(f"unknown report format {fmt!r}: expected one of {', '.join(OUTPUTS)}")
-
-
-def run_report(request: ReportRequest) -> Leaderboard:
-    board = build_leaderboard(request)
-    if request.out is None:
-        return board
-    out = Path(request.out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for fmt in request.formats:
-        target = out / OUTPUTS[fmt]
-        target.write_text(render(board, fmt), encoding="utf-8")
-        written.append(str(target))
-    return Leaderboard(board.sections, board.reported, board.rejected, board.inputs, board.trusted_keys,
-                       board.audited_against, tuple(written))

@@ -1,8 +1,9 @@
 """What a failed run ends with: one summary line (failed checks, counts) and the first failure's
 evidence in full, as plain lines, so an author sees the root cause without scrolling or --format json.
 
-Works on `ImplementationResult`s, with or without per-member results (decision 8 of the team brief):
-workloads are gathered from `impl.members[*].workloads` where present, else `impl.workloads`.
+Works on `ImplementationResult`s, with or without per-member results (decision member-results in
+docs/decisions.md): workloads are gathered from `impl.members[*].workloads` where present, else
+`impl.workloads`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ clock, so the same records and tree always give the same page.
 Ranking: per workload and protocol, conformant implementations by median device time; #1 is the
 fastest conformant one and "vs #1" is median / #1's median (> 1: slower). A non-conformant
 implementation is shown, unranked, with the checks it fails. `backward` is labelled, never ranked
-(decision 9: its time depends on what forward already computed). A cell is ranked only when its
+(decision backward-unranked, docs/decisions.md: its time depends on what forward already computed). A cell is ranked only when its
 record is conformant, its checks were not narrowed, and its time is not below the record's own
 datasheet floor (impossible: shown, flagged, never ranked).
 """

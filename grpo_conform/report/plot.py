@@ -18,7 +18,7 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e3
 
 def mpl_version() -> str:
     """matplotlib's version: the SVG it writes may differ from one version to the next."""
-    import matplotlib
+    import matplotlib  # only for the HTML page's plots: the rest of `report` runs without it
 
     return matplotlib.__version__
 
@@ -45,10 +45,10 @@ def scaling_svg(section: Section, protocol: str) -> str | None:
     batches, by_impl = batch_series(section, protocol)
     if len(batches) < 2:
         return None
-    import matplotlib
+    import matplotlib  # only for the HTML page's plots: the rest of `report` runs without it
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): pyplot picks its backend on import
 
     with matplotlib.rc_context({"svg.hashsalt": "grpo-conform", "svg.fonttype": "none", "font.size": 9,
                                 "font.family": "DejaVu Sans"}):
@@ -77,7 +77,7 @@ def scaling_svg(section: Section, protocol: str) -> str | None:
             ax.set_yscale("log")
             ax.set_xticks(batches, [str(b) for b in batches])
             ax.minorticks_off()
-            from matplotlib.ticker import FuncFormatter, LogLocator
+            from matplotlib.ticker import FuncFormatter, LogLocator  # with the plot's other matplotlib imports
 
             ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))  # plain text, no mathtext

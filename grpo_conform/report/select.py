@@ -20,6 +20,7 @@ from typing import Any
 
 from grpo_conform.evidence.identities import project_root_for, tree_identity
 from grpo_conform.report.load import VerifiedRecord
+from grpo_conform.spec import find_spec
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,6 @@ def finished(rec: VerifiedRecord) -> str:
 
 @lru_cache(maxsize=256)
 def _resolve(spec_id: str, specs_dir: str) -> MemberName | None:
-    from grpo_conform.spec import find_spec
-
     try:
         spec = find_spec(spec_id, dirs=[Path(specs_dir)])
     except Exception:  # noqa: BLE001 - a spec the checkout lacks is shown under its own id, not an error

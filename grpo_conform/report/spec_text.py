@@ -8,6 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
+from grpo_conform.spec import SpecError, is_family_document, load_family, load_spec, read_document
+from grpo_conform.spec.documents import _describe, _json_path, _schema
+
 #: summary-line key -> section heading; the order of SECTIONS is the order printed.
 SECTIONS = ("Formula", "Inputs", "Outputs", "Parameters", "Constraints", "Tolerances", "Traffic (what floors count)",
             "Workloads", "Other")
@@ -68,11 +73,6 @@ def validate_problems(file: str | Path) -> list[str]:
     """Every problem of a spec file (standalone or family), each `file: $.path: what`; [] when valid.
     All schema errors are listed; cross-reference checks, run only on a schema-valid document, stop at
     their first problem (they assume the shape the schema guarantees)."""
-    import jsonschema
-
-    from grpo_conform.spec import SpecError, _describe, _json_path, _schema, load_spec, read_document
-    from grpo_conform.spec_family import is_family_document, load_family
-
     try:
         doc = read_document(file)
     except SpecError as exc:

@@ -1,14 +1,14 @@
-"""Shared-memory staged kernels (Gluon, NVIDIA sm_80+): each chunk of a row crosses DRAM once.
+"""Shared-memory staged kernels (Gluon, NVIDIA sm_80+) of the members (launched by staged_members.py):
+each chunk of a row crosses DRAM once.
 
-_staged_kernel (loss and gradient): a row is split into NUM_CHUNKS chunks; program (row, k)
+_staged_member_kernel (loss and gradient): a row is split into NUM_CHUNKS chunks; program (row, k)
 copies chunk k straight from global to shared memory with cp.async (every block of the chunk in
 flight at once), reduces it to (max, sum of 2^(z - max)) block by block as the copies land,
-publishes that pair, waits for the row's other chunks (the same atomic counter as
-kernels._split_kernel), and writes its part of the gradient from shared memory. The second sweep
-never touches L2 or DRAM: the plain-Triton split kernel's second sweep depends on L2 holding
-every row in flight, which it cannot promise.
+publishes that pair, waits for the row's other chunks (an atomic arrival counter), and writes its
+part of the gradient from shared memory. The second sweep never touches L2 or DRAM: a plain-Triton
+split kernel's second sweep depends on L2 holding every row in flight, which it cannot promise.
 
-_staged_forward_kernel (loss only): the same copy and reduction; the last program of a token to
+_staged_stats_kernel (statistics only): the same copy and reduction; the last program of a token to
 finish combines (nobody waits).
 
 A block is held as [REPS, THREADS, VEC]: thread t owns VEC contiguous elements in each of REPS
@@ -24,7 +24,7 @@ one-hot term is applied by the target's program after its sweep (a CTA barrier o
 stores), so the sweeps have no compare/select per element.
 
 Gluon is Triton's lower-level dialect (explicit layouts and shared memory); it does not run under
-TRITON_INTERPRET=1, so launch.py uses it only on CUDA and keeps the plain kernels for the rest.
+TRITON_INTERPRET=1, so plan.py uses it only on CUDA and keeps the plain kernels (members.py) for the rest.
 """
 
 from triton.experimental import gluon
@@ -102,16 +102,6 @@ def _combine2(m_ptr, s_ptr, scale2, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.cons
 
 
 @gluon.jit
-def _token_terms(x_c, m, l2, adv, inv_temp, eps_low, eps_high, inv_bst):
-    """Token loss and gradient coefficient of the clipped surrogate at ratio exp(logp - logp) = 1."""
-    logp = (x_c - m) * inv_temp - l2 * LN2
-    ratio = gl.exp(logp - logp)
-    clipped = gl.minimum(gl.maximum(ratio, 1.0 - eps_low), 1.0 + eps_high)
-    coef = gl.where(clipped * adv >= ratio * adv, adv * ratio, 0.0) * inv_bst
-    return -gl.minimum(ratio * adv, clipped * adv), coef
-
-
-@gluon.jit
 def _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout: gl.constexpr,
                 NBLK: gl.constexpr, BLOCK: gl.constexpr, MASKED: gl.constexpr):
     for i in gl.static_range(NBLK):
@@ -122,121 +112,6 @@ def _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layou
             gl.store(grad_row + offs, g, mask=offs < vocab, cache_modifier=".cs")
         else:
             gl.store(grad_row + offs, g, cache_modifier=".cs")
-
-
-@gluon.jit
-def _staged_kernel(
-    logits_ptr, ids_ptr, adv_ptr, grad_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr, row_m_ptr, row_logs_ptr,
-    stride_b, stride_t, seq, vocab, scale2, inv_temp, eps_low, eps_high, inv_bst,
-    CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
-    VEC: gl.constexpr, THREAD_STATS: gl.constexpr,
-):
-    THREADS: gl.constexpr = 32 * gl.num_warps()
-    REPS: gl.constexpr = BLOCK // (THREADS * VEC)
-    NBLK: gl.constexpr = CHUNK // BLOCK
-    layout: gl.constexpr = gl.BlockedLayout([REPS, 1, VEC], [1, 32, 1], [1, gl.num_warps(), 1], [2, 1, 0])
-    stage = gl.allocate_shared_memory(logits_ptr.dtype.element_ty, [NBLK, REPS, THREADS, VEC],
-                                      gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    pid = gl.program_id(0)
-    row = pid // NUM_CHUNKS  # chunk index fastest: a row's programs are dispatched together
-    k = pid % NUM_CHUNKS
-    b = row // (seq + 1)
-    t = row % (seq + 1)
-    start = k * CHUNK
-    lanes = _block_offsets(REPS, THREADS, VEC, layout)
-    grad_row = grad_ptr + row.to(gl.int64) * vocab
-    if t == seq:
-        for i in gl.static_range(NBLK):
-            offs = start + i * BLOCK + lanes
-            gl.store(grad_row + offs, gl.zeros([REPS, THREADS, VEC], grad_ptr.dtype.element_ty, layout),
-                     mask=offs < vocab)
-    else:
-        token = b * seq + t
-        row_ptr = logits_ptr + b.to(gl.int64) * stride_b + t.to(gl.int64) * stride_t
-        tail = start + CHUNK > vocab
-        if tail:
-            _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, True)
-            m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, True, THREAD_STATS)
-        else:
-            _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, False)
-            m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, False, THREAD_STATS)
-        if NUM_CHUNKS > 1:
-            gl.store(m_ptr + token * NUM_CHUNKS + k, m)
-            gl.store(s_ptr + token * NUM_CHUNKS + k, s)
-            gl.atomic_add(count_ptr + token, 1, sem="release")
-            while gl.atomic_add(count_ptr + token, 0, sem="acquire") < NUM_CHUNKS:
-                pass
-            m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2, NUM_CHUNKS, CHUNKS_P2)
-        else:
-            l2 = gl.log2(s)
-        target = gl.load(ids_ptr + token)
-        x_c = gl.load(row_ptr + target).to(gl.float32)
-        loss, coef = _token_terms(x_c, m, l2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high,
-                                  inv_bst)
-        if k == 0:
-            gl.store(token_loss_ptr + token, loss)
-            gl.store(row_m_ptr + token, m)
-            gl.store(row_logs_ptr + token, l2 * LN2)
-        if tail:
-            _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout, NBLK, BLOCK, True)
-        else:
-            _write_grad(stage, grad_row, start, vocab, scale2, m, l2, coef, lanes, layout, NBLK, BLOCK, False)
-        if (target >= start) & (target < start + CHUNK):
-            gl.thread_barrier()  # orders the sweep's store of this element before the one-hot fix
-            p_c = gl.exp2((x_c - m) * scale2 - l2)
-            gl.store(grad_row + target, (coef * (p_c - 1.0)).to(grad_ptr.dtype.element_ty))
-
-
-@gluon.jit
-def _staged_forward_kernel(
-    logits_ptr, ids_ptr, adv_ptr, m_ptr, s_ptr, count_ptr, token_loss_ptr,
-    stride_b, stride_t, seq, vocab, scale2, inv_temp, eps_low, eps_high,
-    CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
-    VEC: gl.constexpr, THREAD_STATS: gl.constexpr,
-):
-    THREADS: gl.constexpr = 32 * gl.num_warps()
-    REPS: gl.constexpr = BLOCK // (THREADS * VEC)
-    NBLK: gl.constexpr = CHUNK // BLOCK
-    layout: gl.constexpr = gl.BlockedLayout([REPS, 1, VEC], [1, 32, 1], [1, gl.num_warps(), 1], [2, 1, 0])
-    stage = gl.allocate_shared_memory(logits_ptr.dtype.element_ty, [NBLK, REPS, THREADS, VEC],
-                                      gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    pid = gl.program_id(0)
-    token = pid // NUM_CHUNKS  # b * seq + t, t < seq: the last position is never read
-    k = pid % NUM_CHUNKS
-    b = token // seq
-    t = token % seq
-    start = k * CHUNK
-    lanes = _block_offsets(REPS, THREADS, VEC, layout)
-    row_ptr = logits_ptr + b.to(gl.int64) * stride_b + t.to(gl.int64) * stride_t
-    if start + CHUNK > vocab:
-        _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, True)
-        m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, True, THREAD_STATS)
-    else:
-        _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, False)
-        m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, False, THREAD_STATS)
-    last = True
-    if NUM_CHUNKS > 1:
-        gl.store(m_ptr + token * NUM_CHUNKS + k, m)
-        gl.store(s_ptr + token * NUM_CHUNKS + k, s)
-        # The last chunk program of this token to arrive combines; nobody waits.
-        last = gl.atomic_add(count_ptr + token, 1, sem="acq_rel") == NUM_CHUNKS - 1
-    if last:
-        if NUM_CHUNKS > 1:
-            m, l2 = _combine2(m_ptr + token * NUM_CHUNKS, s_ptr + token * NUM_CHUNKS, scale2, NUM_CHUNKS, CHUNKS_P2)
-        else:
-            l2 = gl.log2(s)
-        x_c = gl.load(row_ptr + gl.load(ids_ptr + token)).to(gl.float32)
-        loss, _ = _token_terms(x_c, m, l2, gl.load(adv_ptr + b).to(gl.float32), inv_temp, eps_low, eps_high, 0.0)
-        gl.store(token_loss_ptr + token, loss)
-
-
-# ---- family members (plan.py): the same staging, the per-token terms of members.py ----------------------
-# Written with the constructs of the two kernels above only (they compile and run on the H200 with
-# triton 3.6); the per-token arithmetic mirrors members._policy_terms/_kl_terms line by line, in
-# scalars. ws layout and modes: members.py's docstring. A branch that a switch makes unreachable
-# must be dropped by the frontend (an `if` on a constexpr), never left behind an `if` on a Python
-# literal: triton 3.6 cannot lower stores in such dead blocks (see `live` below, notes round 8).
-# tests/test_triton_members.py compiles every launched switch combination with any triton offline.
 
 
 @gluon.jit

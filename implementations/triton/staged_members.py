@@ -35,7 +35,7 @@ def _shapes(plan, logits):
 # Masked members walk the grid in sequence order. Position-major (row b, t at b + batch * t, so that
 # right padding's write-only rows run beside read + write rows) measured 1-3% slower with 60% or more
 # of the tokens unmasked on the H200 (docs/triton-kernel-notes.md, round 10). A module switch so that
-# benchmarks/mask_probe.py can still time both orders in one process.
+# benchmarks/research/mask_probe.py can still time both orders in one process.
 INTERLEAVE_MASKED = False
 
 

@@ -1,5 +1,5 @@
 """Declared cases: the parameter values every conformance workload calls, derived from the spec's
-declarations alone (issue 27 item 1), beside the random draws of `parameter_draws`.
+declarations alone (issue 27 item 1), beside the random draws of `grpo_conform.spec.draws`.
 
 From each numeric parameter with a domain or a draw range:
   - `defaults`: one call with every parameter at its declared default exactly (temperature 1.0,
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_conform.errors import GrpoConformError
-from grpo_conform.parameter_draws import DEFAULT_AWAY, draw_for, draw_value
 from grpo_conform.spec import Avoid, CaseTie, Draw, Parameter, Spec
+from grpo_conform.spec.draws import DEFAULT_AWAY, draw_for, draw_value
 
 
 class DeclaredCaseError(GrpoConformError):

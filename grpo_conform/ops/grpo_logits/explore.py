@@ -26,9 +26,9 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.isolation.session import WorkerSession
-from grpo_conform.parameter_draws import draw_for
 from grpo_conform.results import CheckOutcome, WorkloadResult, attribute_root_cause
-from grpo_conform.spec import Parameter, Spec
+from grpo_conform.spec import Parameter, Spec, load_family, load_spec
+from grpo_conform.spec.draws import draw_for
 
 EXPLORE_AXES = {"batch": (1, 4), "seq": (1, 12), "vocab": (2, 512)}
 MAX_ADVANTAGE = 8.0
@@ -82,7 +82,7 @@ def parameter_bounds(spec: Spec, p: Parameter) -> tuple[float, float] | None:
 
 def case_strategy(spec: Spec):
     """A Hypothesis strategy of explore cases (plain dicts: they go into records and snippets)."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # Hypothesis only with --explore: `check` starts without it
 
     axes = {name: st.integers(lo, hi) for name, (lo, hi) in EXPLORE_AXES.items()}
     params = {}
@@ -156,9 +156,6 @@ def reference_outputs(spec: Spec, values: dict[str, Any], x: dict[str, torch.Ten
 
 
 def load_member_spec(path: str, member: str | None) -> Spec:
-    from grpo_conform.spec import load_spec
-    from grpo_conform.spec_family import load_family
-
     return load_family(path).member(member) if member else load_spec(path)
 
 
@@ -178,6 +175,7 @@ class _WorkerLost(BaseException):  # not an Exception: Hypothesis lets it throug
 def explore(session: WorkerSession, spec: Spec, n: int, seed: int | None = None,
             impl: Any = None) -> ExploreResult:
     """Run n property-based cases against the member's worker; shrink the first failure."""
+    # Hypothesis only with --explore: `check` starts without it
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as with_seed
     from hypothesis.errors import Flaky

@@ -44,7 +44,7 @@ class MaskCount:
 
 def count_mask(mask: Any) -> MaskCount:
     """Count a completion mask [batch, seq] (bool or int tensor, or nested lists): nonzero = counts."""
-    import torch
+    import torch  # floors and `spec` commands use this module without torch
 
     m = torch.as_tensor(mask) != 0
     if m.dim() != 2:

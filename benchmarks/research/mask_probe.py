@@ -15,7 +15,7 @@ Sections (`--only`, comma-separated):
 Device time: grpo_conform.timing.time_cuda (CUDA events, clean L2 flush, the validator's adaptive
 pre-start spin). Prints JSON lines and a table; writes $OUT/mask_probe.json.
 
-    python3 benchmarks/mask_probe.py [--only ceilings,small,mask,validator] [--reps 10]
+    python3 benchmarks/research/mask_probe.py [--only ceilings,small,mask,validator] [--reps 10]
 """
 
 from __future__ import annotations
@@ -106,9 +106,9 @@ def validator_inputs(impl, ceil, reps: int) -> None:
     """token-offpolicy-mask at mask-b8 with the validator's own inputs (grpo_conform.ops.grpo_logits.inputs.generate), timed
     in this process as above: is the validator's slower masked time (round 9) in its inputs or its path?"""
     from grpo_conform.ops.grpo_logits.inputs import generate
-    from grpo_conform.spec_family import load_member
+    from grpo_conform.spec import load_member
 
-    spec = load_member(str(Path(__file__).resolve().parent.parent / "specs" / "grpo.v1.json"), "token-offpolicy-mask")
+    spec = load_member(str(Path(__file__).resolve().parents[2] / "specs" / "grpo.v1.json"), "token-offpolicy-mask")
     rw = spec.resolve(spec.workload("mask-b8"))
     for seed in (11, 12):
         t = generate(spec, rw, seed=seed, device="cuda").tensors

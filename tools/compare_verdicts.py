@@ -2,7 +2,7 @@
 run, `--gpus 0` and `--jobs 2` on one GPU must agree). Compares the status of every
 (implementation, member, workload, check) against the first report; timings are not verdicts.
 
-    python3 benchmarks/compare_verdicts.py serial.json gpus.json jobs.json    # exit 0: all agree
+    python3 tools/compare_verdicts.py serial.json gpus.json jobs.json    # exit 0: all agree
 """
 
 from __future__ import annotations

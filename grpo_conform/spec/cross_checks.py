@@ -1,7 +1,7 @@
 """Cross-references of a format-2 (resolved family member) spec that the JSON Schema cannot express.
 
-Called from `grpo_conform.spec.validate_document` after the schema passed; `fail(path, problem)`
-raises the `SpecError` (kept out of here so this module imports nothing of spec.py).
+Called from `grpo_conform.spec.documents.validate_document` after the schema passed; `fail(path, problem)`
+raises the `SpecError` (so this module imports nothing of the spec package).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 per implementation, each cell `device ms (x floor), wall ms` (median device time through the harness,
 its ratio to the run's measured floor, host-inclusive wall time). Untimed records are left out.
 
-    python3 benchmarks/results_table.py evidence/h200 --since 20261202T113 [--until 20261202T13] [--impl triton ...]
+    python3 tools/results_table.py evidence/h200 --since 20261202T113 [--until 20261202T13] [--impl triton ...]
 
 A record's place in time is the UTC stamp in its file name; where several records time the same cell,
 the last one read (file name order) wins, so bound the run with --since and --until.

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_conform.spec import (
-    FAMILY_FORMAT, MEMBER_FORMAT, Spec, SpecError, read_document, spec_dirs, spec_from_document, validate_document,
-)
+from grpo_conform.spec.documents import read_document, spec_dirs, spec_from_document, validate_document
+from grpo_conform.spec.model import FAMILY_FORMAT, MEMBER_FORMAT, Spec, SpecError
 
 _NOT_COPIED = ("name", "inputs", "parameters")
 
@@ -169,49 +168,3 @@ def alias_member(reference_id: str, dirs: list[Path] | None = None) -> Spec | No
         if reference_id.startswith(prefix) and reference_id[len(prefix):] in fam.member_names:
             return fam.member(reference_id[len(prefix):])
     return None
-
-
-def specs_for_manifest(manifest: Any, spec_path: str | Path | None = None, dirs: list[Path] | None = None) -> tuple[Spec, ...]:
-    """The specs an implementation claims (decision 2): `spec = "grpo"` + `members = [...]` gives one
-    resolved member each, in the manifest's order; a standalone spec (or an alias such as
-    `grpo-token-is`) gives one. `spec_path` (`--spec FILE`) replaces the manifest's spec reference.
-    Accepts a `Manifest` or an `Implementation` (whose manifest file then names the errors)."""
-    from grpo_conform.implementations import MANIFEST, ManifestError
-    from grpo_conform.spec import find_spec, load_spec
-
-    impl_path = getattr(manifest, "path", None)
-    manifest = getattr(manifest, "manifest", manifest)
-    file = Path(impl_path) / MANIFEST if impl_path is not None else Path(MANIFEST)
-    members = tuple(manifest.members)
-    fam: Family | None = None
-    if spec_path is not None:
-        doc = read_document(spec_path)
-        if is_family_document(doc):
-            fam = load_family(spec_path)
-        elif members:
-            raise ManifestError(file, "members", f"--spec {spec_path} is a standalone spec: it has no members")
-        else:
-            return (load_spec(spec_path),)
-    else:
-        ref = manifest.spec
-        base = ref.split("@")[0]
-        version = ref.split("@")[1] if "@" in ref else None
-        if "/" not in base:
-            fam = find_family(base, version, dirs)
-        if fam is None:
-            if members:
-                try:
-                    find_spec(ref, dirs)
-                except SpecError as exc:  # no spec of that id at all: say where we looked, not "drop members"
-                    raise ManifestError(file, "spec", f"no spec family {base!r} found: {exc.problem}") from None
-                raise ManifestError(file, "members", f"spec {ref!r} is not a spec family: drop 'members' "
-                                    "(it lists the members of a family such as spec = \"grpo\")")
-            return (find_spec(ref, dirs),)
-    if not members:
-        raise ManifestError(file, "members", f"spec {fam.id!r} is a family: list the members you implement, e.g. "
-                            f"members = [\"{fam.member_names[0]}\"] (members: {', '.join(fam.member_names)})")
-    unknown = [m for m in members if m not in fam.member_names]
-    if unknown:
-        raise ManifestError(file, "members", f"unknown member {unknown[0]!r} of family {fam.id!r} "
-                            f"(members: {', '.join(fam.member_names)})")
-    return tuple(fam.member(m) for m in members)

@@ -11,7 +11,7 @@ shape: triton.testing.do_bench (back-to-back calls, median), as issue 14 measure
 this run's ceilings: full = (logits rows read + gradient written) / copy bandwidth, forward = logits
 / read bandwidth. Prints JSON lines, then the table with the targets last; writes $OUT/kernel_v3.json.
 
-    python3 benchmarks/kernel_v3.py [--quick]
+    python3 benchmarks/research/kernel_v3.py [--quick]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import triton
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from grpo_conform.hardware import measure_ceilings  # noqa: E402

@@ -1,6 +1,6 @@
 """What each worker namespace costs at start-up (issue 28's closing note; docs/checks.md).
 
-    sudo PYTHONPATH=$PWD python3 benchmarks/worker_startup.py [--repeat 10]
+    sudo PYTHONPATH=$PWD python3 benchmarks/research/worker_startup.py [--repeat 10]
 
 Starts a worker for a trivial implementation (`load` answered, then closed) `--repeat` times per
 variant and prints the median and spread of `WorkerSession.start()` (fork, launcher, namespaces,

@@ -5,7 +5,7 @@ autograd.Function, and the least any kernel implementation of the call must do: 
 fresh gradient, one launch in forward and one in backward). Wall time per call by
 triton.testing.do_bench (back-to-back calls, median).
 
-Run on the GPU machine from the repo root: python3 benchmarks/host_overhead_probe.py
+Run on the GPU machine from the repo root: python3 benchmarks/research/host_overhead_probe.py
 """
 import importlib
 import sys
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_impl(name: str):

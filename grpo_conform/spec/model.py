@@ -1,32 +1,28 @@
-"""Semantics specs: JSON validated by a JSON Schema, loaded into frozen pydantic models.
-
-The spec is the single source of shapes, dtypes, parameters, tolerances and workloads: the
-validator reads them from here and repeats none of them in code. Identity = sha256 of the
-spec's RFC 8785 canonical JSON, so whitespace and key order never change it.
+"""The spec's data model: frozen pydantic models of a loaded spec (documents.py reads and checks
+the JSON into them). The spec is the single source of shapes, dtypes, parameters, tolerances and
+workloads: the validator reads them from here and repeats none of them in code. Identity = sha256
+of the spec's RFC 8785 canonical JSON, so whitespace and key order never change it.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import re
 from dataclasses import dataclass
 from functools import cached_property
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import jsonschema
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from grpo_conform.canonical import identity
 from grpo_conform.errors import GrpoConformError
 
 SPEC_SCHEMA_FILE = "spec.schema.json"
 FAMILY_FORMAT = "grpo-conform-spec-family/1"
 MEMBER_FORMAT = "grpo-conform-spec/2"
 ENV_SPEC_DIRS = "GRPO_CONFORM_SPECS"
+#: What a spec without an `operation` field describes: GRPO over materialised logits (every spec
+#: written before the field existed; the field is optional so that their identities stay as they are).
+DEFAULT_OPERATION = "grpo-logits"
 
 
 class SpecError(GrpoConformError):
@@ -94,7 +90,7 @@ class GradientSpec(_Frozen):
 
 
 class Domain(_Frozen):
-    """What values are valid (decision 7): a numeric interval or a list of choices."""
+    """What values are valid (decision draws, docs/decisions.md): a numeric interval or a list of choices."""
 
     min: Optional[float] = None
     min_exclusive: bool = False
@@ -190,7 +186,7 @@ class Workload(_Frozen):
     devices: tuple[Literal["cpu", "cuda"], ...]
     seeds: int = 2
     timed: bool = False
-    probes: Literal["full", "core", "smoke"] = "full"  # v2: the probe profile (docs/architecture.md s. 5)
+    probes: Literal["full", "core", "smoke"] = "full"  # v2: the probe profile (docs/architecture.md section 5)
     # "extended" workloads run only when asked for (`check --extended` or `--workload NAME`): the
     # default CPU run stays within a minute per implementation; records say what was not run.
     tier: Literal["standard", "extended"] = "standard"
@@ -335,6 +331,7 @@ class Spec(_Frozen):
     format: str
     id: str
     version: str
+    operation: Optional[str] = None  # read it through `operation_of` (absent: DEFAULT_OPERATION)
     title: str
     summary: str = ""
     semantics: Semantics
@@ -479,6 +476,12 @@ class Spec(_Frozen):
         return [line for line in lines if line]
 
 
+def operation_of(spec: Spec) -> str:
+    """The operation a spec describes, by its name in grpo_conform.ops: the spec's `operation` field,
+    or DEFAULT_OPERATION where the spec has none (the only way callers should read the field)."""
+    return spec.operation or DEFAULT_OPERATION
+
+
 def _domain_text(d: Domain | None) -> str:
     if d is None:
         return "unstated"
@@ -495,246 +498,3 @@ def _draw_text(d: Draw | None) -> str:
     avoid = "".join(f", away from {a.value:g} by {a.width:g}" for a in d.avoid)
     return f"drawn uniformly in [{d.min:g}, {d.max:g}]{avoid}"
 
-
-def _schema() -> dict[str, Any]:
-    text = resources.files("grpo_conform.schemas").joinpath(SPEC_SCHEMA_FILE).read_text()
-    return json.loads(text)
-
-
-def _json_path(parts) -> str:
-    out = "$"
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    return out
-
-
-def validate_document(doc: Any, file: str | Path) -> None:
-    """Schema first (the error names the JSON path and what was expected), then cross-references.
-    A family document is checked against the schema only here; its members are checked resolved."""
-    validator = jsonschema.Draft202012Validator(_schema())
-    errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
-    if errors:
-        err = errors[0]
-        raise SpecError(file, _json_path(err.absolute_path), _describe(err))
-    if doc.get("format") != FAMILY_FORMAT:
-        _cross_check(doc, file)
-
-
-def _describe(err: jsonschema.ValidationError) -> str:
-    if err.validator == "additionalProperties":
-        return f"{err.message}; allowed keys are in the spec schema"
-    if err.validator == "required":
-        return f"missing required field: {err.message}"
-    if err.validator in ("enum", "const"):
-        return f"got {json.dumps(err.instance)}, expected {json.dumps(err.validator_value)}"
-    if err.validator == "type":
-        return f"got {json.dumps(err.instance)}, expected a value of type {err.validator_value}"
-    return err.message
-
-
-def _cross_check(doc: dict[str, Any], file: str | Path) -> None:
-    def fail(path: str, problem: str) -> None:
-        raise SpecError(file, path, problem)
-
-    def unique(items: list[dict], where: str) -> set[str]:
-        seen: set[str] = set()
-        for i, item in enumerate(items):
-            if item["name"] in seen:
-                fail(f"{where}[{i}].name", f"duplicate name {item['name']!r}")
-            seen.add(item["name"])
-        return seen
-
-    axes = unique(doc["axes"], "$.axes")
-    inputs = unique(doc["inputs"], "$.inputs")
-    outputs = unique(doc["outputs"], "$.outputs")
-    params = unique(doc["parameters"], "$.parameters")
-    unique(doc["workloads"], "$.workloads")
-    profiles = unique(doc["validation"]["profiles"], "$.validation.profiles")
-    derived = set()
-    for i, axis in enumerate(doc["axes"]):
-        if "equals" in axis:
-            base = axis["equals"].split()[0]
-            if base not in axes or base == axis["name"]:
-                fail(f"$.axes[{i}].equals", f"{axis['equals']!r} must refer to another declared axis ({sorted(axes)})")
-            derived.add(axis["name"])
-    for where, tensors in (("inputs", doc["inputs"]), ("outputs", doc["outputs"])):
-        for i, t in enumerate(tensors):
-            for j, a in enumerate(t["shape"]):
-                if a not in axes:
-                    fail(f"$.{where}[{i}].shape[{j}]", f"unknown axis {a!r}; declared axes: {sorted(axes)}")
-            rng = t.get("range")
-            if rng and rng["max_exclusive"] not in axes:
-                fail(f"$.{where}[{i}].range.max_exclusive", f"unknown axis {rng['max_exclusive']!r}")
-    diff = [t for t in doc["inputs"] if t["differentiable"]]
-    if len(diff) != 1:
-        fail("$.inputs", f"exactly one input must be differentiable, found {len(diff)}")
-    for i, g in enumerate(doc["gradients"]):
-        if g["input"] not in inputs:
-            fail(f"$.gradients[{i}].input", f"unknown input {g['input']!r}")
-        if g["output"] not in outputs:
-            fail(f"$.gradients[{i}].output", f"unknown output {g['output']!r}")
-        ez = g.get("exact_zero")
-        shape = next(t["shape"] for t in doc["inputs"] if t["name"] == g["input"])
-        if ez and ez["axis"] not in shape:
-            fail(f"$.gradients[{i}].exact_zero.axis", f"{ez['axis']!r} is not an axis of {g['input']}")
-    tol_dtypes = {t["dtype"] for t in doc["tolerances"]}
-    for i, w in enumerate(doc["workloads"]):
-        base = f"$.workloads[{i}]"
-        for a in sorted(axes - derived):
-            if a not in w["axes"]:
-                fail(f"{base}.axes", f"missing axis {a!r} (every non-derived axis needs a value)")
-        for a, v in w["axes"].items():
-            if a in derived:
-                fail(f"{base}.axes.{a}", f"{a!r} is derived ({a} = ...); do not give it a value")
-            if a not in axes:
-                fail(f"{base}.axes.{a}", f"unknown axis {a!r}")
-            minimum = next(x.get("min", 1) for x in doc["axes"] if x["name"] == a)
-            low = v if isinstance(v, int) else v["min"]
-            if low < minimum:
-                fail(f"{base}.axes.{a}", f"{a} must be at least {minimum}")
-            if isinstance(v, dict) and v["max"] < v["min"]:
-                fail(f"{base}.axes.{a}", "max must not be below min")
-        for t in doc["inputs"]:
-            if t["dtypes"] == ["int64"] or len(t["dtypes"]) == 1 and t["name"] not in w["dtypes"]:
-                continue
-            dt = w["dtypes"].get(t["name"])
-            if dt is None:
-                fail(f"{base}.dtypes", f"missing dtype for input {t['name']!r} (one of {t['dtypes']})")
-            if dt not in t["dtypes"]:
-                fail(f"{base}.dtypes.{t['name']}", f"got {dt!r}, expected one of {t['dtypes']}")
-        for name in w["dtypes"]:
-            if name not in inputs:
-                fail(f"{base}.dtypes.{name}", f"unknown input {name!r}")
-        dt = w["dtypes"].get(diff[0]["name"], diff[0]["dtypes"][0])
-        if dt not in tol_dtypes:
-            fail(f"{base}.dtypes.{diff[0]['name']}", f"no tolerance declared for dtype {dt!r}")
-    for key in ("base_profiles", "adversarial_profiles"):
-        for j, name in enumerate(doc["validation"][key]):
-            if name not in profiles:
-                fail(f"$.validation.{key}[{j}]", f"unknown profile {name!r}; declared: {sorted(profiles)}")
-    if doc["format"] == "grpo-conform-spec/2":
-        from grpo_conform.spec_checks import check_member
-
-        check_member(doc, fail)
-    elif params - {"epsilon_low", "epsilon_high", "temperature"}:
-        fail("$.parameters", "the grpo family takes epsilon_low, epsilon_high and temperature only")
-
-
-def load_spec(path: str | Path) -> Spec:
-    """Read, validate and load a spec file; every problem is a `SpecError` naming file and path."""
-    path = Path(path)
-    doc = read_document(path)
-    if isinstance(doc, dict) and doc.get("format") == FAMILY_FORMAT:
-        names = [m.get("name") for m in doc.get("members", []) if isinstance(m, dict)]
-        raise SpecError(path, "$.members", f"this file is a spec family; name a member (--member NAME; members: {', '.join(map(str, names))})")
-    return spec_from_document(doc, path)
-
-
-def read_document(path: str | Path) -> Any:
-    """The parsed JSON of a spec file; unreadable or invalid JSON is a `SpecError`."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(path, "$", "file not found") from None
-    except OSError as exc:
-        raise SpecError(path, "$", f"cannot read: {exc.strerror}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(path, f"line {exc.lineno} column {exc.colno}", f"not valid JSON: {exc.msg}") from None
-
-
-def spec_from_document(doc: Any, source: str | Path) -> Spec:
-    """Validate a standalone or resolved-member document and load it; identity = sha256 of its RFC 8785 form."""
-    validate_document(doc, source)
-    body = {("schema_uri" if k == "$schema" else k): v for k, v in doc.items()}
-    try:
-        spec = Spec.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise SpecError(source, _json_path(first["loc"]), first["msg"]) from None
-    spec._identity = identity(doc)
-    spec._source = str(source)
-    return spec
-
-
-#: The specs shipped in the wheel: setup.py copies the checkout's specs/*.json here at build time,
-#: byte for byte (tests/test_packaging.py), so a spec's identity is the same installed or not.
-PACKAGED_SPECS = Path(__file__).resolve().parent / "specs"
-
-
-def spec_dirs() -> list[Path]:
-    """Where `spec = "<id>"` in a manifest is looked up, first match of the highest version winning:
-    $GRPO_CONFORM_SPECS (os.pathsep-separated folders), ./specs, the checkout's specs/ (an editable
-    install or PYTHONPATH), the specs packaged in the wheel."""
-    dirs = [Path(p) for p in os.environ.get(ENV_SPEC_DIRS, "").split(os.pathsep) if p]
-    dirs.append(Path.cwd() / "specs")
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").is_file():  # not site-packages/specs, which another package may own
-        dirs.append(checkout / "specs")
-    dirs.append(PACKAGED_SPECS)
-    unique: list[Path] = []
-    for d in dirs:
-        if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:
-            unique.append(d)
-    return unique
-
-
-_ID_VERSION = re.compile(r"^(?P<id>[a-z0-9][a-z0-9-]*)(/(?P<member>[a-z0-9][a-z0-9-]*))?(@(?P<version>[0-9]+(\.[0-9]+)*))?$")
-
-
-def find_spec(reference: str, dirs: list[Path] | None = None) -> Spec:
-    """Find a spec among the spec directories (highest version wins). `id` or `id@version` names a
-    standalone file; `family/member` or `family/member@version` a family member; an unversioned
-    `family-member` (e.g. `grpo-token-is`) the family member when the family has it (decision 1),
-    else the standalone file of that id."""
-    from grpo_conform import spec_family
-
-    m = _ID_VERSION.match(reference)
-    if not m:
-        raise SpecError(reference, "$", "expected a spec id such as 'grpo-token-is', 'grpo-token-is@1.0.0' or 'grpo/token-is'")
-    dirs = spec_dirs() if dirs is None else dirs
-    where = ", ".join(str(d) for d in dirs) or "(no spec directory found)"
-    if m["member"] is not None:
-        fam = spec_family.find_family(m["id"], m["version"], dirs)
-        if fam is None:
-            raise SpecError(reference, "$", f"no spec family {m['id']!r}{' version ' + m['version'] if m['version'] else ''} in {where}")
-        return fam.member(m["member"])
-    if m["version"] is None:
-        member = spec_family.alias_member(m["id"], dirs)
-        if member is not None:
-            return member
-        fam = spec_family.find_family(m["id"], None, dirs)
-        if fam is not None:
-            raise SpecError(reference, "$", f"{m['id']!r} is a spec family: name a member ('{m['id']}/NAME'; "
-                            f"members: {', '.join(fam.member_names)})")
-    found: list[Spec] = []
-    for d in dirs:
-        for file in sorted(d.glob("*.json")):
-            try:
-                doc = json.loads(file.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                continue
-            if isinstance(doc, dict) and doc.get("id") == m["id"] and doc.get("format") != FAMILY_FORMAT:
-                if m["version"] is None or doc.get("version") == m["version"]:
-                    found.append(load_spec(file))
-    if not found:
-        raise SpecError(
-            reference, "$", f"no spec with this id in {where}; pass --spec FILE or set {ENV_SPEC_DIRS}"
-        )
-    return max(found, key=lambda s: tuple(int(x) for x in s.version.split(".")))
-
-
-def draw_parameters(spec: Spec, rng: random.Random) -> dict[str, Any]:
-    """Parameter values for one conformance workload (grpo_conform.parameter_draws)."""
-    from grpo_conform.parameter_draws import draw_parameters as draw
-
-    return draw(spec, rng)
-
-
-def specs_for_manifest(manifest: Any, spec_path: str | Path | None = None, dirs: list[Path] | None = None) -> tuple[Spec, ...]:
-    """One resolved `Spec` per member a manifest declares (grpo_conform.spec_family.specs_for_manifest)."""
-    from grpo_conform.spec_family import specs_for_manifest as resolve
-
-    return resolve(manifest, spec_path, dirs)

@@ -1,4 +1,4 @@
-"""Parameter draws for conformance calls (decision 7): from each parameter's declared `draw`
+"""Parameter draws for conformance calls (decision draws, docs/decisions.md): from each parameter's declared `draw`
 (uniform in [min, max], from the parent's seed, rejecting values near an `avoid` value), and for
 specs that declare no draws (the frozen seed file) from the documented built-in table below.
 
@@ -18,7 +18,7 @@ import random
 from typing import Any
 
 from grpo_conform.errors import GrpoConformError
-from grpo_conform.spec import Avoid, Draw, Spec
+from grpo_conform.spec.model import Avoid, Draw, Spec
 
 # The frozen grpo-token-is 1.0.0 file declares no draws; these are its draws (docs/spec-family.md),
 # the same ranges the family member token-is declares.
