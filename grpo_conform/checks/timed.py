@@ -83,7 +83,7 @@ class WorkloadTiming:
         k = max(2, min(self.settings.buffer_sets, int(0.3 * free // max(1, set_bytes)) - 1))
         self.sets = [InputSlot.create(self.session, f"T{j}", rw.shapes, dtypes) for j in range(k)]
         self.warm = InputSlot.create(self.session, "TW", rw.shapes, dtypes)
-        self.out = OutputSlot.create(self.session, "TO", rw.shapes["logits"], dtypes["logits"])
+        self.out = OutputSlot.for_spec(self.session, "TO", self.spec, rw.shapes, dtypes)
         self.session.request(op="time_setup", flush_bytes=flush_bytes_for(self.device))
         timings, findings = [], {name: [] for name in ("timed-outputs", "timing-floor", "side-stream", "caching")}
         try:
@@ -235,8 +235,10 @@ class WorkloadTiming:
         ok = loss_cmp.passed
         if protocol != "forward":
             c = self.upstream_for(protocol)
+            # Today's reference has one gradient, the spec's only one (GRPO over logits), compared by its name.
+            (name,) = [g.input for g in self.spec.gradients]
             cmp = GradientComparator(self.tol.gradient, self.rw.axes["seq_next"], self.rw.shapes["logits"][-1])
-            flat = self.out.grad.view(-1, cmp.vocab)
+            flat = self.out.grads[name].view(-1, cmp.vocab)
             z = x["logits"].reshape(-1, cmp.vocab)
             for chunk in model.gradient(x):
                 scale = chunk.scale * abs(c)

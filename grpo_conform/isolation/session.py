@@ -161,6 +161,8 @@ class WorkerSession:
     interpret: bool = False
     user: str | None = None  # None: privilege.ENV_USER, default a uid drawn per worker (root, CPU)
     sandbox: str = "none"  # "bwrap": the worker runs inside bubblewrap (sandbox.py)
+    #: The inputs the worker makes leaves and exports a gradient of (the spec's `gradients`, by input).
+    gradients: tuple[str, ...] = ()
     proc: subprocess.Popen | None = None
     conn: Connection | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -269,7 +271,7 @@ class WorkerSession:
         self._loading = True
         self.info = self.request(timeout=max(self.timeout, LOAD_TIMEOUT_MIN), op="load", folder=str(src),
                                  name=self.impl.name, entry=self.impl.manifest.entry, parameters=self.parameters,
-                                 device=self.device.type).get("info", {})
+                                 device=self.device.type, gradients=list(self.gradients)).get("info", {})
         self._loading = False
         self.info["user"] = self.identity.to_json()
         self.info["isolation"] = self._isolation  # the same dict: close() adds what the fallback removed
@@ -470,13 +472,3 @@ class WorkerSession:
                     os.chown("/dev/shm" + counter, self.identity.uid, self.identity.gid)
         self._send({"op": "bind", "slot": slot, "tensors": tensors, "nfds": len(fds)}, fds)
         self.receive(op="bind")
-
-    def call(self, inputs: str, outputs: str | None, mode: str, poison: str | None = None,
-             keep: str | None = None, after_forward=None) -> dict[str, Any]:
-        """One call; `after_forward(loss_description)` runs in the parent between forward and backward."""
-        self._send({"op": "call", "inputs": inputs, "outputs": outputs, "mode": mode, "poison": poison, "keep": keep})
-        first = self.receive(op="call:forward")
-        if after_forward is not None:
-            after_forward(first.get("loss"))
-        self._send({"op": "continue"})
-        return self.receive(op="call")["report"]
