@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from worker_steps import GRADIENTS, call_once
 from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
 from grpo_conform.gate import parallel
 from grpo_conform.implementations import load_implementation
@@ -51,7 +52,7 @@ def _folder(tmp_path: Path, name: str, source: str) -> Path:
 
 def _session(folder: Path, timeout: float = 60.0) -> WorkerSession:
     return WorkerSession(load_implementation(folder), {"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0},
-                         torch.device("cpu"), timeout)
+                         torch.device("cpu"), timeout, gradients=GRADIENTS)
 
 
 # -- drawn uids ------------------------------------------------------------------------------------
@@ -240,7 +241,7 @@ def test_a_worker_sees_no_process_of_another_uid_in_proc(tmp_path, monkeypatch):
             _, descriptors[name] = session.allocator.share(t)
         session.bind("in", descriptors)
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
     out = json.loads(info.value.error["message"])
     assert out["seen"] and set(out["seen"].values()) == {out["me"]}, out  # its own processes only
     assert str(os.getpid()) not in out["seen"]
