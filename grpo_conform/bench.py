@@ -107,8 +107,7 @@ def _bench_one(impl, spec: Spec, workloads, resolved, ctx: RunContext, request: 
             if session is None or not session.alive:
                 if session is not None:
                     session.close()
-                session = WorkerSession(impl, spec.parameter_values, ctx.device, timeout,
-                                        gradients=tuple(g.input for g in spec.gradients))
+                session = WorkerSession(impl, spec.parameter_values, ctx.device, timeout)
                 session.start()
             say(f"{impl.name}: {w.name}: timing {', '.join(request.protocols)}")
             rw = resolved[w.name]

@@ -265,8 +265,7 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                         session.close()
                     say(name, mp.label, w.name, "starting worker")
                     session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout,
-                                            ctx.device.type == "cpu", sandbox=request.sandbox,
-                                            gradients=tuple(g.input for g in mp.spec.gradients))
+                                            ctx.device.type == "cpu", sandbox=request.sandbox)
                     try:
                         session.start()
                     except (ImplementationLoadError, WorkerFailure) as exc:

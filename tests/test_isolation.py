@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from worker_steps import GRADIENTS, call_once
+from worker_steps import call_once
 from grpo_conform.check import CheckRequest, run_check
 from grpo_conform.implementations import MANIFEST, load_implementation
 from grpo_conform.isolation.session import LOAD_TIMEOUT_MIN, WorkerFailure, WorkerSession, worker_environment
@@ -70,7 +70,7 @@ def _worker_report(session: WorkerSession) -> dict:
 
 def _session(impl, timeout: float = 120.0) -> WorkerSession:
     return WorkerSession(impl, {"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0},
-                         torch.device("cpu"), timeout, gradients=GRADIENTS)
+                         torch.device("cpu"), timeout)
 
 
 def _bind_small_inputs(session: WorkerSession) -> None:

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from conftest import ROOT, process_gone
-from worker_steps import GRADIENTS, call_once
+from worker_steps import call_once
 from grpo_conform.implementations import MANIFEST, ManifestError, load_implementation
 from grpo_conform.isolation import messages
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
@@ -54,7 +54,7 @@ def _impl(tmp_path: Path, name: str, source: str, extra: str = "", files: dict[s
 
 def _session(impl, timeout: float = 120.0) -> WorkerSession:
     return WorkerSession(impl, {"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0}, torch.device("cpu"),
-                         timeout, gradients=GRADIENTS)
+                         timeout)
 
 
 def _bind(session: WorkerSession) -> None:

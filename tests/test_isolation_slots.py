@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from worker_steps import GRADIENTS, call_once
+from worker_steps import call_once
 from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
 from grpo_conform.gate import parallel
 from grpo_conform.implementations import load_implementation
@@ -52,7 +52,7 @@ def _folder(tmp_path: Path, name: str, source: str) -> Path:
 
 def _session(folder: Path, timeout: float = 60.0) -> WorkerSession:
     return WorkerSession(load_implementation(folder), {"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0},
-                         torch.device("cpu"), timeout, gradients=GRADIENTS)
+                         torch.device("cpu"), timeout)
 
 
 # -- drawn uids ------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from conftest import GALLERY, ROOT, process_gone
-from worker_steps import GRADIENTS, call_once
+from worker_steps import call_once
 from grpo_conform.implementations import MANIFEST, load_implementation
 from grpo_conform.isolation import sandbox
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
@@ -296,7 +296,7 @@ def test_a_timeout_ends_bwrap_the_worker_and_its_descendants(bwrap, tmp_path, mo
                                    'language = "python"\nlicense = "MIT"\ndevices = ["cpu"]\ndescription = "x"\n')
     (folder / "impl.py").write_text(HANGS_WITH_SURVIVORS.format(secs=secs))
     session = WorkerSession(load_implementation(folder), {"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0},
-                            torch.device("cpu"), 8.0, sandbox="bwrap", gradients=GRADIENTS)
+                            torch.device("cpu"), 8.0, sandbox="bwrap")
     watch = _Watch(secs)
     try:
         session.start()
@@ -369,7 +369,7 @@ def test_a_root_worker_under_the_sandbox_has_no_capability(bwrap, tmp_path, monk
                                    'language = "python"\nlicense = "MIT"\ndevices = ["cpu"]\ndescription = "x"\n')
     (folder / "impl.py").write_text(REACH.format(validator=os.getpid(), package=package))
     with WorkerSession(load_implementation(folder), {"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0},
-                       torch.device("cpu"), 60.0, user="root", sandbox="bwrap", gradients=GRADIENTS) as session:
+                       torch.device("cpu"), 60.0, user="root", sandbox="bwrap") as session:
         assert session.info["privileges"]["capabilities"] == "none"
         g = torch.Generator().manual_seed(0)
         descriptors = {}

@@ -103,7 +103,7 @@ def two_gradient_worker(tmp_path_factory):
     (folder / MANIFEST).write_text('name = "two-gradients"\nspec = "grpo-token-is"\nentry = "impl:two_inputs"\n'
                                    'language = "python"\nlicense = "MIT"\ndevices = ["cpu"]\ndescription = "x"\n')
     (folder / "impl.py").write_text(TWO)
-    with WorkerSession(load_implementation(folder), {}, torch.device("cpu"), 120.0, gradients=("a", "b")) as session:
+    with WorkerSession(load_implementation(folder), {}, torch.device("cpu"), 120.0) as session:
         g = torch.Generator().manual_seed(0)
         descriptors, shared = {}, {}
         for name in ("a", "b"):
@@ -114,7 +114,7 @@ def two_gradient_worker(tmp_path_factory):
 
 
 def _call(session, out, mode: str, method: str = "autograd.grad") -> dict:
-    session.request(op="forward", call=mode, inputs="in", params={"mode": mode}, grad=True)
+    session.request(op="forward", call=mode, inputs="in", params={"mode": mode}, grad=True, gradients=["a", "b"])
     session.request(op="backward", calls=[mode], upstream=[1.0], method=method)
     out.clear()
     return session.request(op="export", call=mode, outputs=out.name, keep=False)["report"]

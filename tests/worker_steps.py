@@ -9,13 +9,14 @@ from typing import Any
 
 from grpo_conform.isolation.session import WorkerSession
 
-GRADIENTS = ("logits",)  # the seed spec's one differentiable input: what a test session passes at load
+GRADIENTS = ["logits"]  # the seed spec's one differentiable input
 
 
 def call_once(session: WorkerSession, inputs: str = "in", outputs: str | None = None, upstream: float = 1.0,
               label: str = "call") -> dict[str, Any] | None:
     """forward (grad on), backward, then export into `outputs` (its report returned) or drop."""
-    session.request(op="forward", call=label, inputs=inputs, params=session.parameters, grad=True)
+    session.request(op="forward", call=label, inputs=inputs, params=session.parameters, grad=True,
+                    gradients=GRADIENTS)
     session.request(op="backward", calls=[label], upstream=[upstream])
     if outputs is None:
         session.request(op="drop", calls=[label])

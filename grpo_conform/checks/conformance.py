@@ -228,7 +228,8 @@ class WorkloadConformance:
         extra = {"inference": True} if inference else {}
         try:
             reply = self.session.request(op="forward", call=label, inputs=slot.name, params=self.model.call_values,
-                                         grad=grad, leaf=leaf, poison=poison, **extra)
+                                         grad=grad, gradients=[g.input for g in self.spec.gradients], leaf=leaf,
+                                         poison=poison, **extra)
         except WorkerFailure as failure:
             self._fail(checks, label, failure)
             self.mutation(label, slot, {"after error": slot.changes()})

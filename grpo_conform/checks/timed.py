@@ -114,6 +114,7 @@ class WorkloadTiming:
         wall0 = time.perf_counter_ns()
         reply = self.session.request(op="time", sets=names, protocol=protocol, warm=warm or self.warm.name,
                                      copy_from=copy_from, outputs=self.out.name if copy_from else None,
+                                     gradients=[g.input for g in self.spec.gradients],
                                      upstream=self.upstream_for(protocol))
         return reply["results"], time.perf_counter_ns() - wall0
 

@@ -161,8 +161,6 @@ class WorkerSession:
     interpret: bool = False
     user: str | None = None  # None: privilege.ENV_USER, default a uid drawn per worker (root, CPU)
     sandbox: str = "none"  # "bwrap": the worker runs inside bubblewrap (sandbox.py)
-    #: The inputs the worker makes leaves and exports a gradient of (the spec's `gradients`, by input).
-    gradients: tuple[str, ...] = ()
     proc: subprocess.Popen | None = None
     conn: Connection | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -271,7 +269,7 @@ class WorkerSession:
         self._loading = True
         self.info = self.request(timeout=max(self.timeout, LOAD_TIMEOUT_MIN), op="load", folder=str(src),
                                  name=self.impl.name, entry=self.impl.manifest.entry, parameters=self.parameters,
-                                 device=self.device.type, gradients=list(self.gradients)).get("info", {})
+                                 device=self.device.type).get("info", {})
         self._loading = False
         self.info["user"] = self.identity.to_json()
         self.info["isolation"] = self._isolation  # the same dict: close() adds what the fallback removed

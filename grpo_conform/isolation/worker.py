@@ -3,7 +3,7 @@
 It holds no reference, no seeds and no keys; it makes no verdict. It only:
 - maps the input buffers the parent shared (so the parent sees any write to them),
 - poisons its allocator right before a call (stale or partial outputs then show),
-- makes every input the parent named at `load` (the spec's `gradients`) a leaf that requires grad,
+- makes every input the parent names in a call (the spec's `gradients`) a leaf that requires grad,
   calls `entry(**inputs, **parameters)`, then backpropagates an upstream scalar,
 - reports metadata (types, dtypes, shapes, storage ranges) as JSON and copies the loss and one
   gradient per differentiable input (`{name: grad}`) into output buffers the parent shared,
@@ -51,7 +51,6 @@ class _Worker:
         self.entry = None
         self.folder: Path | None = None
         self.params: dict[str, Any] = {}
-        self.gradients: list[str] = []  # the differentiable inputs, named by the parent at load
         self.device = "cpu"
         self.slots: dict[str, dict[str, Any]] = {}
         self.calls: dict[str, dict[str, Any]] = {}
@@ -85,12 +84,10 @@ class _Worker:
                 self.send(status="error", error=_error_info(exc, self.folder, phase=op))
 
     # -- operations -------------------------------------------------------------------------
-    def op_load(self, folder: str, name: str, entry: str, parameters: dict, device: str,
-                gradients: list[str]) -> None:
+    def op_load(self, folder: str, name: str, entry: str, parameters: dict, device: str) -> None:
         import torch
 
         self.folder, self.params, self.device = Path(folder), parameters, device
-        self.gradients = list(gradients)
         module_name, attr = entry.split(":")
         package = "grpo_impl_" + name.replace("-", "_")
         try:
@@ -136,11 +133,13 @@ class _Worker:
     # non-leaf views of the differentiable inputs. Every call's outputs stay alive here until
     # dropped, so the parent can re-read them at the end of a workload (a ring of reused buffers
     # shows there).
-    def _leaves(self, shared: dict[str, Any], grad: bool, leaf: str = "leaf") -> tuple[dict, dict]:
-        """({name: leaf}, the call's arguments): each differentiable input detached from the shared
-        buffer (a leaf of its own), requiring grad when `grad`; `leaf` "view" passes a view of it
-        (no .grad of its own), "affine" a new non-leaf tensor computed from it."""
-        leaves = {name: shared[name].detach() for name in self.gradients if name in shared}
+    @staticmethod
+    def _leaves(shared: dict[str, Any], gradients: list[str], grad: bool, leaf: str = "leaf") -> tuple[dict, dict]:
+        """({name: leaf}, the call's arguments): each differentiable input (`gradients`, named by the
+        parent) detached from the shared buffer (a leaf of its own), requiring grad when `grad`;
+        `leaf` "view" passes a view of it (no .grad of its own), "affine" a new non-leaf tensor
+        computed from it."""
+        leaves = {name: shared[name].detach() for name in gradients}
         passed = dict(leaves)
         if grad:
             for name, base in leaves.items():
@@ -151,20 +150,20 @@ class _Worker:
                     passed[name] = base * 1.0
         return leaves, {name: passed.get(name, t) for name, t in shared.items()}
 
-    def op_forward(self, call: str, inputs: str, params: dict, grad: bool, leaf: str = "leaf",
-                   poison: str | None = None, inference: bool = False) -> None:
+    def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
+                   leaf: str = "leaf", poison: str | None = None, inference: bool = False) -> None:
         import torch
 
         shared = self.slots[inputs]
         if poison:
-            self._poison(poison, shared)
-        leaves, args = self._leaves(shared, grad, leaf)
+            self._poison(poison, shared, gradients)
+        leaves, args = self._leaves(shared, gradients, grad, leaf)
         # inference: torch.inference_mode (a serving or evaluation loop), a stricter no_grad
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         with grad_ctx:
             loss = self._guarded("forward", lambda: self.entry(**args, **params))
         self._sync("forward")
-        self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs}
+        self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients)}
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
@@ -183,14 +182,15 @@ class _Worker:
                 skipped[name] = f"the loss has {loss.numel()} elements, not one"
             elif not loss.requires_grad:
                 skipped[name] = ("the loss does not require grad: autograd cannot differentiate it w.r.t. "
-                                 + ", ".join(self.gradients))
+                                 + ", ".join(entry["names"]))
             else:
                 losses.append(loss)
                 grads_in.append(torch.full_like(loss.detach(), float(c)))
                 names.append(name)
         if losses:
             if poison:  # backward allocates the gradients: poison right before it
-                self._poison(poison, self.slots[self.calls[names[0]]["inputs"]])
+                first = self.calls[names[0]]
+                self._poison(poison, self.slots[first["inputs"]], first["names"])
             # Every (call, input) leaf, in one flat list for torch.autograd.grad.
             pairs = [(name, key, leaf) for name in names for key, leaf in self.calls[name]["leaves"].items()]
             if method == "autograd.grad":
@@ -210,12 +210,12 @@ class _Worker:
         entry = self.calls[call]
         loss, grads = entry["loss"], entry["grads"]
         shared = self.slots[entry["inputs"]]
-        report = {"loss": _describe(loss), "grads": {name: _describe(grads.get(name)) for name in self.gradients},
+        report = {"loss": _describe(loss), "grads": {name: _describe(grads.get(name)) for name in entry["names"]},
                   "storage": {}}
         for name, t in shared.items():
             report["storage"][name] = _storage_range(t)
         report["storage"]["loss"] = _storage_range(loss)
-        for name in self.gradients:
+        for name in entry["names"]:
             report["storage"][GRAD_PREFIX + name] = _storage_range(grads.get(name))
         self._copy_out(self.slots[outputs], loss, grads)
         self._sync("export")
@@ -246,7 +246,7 @@ class _Worker:
         self.send(status="ok")
 
     def op_time(self, sets: list[str], protocol: str, warm: str | None, copy_from: str | None,
-                outputs: str | None, upstream: float = 1.0) -> None:
+                outputs: str | None, gradients: list[str], upstream: float = 1.0) -> None:
         """Timed calls back to back, one per input set: an untimed call on `warm` first (the GPU
         and its clocks busy again after the parent rewrote the inputs), then for each set: flush
         L2, events on the current stream around the call, a device-wide synchronize."""
@@ -255,12 +255,12 @@ class _Worker:
             # The untimed call measures how long the host takes to enqueue one call (autograd's
             # backward thread included); the timed calls then start behind at least 1.5x that
             # much GPU work, so host overhead stays off the clock for every implementation alike.
-            spin = spin_cycles_for(self._timed_call(warm, protocol, None, spin, upstream)["enqueue_ns"])
-        results = [self._timed_call(name, protocol, outputs if name == copy_from else None, spin, upstream)
+            spin = spin_cycles_for(self._timed_call(warm, protocol, None, spin, gradients, upstream)["enqueue_ns"])
+        results = [self._timed_call(name, protocol, outputs if name == copy_from else None, spin, gradients, upstream)
                    for name in sets]
         self.send(status="ok", results=results)
 
-    def _timed_call(self, inputs: str, protocol: str, outputs: str | None, spin: int,
+    def _timed_call(self, inputs: str, protocol: str, outputs: str | None, spin: int, gradients: list[str],
                     upstream: float = 1.0) -> dict[str, int]:
         """One timed call. Before the start event the GPU is kept busy (a spin of `spin` cycles,
         then the L2 flush), so the CPU cost of launching the call's kernels is hidden as in a
@@ -270,7 +270,7 @@ class _Worker:
         import torch
 
         shared = self.slots[inputs]
-        leaves, args = self._leaves(shared, protocol != "forward")
+        leaves, args = self._leaves(shared, gradients, protocol != "forward")
         loss = None
         if protocol == "backward":  # forward runs untimed first
             loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
@@ -329,7 +329,7 @@ class _Worker:
             sys.stderr.flush()
             os._exit(70)
 
-    def _poison(self, kind: str, shared: dict[str, Any]) -> None:
+    def _poison(self, kind: str, shared: dict[str, Any], gradients: list[str]) -> None:
         """Fill blocks of every size with a byte pattern and free them, so the next allocations
         (of any size) start poisoned instead of holding stale values.
 
@@ -342,7 +342,7 @@ class _Worker:
         """
         import torch
 
-        sized = [shared[n] for n in self.gradients if n in shared] or list(shared.values())
+        sized = [shared[n] for n in gradients if n in shared] or list(shared.values())
         largest = max(sized, key=lambda t: t.numel() * t.element_size())
         nbytes = largest.numel() * largest.element_size()
         device = largest.device
