@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT, SPEC_FILE
-from grpo_conform.checks.buffers import OutputSlot, storage_overlaps, overlap_text
+from grpo_conform.checks.buffers import OutputSlot, only_gradient, overlap_text, storage_overlaps
 from grpo_conform.checks.judging import gradient_contract
 from grpo_conform.compare import GradientComparator, GradientComparisons
 from grpo_conform.implementations import MANIFEST, load_implementation
@@ -195,3 +195,12 @@ def test_each_gradient_is_compared_by_name_and_a_failure_names_it():
     # one gradient: its comparator's own text and evidence, as before gradients had names
     only = GradientComparisons({"logits": _compared(torch.zeros_like(ref_w), ref_w)})
     assert only.describe() == only["logits"].describe() and only.evidence() == only["logits"].evidence()
+
+
+def test_today_s_reference_is_compared_under_the_spec_s_one_gradient_and_refuses_several():
+    spec = load_spec(SPEC_FILE)
+    assert only_gradient(spec) == "logits"
+    (g,) = spec.gradients
+    two = spec.model_copy(update={"gradients": (g, g.model_copy(update={"input": "advantages"}))})
+    with pytest.raises(ValueError, match=r"lists 2 gradients \(logits, advantages\).*reference per gradient"):
+        only_gradient(two)

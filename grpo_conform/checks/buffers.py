@@ -141,6 +141,17 @@ class OutputSlot:
             g.fill_(float("nan"))
 
 
+def only_gradient(spec: Spec) -> str:
+    """The input of the spec's one gradient. Today's reference (GRPO over logits) computes one
+    gradient, compared under this name; a spec with several needs its operation's reference, which
+    hands a gradient per name (issue 30 item 4, issue 31)."""
+    names = [g.input for g in spec.gradients]
+    if len(names) != 1:
+        raise ValueError(f"spec {spec.id} lists {len(names)} gradients ({', '.join(names)}); the GRPO-over-logits "
+                         "reference computes one: the spec's operation must supply a reference per gradient")
+    return names[0]
+
+
 def storage_overlaps(storage: dict[str, list[int] | None], inputs: list[str],
                      gradients: list[str]) -> list[dict[str, Any]]:
     """Every output (the loss, each gradient) whose storage range, as the worker reported it,

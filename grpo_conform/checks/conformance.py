@@ -27,7 +27,7 @@ import torch
 
 from grpo_conform import inputs as gen
 from grpo_conform.checks.book import CheckBook
-from grpo_conform.checks.buffers import InputSlot, OutputSlot, overlap_text, storage_overlaps
+from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, overlap_text, storage_overlaps
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.generators import kind_of
 from grpo_conform.compare import (GradientComparator, GradientComparisons, LossComparison, compare_loss, fp32_floor,
@@ -68,13 +68,16 @@ class Call:
     @property
     def grad(self) -> torch.Tensor:
         """The only gradient (probes of a single-gradient operation read it by this name)."""
-        (only,) = self.grads.values()
-        return only
+        return self.grads[self._only()]
 
     @property
     def grad_desc(self) -> dict[str, Any] | None:
-        (only,) = self.grads
-        return self.grad_descs.get(only)
+        return self.grad_descs.get(self._only())
+
+    def _only(self) -> str:
+        if len(self.grads) != 1:
+            raise ValueError(f"call {self.label} has gradients {sorted(self.grads)}: name one (Call.grads)")
+        return next(iter(self.grads))
 
 
 @dataclass
@@ -313,7 +316,7 @@ class WorkloadConformance:
         c = call.upstream if upstream is None else upstream
         # Today's reference has one gradient, the spec's only one (GRPO over logits): it is compared
         # under that name. An operation with several gradients gives one comparison per name here.
-        (name,) = [g.input for g in self.spec.gradients]
+        name = only_gradient(self.spec)
         loss_cmp, cmp = self._judge_logits(call.loss, call.grads[name], x, c)
         return loss_cmp, GradientComparisons({name: cmp})
 

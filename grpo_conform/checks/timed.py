@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_conform import inputs as gen
-from grpo_conform.checks.buffers import InputSlot, OutputSlot
+from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient
 from grpo_conform.compare import GradientComparator, compare_loss, json_float
 from grpo_conform.floors import Floor, below_floor
 from grpo_conform.traffic import count_mask
@@ -237,7 +237,7 @@ class WorkloadTiming:
         if protocol != "forward":
             c = self.upstream_for(protocol)
             # Today's reference has one gradient, the spec's only one (GRPO over logits), compared by its name.
-            (name,) = [g.input for g in self.spec.gradients]
+            name = only_gradient(self.spec)
             cmp = GradientComparator(self.tol.gradient, self.rw.axes["seq_next"], self.rw.shapes["logits"][-1])
             flat = self.out.grads[name].view(-1, cmp.vocab)
             z = x["logits"].reshape(-1, cmp.vocab)
