@@ -12,6 +12,9 @@ Adding a reply for a new worker op is one small class and one line in `REPLIES`:
         things: Annotated[list[Count], Field(max_length=64)]
 
     REPLIES["foo"] = FooReply
+
+and, beside it, the handler in worker.OPS and a row in docs/architecture.md's "Worker protocol"
+table (tests/test_worker_protocol.py holds the three and the parent's sends together).
 """
 
 from __future__ import annotations
