@@ -83,7 +83,7 @@ def compare_loss(actual: float, expected: float, tol: LossTolerance, floor: floa
     return LossComparison(float(actual), float(expected), max(tol.allowed(expected), float(floor)))
 
 
-def describe_outputs(loss: LossComparison, grad: "GradientComparator") -> str:
+def describe_outputs(loss: LossComparison, grad: "GradientComparator | GradientComparisons") -> str:
     """What of a call's outputs failed, by name: the loss, the gradient or both (a failed loss beside a
     passing gradient must not read as 'all elements within tolerance')."""
     if loss.passed:
@@ -297,6 +297,74 @@ class GradientComparator:
             o = self.worst[0][1]
             parts.append(f"worst at {list(o.index)}: {o.actual:.6g} vs {o.expected:.6g} (allowed ±{o.allowed:.3g})")
         return "; ".join(parts)
+
+
+class GradientComparisons:
+    """Each gradient's comparison with the reference's gradient of the same name, judged together:
+    the call's gradients pass when every one passes. Counts add up; a failure names the gradient
+    that failed. With one gradient (GRPO over logits) texts and evidence are that comparator's own,
+    as before gradients were named, so single-gradient records read as they did."""
+
+    def __init__(self, by_name: dict[str, GradientComparator]):
+        if not by_name:
+            raise ValueError("no gradient to judge: the spec lists none under `gradients`")
+        self.by_name = dict(by_name)
+
+    def __getitem__(self, name: str) -> GradientComparator:
+        return self.by_name[name]
+
+    @property
+    def single(self) -> GradientComparator | None:
+        return next(iter(self.by_name.values())) if len(self.by_name) == 1 else None
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.by_name.values())
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, c in self.by_name.items() if not c.passed]
+
+    def _total(self, attr: str) -> int:
+        return sum(getattr(c, attr) for c in self.by_name.values())
+
+    nan = property(lambda self: self._total("nan"))
+    inf = property(lambda self: self._total("inf"))
+    mismatches = property(lambda self: self._total("mismatches"))
+    elements = property(lambda self: self._total("elements"))
+    row_sum_failures = property(lambda self: self._total("row_sum_failures"))
+    last_rows_nonzero = property(lambda self: self._total("last_rows_nonzero"))
+
+    @property
+    def frobenius_rel(self) -> float:
+        return max(c.frobenius_rel for c in self.by_name.values())
+
+    @property
+    def frobenius_allowed(self) -> float:
+        return min(c.frobenius_allowed for c in self.by_name.values())
+
+    def _each(self, method: str) -> dict[str, Any]:
+        one = self.single
+        if one is not None:
+            return getattr(one, method)()
+        return {"gradients": {name: getattr(c, method)() for name, c in self.by_name.items()}}
+
+    def evidence(self) -> dict[str, Any]:
+        return self._each("evidence")
+
+    def row_sum_evidence(self) -> dict[str, Any]:
+        return self._each("row_sum_evidence")
+
+    def last_row_evidence(self) -> dict[str, Any]:
+        return self._each("last_row_evidence")
+
+    def describe(self) -> str:
+        one = self.single
+        if one is not None:
+            return one.describe()
+        if self.passed:
+            return "; ".join(f"gradient of {name}: {c.describe()}" for name, c in self.by_name.items())
+        return "; ".join(f"gradient of {name}: {self.by_name[name].describe()}" for name in self.failed)
 
 
 CHUNK_ELEMENTS = 1 << 26  # float64 work in slices of 512 MB, whatever the tensor's size

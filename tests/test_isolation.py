@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from worker_steps import call_once
 from grpo_conform.check import CheckRequest, run_check
 from grpo_conform.implementations import MANIFEST, load_implementation
 from grpo_conform.isolation.session import LOAD_TIMEOUT_MIN, WorkerFailure, WorkerSession, worker_environment
@@ -62,7 +63,7 @@ def _worker_report(session: WorkerSession) -> dict:
     """Run one call of an implementation that reports what it saw by raising ValueError(json)."""
     _bind_small_inputs(session)
     with pytest.raises(WorkerFailure) as info:
-        session.call("in", None, "full")
+        call_once(session)
     assert info.value.kind == "exception", str(info.value)
     return json.loads(info.value.error["message"])
 
@@ -178,7 +179,7 @@ def test_a_hang_ends_within_the_timeout_and_kills_the_process_group(tmp_path):
         pid = session.proc.pid
         started = time.monotonic()
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
         elapsed = time.monotonic() - started
         assert info.value.kind == "timeout"
         assert str(info.value) == "no answer within 3 s: process killed"
@@ -229,7 +230,7 @@ def test_a_crash_is_reported_with_its_status_and_the_stderr_tail(tmp_path, case)
         _bind_small_inputs(session)
         started = time.monotonic()
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
         assert time.monotonic() - started < 30  # noticed at once, not at the timeout
         assert info.value.kind == "crash"
         assert str(info.value) == message
@@ -248,7 +249,7 @@ def test_an_exception_in_the_call_is_not_a_crash(tmp_path):
     with _session(impl) as session:
         _bind_small_inputs(session)
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
         assert info.value.kind == "exception"
         assert str(info.value) == "forward raised ValueError: unsupported vocab 11 at impl.py:2"
         assert info.value.error["where"] == "impl.py:2"

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from conftest import ROOT, process_gone
+from worker_steps import call_once
 from grpo_conform.implementations import MANIFEST, ManifestError, load_implementation
 from grpo_conform.isolation import messages
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
@@ -70,7 +71,7 @@ def _report(session: WorkerSession) -> dict:
     """One call of an implementation that reports what it observed by raising ValueError(json)."""
     _bind(session)
     with pytest.raises(WorkerFailure) as info:
-        session.call("in", None, "full")
+        call_once(session)
     assert info.value.kind == "exception", str(info.value)
     return json.loads(info.value.error["message"])
 
@@ -154,7 +155,7 @@ def test_no_descendant_survives_setsid_or_a_double_fork(tmp_path):
     try:
         session.start()
         _bind(session)
-        session.call("in", None, "full")
+        call_once(session)
         tail = session.stderr_tail()
         pids = [int(tail.split(word + " ")[1].split()[0]) for word in ("child", "grandchild")]
         assert not any(_gone(p) for p in pids), "the test did not start its survivors"
@@ -248,7 +249,7 @@ def test_truncating_the_shared_memory_is_refused_and_the_parent_lives(tmp_path):
             shared[name], descriptors[name] = session.allocator.share(t)
         session.bind("in", descriptors)
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
         tried = json.loads(info.value.error["message"])
         assert len(tried) == 3, tried  # the worker held every input's memfd
         assert all(v == 1 for v in tried), tried  # EPERM: sealed against shrinking
@@ -272,7 +273,7 @@ def test_stale_bytecode_never_runs(tmp_path):
     with _session(impl) as session:
         _bind(session)
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
     assert "the source ran" in str(info.value)
 
 
@@ -308,8 +309,8 @@ FORGES = SIG + textwrap.indent(textwrap.dedent("""\
     import gc, json
     from multiprocessing.connection import Connection
     conn = next(o for o in gc.get_objects() if isinstance(o, Connection))
-    # a forged "forward done" whose loss description has the wrong types
-    conn.send_bytes(json.dumps({"status": "forward-done", "loss": {"type": 5, "exact_tensor": "yes"}}).encode())
+    # a forged reply to the parent's forward whose loss description has the wrong types
+    conn.send_bytes(json.dumps({"status": "ok", "loss": {"type": 5, "exact_tensor": "yes"}}).encode())
     return (logits.float() * 0).sum()
 """), "    ")
 
@@ -319,7 +320,7 @@ def test_a_forged_message_is_a_protocol_failure(tmp_path):
     with _session(impl) as session:
         _bind(session)
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
         assert info.value.kind == "protocol"
         assert "malformed at loss.type" in str(info.value)
         assert not session.alive  # the stream is not trusted any more
@@ -328,10 +329,13 @@ def test_a_forged_message_is_a_protocol_failure(tmp_path):
 @pytest.mark.parametrize("op,msg,where", [
     ("load", {"status": "ok", "info": {"torch": "2", "pid": "12"}}, "info.pid"),
     ("load", {"status": "ok", "info": {"torch": "2", "pid": 12, "extra": 1}}, "info.extra"),
-    ("call", {"status": "ok", "report": {"loss": None, "grad": None, "storage": {"loss": [1, 2, 3]}}},
+    ("export", {"status": "ok", "report": {"loss": None, "grads": {}, "storage": {"loss": [1, 2, 3]}}},
      "report.storage.loss"),
-    ("call", {"status": "ok", "report": {"loss": None, "grad": None, "storage": {"loss": [-5, 2]}}},
+    ("export", {"status": "ok", "report": {"loss": None, "grads": {}, "storage": {"loss": [-5, 2]}}},
      "report.storage.loss.0"),
+    ("export", {"status": "ok", "report": {"loss": None, "grad": None, "storage": {}}}, "report.grads"),
+    ("export", {"status": "ok", "report": {"loss": None, "grads": {"logits": {"type": "torch.Tensor",
+                "exact_tensor": "yes"}}, "storage": {}}}, "report.grads.logits.exact_tensor"),
     ("time", {"status": "ok", "results": [{"event_ns": True, "wall_ns": 1, "pre_ns": 1, "enqueue_ns": 1,
                                            "peak_bytes": 0}]}, "results.0.event_ns"),
     ("bind", {"status": "ok", "sneaky": 1}, "sneaky"),
@@ -343,11 +347,11 @@ def test_strict_reply_models(op, msg, where):
 
 
 def test_reply_models_accept_what_the_worker_sends():
-    _, ok = messages.parse_reply("call", {"status": "ok", "report": {
+    _, ok = messages.parse_reply("export", {"status": "ok", "report": {
         "loss": {"type": "torch.Tensor", "exact_tensor": True, "dtype": "float32", "shape": [], "device": "cpu",
                  "requires_grad": True, "has_grad_fn": True},
-        "grad": None, "backward_skipped": None, "storage": {"loss": [140000000, 4], "grad": None}}})
-    assert "dtype" in ok["report"]["loss"] and ok["report"]["grad"] is None
+        "grads": {"logits": None}, "storage": {"loss": [140000000, 4], "grad:logits": None}}})
+    assert "dtype" in ok["report"]["loss"] and ok["report"]["grads"] == {"logits": None}
     _, other = messages.parse_reply("forward", {"status": "ok", "loss": {"type": "builtins.float", "exact_tensor": False}})
     assert other["loss"] == {"type": "builtins.float", "exact_tensor": False}  # no invented fields
     with pytest.raises(messages.MalformedReply, match="no reply model"):

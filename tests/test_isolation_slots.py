@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from worker_steps import call_once
 from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
 from grpo_conform.gate import parallel
 from grpo_conform.implementations import load_implementation
@@ -240,7 +241,7 @@ def test_a_worker_sees_no_process_of_another_uid_in_proc(tmp_path, monkeypatch):
             _, descriptors[name] = session.allocator.share(t)
         session.bind("in", descriptors)
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
     out = json.loads(info.value.error["message"])
     assert out["seen"] and set(out["seen"].values()) == {out["me"]}, out  # its own processes only
     assert str(os.getpid()) not in out["seen"]

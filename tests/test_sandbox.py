@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from conftest import GALLERY, ROOT, process_gone
+from worker_steps import call_once
 from grpo_conform.implementations import MANIFEST, load_implementation
 from grpo_conform.isolation import sandbox
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
@@ -310,7 +311,7 @@ def test_a_timeout_ends_bwrap_the_worker_and_its_descendants(bwrap, tmp_path, mo
         session.bind("in", descriptors)  # memfds through SCM_RIGHTS into the sandbox
         started = time.monotonic()
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
         assert info.value.kind == "timeout" and time.monotonic() - started < 40
     finally:
         session.close()
@@ -377,7 +378,7 @@ def test_a_root_worker_under_the_sandbox_has_no_capability(bwrap, tmp_path, monk
             _, descriptors[name] = session.allocator.share(t)
         session.bind("in", descriptors)
         with pytest.raises(WorkerFailure) as info:
-            session.call("in", None, "full")
+            call_once(session)
     out = json.loads(info.value.error["message"])
     assert out["uid"] == 0 and int(out["CapEff"], 16) == 0
     assert out["write_package"] == errno.EROFS  # the validator's code: read-only

@@ -15,6 +15,8 @@ import torch
 from grpo_conform.compare import first_difference
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.isolation.sharing import cuda_descriptor
+from grpo_conform.isolation.worker import GRAD_PREFIX
+from grpo_conform.spec import Spec
 
 
 @dataclass
@@ -101,18 +103,84 @@ def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
 
 @dataclass
 class OutputSlot:
+    """Where the worker copies a call's outputs: the loss, and one buffer per gradient (by the
+    name of its input, shaped and typed as that input)."""
+
     name: str
     loss: torch.Tensor  # float64 [1]
-    grad: torch.Tensor  # logits' shape and dtype
+    grads: dict[str, torch.Tensor]
 
     @classmethod
-    def create(cls, session: WorkerSession, name: str, grad_shape: tuple[int, ...],
-               grad_dtype: torch.dtype) -> "OutputSlot":
+    def create(cls, session: WorkerSession, name: str,
+               gradients: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> "OutputSlot":
+        """`gradients`: {input name: (shape, dtype)} of every gradient the spec lists."""
         loss, loss_desc = session.allocator.empty((1,), torch.float64)
-        grad, grad_desc = session.allocator.empty(grad_shape, grad_dtype)
-        session.bind(name, {"loss": loss_desc, "grad": grad_desc})
-        return cls(name, loss, grad)
+        descs, grads = {"loss": loss_desc}, {}
+        for key, (shape, dtype) in gradients.items():
+            grads[key], descs[GRAD_PREFIX + key] = session.allocator.empty(shape, dtype)
+        session.bind(name, descs)
+        return cls(name, loss, grads)
+
+    @classmethod
+    def for_spec(cls, session: WorkerSession, name: str, spec: Spec, shapes: dict[str, tuple[int, ...]],
+                 dtypes: dict[str, torch.dtype]) -> "OutputSlot":
+        """A slot for every gradient of `spec`, at the workload's input shapes and dtypes."""
+        return cls.create(session, name, {g.input: (shapes[g.input], dtypes[g.input]) for g in spec.gradients})
+
+    @property
+    def grad(self) -> torch.Tensor:
+        """The only gradient (a single-gradient operation's probes read it by this name)."""
+        if len(self.grads) != 1:
+            raise ValueError(f"output slot {self.name} holds {len(self.grads)} gradients; name one of {sorted(self.grads)}")
+        return next(iter(self.grads.values()))
 
     def clear(self) -> None:
         self.loss.fill_(float("nan"))
-        self.grad.fill_(float("nan"))
+        for g in self.grads.values():
+            g.fill_(float("nan"))
+
+
+def only_gradient(spec: Spec) -> str:
+    """The input of the spec's one gradient. Today's reference (GRPO over logits) computes one
+    gradient, compared under this name; a spec with several needs its operation's reference, which
+    hands a gradient per name (issue 30 item 4, issue 31)."""
+    names = [g.input for g in spec.gradients]
+    if len(names) != 1:
+        raise ValueError(f"spec {spec.id} lists {len(names)} gradients ({', '.join(names)}); the GRPO-over-logits "
+                         "reference computes one: the spec's operation must supply a reference per gradient")
+    return names[0]
+
+
+def storage_overlaps(storage: dict[str, list[int] | None], inputs: list[str],
+                     gradients: list[str]) -> list[dict[str, Any]]:
+    """Every output (the loss, each gradient) whose storage range, as the worker reported it,
+    overlaps an input's, and every pair of gradients that share storage (one buffer handed out
+    as two gradients: at least one of them is wrong after the other is written). A single
+    gradient keeps its historical name "grad" in the evidence."""
+    def label(name: str) -> str:
+        return "grad" if len(gradients) == 1 else GRAD_PREFIX + name
+
+    def meets(r: list[int], q: list[int]) -> bool:
+        return r[0] < q[0] + q[1] and q[0] < r[0] + r[1]
+
+    outputs = [("loss", storage.get("loss"))] + [(label(g), storage.get(GRAD_PREFIX + g)) for g in gradients]
+    found: list[dict[str, Any]] = []
+    for out_name, r in outputs:
+        if not r:
+            continue
+        for in_name in inputs:
+            q = storage.get(in_name)
+            if q and meets(r, q):
+                found.append({"output": out_name, "input": in_name, "output_range": r, "input_range": q})
+    grads = outputs[1:]
+    for i, (a, r) in enumerate(grads):
+        for b, q in grads[i + 1:]:
+            if r and q and meets(r, q):
+                found.append({"output": a, "other_output": b, "output_range": r, "other_range": q})
+    return found
+
+
+def overlap_text(o: dict[str, Any]) -> str:
+    if "input" in o:
+        return f"{o['output']} shares storage with input {o['input']}"
+    return f"{o['output']} shares storage with {o['other_output']}"

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from grpo_conform.checks.book import CheckBook
-from grpo_conform.checks.buffers import InputSlot, OutputSlot
+from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, overlap_text, storage_overlaps
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.dtypes import dtype_name, torch_dtype
-from grpo_conform.compare import GradientComparator, compare_loss, fp32_floor, fp32_logp_error, fp32_target_floor
+from grpo_conform.compare import (GradientComparator, GradientComparisons, LossComparison, compare_loss, fp32_floor,
+                                  fp32_logp_error, fp32_target_floor)
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.grpo_logits.reference import rows_per_chunk
@@ -54,10 +55,29 @@ class Call:
     upstream: float
     loss: float
     loss_desc: dict[str, Any] | None
-    grad_desc: dict[str, Any] | None
-    grad: torch.Tensor  # the output slot's buffer: valid until the next export into that slot
+    grad_descs: dict[str, dict[str, Any] | None]  # the worker's description of each gradient, by input
+    grads: dict[str, torch.Tensor]  # the output slot's buffers: valid until the next export into that slot
     skipped_backward: str | None
     kept: bool = False
+
+    @property
+    def missing(self) -> list[str]:
+        """The inputs backward left no gradient on (every gradient the output slot holds is expected)."""
+        return [name for name in self.grads if self.grad_descs.get(name) is None]
+
+    @property
+    def grad(self) -> torch.Tensor:
+        """The only gradient (probes of a single-gradient operation read it by this name)."""
+        return self.grads[self._only()]
+
+    @property
+    def grad_desc(self) -> dict[str, Any] | None:
+        return self.grad_descs.get(self._only())
+
+    def _only(self) -> str:
+        if len(self.grads) != 1:
+            raise ValueError(f"call {self.label} has gradients {sorted(self.grads)}: name one (Call.grads)")
+        return next(iter(self.grads))
 
 
 @dataclass
@@ -91,8 +111,8 @@ class WorkloadConformance:
         self.device = self.session.device
         self.kept: list[Kept] = []
         self._key = (self.rng.getrandbits(31) | 1, self.rng.getrandbits(31))
-        grad_bytes = (self.op.workload_size(self.spec, self.rw).elements
-                      * torch.empty((), dtype=torch_dtype(logits_dtype)).element_size())
+        grad_bytes = sum(self.rw.numel(g.input) * torch.empty((), dtype=torch_dtype(
+            self.rw.dtypes.get(g.input, self.spec.input(g.input).dtypes[0]))).element_size() for g in self.spec.gradients)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # what earlier workloads left cached here is the worker's to use
             free, _total = torch.cuda.mem_get_info(self.device)
@@ -117,7 +137,7 @@ class WorkloadConformance:
         dtypes = {t.name: torch_dtype(self.rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
         self.dtypes = dtypes
         self.P = InputSlot.create(s, "P", self.rw.shapes, dtypes)
-        self.out1 = OutputSlot.create(s, "O1", self.rw.shapes["logits"], dtypes["logits"])
+        self.out1 = OutputSlot.for_spec(s, "O1", self.spec, self.rw.shapes, dtypes)
         self.extra_slots: list[str] = []  # Q and O2 join when a probe first asks (see __getattr__)
         self.state: dict[str, Any] = {}
         try:
@@ -153,7 +173,7 @@ class WorkloadConformance:
         # logits-sized buffers on one GPU.
         if name in ("Q", "K", "out2") and "dtypes" in self.__dict__:
             slot = (InputSlot.create(self.session, name, self.rw.shapes, self.slot_dtypes(name)) if name != "out2" else
-                    OutputSlot.create(self.session, "O2", self.rw.shapes["logits"], self.dtypes["logits"]))
+                    OutputSlot.for_spec(self.session, "O2", self.spec, self.rw.shapes, self.dtypes))
             self.__dict__[name] = slot
             self.extra_slots.append(slot.name)
             return slot
@@ -213,7 +233,8 @@ class WorkloadConformance:
         extra = {"inference": True} if inference else {}
         try:
             reply = self.session.request(op="forward", call=label, inputs=slot.name, params=self.model.call_values,
-                                         grad=grad, leaf=leaf, poison=poison, **extra)
+                                         grad=grad, gradients=[g.input for g in self.spec.gradients], leaf=leaf,
+                                         poison=poison, **extra)
         except WorkerFailure as failure:
             self._fail(checks, label, failure)
             self.mutation(label, slot, {"after error": slot.changes()})
@@ -263,8 +284,8 @@ class WorkloadConformance:
         self.mutation(label, slot, {"forward": fwd["forward"], "backward": slot.changes()})
         report = exported["report"]
         self.aliasing(label, report)
-        return Call(label, slot, upstream, float(out.loss[0]), report.get("loss"), report.get("grad"), out.grad,
-                    skipped.get(label), exported["kept"])
+        return Call(label, slot, upstream, float(out.loss[0]), report.get("loss"), report.get("grads") or {},
+                    out.grads, skipped.get(label), exported["kept"])
 
     def mutation(self, label: str, slot: InputSlot, changed: dict[str, Any]) -> None:
         found = {phase: diff for phase, diff in changed.items() if diff}
@@ -278,32 +299,33 @@ class WorkloadConformance:
             self.book.record("no-mutation", label, True, "inputs bitwise unchanged after forward and backward")
 
     def aliasing(self, label: str, report: dict[str, Any]) -> None:
-        storage = report.get("storage", {})
-        overlaps = []
-        for out_name in ("loss", "grad"):
-            r = storage.get(out_name)
-            if not r:
-                continue
-            for in_name in (t.name for t in self.spec.inputs):
-                q = storage.get(in_name)
-                if q and r[0] < q[0] + q[1] and q[0] < r[0] + r[1]:
-                    overlaps.append({"output": out_name, "input": in_name, "output_range": r, "input_range": q})
+        overlaps = storage_overlaps(report.get("storage", {}), [t.name for t in self.spec.inputs],
+                                    [g.input for g in self.spec.gradients])
         if overlaps:
             o = overlaps[0]
             self.book.record("no-aliasing", label, False,
-                             f"call {label}: {o['output']} shares storage with input {o['input']}",
+                             f"call {label}: {overlap_text(o)}",
                              {"overlaps": overlaps})
         else:
             self.book.record("no-aliasing", label, True, "no output storage overlaps an input")
 
     # -- judging ----------------------------------------------------------------------------
-    def judge(self, call: Call, slot: InputSlot | None = None, upstream: float | None = None):
-        """(loss comparison, gradient comparator) against the reference of the pristine inputs."""
+    def judge(self, call: Call, slot: InputSlot | None = None,
+              upstream: float | None = None) -> tuple[LossComparison, GradientComparisons]:
+        """(loss comparison, each gradient compared by name with the reference's gradient of that
+        name) against the reference of the pristine inputs."""
         x = (slot or call.slot).pristine
         c = call.upstream if upstream is None else upstream
+        # Today's reference has one gradient, the spec's only one (GRPO over logits): it is compared
+        # under that name. An operation with several gradients gives one comparison per name here.
+        name = only_gradient(self.spec)
+        loss_cmp, cmp = self._judge_logits(call.loss, call.grads[name], x, c)
+        return loss_cmp, GradientComparisons({name: cmp})
+
+    def _judge_logits(self, loss: float, grad: torch.Tensor, x: dict[str, torch.Tensor], c: float):
         ref_loss = self.model.loss(x)
         cmp = GradientComparator(self.tol.gradient, self.seq_next, self.vocab)
-        flat = call.grad.view(-1, self.vocab)
+        flat = grad.view(-1, self.vocab)
         z = x["logits"].reshape(-1, self.vocab)
         targets = self._targets(x["completion_ids"])
         loss_floor = 0.0  # d loss / d logp times each row's fp32 log-prob resolution (chunk.scale is / T)
@@ -319,7 +341,7 @@ class WorkloadConformance:
                 logp = (chunk.coef * c, chunk.coef_error * abs(c))
                 loss_logp += float(chunk.loss_error.sum())
             cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor, target, logp)
-        return compare_loss(call.loss, ref_loss, self.tol.loss, max(loss_floor, loss_logp)), cmp
+        return compare_loss(loss, ref_loss, self.tol.loss, max(loss_floor, loss_logp)), cmp
 
     def _logp_error(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """[B, S]: the bound of an fp32 implementation's error in each log-prob (`fp32_logp_error`),
@@ -363,15 +385,20 @@ class WorkloadConformance:
         return cmp
 
     def fingerprint(self, out: OutputSlot) -> tuple[float, float]:
-        """A keyed checksum of the loss and gradient bytes (the key never leaves the parent)."""
-        raw = out.grad.contiguous().view(-1).view(torch.uint8)
+        """A keyed checksum of the loss and the gradients' bytes, the gradients in the spec's order
+        as one byte string (the key never leaves the parent)."""
         k1, k2 = self._key
         total = 0.0
         step = 1 << 24
-        for start in range(0, raw.numel(), step):
-            part = raw[start : start + step].to(torch.float64)
-            idx = torch.arange(start, start + part.numel(), device=part.device, dtype=torch.float64)
-            weights = torch.remainder(idx * k1 + k2, 65521.0) + 1.0
-            total += float((part * weights).sum())
+        offset = 0
+        for g in self.spec.gradients:
+            raw = out.grads[g.input].contiguous().view(-1).view(torch.uint8)
+            for start in range(0, raw.numel(), step):
+                part = raw[start : start + step].to(torch.float64)
+                idx = torch.arange(offset + start, offset + start + part.numel(), device=part.device,
+                                   dtype=torch.float64)
+                weights = torch.remainder(idx * k1 + k2, 65521.0) + 1.0
+                total += float((part * weights).sum())
+            offset += raw.numel()
         loss = float(out.loss[0])
         return (loss if not math.isnan(loss) else -1e300, total)

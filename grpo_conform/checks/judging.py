@@ -26,7 +26,7 @@ def poison_hits(t: torch.Tensor, byte: int) -> int:
 
 def contract(run: WorkloadConformance, call: Call) -> list[str]:
     problems = []
-    out_spec, logits = run.spec.outputs[0], call.slot.tensors["logits"]
+    out_spec = run.spec.outputs[0]
     ld = call.loss_desc
     if ld is None or "dtype" not in ld:
         problems.append(f"the loss is {ld['type'] if ld else 'None'}, not a torch.Tensor")
@@ -42,17 +42,33 @@ def contract(run: WorkloadConformance, call: Call) -> list[str]:
             problems.append(f"loss on {ld['device']}, expected {run.device.type}")
     if call.skipped_backward:
         problems.append(f"backward not possible: {call.skipped_backward}")
-    gd = call.grad_desc
-    if gd is None and not call.skipped_backward:
-        problems.append("backward left no gradient on logits")
-    elif gd is not None:
-        if not gd["exact_tensor"]:
-            problems.append(f"the gradient is a {gd['type']}, not exactly torch.Tensor")
-        want_dtype = str(logits.dtype).replace("torch.", "")
-        if gd["dtype"] != want_dtype:
-            problems.append(f"gradient dtype {gd['dtype']}, expected {want_dtype} (the logits dtype)")
-        if gd["shape"] != list(logits.shape):
-            problems.append(f"gradient shape {gd['shape']}, expected {list(logits.shape)}")
+    names = [g.input for g in run.spec.gradients]
+    for name in names:
+        problems += gradient_contract(name, call.grad_descs.get(name), call.slot.tensors[name], run.device.type,
+                                      several=len(names) > 1, skipped=bool(call.skipped_backward))
+    return problems
+
+
+def gradient_contract(name: str, gd: dict[str, Any] | None, x: torch.Tensor, device: str, several: bool,
+                      skipped: bool = False) -> list[str]:
+    """What is wrong with the gradient of input `name` as the worker described it: it must exist
+    and be exactly a torch.Tensor with the input's dtype, shape and device (what autograd
+    accumulates into `.grad`). `several`: the spec has
+    more than one gradient, so each message names its gradient (one gradient keeps its old texts)."""
+    if gd is None:
+        return [] if skipped else [f"backward left no gradient on {name}"]
+    what = f"the gradient of {name}" if several else "the gradient"
+    short = f"gradient of {name}" if several else "gradient"
+    problems = []
+    if not gd["exact_tensor"]:
+        problems.append(f"{what} is a {gd['type']}, not exactly torch.Tensor")
+    want_dtype = str(x.dtype).replace("torch.", "")
+    if gd.get("dtype") != want_dtype:
+        problems.append(f"{short} dtype {gd.get('dtype')}, expected {want_dtype} (the {name} dtype)")
+    if gd.get("shape") != list(x.shape):
+        problems.append(f"{short} shape {gd.get('shape')}, expected {list(x.shape)}")
+    if gd.get("device") != device:  # autograd keeps a leaf's gradient on its device: a guard, not a finding today
+        problems.append(f"{short} on {gd.get('device')}, expected {device}")
     return problems
 
 
@@ -60,9 +76,9 @@ def plain(run: WorkloadConformance, call: Call) -> None:
     label = call.label
     problems = contract(run, call)
     run.book.record("contract", label, not problems, "; ".join(problems) or "loss and gradient as declared",
-                    {"loss": call.loss_desc, "gradient": call.grad_desc, "problems": problems})
+                    {"loss": call.loss_desc, "gradient": _described(call), "problems": problems})
     finite(run, call)
-    if call.grad_desc is None:
+    if len(call.missing) == len(call.grads):  # some but not all: the missing ones compare as NaN
         for check in ("loss", "gradient", "gradient-row-sums", "last-row-zero"):
             run.book.record(check, label, False, f"call {label}: no gradient to compare (see contract)")
         return
@@ -90,8 +106,8 @@ def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[st
     """When the loss or the gradient failed: which neighbouring semantics of the family the outputs
     equal (`grpo_conform.diagnosis`), within the check's own allowances. Once per workload (the
     first failing call), never on a passing call."""
-    if (loss_cmp.passed and cmp.passed) or "diagnosed" in run.state:
-        return None
+    if (loss_cmp.passed and cmp.passed) or "diagnosed" in run.state or cmp.single is None:
+        return None  # (the diagnosis knows GRPO over logits: one gradient)
     run.state["diagnosed"] = call.label
     try:
         found = diagnose(call.slot.pristine, run.model.params, call.loss, call.grad, loss_cmp.allowed,
@@ -103,8 +119,8 @@ def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[st
 
 def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str) -> None:
     """One check judged by loss and gradient against the reference (upstream scalar applied)."""
-    if call.grad_desc is None:
-        why = call.skipped_backward or "backward left no gradient on logits"
+    if call.missing:
+        why = call.skipped_backward or f"backward left no gradient on {', '.join(call.missing)}"
         run.book.record(check, call.label, False, f"call {call.label} ({how}): no gradient: {why}",
                         {"how": how, "loss": call.loss_desc})
         return
@@ -115,30 +131,50 @@ def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str)
         {"how": how, "upstream": call.upstream, "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
 
 
+def _described(call: Call) -> Any:
+    """The worker's description of the gradient (one), or of each gradient by name (several)."""
+    return call.grad_desc if len(call.grads) == 1 else {name: call.grad_descs.get(name) for name in call.grads}
+
+
+def _per_gradient(call: Call, count) -> tuple[int, str]:
+    """(total of `count` over the call's gradients that backward produced, "" or " (<name> n, ...)"
+    naming each gradient with a non-zero count when there are several)."""
+    counts = {name: count(g) for name, g in call.grads.items() if call.grad_descs.get(name) is not None}
+    named = [f"{name} {n}" for name, n in counts.items() if n] if len(call.grads) > 1 else []
+    return sum(counts.values()), f" ({', '.join(named)})" if named else ""
+
+
 def finite(run: WorkloadConformance, call: Call) -> None:
-    nan = count_where(call.grad, torch.isnan) if call.grad_desc is not None else 0
-    inf = count_where(call.grad, torch.isinf) if call.grad_desc is not None else 0
+    nan, nan_where = _per_gradient(call, lambda g: count_where(g, torch.isnan))
+    inf, inf_where = _per_gradient(call, lambda g: count_where(g, torch.isinf))
     loss_ok = math.isfinite(call.loss) or call.loss_desc is None
     ok = nan == 0 and inf == 0 and loss_ok
     run.book.record("finite", call.label, ok, f"call {call.label}: " + (
-        "all outputs finite" if ok else f"gradient has {nan} NaN and {inf} Inf; loss {call.loss}"),
+        "all outputs finite" if ok else f"gradient has {nan} NaN{nan_where} and {inf} Inf{inf_where}; loss {call.loss}"),
         {"gradient_nan": nan, "gradient_inf": inf, "loss": json_float(call.loss)})
 
 
 def finite_under_poison(run: WorkloadConformance, call: Call) -> None:
-    nan = count_where(call.grad, torch.isnan)  # the 0xFF poison reads as NaN in every float dtype
+    # the 0xFF poison reads as NaN in every float dtype; a gradient backward never gave counts in full
+    nan = sum(count_where(g, torch.isnan) for g in call.grads.values())
+    where = [f"{n} {count_where(g, torch.isnan)}" for n, g in call.grads.items()
+             if len(call.grads) > 1 and count_where(g, torch.isnan)]
     ok = nan == 0 and math.isfinite(call.loss)
     run.book.record("stale-output", call.label, ok,
                     "no NaN after the allocator was poisoned with NaN" if ok else
-                    f"{nan} gradient elements still hold the NaN poison: never written",
+                    f"{nan} gradient elements still hold the NaN poison: never written"
+                    + (f" ({', '.join(where)})" if where else ""),
                     {"poison": "0xFF bytes (NaN)", "gradient_nan": nan, "loss": json_float(call.loss)})
 
 
 def stale_huge(run: WorkloadConformance, b: Call) -> None:
     loss_cmp, grad_cmp = run.judge(b)
-    hits = poison_hits(b.grad, POISON_BYTES["huge"])
+    each = {name: poison_hits(g, POISON_BYTES["huge"]) for name, g in b.grads.items()}
+    hits = sum(each.values())
+    where = [f"{n} {k}" for n, k in each.items() if k] if len(each) > 1 else []
     ok = loss_cmp.passed and grad_cmp.passed and grad_cmp.nan == 0 and hits == 0
-    why = (f"{hits} gradient elements hold the allocator's 0x7B poison: never written" if hits else
+    why = (f"{hits} gradient elements hold the allocator's 0x7B poison: never written"
+           + (f" ({', '.join(where)})" if where else "") if hits else
            "outputs depend on what the allocator held: " + describe_outputs(loss_cmp, grad_cmp))
     run.book.record("stale-output", b.label, ok, "outputs match the reference under both poisons" if ok else why,
                     {"poison": "0x7B bytes (huge finite)", "poison_hits": hits,
@@ -146,7 +182,7 @@ def stale_huge(run: WorkloadConformance, b: Call) -> None:
 
 
 def fresh(run: WorkloadConformance, call: Call, how: str) -> None:
-    if call.grad_desc is None:
+    if call.missing:
         return
     loss_cmp, cmp = run.judge(call)
     ok = cmp.passed and loss_cmp.passed
@@ -155,9 +191,20 @@ def fresh(run: WorkloadConformance, call: Call, how: str) -> None:
         {"how": how, "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
 
 
-def determinism(run: WorkloadConformance, g_a: torch.Tensor, loss_a: float, b: Call) -> None:
-    same = bitwise_equal(g_a, b.grad) and (loss_a == b.loss or (math.isnan(loss_a) and math.isnan(b.loss)))
-    evidence = {"bitwise_equal": same, "max_abs_diff": json_float(max_abs_diff(g_a, b.grad)),
+def _by_name(g: torch.Tensor | dict[str, torch.Tensor], call_grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An earlier call's gradient(s) by name: a bare tensor is the only gradient's."""
+    if isinstance(g, dict):
+        return g
+    (name,) = call_grads
+    return {name: g}
+
+
+def determinism(run: WorkloadConformance, g_a: torch.Tensor | dict[str, torch.Tensor], loss_a: float, b: Call) -> None:
+    """`g_a`: call A's gradient (one) or gradients by name, compared with call B's each by name."""
+    g_a = _by_name(g_a, b.grads)
+    same = all(bitwise_equal(g_a[n], g) for n, g in b.grads.items()) and (
+        loss_a == b.loss or (math.isnan(loss_a) and math.isnan(b.loss)))
+    evidence = {"bitwise_equal": same, "max_abs_diff": json_float(max(max_abs_diff(g_a[n], g) for n, g in b.grads.items())),
                 "loss_abs_diff": json_float(abs(loss_a - b.loss))}
     run.book.record("determinism", "A/B", True, "bitwise equal across identical calls" if same else
                     f"not bitwise deterministic: max difference {evidence['max_abs_diff']}", evidence)
@@ -184,12 +231,15 @@ def reread_first(run: WorkloadConformance, when: str) -> None:
             raise WorkerGone(failure) from None
         return
     loss_now = float(run.out2.loss[0])
-    diff = first_difference(run.out2.grad, g_a)
+    g_a = _by_name(g_a, run.out2.grads)
+    diffs = {n: first_difference(g, g_a[n]) for n, g in run.out2.grads.items()}
+    diffs = {n: d for n, d in diffs.items() if d is not None}
+    diff = next(iter(diffs.values())) if len(run.out2.grads) == 1 and diffs else (diffs or None)
     loss_changed = not (loss_now == loss_a or (math.isnan(loss_now) and math.isnan(loss_a)))
-    ok = diff is None and not loss_changed
+    ok = not diffs and not loss_changed
     what = []
-    if diff is not None:
-        what.append(f"{diff['differing']} gradient elements")
+    for n, d in diffs.items():
+        what.append(f"{d['differing']} gradient elements" + (f" of {n}" if len(run.out2.grads) > 1 else ""))
     if loss_changed:
         what.append(f"the loss ({loss_a!r} -> {loss_now!r})")
     run.book.record("no-output-reuse", when, ok, f"outputs of call A unchanged {when}" if ok else

@@ -18,7 +18,7 @@ def _finish(run: WorkloadConformance, label: str, slot: InputSlot, c: float, ski
     if exported is None:
         return
     report = exported["report"]
-    call = Call(label, slot, c, float(run.out1.loss[0]), report.get("loss"), report.get("grad"), run.out1.grad,
+    call = Call(label, slot, c, float(run.out1.loss[0]), report.get("loss"), report.get("grads") or {}, run.out1.grads,
                 skipped.get(label), exported["kept"])
     run.aliasing(label, report)
     J.finite(run, call)
@@ -164,7 +164,7 @@ def retained_graph(run: WorkloadConformance, c1: float, c2: float) -> None:
         if first:  # its outputs are replaced by the second backward's: nothing to re-read at the end
             run.kept = [k for k in run.kept if k.label != label]
         report = exported["report"]
-        call = Call(label, run.P, c, float(run.out1.loss[0]), report.get("loss"), report.get("grad"), run.out1.grad,
+        call = Call(label, run.P, c, float(run.out1.loss[0]), report.get("loss"), report.get("grads") or {}, run.out1.grads,
                     skipped.get(label), exported["kept"])
         J.finite(run, call)
         J.versus_reference(run, check, call, "first backward, retain_graph=True" if first else
@@ -197,7 +197,7 @@ def repeated_calls(run: WorkloadConformance) -> None:
     # Slots of their own: input-cases (K) holds a workload-sized set by now.
     if "RCI" not in run.extra_slots:
         run.RCI = InputSlot.create(run.session, "RCI", small.shapes, run.dtypes)
-        run.RCO = OutputSlot.create(run.session, "RCO", small.shapes["logits"], run.dtypes["logits"])
+        run.RCO = OutputSlot.for_spec(run.session, "RCO", run.spec, small.shapes, run.dtypes)
         run.extra_slots += ["RCI", "RCO"]
     exercised(run, "repeated-calls")
     saved = run.rw, run.seq_next, run.vocab
@@ -225,9 +225,9 @@ def repeated_calls(run: WorkloadConformance) -> None:
             if changed and mutated is None:
                 mutated = {"call": i + 1, "changes": changed}
             report = exported["report"]
-            call = Call(label, run.RCI, 1.0, float(run.RCO.loss[0]), report.get("loss"), report.get("grad"), run.RCO.grad,
+            call = Call(label, run.RCI, 1.0, float(run.RCO.loss[0]), report.get("loss"), report.get("grads") or {}, run.RCO.grads,
                         skipped.get(label))
-            if call.grad_desc is None:
+            if call.missing:
                 bad.append({"call": i + 1, "why": call.skipped_backward or "no gradient"})
                 continue
             loss_cmp, cmp = run.judge(call)

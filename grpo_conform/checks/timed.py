@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_conform.checks.buffers import InputSlot, OutputSlot
+from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient
 from grpo_conform.compare import GradientComparator, compare_loss, json_float
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.floors import Floor, below_floor
@@ -85,7 +85,7 @@ class WorkloadTiming:
         k = max(2, min(self.settings.buffer_sets, int(0.3 * free // max(1, set_bytes)) - 1))
         self.sets = [InputSlot.create(self.session, f"T{j}", rw.shapes, dtypes) for j in range(k)]
         self.warm = InputSlot.create(self.session, "TW", rw.shapes, dtypes)
-        self.out = OutputSlot.create(self.session, "TO", rw.shapes["logits"], dtypes["logits"])
+        self.out = OutputSlot.for_spec(self.session, "TO", self.spec, rw.shapes, dtypes)
         self.session.request(op="time_setup", flush_bytes=flush_bytes_for(self.device))
         timings, findings = [], {name: [] for name in ("timed-outputs", "timing-floor", "side-stream", "caching")}
         try:
@@ -116,6 +116,7 @@ class WorkloadTiming:
         wall0 = time.perf_counter_ns()
         reply = self.session.request(op="time", sets=names, protocol=protocol, warm=warm or self.warm.name,
                                      copy_from=copy_from, outputs=self.out.name if copy_from else None,
+                                     gradients=[g.input for g in self.spec.gradients],
                                      upstream=self.upstream_for(protocol))
         return reply["results"], time.perf_counter_ns() - wall0
 
@@ -238,8 +239,10 @@ class WorkloadTiming:
         ok = loss_cmp.passed
         if protocol != "forward":
             c = self.upstream_for(protocol)
+            # Today's reference has one gradient, the spec's only one (GRPO over logits), compared by its name.
+            name = only_gradient(self.spec)
             cmp = GradientComparator(self.tol.gradient, self.rw.axes["seq_next"], self.rw.shapes["logits"][-1])
-            flat = self.out.grad.view(-1, cmp.vocab)
+            flat = self.out.grads[name].view(-1, cmp.vocab)
             z = x["logits"].reshape(-1, cmp.vocab)
             for chunk in model.gradient(x):
                 scale = chunk.scale * abs(c)

@@ -12,6 +12,9 @@ Adding a reply for a new worker op is one small class and one line in `REPLIES`:
         things: Annotated[list[Count], Field(max_length=64)]
 
     REPLIES["foo"] = FooReply
+
+and, beside it, the handler in worker.OPS and a row in docs/architecture.md's "Worker protocol"
+table (tests/test_worker_protocol.py holds the three and the parent's sends together).
 """
 
 from __future__ import annotations
@@ -80,22 +83,6 @@ class Described(_Strict):
 StorageRange = Annotated[list[Address], Field(min_length=2, max_length=2)]
 
 
-class CallReport(_Strict):
-    loss: Optional[Described]
-    grad: Optional[Described]
-    backward_skipped: Optional[LongText] = None
-    storage: Annotated[dict[ShortText, Optional[StorageRange]], Field(max_length=64)]
-
-
-class ForwardDone(_Strict):
-    status: Literal["forward-done"]
-    loss: Optional[Described]
-
-
-class CallDone(Ok):
-    report: CallReport
-
-
 class ForwardReply(Ok):
     loss: Optional[Described]
 
@@ -106,8 +93,8 @@ class BackwardReply(Ok):
 
 class ExportReport(_Strict):
     loss: Optional[Described]
-    grad: Optional[Described]
-    storage: Annotated[dict[ShortText, Optional[StorageRange]], Field(max_length=64)]
+    grads: Annotated[dict[ShortText, Optional[Described]], Field(max_length=16)]  # by differentiable input
+    storage: Annotated[dict[ShortText, Optional[StorageRange]], Field(max_length=64)]  # inputs, loss, "grad:<name>"
 
 
 class ExportReply(Ok):
@@ -126,20 +113,16 @@ class TimeReply(Ok):
     results: Annotated[list[TimedCall], Field(max_length=100_000)]
 
 
-#: The reply each op must get (phases of a two-step op as "op:phase").
+#: The reply each worker op must get (docs/architecture.md, "Worker protocol").
 REPLIES: dict[str, type[_Strict]] = {
     "load": LoadReply,
     "bind": Ok,
     "unbind": Ok,
-    "call:forward": ForwardDone,
-    "call": CallDone,
     "forward": ForwardReply,
     "backward": BackwardReply,
     "export": ExportReply,
     "reexport": Ok,
     "drop": Ok,
-    "reread": Ok,
-    "release": Ok,
     "time_setup": Ok,
     "time": TimeReply,
 }

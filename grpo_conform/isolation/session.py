@@ -470,13 +470,3 @@ class WorkerSession:
                     os.chown("/dev/shm" + counter, self.identity.uid, self.identity.gid)
         self._send({"op": "bind", "slot": slot, "tensors": tensors, "nfds": len(fds)}, fds)
         self.receive(op="bind")
-
-    def call(self, inputs: str, outputs: str | None, mode: str, poison: str | None = None,
-             keep: str | None = None, after_forward=None) -> dict[str, Any]:
-        """One call; `after_forward(loss_description)` runs in the parent between forward and backward."""
-        self._send({"op": "call", "inputs": inputs, "outputs": outputs, "mode": mode, "poison": poison, "keep": keep})
-        first = self.receive(op="call:forward")
-        if after_forward is not None:
-            after_forward(first.get("loss"))
-        self._send({"op": "continue"})
-        return self.receive(op="call")["report"]

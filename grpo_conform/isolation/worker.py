@@ -3,14 +3,17 @@
 It holds no reference, no seeds and no keys; it makes no verdict. It only:
 - maps the input buffers the parent shared (so the parent sees any write to them),
 - poisons its allocator right before a call (stale or partial outputs then show),
-- calls `entry(**inputs, **parameters)`, then `loss.backward()`,
-- reports metadata (types, dtypes, shapes, storage ranges) as JSON and copies the outputs into
-  output buffers the parent shared,
-- keeps earlier outputs alive on request, so the parent can see whether a later call changed them.
+- makes every input the parent names in a call (the spec's `gradients`) a leaf that requires grad,
+  calls `entry(**inputs, **parameters)`, then backpropagates an upstream scalar,
+- reports metadata (types, dtypes, shapes, storage ranges) as JSON and copies the loss and one
+  gradient per differentiable input (`{name: grad}`) into output buffers the parent shared,
+- keeps earlier outputs alive until dropped, so the parent can see whether a later call changed them.
 
 Everything it says can in principle be forged by the code it runs; the parent therefore decides
 from data it reads itself wherever it can (inputs, output values) and treats the reports as
-diagnostics. Protocol: length-prefixed JSON messages over a socket passed as a file descriptor.
+diagnostics. Protocol: length-prefixed JSON messages over a socket passed as a file descriptor;
+the operations are those in `OPS` (docs/architecture.md, "Worker protocol", tested against it); any
+other op is refused with an error reply: the process that runs untrusted code offers nothing more.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ def spin_cycles_for(enqueue_ns: int) -> int:
     return int(min(MAX_SPIN_CYCLES, max(PRE_SPIN_CYCLES, enqueue_ns * SPIN_CYCLES_PER_NS)))
 
 
+GRAD_PREFIX = "grad:"  # an output slot's buffer for the gradient of input `name` is "grad:<name>"
+
+
 class _Worker:
     def __init__(self, conn: Connection, sock: socket.socket | None = None):
         self.conn, self.sock = conn, sock
@@ -47,7 +53,6 @@ class _Worker:
         self.params: dict[str, Any] = {}
         self.device = "cpu"
         self.slots: dict[str, dict[str, Any]] = {}
-        self.kept: dict[str, tuple[Any, Any]] = {}
         self.calls: dict[str, dict[str, Any]] = {}
         self.flush_buffer = None
 
@@ -61,12 +66,18 @@ class _Worker:
     def serve(self) -> None:
         while True:
             msg = self.recv()
-            op = msg.pop("op")
+            op = msg.pop("op", None)
             if op == "exit":
                 return
-            handler = getattr(self, f"op_{op}")
+            handler = OPS.get(op) if isinstance(op, str) else None
+            if handler is None:  # only what a parent sends: no other entry into this process
+                self.send(status="error", error={
+                    "type": "UnknownOperation", "phase": "protocol",
+                    "message": f"the worker has no operation {str(op)[:80]!r}; it accepts {', '.join(sorted(OPS))} "
+                               "and exit (docs/architecture.md, Worker protocol)"})
+                continue
             try:
-                handler(**msg)
+                handler(self, **msg)
             except _CallError as exc:
                 self.send(status="error", error=exc.info)
             except Exception as exc:  # a bug in the harness itself: report, keep serving
@@ -115,77 +126,44 @@ class _Worker:
         self.slots.pop(slot, None)
         self.send(status="ok")
 
-    def op_call(self, inputs: str, outputs: str | None, mode: str, poison: str | None, keep: str | None) -> None:
-        import torch
-
-        shared = self.slots[inputs]
-        if poison:
-            self._poison(poison, shared)
-        logits = shared["logits"].detach()
-        if mode == "full":
-            logits.requires_grad_(True)
-        args = {name: (logits if name == "logits" else t) for name, t in shared.items()}
-        grad_ctx = torch.enable_grad() if mode == "full" else torch.no_grad()
-        with grad_ctx:
-            loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
-        self._sync("forward")
-        self.send(status="forward-done", loss=_describe(loss))
-        if self.recv().get("op") != "continue":
-            return
-        grad, skipped = None, None
-        if mode == "full":
-            # A loss autograd cannot differentiate is a contract failure the parent reports, not a crash.
-            if not isinstance(loss, torch.Tensor):
-                skipped = "the loss is not a torch.Tensor"
-            elif loss.numel() != 1:
-                skipped = f"the loss has {loss.numel()} elements, not one"
-            elif not loss.requires_grad:
-                skipped = "the loss does not require grad: autograd cannot differentiate it w.r.t. logits"
-            else:
-                if poison:  # backward allocates the gradient: poison again right before it
-                    self._poison(poison, shared)
-                self._guarded("backward", lambda: loss.backward())
-                self._sync("backward")
-                grad = logits.grad
-        report = {"loss": _describe(loss), "grad": _describe(grad), "backward_skipped": skipped, "storage": {}}
-        for name, t in shared.items():
-            report["storage"][name] = _storage_range(t)
-        report["storage"]["loss"] = _storage_range(loss)
-        report["storage"]["grad"] = _storage_range(grad)
-        if outputs is not None:
-            self._copy_out(self.slots[outputs], loss, grad)
-        if keep is not None:
-            self.kept[keep] = (loss, grad)
-        self.send(status="ok", report=report)
-
-    # -- the v2 call ops: forward, backward and export as separate steps -------------------
+    # -- a call: forward, backward and export as separate steps ------------------------------
     # The parent drives a call as forward -> (inspect inputs) -> backward -> export, so that it
     # can hold several graphs at once (two forwards before one backward), backpropagate any
-    # upstream scalar, through torch.autograd.backward or torch.autograd.grad, from a leaf or a
-    # non-leaf view of the logits. Every call's outputs stay alive here until released, so the
-    # parent can re-read them at the end of a workload (a ring of reused buffers shows there).
-    def op_forward(self, call: str, inputs: str, params: dict, grad: bool, leaf: str = "leaf",
-                   poison: str | None = None, inference: bool = False) -> None:
+    # upstream scalar, through torch.autograd.backward or torch.autograd.grad, from leaves or
+    # non-leaf views of the differentiable inputs. Every call's outputs stay alive here until
+    # dropped, so the parent can re-read them at the end of a workload (a ring of reused buffers
+    # shows there).
+    @staticmethod
+    def _leaves(shared: dict[str, Any], gradients: list[str], grad: bool, leaf: str = "leaf") -> tuple[dict, dict]:
+        """({name: leaf}, the call's arguments): each differentiable input (`gradients`, named by the
+        parent) detached from the shared buffer (a leaf of its own), requiring grad when `grad`;
+        `leaf` "view" passes a view of it (no .grad of its own), "affine" a new non-leaf tensor
+        computed from it."""
+        leaves = {name: shared[name].detach() for name in gradients}
+        passed = dict(leaves)
+        if grad:
+            for name, base in leaves.items():
+                base.requires_grad_(True)
+                if leaf == "view":
+                    passed[name] = base[..., :]
+                elif leaf == "affine":
+                    passed[name] = base * 1.0
+        return leaves, {name: passed.get(name, t) for name, t in shared.items()}
+
+    def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
+                   leaf: str = "leaf", poison: str | None = None, inference: bool = False) -> None:
         import torch
 
         shared = self.slots[inputs]
         if poison:
-            self._poison(poison, shared)
-        base = shared["logits"].detach()
-        x = base
-        if grad:
-            base.requires_grad_(True)
-            if leaf == "view":
-                x = base[..., :]  # a view of the leaf: no .grad of its own
-            elif leaf == "affine":
-                x = base * 1.0  # a new non-leaf tensor computed from the leaf
-        args = {name: (x if name == "logits" else t) for name, t in shared.items()}
+            self._poison(poison, shared, gradients)
+        leaves, args = self._leaves(shared, gradients, grad, leaf)
         # inference: torch.inference_mode (a serving or evaluation loop), a stricter no_grad
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         with grad_ctx:
             loss = self._guarded("forward", lambda: self.entry(**args, **params))
         self._sync("forward")
-        self.calls[call] = {"loss": loss, "leaf": base, "grad": None, "inputs": inputs}
+        self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients)}
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
@@ -193,7 +171,7 @@ class _Worker:
         import torch
 
         skipped: dict[str, str] = {}
-        losses, grads_in, leaves, names = [], [], [], []
+        losses, grads_in, names = [], [], []
         for name, c in zip(calls, upstream):
             entry = self.calls[name]
             loss = entry["loss"]
@@ -203,67 +181,60 @@ class _Worker:
             elif loss.numel() != 1:
                 skipped[name] = f"the loss has {loss.numel()} elements, not one"
             elif not loss.requires_grad:
-                skipped[name] = "the loss does not require grad: autograd cannot differentiate it w.r.t. logits"
+                skipped[name] = ("the loss does not require grad: autograd cannot differentiate it w.r.t. "
+                                 + ", ".join(entry["names"]))
             else:
                 losses.append(loss)
                 grads_in.append(torch.full_like(loss.detach(), float(c)))
-                leaves.append(entry["leaf"])
                 names.append(name)
         if losses:
-            if poison:  # backward allocates the gradient: poison right before it
-                self._poison(poison, self.slots[self.calls[names[0]]["inputs"]])
+            if poison:  # backward allocates the gradients: poison right before it
+                first = self.calls[names[0]]
+                self._poison(poison, self.slots[first["inputs"]], first["names"])
+            # Every (call, input) leaf, in one flat list for torch.autograd.grad.
+            pairs = [(name, key, leaf) for name in names for key, leaf in self.calls[name]["leaves"].items()]
             if method == "autograd.grad":
                 grads = self._guarded("backward", lambda: torch.autograd.grad(
-                    losses, leaves, grads_in, allow_unused=True, retain_graph=retain))
+                    losses, [leaf for _, _, leaf in pairs], grads_in, allow_unused=True, retain_graph=retain))
             else:
                 self._guarded("backward", lambda: torch.autograd.backward(losses, grads_in, retain_graph=retain))
-                grads = [leaf.grad for leaf in leaves]
+                grads = [leaf.grad for _, _, leaf in pairs]
             self._sync("backward")
-            for name, g in zip(names, grads):
-                self.calls[name]["grad"] = g
+            for (name, key, _), g in zip(pairs, grads):
+                self.calls[name]["grads"][key] = g
+            for name in names:
                 self.calls[name]["retained"] = retain  # a second backward through this graph follows
         self.send(status="ok", skipped=skipped)
 
     def op_export(self, call: str, outputs: str, keep: bool = True) -> None:
         entry = self.calls[call]
-        loss, grad = entry["loss"], entry["grad"]
+        loss, grads = entry["loss"], entry["grads"]
         shared = self.slots[entry["inputs"]]
-        report = {"loss": _describe(loss), "grad": _describe(grad), "storage": {}}
+        report = {"loss": _describe(loss), "grads": {name: _describe(grads.get(name)) for name in entry["names"]},
+                  "storage": {}}
         for name, t in shared.items():
             report["storage"][name] = _storage_range(t)
         report["storage"]["loss"] = _storage_range(loss)
-        report["storage"]["grad"] = _storage_range(grad)
-        self._copy_out(self.slots[outputs], loss, grad)
+        for name in entry["names"]:
+            report["storage"][GRAD_PREFIX + name] = _storage_range(grads.get(name))
+        self._copy_out(self.slots[outputs], loss, grads)
         self._sync("export")
         if keep:
-            if not entry.get("retained"):  # a retained graph is backpropagated again from this leaf
-                entry["leaf"] = None  # outputs stay alive; the inputs' tensor objects need not
+            if not entry.get("retained"):  # a retained graph is backpropagated again from these leaves
+                entry["leaves"] = {}  # outputs stay alive; the inputs' tensor objects need not
         else:
             del self.calls[call]
         self.send(status="ok", report=report)
 
     def op_reexport(self, call: str, outputs: str) -> None:
         entry = self.calls[call]
-        self._copy_out(self.slots[outputs], entry["loss"], entry["grad"])
-        self._sync("reread")
+        self._copy_out(self.slots[outputs], entry["loss"], entry["grads"])
+        self._sync("reexport")
         self.send(status="ok")
 
     def op_drop(self, calls: list[str] | None = None) -> None:
         for name in (list(self.calls) if calls is None else calls):
             self.calls.pop(name, None)
-        self.send(status="ok")
-
-    def op_reread(self, keep: str, outputs: str) -> None:
-        loss, grad = self.kept[keep]
-        self._copy_out(self.slots[outputs], loss, grad)
-        self._sync("reread")
-        self.send(status="ok")
-
-    def op_release(self, keep: str | None = None) -> None:
-        if keep is None:
-            self.kept.clear()
-        else:
-            self.kept.pop(keep, None)
         self.send(status="ok")
 
     def op_time_setup(self, flush_bytes: int) -> None:
@@ -275,7 +246,7 @@ class _Worker:
         self.send(status="ok")
 
     def op_time(self, sets: list[str], protocol: str, warm: str | None, copy_from: str | None,
-                outputs: str | None, upstream: float = 1.0) -> None:
+                outputs: str | None, gradients: list[str], upstream: float = 1.0) -> None:
         """Timed calls back to back, one per input set: an untimed call on `warm` first (the GPU
         and its clocks busy again after the parent rewrote the inputs), then for each set: flush
         L2, events on the current stream around the call, a device-wide synchronize."""
@@ -284,12 +255,12 @@ class _Worker:
             # The untimed call measures how long the host takes to enqueue one call (autograd's
             # backward thread included); the timed calls then start behind at least 1.5x that
             # much GPU work, so host overhead stays off the clock for every implementation alike.
-            spin = spin_cycles_for(self._timed_call(warm, protocol, None, spin, upstream)["enqueue_ns"])
-        results = [self._timed_call(name, protocol, outputs if name == copy_from else None, spin, upstream)
+            spin = spin_cycles_for(self._timed_call(warm, protocol, None, spin, gradients, upstream)["enqueue_ns"])
+        results = [self._timed_call(name, protocol, outputs if name == copy_from else None, spin, gradients, upstream)
                    for name in sets]
         self.send(status="ok", results=results)
 
-    def _timed_call(self, inputs: str, protocol: str, outputs: str | None, spin: int,
+    def _timed_call(self, inputs: str, protocol: str, outputs: str | None, spin: int, gradients: list[str],
                     upstream: float = 1.0) -> dict[str, int]:
         """One timed call. Before the start event the GPU is kept busy (a spin of `spin` cycles,
         then the L2 flush), so the CPU cost of launching the call's kernels is hidden as in a
@@ -299,11 +270,8 @@ class _Worker:
         import torch
 
         shared = self.slots[inputs]
-        logits = shared["logits"].detach()
-        args = {name: (logits if name == "logits" else t) for name, t in shared.items()}
-        loss = grad = None
-        if protocol != "forward":
-            logits.requires_grad_(True)
+        leaves, args = self._leaves(shared, gradients, protocol != "forward")
+        loss = None
         if protocol == "backward":  # forward runs untimed first
             loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
         torch.cuda.synchronize()
@@ -331,14 +299,14 @@ class _Worker:
         enqueued = time.perf_counter_ns()
         self._sync("timed call")
         wall1 = time.perf_counter_ns()
-        grad = logits.grad if protocol != "forward" else None
+        grads = {name: leaf.grad for name, leaf in leaves.items()} if protocol != "forward" else {}
         event_ns = int(round(start.elapsed_time(end) * 1e6))
         pre_ns = int(round(pre.elapsed_time(start) * 1e6))
         peak = torch.cuda.max_memory_allocated() - base
         if outputs is not None:
-            self._copy_out(self.slots[outputs], loss, grad)
+            self._copy_out(self.slots[outputs], loss, grads)
             self._sync("copy")
-        del loss, grad
+        del loss, grads, leaves
         return {"event_ns": event_ns, "wall_ns": max(0, wall1 - wall0 - pre_ns), "pre_ns": pre_ns,
                 "enqueue_ns": enqueued - wall0, "peak_bytes": int(peak)}
 
@@ -361,21 +329,23 @@ class _Worker:
             sys.stderr.flush()
             os._exit(70)
 
-    def _poison(self, kind: str, shared: dict[str, Any]) -> None:
+    def _poison(self, kind: str, shared: dict[str, Any], gradients: list[str]) -> None:
         """Fill blocks of every size with a byte pattern and free them, so the next allocations
         (of any size) start poisoned instead of holding stale values.
 
         Small blocks of a geometric series of sizes use up the allocator's free lists (glibc bins
-        on the CPU, torch's small and large pools on CUDA); one large block covers big outputs.
+        on the CPU, torch's small and large pools on CUDA); one large block covers big outputs
+        (sized by the largest differentiable input: its gradient is that size).
         CUDA: torch's caching allocator hands the freed blocks to the next allocations. CPU: the
         worker runs with glibc's mmap threshold raised (see session.worker_environment), so large
         allocations come from the heap and reuse freed blocks instead of fresh zero pages.
         """
         import torch
 
-        logits = shared["logits"]
-        nbytes = logits.numel() * logits.element_size()
-        device = logits.device
+        sized = [shared[n] for n in gradients if n in shared] or list(shared.values())
+        largest = max(sized, key=lambda t: t.numel() * t.element_size())
+        nbytes = largest.numel() * largest.element_size()
+        device = largest.device
         blocks = []
         size = 512
         while size <= min(4 * nbytes, 64 << 20):
@@ -392,17 +362,38 @@ class _Worker:
             block.fill_(POISON_BYTES[kind])
         del blocks
 
-    def _copy_out(self, slot: dict[str, Any], loss, grad) -> None:
+    def _copy_out(self, slot: dict[str, Any], loss, grads: dict[str, Any]) -> None:
+        """The loss into slot["loss"], each gradient into its own buffer; NaN where there is none
+        (or its shape is wrong: the parent's contract check reports the shape)."""
         import torch
 
         if isinstance(loss, torch.Tensor) and loss.numel() >= 1:
             slot["loss"].copy_(loss.detach().reshape(-1)[:1].to(torch.float64))
         else:
             slot["loss"].fill_(float("nan"))
-        if isinstance(grad, torch.Tensor) and tuple(grad.shape) == tuple(slot["grad"].shape):
-            slot["grad"].copy_(grad.detach())
-        else:
-            slot["grad"].fill_(float("nan"))
+        for key, buffer in slot.items():
+            if not key.startswith(GRAD_PREFIX):
+                continue
+            grad = grads.get(key[len(GRAD_PREFIX):])
+            if isinstance(grad, torch.Tensor) and tuple(grad.shape) == tuple(buffer.shape):
+                buffer.copy_(grad.detach())
+            else:
+                buffer.fill_(float("nan"))
+
+
+#: The operations a parent sends (`exit` aside, handled by the loop); nothing else is dispatched.
+OPS = {
+    "load": _Worker.op_load,
+    "bind": _Worker.op_bind,
+    "unbind": _Worker.op_unbind,
+    "forward": _Worker.op_forward,
+    "backward": _Worker.op_backward,
+    "export": _Worker.op_export,
+    "reexport": _Worker.op_reexport,
+    "drop": _Worker.op_drop,
+    "time_setup": _Worker.op_time_setup,
+    "time": _Worker.op_time,
+}
 
 
 class _CallError(Exception):
