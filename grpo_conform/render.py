@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_conform.ops.grpo_logits.declared_cases import merge_exercised, workload_exercised
+from grpo_conform.gate.progress import not_run_label
 from grpo_conform.report.failures import failing, failure_lines
 from grpo_conform.report.spec_text import spec_text
 from grpo_conform.results import CheckReport, not_judged
@@ -87,8 +88,6 @@ def coverage_lines(impl) -> list[str]:
 def not_run_lines(impl) -> list[str]:
     """Per member, every workload that did not run, grouped by why (the summary line counts the same
     labels: gate.progress.not_run_label), so the table, the summary and --strict tell one story."""
-    from grpo_conform.gate.progress import not_run_label
-
     out = []
     for m in getattr(impl, "members", ()) or ():
         groups: dict[tuple[str, str], list[str]] = {}

@@ -16,7 +16,7 @@ from grpo_conform.ops import DEFAULT_OPERATION, OPERATIONS, UnknownOperation, op
 from grpo_conform.ops.grpo_logits.inputs import generate
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
 from grpo_conform.ops.interface import GradientGrouping
-from grpo_conform.spec_family import load_member
+from grpo_conform.spec import load_member
 
 from member_cases import FAMILY, make_inputs
 

@@ -14,8 +14,7 @@ from typing import Any
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.ops.grpo_logits.operation import GRPO_LOGITS
 from grpo_conform.ops.interface import Operation
-
-DEFAULT_OPERATION = "grpo-logits"
+from grpo_conform.spec import DEFAULT_OPERATION, Spec, operation_of
 
 OPERATIONS: dict[str, Operation] = {GRPO_LOGITS.name: GRPO_LOGITS}
 
@@ -26,7 +25,9 @@ class UnknownOperation(GrpoConformError):
 
 def operation_name(spec: Any) -> str:
     """The spec's operation; absent means grpo-logits (not part of any identity: see the module's note).
-    The one place that reads the field, so the spec model can gain it without touching the callers."""
+    A loaded Spec answers through `spec.operation_of`; other objects (test doubles) may carry the field."""
+    if isinstance(spec, Spec):
+        return operation_of(spec)
     return getattr(spec, "operation", None) or DEFAULT_OPERATION
 
 
