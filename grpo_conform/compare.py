@@ -313,6 +313,16 @@ class GradientComparisons:
     def __getitem__(self, name: str) -> GradientComparator:
         return self.by_name[name]
 
+    def __getattr__(self, attr: str):
+        # A single-gradient operation's comparisons read as that comparator (its fp32 log-prob
+        # terms, worst rows, ...); with several gradients, ask for one by name.
+        if attr.startswith("__") or attr == "by_name":
+            raise AttributeError(attr)
+        one = self.single
+        if one is None:
+            raise AttributeError(f"{attr!r}: the call has gradients {sorted(self.by_name)}; pick one by name")
+        return getattr(one, attr)
+
     @property
     def single(self) -> GradientComparator | None:
         return next(iter(self.by_name.values())) if len(self.by_name) == 1 else None

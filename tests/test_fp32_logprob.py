@@ -75,7 +75,8 @@ def _adversarial(run: WorkloadConformance, impl=None, upstream: float = 1.0) -> 
     leaf = x["logits"].detach().clone().requires_grad_(True)
     loss = (impl or PYTORCH.grpo_loss)(leaf, **{k: v for k, v in x.items() if k != "logits"}, **run.model.call_values)
     (loss * upstream).backward()
-    return Call("I#1", types.SimpleNamespace(pristine=x), upstream, float(loss.detach()), {}, {}, leaf.grad, None)
+    return Call("I#1", types.SimpleNamespace(pristine=x), upstream, float(loss.detach()), {}, {"logits": {}},
+                {"logits": leaf.grad}, None)
 
 
 @pytest.fixture(autouse=True)
