@@ -30,7 +30,7 @@ from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.provenance import device_info, software, utc_now
 from grpo_conform.results import (STRICT_KINDS, CheckOutcome, Coverage, ImplementationResult, MemberResult, NotRun,
-                                  WorkloadResult, implementation_status, worst_status)
+                                  WorkloadResult, worst_status)
 from grpo_conform.spec import Spec
 
 __all__ = ["CheckRequest", "CheckReport", "run_check", "resolve_device", "default_timeout"]
@@ -211,10 +211,38 @@ def _result(p: ImplPlan, members: list[MemberResult], worker: dict, status: str 
                                 status, message, flat, worker, tuple(members))  # type: ignore[arg-type]
 
 
+#: Outcomes that judge nothing the implementation computed: the static source scan is the same on
+#: every workload and is recorded even when no call ran.
+STATIC_CHECKS = frozenset({"tamper-scan"})
+
+
+def judged(w: WorkloadResult) -> bool:
+    """Whether a check judged a call of this workload (an outcome other than the static scan passed
+    or failed); a workload whose checks were all skipped (worker lost, out of memory) judged nothing."""
+    return any(o.check not in STATIC_CHECKS and (o.status == "pass" or o.failed) for o in w.outcomes)
+
+
+def member_status(workloads) -> str:
+    """failed if a workload failed; conformant only when at least one workload was judged; else
+    skipped. A member none of whose workloads was judged (a --deadline or an interrupt stopped them,
+    every one ran in another slot, every check was skipped) never reads as conformant: not in the
+    table, the JSON, the summary line, the record or the exit code (issue 27, seen with --jobs on
+    the H200)."""
+    workloads = tuple(workloads)
+    if any(w.failed for w in workloads):
+        return "failed"
+    return "conformant" if any(judged(w) for w in workloads) else "skipped"
+
+
 def member_message(status: str, workloads, coverage: Coverage) -> str:
     if status == "failed":
         failed = sorted({o.check for w in workloads for o in w.outcomes if o.failed})
         return f"failed: {', '.join(failed)}"
+    if status == "skipped":
+        why = next((n.reason for n in coverage.not_run if n.kind not in ("deselected", "device")), None)
+        ran = len(tuple(workloads))
+        return (f"not judged: none of its {coverage.total} workloads was judged"
+                + (f" ({ran} ran, every check skipped)" if ran else "") + (f"; {why}" if why else ""))
     scope = "every workload" if not coverage.not_run else f"the checked workloads ({coverage.checked} of " \
                                                         f"{coverage.total})"
     checks = f" (checks: {', '.join(coverage.checks)})" if coverage.checks else ""
@@ -225,7 +253,7 @@ def _member(mp: MemberPlan, status: str, message: str, workloads=(), not_run: tu
             checks: tuple[str, ...] = ()) -> MemberResult:
     cov = Coverage(tuple(w.workload for w in workloads), tuple(mp.not_run) + tuple(not_run), checks)
     if status == "":
-        status = implementation_status(tuple(workloads))
+        status = member_status(workloads)
         message = member_message(status, workloads, cov)
     return MemberResult(mp.spec, status, message, tuple(workloads), cov)  # type: ignore[arg-type]
 
