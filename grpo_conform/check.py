@@ -28,6 +28,7 @@ from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measu
 from grpo_conform.inputs import fresh_seed
 from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
+from grpo_conform.phases import PHASES
 from grpo_conform.provenance import device_info, software, utc_now
 from grpo_conform.results import (STRICT_KINDS, CheckOutcome, Coverage, ImplementationResult, MemberResult, NotRun,
                                   WorkloadResult, worst_status)
@@ -73,6 +74,7 @@ class CheckReport:
     notes: tuple[str, ...] = ()  # what the gate selected and why (changed-since, shard, slots)
     shard: tuple[int, int] | None = None
     parts: tuple["CheckReport", ...] = ()  # --gpus/--jobs: the slot reports (each with its own device)
+    phases: dict[str, Any] = field(default_factory=dict)  # where the wall time went (grpo_conform/phases.py)
 
     @property
     def strict_failures(self) -> list[str]:
@@ -122,6 +124,7 @@ class CheckReport:
             "parts": [{"device": p.device, "hardware": p.hardware, "started": p.started, "finished": p.finished,
                        "implementations": [i.path for i in p.implementations]} for p in self.parts],
             "exit_code": self.exit_code,
+            "phases": self.phases,
         }
 
 
@@ -173,6 +176,7 @@ def default_timeout(spec: Spec, workloads, device: torch.device) -> float:
 
 def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckReport:
     stop = run_stop(request)  # --deadline counts from here: the planning and the bandwidth probe included
+    PHASES.reset()
     device = resolve_device(request.device)
     if device.type == "cpu":
         # The parent's tensors are small (one workload's reference, chunked) and it alternates with the
@@ -191,7 +195,7 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
     results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
     return CheckReport(device_info(device), device.type == "cpu", results, plan.specs, started, utc_now(), software(),
-                       hardware, request.strict, plan.notes, request.shard)
+                       hardware, request.strict, plan.notes, request.shard, phases=PHASES.to_json())
 
 
 def run_stop(request: CheckRequest) -> Stop:
@@ -295,7 +299,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                     session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout,
                                             ctx.device.type == "cpu", sandbox=request.sandbox)
                     try:
-                        session.start()
+                        with PHASES("worker-start"):
+                            session.start()
                     except (ImplementationLoadError, WorkerFailure) as exc:
                         load_error = _load_message(p, exc)
                         ended = f"not run: the implementation did not load ({_first_line(load_error)})"
@@ -303,7 +308,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                         continue
                     worker_info.update(session.info)
                 started = time.monotonic()
-                result = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
+                with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
+                    result = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
                 results.append(result)
                 hung = next((o for o in result.outcomes if o.status == "timeout"), None)
                 bad = sorted({o.check for o in result.outcomes if o.failed})
@@ -355,7 +361,8 @@ def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request
     draws: dict[str, Any] = {}
     say(name, member, w.name, f"conformance {list(resolved.shapes['logits'])}")
     outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, profile=w.probes, draws=draws).run())
-    outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
+    with PHASES("scan"):
+        outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
     timings: list = []
     timed: list[CheckOutcome] = []
     if wants_timing(request.checks):
@@ -376,7 +383,8 @@ def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunCont
         return [], skipped_timing("the worker was lost before timing")
     say(name, member, w.name, f"timing {', '.join(ctx.timing.protocols)}")
     try:
-        return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved)).run()
+        with PHASES("timing"), PHASES.inclusive("probes", "timing"):
+            return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved)).run()
     except WorkerFailure as failure:
         return [], timing_failure_outcomes(failure)
 

@@ -14,6 +14,7 @@ import torch
 
 from grpo_conform.compare import first_difference
 from grpo_conform.isolation.session import WorkerSession
+from grpo_conform.phases import PHASES
 
 
 @dataclass
@@ -85,10 +86,11 @@ class InputSlot:
     def changes(self) -> dict[str, Any]:
         """Inputs whose bytes differ from the pristine copy, with where and how."""
         found = {}
-        for k, v in self.tensors.items():
-            diff = first_difference(v, self.pristine[k])
-            if diff is not None:
-                found[k] = diff
+        with PHASES("input-checks"):
+            for k, v in self.tensors.items():
+                diff = first_difference(v, self.pristine[k])
+                if diff is not None:
+                    found[k] = diff
         return found
 
 

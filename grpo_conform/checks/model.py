@@ -17,6 +17,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from grpo_conform import reference as ref
+from grpo_conform.phases import PHASES
 from grpo_conform.spec import Spec
 
 # Draw ranges for the frozen seed file's three parameters (it declares no domains).
@@ -87,6 +88,10 @@ class ReferenceModel:
         return ref.GrpoParameters.from_mapping(self.values)
 
     def loss(self, x: Mapping[str, torch.Tensor]) -> float:
+        with PHASES("judge"):
+            return self._loss(x)
+
+    def _loss(self, x: Mapping[str, torch.Tensor]) -> float:
         if _new_api():
             return ref.reference_loss(x, self.params)
         return ref.reference_loss(x["logits"], x["completion_ids"], x["advantages"], self.params)
