@@ -264,13 +264,27 @@ def _member(mp: MemberPlan, status: str, message: str, workloads=(), not_run: tu
 
 def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter,
                          stop: Stop) -> ImplementationResult:
-    name = p.impl.name
     if p.skip:  # missing requirement, device not declared, no runnable workload: decided by the plan
         return _result(p, [_member(m, "skipped", p.skip) for m in p.members], {}, "skipped", p.skip)
     if stop.reason:
         members = [_member(m, "skipped", stop.reason, not_run=tuple(NotRun(w.name, stop.reason, "stopped")
                                                                    for w in m.workloads)) for m in p.members]
         return _result(p, members, {}, "skipped", stop.reason)
+    # Untimed runs (the CPU, --no-timing) use one worker for every member: a start costs ~1.8 s of CPU
+    # (~10 s of wall time on a loaded 2-core machine), 11 of them per implementation before. The
+    # conformance calls pass every parameter per call; only the timed protocols use the member's
+    # values given at load, so timed runs keep one worker per member.
+    shared: list[WorkerSession] = [] if ctx.timing is None else None  # type: ignore[assignment]
+    try:
+        return _check_members(p, ctx, request, say, stop, shared)
+    finally:
+        for s in shared or ():
+            s.close()
+
+
+def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, stop: Stop,
+                   shared: list[WorkerSession] | None) -> ImplementationResult:
+    name = p.impl.name
     worker_info: dict[str, Any] = {"triton_interpreter": ctx.device.type == "cpu"}
     done: list[MemberResult] = []
     ended: str | None = None  # why the rest of this implementation does not run (hang, load error)
@@ -286,7 +300,11 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         worker_info["timeout_s"] = timeout
         results: list[WorkloadResult] = []
         not_run: list[NotRun] = []
-        session: WorkerSession | None = None
+        session: WorkerSession | None = shared.pop() if shared else None
+        if session is not None:
+            session.timeout = timeout
+            # repeated-calls runs once per worker process (checks/patterns.py): once per member here too
+            session.__dict__.pop("repeated_calls_made_in", None)
         try:
             for w in mp.workloads:
                 if ended or stop.reason:
@@ -328,7 +346,9 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 explored = explore_workload(session, mp.spec, request.explore, p.impl)
                 results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
         finally:
-            if session is not None:
+            if shared is not None and session is not None and session.alive:
+                shared.append(session)  # the next member's
+            elif session is not None:
                 session.close()
         if load_error and not results:
             done.append(_member(mp, "load-error", load_error, not_run=tuple(not_run)))
