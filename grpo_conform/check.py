@@ -270,11 +270,11 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         members = [_member(m, "skipped", stop.reason, not_run=tuple(NotRun(w.name, stop.reason, "stopped")
                                                                    for w in m.workloads)) for m in p.members]
         return _result(p, members, {}, "skipped", stop.reason)
-    # Untimed runs (the CPU, --no-timing) use one worker for every member: a start costs ~1.8 s of CPU
-    # (~10 s of wall time on a loaded 2-core machine), 11 of them per implementation before. The
-    # conformance calls pass every parameter per call; only the timed protocols use the member's
-    # values given at load, so timed runs keep one worker per member.
-    shared: list[WorkerSession] = [] if ctx.timing is None else None  # type: ignore[assignment]
+    # One worker serves every member of the implementation: a start costs ~1.8 s of CPU (~10 s of
+    # wall time on a loaded 2-core machine; torch and CUDA initialised again on a GPU), 11 of them
+    # per implementation before. Conformance calls pass their parameters with every call; the timed
+    # protocols get the member's declared values with `time_setup` (checks/timed.py).
+    shared: list[WorkerSession] = []
     try:
         return _check_members(p, ctx, request, say, stop, shared)
     finally:

@@ -34,3 +34,17 @@ def test_the_json_report_carries_the_phases():
     report = run_check(CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu", deadline=1e-9))
     phases = report.to_json()["phases"]
     assert phases["wall_s"] >= 0 and "other" in phases["exclusive_s"]
+
+
+def test_one_worker_serves_every_member():
+    """Members of one implementation share its worker (check.py): one start, each member judged."""
+    lines: list[str] = []
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
+                                    members=("token-offpolicy-mask", "bnpo-mask"), workloads=("mask-b1-long",)),
+                       progress=lines.append)
+    assert sum("starting worker" in line for line in lines) == 1, lines
+    (impl,) = report.implementations
+    assert [m.status for m in impl.members] == ["conformant", "conformant"]
+    phases = report.phases
+    assert phases["exclusive_s"]["worker"] > 0 and phases["counts"]["judge"] > 0
+    assert set(phases["workloads_s"]) == {"pytorch token-offpolicy-mask mask-b1-long", "pytorch bnpo-mask mask-b1-long"}

@@ -84,7 +84,9 @@ class WorkloadTiming:
         self.sets = [InputSlot.create(self.session, f"T{j}", rw.shapes, dtypes) for j in range(k)]
         self.warm = InputSlot.create(self.session, "TW", rw.shapes, dtypes)
         self.out = OutputSlot.create(self.session, "TO", rw.shapes["logits"], dtypes["logits"])
-        self.session.request(op="time_setup", flush_bytes=flush_bytes_for(self.device))
+        # The timed calls run at this member's declared values (the worker may have served another member)
+        self.session.request(op="time_setup", flush_bytes=flush_bytes_for(self.device),
+                             params=dict(self.spec.parameter_values))
         timings, findings = [], {name: [] for name in ("timed-outputs", "timing-floor", "side-stream", "caching")}
         try:
             for protocol in self.settings.protocols:
