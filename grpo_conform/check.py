@@ -9,6 +9,7 @@ timeout (the rest is reported as not run), so a hanging implementation costs one
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 import time
@@ -371,12 +372,26 @@ def _load_message(p: ImplPlan, exc: Exception) -> str:
     return f"{p.impl.path / 'implementation.toml'}: field 'entry': loading failed: {exc}" + (f"\n{tail}" if tail else "")
 
 
+class ScaleDraw(random.Random):
+    """Draws a ranged axis log-uniformly: every scale of the range is as likely (seq 1-9 as likely as
+    9-80), every value stays reachable. A call's cost grows with batch x seq x vocab, so a uniform
+    draw of drawn-bf16 (seq to 80, vocab to 40000) cost ~4x more on average and 10x more at its
+    worst ([2, 72, 17353]: ~150 interpreted Triton rows of five chunks each, ~30 calls) than the
+    whole rest of token-is's CPU tier; the long rows and the large vocabulary have fixed workloads of
+    their own (long-seq-cpu, mask-b1-long, real-vocab-cpu). docs/timing.md, "Validator time"."""
+
+    def randint(self, a: int, b: int) -> int:  # type: ignore[override]
+        if a < 1 or b <= a:
+            return super().randint(a, b)
+        return min(b, int(math.exp(self.uniform(math.log(a), math.log(b + 1)))))
+
+
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
                  name: str, member: str) -> WorkloadResult:
     """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA)."""
     from grpo_conform.gate.plan import select_outcomes, wants_timing
 
-    resolved = spec.resolve(w, random.Random(secrets.randbits(64)))
+    resolved = spec.resolve(w, ScaleDraw(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
     say(name, member, w.name, f"conformance {list(resolved.shapes['logits'])}")

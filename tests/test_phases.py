@@ -48,3 +48,13 @@ def test_one_worker_serves_every_member():
     phases = report.phases
     assert phases["exclusive_s"]["worker"] > 0 and phases["counts"]["judge"] > 0
     assert set(phases["workloads_s"]) == {"pytorch token-offpolicy-mask mask-b1-long", "pytorch bnpo-mask mask-b1-long"}
+
+
+def test_drawn_axes_are_log_uniform_and_reach_both_ends():
+    from grpo_conform.check import ScaleDraw
+
+    rng = ScaleDraw(7)
+    seqs = [rng.randint(1, 80) for _ in range(4000)]
+    assert min(seqs) == 1 and max(seqs) == 80
+    assert 0.4 < sum(s <= 9 for s in seqs) / len(seqs) < 0.6  # 1-9 as likely as 9-80
+    assert rng.randint(3, 3) == 3 and {rng.randint(1, 2) for _ in range(100)} == {1, 2}
