@@ -29,6 +29,7 @@ from grpo_conform import inputs as gen
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.compare import GradientComparator, compare_loss, json_float
 from grpo_conform.floors import Floor, below_floor
+from grpo_conform.phases import PHASES
 from grpo_conform.traffic import count_mask
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.checks.model import ReferenceModel
@@ -104,11 +105,12 @@ class WorkloadTiming:
 
     # -- one protocol -----------------------------------------------------------------------
     def _refresh(self, slots: list[InputSlot]) -> None:
-        for slot in slots:
-            gen.generate(self.spec, self.rw, gen.fresh_seed(), self.device, out=slot.tensors)
-            slot.commit()
-            self._count_mask(slot)
-        torch.cuda.synchronize(self.device)
+        with PHASES("inputs"):  # ~25 input sets a protocol, 75 a timed workload (docs/timing.md)
+            for slot in slots:
+                gen.generate(self.spec, self.rw, gen.fresh_seed(), self.device, out=slot.tensors)
+                slot.commit()
+                self._count_mask(slot)
+            torch.cuda.synchronize(self.device)
 
     def _batch(self, names: list[str], protocol: str, copy_from: str | None = None,
                warm: str | None = None) -> tuple[list[dict], int]:
@@ -151,7 +153,8 @@ class WorkloadTiming:
             calls += results
             batch_walls.append((wall, sum(r["event_ns"] for r in results)))
             if target is not None:
-                rechecks.append(self._recheck(i, self.sets[names.index(target)], protocol))
+                with PHASES("judge"):
+                    rechecks.append(self._recheck(i, self.sets[names.index(target)], protocol))
         identical = self._identical(protocol)
         fresh_d = Distribution.of([c["event_ns"] for c in calls])
         ident_d = Distribution.of([c["event_ns"] for c in identical])
