@@ -19,6 +19,7 @@ exactly what `grpo-conform check` runs and returns the `CheckReport`, printing a
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 import sys
@@ -42,6 +43,7 @@ from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.interface import fresh_seed
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
+from grpo_conform.phases import PHASES
 from grpo_conform.provenance import device_info, software, utc_now
 from grpo_conform.results import CheckOutcome, CheckReport, ImplementationResult, MemberResult, NotRun, WorkloadResult
 from grpo_conform.results import implementation_result as _result  # short names of the run loop below
@@ -122,6 +124,7 @@ def default_timeout(spec: Spec, workloads, device: torch.device) -> float:
 
 def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckReport:
     stop = run_stop(request)  # --deadline counts from here: the planning and the bandwidth probe included
+    PHASES.reset()
     device = resolve_device(request.device)
     if device.type == "cpu":
         # The parent's tensors are small (one workload's reference, chunked) and it alternates with the
@@ -138,7 +141,7 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
     results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
     return CheckReport(device_info(device), device.type == "cpu", results, plan.specs, started, utc_now(), software(),
-                       hardware, request.strict, plan.notes, request.shard)
+                       hardware, request.strict, plan.notes, request.shard, phases=PHASES.to_json())
 
 
 def run_stop(request: CheckRequest) -> Stop:
@@ -149,13 +152,27 @@ def run_stop(request: CheckRequest) -> Stop:
 # -- one implementation ---------------------------------------------------------------------------
 def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter,
                          stop: Stop) -> ImplementationResult:
-    name = p.impl.name
     if p.skip:  # missing requirement, device not declared, no runnable workload: decided by the plan
         return _result(p, [_member(m, "skipped", p.skip) for m in p.members], {}, "skipped", p.skip)
     if stop.reason:
         members = [_member(m, "skipped", stop.reason, not_run=tuple(NotRun(w.name, stop.reason, "stopped")
                                                                    for w in m.workloads)) for m in p.members]
         return _result(p, members, {}, "skipped", stop.reason)
+    # One worker serves every member of the implementation: a start costs ~1.8 s of CPU (~10 s of
+    # wall time on a loaded 2-core machine; torch and CUDA initialised again on a GPU), 11 of them
+    # per implementation before. Conformance calls pass their parameters with every call; the timed
+    # protocols get the member's declared values with `time_setup` (checks/timed.py).
+    shared: list[WorkerSession] = []
+    try:
+        return _check_members(p, ctx, request, say, stop, shared)
+    finally:
+        for s in shared:
+            s.close()
+
+
+def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, stop: Stop,
+                   shared: list[WorkerSession]) -> ImplementationResult:
+    name = p.impl.name
     worker_info: dict[str, Any] = {"triton_interpreter": ctx.device.type == "cpu"}
     done: list[MemberResult] = []
     ended: str | None = None  # why the rest of this implementation does not run (hang, load error)
@@ -171,7 +188,11 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         worker_info["timeout_s"] = timeout
         results: list[WorkloadResult] = []
         not_run: list[NotRun] = []
-        session: WorkerSession | None = None
+        session: WorkerSession | None = shared.pop() if shared else None
+        if session is not None:
+            session.timeout = timeout
+            # repeated-calls runs once per worker process (checks/patterns.py): once per member here too
+            session.__dict__.pop("repeated_calls_made_in", None)
         try:
             for w in mp.workloads:
                 if ended or stop.reason:
@@ -184,7 +205,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                     session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout,
                                             ctx.device.type == "cpu", sandbox=request.sandbox)
                     try:
-                        session.start()
+                        with PHASES("worker-start"):
+                            session.start()
                     except (ImplementationLoadError, WorkerFailure) as exc:
                         load_error = _load_message(p, exc)
                         ended = f"not run: the implementation did not load ({_first_line(load_error)})"
@@ -192,7 +214,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                         continue
                     worker_info.update(session.info)
                 started = time.monotonic()
-                result = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
+                with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
+                    result = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
                 results.append(result)
                 hung = next((o for o in result.outcomes if o.status == "timeout"), None)
                 bad = sorted({o.check for o in result.outcomes if o.failed})
@@ -208,7 +231,9 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 explored = operation_for(mp.spec).explore_workload(session, mp.spec, request.explore, p.impl)
                 results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
         finally:
-            if session is not None:
+            if session is not None and session.alive:
+                shared.append(session)  # the next member's
+            elif session is not None:
                 session.close()
         if load_error and not results:
             done.append(_member(mp, "load-error", load_error, not_run=tuple(not_run)))
@@ -231,15 +256,30 @@ def _load_message(p: ImplPlan, exc: Exception) -> str:
     return f"{p.impl.path / 'implementation.toml'}: field 'entry': loading failed: {exc}" + (f"\n{tail}" if tail else "")
 
 
+class ScaleDraw(random.Random):
+    """Draws a ranged axis log-uniformly: every scale of the range is as likely (seq 1-9 as likely as
+    9-80), every value stays reachable. A call's cost grows with batch x seq x vocab, so a uniform
+    draw of drawn-bf16 (seq to 80, vocab to 40000) cost ~4x more on average and 10x more at its
+    worst ([2, 72, 17353]) than the whole rest of token-is's CPU tier; the long rows and the large
+    vocabulary have fixed workloads of their own (long-seq-cpu, mask-b1-long, real-vocab-cpu).
+    docs/timing.md, "Validator time"."""
+
+    def randint(self, a: int, b: int) -> int:  # type: ignore[override]
+        if a < 1 or b <= a:
+            return super().randint(a, b)
+        return min(b, int(math.exp(self.uniform(math.log(a), math.log(b + 1)))))
+
+
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
                  name: str, member: str) -> WorkloadResult:
     """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA)."""
-    resolved = spec.resolve(w, random.Random(secrets.randbits(64)))
+    resolved = spec.resolve(w, ScaleDraw(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
     say(name, member, w.name, f"conformance {operation_for(spec).describe_workload(spec, resolved)}")
     outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, profile=w.probes, draws=draws).run())
-    outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
+    with PHASES("scan"):
+        outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
     timings: list = []
     timed: list[CheckOutcome] = []
     if wants_timing(request.checks):
@@ -260,7 +300,8 @@ def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunCont
         return [], skipped_timing("the worker was lost before timing")
     say(name, member, w.name, f"timing {', '.join(ctx.timing.protocols)}")
     try:
-        return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved)).run()
+        with PHASES("timing"), PHASES.inclusive("probes", "timing"):
+            return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved)).run()
     except WorkerFailure as failure:
         return [], timing_failure_outcomes(failure)
 

@@ -175,13 +175,15 @@ def spec_validate(files: tuple[str, ...]) -> None:
               help="Ed25519 private key (PEM) to sign records; else $GRPO_CONFORM_SIGNING_KEY (PEM) or "
                    "$GRPO_CONFORM_SIGNING_KEY_FILE (path); none: records are written unsigned")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--profile-phases", is_flag=True, help="print where the run's wall time went (worker, judging, "
+              "inputs, probes, workloads) on stderr; the JSON report always has it under `phases`")
 @_fail_cleanly
 def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], members: tuple[str, ...],
           extended: bool, checks: tuple[str, ...], spec_path: str | None, timeout: float | None, no_timing: bool,
           sandbox: str, fail_fast: bool, explore: int,
           strict: bool, changed_since: str | None, shard: str | None, deadline: float | None, jobs: int,
           gpus: str | None, junit_xml: str | None, summary_file: str | None, evidence_dir: str, no_evidence: bool,
-          key_path: str | None, fmt: str) -> None:
+          key_path: str | None, fmt: str, profile_phases: bool = False) -> None:
     """Check implementation folders against their spec.
 
     Exit 0 conformant, 1 failed (or skipped, with --strict), 2 usage/manifest/load error, 3 nothing
@@ -204,6 +206,10 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
                            gpus=parse_gpus(gpus) if gpus else None, extended=extended, sandbox=sandbox,
                            deadline=deadline, explore=explore)
     report = _interruptible(lambda progress: run_check(request, progress=progress), "checking…")
+    if profile_phases:
+        from grpo_conform.phases import render
+
+        err.print(render(report.phases), highlight=False, markup=False)
     _finish(report, fmt, junit_xml, summary_file, evidence=None if no_evidence else (evidence_dir, key))
 
 

@@ -235,6 +235,29 @@ def implementation_status(workloads: tuple[WorkloadResult, ...]) -> ImplStatus:
     return "failed" if any(w.failed for w in workloads) else "conformant"
 
 
+#: Outcomes that judge nothing the implementation computed: the static source scan is the same on
+#: every workload and is recorded even when no call ran.
+STATIC_CHECKS = frozenset({"tamper-scan"})
+
+
+def judged(w: WorkloadResult) -> bool:
+    """Whether a check judged a call of this workload (an outcome other than the static scan passed
+    or failed); a workload whose checks were all skipped (worker lost, out of memory) judged nothing."""
+    return any(o.check not in STATIC_CHECKS and (o.status == "pass" or o.failed) for o in w.outcomes)
+
+
+def member_status(workloads) -> str:
+    """failed if a workload failed; conformant only when at least one workload was judged; else
+    skipped. A member none of whose workloads was judged (a --deadline or an interrupt stopped them,
+    every one ran in another slot, every check was skipped) never reads as conformant: not in the
+    table, the JSON, the summary line, the record or the exit code (issue 27, seen with --jobs on
+    the H200)."""
+    workloads = tuple(workloads)
+    if any(w.failed for w in workloads):
+        return "failed"
+    return "conformant" if any(judged(w) for w in workloads) else "skipped"
+
+
 # -- builders (check.py's run, the gate's stopped and lost pieces) -----------------------------------
 def implementation_result(p, members: list[MemberResult], worker: dict, status: str | None = None,
                           message: str | None = None) -> ImplementationResult:
@@ -252,6 +275,11 @@ def member_message(status: str, workloads, coverage: Coverage) -> str:
     if status == "failed":
         failed = sorted({o.check for w in workloads for o in w.outcomes if o.failed})
         return f"failed: {', '.join(failed)}"
+    if status == "skipped":
+        why = next((n.reason for n in coverage.not_run if n.kind not in ("deselected", "device")), None)
+        ran = len(tuple(workloads))
+        return (f"not judged: none of its {coverage.total} workloads was judged"
+                + (f" ({ran} ran, every check skipped)" if ran else "") + (f"; {why}" if why else ""))
     scope = "every workload" if not coverage.not_run else f"the checked workloads ({coverage.checked} of " \
                                                         f"{coverage.total})"
     checks = f" (checks: {', '.join(coverage.checks)})" if coverage.checks else ""
@@ -263,7 +291,7 @@ def member_result(mp, status: str, message: str, workloads=(), not_run: tuple[No
     """One member's result (`mp`: a gate.plan.MemberPlan); status "" = from its workloads' outcomes."""
     cov = Coverage(tuple(w.workload for w in workloads), tuple(mp.not_run) + tuple(not_run), checks)
     if status == "":
-        status = implementation_status(tuple(workloads))
+        status = member_status(workloads)
         message = member_message(status, workloads, cov)
     return MemberResult(mp.spec, status, message, tuple(workloads), cov)  # type: ignore[arg-type]
 
@@ -283,6 +311,7 @@ class CheckReport:
     notes: tuple[str, ...] = ()  # what the gate selected and why (changed-since, shard, slots)
     shard: tuple[int, int] | None = None
     parts: tuple["CheckReport", ...] = ()  # --gpus/--jobs: the slot reports (each with its own device)
+    phases: dict[str, Any] = field(default_factory=dict)  # where the wall time went (grpo_conform/phases.py)
 
     @property
     def strict_failures(self) -> list[str]:
@@ -332,6 +361,7 @@ class CheckReport:
             "parts": [{"device": p.device, "hardware": p.hardware, "started": p.started, "finished": p.finished,
                        "implementations": [i.path for i in p.implementations]} for p in self.parts],
             "exit_code": self.exit_code,
+            "phases": self.phases,
         }
 
 

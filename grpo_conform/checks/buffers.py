@@ -17,6 +17,7 @@ from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.isolation.sharing import cuda_descriptor
 from grpo_conform.isolation.worker import GRAD_PREFIX
 from grpo_conform.spec import Spec
+from grpo_conform.phases import PHASES
 
 
 @dataclass
@@ -86,10 +87,11 @@ class InputSlot:
     def changes(self) -> dict[str, Any]:
         """Inputs whose bytes differ from the pristine copy, with where and how."""
         found = {}
-        for k, v in self.tensors.items():
-            diff = first_difference(v, self.pristine[k])
-            if diff is not None:
-                found[k] = diff
+        with PHASES("input-checks"):
+            for k, v in self.tensors.items():
+                diff = first_difference(v, self.pristine[k])
+                if diff is not None:
+                    found[k] = diff
         return found
 
 

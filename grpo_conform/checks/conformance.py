@@ -34,6 +34,7 @@ from grpo_conform.compare import (GradientComparator, GradientComparisons, LossC
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.grpo_logits.reference import rows_per_chunk
+from grpo_conform.phases import PHASES
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.spec import ResolvedWorkload, Spec
 
@@ -142,7 +143,8 @@ class WorkloadConformance:
         self.state: dict[str, Any] = {}
         try:
             for name in PROFILES[self.profile]:
-                PROBES_BY_NAME[name].run(self)
+                with PHASES.inclusive("probes", name):
+                    PROBES_BY_NAME[name].run(self)
             if self.profile != "full":
                 for check in CONFORMANCE_CHECKS:
                     self.book.skip(check, f"not exercised by this workload's '{self.profile}' probe profile")
@@ -183,6 +185,10 @@ class WorkloadConformance:
     def generate(self, slot: InputSlot, seed: int, profiles=None) -> None:
         # Old and reference log-probs follow the logits at this workload's drawn parameters. `case`
         # counts the workload's input sets: the generators rotate their layouts with it.
+        with PHASES("inputs"):
+            self._generate(slot, seed, profiles)
+
+    def _generate(self, slot: InputSlot, seed: int, profiles=None) -> None:
         values, case = self.model.values, self._sets
         self._sets += 1
         if slot.layout:  # views: generate contiguous values, then write them through the views
@@ -314,6 +320,11 @@ class WorkloadConformance:
               upstream: float | None = None) -> tuple[LossComparison, GradientComparisons]:
         """(loss comparison, each gradient compared by name with the reference's gradient of that
         name) against the reference of the pristine inputs."""
+        with PHASES("judge"):
+            return self._judge(call, slot, upstream)
+
+    def _judge(self, call: Call, slot: InputSlot | None = None,
+               upstream: float | None = None) -> tuple[LossComparison, GradientComparisons]:
         x = (slot or call.slot).pristine
         c = call.upstream if upstream is None else upstream
         # Today's reference has one gradient, the spec's only one (GRPO over logits): it is compared
@@ -350,7 +361,7 @@ class WorkloadConformance:
         if not self.model.uses_logprobs(x):
             return None
         z = x["logits"].reshape(-1, self.vocab)
-        step = rows_per_chunk(self.vocab)
+        step = rows_per_chunk(self.vocab, device=self.device)
         rows = torch.cat([fp32_logp_error(z[i : i + step], self.model.temperature) for i in range(0, z.shape[0], step)])
         return rows.view(-1, self.seq_next)[:, :-1]
 
@@ -360,7 +371,7 @@ class WorkloadConformance:
         T = self.model.temperature
         scales = self.model.row_scales(x, self.seq_next)
         z = x["logits"].reshape(-1, self.vocab)
-        step = rows_per_chunk(self.vocab)
+        step = rows_per_chunk(self.vocab, device=self.device)
         direct = sum(T * float(fp32_floor(z[i : i + step], T, scales[i : i + step]).sum())
                      for i in range(0, z.shape[0], step))
         grid = self._logp_error(x)
@@ -379,7 +390,7 @@ class WorkloadConformance:
         cmp = GradientComparator(self.tol.gradient, self.seq_next, self.vocab, slack=2.0)
         a, e = actual.view(-1, self.vocab), expected.view(-1, self.vocab)
         scales = (self.model.row_scales(x, self.seq_next) if scales is None else scales) * abs(upstream)
-        step = rows_per_chunk(self.vocab)
+        step = rows_per_chunk(self.vocab, device=self.device)
         for start in range(0, a.shape[0], step):
             cmp.update(start, a[start : start + step], e[start : start + step], scales[start : start + step])
         return cmp
@@ -387,12 +398,16 @@ class WorkloadConformance:
     def fingerprint(self, out: OutputSlot) -> tuple[float, float]:
         """A keyed checksum of the loss and the gradients' bytes, the gradients in the spec's order
         as one byte string (the key never leaves the parent)."""
+        with PHASES("input-checks"):
+            return self._fingerprint(out)
+
+    def _fingerprint(self, out: OutputSlot) -> tuple[float, float]:
         k1, k2 = self._key
         total = 0.0
-        step = 1 << 24
         offset = 0
         for g in self.spec.gradients:
             raw = out.grads[g.input].contiguous().view(-1).view(torch.uint8)
+            step = 1 << (26 if raw.is_cuda else 24)  # bytes a slice: 32 slices, not 128, for a 2 GB gradient on a GPU
             for start in range(0, raw.numel(), step):
                 part = raw[start : start + step].to(torch.float64)
                 idx = torch.arange(offset + start, offset + start + part.numel(), device=part.device,

@@ -362,7 +362,7 @@ def differing_rows(run: WorkloadConformance, a: torch.Tensor, e: torch.Tensor, x
     t = run.tol.gradient
     a, e = a.view(-1, run.vocab), e.view(-1, run.vocab)
     scales = run.model.row_scales(x, run.seq_next) * abs(c)
-    step = rows_per_chunk(run.vocab)
+    step = rows_per_chunk(run.vocab, device=run.device)
     rows: list[int] = []
     for start in range(0, a.shape[0], step):
         ac, ec = a[start : start + step].to(torch.float64), e[start : start + step].to(torch.float64)

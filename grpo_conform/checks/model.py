@@ -17,6 +17,7 @@ import torch
 
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.grpo_logits import reference as ref
+from grpo_conform.phases import PHASES
 from grpo_conform.spec import Spec, draw_parameters
 
 
@@ -56,7 +57,8 @@ class ReferenceModel:
         return self.operation.parameters(self.spec, self.values)
 
     def loss(self, x: Mapping[str, torch.Tensor]) -> float:
-        return self.operation.reference_loss(self.spec, x, self.params)
+        with PHASES("judge"):
+            return self.operation.reference_loss(self.spec, x, self.params)
 
     def gradient(self, x: Mapping[str, torch.Tensor],
                  logp_error: torch.Tensor | None = None) -> Iterator[ref.GradientChunk]:

@@ -31,6 +31,7 @@ from grpo_conform.dtypes import torch_dtype
 from grpo_conform.floors import Floor, below_floor
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.interface import fresh_seed
+from grpo_conform.phases import PHASES
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.compare import fp32_floor
@@ -86,7 +87,9 @@ class WorkloadTiming:
         self.sets = [InputSlot.create(self.session, f"T{j}", rw.shapes, dtypes) for j in range(k)]
         self.warm = InputSlot.create(self.session, "TW", rw.shapes, dtypes)
         self.out = OutputSlot.for_spec(self.session, "TO", self.spec, rw.shapes, dtypes)
-        self.session.request(op="time_setup", flush_bytes=flush_bytes_for(self.device))
+        # The timed calls run at this member's declared values (the worker may have served another member)
+        self.session.request(op="time_setup", flush_bytes=flush_bytes_for(self.device),
+                             params=dict(self.spec.parameter_values))
         timings, findings = [], {name: [] for name in ("timed-outputs", "timing-floor", "side-stream", "caching")}
         try:
             for protocol in self.settings.protocols:
@@ -104,11 +107,12 @@ class WorkloadTiming:
 
     # -- one protocol -----------------------------------------------------------------------
     def _refresh(self, slots: list[InputSlot]) -> None:
-        for slot in slots:
-            self.op.generate(self.spec, self.rw, fresh_seed(), self.device, out=slot.tensors)
-            slot.commit()
-            self._count_mask(slot)
-        torch.cuda.synchronize(self.device)
+        with PHASES("inputs"):  # ~25 input sets a protocol, 75 a timed workload (docs/timing.md)
+            for slot in slots:
+                self.op.generate(self.spec, self.rw, fresh_seed(), self.device, out=slot.tensors)
+                slot.commit()
+                self._count_mask(slot)
+            torch.cuda.synchronize(self.device)
 
     def _batch(self, names: list[str], protocol: str, copy_from: str | None = None,
                warm: str | None = None) -> tuple[list[dict], int]:
@@ -152,7 +156,8 @@ class WorkloadTiming:
             calls += results
             batch_walls.append((wall, sum(r["event_ns"] for r in results)))
             if target is not None:
-                rechecks.append(self._recheck(i, self.sets[names.index(target)], protocol))
+                with PHASES("judge"):
+                    rechecks.append(self._recheck(i, self.sets[names.index(target)], protocol))
         identical = self._identical(protocol)
         fresh_d = Distribution.of([c["event_ns"] for c in calls])
         ident_d = Distribution.of([c["event_ns"] for c in identical])

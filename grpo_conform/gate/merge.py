@@ -25,7 +25,7 @@ from typing import Any
 
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.results import (CheckReport, Coverage, ImplementationResult, MemberResult, NotRun, WorkloadResult,
-                                  coverage_from_json, implementation_status, member_message, workload_from_json,
+                                  coverage_from_json, implementation_status, member_message, member_status, workload_from_json,
                                   worst_status)
 
 
@@ -199,7 +199,7 @@ def merge_member(parts: list[tuple[str, MemberResult]], member_message) -> Membe
     if not workloads and "skipped" in statuses:
         first = next(m for _, m in parts if m.status == "skipped")
         return MemberResult(spec, "skipped", first.message, (), cov)
-    status = implementation_status(tuple(workloads))
+    status = member_status(workloads)  # no judged workload in any piece: skipped, never conformant
     return MemberResult(spec, status, member_message(status, workloads, cov), tuple(workloads), cov)
 
 
@@ -245,8 +245,9 @@ def _stopped(piece: Piece) -> bool:
     """A piece whose work was not started because the run stopped (--fail-fast, --deadline, an
     interrupt): several of those are expected in one slot run, unlike two shards each reporting
     an implementation as skipped."""
-    members = piece.implementation.members
-    return bool(members) and all(any(n.kind == "stopped" for n in m.coverage.not_run) for m in members)
+    impl = piece.implementation
+    # A slot's job holds some members' workloads only: the others are all "elsewhere", never "stopped".
+    return not impl.workloads and any(n.kind == "stopped" for m in impl.members for n in m.coverage.not_run)
 
 
 def run_merge(request: MergeRequest) -> CheckReport:

@@ -264,12 +264,17 @@ def run_slots(request, plan, device, say, stop: Stop, check_one) -> CheckReport:
     parts = tuple(_part(doc, plan.specs) for doc in sorted(runner.parts, key=lambda d: d.get("started") or ""))
     first = parts[0] if parts else None
     hardware = first.hardware if first else {}
+    from grpo_conform.phases import add
+
+    phases: dict = {}
+    for doc in runner.parts:  # each slot's own phases, summed (wall_s: the longest slot's)
+        phases = add(phases, doc.get("phases") or {})
     names = {str(p.device.get("name")) for p in parts}
     if len(names) > 1:
         notes.append(f"slots ran on different GPU models ({', '.join(sorted(names))})")
     return CheckReport(first.device if first else device_info(device), device.type == "cpu", tuple(impls),
                        plan.specs, started, utc_now(), first.software if first else software(), hardware,
-                       request.strict, plan.notes + tuple(notes), request.shard, parts)
+                       request.strict, plan.notes + tuple(notes), request.shard, parts, phases)
 
 
 def _real_specs(impl: ImplementationResult, specs: dict) -> ImplementationResult:

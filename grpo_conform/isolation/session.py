@@ -22,6 +22,7 @@ reads itself), and ending bwrap's tree ends the worker with it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -49,6 +50,7 @@ from grpo_conform.isolation.reaper import LIVE, LOCK, end_tree, register_helper,
 from grpo_conform.isolation.start import Start as _Start
 from grpo_conform.isolation.output_tail import OutputTail
 from grpo_conform.isolation.sharing import SharedAllocator
+from grpo_conform.phases import PHASES
 
 STDERR_TAIL = 4000
 #: The least time a worker gets to start and import the implementation: torch's own import takes
@@ -456,8 +458,10 @@ class WorkerSession:
         return msg
 
     def request(self, timeout: float | None = None, **msg: Any) -> dict[str, Any]:
-        self._send(msg)
-        return self.receive(timeout, op=msg.get("op", "?"))
+        # docs/timing.md, "Validator time"; the load is inside the caller's `worker-start`
+        with (contextlib.nullcontext() if self._loading else PHASES("worker")):
+            self._send(msg)
+            return self.receive(timeout, op=msg.get("op", "?"))
 
     # -- operations -------------------------------------------------------------------------
     def bind(self, slot: str, tensors: dict[str, dict[str, Any]]) -> None:
@@ -468,5 +472,6 @@ class WorkerSession:
                 counter = d.get("ref_counter") if d.get("kind") == "cuda_ipc" else None
                 if isinstance(counter, str) and "/" not in counter[1:] and os.path.exists("/dev/shm" + counter):
                     os.chown("/dev/shm" + counter, self.identity.uid, self.identity.gid)
-        self._send({"op": "bind", "slot": slot, "tensors": tensors, "nfds": len(fds)}, fds)
-        self.receive(op="bind")
+        with PHASES("worker"):
+            self._send({"op": "bind", "slot": slot, "tensors": tensors, "nfds": len(fds)}, fds)
+            self.receive(op="bind")

@@ -237,11 +237,13 @@ class _Worker:
             self.calls.pop(name, None)
         self.send(status="ok")
 
-    def op_time_setup(self, flush_bytes: int) -> None:
+    def op_time_setup(self, flush_bytes: int, params: dict | None = None) -> None:
         import torch
 
         from grpo_conform.timing import L2Flush
 
+        if params is not None:  # the member's declared values: one worker serves every member (check.py)
+            self.params = params
         self.flush_buffer = L2Flush(torch.device("cuda"), flush_bytes) if flush_bytes else None
         self.send(status="ok")
 

@@ -68,15 +68,19 @@ def _sample(profile: Profile, n: int, vocab: int, gen: torch.Generator, device) 
 
 
 def fill_logits(
-    logits: torch.Tensor, ids: torch.Tensor, spec: Spec, profiles: Sequence[str], gen: torch.Generator
+    logits: torch.Tensor, ids: torch.Tensor, spec: Spec, profiles: Sequence[str], gen: torch.Generator,
+    resolvable: torch.Tensor | None = None,
 ) -> None:
-    """Write seeded values into `logits` in place (its address does not change)."""
+    """Write seeded values into `logits` in place (its address does not change). `resolvable` [batch]
+    (bool): sequences that get at least one scored row of a profile other than `peaked`."""
     batch, seq_next, vocab = logits.shape
     seq = seq_next - 1
     flat = logits.view(batch * seq_next, vocab)
     n_rows = flat.shape[0]
     device = logits.device
     order = torch.randperm(n_rows, generator=gen, device=device) % len(profiles)
+    if resolvable is not None and seq > 0:
+        _resolvable_rows(order.view(batch, seq_next), resolvable.to(device), spec, profiles, gen)
     limit = torch.finfo(logits.dtype).max / 4
     step = max(1, CHUNK_ELEMENTS // vocab)
     for start in range(0, n_rows, step):
@@ -96,6 +100,23 @@ def fill_logits(
                     target[inside] = ids[b[inside], t[inside]]
                 x[torch.arange(sel.numel(), device=device), target] += profile.spike
             flat[sel] = x.clamp_(-limit, limit).to(logits.dtype)
+
+
+def _resolvable_rows(order: torch.Tensor, resolvable: torch.Tensor, spec: Spec, profiles: Sequence[str],
+                     gen: torch.Generator) -> None:
+    """A near one-hot row (`peaked`: p_t ~ 1) has a gradient s * (1 - p_t) below every fp32 floor, so a
+    sequence whose scored rows are all peaked is judged on nothing: a kernel that zeroes the gradient
+    of small-|A| sequences passed batch1-seq1 whenever its one row was peaked (half the draws; docs/
+    checks.md, row 7). Such a sequence gets a drawn other profile on its first scored row."""
+    peaked = [k for k, n in enumerate(profiles) if spec.validation.profile(n).kind == "peaked"]
+    others = [k for k in range(len(profiles)) if k not in peaked]
+    if not peaked or not others:
+        return
+    scored = order[:, : order.shape[1] - 1]
+    fix = resolvable & torch.isin(scored, torch.tensor(peaked, device=order.device)).all(dim=1)
+    for b in fix.nonzero().flatten().tolist():
+        pick = int(torch.randint(len(others), (1,), generator=gen, device=order.device))
+        order[b, 0] = others[pick]
 
 
 def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator, case: int | None = None) -> list[str]:
@@ -131,7 +152,9 @@ def generate(
     adv = torch.empty(tensors["advantages"].shape, dtype=tensors["advantages"].dtype)
     covered["advantages"] = fill_advantages(adv, spec, cpu_gen, case)
     tensors["advantages"].copy_(adv)
-    fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen)
+    # Sequences of small |A| (the cases generators.advantages places) must be resolvable: see _resolvable_rows
+    small = (adv.abs() <= advantages.SMALL_MAX) & (adv != 0)
+    fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small)
     covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case))  # mask, log-probs, ratios
     return Inputs(tensors, seed, profiles, covered)
 

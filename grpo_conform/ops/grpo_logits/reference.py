@@ -47,13 +47,30 @@ class GradientChunk:
     loss_error: Optional[torch.Tensor] = None  # bound of |change of the row's weighted loss term| under them
 
 
-def rows_per_chunk(vocab: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
+CUDA_BUDGET_MAX = 2 * 2**30
+
+
+def budget_for(device: torch.device | str | None) -> int:
+    """Bytes of float64 chunk work: 256 MiB, and on CUDA up to 2 GiB (a 64th of the free memory;
+    the judging keeps ~10 chunk-sized temporaries alive). Every chunk costs ~100 kernel launches
+    and ~10 host reads in the judging; at the Llama vocabulary 256 MiB is 65 rows, so a batch-8
+    workload took 126 chunks per judged call (estimated launch-bound on the GPU, not yet measured
+    there: docs/timing.md, "Validator time"). Chunks change no value, only how rows are grouped."""
+    if device is None or torch.device(device).type != "cuda":
+        return DEFAULT_BUDGET_BYTES
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(min(CUDA_BUDGET_MAX, max(DEFAULT_BUDGET_BYTES, free // 64)))
+
+
+def rows_per_chunk(vocab: int, budget_bytes: int | None = None, device=None) -> int:
     # About four float64 temporaries of a chunk are alive at once.
-    return max(1, budget_bytes // (4 * 8 * vocab))
+    budget = budget_for(device) if budget_bytes is None else budget_bytes
+    return max(1, budget // (4 * 8 * vocab))
 
 
-def chunk_bounds(batch: int, seq_next: int, vocab: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> list[tuple[int, int]]:
-    rows, step = batch * seq_next, rows_per_chunk(vocab, budget_bytes)
+def chunk_bounds(batch: int, seq_next: int, vocab: int, budget_bytes: int | None = None,
+                 device=None) -> list[tuple[int, int]]:
+    rows, step = batch * seq_next, rows_per_chunk(vocab, budget_bytes, device)
     if step >= seq_next:
         step -= step % seq_next  # whole sequences
     return [(s, min(s + step, rows)) for s in range(0, rows, step)]
@@ -72,13 +89,13 @@ def _rows(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
     return z, b, t, valid, target
 
 
-def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> torch.Tensor:
+def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int | None = None) -> torch.Tensor:
     """float64 logp[b, t] = z[c]/T - logsumexp(z/T) for t < S (row S is never read)."""
     logits, ids = x["logits"], x["completion_ids"]
     batch, seq_next, vocab = logits.shape
     seq = seq_next - 1
     out = torch.zeros(batch, max(seq, 0), dtype=torch.float64, device=logits.device)
-    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes):
+    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
         z, b, t, valid, target = _rows(logits, ids, start, stop)
         if bool(valid.any()):
             scaled = z[valid] / p.temperature
@@ -92,12 +109,12 @@ def _terms(x, p, budget_bytes, logp_error=None):
     return token_terms(x, p, logp, logp_error)
 
 
-def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> float:
+def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int | None = None) -> float:
     return float(_terms(x, p, budget_bytes).loss.sum())
 
 
 def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
-                     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                     budget_bytes: int | None = None,
                      logp_error: torch.Tensor | None = None) -> Iterator[GradientChunk]:
     """`logp_error` [B, S]: bounds of an implementation's log-prob errors; with it every chunk also
     carries each row's coefficient and the bounds of how far it and the row's loss term move
@@ -109,7 +126,7 @@ def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
     extra = logp_error is not None
     if extra:
         coef_err, loss_err = terms.coef_error / p.temperature, terms.loss_error
-    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes):
+    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
         z, b, t, valid, target = _rows(logits, ids, start, stop)
         grad = torch.zeros_like(z)
         scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
@@ -129,7 +146,7 @@ def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
 
 
 def loss_logprob_error(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp_error: torch.Tensor,
-                       budget_bytes: int = DEFAULT_BUDGET_BYTES) -> float:
+                       budget_bytes: int | None = None) -> float:
     """Bound of how far the loss moves when every logp[b, t] is off by at most logp_error[b, t]
     (`token_terms`; 0 without log-probs)."""
     return float(_terms(x, p, budget_bytes, logp_error).loss_error.sum())
@@ -165,7 +182,7 @@ def row_scales(x, p, *legacy) -> torch.Tensor:
     else:
         adv, seq_next, params = x, p, legacy[0]
         x = {"advantages": adv, "completion_ids": torch.zeros(adv.numel(), seq_next - 1, dtype=torch.int64, device=adv.device)}
-    coef = _terms(x, params, DEFAULT_BUDGET_BYTES).scale / params.temperature
+    coef = _terms(x, params, None).scale / params.temperature
     batch = coef.shape[0]
     out = torch.zeros(batch, seq_next, dtype=torch.float64, device=coef.device)
     out[:, : seq_next - 1] = coef

@@ -1,0 +1,100 @@
+"""Where a check run's wall time goes, by phase (docs/timing.md, "Validator time").
+
+Always on and cheap (two perf_counter calls a phase): `check --format json` carries the totals under
+`phases`, and `check --profile-phases` prints them. Phases nest; each second is counted once, in the
+innermost phase open at the time (`exclusive`), so the phases and `other` add up to the run's wall
+time. Probes are counted apart, inclusive (`probes`: every second spent inside that probe, its
+round trips and judging included), as are workloads.
+
+Parent-side GPU work is asynchronous: its time lands in the phase that waits for it, the judging's
+`float()` reads in `judge`, the synchronize before each message in `worker`.
+
+Phase names: `worker-start` (a worker process started and the implementation imported), `worker`
+(a request to the worker and its reply: the implementation's calls, the harness around them, the
+IPC), `inputs` (input sets generated, written and their pristine copies made), `judge` (the float64
+reference and the comparison with it), `input-checks` (inputs compared with their pristine copies,
+fingerprints of kept outputs), `timing` (the timed protocols' parent side), `scan` (the static source
+scan). Anything else the parent does is `other`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+
+class PhaseClock:
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.exclusive: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.probes: dict[str, float] = {}
+        self.workloads: dict[str, float] = {}
+        self._stack: list[list[Any]] = []  # [name, time the innermost phase last resumed]
+        self._started = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        now = time.perf_counter()
+        if self._stack:  # pause the enclosing phase
+            outer = self._stack[-1]
+            self.exclusive[outer[0]] = self.exclusive.get(outer[0], 0.0) + now - outer[1]
+        self._stack.append([name, now])
+        self.counts[name] = self.counts.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            end = time.perf_counter()
+            inner = self._stack.pop()
+            self.exclusive[name] = self.exclusive.get(name, 0.0) + end - inner[1]
+            if self._stack:
+                self._stack[-1][1] = end  # the enclosing phase resumes
+
+    @contextmanager
+    def inclusive(self, table: str, key: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            totals = getattr(self, table)
+            totals[key] = totals.get(key, 0.0) + time.perf_counter() - start
+
+    def to_json(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self._started
+        exclusive = {k: round(v, 3) for k, v in sorted(self.exclusive.items(), key=lambda kv: -kv[1])}
+        exclusive["other"] = round(max(0.0, wall - sum(self.exclusive.values())), 3)
+        return {"wall_s": round(wall, 3), "exclusive_s": exclusive, "counts": dict(self.counts),
+                "probes_s": {k: round(v, 3) for k, v in sorted(self.probes.items(), key=lambda kv: -kv[1])},
+                "workloads_s": {k: round(v, 3) for k, v in self.workloads.items()}}
+
+
+#: The process's clock: one check run at a time per process (slots are processes of their own).
+PHASES = PhaseClock()
+
+
+def add(into: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """Sum two `to_json` results (the slots of --jobs/--gpus); wall_s is the largest slot's."""
+    out = {"wall_s": max(into.get("wall_s", 0.0), part.get("wall_s", 0.0))}
+    for key in ("exclusive_s", "counts", "probes_s", "workloads_s"):
+        merged = dict(into.get(key, {}))
+        for k, v in (part.get(key) or {}).items():
+            merged[k] = round(merged.get(k, 0) + v, 3)
+        out[key] = merged
+    return out
+
+
+def render(phases: dict[str, Any]) -> str:
+    """A plain-text table for --profile-phases (stderr)."""
+    lines = [f"phases (wall {phases.get('wall_s', 0):.1f} s; each second counted once, in its innermost phase):"]
+    counts = phases.get("counts", {})
+    for k, v in phases.get("exclusive_s", {}).items():
+        n = counts.get(k)
+        lines.append(f"  {k:<14} {v:9.2f} s" + (f"  ({n} times)" if n else ""))
+    lines.append("probes (inclusive: round trips and judging inside them):")
+    lines += [f"  {k:<20} {v:9.2f} s" for k, v in phases.get("probes_s", {}).items()]
+    lines.append("workloads:")
+    lines += [f"  {k:<40} {v:9.2f} s" for k, v in phases.get("workloads_s", {}).items()]
+    return "\n".join(lines)
