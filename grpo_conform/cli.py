@@ -207,7 +207,7 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
                            deadline=deadline, explore=explore)
     report = _interruptible(lambda progress: run_check(request, progress=progress), "checking…")
     if profile_phases:
-        from grpo_conform.phases import render
+        from grpo_conform.phases import render  # only with --profile-phases: the CLI imports per command
 
         err.print(render(report.phases), highlight=False, markup=False)
     _finish(report, fmt, junit_xml, summary_file, evidence=None if no_evidence else (evidence_dir, key))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_conform.phases import add as add_phases
 from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
 from grpo_conform.gate.merge import Piece, impl_from_json, merge_implementations, pieces_from_report
 from grpo_conform.gate.plan import SelectionError, Stop
@@ -264,11 +265,9 @@ def run_slots(request, plan, device, say, stop: Stop, check_one) -> CheckReport:
     parts = tuple(_part(doc, plan.specs) for doc in sorted(runner.parts, key=lambda d: d.get("started") or ""))
     first = parts[0] if parts else None
     hardware = first.hardware if first else {}
-    from grpo_conform.phases import add
-
     phases: dict = {}
     for doc in runner.parts:  # each slot's own phases, summed (wall_s: the longest slot's)
-        phases = add(phases, doc.get("phases") or {})
+        phases = add_phases(phases, doc.get("phases") or {})
     names = {str(p.device.get("name")) for p in parts}
     if len(names) > 1:
         notes.append(f"slots ran on different GPU models ({', '.join(sorted(names))})")
