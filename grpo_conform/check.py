@@ -34,6 +34,7 @@ from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
 from grpo_conform.errors import EnvironmentProblem
+from grpo_conform.exploration import explore_workload
 from grpo_conform.floors import compute_floor
 from grpo_conform.gate.parallel import run_slots
 from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, select_outcomes, wants_timing
@@ -228,7 +229,7 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
             if request.explore and session is not None and session.alive and not (ended or stop.reason):
                 say(name, mp.label, "explore", f"{request.explore} property-based cases")
-                explored = operation_for(mp.spec).explore_workload(session, mp.spec, request.explore, p.impl)
+                explored = explore_workload(session, mp.spec, request.explore, p.impl)
                 results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
         finally:
             if session is not None and session.alive:

@@ -118,11 +118,6 @@ class Operation(Protocol):
         """One per gradient the spec lists, keyed by its input's name."""
         ...
 
-    def explore_workload(self, session: Any, spec: "Spec", cases: int, impl: Any) -> Any:
-        """`check --explore N`: N property-based cases of this operation through a live worker session,
-        a failure shrunk to a runnable snippet; returns a WorkloadResult."""
-        ...
-
     # -- work terms of the floors ------------------------------------------------------------------
     def traffic(self, spec: "Spec", resolved: "ResolvedWorkload", protocol: str, counts: Any,
                 itemsize) -> tuple[list[Any], str]:

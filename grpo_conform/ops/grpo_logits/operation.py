@@ -54,12 +54,6 @@ class GrpoLogits:
         how far they move (`reference.chunked_gradient`)."""
         return {spec.differentiable_input.name: reference_gradient(x, params, logp_error=logp_error)}
 
-    def explore_workload(self, session, spec, cases: int, impl):
-        # imported here: explore uses checks.model, which reads this registry (a cycle at import time)
-        from grpo_conform.ops.grpo_logits.explore import explore_workload
-
-        return explore_workload(session, spec, cases, impl)
-
     def gradient_groupings(self, spec) -> dict[str, GradientGrouping]:
         # a unit is one logits row (b, t): the softmax couples the vocabulary, never two positions
         out = {}
