@@ -10,6 +10,9 @@
 #   bash benchmarks/h200_evidence.sh round12a   # round 12 (identities of issue 27), 1 of 2: CUDA tests, seed member
 #   bash benchmarks/h200_evidence.sh round12b   # 2 of 3: liger and pytorch seed, triton small
 #   bash benchmarks/h200_evidence.sh round12c   # 3 of 3: triton and liger on three masked members at mask-b8
+#   bash benchmarks/h200_evidence.sh round13a   # round 13 (issues 30, 33, 35), 1 of 2: CUDA tests, the default check of
+#                                               # triton (every member, timing) with its phase report
+#   bash benchmarks/h200_evidence.sh round13b   # 2 of 2: liger and pytorch seed records, liger on masked members
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -141,6 +144,30 @@ case "${1:-probe}" in
       --workload mask-b8
     mv "$R/triton.json" "$R/triton-members-b8.json"; mv "$R/triton.log" "$R/triton-members-b8.log"
     check_one liger 250 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload mask-b8
+    mv "$R/liger.json" "$R/liger-members-b8.json"; mv "$R/liger.log" "$R/liger-members-b8.log"
+    ;;
+  round13a)  # round 13, 1 of 2: the CUDA tests, the batch-2 small-advantage case, then issue 35's budget: the
+              # default `check implementations/triton` (every member, timing included) timed whole, phases printed
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    probe_user
+    timeout -s KILL 100 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py > "$R/cuda-tests.txt" 2>&1
+    status "cuda tests: exit $?"; tail -2 "$R/cuda-tests.txt"
+    timeout -s KILL 60 python3 -m grpo_conform check tests/gallery/small-advantage-cutoff-b2 --workload seed-b2 \
+      --no-timing --no-evidence > "$R/small-advantage-b2.txt" 2>&1
+    status "small-advantage-cutoff-b2 at seed-b2 (must fail gradient): exit $?"
+    start=$SECONDS
+    timeout -s KILL 380 python3 -m grpo_conform check implementations/triton --evidence-dir "$OUT/h200" --deadline 330 \
+      --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
+    status "triton default check (every member, timing): exit $?, $((SECONDS - start)) s wall"
+    grep -A40 "phases" "$R/triton-default.log" | head -60
+    ;;
+  round13b)  # 2 of 2: the peers' seed records at their new identities, Liger on three masked members at mask-b8
+    check_one liger 170 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
+    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
+    check_one pytorch 140 --member token-is --workload seed-b2 --workload seed-b16
+    mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
+    check_one liger 200 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
       --workload mask-b8
     mv "$R/liger.json" "$R/liger-members-b8.json"; mv "$R/liger.log" "$R/liger-members-b8.log"
     ;;
