@@ -44,12 +44,21 @@ class GrpoParameters:
     sampling_ratio_cap: Optional[float] = None
     num_items_in_batch: Optional[int] = None
     num_processes: int = 1
+    # sapo and vespo (TRL 1.16's defaults)
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "GrpoParameters":
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in values.items() if k in known and v is not None}
-        for k in ("epsilon_low", "epsilon_high", "temperature", "beta", "delta", "sampling_ratio_cap"):
+        for k in ("epsilon_low", "epsilon_high", "temperature", "beta", "delta", "sampling_ratio_cap",
+                  "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+                  "vespo_lambda_neg"):
             if k in kw:
                 kw[k] = float(kw[k])
         return cls(**kw)
@@ -134,13 +143,18 @@ def token_weights(m: torch.Tensor, p: GrpoParameters) -> torch.Tensor:
     lt = p.loss_type.replace("-", "_")
     if lt == "grpo":
         return mf / (batch * mf.sum(-1, keepdim=True).clamp_min(1.0))
+    if lt == "luspo":  # TRL 1.16: (per_token_loss * mask).sum(-1).mean()
+        return mf / batch
     if lt == "dr_grpo":
         return mf / (batch * (p.max_completion_length if p.max_completion_length is not None else max(1, seq)))
-    if lt in ("dapo", "cispo") and p.num_items_in_batch is not None:
+    if lt == "sapo":
+        return mf / (batch * mf.sum(-1, keepdim=True).clamp_min(1.0))
+    if lt in ("dapo", "cispo", "vespo") and p.num_items_in_batch is not None:
         return mf / max(1.0, float(p.num_items_in_batch) / float(p.num_processes or 1))
-    if lt in ("bnpo", "dapo", "cispo"):
+    if lt in ("bnpo", "dapo", "cispo", "vespo"):
         return mf / max(1.0, float(mf.sum()))
-    raise ValueError(f"loss_type {p.loss_type!r} has no reference (expected grpo, bnpo, dr_grpo, dapo, cispo)")
+    raise ValueError(f"loss_type {p.loss_type!r} has no reference (expected grpo, bnpo, dr_grpo, dapo, cispo, sapo, "
+                     "luspo, vespo)")
 
 
 @dataclass(frozen=True)
@@ -203,7 +217,20 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
         e = torch.where(m, logp_error.to(torch.float64).to(device), torch.zeros_like(logp))
         # the ratio's relative error: exp(e) - 1 of its log's error (at sequence level the mean of the sequence)
         g = torch.expm1((e * mf).sum(-1, keepdim=True) / n).expand(batch, seq) if sequence else torch.expm1(e)
-    if p.loss_type == "cispo":
+    if p.loss_type == "sapo":
+        terms = _sapo_terms(r, A, rho, w, p, g if moves else None)
+        loss, dlogp = terms[0], terms[1]
+        if moves:
+            coef_error, loss_error = terms[2], terms[3]
+    elif p.loss_type == "vespo":
+        phi = _vespo_weight(log_ratio, mf, A, p)
+        loss = -phi * A * logp * rho
+        dlogp = w * (-phi * A) * rho
+        if moves:
+            dphi = _vespo_weight_error(log_ratio, mf, A, p, (e * mf).sum(-1, keepdim=True), phi)
+            coef_error = w * (dphi * A.abs()) * rho
+            loss_error = w * A.abs() * rho * (phi * e + dphi * (logp.abs() + e))
+    elif p.loss_type == "cispo":
         c = r.clamp(max=p.epsilon_high)
         loss = -c * A * logp * rho
         dlogp = w * (-c * A) * rho
@@ -241,6 +268,68 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
         coef_error, loss_error = torch.where(m, coef_error, zero), torch.where(m, loss_error, zero)
     return TokenTerms(torch.where(m, w * loss, zero), torch.where(m, dlogp, zero), torch.where(m, scale, zero),
                       coef_error, loss_error)
+
+
+def _sapo_terms(r, A, rho, w, p: GrpoParameters, g=None):
+    """SAPO (TRL 1.16 `loss_type="sapo"`): l = -(4/tau) sigmoid(tau (r - 1)) A, tau by the sign of A
+    (A > 0: positive); dl/dlogp = -4 s (1 - s) r A. With the ratio's relative error g, how far the
+    coefficient and the loss move: the gate is monotone in r (loss: its ends), the coefficient is
+    not, so it is sampled at 9 points of the interval r * exp([-e, e])."""
+    tau = torch.where(A > 0, torch.full_like(A, p.sapo_temperature_pos), torch.full_like(A, p.sapo_temperature_neg))
+
+    def gate(ratio):
+        return torch.sigmoid(tau * (ratio - 1.0))
+
+    s = gate(r)
+    loss = -(4.0 / tau) * s * A * rho
+    dlogp = w * (-4.0 * s * (1.0 - s) * r * A) * rho
+    if g is None:
+        return loss, dlogp
+    e = torch.log1p(g)
+    coef_error = torch.zeros_like(r)
+    for f in torch.linspace(-1.0, 1.0, 9, dtype=torch.float64):
+        rr = r * torch.exp(e * f)
+        sr = gate(rr)
+        coef_error = torch.maximum(coef_error, (4.0 * sr * (1.0 - sr) * rr - 4.0 * s * (1.0 - s) * r).abs())
+    ends = torch.maximum((gate(r * torch.exp(e)) - s).abs(), (gate(r * torch.exp(-e)) - s).abs())
+    return loss, dlogp, w * coef_error * A.abs() * rho, w * (4.0 / tau) * ends * A.abs() * rho
+
+
+_VESPO_LOW = math.log(1e-8)  # TRL clamps the sequence's log ratio to [log 1e-8, 20], each token's to [-20, 20]
+
+
+def _vespo_shape(A, p: GrpoParameters):
+    pos = A >= 0
+    k = torch.where(pos, torch.full_like(A, p.vespo_k_pos), torch.full_like(A, p.vespo_k_neg))
+    lam = torch.where(pos, torch.full_like(A, p.vespo_lambda_pos), torch.full_like(A, p.vespo_lambda_neg)).clamp_min(1e-4)
+    return k, lam
+
+
+def _phi(u, k, lam):
+    return torch.nan_to_num(torch.exp(lam + k * u - lam * torch.exp(u)), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _vespo_weight(log_ratio, mf, A, p: GrpoParameters):
+    """VESPO's gamma weight phi_b (TRL 1.16 `get_gamma_weights`), broadcast over the sequence: a
+    constant of the loss (detached)."""
+    raw = (log_ratio.clamp(-20.0, 20.0) * mf).sum(-1, keepdim=True)
+    k, lam = _vespo_shape(A, p)
+    return _phi(raw.clamp(_VESPO_LOW, 20.0), k, lam).expand_as(log_ratio)
+
+
+def _vespo_weight_error(log_ratio, mf, A, p: GrpoParameters, err_sum, phi):
+    """How far phi_b moves when the sequence's log-ratio sum moves by at most err_sum (both clamps are
+    monotone and 1-Lipschitz, so the clamped sum stays in [clamp(s - E), clamp(s + E)]): phi is
+    unimodal in u (peak at log(k / lambda)), so its ends and the peak bound it."""
+    raw = (log_ratio.clamp(-20.0, 20.0) * mf).sum(-1, keepdim=True)
+    k, lam = _vespo_shape(A, p)
+    lo, hi = (raw - err_sum).clamp(_VESPO_LOW, 20.0), (raw + err_sum).clamp(_VESPO_LOW, 20.0)
+    peak = torch.log(k.clamp_min(1e-300) / lam).clamp(min=lo, max=hi)
+    base = phi[:, :1]
+    out = torch.zeros_like(base)
+    for u in (lo, hi, peak):
+        out = torch.maximum(out, (_phi(u, k, lam) - base).abs())
+    return out.expand_as(phi)
 
 
 def _terms(x, p, budget_bytes, logp_error=None):

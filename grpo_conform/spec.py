@@ -255,7 +255,7 @@ class Semantics(_Frozen):
     reduction: str
     old_logprobs: str = ""
     formula: tuple[str, ...] = ()
-    policy: Literal["clip", "cispo"] = "clip"  # v2
+    policy: Literal["clip", "cispo", "sapo", "vespo"] = "clip"  # v2
     correction: Literal["none", "vllm-truncate"] = "none"  # v2: per-token sampling-ratio weight
     ties: str = ""  # v2: which branch carries the gradient at an exact tie
 

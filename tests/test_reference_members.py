@@ -19,7 +19,8 @@ from grpo_conform.reference import (
 from grpo_conform.spec import draw_parameters, find_spec
 
 MEMBERS = ["token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
-           "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask"]
+           "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask",
+           "sapo-mask", "luspo-mask", "luspo-sequence-mask", "vespo-mask"]
 
 
 def autograd_loss(x, p: GrpoParameters):
@@ -37,6 +38,16 @@ def autograd_loss(x, p: GrpoParameters):
     A = x["advantages"].double().unsqueeze(-1)
     if p.loss_type == "cispo":
         per_token = -torch.clamp(coef_1, max=p.epsilon_high).detach() * A * logp
+    elif p.loss_type == "sapo":  # TRL 1.16 _compute_loss, written the same way
+        tau = torch.where(A > 0, A.new_tensor(p.sapo_temperature_pos), A.new_tensor(p.sapo_temperature_neg))
+        per_token = -torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau * A
+    elif p.loss_type == "vespo":  # TRL 1.16 get_gamma_weights (under no_grad), then -phi * A * logp
+        with torch.no_grad():
+            u = torch.clamp((torch.clamp(log_ratio, -20.0, 20.0) * m).sum(-1, keepdim=True), math.log(1e-8), 20.0)
+            k = torch.where(A >= 0, A.new_tensor(p.vespo_k_pos), A.new_tensor(p.vespo_k_neg))
+            lam = torch.where(A >= 0, A.new_tensor(p.vespo_lambda_pos), A.new_tensor(p.vespo_lambda_neg)).clamp(min=1e-4)
+            phi = torch.exp(lam + k * u - lam * torch.exp(u)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        per_token = -phi * A * logp
     else:
         coef_2 = torch.clamp(coef_1, 1 - p.epsilon_low, 1 + p.epsilon_high)
         if p.delta is not None:
@@ -48,8 +59,10 @@ def autograd_loss(x, p: GrpoParameters):
     if "ref_logprobs" in x and p.beta:
         d = x["ref_logprobs"].double() - logp
         per_token = per_token + p.beta * (torch.exp(d) - d - 1)
-    if p.loss_type == "grpo":
+    if p.loss_type in ("grpo", "sapo"):
         loss = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    elif p.loss_type == "luspo":
+        loss = (per_token * m).sum(-1).mean()
     elif p.loss_type == "dr_grpo":
         loss = (per_token * m).sum() / (batch * p.max_completion_length)
     elif p.num_items_in_batch is not None:
