@@ -217,15 +217,17 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
         e = torch.where(m, logp_error.to(torch.float64).to(device), torch.zeros_like(logp))
         # the ratio's relative error: exp(e) - 1 of its log's error (at sequence level the mean of the sequence)
         g = torch.expm1((e * mf).sum(-1, keepdim=True) / n).expand(batch, seq) if sequence else torch.expm1(e)
+    floor = None  # a part of the row scale below which float32 cannot resolve dL/dlogp (sapo, vespo)
     if p.loss_type == "sapo":
         terms = _sapo_terms(r, A, rho, w, p, g if moves else None)
-        loss, dlogp = terms[0], terms[1]
+        loss, dlogp, floor = terms[0], terms[1], terms[2]
         if moves:
-            coef_error, loss_error = terms[2], terms[3]
+            coef_error, loss_error = terms[3], terms[4]
     elif p.loss_type == "vespo":
         phi = _vespo_weight(log_ratio, mf, A, p)
         loss = -phi * A * logp * rho
         dlogp = w * (-phi * A) * rho
+        floor = w * A.abs() * rho * VESPO_PHI_FLOOR
         if moves:
             dphi = _vespo_weight_error(log_ratio, mf, A, p, (e * mf).sum(-1, keepdim=True), phi)
             coef_error = w * (dphi * A.abs()) * rho
@@ -252,7 +254,7 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
         if moves:  # dl_dr is 0 on a flat branch and -A rho on a linear one: both terms are linear in r there
             coef_error = dlogp.abs() * g
             loss_error = (w * dl_dr).abs() * r * g
-    scale = dlogp.abs()
+    scale = dlogp.abs() if floor is None else dlogp.abs() + floor
     if "ref_logprobs" in x and p.beta != 0.0:
         d = torch.where(m, x["ref_logprobs"].to(torch.float64) - logp, torch.zeros_like(logp))
         loss = loss + p.beta * (torch.exp(d) - d - 1.0)
@@ -283,8 +285,15 @@ def _sapo_terms(r, A, rho, w, p: GrpoParameters, g=None):
     s = gate(r)
     loss = -(4.0 / tau) * s * A * rho
     dlogp = w * (-4.0 * s * (1.0 - s) * r * A) * rho
+    # s (1 - s) is a difference s - s^2 of terms up to 1: float32 resolves 1 - s to half an ulp of s
+    # (2^-25), so an honest kernel (TRL's autograd of torch.sigmoid included) errs by up to 2^-24 in
+    # it, and returns 0 where it lies below that. The scale's share 4 r |A| w min(2^-4, 2^20 s (1 - s))
+    # makes the smallest row allowance (1e-6 of the scale, float32) cover exactly that, and it
+    # vanishes with s (1 - s) where the ratio is far out (the gradient there is 0 in every precision).
+    gg = s * (1.0 - s)
+    floor = w * 4.0 * r * A.abs() * rho * torch.minimum(torch.full_like(gg, 2.0**-4), gg * 2.0**20)
     if g is None:
-        return loss, dlogp
+        return loss, dlogp, floor
     e = torch.log1p(g)
     coef_error = torch.zeros_like(r)
     for f in torch.linspace(-1.0, 1.0, 9, dtype=torch.float64):
@@ -292,9 +301,13 @@ def _sapo_terms(r, A, rho, w, p: GrpoParameters, g=None):
         sr = gate(rr)
         coef_error = torch.maximum(coef_error, (4.0 * sr * (1.0 - sr) * rr - 4.0 * s * (1.0 - s) * r).abs())
     ends = torch.maximum((gate(r * torch.exp(e)) - s).abs(), (gate(r * torch.exp(-e)) - s).abs())
-    return loss, dlogp, w * coef_error * A.abs() * rho, w * (4.0 / tau) * ends * A.abs() * rho
+    return loss, dlogp, floor, w * coef_error * A.abs() * rho, w * (4.0 / tau) * ends * A.abs() * rho
 
 
+# float32 holds phi only down to 2^-126 (normal; it underflows to 0 below ~2^-149), so a kernel's phi
+# is resolved to 2^-126 absolute: this share of the row scale, w |A| 2^-100, gives the smallest row
+# allowance (1e-6 of the scale, float32) 2^-120 > 2^-126, and nothing that a phi above ~1e-30 feels.
+VESPO_PHI_FLOOR = 2.0**-100
 _VESPO_LOW = math.log(1e-8)  # TRL clamps the sequence's log ratio to [log 1e-8, 20], each token's to [-20, 20]
 
 
