@@ -26,7 +26,8 @@ SEED_IDENTITY = "a1591ee3a750b87738c7867f73e7e3300b6635eecca8229b45a7a1803e1c171
 SEED_FILE_SHA256 = "0862f7edcbf87382fd3cc931f02e0c25d7ad25195951f61e60591da4266ebf59"
 MANDATORY = ["token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
              "sequence-offpolicy-mask"]
-OPTIONAL = ["token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask"]
+OPTIONAL = ["token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask",
+            "sapo-mask", "luspo-mask", "luspo-sequence-mask", "vespo-mask"]
 
 
 @pytest.fixture(scope="module")
