@@ -224,7 +224,7 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
         if moves:
             coef_error, loss_error = terms[3], terms[4]
     elif p.loss_type == "vespo":
-        phi = _vespo_weight(log_ratio, mf, A, p)
+        phi = vespo_weight(log_ratio, mf, A, p)
         loss = -phi * A * logp * rho
         dlogp = w * (-phi * A) * rho
         floor = w * A.abs() * rho * VESPO_PHI_FLOOR
@@ -322,7 +322,7 @@ def _phi(u, k, lam):
     return torch.nan_to_num(torch.exp(lam + k * u - lam * torch.exp(u)), nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _vespo_weight(log_ratio, mf, A, p: GrpoParameters):
+def vespo_weight(log_ratio, mf, A, p: GrpoParameters):
     """VESPO's gamma weight phi_b (TRL 1.16 `get_gamma_weights`), broadcast over the sequence: a
     constant of the loss (detached)."""
     raw = (log_ratio.clamp(-20.0, 20.0) * mf).sum(-1, keepdim=True)
