@@ -282,15 +282,19 @@ def _sapo_terms(r, A, rho, w, p: GrpoParameters, g=None):
     def gate(ratio):
         return torch.sigmoid(tau * (ratio - 1.0))
 
+    def slope(ratio):  # s (1 - s) as sigmoid(x) sigmoid(-x): 1 - s would round to 0 in float64 beyond x ~ 37
+        x = tau * (ratio - 1.0)
+        return torch.sigmoid(x) * torch.sigmoid(-x)
+
     s = gate(r)
+    gg = slope(r)
     loss = -(4.0 / tau) * s * A * rho
-    dlogp = w * (-4.0 * s * (1.0 - s) * r * A) * rho
+    dlogp = w * (-4.0 * gg * r * A) * rho
     # s (1 - s) is a difference s - s^2 of terms up to 1: float32 resolves 1 - s to half an ulp of s
     # (2^-25), so an honest kernel (TRL's autograd of torch.sigmoid included) errs by up to 2^-24 in
     # it, and returns 0 where it lies below that. The scale's share 4 r |A| w min(2^-4, 2^20 s (1 - s))
     # makes the smallest row allowance (1e-6 of the scale, float32) cover exactly that, and it
     # vanishes with s (1 - s) where the ratio is far out (the gradient there is 0 in every precision).
-    gg = s * (1.0 - s)
     floor = w * 4.0 * r * A.abs() * rho * torch.minimum(torch.full_like(gg, 2.0**-4), gg * 2.0**20)
     if g is None:
         return loss, dlogp, floor
@@ -298,8 +302,7 @@ def _sapo_terms(r, A, rho, w, p: GrpoParameters, g=None):
     coef_error = torch.zeros_like(r)
     for f in torch.linspace(-1.0, 1.0, 9, dtype=torch.float64):
         rr = r * torch.exp(e * f)
-        sr = gate(rr)
-        coef_error = torch.maximum(coef_error, (4.0 * sr * (1.0 - sr) * rr - 4.0 * s * (1.0 - s) * r).abs())
+        coef_error = torch.maximum(coef_error, (4.0 * slope(rr) * rr - 4.0 * gg * r).abs())
     ends = torch.maximum((gate(r * torch.exp(e)) - s).abs(), (gate(r * torch.exp(-e)) - s).abs())
     return loss, dlogp, floor, w * coef_error * A.abs() * rho, w * (4.0 / tau) * ends * A.abs() * rho
 
