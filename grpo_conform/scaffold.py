@@ -141,7 +141,22 @@ def starter_source(spec: Spec) -> str:
         add("# 4. Token-level importance ratio.")
         add("ratio = torch.exp(log_ratio)")
     add("adv = advantages.float().unsqueeze(-1)")
-    if sem.policy == "cispo":
+    if sem.policy == "sapo":
+        add("# 5. SAPO: a soft gate instead of the clip, 4/tau * sigmoid(tau * (r - 1)), with tau by the sign of")
+        add("#    the advantage (A > 0: sapo_temperature_pos, else sapo_temperature_neg); r keeps its gradient.")
+        add("tau = torch.where(adv > 0, torch.full_like(adv, sapo_temperature_pos), torch.full_like(adv, sapo_temperature_neg))")
+        add("per_token = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv")
+    elif sem.policy == "vespo":
+        add("# 5. VESPO: a constant (detached) weight per sequence, phi = exp(lam + k*u - lam*exp(u)), u the")
+        add("#    sequence's summed log-ratio (each token's clamped to [-20, 20], the sum to [log 1e-8, 20]);")
+        add("#    (k, lam) by the sign of the advantage (A >= 0: the _pos pair). The gradient flows through logp.")
+        add("with torch.no_grad():")
+        add("    u = (log_ratio.clamp(-20.0, 20.0) * m).sum(-1, keepdim=True).clamp(-18.420680743952367, 20.0)")
+        add("    k = torch.where(adv >= 0, torch.full_like(adv, vespo_k_pos), torch.full_like(adv, vespo_k_neg))")
+        add("    lam = torch.where(adv >= 0, torch.full_like(adv, vespo_lambda_pos), torch.full_like(adv, vespo_lambda_neg))")
+        add("    phi = torch.exp(lam.clamp(min=1e-4) * (1.0 - torch.exp(u)) + k * u).nan_to_num(0.0, 0.0, 0.0)")
+        add("per_token = -phi * adv * logp")
+    elif sem.policy == "cispo":
         add("# 5. CISPO: the ratio, capped at epsilon_high, is a constant weight (detached); the gradient")
         add("#    flows through logp only.")
         add("weight = torch.clamp(ratio, max=epsilon_high).detach()")
@@ -204,6 +219,9 @@ def _reduction(reduction: str) -> list[str]:
                 "# the accumulation factor.",
                 "return per_token.sum() / (max(1.0, float(num_items_in_batch)) / float(num_processes)",
                 "                          * gradient_accumulation_steps / steps_per_generation)"]
+    if reduction == "luspo":
+        return ["# LUSPO: each sequence's sum over its kept tokens (its mean times its length), then the batch mean.",
+                "return per_token.sum(-1).mean()"]
     if reduction == "dapo_global":
         return ["# Token-level over the whole generation batch: its token count per process.",
                 "return per_token.sum() / max(1.0, float(num_items_in_batch) / float(num_processes))"]

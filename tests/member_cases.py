@@ -59,6 +59,8 @@ def make_inputs(spec: Spec, seed: int = 0, values: dict[str, Any] | None = None)
     eps_lo, eps_hi = float(p.get("epsilon_low", 0.2)), float(p.get("epsilon_high", 0.2))
     r = torch.empty(B, S, dtype=torch.float64).uniform_(0.45, 1.9, generator=g)
     r = _away_from(r, [1 - eps_lo, 1 + eps_hi] + ([float(p["delta"])] if "delta" in p else []))
+    if p.get("loss_type") == "vespo":  # its weight sees the sequence's product of ratios: keep it near 1
+        r = torch.exp(r.log() * (2.0 / S))
     names = {t.name for t in spec.inputs}
     x = {"logits": logits, "completion_ids": ids, "advantages": adv}
     mask = torch.arange(S).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)

@@ -21,7 +21,8 @@ from grpo_conform.spec import draw_parameters, find_spec
 MEMBERS = ["token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
            "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask",
            "token-offpolicy-mask-kl-bc", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask",
-           "dapo-global-accum-mask"]
+           "dapo-global-accum-mask",
+           "sapo-mask", "luspo-mask", "luspo-sequence-mask", "vespo-mask"]
 
 
 def autograd_loss(x, p: GrpoParameters):
@@ -40,6 +41,16 @@ def autograd_loss(x, p: GrpoParameters):
     A = x["advantages"].double().unsqueeze(-1)
     if p.loss_type == "cispo":
         per_token = -torch.clamp(coef_1, max=p.epsilon_high).detach() * A * logp
+    elif p.loss_type == "sapo":  # TRL 1.16 _compute_loss, written the same way
+        tau = torch.where(A > 0, A.new_tensor(p.sapo_temperature_pos), A.new_tensor(p.sapo_temperature_neg))
+        per_token = -torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau * A
+    elif p.loss_type == "vespo":  # TRL 1.16 get_gamma_weights (under no_grad), then -phi * A * logp
+        with torch.no_grad():
+            u = torch.clamp((torch.clamp(log_ratio, -20.0, 20.0) * m).sum(-1, keepdim=True), math.log(1e-8), 20.0)
+            k = torch.where(A >= 0, A.new_tensor(p.vespo_k_pos), A.new_tensor(p.vespo_k_neg))
+            lam = torch.where(A >= 0, A.new_tensor(p.vespo_lambda_pos), A.new_tensor(p.vespo_lambda_neg)).clamp(min=1e-4)
+            phi = torch.exp(lam + k * u - lam * torch.exp(u)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        per_token = -phi * A * logp
     else:
         coef_2 = torch.clamp(coef_1, 1 - p.epsilon_low, 1 + p.epsilon_high)
         if p.delta is not None:
@@ -61,8 +72,10 @@ def autograd_loss(x, p: GrpoParameters):
         if p.use_bias_correction_kl:
             kl = kl * ratio
         per_token = per_token + p.beta * kl
-    if p.loss_type == "grpo":
+    if p.loss_type in ("grpo", "sapo"):
         loss = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    elif p.loss_type == "luspo":
+        loss = (per_token * m).sum(-1).mean()
     elif p.loss_type == "dr_grpo":
         loss = (per_token * m).sum() / (batch * p.max_completion_length)
     elif p.gradient_accumulation_steps is not None:  # TRL 1.16, training mode

@@ -28,6 +28,7 @@ MANDATORY = ["token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnp
 OPTIONAL = ["token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask"]
 OPTIONAL += ["token-offpolicy-mask-kl-bc", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask",
              "dapo-global-accum-mask"]  # issue 33: TRL 1.16's defaults
+OPTIONAL += ["sapo-mask", "luspo-mask", "luspo-sequence-mask", "vespo-mask"]  # issue 33: TRL 1.16 / Liger 0.8.5 loss types
 
 
 @pytest.fixture(scope="module")

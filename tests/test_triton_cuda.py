@@ -100,6 +100,9 @@ MEMBER_CALLS = {
                                vllm_importance_sampling_mode="sequence_mask"),
     "dapo-global-accum-mask": dict(loss_type="dapo", num_items_in_batch=3, num_processes=8,
                                    gradient_accumulation_steps=4, steps_per_generation=2),
+    "sapo-mask": dict(loss_type="sapo", sapo_temperature_pos=0.9, sapo_temperature_neg=1.4),
+    "luspo-mask": dict(loss_type="luspo"),
+    "vespo-mask": dict(loss_type="vespo", vespo_k_pos=1.5, vespo_lambda_pos=2.5, vespo_k_neg=2.5, vespo_lambda_neg=1.5),
 }
 
 
@@ -202,7 +205,8 @@ def test_staged_member_kernels_compiled(member):
     plans = [impl._PLANS[k] for k in set(impl._PLANS) - before]
     assert plans and all(p.staged is not None for p in plans)
     launched = set().union(*(p.l_staged for p in plans))
-    want = {"stats"} if params.get("importance_sampling_level") == "sequence" else \
+    coupled = params.get("importance_sampling_level") == "sequence" or params.get("loss_type") == "vespo"
+    want = {"stats"} if coupled else \
         {"main-backward"} if member == "token-is" else {"main"}  # token-is: the loss reads no logits (deferred)
     assert launched >= want, launched
     cpu = {k: v.cpu() for k, v in x.items()}

@@ -121,7 +121,8 @@ for member in family["members"]:
             g = leaf.grad.double()
             scored = g[:, :S]
             expect = c * ref_grad[:, :S]
-            token_level = values.get("importance_sampling_level") != "sequence" and ws is not None
+            coupled = values.get("importance_sampling_level") == "sequence" or values.get("loss_type") == "vespo"
+            token_level = not coupled and ws is not None
             rows.append({"c": c, "loss": float(loss.detach()), "deferred": ws is None,
                          "mode": [float(ws[-2]), float(ws[-1])] if token_level else None,
                          "flag_after": plan.flag.tolist() if plan is not None else None,
@@ -137,7 +138,7 @@ for member in family["members"]:
         twice = leaf.grad.double()[:, :S]
         results[f"{name}/{str(dtype)[6:]}"] = {
             "ref_loss": ref_loss, "forward": forward, "calls": rows, "sequence": values.get(
-                "importance_sampling_level") == "sequence",
+                "importance_sampling_level") == "sequence" or values.get("loss_type") == "vespo",
             "twice_frob": float((twice - 2 * ref_grad[:, :S]).norm() / (2 * ref_grad[:, :S]).norm())}
 
 # Rows split into several chunks (the GPU's shape) where no program waits, so the interpreter can run
@@ -179,7 +180,8 @@ TOLERANCE = {"bfloat16": (1e-2, 2 ** -7), "float16": (1e-2, 2 ** -9), "float32":
 DECLARED = {"token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
             "sequence-offpolicy-mask", "token-offpolicy-mask-delta", "cispo-mask", "dapo-global-mask", "vllm-is-mask",
             "token-offpolicy-mask-kl-bc", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask",
-            "dapo-global-accum-mask"}
+            "dapo-global-accum-mask",
+            "sapo-mask", "luspo-mask", "luspo-sequence-mask", "vespo-mask"}
 
 
 @pytest.fixture(scope="module")

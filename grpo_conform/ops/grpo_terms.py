@@ -37,12 +37,21 @@ class GrpoParameters:
     vllm_importance_sampling_mode: str = "token_truncate"
     gradient_accumulation_steps: Optional[int] = None
     steps_per_generation: Optional[int] = None
+    # sapo and vespo (TRL 1.16's defaults)
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "GrpoParameters":
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in values.items() if k in known and v is not None}
-        for k in ("epsilon_low", "epsilon_high", "temperature", "beta", "delta", "sampling_ratio_cap"):
+        for k in ("epsilon_low", "epsilon_high", "temperature", "beta", "delta", "sampling_ratio_cap",
+                  "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+                  "vespo_lambda_neg"):
             if k in kw:
                 kw[k] = float(kw[k])
         if "use_bias_correction_kl" in kw:
@@ -76,16 +85,21 @@ def token_weights(m: torch.Tensor, p: GrpoParameters) -> torch.Tensor:
     lt = p.loss_type.replace("-", "_")
     if lt == "grpo":
         return mf / (batch * mf.sum(-1, keepdim=True).clamp_min(1.0))
+    if lt == "luspo":  # TRL 1.16: (per_token_loss * mask).sum(-1).mean()
+        return mf / batch
     if lt == "dr_grpo":
         return mf / (batch * (p.max_completion_length if p.max_completion_length is not None else max(1, seq)))
-    if lt in ("dapo", "cispo") and p.num_items_in_batch is not None and p.gradient_accumulation_steps is not None:
+    if lt == "sapo":
+        return mf / (batch * mf.sum(-1, keepdim=True).clamp_min(1.0))
+    if lt in ("dapo", "cispo", "vespo") and p.num_items_in_batch is not None and p.gradient_accumulation_steps is not None:
         # TRL 1.16 (_compute_loss): num_items_in_batch.clamp(min=1) / num_processes * gas / steps_per_generation
         return mf / trl_dapo_normaliser(p)
-    if lt in ("dapo", "cispo") and p.num_items_in_batch is not None:
+    if lt in ("dapo", "cispo", "vespo") and p.num_items_in_batch is not None:
         return mf / max(1.0, float(p.num_items_in_batch) / float(p.num_processes or 1))
-    if lt in ("bnpo", "dapo", "cispo"):
+    if lt in ("bnpo", "dapo", "cispo", "vespo"):
         return mf / max(1.0, float(mf.sum()))
-    raise ValueError(f"loss_type {p.loss_type!r} has no reference (expected grpo, bnpo, dr_grpo, dapo, cispo)")
+    raise ValueError(f"loss_type {p.loss_type!r} has no reference (expected grpo, bnpo, dr_grpo, dapo, cispo, sapo, "
+                     "luspo, vespo)")
 
 
 def trl_dapo_normaliser(p: GrpoParameters) -> float:
@@ -173,7 +187,22 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
         e = torch.where(m, logp_error.to(torch.float64).to(device), torch.zeros_like(logp))
         # the ratio's relative error: exp(e) - 1 of its log's error (at sequence level the mean of the sequence)
         g = torch.expm1((e * mf).sum(-1, keepdim=True) / n).expand(batch, seq) if sequence else torch.expm1(e)
-    if p.loss_type == "cispo":
+    floor = None  # a part of the row scale below which float32 cannot resolve dL/dlogp (sapo, vespo)
+    if p.loss_type == "sapo":
+        terms = _sapo_terms(r, A, rho, w, p, g if moves else None)
+        loss, dlogp, floor = terms[0], terms[1], terms[2]
+        if moves:
+            coef_error, loss_error = terms[3], terms[4]
+    elif p.loss_type == "vespo":
+        phi = vespo_weight(log_ratio, mf, A, p)
+        loss = -phi * A * logp * rho
+        dlogp = w * (-phi * A) * rho
+        floor = w * A.abs() * rho * VESPO_PHI_FLOOR
+        if moves:
+            dphi = _vespo_weight_error(log_ratio, mf, A, p, (e * mf).sum(-1, keepdim=True), phi)
+            coef_error = w * (dphi * A.abs()) * rho
+            loss_error = w * A.abs() * rho * (phi * e + dphi * (logp.abs() + e))
+    elif p.loss_type == "cispo":
         c = r.clamp(max=p.epsilon_high)
         loss = -c * A * logp * rho
         dlogp = w * (-c * A) * rho
@@ -195,7 +224,7 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
         if moves:  # dl_dr is 0 on a flat branch and -A rho on a linear one: both terms are linear in r there
             coef_error = dlogp.abs() * g
             loss_error = (w * dl_dr).abs() * r * g
-    scale = dlogp.abs()
+    scale = dlogp.abs() if floor is None else dlogp.abs() + floor
     if "ref_logprobs" in x and p.beta != 0.0:
         d = torch.where(m, x["ref_logprobs"].to(torch.float64) - logp, torch.zeros_like(logp))
         k3 = torch.exp(d) - d - 1.0
@@ -213,6 +242,82 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
                 coef_error = coef_error + w * abs(p.beta) * r * (g * d.abs() + (1.0 + g) * e)
             elif moves:  # r moves by r g, k3 by e^d expm1(e) + e, (1 - e^d) by e^d expm1(e)
                 coef_error = coef_error + (w * abs(p.beta) * r * ((1.0 + g) * torch.exp(d) * torch.expm1(e)
+def _sapo_terms(r, A, rho, w, p: GrpoParameters, g=None):
+    """SAPO (TRL 1.16 `loss_type="sapo"`): l = -(4/tau) sigmoid(tau (r - 1)) A, tau by the sign of A
+    (A > 0: positive); dl/dlogp = -4 s (1 - s) r A. With the ratio's relative error g, how far the
+    coefficient and the loss move: the gate is monotone in r (loss: its ends), the coefficient is
+    not, so it is sampled at 9 points of the interval r * exp([-e, e])."""
+    tau = torch.where(A > 0, torch.full_like(A, p.sapo_temperature_pos), torch.full_like(A, p.sapo_temperature_neg))
+
+    def gate(ratio):
+        return torch.sigmoid(tau * (ratio - 1.0))
+
+    def slope(ratio):  # s (1 - s) as sigmoid(x) sigmoid(-x): 1 - s would round to 0 in float64 beyond x ~ 37
+        x = tau * (ratio - 1.0)
+        return torch.sigmoid(x) * torch.sigmoid(-x)
+
+    s = gate(r)
+    gg = slope(r)
+    loss = -(4.0 / tau) * s * A * rho
+    dlogp = w * (-4.0 * gg * r * A) * rho
+    # s (1 - s) is a difference s - s^2 of terms up to 1: float32 resolves 1 - s to half an ulp of s
+    # (2^-25), so an honest kernel (TRL's autograd of torch.sigmoid included) errs by up to 2^-24 in
+    # it, and returns 0 where it lies below that. The scale's share 4 r |A| w min(2^-4, 2^20 s (1 - s))
+    # makes the smallest row allowance (1e-6 of the scale, float32) cover exactly that, and it
+    # vanishes with s (1 - s) where the ratio is far out (the gradient there is 0 in every precision).
+    floor = w * 4.0 * r * A.abs() * rho * torch.minimum(torch.full_like(gg, 2.0**-4), gg * 2.0**20)
+    if g is None:
+        return loss, dlogp, floor
+    e = torch.log1p(g)
+    coef_error = torch.zeros_like(r)
+    for f in torch.linspace(-1.0, 1.0, 9, dtype=torch.float64):
+        rr = r * torch.exp(e * f)
+        coef_error = torch.maximum(coef_error, (4.0 * slope(rr) * rr - 4.0 * gg * r).abs())
+    ends = torch.maximum((gate(r * torch.exp(e)) - s).abs(), (gate(r * torch.exp(-e)) - s).abs())
+    return loss, dlogp, floor, w * coef_error * A.abs() * rho, w * (4.0 / tau) * ends * A.abs() * rho
+
+
+# float32 holds phi only down to 2^-126 (normal; it underflows to 0 below ~2^-149), so a kernel's phi
+# is resolved to 2^-126 absolute: this share of the row scale, w |A| 2^-100, gives the smallest row
+# allowance (1e-6 of the scale, float32) 2^-120 > 2^-126, and nothing that a phi above ~1e-30 feels.
+VESPO_PHI_FLOOR = 2.0**-100
+_VESPO_LOW = math.log(1e-8)  # TRL clamps the sequence's log ratio to [log 1e-8, 20], each token's to [-20, 20]
+
+
+def _vespo_shape(A, p: GrpoParameters):
+    pos = A >= 0
+    k = torch.where(pos, torch.full_like(A, p.vespo_k_pos), torch.full_like(A, p.vespo_k_neg))
+    lam = torch.where(pos, torch.full_like(A, p.vespo_lambda_pos), torch.full_like(A, p.vespo_lambda_neg)).clamp_min(1e-4)
+    return k, lam
+
+
+def _phi(u, k, lam):
+    return torch.nan_to_num(torch.exp(lam + k * u - lam * torch.exp(u)), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def vespo_weight(log_ratio, mf, A, p: GrpoParameters):
+    """VESPO's gamma weight phi_b (TRL 1.16 `get_gamma_weights`), broadcast over the sequence: a
+    constant of the loss (detached)."""
+    raw = (log_ratio.clamp(-20.0, 20.0) * mf).sum(-1, keepdim=True)
+    k, lam = _vespo_shape(A, p)
+    return _phi(raw.clamp(_VESPO_LOW, 20.0), k, lam).expand_as(log_ratio)
+
+
+def _vespo_weight_error(log_ratio, mf, A, p: GrpoParameters, err_sum, phi):
+    """How far phi_b moves when the sequence's log-ratio sum moves by at most err_sum (both clamps are
+    monotone and 1-Lipschitz, so the clamped sum stays in [clamp(s - E), clamp(s + E)]): phi is
+    unimodal in u (peak at log(k / lambda)), so its ends and the peak bound it."""
+    raw = (log_ratio.clamp(-20.0, 20.0) * mf).sum(-1, keepdim=True)
+    k, lam = _vespo_shape(A, p)
+    lo, hi = (raw - err_sum).clamp(_VESPO_LOW, 20.0), (raw + err_sum).clamp(_VESPO_LOW, 20.0)
+    peak = torch.log(k.clamp_min(1e-300) / lam).clamp(min=lo, max=hi)
+    base = phi[:, :1]
+    out = torch.zeros_like(base)
+    for u in (lo, hi, peak):
+        out = torch.maximum(out, (_phi(u, k, lam) - base).abs())
+    return out.expand_as(phi)
+
+
                                                                    + g * (1.0 + torch.exp(d)))
                                            + via.abs() * g + w * abs(p.beta) * r * (1.0 + g)
                                            * (torch.exp(d) * torch.expm1(e) + e))

@@ -13,9 +13,15 @@ KNOWN_PARAMETERS = {
     "epsilon_low", "epsilon_high", "temperature", "loss_type", "importance_sampling_level", "beta",
     "max_completion_length", "delta", "sampling_ratio_cap", "num_items_in_batch", "num_processes",
     "use_bias_correction_kl", "vllm_importance_sampling_mode", "gradient_accumulation_steps", "steps_per_generation",
+    # sapo and vespo (TRL 1.16's names)
+    "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
 }
+# parameters that belong to one loss type (declared with it and only with it)
+_OWN_PARAMETERS = {"sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
+                   "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")}
 # loss_type -> the reductions it may be stated with
-_REDUCTIONS = {"grpo": {"grpo"}, "bnpo": {"bnpo"}, "dr_grpo": {"dr_grpo"}, "dapo": {"dapo", "dapo_global", "dapo_trl"}, "cispo": {"dapo", "dapo_global"}}
+_REDUCTIONS = {"grpo": {"grpo"}, "bnpo": {"bnpo"}, "dr_grpo": {"dr_grpo"}, "dapo": {"dapo", "dapo_global", "dapo_trl"}, "cispo": {"dapo", "dapo_global"},
+               "sapo": {"grpo"}, "luspo": {"luspo"}, "vespo": {"dapo"}}
 _TYPES = {"float": (int, float), "int": (int,), "bool": (bool,), "str": (str,)}
 
 Fail = Callable[[str, str], None]
@@ -78,6 +84,13 @@ def check_member(doc: dict[str, Any], fail: Fail) -> None:
         fail("$.parameters", "num_items_in_batch and num_processes are declared together")
     if (sem.get("policy", "clip") == "cispo") != (loss_type == "cispo"):
         fail("$.semantics.policy", "policy cispo goes with (and only with) loss_type cispo")
+    for own, names in _OWN_PARAMETERS.items():
+        if (sem.get("policy", "clip") == own) != (loss_type == own):
+            fail("$.semantics.policy", f"policy {own} goes with (and only with) loss_type {own}")
+        if loss_type == own and not all(n in values for n in names) or loss_type != own and any(n in values for n in names):
+            fail("$.parameters", f"{', '.join(names)} are declared with (and only with) loss_type {own}")
+    if sem.get("policy", "clip") == "vespo" and sem["importance_sampling"] != "token":
+        fail("$.semantics.importance_sampling", "vespo forms its own sequence weight: importance_sampling token")
     if sem["importance_sampling"] != values.get("importance_sampling_level", "token"):
         fail("$.semantics.importance_sampling", "must equal the importance_sampling_level parameter (token without it)")
     if sem["importance_sampling"] == "sequence" and "old_logprobs" not in inputs:

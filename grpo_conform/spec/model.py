@@ -251,7 +251,7 @@ class Semantics(_Frozen):
     reduction: str
     old_logprobs: str = ""
     formula: tuple[str, ...] = ()
-    policy: Literal["clip", "cispo"] = "clip"  # v2
+    policy: Literal["clip", "cispo", "sapo", "vespo"] = "clip"  # v2
     # v2: the sampling-ratio weight; vllm-truncate is TRL's token_truncate, the others its other modes (issue 33)
     correction: Literal["none", "vllm-truncate", "vllm-token-mask", "vllm-sequence-truncate",
                         "vllm-sequence-mask"] = "none"

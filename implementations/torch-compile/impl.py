@@ -11,7 +11,7 @@ import torch._dynamo
 
 torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
 
-_NORMALISED = {"grpo", "bnpo", "dr_grpo", "dapo", "cispo"}
+_NORMALISED = {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}
 
 
 def _mask(completion_mask, completion_ids):
@@ -25,14 +25,16 @@ def _reduce(per_token, keep, loss_type, max_completion_length, num_items_in_batc
     batch, seq = keep.shape
     m = keep.to(torch.float32)
     per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         return (per_token.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "luspo":  # each sequence's sum (its mean scaled by its length), then the batch mean
+        return per_token.sum(-1).mean()
     if loss_type == "bnpo":
         return per_token.sum() / m.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
         length = seq if max_completion_length is None else max_completion_length
         return per_token.sum() / (batch * length)
-    # dapo and cispo: the token count of the generation batch per process when it is given,
+    # dapo, cispo and vespo: the token count of the generation batch per process when it is given,
     # else this batch's token count (one process).
     if num_items_in_batch is not None and gradient_accumulation_steps is not None:
         # TRL 1.16 in training: clamp N at 1 first, then / processes, times the accumulation factor
@@ -50,7 +52,8 @@ def _eager(logits, completion_ids, advantages, epsilon_low, epsilon_high, temper
               completion_mask=None, sampling_ratio=None, beta=0.0, max_completion_length=None, delta=None,
               sampling_ratio_cap=None, num_items_in_batch=None, num_processes=1, use_bias_correction_kl=False,
               vllm_importance_sampling_mode="token_truncate", gradient_accumulation_steps=None,
-              steps_per_generation=None):
+              steps_per_generation=None, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
+              vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0):
     loss_type = str(loss_type).replace("-", "_")
     if loss_type not in _NORMALISED:
         raise ValueError(f"loss_type {loss_type!r} is not implemented (expected one of {sorted(_NORMALISED)})")
@@ -74,7 +77,20 @@ def _eager(logits, completion_ids, advantages, epsilon_low, epsilon_high, temper
         ratio = torch.exp(log_ratio)
     adv = advantages.float().unsqueeze(-1)
 
-    if loss_type == "cispo":
+    if loss_type == "sapo":
+        # a soft gate instead of the clip: 4/tau * sigmoid(tau (r - 1)), tau by the advantage's sign
+        tau = torch.where(adv > 0, torch.full_like(adv, sapo_temperature_pos), torch.full_like(adv, sapo_temperature_neg))
+        per_token = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv
+    elif loss_type == "vespo":
+        # a constant per-sequence gamma weight phi(w) of the sequence's ratio w (a sum of log-ratios,
+        # clamped as TRL clamps it), times log-probs: the gradient flows through logp only
+        u = (log_ratio.detach().clamp(-20.0, 20.0) * m).sum(-1, keepdim=True).clamp(-18.420680743952367, 20.0)
+        nonneg = adv >= 0
+        k = torch.where(nonneg, torch.full_like(adv, vespo_k_pos), torch.full_like(adv, vespo_k_neg))
+        lam = torch.where(nonneg, torch.full_like(adv, vespo_lambda_pos), torch.full_like(adv, vespo_lambda_neg)).clamp(min=1e-4)
+        phi = torch.nan_to_num(torch.exp(lam + k * u - lam * torch.exp(u)), nan=0.0, posinf=0.0, neginf=0.0)
+        per_token = -phi * adv * logp
+    elif loss_type == "cispo":
         # the clipped ratio is a constant weight; the gradient flows through logp only
         weight = torch.clamp(ratio, max=epsilon_high).detach()
         per_token = -weight * adv * logp

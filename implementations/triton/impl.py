@@ -4,8 +4,9 @@ Seed call: `grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_h
 Family members add keyword inputs (`old_logprobs`, `ref_logprobs`, `completion_mask`,
 `sampling_ratio`, each [batch, seq]) and parameters (`loss_type`, `importance_sampling_level`,
 `beta`, `max_completion_length`, `delta`, `sampling_ratio_cap`, `num_items_in_batch`,
-`num_processes`, and TRL 1.16's `use_bias_correction_kl`, `vllm_importance_sampling_mode`,
-`gradient_accumulation_steps`, `steps_per_generation`). Returns a 0-d float32 loss, differentiable w.r.t. logits.
+`num_processes`, TRL 1.16's `use_bias_correction_kl`, `vllm_importance_sampling_mode`,
+`gradient_accumulation_steps`, `steps_per_generation`, and `sapo_temperature_pos/neg`, `vespo_k_pos`,
+`vespo_lambda_pos`, `vespo_k_neg`, `vespo_lambda_neg`). Returns a 0-d float32 loss, differentiable w.r.t. logits.
 
 Per call: one dictionary look-up for the plan of this shape/member/stream (plan.py), then the
 kernels. Kernels in members.py (plain Triton) and staged.py (Gluon, CUDA), autograd in function.py.
@@ -38,7 +39,8 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low=0.2, epsilon_high=
               importance_sampling_level="token", beta=0.0, max_completion_length=None, delta=None,
               sampling_ratio_cap=None, num_items_in_batch=None, num_processes=1, use_bias_correction_kl=False,
               vllm_importance_sampling_mode="token_truncate", gradient_accumulation_steps=None,
-              steps_per_generation=None):
+              steps_per_generation=None, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
+              vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0):
     if logits.dim() != 3 or completion_ids.dim() != 2 or logits.shape[1] != completion_ids.shape[1] + 1:
         raise ValueError(f"logits must be [batch, seq + 1, vocab] for completion_ids [batch, seq]; got "
                          f"{tuple(logits.shape)} and {tuple(completion_ids.shape)}")
@@ -57,7 +59,8 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low=0.2, epsilon_high=
            _tag(ref), _tag(mask), _tag(rho), float(epsilon_low),
            float(epsilon_high), float(temperature), loss_type, importance_sampling_level, beta,
            max_completion_length, delta, sampling_ratio_cap, num_items_in_batch, num_processes,
-           use_bias_correction_kl, vllm_importance_sampling_mode, gradient_accumulation_steps, steps_per_generation)
+           use_bias_correction_kl, vllm_importance_sampling_mode, gradient_accumulation_steps, steps_per_generation,
+           sapo_temperature_pos, sapo_temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg)
     plan = _PLANS.get(key)
     if plan is None:
         batch, seq = completion_ids.shape
@@ -74,7 +77,9 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low=0.2, epsilon_high=
                            num_processes=num_processes, use_bias_correction_kl=use_bias_correction_kl,
                            vllm_importance_sampling_mode=vllm_importance_sampling_mode,
                            gradient_accumulation_steps=gradient_accumulation_steps,
-                           steps_per_generation=steps_per_generation)
+                           steps_per_generation=steps_per_generation, sapo_temperature_pos=sapo_temperature_pos,
+                           sapo_temperature_neg=sapo_temperature_neg, vespo_k_pos=vespo_k_pos,
+                           vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg)
         tuning = cpu_tuning(logits.shape[-1]) if device.type != "cuda" or interpreting() else GPU_TUNING
         plan = _PLANS[key] = Plan(logits, sem, tuning, stream)
     # Absent inputs: any tensor of this device stands in (the kernels never read it).

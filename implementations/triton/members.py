@@ -64,13 +64,23 @@ def _differences(x_c, m, log_s, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_O
 
 
 @triton.jit
-def _policy_terms(lr, logp, adv, eps_low, eps_high, delta, HAS_DELTA: tl.constexpr, CISPO: tl.constexpr):
-    """(l, dl/dlogp) of the policy term at log-ratio lr. Ties pick the unclipped branch."""
+def _policy_terms(lr, logp, adv, eps_low, eps_high, delta, HAS_DELTA: tl.constexpr, CISPO: tl.constexpr,
+                  SAPO: tl.constexpr):
+    """(l, dl/dlogp) of the policy term at log-ratio lr. Ties pick the unclipped branch. SAPO: eps_low
+    and eps_high are the gate temperatures for A > 0 and A <= 0 (plan.semantics_of)."""
     ratio = tl.exp(lr)
     if CISPO:
         weight = tl.minimum(ratio, eps_high)  # detached: only logp carries the gradient
         loss = -weight * adv * logp
         dlogp = -weight * adv
+    elif SAPO:
+        tau = tl.where(adv > 0, eps_low, eps_high)
+        x = tau * (ratio - 1.0)
+        # s (1 - s) as e / (1 + e)^2 with e = exp(-|x|): no cancellation in 1 - s where the gate saturates
+        e = tl.exp(-tl.abs(x))
+        s = tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        loss = -(4.0 / tau) * s * adv
+        dlogp = -4.0 * (e / ((1.0 + e) * (1.0 + e))) * ratio * adv
     else:
         c1 = ratio
         if HAS_DELTA:
@@ -97,13 +107,13 @@ def _kl_terms(d, beta):
 @triton.jit
 def _token_terms(logp, lr, dref, token, adv, w, rho_ptr, eps_low, eps_high, delta, beta, cap,
                  HAS_KL: tl.constexpr, HAS_RHO: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr,
-                 CISPO: tl.constexpr, KL_BC: tl.constexpr, RHO_MASK: tl.constexpr):
+                 CISPO: tl.constexpr, KL_BC: tl.constexpr, RHO_MASK: tl.constexpr, SAPO: tl.constexpr):
     """Weighted (loss, dL/dlogp) of one token (or a block of tokens) of a token-level member.
     rho_ptr + token: the token's sampling ratio, or (TRL's sequence modes) its sequence's, which
     _norm_kernel formed; RHO_MASK zeroes a ratio above the cap (TRL's *_mask), else it is truncated.
     KL_BC (TRL 1.16's use_bias_correction_kl): the k3 term times r = exp(lr), whose gradient makes
     d(beta k3 r)/dlogp = -beta r (ref - logp): one product, no cancellation."""
-    loss, dlogp = _policy_terms(lr, logp, adv, eps_low, eps_high, delta, HAS_DELTA, CISPO)
+    loss, dlogp = _policy_terms(lr, logp, adv, eps_low, eps_high, delta, HAS_DELTA, CISPO, SAPO)
     if HAS_RHO:
         rho = tl.load(rho_ptr + token).to(tl.float32)
         if HAS_CAP:
@@ -194,13 +204,17 @@ def _stats_kernel(logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, part_ptr, cou
 @triton.jit
 def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, loss_ptr,
                   batch, seq, tokens, inv_temp, inv_lo, eps_low, eps_high, delta, beta, cap, w_const,
+                  vk_pos, vl_pos, vk_neg, vl_neg,
                   HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RHO: tl.constexpr,
                   HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, KL_BC: tl.constexpr,
-                  RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, NEEDS_LOGP: tl.constexpr,
-                  NORM: tl.constexpr, SEQUENCE: tl.constexpr, WRITE_COEF: tl.constexpr, BLOCK_T: tl.constexpr):
+                  RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, SAPO: tl.constexpr, NEEDS_LOGP: tl.constexpr,
+                  NORM: tl.constexpr, SEQUENCE: tl.constexpr, VESPO: tl.constexpr, WRITE_COEF: tl.constexpr,
+                  BLOCK_T: tl.constexpr):
     """NORM: 0 constant weight w_const, 1 per sequence (grpo), 2 over the batch (bnpo, dapo). SEQ_RHO:
     rb_ptr holds each sequence's sampling ratio (_norm_kernel ran first); sequence level (SEQUENCE)
-    supports neither SEQ_RHO nor KL_BC (plan.semantics_of refuses them)."""
+    supports neither SEQ_RHO nor KL_BC (plan.semantics_of refuses them).
+    VESPO: phi_b = exp(lambda + k u - lambda e^u) of u = clamp(sum_t m clamp(logp - old, +-20), ln 1e-8, 20),
+    (k, lambda) = (vk_pos, vl_pos) where A >= 0 else (vk_neg, vl_neg); l = -phi_b A logp, phi_b constant."""
     total_n = 0.0
     if HAS_MASK and NORM == 2:
         acc = tl.zeros([BLOCK_T], tl.float32)
@@ -214,7 +228,7 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, 
         n_acc = tl.zeros([BLOCK_T], tl.float32)
         lr_acc = tl.zeros([BLOCK_T], tl.float32)
         rho_acc = tl.zeros([BLOCK_T], tl.float32)
-        if (HAS_MASK and NORM == 1) or SEQUENCE:
+        if (HAS_MASK and NORM == 1) or SEQUENCE or VESPO:
             for t0 in range(0, seq, BLOCK_T):
                 t = t0 + tl.arange(0, BLOCK_T)
                 live = t < seq
@@ -223,6 +237,10 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, 
                 n_acc += tl.where(live, 1.0, 0.0)
                 if SEQUENCE:
                     lr_acc += tl.where(live, tl.load(ws_ptr + 5 * tokens + b * seq + t, mask=live, other=0.0), 0.0)
+                if VESPO:
+                    if HAS_OLD:
+                        lr_t = tl.load(ws_ptr + 5 * tokens + b * seq + t, mask=live, other=0.0)
+                        lr_acc += tl.where(live, tl.minimum(tl.maximum(lr_t, -20.0), 20.0), 0.0)
                     if HAS_RHO:
                         rho = tl.load(rho_ptr + b * seq + t, mask=live, other=0.0).to(tl.float32)
                         if HAS_CAP:
@@ -239,9 +257,16 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, 
         else:
             wb = w_const
         seq_coef = 0.0
+        phi = 0.0
+        if VESPO:  # TRL's get_gamma_weights; a non-finite weight counts as 0, as its nan_to_num
+            u = tl.minimum(tl.maximum(tl.sum(lr_acc, axis=0), -18.420680743952367), 20.0)
+            k_b = tl.where(adv >= 0, vk_pos, vk_neg)
+            lam_b = tl.where(adv >= 0, vl_pos, vl_neg)
+            phi = tl.exp(lam_b + k_b * u - lam_b * tl.exp(u))
+            phi = tl.where(tl.abs(phi) < float("inf"), phi, 0.0)
         if SEQUENCE:  # every token of sequence b uses s_b = exp(sum_t m (logp - old) / max(1, n_b))
             mean_lr = tl.sum(lr_acc, axis=0) / tl.maximum(n_b, 1.0)
-            l_s, dl_s = _policy_terms(mean_lr, mean_lr, adv, eps_low, eps_high, delta, HAS_DELTA, False)
+            l_s, dl_s = _policy_terms(mean_lr, mean_lr, adv, eps_low, eps_high, delta, HAS_DELTA, False, False)
             if HAS_RHO:
                 weight_sum = wb * tl.sum(rho_acc, axis=0)
             else:
@@ -271,6 +296,15 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, 
                     kl, dkl = _kl_terms(dref, beta)
                     loss_acc += tl.where(live, kl * wb, 0.0)
                     dlogp = dlogp + dkl * wb
+            elif VESPO:
+                loss = -phi * adv * logp
+                dlogp = tl.zeros([BLOCK_T], tl.float32) - phi * adv
+                if HAS_KL:
+                    kl, dkl = _kl_terms(dref, beta)
+                    loss = loss + kl
+                    dlogp = dlogp + dkl
+                loss_acc += tl.where(live, loss * wb, 0.0)
+                dlogp = dlogp * wb
             else:
                 if SEQ_RHO:
                     q_ptr = rb_ptr
@@ -280,7 +314,7 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, 
                     q_idx = tl.where(live, token, 0)
                 loss, dlogp = _token_terms(logp, lr, dref, q_idx, adv, wb, q_ptr,
                                            eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA,
-                                           HAS_CAP, CISPO, KL_BC, RHO_MASK)
+                                           HAS_CAP, CISPO, KL_BC, RHO_MASK, SAPO)
                 loss_acc += tl.where(live, loss, 0.0)
             if WRITE_COEF:
                 tl.store(ws_ptr + 3 * tokens + token, tl.where(live, -dlogp * inv_temp, 0.0), mask=t < seq)
@@ -294,7 +328,7 @@ def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_p
                  w_const, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
                  HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RHO: tl.constexpr,
                  HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, KL_BC: tl.constexpr,
-                 RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, PER_SEQ_W: tl.constexpr,
+                 RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, SAPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
                  HINTS: tl.constexpr, IN_BACKWARD: tl.constexpr):
     """IN_BACKWARD: flag_ptr is d loss; the gradient is always written, ws is not touched."""
     pid = tl.program_id(0)
@@ -357,7 +391,7 @@ def _main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_p
             q_idx = token
         loss, dlogp = _token_terms(logp, lr, dref, q_idx, tl.load(adv_ptr + b).to(tl.float32), w, q_ptr,
                                    eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA, HAS_CAP, CISPO,
-                                   KL_BC, RHO_MASK)
+                                   KL_BC, RHO_MASK, SAPO)
         coef = -dlogp * inv_temp
         if not IN_BACKWARD:
             if writer:

@@ -35,7 +35,7 @@ import triton
 
 from . import fastlaunch, members
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 
 
 def interpreting() -> bool:
@@ -57,6 +57,8 @@ class Semantics:
     has_delta: bool
     has_cap: bool
     cispo: bool
+    sapo: bool  # the clip's two scalars (eps_low, eps_high) carry SAPO's gate temperatures (pos, neg)
+    vespo: bool  # the sequence's gamma weight couples its tokens: the path of sequence-level ratios
     sequence: bool
     norm: int  # 0: constant weight w_const, 1: per sequence (grpo), 2: over the batch (bnpo, dapo)
     w_const: float
@@ -70,18 +72,27 @@ class Semantics:
     kl_bc: bool = False  # TRL 1.16's use_bias_correction_kl: the k3 term times the ratio
     rho_mask: bool = False  # TRL's *_mask vLLM modes: a ratio above the cap is 0 (else truncated)
     seq_rho: bool = False  # TRL's sequence_* vLLM modes: one sampling ratio per sequence (_norm_kernel)
+    vespo_args: tuple = (0.0, 0.0, 0.0, 0.0)  # VESPO's k_pos, lambda_pos, k_neg, lambda_neg (lambda >= 1e-4)
 
     @property
     def needs_logp(self) -> bool:
         """The loss depends on the logits (token-is's ratio is exactly 1: its loss is a function of A)."""
-        return self.has_old or self.has_kl or self.cispo
+        return self.has_old or self.has_kl or self.cispo or self.vespo
+
+    @property
+    def coupled(self) -> bool:
+        """A token's coefficient needs its whole sequence (GSPO's ratio, VESPO's weight): statistics in
+        forward, gradient in backward."""
+        return self.sequence or self.vespo
 
 
 def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask: bool, has_rho: bool,
                  epsilon_low, epsilon_high, temperature, loss_type, importance_sampling_level, beta,
                  max_completion_length, delta, sampling_ratio_cap, num_items_in_batch, num_processes,
                  use_bias_correction_kl=False, vllm_importance_sampling_mode="token_truncate",
-                 gradient_accumulation_steps=None, steps_per_generation=None) -> Semantics:
+                 gradient_accumulation_steps=None, steps_per_generation=None,
+                 sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0, vespo_lambda_pos=3.0,
+                 vespo_k_neg=3.0, vespo_lambda_neg=2.0) -> Semantics:
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}; got {loss_type!r}")
     if importance_sampling_level not in ("token", "sequence"):
@@ -89,8 +100,14 @@ def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask
     sequence = importance_sampling_level == "sequence"
     if sequence and not has_old:
         raise ValueError("importance_sampling_level='sequence' needs old_logprobs")
-    if sequence and loss_type == "cispo":
-        raise ValueError("loss_type='cispo' is implemented at token level only")
+    if sequence and loss_type in ("cispo", "sapo", "vespo"):
+        raise ValueError(f"loss_type={loss_type!r} is implemented at token level only")
+    if loss_type == "sapo" and not (float(sapo_temperature_pos) > 0 and float(sapo_temperature_neg) > 0):
+        raise ValueError("sapo_temperature_pos and sapo_temperature_neg must be > 0")
+    if loss_type == "vespo" and has_rho:
+        raise ValueError("loss_type='vespo' with sampling_ratio is not implemented (TRL folds it into the weight)")
+    if loss_type == "vespo" and delta is not None or loss_type == "sapo" and delta is not None:
+        raise ValueError(f"delta applies to the clip only, not to loss_type={loss_type!r}")
     beta = float(beta or 0.0)
     if beta != 0.0 and not has_ref:
         raise ValueError("beta != 0 needs ref_logprobs [batch, seq]")
@@ -107,31 +124,39 @@ def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask
     norm, w_const = 0, 1.0 / (batch * max(1, seq))
     if loss_type == "dr_grpo":
         w_const = 1.0 / (batch * (max(1, seq) if max_completion_length is None else int(max_completion_length)))
-    elif loss_type in ("dapo", "cispo") and num_items_in_batch is not None and gradient_accumulation_steps is not None:
+    elif loss_type == "luspo":  # every kept token weighs 1 / B (a sequence's sum, then the batch mean)
+        w_const = 1.0 / batch
+    elif loss_type in ("dapo", "cispo", "vespo") and num_items_in_batch is not None and gradient_accumulation_steps is not None:
         # TRL 1.16 in training: max(1, N) / P * gradient_accumulation_steps / steps_per_generation
         steps = gradient_accumulation_steps if steps_per_generation is None else steps_per_generation
         w_const = 1.0 / (max(1.0, float(num_items_in_batch)) / float(num_processes or 1)
                          * float(gradient_accumulation_steps) / float(steps))
-    elif loss_type in ("dapo", "cispo") and num_items_in_batch is not None:
+    elif loss_type in ("dapo", "cispo", "vespo") and num_items_in_batch is not None:
         w_const = 1.0 / max(1.0, float(num_items_in_batch) / float(num_processes or 1))
     elif has_mask:
-        norm = 1 if loss_type == "grpo" else 2
+        norm = 1 if loss_type in ("grpo", "sapo") else 2
+    sapo = loss_type == "sapo"
+    if sapo:  # the gate temperatures travel in the clip's scalars (the clip has no role in SAPO)
+        epsilon_low, epsilon_high = sapo_temperature_pos, sapo_temperature_neg
     return Semantics(
         has_old=has_old, has_kl=beta != 0.0, has_mask=has_mask, has_rho=has_rho, has_delta=delta is not None,
-        has_cap=has_rho and sampling_ratio_cap is not None, cispo=loss_type == "cispo", sequence=sequence,
+        has_cap=has_rho and sampling_ratio_cap is not None, cispo=loss_type == "cispo", sapo=sapo,
+        vespo=loss_type == "vespo", sequence=sequence,
         norm=norm, w_const=w_const, inv_temp=_fp32(1.0 / float(temperature)),
         inv_lo=1.0 / float(temperature) - _fp32(1.0 / float(temperature)), eps_low=float(epsilon_low),
         eps_high=float(epsilon_high), delta=float(delta) if delta is not None else 0.0, beta=beta,
         cap=float(sampling_ratio_cap) if sampling_ratio_cap is not None else 0.0,
         kl_bc=bool(use_bias_correction_kl) and beta != 0.0, rho_mask=has_rho and mode.endswith("mask"),
-        seq_rho=seq_rho)
+        seq_rho=seq_rho,
+        vespo_args=(float(vespo_k_pos), max(float(vespo_lambda_pos), 1e-4), float(vespo_k_neg),
+                    max(float(vespo_lambda_neg), 1e-4)))
 
 
 def kernel_switches(s: Semantics) -> dict:
     """The member switches the main kernels (plain and staged) are specialised on; also what
     tests/test_triton_members.py compiles the staged kernels for."""
     return dict(HAS_OLD=s.has_old, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_RHO=s.has_rho, HAS_DELTA=s.has_delta,
-                HAS_CAP=s.has_cap, CISPO=s.cispo, KL_BC=s.kl_bc, RHO_MASK=s.rho_mask, SEQ_RHO=s.seq_rho)
+                HAS_CAP=s.has_cap, CISPO=s.cispo, KL_BC=s.kl_bc, RHO_MASK=s.rho_mask, SEQ_RHO=s.seq_rho, SAPO=s.sapo)
 
 
 @dataclass(frozen=True)
@@ -211,10 +236,11 @@ class Plan:
         # [mode of the next forward, d loss of the last backward]; first guess: mode 0, d loss = 1
         self.flag = torch.tensor([0.0, 1.0], dtype=torch.float32, device=self.device)
         # The loss does not read the logits: everything logits-related happens in backward.
-        self.deferred = not sem.needs_logp and not sem.sequence
+        self.deferred = not sem.needs_logp and not sem.coupled
         self.stride_b, self.stride_t = logits.stride(0), logits.stride(1)
         s = sem
         self.term_args = (s.inv_temp, s.inv_lo, s.eps_low, s.eps_high, s.delta, s.beta, s.cap, s.w_const)
+        self.vespo_args = s.vespo_args
         self.switches = kernel_switches(s)
         self.block_t = min(1024, triton.next_power_of_2(max(1, self.seq)))
         cuda = logits.is_cuda and not interpreting()
@@ -277,7 +303,8 @@ class Plan:
         c, o = cfg(self.stats_cfg, HAS_MASK=s.has_mask, HAS_OLD=s.has_old, HAS_KL=s.has_kl)
         self.l_stats = L(members._stats_kernel, (self.tokens * self.stats_n,), c, o, self.fast)
         self.l_terms = [L(members._terms_kernel, (1,), dict(**sw, NEEDS_LOGP=s.needs_logp, NORM=s.norm,
-                                                            SEQUENCE=s.sequence, WRITE_COEF=w, BLOCK_T=self.block_t),
+                                                            SEQUENCE=s.sequence, VESPO=s.vespo, WRITE_COEF=w,
+                                                            BLOCK_T=self.block_t),
                           {"num_warps": 4}, self.fast) for w in (False, True)]
         self.l_norm = L(members._norm_kernel, (1,), dict(GLOBAL=s.norm == 2, WRITE_W=s.norm != 0, SEQ_RHO=s.seq_rho,
                                                          HAS_MASK=s.has_mask, BLOCK_T=self.block_t),
@@ -286,8 +313,8 @@ class Plan:
                          *cfg(self.main_cfg, **sw, PER_SEQ_W=s.norm != 0, IN_BACKWARD=bwd), self.fast)
                        for bwd in (False, True)]
         self.l_finalize = L(members._finalize_kernel, (1,), dict(BLOCK=1024), {"num_warps": 4}, self.fast)
-        self.l_grad = [L(members._grad_kernel, self.grad_grid, {**cfg(self.grad_cfg)[0], "FORCE_STATS": f or s.sequence,
-                                                                 "UPDATE_FLAG": not s.sequence},
+        self.l_grad = [L(members._grad_kernel, self.grad_grid, {**cfg(self.grad_cfg)[0], "FORCE_STATS": f or s.coupled,
+                                                                 "UPDATE_FLAG": not s.coupled},
                          {"num_warps": self.grad_cfg["num_warps"]}, self.fast) for f in (False, True)]
         self.l_staged = {}  # staged_members fills it
 
@@ -319,7 +346,7 @@ class Plan:
         _logits, _ids, adv, old, ref, mask, rho = x
         rb = self._per_sequence(x)[1] if self.sem.seq_rho else adv
         self.l_terms[write_coef](self.stream, ws, adv, old, ref, mask, rho, rb, loss, self.batch, self.seq,
-                                 self.tokens, *self.term_args)
+                                 self.tokens, *self.term_args, *self.vespo_args)
 
     def forward(self, x) -> torch.Tensor:
         """The loss only: the logits are read once, and only where the loss depends on them."""
@@ -339,7 +366,7 @@ class Plan:
         loss = torch.empty((), dtype=torch.float32, device=self.device)
         grad = torch.empty(self.grad_shape, dtype=self.dtype, device=self.device)
         ws = self._ws()
-        if self.sem.sequence:  # the coefficient couples a whole sequence: gradient always in backward
+        if self.sem.coupled:  # the coefficient couples a whole sequence: gradient always in backward
             if self.tokens:
                 self._stats(x, ws)
             self._terms(x, ws, loss, write_coef=True)

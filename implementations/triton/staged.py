@@ -133,13 +133,21 @@ def _member_differences(x_c, m, l2, inv_temp, inv_lo, token, old_ptr, ref_ptr, H
 @gluon.jit
 def _member_terms(logp, lr, dref, token, adv, w, rho_ptr, eps_low, eps_high, delta, beta, cap,
                   HAS_KL: gl.constexpr, HAS_RHO: gl.constexpr, HAS_DELTA: gl.constexpr, HAS_CAP: gl.constexpr,
-                  CISPO: gl.constexpr, KL_BC: gl.constexpr, RHO_MASK: gl.constexpr):
-    """Weighted (loss, dL/dlogp) of one token at log-ratio lr; ties pick the unclipped branch."""
+                  CISPO: gl.constexpr, KL_BC: gl.constexpr, RHO_MASK: gl.constexpr, SAPO: gl.constexpr):
+    """Weighted (loss, dL/dlogp) of one token at log-ratio lr; ties pick the unclipped branch. SAPO:
+    eps_low / eps_high are the gate temperatures (members._policy_terms)."""
     ratio = gl.exp(lr)
     if CISPO:
         cw = gl.minimum(ratio, eps_high)
         loss = -cw * adv * logp
         dlogp = -cw * adv
+    elif SAPO:
+        tau = gl.where(adv > 0, eps_low, eps_high)
+        x = tau * (ratio - 1.0)
+        e = gl.exp(-gl.maximum(x, -x))  # |x| with the calls the seed kernels use (triton 3.6 Gluon)
+        s = gl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        loss = -(4.0 / tau) * s * adv
+        dlogp = -4.0 * (e / ((1.0 + e) * (1.0 + e))) * ratio * adv
     else:
         c1 = ratio
         if HAS_DELTA:
@@ -189,7 +197,7 @@ def _staged_member_kernel(
     CHUNK: gl.constexpr, BLOCK: gl.constexpr, NUM_CHUNKS: gl.constexpr, CHUNKS_P2: gl.constexpr,
     VEC: gl.constexpr, THREAD_STATS: gl.constexpr, HAS_OLD: gl.constexpr, HAS_KL: gl.constexpr,
     HAS_MASK: gl.constexpr, HAS_RHO: gl.constexpr, HAS_DELTA: gl.constexpr, HAS_CAP: gl.constexpr,
-    CISPO: gl.constexpr, KL_BC: gl.constexpr, RHO_MASK: gl.constexpr, SEQ_RHO: gl.constexpr,
+    CISPO: gl.constexpr, KL_BC: gl.constexpr, RHO_MASK: gl.constexpr, SEQ_RHO: gl.constexpr, SAPO: gl.constexpr,
     PER_SEQ_W: gl.constexpr, IN_BACKWARD: gl.constexpr, INTERLEAVE: gl.constexpr,
 ):
     """members._main_kernel, staged: mode 0 writes c_pred times the gradient, 1 only the statistics
@@ -281,11 +289,11 @@ def _staged_member_kernel(
                 if SEQ_RHO:  # the sequence's sampling ratio (members._norm_kernel)
                     loss, dlogp = _member_terms(logp, lr, dref, b, gl.load(adv_ptr + b).to(gl.float32), w, rb_ptr,
                                                 eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA,
-                                                HAS_CAP, CISPO, KL_BC, RHO_MASK)
+                                                HAS_CAP, CISPO, KL_BC, RHO_MASK, SAPO)
                 else:
                     loss, dlogp = _member_terms(logp, lr, dref, token, gl.load(adv_ptr + b).to(gl.float32), w,
                                                 rho_ptr, eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO,
-                                                HAS_DELTA, HAS_CAP, CISPO, KL_BC, RHO_MASK)
+                                                HAS_DELTA, HAS_CAP, CISPO, KL_BC, RHO_MASK, SAPO)
                 coef = -dlogp * inv_temp
                 if not IN_BACKWARD:
                     if writer:

@@ -57,6 +57,12 @@ NOT claimed:
   (member -A * min(r, 1 + epsilon_high), verl -A * delta), by percents of the loss
   (tests/test_verl_dual_clip.py, with verl 0.9.1's formula restated in float64). No verl
   configuration computes the member over its domain, so it is not claimed.
+- sapo-mask: verl's loss_mode "sapo" (tau_pos, tau_neg) clamps the log-ratio to [-20, 20] (zero
+  gradient beyond, where the member's gate still has one) and forces "seq-mean-token-mean".
+- luspo-mask: verl 0.9.1 has no luspo; "vanilla" with "seq-mean-token-sum" and global_batch_size = B
+  is its normaliser (docs/spec-family.md), not wired into this adapter or tested against verl yet.
+- luspo-sequence-mask: the same with "gspo" (verl clamps the log sequence ratio at 10).
+- vespo-mask: verl 0.9.1 has no gamma-weight loss mode.
 """
 
 import math

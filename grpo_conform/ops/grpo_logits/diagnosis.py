@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, chunk_bounds, reference_logprobs
-from grpo_conform.ops.grpo_terms import mask_of
+from grpo_conform.ops.grpo_terms import mask_of, vespo_weight
 
 TRL_FORMER_BETA = 0.04  # Liger-Kernel 0.8.5's default beta (LigerFusedLinearGRPOLoss), TRL's before 0.19
 
@@ -65,7 +65,7 @@ def _kl(x, p):
 
 
 def _clip(x, p):
-    return p.loss_type != "cispo"
+    return p.loss_type not in ("cispo", "sapo", "vespo")
 
 
 def _not(loss_type):
@@ -82,11 +82,11 @@ def _vllm_other(mode):
 
 def _normaliser(p: GrpoParameters) -> str:
     lt = p.loss_type.replace("-", "_")
-    if lt in ("dapo", "cispo"):
+    if lt in ("dapo", "cispo", "vespo"):
         if p.num_items_in_batch is not None and p.gradient_accumulation_steps is not None:
             return "dapo_trl"  # issue 33's dapo-global-accum-mask
         return "dapo_global" if p.num_items_in_batch is not None else "bnpo"
-    return lt
+    return "grpo" if lt == "sapo" else lt
 
 
 VARIANTS: dict[str, Variant] = {
@@ -183,8 +183,13 @@ def variant_grid(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.T
         r = torch.exp((log_ratio * mf).sum(-1, keepdim=True) / n).expand(batch, seq)
     else:
         r = torch.exp(log_ratio)
-    objective = s.objective or ("cispo" if p.loss_type == "cispo" else "clip")
-    if objective == "cispo":
+    objective = s.objective or (p.loss_type if p.loss_type in ("cispo", "sapo", "vespo") else "clip")
+    if objective == "sapo":
+        tau = torch.where(adv > 0, torch.full_like(adv, p.sapo_temperature_pos), torch.full_like(adv, p.sapo_temperature_neg))
+        term = -(4.0 / tau) * torch.sigmoid(tau * (r - 1.0)) * adv
+    elif objective == "vespo":
+        term = -vespo_weight(log_ratio.detach(), m.to(torch.float64), adv, p) * adv * lp
+    elif objective == "cispo":
         term = -r.clamp(max=p.epsilon_high).detach() * adv * lp
     else:
         lo, hi = 1.0 - p.epsilon_low, 1.0 + p.epsilon_high
@@ -230,6 +235,8 @@ def _weights(m, p, normaliser, seq):
     batch = m.shape[0]
     if normaliser == "grpo":
         return mf / (batch * mf.sum(-1, keepdim=True).clamp_min(1.0))
+    if normaliser == "luspo":
+        return mf / batch
     if normaliser == "dr_grpo":
         return mf / (batch * (p.max_completion_length or max(1, seq)))
     if normaliser == "all_positions":

@@ -81,6 +81,8 @@ def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, 
     """float64 old log-probs on the CPU: logp - log r with r in every region, away from the boundaries."""
     batch, seq = logp.shape
     intervals = ratio_intervals(p, cfg)
+    if p.loss_type == "vespo":  # the weight depends on the sequence's *sum* of log-ratios: draw the sum
+        return logp.cpu() - vespo_log_ratios(keep, cfg, gen)
     if p.importance_sampling_level == "sequence":
         per_seq = draw_log_ratios(batch, intervals, gen)
         noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
@@ -90,6 +92,24 @@ def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, 
     else:
         log_r = draw_log_ratios(batch * seq, intervals, gen).view(batch, seq)
     return logp.cpu() - log_r
+
+
+VESPO_SUM = (math.log(0.2), math.log(4.0))  # w_b = exp(sum of log-ratios): where phi(w) is far from 0 and 1
+
+
+def vespo_log_ratios(keep: torch.Tensor, cfg: MemberInputs, gen: torch.Generator) -> torch.Tensor:
+    """Per-token log-ratios whose masked sum per sequence is log-uniform in VESPO_SUM (so the gamma
+    weight phi(w_b) is neither 0 nor 1 at any declared k, lambda), spread over the tokens with
+    `sequence_noise` of masked sum 0. Token-level ratios drawn one by one would sum to |log w| ~ 10
+    over a few dozen tokens: phi ~ 0 everywhere, nothing to tell a wrong weight from the right one."""
+    batch, seq = keep.shape
+    kf = keep.to(torch.float64)
+    n = kf.sum(-1, keepdim=True).clamp_min(1.0)
+    lo, hi = VESPO_SUM
+    total = lo + torch.rand(batch, 1, generator=gen, dtype=torch.float64) * (hi - lo)
+    noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
+    noise = noise - (noise * kf).sum(-1, keepdim=True) / n * kf
+    return total / n + noise
 
 
 def sampling_ratios(shape: tuple[int, int], cap: float, cfg: MemberInputs, gen: torch.Generator) -> torch.Tensor:
