@@ -242,6 +242,28 @@ def token_terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp: torch.Te
                 coef_error = coef_error + w * abs(p.beta) * r * (g * d.abs() + (1.0 + g) * e)
             elif moves:  # r moves by r g, k3 by e^d expm1(e) + e, (1 - e^d) by e^d expm1(e)
                 coef_error = coef_error + (w * abs(p.beta) * r * ((1.0 + g) * torch.exp(d) * torch.expm1(e)
+                                                                   + g * (1.0 + torch.exp(d)))
+                                           + via.abs() * g + w * abs(p.beta) * r * (1.0 + g)
+                                           * (torch.exp(d) * torch.expm1(e) + e))
+            if moves:
+                loss_error = loss_error + w * abs(p.beta) * r * ((1.0 + g) * (torch.exp(d) * torch.expm1(e) + e)
+                                                                 + k3 * g)
+        else:
+            loss = loss + p.beta * k3
+            dlogp = dlogp + w * p.beta * (1.0 - torch.exp(d))
+            scale = scale + w * abs(p.beta) * (1.0 + torch.exp(d))
+            if moves:
+                coef_error = coef_error + w * abs(p.beta) * torch.exp(d) * torch.expm1(e)
+                loss_error = loss_error + w * abs(p.beta) * (torch.exp(d) * torch.expm1(e) + e)
+    zero = torch.zeros_like(loss)
+    if not moves:
+        coef_error = loss_error = None if logp_error is None else zero
+    else:
+        coef_error, loss_error = torch.where(m, coef_error, zero), torch.where(m, loss_error, zero)
+    return TokenTerms(torch.where(m, w * loss, zero), torch.where(m, dlogp, zero), torch.where(m, scale, zero),
+                      coef_error, loss_error)
+
+
 def _sapo_terms(r, A, rho, w, p: GrpoParameters, g=None):
     """SAPO (TRL 1.16 `loss_type="sapo"`): l = -(4/tau) sigmoid(tau (r - 1)) A, tau by the sign of A
     (A > 0: positive); dl/dlogp = -4 s (1 - s) r A. With the ratio's relative error g, how far the
@@ -316,25 +338,3 @@ def _vespo_weight_error(log_ratio, mf, A, p: GrpoParameters, err_sum, phi):
     for u in (lo, hi, peak):
         out = torch.maximum(out, (_phi(u, k, lam) - base).abs())
     return out.expand_as(phi)
-
-
-                                                                   + g * (1.0 + torch.exp(d)))
-                                           + via.abs() * g + w * abs(p.beta) * r * (1.0 + g)
-                                           * (torch.exp(d) * torch.expm1(e) + e))
-            if moves:
-                loss_error = loss_error + w * abs(p.beta) * r * ((1.0 + g) * (torch.exp(d) * torch.expm1(e) + e)
-                                                                 + k3 * g)
-        else:
-            loss = loss + p.beta * k3
-            dlogp = dlogp + w * p.beta * (1.0 - torch.exp(d))
-            scale = scale + w * abs(p.beta) * (1.0 + torch.exp(d))
-            if moves:
-                coef_error = coef_error + w * abs(p.beta) * torch.exp(d) * torch.expm1(e)
-                loss_error = loss_error + w * abs(p.beta) * (torch.exp(d) * torch.expm1(e) + e)
-    zero = torch.zeros_like(loss)
-    if not moves:
-        coef_error = loss_error = None if logp_error is None else zero
-    else:
-        coef_error, loss_error = torch.where(m, coef_error, zero), torch.where(m, loss_error, zero)
-    return TokenTerms(torch.where(m, w * loss, zero), torch.where(m, dlogp, zero), torch.where(m, scale, zero),
-                      coef_error, loss_error)
