@@ -126,12 +126,12 @@ def spec_validate(files: tuple[str, ...]) -> None:
         if is_family_document(read_document(file)):
             fam = load_family(file)
             specs = fam.members()
-            out.print(f"{file}: valid (family {fam.id} {fam.version}, {len(specs)} members)", highlight=False)
+            out.print(f"{file}: valid (family {fam.id} {fam.version}, {len(specs)} members)", highlight=False, soft_wrap=True)
             for loaded in specs:
-                out.print(f"  {loaded.id}: sha256 {loaded.identity}", highlight=False)
+                out.print(f"  {loaded.id}: sha256 {loaded.identity}", highlight=False, soft_wrap=True)
             continue
         loaded = load_spec(file)
-        out.print(f"{file}: valid ({loaded.id} {loaded.version}, sha256 {loaded.identity})", highlight=False)
+        out.print(f"{file}: valid ({loaded.id} {loaded.version}, sha256 {loaded.identity})", highlight=False, soft_wrap=True)
 
 
 # -- check --------------------------------------------------------------------------------------
