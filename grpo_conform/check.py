@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.checks.probes import select as select_probes
 from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
 from grpo_conform.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EnvironmentProblem
@@ -320,13 +321,14 @@ def _load_message(p: ImplPlan, exc: Exception) -> str:
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
                  name: str, member: str) -> WorkloadResult:
     """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA)."""
-    from grpo_conform.gate.plan import select_outcomes, wants_timing
+    from grpo_conform.gate.plan import resolve_checks, select_outcomes, wants_timing
 
+    probes = select_probes(w.probes, resolve_checks(request.checks))  # -k narrows what runs, not only what shows
     resolved = spec.resolve(w, random.Random(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
     say(name, member, w.name, f"conformance {list(resolved.shapes['logits'])}")
-    outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, profile=w.probes, draws=draws).run())
+    outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
     outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
     timings: list = []
     timed: list[CheckOutcome] = []
