@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["cpu_time"]  # --cpu-durations=N (tests/cpu_time.py)
 
 
 def process_gone(pid: int) -> bool:
