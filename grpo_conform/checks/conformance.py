@@ -101,7 +101,7 @@ class WorkloadConformance:
     spec: Spec
     rw: ResolvedWorkload
     seeds: list[int]
-    probes: tuple[Probe, ...] = ()  # what `run` runs, in order (probes.select)
+    probes: tuple[Probe, ...]  # what `run` runs, in order (probes.select); () for judging only
     profile: str = "full"  # the workload's probe profile: named where a check it leaves out is skipped
     draws: dict[str, Any] = field(default_factory=dict)
 
