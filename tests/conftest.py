@@ -26,3 +26,15 @@ def spec():
     from grpo_conform.spec import load_spec
 
     return load_spec(SPEC_FILE)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that share a module-scoped fixture (a worker run, a subprocess, a wheel) go to one xdist
+    worker (`--dist loadgroup`, pyproject.toml), so that the fixture is built once, not once per worker."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        for name in getattr(info, "names_closure", ()):
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope == "module":
+                item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{name}"))
+                break
