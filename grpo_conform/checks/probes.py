@@ -381,7 +381,7 @@ _PROBES = (
     Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "finite"), ("input-layouts",),
           _contiguous_only),
     Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation")),
-    Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs")),
+    Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation")),
     Probe("retained-graph", retained_graph.__doc__, retained_graph, CALL + ("retained-graph", "finite")),
     Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),
     Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
