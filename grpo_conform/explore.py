@@ -246,7 +246,7 @@ EXPLORE_PROBE = Probe("explore-call", explore_call.__doc__, explore_call, PLAIN)
 def judge_case(session: WorkerSession, spec: Spec, case: dict[str, Any]) -> tuple[CheckOutcome, ...]:
     """One plain call on the case's inputs, judged in the parent (probe `explore-call`)."""
     rw = resolved_case(spec, case)
-    run = WorkloadConformance(session, spec, rw, [case["seed"], case["seed"]], probes=(EXPLORE_PROBE,), profile="explore",
+    run = WorkloadConformance(session, spec, rw, [case["seed"], case["seed"]], (EXPLORE_PROBE,), "explore",
                               draws={"explore_case": case})
     run.model = ReferenceModel(spec, dict(case["values"]))
     return tuple(o for o in run.run() if o.status != "skipped")

@@ -164,7 +164,7 @@ class WorkloadConformance:
             fed = {c for p in self.probes for c in p.feeds}
             for check in CONFORMANCE_CHECKS:
                 if check not in fed:
-                    self.book.skip(check, "not run: no probe of this run feeds it (left out by the check selection, -k)")
+                    self.book.skip(check, "not run: no probe of this run feeds it (left out by the -k selection)")
         except WorkerGone as gone:
             self.book.skip_rest(f"not run: the worker was lost ({gone.failure.kind}) before this check")
         except torch.OutOfMemoryError as exc:  # the validator's own buffers: never the implementation's fault
