@@ -28,6 +28,7 @@ def spec():
     return load_spec(SPEC_FILE)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (it suffixes node ids with the group)
 def pytest_collection_modifyitems(config, items):
     """Tests that share a module-scoped fixture (a worker run, a subprocess, a wheel) go to one xdist
     worker (`--dist loadgroup`, pyproject.toml), so that the fixture is built once, not once per worker."""
