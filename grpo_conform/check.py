@@ -31,13 +31,14 @@ from typing import Any, Iterable
 import torch
 
 from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.checks.probes import select as select_probes
 from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
 from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.exploration import explore_workload
 from grpo_conform.floors import compute_floor
 from grpo_conform.gate.parallel import run_slots
-from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, select_outcomes, wants_timing
+from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, resolve_checks, select_outcomes, wants_timing
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
@@ -274,11 +275,12 @@ class ScaleDraw(random.Random):
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
                  name: str, member: str) -> WorkloadResult:
     """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA)."""
+    probes = select_probes(w.probes, resolve_checks(request.checks))  # -k narrows what runs, not only what shows
     resolved = spec.resolve(w, ScaleDraw(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
     say(name, member, w.name, f"conformance {operation_for(spec).describe_workload(spec, resolved)}")
-    outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, profile=w.probes, draws=draws).run())
+    outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
     with PHASES("scan"):
         outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
     timings: list = []

@@ -35,8 +35,11 @@ def render_check(report: CheckReport, console: Console) -> None:
         console.print(f"spec: {spec.id} {spec.version}  sha256 {spec.identity}", soft_wrap=True, highlight=False)
     for impl in report.implementations:
         console.print()
+        verdict = impl.status.upper()
+        if impl.status == "conformant" and any(m.coverage.checks for m in impl.members or ()):
+            verdict = "PARTIAL: conformant on the checks -k selected, not a full verdict"  # never CONFORMANT
         console.print(Text.assemble((f"{impl.name}", "bold"), f"  {impl.path}  sha256 {impl.identity[:16]}…  ",
-                                    (impl.status.upper(), IMPL_STYLE[impl.status])), soft_wrap=True)
+                                    (verdict, IMPL_STYLE[impl.status])), soft_wrap=True)
         box = (impl.worker or {}).get("sandbox") or {}
         if box.get("kind") == "bwrap":  # --sandbox bwrap: say so where the verdict is read
             user = ((impl.worker or {}).get("user") or {}).get("user", "?")

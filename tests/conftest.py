@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["cpu_time"]  # --cpu-durations=N (tests/cpu_time.py)
 
 
 def process_gone(pid: int) -> bool:
@@ -27,5 +28,21 @@ def spec():
     return load_spec(SPEC_FILE)
 
 
-# The peers lane's hooks (tests/peers/peer_lane.py): deselected unless `-m peers`, a per-member table at the end
-from peers.peer_lane import pytest_collection_modifyitems, pytest_terminal_summary  # noqa: E402,F401
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (it suffixes node ids with the group)
+def pytest_collection_modifyitems(config, items):
+    """Tests that share a module-scoped fixture (a worker run, a subprocess, a wheel) go to one xdist
+    worker (`--dist loadgroup`, pyproject.toml), so that the fixture is built once, not once per worker;
+    then the peers lane's own selection (tests/peers/peer_lane.py: deselected unless `-m peers`)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        for name in getattr(info, "names_closure", ()):
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope == "module":
+                item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{name}"))
+                break
+    _peers_modifyitems(config, items)
+
+
+# The peers lane's hooks (tests/peers/peer_lane.py): its selection (above) and a per-member table at the end
+from peers.peer_lane import pytest_collection_modifyitems as _peers_modifyitems  # noqa: E402
+from peers.peer_lane import pytest_terminal_summary  # noqa: E402,F401

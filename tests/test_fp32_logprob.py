@@ -62,7 +62,7 @@ def _run(member: str, s0: int, s1: int, workload: str = "mask-fp32", old: bool =
     log-prob terms, as the judgment was before them."""
     spec = find_spec(f"grpo/{member}")
     rw = spec.resolve(spec.workload(workload), random.Random(0))
-    run = WorkloadConformance(types.SimpleNamespace(device=torch.device("cpu")), spec, rw, [s0, s1])
+    run = WorkloadConformance(types.SimpleNamespace(device=torch.device("cpu")), spec, rw, [s0, s1], ())
     if old:
         run._logp_error = lambda x: None
     return run

@@ -1,6 +1,11 @@
 """The example gallery: every folder under tests/gallery is an implementation with an expect.toml
 saying which exit code `check` must give and which named checks must fail (and pass). Every new
-way to cheat that anyone finds becomes a folder here."""
+way to cheat that anyone finds becomes a folder here.
+
+A failing folder is checked with `-k` of the checks its expect.toml reads (`selection`): only the
+probes feeding them run (checks/probes.py, `select`), so a folder costs its own probes, not all of
+them, and each run is also the hostile case of the selection: a folder that fails X fails `-k X`.
+A passing folder runs every probe (a verdict of conformance needs all of them)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import torch
 from conftest import GALLERY
 from grpo_conform.check import CheckRequest, run_check
 from grpo_conform.checks.registry import CHECKS_BY_NAME
+from grpo_conform.gate.selection import report_partial
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,6 +31,20 @@ WORKLOADS = ("odd-vocab",)  # odd vocab, three sequences: enough for every check
 
 def _expect(folder):
     return tomllib.loads((folder / "expect.toml").read_text())
+
+
+def selection(expect) -> tuple[str, ...]:
+    """The checks a folder is run with: none (all) for a passing folder; for a failing one those it must
+    fail and pass, the checks a deferred one defers to, and what its diagnosis and reports read."""
+    if expect["exit_code"] == 0:
+        return ()
+    names = set(expect.get("fails", [])) | set(expect.get("passes", []))
+    names |= {alt for alts in expect.get("fails_instead", {}).values() for alt in alts}
+    if "diagnosis" in expect:
+        names |= {"loss", "gradient"}
+    if expect.get("reported"):
+        names.add("determinism")
+    return tuple(sorted(names))
 
 
 def test_every_check_has_a_failing_example():
@@ -51,11 +71,15 @@ def test_gallery(folder):
     timeout = expect.get("timeout")
     started = time.monotonic()
     workloads = tuple(expect.get("workloads", WORKLOADS))  # a class that only other shapes expose
+    checks = selection(expect)
     report = run_check(CheckRequest((str(folder),), device="auto", workloads=workloads, timeout=timeout,
-                                    sandbox=sandbox))
+                                    sandbox=sandbox, checks=checks))
     elapsed = time.monotonic() - started
     assert report.exit_code == expect["exit_code"], report.implementations[0].message
     (impl,) = report.implementations
+    # a narrowed run says so (never a full verdict), and every probe's findings were declared
+    assert ("-k:" in (report_partial(report) or "")) == bool(checks) and impl.members[0].coverage.checks == checks
+    assert not [w.draws["undeclared_findings"] for w in impl.workloads if "undeclared_findings" in w.draws]
     outcomes = {o.check: o for w in impl.workloads for o in w.outcomes}
     instead = expect.get("fails_instead", {})
     for name in expect.get("fails", []):
@@ -84,3 +108,27 @@ def test_gallery(folder):
         assert det.evidence["bitwise_equal"] is expect["reported"]["determinism_bitwise"]
     if timeout:
         assert elapsed < timeout * 4 + 20, f"a hang must end within its timeout (took {elapsed:.1f} s)"
+
+
+@pytest.mark.slow
+def test_a_k_run_of_a_passing_folder_never_reads_conformant(tmp_path):
+    """`check -k`: only the selected checks' probes run, and the command line, the summary and the
+    record say it is partial; an implementation with no failure in them is never shown CONFORMANT."""
+    import os
+    import subprocess
+
+    from test_evidence_support import payload_of
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    base = [sys.executable, "-m", "grpo_conform", "check", str(GALLERY / "float64-eager"), "--device", "cpu",
+            "--workload", "odd-vocab", "-k", "forward-only", "--evidence-dir", str(tmp_path / "ev")]
+    run = subprocess.run(base, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "CONFORMANT" not in run.stdout and "PARTIAL" in run.stdout, run.stdout
+    assert "not a full verdict" in run.stdout + run.stderr
+    (record,) = (tmp_path / "ev").glob("*.intoto.json")
+    predicate = payload_of(record)["predicate"]
+    assert predicate["selection"]["partial"] is True and "gradient" in predicate["selection"]["left_out"]["checks"]
+    (workload,) = predicate["workloads"]
+    assert workload["draws"].get("call_patterns") == ["no-grad"]  # forward-only's probe alone ran
+    assert {o["check"] for o in workload["checks"]} == {"runs", "forward-only"}

@@ -129,6 +129,7 @@ def test_a_masked_workload_records_what_its_inputs_covered():
     from pathlib import Path
 
     from grpo_conform.checks.conformance import WorkloadConformance
+    from grpo_conform.checks.probes import select
     from grpo_conform.implementations import load_implementation
     from grpo_conform.isolation.session import WorkerSession
 
@@ -138,7 +139,7 @@ def test_a_masked_workload_records_what_its_inputs_covered():
                             torch.device("cpu"), 120.0, True)
     session.start()
     try:
-        run = WorkloadConformance(session, spec, rw, [21, 22])
+        run = WorkloadConformance(session, spec, rw, [21, 22], select("full"))
         outcomes = {o.check: o for o in run.run()}
     finally:
         session.close()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.checks.probes import select
 from grpo_conform.implementations import load_implementation
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.spec import find_spec
@@ -25,7 +26,7 @@ def _run(profile: str, keep_budget: int | None = None):
                             torch.device("cpu"), 120.0, True)
     session.start()
     try:
-        run = WorkloadConformance(session, spec, resolved, [11, 12], profile=profile)
+        run = WorkloadConformance(session, spec, resolved, [11, 12], select(profile), profile)
         if keep_budget is not None:
             run.keep_budget = keep_budget
         outcomes = {o.check: o for o in run.run()}

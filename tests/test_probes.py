@@ -8,7 +8,7 @@ import torch
 
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks.model import ReferenceModel, draw_values
-from grpo_conform.checks.probes import PROBES_BY_NAME, PROFILES
+from grpo_conform.checks.probes import PROBES_BY_NAME, PROFILES, select
 from grpo_conform.checks.registry import CHECKS_BY_NAME, CONFORMANCE_CHECKS
 from grpo_conform.compare import fp32_floor
 from grpo_conform.spec import find_spec, load_spec
@@ -21,8 +21,15 @@ def test_probes_feed_registered_checks_and_profiles_name_probes():
     for probe in PROBES_BY_NAME.values():
         assert probe.summary, probe.name
         assert set(probe.feeds) <= set(CONFORMANCE_CHECKS), probe.name
+        assert set(probe.own) <= set(probe.feeds), probe.name
     for name, probes in PROFILES.items():
         assert set(probes) <= set(PROBES_BY_NAME), name
+        for i, probe in enumerate(probes):  # what a probe needs runs before it, in every profile holding it
+            assert set(PROBES_BY_NAME[probe].needs) <= set(probes[:i]), (name, probe)
+    # C's outputs are read from its output slot: nothing may export into it in between
+    full = PROFILES["full"]
+    assert full.index("advantage-sign") == full.index("negated-advantages") + 1
+    assert {c for n in full for c in PROBES_BY_NAME[n].feeds} == set(CONFORMANCE_CHECKS)
     fed = {c for p in PROBES_BY_NAME.values() for c in p.feeds}
     for check in ("upstream-gradient", "non-leaf-logits", "interleaved-graphs", "input-layouts", "forward-only"):
         assert check in CHECKS_BY_NAME and check in fed
@@ -95,4 +102,54 @@ def test_call_pattern_probes_are_in_the_profiles_and_explore_call_in_none_but_it
     # Late, so that a kernel that turns wrong after N calls fails there and not in the probes before.
     assert full.index("repeated-calls") == len(full) - 2 and full[-1] == "end-reread"
     assert "retained-graph" not in PROFILES["core"]  # a second gradient of a huge shape
-    assert "explore-call" not in full and PROFILES["explore"] == ("explore-call",)
+    assert "explore" not in PROFILES and "explore-call" not in PROBES_BY_NAME  # explore.py hands its own probe
+
+
+def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
+    names = lambda checks, profile="full": [p.name for p in select(profile, checks)]  # noqa: E731
+    assert names(()) == list(PROFILES["full"])
+    assert names(("gradient",)) == ["baseline", "new-buffers", "extra-seeds", "input-cases"]
+    assert names(("advantage-sign",)) == ["baseline", "negated-advantages", "advantage-sign"]
+    assert names(("row-locality",)) == ["new-buffers", "row-locality"]  # its call reuses D's inputs in Q
+    assert names(("repeated-calls",)) == ["repeated-calls"]
+    assert names(("row-locality",), "core") == []  # nothing of the profile feeds it: reported as not run
+    # a check every call feeds keeps every probe that calls: its verdict under -k is the full run's
+    for check in ("runs", "no-mutation", "no-output-reuse"):
+        calling = [n for n in PROFILES["full"] if n not in ("advantage-sign", "end-reread", "inference-mode",
+                                                             "forward-only", "repeated-calls")]
+        assert set(calling) <= set(names((check,))), check
+    for check in CONFORMANCE_CHECKS:  # every probe of the profile that records a check is kept
+        kept = names((check,))
+        assert [n for n in PROFILES["full"] if check in PROBES_BY_NAME[n].feeds and n not in kept] == []
+
+
+def test_probes_declare_where_they_apply():
+    def ruled_out(spec):
+        return {n: p.applies(spec) for n, p in PROBES_BY_NAME.items() if p.applies(spec)}
+
+    seed = load_spec(SEED_FILE)  # on-policy token-is: no mask, no old or reference log-probs
+    assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "input-cases"}
+    kl = find_spec("grpo/token-offpolicy-mask-kl")
+    assert set(ruled_out(kl)) == {"advantage-sign", "zero-advantage"}
+    assert "KL term" in ruled_out(kl)["zero-advantage"]
+    masked = find_spec("grpo/token-offpolicy-mask")
+    assert set(ruled_out(masked)) == {"advantage-sign"}
+
+
+def test_the_engine_is_handed_its_probes_and_imports_no_probe_module():
+    """The circle conformance <-> probes <-> judging <-> patterns (issue 30 item 2) stays cut: the
+    engine imports none of them, anywhere in the file; judging and patterns do not import the registry."""
+    import ast
+    from pathlib import Path
+
+    checks = Path(__file__).resolve().parent.parent / "grpo_conform" / "checks"
+
+    def imported(name):
+        tree = ast.parse((checks / f"{name}.py").read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
+            {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+             for a in n.names}
+
+    forbidden = {f"grpo_conform.checks.{m}" for m in ("probes", "judging", "patterns")}
+    assert not imported("conformance") & forbidden
+    assert "grpo_conform.checks.probes" not in imported("judging") | imported("patterns")

@@ -56,6 +56,11 @@ class CheckBook:
         if not self.findings[check]:
             self.inapplicable[check] = reason
 
+    def marks(self) -> dict[str, int]:
+        """How much each check holds so far (findings, a skip reason, an inapplicability): what a
+        probe touched shows as a change between two marks."""
+        return {n: len(self.findings[n]) + (n in self.skipped) + (n in self.inapplicable) for n in self.findings}
+
     def outcomes(self) -> tuple[CheckOutcome, ...]:
         out = []
         for name in self.names:

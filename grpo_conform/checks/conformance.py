@@ -11,7 +11,9 @@ The engine here owns the buffers and the primitive steps a probe uses:
     upstream scalar applied to the reference (never to the implementation's output);
   - `fingerprint`: a keyed checksum of a call's outputs, compared again when every kept output
     is re-read at the end of the workload.
-The probes themselves (what each changes, which checks it feeds) are data in `probes.py`.
+The probes themselves (what each changes, which checks it feeds, where it applies) are data in
+`probes.py`; the engine is handed the probes it runs (`probes.select`: a profile, narrowed by `-k`
+before anything runs) and never imports that registry (probes and their judging import the engine).
 Random choices (parameters, upstream scalars, rows, positions) come from the parent's seed and
 are recorded in `draws`; the worker never sees a seed.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -40,8 +42,35 @@ from grpo_conform.spec import ResolvedWorkload, Spec
 
 PLAIN = ("runs", "contract", "loss", "gradient", "gradient-row-sums", "last-row-zero", "finite",
          "no-mutation", "no-aliasing")
+# What every judged call feeds besides its own check: whether it returned, whether it changed or
+# shares storage with its inputs, and (its outputs kept for the end re-read) no-output-reuse.
+CALL = ("runs", "no-mutation", "no-aliasing", "no-output-reuse")
 GONE = ("timeout", "crash", "cuda-error", "protocol")
 KEEP_FRACTION_CUDA = 0.25  # of the GPU's memory: how much the worker may keep of earlier outputs
+
+
+def everywhere(spec: Spec) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One step of a conformance run, as the engine is handed it (the registry: checks/probes.py).
+
+    `feeds`: every check the probe records findings for. `-k` selects probes by it, so it must be
+    complete: a finding outside it is noted in the workload's draws (`undeclared_findings`, which the
+    gallery tests refuse). `own`: the checks the probe alone stands for; when `applies(spec)` gives
+    a reason, they are not applicable to the member (left out of the outcomes, the reason kept in the
+    draws) and the probe does not run. `needs`: earlier probes whose results (`run.state`, the input
+    set Q) it reads; a selection that keeps a probe keeps what it needs."""
+
+    name: str
+    summary: str
+    run: Callable[["WorkloadConformance"], None]
+    feeds: tuple[str, ...]
+    own: tuple[str, ...] = ()
+    applies: Callable[[Spec], str | None] = everywhere
+    needs: tuple[str, ...] = ()
 
 
 class WorkerGone(Exception):
@@ -93,7 +122,8 @@ class WorkloadConformance:
     spec: Spec
     rw: ResolvedWorkload
     seeds: list[int]
-    profile: str = "full"
+    probes: tuple[Probe, ...]  # what `run` runs, in order (probes.select); () for judging only
+    profile: str = "full"  # the workload's probe profile: named where a check it leaves out is skipped
     draws: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -129,11 +159,10 @@ class WorkloadConformance:
         self._count = 0
         self._sets = 0  # input sets generated so far (the generators' `case`)
         self._mask_shift = self.rng.randrange(2)  # which other mask dtype Q gets (K the remaining one)
+        self.exported: dict[str, str] = {}  # output slot -> the call last exported into it (Call.grad is that buffer)
 
     # -- the run ----------------------------------------------------------------------------
     def run(self):
-        from grpo_conform.checks.probes import PROFILES, PROBES_BY_NAME
-
         s = self.session
         dtypes = {t.name: torch_dtype(self.rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
         self.dtypes = dtypes
@@ -142,12 +171,25 @@ class WorkloadConformance:
         self.extra_slots: list[str] = []  # Q and O2 join when a probe first asks (see __getattr__)
         self.state: dict[str, Any] = {}
         try:
-            for name in PROFILES[self.profile]:
-                with PHASES.inclusive("probes", name):
-                    PROBES_BY_NAME[name].run(self)
+            for probe in self.probes:
+                why = probe.applies(self.spec)
+                if why:
+                    for check in probe.own:
+                        self.book.not_applicable(check, why)
+                    continue
+                before = self.book.marks()
+                try:
+                    with PHASES.inclusive("probes", probe.name):
+                        probe.run(self)
+                finally:
+                    self._declared(probe, before)
             if self.profile != "full":
                 for check in CONFORMANCE_CHECKS:
                     self.book.skip(check, f"not exercised by this workload's '{self.profile}' probe profile")
+            fed = {c for p in self.probes for c in p.feeds}
+            for check in CONFORMANCE_CHECKS:
+                if check not in fed:
+                    self.book.skip(check, "not run: no probe of this run feeds it (left out by the -k selection)")
         except WorkerGone as gone:
             self.book.skip_rest(f"not run: the worker was lost ({gone.failure.kind}) before this check")
         except torch.OutOfMemoryError as exc:  # the validator's own buffers: never the implementation's fault
@@ -168,6 +210,12 @@ class WorkloadConformance:
                 except WorkerFailure:
                     pass
         return self.book.outcomes()
+
+    def _declared(self, probe: Probe, before: dict[str, int]) -> None:
+        """Findings outside the probe's `feeds` (a registry mistake: `-k` would leave the probe out)."""
+        extra = sorted(c for c, n in self.book.marks().items() if n != before.get(c, 0) and c not in probe.feeds)
+        if extra:
+            self.draws.setdefault("undeclared_findings", {})[probe.name] = extra
 
     def __getattr__(self, name: str):
         # The second input set (and K, the input-cases probe's) and output slot are made when a probe first
@@ -267,6 +315,7 @@ class WorkloadConformance:
         except WorkerFailure as failure:
             self._fail(checks, label, failure)
             return None
+        self.exported[out.name] = label
         if keep:
             self.kept.append(Kept(label, self.fingerprint(out)))
         return {"report": reply.get("report", {}), "kept": keep}

@@ -67,13 +67,7 @@ def interleaved(run: WorkloadConformance, c: float) -> None:
 def layouts(run: WorkloadConformance) -> None:
     """Every input as an offset, strided view of a larger shared buffer (last dimension
     contiguous): what slices like input_ids[:, P:] and padded vocabularies give a kernel."""
-    check = "input-layouts"
-    # A spec without a `layouts` declaration (the frozen seed file) asks for views of every
-    # input, as a torch function's contract does; one may declare contiguous-only inputs.
-    declared = dict(getattr(run.spec, "layouts", None) or {})
-    if declared and not any(k != "contiguous" for kinds in declared.values() for k in kinds):
-        run.book.not_applicable(check, "the spec declares contiguous inputs only")
-        return
+    check = "input-layouts"  # where it applies: probes._contiguous_only
     if "V" not in run.extra_slots:
         run.V = InputSlot.create_views(run.session, "V", run.rw.shapes, run.dtypes, run.rng)
         run.extra_slots.append("V")

@@ -1,6 +1,9 @@
-"""The conformance probes: small named steps, each saying how it changes the inputs or the call
-and which checks it feeds. A workload's profile (`full`, `core`, `smoke`) lists the probes it
-runs, in order; `PROBES_BY_NAME` is the registry (it also feeds docs/checks.md).
+"""The conformance probes: small named steps, each saying how it changes the inputs or the call,
+which checks it feeds, where it applies (`applies(spec)`: None, or why the member rules it out)
+and which earlier probes it needs. A workload's profile (`full`, `core`, `smoke`) lists the probes
+it runs, in order; `PROBES_BY_NAME` is the registry (it also feeds docs/checks.md), and `select`
+narrows a profile to the probes that feed the checks `-k` asks for, before anything runs. The
+engine (conformance.py) is handed the selection: it does not import this module.
 
 Buffer sets: P and Q are the two input sets (different addresses); O1 and O2 the parent-owned
 output slots. Probes pass results to later probes through `run.state` (e.g. the gradient of the
@@ -9,26 +12,17 @@ baseline call, which the metamorphic probes compare with).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Iterable
 
-from grpo_conform.ops.grpo_logits import explore
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
-from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
+from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.ops.grpo_logits.declared_cases import declared_calls, record, tie_value
 from grpo_conform.ops.grpo_logits.generators import kind_of
 from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
-
-
-@dataclass(frozen=True)
-class Probe:
-    name: str
-    summary: str
-    feeds: tuple[str, ...]
-    run: Callable[[WorkloadConformance], None]
+from grpo_conform.spec import Spec
 
 
 def _upstream(run: WorkloadConformance, kind: str) -> float:
@@ -68,33 +62,64 @@ def negated(run: WorkloadConformance) -> None:
     P = run.P
     P.tensors["advantages"].neg_()
     P.commit()
-    c = run.call("C", P, run.out1, ("advantage-sign", "freshness", "finite", "no-mutation", "no-aliasing"))
+    c = run.call("C", P, run.out1, ("freshness", "finite", "no-mutation", "no-aliasing"))
     if c is not None:
         J.fresh(run, c, "in place, same addresses")
         J.finite(run, c)
-        if "A" in run.state:
-            why = _not_symmetric(run)
-            if why:
-                run.book.not_applicable("advantage-sign", why)
-            else:
-                J.advantage_sign(run, c, run.state["A"][1])
+        run.state["C"] = (c, run.out1.name)
     if "A" in run.state:
         J.reread_first(run, "after C")
 
 
-def _names(run: WorkloadConformance) -> set[str]:
-    return {t.name for t in run.spec.inputs}
+def advantage_sign(run: WorkloadConformance) -> None:
+    """C against A: negating the advantages negates the gradient (read from C's output slot, which
+    no call has exported into since: this probe follows negated-advantages)."""
+    c, slot = run.state.pop("C", (None, None))
+    if c is None or "A" not in run.state:
+        run.book.skip("advantage-sign", "call A or call C did not complete")
+        return
+    if run.exported.get(slot) != c.label:  # a registry order that lets another call overwrite C's outputs
+        raise RuntimeError("probe advantage-sign must follow negated-advantages directly (checks/probes.py)")
+    J.advantage_sign(run, c, run.state["A"][1])
 
 
-def _not_symmetric(run: WorkloadConformance) -> str | None:
+def _inputs(spec: Spec) -> set[str]:
+    return {t.name for t in spec.inputs}
+
+
+def _symmetric(spec: Spec) -> str | None:
     """Why negating A does not negate this member's gradient (None where it does)."""
-    names = _names(run)
+    names = _inputs(spec)
     if "old_logprobs" in names:
         return ("not a symmetry of this member: with old log-probs, negating A changes which clip branch "
                 "is active (call C is still judged against the reference: freshness)")
     if "ref_logprobs" in names:
         return "not a symmetry of this member: the KL term does not depend on A"
     return None
+
+
+def _without_kl(spec: Spec) -> str | None:
+    return "the KL term gives a sequence of zero advantage a gradient" if "ref_logprobs" in _inputs(spec) else None
+
+
+def _masked(spec: Spec) -> str | None:
+    return None if "completion_mask" in _inputs(spec) else "this member has no completion mask"
+
+
+def _clipped(spec: Spec) -> str | None:
+    if {"epsilon_low", "epsilon_high"} <= {p.name for p in spec.parameters}:
+        return None
+    return "this spec declares no clip (no epsilon_low / epsilon_high)"
+
+
+def _off_policy(spec: Spec) -> str | None:
+    return None if "old_logprobs" in _inputs(spec) else "this member has no old log-probs: its ratio is exactly 1"
+
+
+def _has_mask(spec: Spec) -> str | None:
+    if any(kind_of(t.name) == "mask" for t in spec.inputs):
+        return None
+    return "nothing to mask: the ordinary input sets already hold every case of this member's inputs"
 
 
 def new_buffers(run: WorkloadConformance) -> None:
@@ -112,9 +137,6 @@ def new_buffers(run: WorkloadConformance) -> None:
 
 def zero_advantage(run: WorkloadConformance) -> None:
     """E: D's inputs with one sequence's advantage set to exactly 0."""
-    if "ref_logprobs" in _names(run):
-        run.book.not_applicable("zero-advantage", "the KL term gives a sequence of zero advantage a gradient")
-        return
     J.zero_advantage(run, run.state.get("D", (None, None, 1.0))[2])
 
 
@@ -137,9 +159,6 @@ def last_row(run: WorkloadConformance) -> None:
 def masked_positions(run: WorkloadConformance) -> None:
     """M: masked positions get an exactly zero gradient, and redrawing their logits (finite
     values) changes no output."""
-    if "completion_mask" not in _names(run):
-        run.book.not_applicable("masked-positions", "this member has no completion mask")
-        return
     if "D" not in run.state:
         run.book.skip("masked-positions", "call D did not complete")
         return
@@ -151,9 +170,6 @@ def exact_ties(run: WorkloadConformance) -> None:
     float64 reference (member_inputs.exact_tie_inputs): the spec gives the gradient to the
     unclipped branch; a kernel that hands ties to the clipped one returns 0 there."""
     check = "exact-ties"
-    if not {"epsilon_low", "epsilon_high"} <= {p.name for p in run.spec.parameters}:
-        run.book.not_applicable(check, "this spec declares no clip (no epsilon_low / epsilon_high)")
-        return
     seed = run.seeds[0] ^ 0x71E5
     run.generate(run.P, seed)
     x, values = exact_tie_inputs(run.spec, run.P.pristine, run.model.values, seed)
@@ -210,9 +226,6 @@ def far_ratios(run: WorkloadConformance) -> None:
     declare (PPO's dual clip at 3) or a log-ratio or KL gap clamped for safety (verl: 20, 10) shows
     only there."""
     check = "far-ratios"
-    if "old_logprobs" not in _names(run):
-        run.book.not_applicable(check, "this member has no old log-probs: its ratio is exactly 1")
-        return
     seed = run.seeds[0] ^ 0xFA2
     run.generate(run.P, seed)
     reach: dict = {}
@@ -316,9 +329,7 @@ def input_cases(run: WorkloadConformance) -> None:
     """K: the input set a batch cannot hold beside ordinary rows: every token of every row masked
     (loss 0, gradient 0; a kernel dividing by the token count returns NaN), in its own input set,
     whose mask takes the mask dtype neither P nor Q has (conformance.slot_dtypes)."""
-    mask = next((t.name for t in run.spec.inputs if kind_of(t.name) == "mask"), None)
-    if mask is None:
-        return  # nothing to mask: the ordinary sets already hold every case of this member's inputs
+    mask = next(t.name for t in run.spec.inputs if kind_of(t.name) == "mask")
     K = run.K
     run.generate(K, run.seeds[0] ^ 0xA11)
     K.tensors[mask].zero_()
@@ -329,50 +340,78 @@ def input_cases(run: WorkloadConformance) -> None:
         J.plain(run, k)
 
 
-def explore_call(run: WorkloadConformance) -> None:
-    """E: one plain call on the inputs an explore case drew (`check --explore`, grpo_conform/explore.py;
-    the profile `explore` only, no workload runs it)."""
-    explore.explore_call(run)
-
-
 def end_reread(run: WorkloadConformance) -> None:
     """R: every output kept so far re-read at the end of the workload (a ring of N reused
     buffers shows for any N below the number of kept calls)."""
     J.end_reread(run)
 
 
+def _contiguous_only(spec: Spec) -> str | None:
+    # A spec without a `layouts` declaration (the frozen seed file) asks for views of every
+    # input, as a torch function's contract does; one may declare contiguous-only inputs.
+    declared = dict(getattr(spec, "layouts", None) or {})
+    if declared and not any(k != "contiguous" for kinds in declared.values() for k in kinds):
+        return "the spec declares contiguous inputs only"
+    return None
+
+
+# `feeds` is every check a probe records (CALL: what each of its calls feeds); `own`, `applies`
+# and `needs` as conformance.Probe says.
 _PROBES = (
-    Probe("baseline", baseline.__doc__, PLAIN + ("stale-output", "determinism"), baseline),
-    Probe("negated-advantages", negated.__doc__, ("advantage-sign", "freshness", "no-output-reuse"), negated),
-    Probe("new-buffers", new_buffers.__doc__, PLAIN + ("freshness", "no-output-reuse"), new_buffers),
-    Probe("zero-advantage", zero_advantage.__doc__, ("zero-advantage",), zero_advantage),
-    Probe("row-locality", row_locality.__doc__, ("row-locality",), row_locality),
-    Probe("last-row", last_row.__doc__, ("last-row-ignored",), last_row),
-    Probe("masked-positions", masked_positions.__doc__, ("masked-positions",), masked_positions),
-    Probe("exact-ties", exact_ties.__doc__, ("exact-ties",), exact_ties),
-    Probe("declared-cases", declared.__doc__, ("declared-cases", "exact-ties"), declared),
-    Probe("far-ratios", far_ratios.__doc__, ("far-ratios",), far_ratios),
-    Probe("adversarial", adversarial.__doc__, ("adversarial-inputs",), adversarial),
-    Probe("upstream", upstream.__doc__, ("upstream-gradient",), upstream),
-    Probe("non-leaf", non_leaf.__doc__, ("non-leaf-logits",), non_leaf),
-    Probe("interleaved", interleaved.__doc__, ("interleaved-graphs",), interleaved),
-    Probe("layouts", layouts.__doc__, ("input-layouts",), layouts),
-    Probe("forward-only", forward_only.__doc__, ("forward-only",), forward_only),
-    Probe("inference-mode", inference_mode.__doc__, ("inference-mode",), inference_mode),
-    Probe("retained-graph", retained_graph.__doc__, ("retained-graph", "no-mutation"), retained_graph),
-    Probe("extra-seeds", extra_seeds.__doc__, PLAIN, extra_seeds),
-    Probe("input-cases", input_cases.__doc__, PLAIN, input_cases),
+    Probe("baseline", baseline.__doc__, baseline, PLAIN + CALL + ("stale-output", "determinism")),
+    Probe("negated-advantages", negated.__doc__, negated, CALL + ("freshness", "finite"), needs=("baseline",)),
+    Probe("advantage-sign", advantage_sign.__doc__, advantage_sign, ("advantage-sign",), ("advantage-sign",),
+          _symmetric, ("baseline", "negated-advantages")),
+    Probe("new-buffers", new_buffers.__doc__, new_buffers, PLAIN + CALL + ("freshness",)),
+    Probe("zero-advantage", zero_advantage.__doc__, zero_advantage, CALL + ("zero-advantage", "finite"),
+          ("zero-advantage",), _without_kl, ("new-buffers",)),
+    Probe("row-locality", row_locality.__doc__, row_locality, CALL + ("row-locality", "finite"), ("row-locality",),
+          needs=("new-buffers",)),
+    Probe("last-row", last_row.__doc__, last_row, CALL + ("last-row-ignored",), ("last-row-ignored",),
+          needs=("new-buffers",)),
+    Probe("masked-positions", masked_positions.__doc__, masked_positions, CALL + ("masked-positions", "finite"),
+          ("masked-positions",), _masked, ("new-buffers",)),
+    Probe("exact-ties", exact_ties.__doc__, exact_ties, CALL + ("exact-ties", "finite"), ("exact-ties",), _clipped),
+    Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite")),
+    Probe("far-ratios", far_ratios.__doc__, far_ratios, CALL + ("far-ratios", "finite"), ("far-ratios",), _off_policy),
+    Probe("adversarial", adversarial.__doc__, adversarial, CALL + ("adversarial-inputs", "finite")),
+    Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradient", "finite")),
+    Probe("non-leaf", non_leaf.__doc__, non_leaf, CALL + ("non-leaf-logits", "finite")),
+    Probe("interleaved", interleaved.__doc__, interleaved, CALL + ("interleaved-graphs", "finite")),
+    Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "finite"), ("input-layouts",),
+          _contiguous_only),
+    Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation")),
+    Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation")),
+    Probe("retained-graph", retained_graph.__doc__, retained_graph, CALL + ("retained-graph", "finite")),
+    Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),
+    Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
-    Probe("repeated-calls", repeated_calls.__doc__, ("repeated-calls", "no-mutation"), repeated_calls),
-    Probe("end-reread", end_reread.__doc__, ("no-output-reuse",), end_reread),
-    Probe("explore-call", explore_call.__doc__, PLAIN, explore_call),
+    Probe("repeated-calls", repeated_calls.__doc__, repeated_calls, ("repeated-calls", "runs", "no-mutation")),
+    Probe("end-reread", end_reread.__doc__, end_reread, ("no-output-reuse", "runs")),
 )
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in _PROBES}
 PROFILES: dict[str, tuple[str, ...]] = {
-    "full": tuple(n for n in PROBES_BY_NAME if n != "explore-call"),
+    "full": tuple(PROBES_BY_NAME),
     # For huge shapes (above 2^31 logits elements): the call patterns that matter most.
     # A retained graph holds a second gradient of a huge shape: full profile only.
     "core": ("baseline", "new-buffers", "upstream", "forward-only", "inference-mode", "repeated-calls", "end-reread"),
     "smoke": ("baseline", "forward-only"),
-    "explore": ("explore-call",),  # one case of `check --explore`
 }
+
+
+def select(profile: str, checks: Iterable[str] = ()) -> tuple[Probe, ...]:
+    """The probes of `profile`, in its order; with `checks` (the names `-k` resolved to) only those
+    that feed one of them, and the probes those need. Checks no kept probe feeds are reported as not
+    run by the engine, and the selection itself makes the result partial (gate/selection.py)."""
+    names = PROFILES[profile]
+    wanted = set(checks)
+    if not wanted:
+        return tuple(PROBES_BY_NAME[n] for n in names)
+    keep = {n for n in names if wanted & set(PROBES_BY_NAME[n].feeds)}
+    todo = list(keep)
+    while todo:
+        for need in PROBES_BY_NAME[todo.pop()].needs:
+            if need not in keep:
+                keep.add(need)
+                todo.append(need)
+    return tuple(PROBES_BY_NAME[n] for n in names if n in keep)

@@ -23,7 +23,7 @@ import torch
 
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks import judging as J
-from grpo_conform.checks.conformance import PLAIN, WorkloadConformance
+from grpo_conform.checks.conformance import PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.results import CheckOutcome, WorkloadResult, attribute_root_cause
@@ -238,10 +238,13 @@ def explore_call(run: WorkloadConformance) -> None:
         J.plain(run, e)
 
 
+EXPLORE_PROBE = Probe("explore-call", explore_call.__doc__, explore_call, PLAIN)  # the profile `explore`'s one probe
+
+
 def judge_case(session: WorkerSession, spec: Spec, case: dict[str, Any]) -> tuple[CheckOutcome, ...]:
     """One plain call on the case's inputs, judged in the parent (probe `explore-call`)."""
     rw = resolved_case(spec, case)
-    run = WorkloadConformance(session, spec, rw, [case["seed"], case["seed"]], profile="explore",
+    run = WorkloadConformance(session, spec, rw, [case["seed"], case["seed"]], (EXPLORE_PROBE,), "explore",
                               draws={"explore_case": case})
     run.model = ReferenceModel(spec, dict(case["values"]))
     return tuple(o for o in run.run() if o.status != "skipped")
