@@ -56,7 +56,10 @@ def test_liger_inplace_fails_the_mutation_check():
 # the rest here.
 FULL_ELSEWHERE = ("token-is", "token-offpolicy-mask", "sequence-offpolicy-mask", "bnpo-mask", "cispo-mask",
                   "vllm-is-mask", "token-offpolicy-mask-kl")
-REST = ("dr-grpo-mask", "dapo-mask", "token-offpolicy-mask-delta", "dapo-global-mask")
+REST = ("dr-grpo-mask", "dapo-mask", "token-offpolicy-mask-delta", "dapo-global-mask",
+        # issue 33's members: TRL 1.16's defaults, then the sapo, luspo and vespo loss types
+        "token-offpolicy-mask-kl-bc", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask",
+        "dapo-global-accum-mask", "sapo-mask", "luspo-mask", "luspo-sequence-mask", "vespo-mask")
 
 
 def test_every_member_has_a_full_probe_run_in_the_slow_lane():

@@ -31,7 +31,9 @@ MANIFEST = tomllib.loads((ADAPTER / "implementation.toml").read_text())
 CLAIMED = list(MANIFEST["members"])
 # verl's clamped k3; no delta (its dual clip is another clip); N / P where the member has max(1, N / P)
 NOT_CLAIMED = {"token-offpolicy-mask-kl", "token-offpolicy-mask-delta", "dapo-global-mask",
-               "sapo-mask", "luspo-mask", "luspo-sequence-mask", "vespo-mask"}  # sapo: verl clamps log r at 20
+               "sapo-mask", "luspo-mask", "luspo-sequence-mask", "vespo-mask",  # sapo: verl clamps log r at 20
+               "token-offpolicy-mask-kl-bc", "vllm-token-mask", "vllm-sequence-truncate", "vllm-sequence-mask",
+               "dapo-global-accum-mask"}
 
 
 def _workload(member: str) -> str:

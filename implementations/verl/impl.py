@@ -63,6 +63,15 @@ NOT claimed:
   is its normaliser (docs/spec-family.md), not wired into this adapter or tested against verl yet.
 - luspo-sequence-mask: the same with "gspo" (verl clamps the log sequence ratio at 10).
 - vespo-mask: verl 0.9.1 has no gamma-weight loss mode.
+- token-offpolicy-mask-kl-bc: verl's KL loss has no ratio factor (TRL 1.16's bias correction), and its
+  k3 clamps as for token-offpolicy-mask-kl.
+- vllm-token-mask: verl's rollout-correction weights express it only where the log-ratio stays
+  within +-20 (its SAFETY_BOUND), with a lower threshold above 0 (tests/peers measures it); not
+  claimed over the domain.
+- vllm-sequence-truncate: as vllm-token-mask, for the sequence's summed log-ratio.
+- vllm-sequence-mask: as vllm-token-mask, for the sequence's summed log-ratio.
+- dapo-global-accum-mask: this adapter passes no gradient-accumulation factor (verl's trainer forms
+  batch_num_tokens from the global token count), so TRL's max(1, N) / P * gas / spg is not reached.
 """
 
 import math
