@@ -14,10 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "grpo_conform"
 # Circles known at the merge of issue 30's helpers, each as the frozenset of its modules; the lead
 # empties this set once the "probes" helper's engine refactor (the engine handed its probe list)
 # is merged. A circle not listed here, or a listed one that changed, fails.
-KNOWN_CIRCLES: set[frozenset[str]] = {
-    frozenset({"grpo_conform.checks.conformance", "grpo_conform.checks.judging", "grpo_conform.checks.patterns",
-               "grpo_conform.checks.probes", "grpo_conform.explore"}),
-}
+KNOWN_CIRCLES: set[frozenset[str]] = set()  # none left (issue 30): keep it empty
 
 
 @lru_cache(maxsize=None)
@@ -144,7 +141,7 @@ def test_the_graph_sees_local_and_relative_imports(tmp_path):
 
 # Files whose function-local imports still lack their one-line reason at the merge of issue 30's helpers
 # (owned by other helpers this session); the lead empties this set.
-UNEXPLAINED_LOCAL_IMPORTS: set[str] = {"isolation/worker.py", "checks/conformance.py"}
+UNEXPLAINED_LOCAL_IMPORTS: set[str] = set()  # none left (issue 30): keep it empty
 
 
 def unexplained_local_imports(package: Path = PACKAGE) -> list[str]:

@@ -85,7 +85,7 @@ class _Worker:
 
     # -- operations -------------------------------------------------------------------------
     def op_load(self, folder: str, name: str, entry: str, parameters: dict, device: str) -> None:
-        import torch
+        import torch  # after harden_worker (run): the worker imports torch only once hardened
 
         self.folder, self.params, self.device = Path(folder), parameters, device
         module_name, attr = entry.split(":")
@@ -108,7 +108,7 @@ class _Worker:
         self.send(status="ok", info=info)
 
     def op_bind(self, slot: str, tensors: dict[str, dict], nfds: int = 0) -> None:
-        from grpo_conform.isolation.sharing import open_descriptor
+        from grpo_conform.isolation.sharing import open_descriptor  # lazily, as op_load
 
         fds: dict[int, int] = {}
         if nfds:  # the memfds of this bind, in the order of the memfd descriptors
@@ -152,7 +152,7 @@ class _Worker:
 
     def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
                    leaf: str = "leaf", poison: str | None = None, inference: bool = False) -> None:
-        import torch
+        import torch  # lazily, as op_load
 
         shared = self.slots[inputs]
         if poison:
@@ -168,7 +168,7 @@ class _Worker:
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
                     poison: str | None = None, retain: bool = False) -> None:
-        import torch
+        import torch  # lazily, as op_load
 
         skipped: dict[str, str] = {}
         losses, grads_in, names = [], [], []
@@ -238,9 +238,9 @@ class _Worker:
         self.send(status="ok")
 
     def op_time_setup(self, flush_bytes: int, params: dict | None = None) -> None:
-        import torch
+        import torch  # lazily, as op_load
 
-        from grpo_conform.timing import L2Flush
+        from grpo_conform.timing import L2Flush  # lazily, as op_load
 
         if params is not None:  # the member's declared values: one worker serves every member (check.py)
             self.params = params
@@ -269,7 +269,7 @@ class _Worker:
         back-to-back loop; synchronizing first would leave the GPU idle at the start event and put
         launch latency on the clock. Host wall time minus that pre-work bounds the call from above
         (side streams)."""
-        import torch
+        import torch  # lazily, as op_load
 
         shared = self.slots[inputs]
         leaves, args = self._leaves(shared, gradients, protocol != "forward")
@@ -320,7 +320,7 @@ class _Worker:
             raise _CallError(_error_info(exc, self.folder, phase=phase)) from None
 
     def _sync(self, phase: str) -> None:
-        import torch
+        import torch  # lazily, as op_load
 
         if self.device != "cuda":
             return
@@ -342,7 +342,7 @@ class _Worker:
         worker runs with glibc's mmap threshold raised (see session.worker_environment), so large
         allocations come from the heap and reuse freed blocks instead of fresh zero pages.
         """
-        import torch
+        import torch  # lazily, as op_load
 
         sized = [shared[n] for n in gradients if n in shared] or list(shared.values())
         largest = max(sized, key=lambda t: t.numel() * t.element_size())
@@ -367,7 +367,7 @@ class _Worker:
     def _copy_out(self, slot: dict[str, Any], loss, grads: dict[str, Any]) -> None:
         """The loss into slot["loss"], each gradient into its own buffer; NaN where there is none
         (or its shape is wrong: the parent's contract check reports the shape)."""
-        import torch
+        import torch  # lazily, as op_load
 
         if isinstance(loss, torch.Tensor) and loss.numel() >= 1:
             slot["loss"].copy_(loss.detach().reshape(-1)[:1].to(torch.float64))
@@ -405,7 +405,7 @@ class _CallError(Exception):
 
 
 def _describe(x: Any) -> dict[str, Any] | None:
-    import torch
+    import torch  # lazily, as op_load
 
     if x is None:
         return None
@@ -423,7 +423,7 @@ def _describe(x: Any) -> dict[str, Any] | None:
 
 
 def _storage_range(x: Any) -> list[int] | None:
-    import torch
+    import torch  # lazily, as op_load
 
     if not isinstance(x, torch.Tensor):
         return None
