@@ -12,6 +12,7 @@
 #   bash benchmarks/h200_evidence.sh round12c   # 3 of 3: triton and liger on three masked members at mask-b8
 #   bash benchmarks/h200_evidence.sh round13a   # round 13 (issues 30, 33, 35), 1 of 2: CUDA tests, the default check of
 #                                               # triton (every member, timing) with its phase report
+#   bash benchmarks/h200_evidence.sh round13c   # the members round13a's deadline left out (issue 33's new ones)
 #   bash benchmarks/h200_evidence.sh round13b   # 2 of 2: liger and pytorch seed records, liger on masked members
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
@@ -161,6 +162,12 @@ case "${1:-probe}" in
       --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
     status "triton default check (every member, timing): exit $?, $((SECONDS - start)) s wall"
     grep -A40 "phases" "$R/triton-default.log" | head -60
+    ;;
+  round13c)  # what round13a's deadline left out: triton on the members after dapo-global-mask (issue 33's new ones)
+    check_one triton 560 --member vllm-is-mask --member token-offpolicy-mask-kl-bc --member vllm-token-mask \
+      --member vllm-sequence-truncate --member vllm-sequence-mask --member dapo-global-accum-mask \
+      --member sapo-mask --member luspo-mask --member luspo-sequence-mask --member vespo-mask
+    mv "$R/triton.json" "$R/triton-new-members.json"; mv "$R/triton.log" "$R/triton-new-members.log"
     ;;
   round13b)  # 2 of 2: the peers' seed records at their new identities, Liger on three masked members at mask-b8
     check_one liger 170 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
