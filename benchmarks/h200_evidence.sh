@@ -13,6 +13,7 @@
 #   bash benchmarks/h200_evidence.sh round13a   # round 13 (issues 30, 33, 35), 1 of 2: CUDA tests, the default check of
 #                                               # triton (every member, timing) with its phase report
 #   bash benchmarks/h200_evidence.sh round13c   # the members round13a's deadline left out (issue 33's new ones)
+#   bash benchmarks/h200_evidence.sh round13d   # vllm-sequence-truncate after the caching fix, the peers' seed records
 #   bash benchmarks/h200_evidence.sh round13b   # 2 of 2: liger and pytorch seed records, liger on masked members
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
@@ -168,6 +169,15 @@ case "${1:-probe}" in
       --member vllm-sequence-truncate --member vllm-sequence-mask --member dapo-global-accum-mask \
       --member sapo-mask --member luspo-mask --member luspo-sequence-mask --member vespo-mask
     mv "$R/triton.json" "$R/triton-new-members.json"; mv "$R/triton.log" "$R/triton-new-members.log"
+    ;;
+  round13d)  # after the caching check normalises masked calls by their work: vllm-sequence-truncate again, then
+              # the peers' seed records (round13b's first two steps)
+    check_one triton 120 --member vllm-sequence-truncate --workload mask-b8
+    mv "$R/triton.json" "$R/triton-vllm-sequence-truncate.json"; mv "$R/triton.log" "$R/triton-vllm-sequence-truncate.log"
+    check_one liger 170 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
+    mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
+    check_one pytorch 140 --member token-is --workload seed-b2 --workload seed-b16
+    mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
     ;;
   round13b)  # 2 of 2: the peers' seed records at their new identities, Liger on three masked members at mask-b8
     check_one liger 170 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
