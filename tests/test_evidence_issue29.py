@@ -268,7 +268,7 @@ def test_a_timing_below_the_specs_floor_is_refused_even_when_the_record_lowers_i
     from grpo_conform.evidence.spec_semantics import spec_problems
     from grpo_conform.evidence.statement import PROJECT_ROOT
 
-    (path,) = (PROJECT_ROOT / "evidence" / "h200").glob("triton--token-is--nvidia-h200--20261202T191759Z*")
+    (path,) = (PROJECT_ROOT / "evidence" / "h200").glob("triton--token-is--nvidia-h200--20261202T224410Z*")
     st = json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
     assert spec_problems(st, PROJECT_ROOT) == []  # the real record is possible
     for w in st["predicate"]["workloads"]:
