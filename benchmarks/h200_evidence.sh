@@ -14,6 +14,7 @@
 #                                               # triton (every member, timing) with its phase report
 #   bash benchmarks/h200_evidence.sh round13c   # the members round13a's deadline left out (issue 33's new ones)
 #   bash benchmarks/h200_evidence.sh round13d   # vllm-sequence-truncate after the caching fix, the peers' seed records
+#   bash benchmarks/h200_evidence.sh round13e   # Liger on five masked members at mask-b8
 #   bash benchmarks/h200_evidence.sh round13b   # 2 of 2: liger and pytorch seed records, liger on masked members
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
@@ -178,6 +179,11 @@ case "${1:-probe}" in
     mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
     check_one pytorch 140 --member token-is --workload seed-b2 --workload seed-b16
     mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
+    ;;
+  round13e)  # Liger at its new identity on masked members (three of round 12's, and issue 33's sapo and vespo)
+    check_one liger 400 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --member sapo-mask --member vespo-mask --workload mask-b8
+    mv "$R/liger.json" "$R/liger-members-b8.json"; mv "$R/liger.log" "$R/liger-members-b8.log"
     ;;
   round13b)  # 2 of 2: the peers' seed records at their new identities, Liger on three masked members at mask-b8
     check_one liger 170 --member token-is --workload seed-b2 --workload seed-b8 --workload seed-b16
