@@ -226,3 +226,55 @@ def test_the_fused_family_validates_and_every_member_runs_through_the_operation(
         if name == "token-is":  # the seed semantics: -mean(A)
             want = -float(x["advantages"].double().mean())
             assert op.reference_loss(member, x.tensors, params) == pytest.approx(want, abs=1e-12)
+
+
+# -- floors: the FLOP floor (dense tensor-core peaks in the catalogue) ------------------------------------
+
+
+def test_fused_floors_take_the_larger_of_dram_and_the_gemm_flops():
+    from grpo_conform.floors import compute_floor
+    from grpo_conform.hardware import load_catalogue
+
+    cat = load_catalogue()
+    member = _members()["token-is"]
+    rw = member.resolve(member.workload("seed-b2"))
+    gemm = 2 * (2 * 1024) * 4096 * 128256
+    for gid, tflops in (("h200-sxm", 989), ("a100-sxm4-80gb", 312)):
+        gpu = cat.get(gid)
+        assert gpu.flops_per_s("bfloat16") == tflops * 1e12 and gpu.flops_per_s("float32") is None
+        for protocol, gemms in (("forward", 1), ("full", 3)):
+            f = compute_floor(member, rw, protocol, gpu)
+            want = math.floor(gemms * gemm / (tflops * 1e12) * 1e9)
+            assert f.arithmetic_ns == want and f.binding == "arithmetic" and f.floor_ns == want > f.dram_ns
+            assert any("tensor cores" in line and f"{tflops:g} TFLOP/s" in line for line in f.derivation)
+    f = compute_floor(member, rw, "full", cat.get("l4"))  # no tensor-core peak in the catalogue: no FLOP floor
+    assert f.binding != "arithmetic" or f.arithmetic_ns < math.floor(3 * gemm / 989e12 * 1e9)
+    assert any("no FLOP floor" in line for line in f.derivation)
+
+
+def test_the_logits_operation_floors_do_not_change(spec):
+    """grpo-logits declares no FLOPs: its floors are the ones computed before the FLOP floor existed
+    (pinned from that code: seed-b2, the seed page's 257.9 us headroom forward floor on the A100 80GB)."""
+    from grpo_conform.floors import compute_floor
+    from grpo_conform.hardware import load_catalogue
+
+    cat = load_catalogue()
+    rw = spec.resolve(spec.workload("seed-b2"))
+    pinned = {("a100-sxm4-80gb", "forward", "headroom-v1"): (257903, 107806, "dram"),
+              ("a100-sxm4-80gb", "full", "traffic-v1"): (515548, 107806, "dram"),
+              ("h200-sxm", "forward", "headroom-v1"): (109555, 62812, "dram"),
+              ("h200-sxm", "full", "traffic-v1"): (219000, 62812, "dram")}
+    for (gid, protocol, model), want in pinned.items():
+        f = compute_floor(spec, rw, protocol, cat.get(gid), model=model)
+        assert (f.floor_ns, f.arithmetic_ns, f.binding) == want
+        assert not any("tensor cores" in line for line in f.derivation)
+
+
+def test_a_catalogue_peak_needs_its_source():
+    from pydantic import ValidationError
+
+    from grpo_conform.hardware import load_catalogue
+
+    entry = load_catalogue().get("h200-sxm").model_dump()
+    with pytest.raises(ValidationError, match="tensor_basis"):
+        type(load_catalogue().get("h200-sxm"))(**{**entry, "tensor_basis": ""})
