@@ -157,7 +157,7 @@ def reference_gradients(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks
 def _hidden_chunks(x, p, blocks, g, s, lse) -> Iterator[GradientChunk]:
     h_all, w, b = _flat(x)
     ids = x["completion_ids"].reshape(-1).to(torch.int64)
-    wmax = w.to(torch.float64).abs().amax(-1)  # |weight[v, k]| <= wmax[v]
+    wmax = w.abs().amax(-1).to(torch.float64)  # |weight[v, k]| <= wmax[v] (abs and max are exact in any dtype)
     for r0, r1 in _spans(h_all.shape[0], blocks.rows):
         h = h_all[r0:r1].to(torch.float64)
         dh = torch.zeros_like(h)
