@@ -15,7 +15,9 @@ Backward has no floor of its own in either model (work can move into forward, an
 computed there is returned for free). Beside the DRAM floor: the same bytes over measured
 ceilings (when a `Ceilings` is given) and an arithmetic floor (the exponentials the spec's
 operation cannot avoid, `Operation.arithmetic`: grpo-logits needs one per logits element read, over
-the GPU's exponential throughput). `below_floor` uses the strict bound.
+the GPU's exponential throughput; an operation with matrix products also declares their FLOPs per
+protocol, and with a dense tensor-core peak for the operands' dtype in the catalogue the arithmetic
+floor is the larger of the two: grpo-fused-linear's 2NHV per GEMM). `below_floor` uses the strict bound.
 """
 
 from __future__ import annotations
@@ -129,6 +131,21 @@ def _arithmetic(spec: Spec, resolved: ResolvedWorkload, model: str, traffic: tup
                 read[t.tensor] = read.get(t.tensor, 0) + t.bytes // _itemsize(t.dtype)
     arithmetic = operation_for(spec).arithmetic(spec, resolved, read)
     return arithmetic.exponentials, arithmetic.exp_text
+
+
+def _flops(spec: Spec, resolved: ResolvedWorkload, protocol: str) -> tuple[int, str, Optional[str]]:
+    """GEMM FLOPs `protocol` cannot avoid, their text, and the GEMM operands' dtype. An operation with
+    matrix products counts them per protocol (`flops(spec, resolved, protocol)`, grpo-fused-linear);
+    otherwise `Arithmetic.flops` (0 over given logits: grpo-logits declares none)."""
+    op = operation_for(spec)
+    per_protocol = getattr(op, "flops", None)
+    if per_protocol is not None:
+        flops, text = per_protocol(spec, resolved, protocol)
+    else:
+        arithmetic = op.arithmetic(spec, resolved, None)
+        flops, text = arithmetic.flops, arithmetic.flop_text
+    operand = spec.gradients[0].input if spec.gradients else None
+    return flops, text, resolved.dtypes.get(operand) if operand else None
 
 
 def format_ns(ns: float | None) -> str:
@@ -269,6 +286,17 @@ def compute_floor(spec: Spec, resolved: ResolvedWorkload, protocol: str, gpu: Gp
                      "in packed half precision could go below it, so it is an estimate, not a strict bound")
     elif not exps:
         lines.append(f"arithmetic: {exp_text}")
+    flops, flop_text, flop_dtype = _flops(spec, resolved, protocol)
+    peak = gpu.flops_per_s(flop_dtype) if gpu is not None and flops and flop_dtype else None
+    if peak:
+        flop_ns = _floor_ns(flops / peak)
+        lines.append(f"arithmetic (tensor cores): {flops:,} FLOPs ({flop_text}) / {peak / 1e12:g} TFLOP/s dense "
+                     f"{flop_dtype} ({gpu.name}: {gpu.tensor_basis}) = {format_ns(flop_ns)}")
+        arith = flop_ns if arith is None else max(arith, flop_ns)
+        lines.append(f"  the arithmetic floor is the larger of the exponentials' and the FLOPs': {format_ns(arith)}")
+    elif flops and gpu is not None:
+        lines.append(f"arithmetic (tensor cores): {flops:,} FLOPs; no dense {flop_dtype} tensor-core peak for "
+                     f"{gpu.name} in the catalogue, so no FLOP floor")
     terms = {"dram": dram, "measured": measured, "arithmetic": arith}
     present = {k: v for k, v in terms.items() if v is not None}
     binding = max(present, key=lambda k: present[k]) if present else None

@@ -70,6 +70,16 @@ class GpuSpec(BaseModel):
     exp_basis: str = Field(min_length=10)
     source: str
     notes: str = ""
+    # Dense tensor-core peaks per GEMM operand dtype (TFLOPS; structured sparsity not counted), for the
+    # FLOP floor of operations with matrix products; a dtype without one gets no FLOP floor.
+    tensor_tflops: dict[Literal["bfloat16", "float16"], float] = {}
+    tensor_basis: str = ""
+
+    @model_validator(mode="after")
+    def _peaks_have_a_source(self) -> "GpuSpec":
+        if self.tensor_tflops and len(self.tensor_basis) < 10:
+            raise ValueError("tensor_tflops needs tensor_basis: where the peaks come from")
+        return self
 
     @field_validator("source")
     @classmethod
@@ -97,6 +107,11 @@ class GpuSpec(BaseModel):
     @property
     def exp_per_s(self) -> float:
         return self.compute_units * self.exp_per_clock_per_unit * self.boost_clock_mhz * 1e6
+
+    def flops_per_s(self, dtype: str) -> Optional[float]:
+        """Dense tensor-core FLOP/s for GEMM operands of `dtype`; None when the catalogue has no peak."""
+        tflops = self.tensor_tflops.get(dtype)
+        return tflops * 1e12 if tflops else None
 
     def score(self, tokens: frozenset[str]) -> int:
         """Tokens of the most specific pattern contained in `tokens`; 0 when none fits or excluded."""

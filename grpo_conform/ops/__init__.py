@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_conform.errors import GrpoConformError
+from grpo_conform.ops.fused_linear.operation import GRPO_FUSED_LINEAR
 from grpo_conform.ops.grpo_logits.operation import GRPO_LOGITS
 from grpo_conform.ops.interface import Operation
 from grpo_conform.spec import DEFAULT_OPERATION, Spec, operation_of
 
-OPERATIONS: dict[str, Operation] = {GRPO_LOGITS.name: GRPO_LOGITS}
+OPERATIONS: dict[str, Operation] = {GRPO_LOGITS.name: GRPO_LOGITS, GRPO_FUSED_LINEAR.name: GRPO_FUSED_LINEAR}
 
 
 class UnknownOperation(GrpoConformError):

@@ -1,0 +1,143 @@
+"""Seeded inputs of grpo-fused-linear, for a resolved workload.
+
+Layout, as trainers pass it (Liger's `_input`, TRL's Liger path): `hidden` [B, T, H] is aligned with
+`completion_ids` [B, T]: hidden[b, t] is the state that predicts completion token t. From a causal
+model's last hidden states `out` [B, P + T, H] over prompt (P tokens) + completion, that is
+`out[:, P - 1 : P + T - 1, :]` (the state at position i scores token i + 1, so the last position is
+dropped and the prompt's last state predicts the first completion token); logits would be
+`hidden @ weight.T + bias`, the lm_head. No position is left over, unlike the logits operation's
+`seq + 1` positions.
+
+Values, chosen so the logits have a realistic spread without materialising them:
+- weight [V, H] ~ N(0, 1/H), so a hidden row of unit RMS gives logits of std ~1;
+- hidden rows get the spec's validation profiles (the same names as the logits operation's), read as
+  what they do to that row's logits: `scale` is the logits' std (hidden ~ N(0, scale^2); student_t
+  rows are heavy-tailed along H; `clamp` clamps hidden), `peaked` adds `spike` to the target logit
+  (hidden += spike * weight[c] / |weight[c]|^2, computed on the rounded weight);
+- bias ~ N(0, 1); `ref_weight` / `ref_hidden` are the policy's plus 10% noise (a reference model near
+  the policy); `ref_bias` likewise;
+- advantages, completion ids and the mask: the logits operation's generators; old log-probs:
+  logp - log r with r drawn across the clip regions from the float64 log-probs of the rounded
+  inputs (as the logits operation draws them); given ref log-probs: logp + sign(A) * U[gap].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from grpo_conform.dtypes import torch_dtype
+from grpo_conform.ops.fused_linear.reference import logprobs_and_lse
+from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
+from grpo_conform.ops.grpo_logits.generators.masks import classify
+from grpo_conform.ops.grpo_logits.member_inputs import fill_completion_mask, old_logprobs_for
+from grpo_conform.ops.grpo_terms import GrpoParameters
+
+_SALT = 0x66757365  # separates the member inputs' draws from the hidden/weight stream of the same seed
+REF_NOISE = 0.1
+
+
+@dataclass(frozen=True)
+class Inputs:
+    tensors: dict[str, torch.Tensor]
+    seed: int
+    profiles: tuple[str, ...]
+    covered: dict[str, list[str]] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+def allocate(spec: Any, resolved: Any, device) -> dict[str, torch.Tensor]:
+    out = {}
+    for t in spec.inputs:
+        dtype = torch_dtype(resolved.dtypes.get(t.name, t.dtypes[0]))
+        out[t.name] = torch.empty(resolved.shapes[t.name], dtype=dtype, device=device)
+    return out
+
+
+def _profiled_hidden(n: int, hidden: int, profiles: Sequence[Any], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 hidden rows [n, H] and each row's profile index."""
+    which = torch.randperm(n, generator=gen) % len(profiles)
+    out = torch.empty(n, hidden)
+    for k, prof in enumerate(profiles):
+        rows = torch.nonzero(which == k).squeeze(-1)
+        if rows.numel() == 0:
+            continue
+        x = torch.randn(rows.numel(), hidden, generator=gen)
+        if prof.kind == "student_t":
+            df = max(1, round(prof.df))
+            chi2 = sum(torch.randn(rows.numel(), hidden, generator=gen) ** 2 for _ in range(df))
+            x = x / torch.sqrt(chi2 / df).clamp_min(1e-6)
+        x = x * prof.scale
+        if prof.clamp is not None:
+            x = x.clamp(-prof.clamp, prof.clamp)
+        out[rows] = x
+    return out, which
+
+
+def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
+             out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None,
+             case: Optional[int] = None) -> Inputs:
+    """Seeded inputs; drawn on the CPU (float32), then rounded into the tensors' dtypes on `device`;
+    log-probs derived from the rounded values in float64."""
+    names = tuple(profiles or spec.validation.base_profiles)
+    tensors = out if out is not None else allocate(spec, resolved, device)
+    gen = torch.Generator().manual_seed(seed & (2**63 - 1))
+    member_gen = torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1))
+    batch, seq, hidden = tensors["hidden"].shape
+    vocab = tensors["weight"].shape[0]
+    covered: dict[str, list[str]] = {}
+    ids = torch.empty(batch, seq, dtype=torch.int64)
+    covered["special_ids"] = token_ids.fill_ids(ids, vocab, gen, case)
+    tensors["completion_ids"].copy_(ids)
+    adv = torch.empty(tensors["advantages"].shape, dtype=torch.float64)
+    dist = spec.validation.advantages
+    covered["advantages"] = advantages.fill_advantages(adv, dist.mean, dist.std, dist.min_abs, gen, case)
+    tensors["advantages"].copy_(adv)
+
+    w = torch.randn(vocab, hidden, generator=gen) / math.sqrt(hidden)
+    tensors["weight"].copy_(w)
+    w_rounded = tensors["weight"].detach().to("cpu", torch.float32)
+    profs = [spec.validation.profile(n) for n in names]
+    h, which = _profiled_hidden(batch * seq, hidden, profs, gen)
+    flat_ids = ids.reshape(-1)
+    for k, prof in enumerate(profs):
+        if prof.kind == "peaked":
+            rows = torch.nonzero(which == k).squeeze(-1)
+            wc = w_rounded[flat_ids[rows]]
+            h[rows] += prof.spike * wc / (wc * wc).sum(-1, keepdim=True).clamp_min(1e-12)
+    tensors["hidden"].copy_(h.view(batch, seq, hidden))
+    if "bias" in tensors:
+        tensors["bias"].copy_(torch.randn(vocab, generator=gen))
+    for name, base in (("ref_weight", "weight"), ("ref_hidden", "hidden"), ("ref_bias", "bias")):
+        if name in tensors:
+            src = tensors[base].detach().to("cpu", torch.float32)
+            tensors[name].copy_(src + REF_NOISE * src.std() * torch.randn(src.shape, generator=gen))
+    covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case))
+    return Inputs(tensors, seed, names, covered)
+
+
+def _member_inputs(spec, resolved, tensors, gen, values, case) -> dict[str, list[str]]:
+    covered: dict[str, list[str]] = {}
+    batch, seq = tensors["completion_ids"].shape
+    keep = torch.ones(batch, seq, dtype=torch.bool)
+    if "completion_mask" in tensors:
+        keep = fill_completion_mask(tensors["completion_mask"], resolved, spec.validation.member_inputs, gen, case)
+        covered["mask_layouts"] = sorted(set(classify(keep)))
+    if "old_logprobs" not in tensors and "ref_logprobs" not in tensors:
+        return covered
+    p = GrpoParameters.from_spec(spec, values)
+    logp = logprobs_and_lse(tensors, p)[0].cpu()
+    cfg = spec.validation.member_inputs
+    if "old_logprobs" in tensors:
+        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen))
+    if "ref_logprobs" in tensors:
+        sign = torch.sign(tensors["advantages"].detach().to("cpu", torch.float64))
+        sign = torch.where(sign == 0, 1.0, sign)
+        gap = cfg.ref_gap_min + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (cfg.ref_gap_max - cfg.ref_gap_min)
+        tensors["ref_logprobs"].copy_(logp + sign[:, None] * gap)
+    return covered

@@ -1,0 +1,150 @@
+"""grpo-fused-linear: the lm_head GEMM fused with a GRPO-family loss, as a `grpo_conform.ops.interface.Operation`.
+
+What a call computes: logits = hidden @ weight.T (+ bias) over [B, T] positions, never materialised in
+the reference; log-probs of the completion ids at temperature T; the shared GRPO terms; gradients of
+hidden, weight and bias (`reference.py`). The input layout and the values drawn: `inputs.py`.
+
+Work terms (floors): the three GEMMs a fused kernel cannot avoid are 2NHV FLOPs each (N = B*T rows):
+the logits in forward, d hidden and d weight in backward, so forward needs 2NHV and full 6NHV
+(a kernel that recomputes the logits in backward does 8NHV; the floor counts what cannot be avoided).
+A reference weight (KL through a second lm_head) adds 2NHV to both. One exponential per logit
+(N*V, again per reference logit). Traffic: every input read once, the loss written; full also writes
+each gradient once (logits never need to cross DRAM: that is what fusing buys).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from grpo_conform.ops.fused_linear import inputs as _inputs
+from grpo_conform.ops.fused_linear import reference as _reference
+from grpo_conform.ops.grpo_logits.traffic import Counted
+from grpo_conform.ops.grpo_terms import GrpoParameters
+from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
+
+INPUT_KINDS = {
+    "hidden": "hidden-states", "ref_hidden": "hidden-states", "weight": "lm-head-weight",
+    "ref_weight": "lm-head-weight", "bias": "lm-head-bias", "ref_bias": "lm-head-bias",
+    "completion_ids": "token-ids", "advantages": "sequence-scalar", "completion_mask": "mask",
+    "old_logprobs": "token-logprobs", "ref_logprobs": "token-logprobs",
+}
+PROTOCOLS = ("forward", "full", "full-scaled", "backward")
+
+
+class UnsupportedProtocol(ValueError):
+    """A protocol this operation has no work terms for."""
+
+
+def _dims(resolved) -> tuple[int, int, int]:
+    """(N rows = B*T, H, V) of a resolved workload."""
+    batch, seq, hidden = resolved.shapes["hidden"]
+    return batch * seq, hidden, resolved.shapes["weight"][0]
+
+
+class GrpoFusedLinear:
+    name = "grpo-fused-linear"
+    summary = ("GRPO-family loss over hidden states [batch, seq, hidden] times an lm_head weight [vocab, hidden] "
+               "(+ bias), logits never given; its gradients are d loss / d hidden, weight and bias")
+
+    # -- workloads ---------------------------------------------------------------------------------
+    def workload_size(self, spec, resolved) -> WorkloadSize:
+        # the larger of the two GEMM operands sizes buffers and timeouts (the weight at every seed shape)
+        name = max(("hidden", "weight"), key=resolved.numel)
+        return WorkloadSize(name, resolved.numel(name))
+
+    def describe_workload(self, spec, resolved) -> str:
+        n, h, v = _dims(resolved)
+        bias = " + bias" if "bias" in resolved.shapes else ""
+        return f"hidden {list(resolved.shapes['hidden'])} x weight [{v}, {h}]{bias}"
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def input_kind(self, name: str) -> str:
+        try:
+            return INPUT_KINDS[name]
+        except KeyError:
+            raise KeyError(f"input {name!r} has no kind in grpo-fused-linear (known inputs: "
+                           f"{', '.join(sorted(INPUT_KINDS))})") from None
+
+    def generate(self, spec, resolved, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
+                 out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
+        return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
+
+    # -- reference ---------------------------------------------------------------------------------
+    def parameters(self, spec, values: Mapping[str, Any]) -> GrpoParameters:
+        return GrpoParameters.from_spec(spec, values)
+
+    def reference_loss(self, spec, x: Mapping[str, Any], params) -> float:
+        return _reference.reference_loss(x, params)
+
+    def reference_gradients(self, spec, x: Mapping[str, Any], params, **refinements) -> dict[str, Iterator[GradientChunk]]:
+        """Chunks of d hidden (rows b, t), d weight (vocabulary rows) and d bias (entries), for the
+        gradients the spec lists. No refinements yet (the fp32 log-prob bound is grpo-logits')."""
+        if refinements:
+            raise TypeError(f"grpo-fused-linear takes no refinements (got {sorted(refinements)})")
+        wanted = {g.input for g in spec.gradients}
+        return {k: v for k, v in _reference.reference_gradients(x, params).items() if k in wanted}
+
+    def gradient_groupings(self, spec) -> dict[str, GradientGrouping]:
+        # hidden: a unit is one position (b, t), its H elements; weight: one vocabulary row, its H
+        # elements; bias: one vocabulary entry (width 1). Each unit's scale bounds its elements.
+        out = {}
+        for g in spec.gradients:
+            shape = tuple(spec.input(g.input).shape)
+            out[g.input] = GradientGrouping(g.input, shape[:1], ()) if len(shape) == 1 else \
+                GradientGrouping(g.input, shape[:-1], shape[-1:])
+        return out
+
+    def explore_workload(self, session, spec, cases: int, impl):
+        raise NotImplementedError("check --explore has no grpo-fused-linear cases yet (issue 31)")
+
+    # -- work terms of the floors ------------------------------------------------------------------
+    def traffic(self, spec, resolved, protocol: str, counts: Any, itemsize) -> tuple[list[Any], str]:
+        """Every input read once; the loss written; full and full-scaled also write every gradient.
+        backward has no floor of its own (floors.py says why): nothing counted."""
+        if protocol not in PROTOCOLS:
+            raise UnsupportedProtocol(f"grpo-fused-linear: no traffic for protocol {protocol!r} (one of {PROTOCOLS})")
+        if protocol == "backward":
+            return [], "derived"
+        items = []
+        for t in spec.inputs:
+            dtype = resolved.dtypes.get(t.name) or min(t.dtypes, key=itemsize)
+            shape = tuple(resolved.shapes[t.name])
+            items.append(Counted(t.name, "read", "all", shape, dtype, math.prod(shape) * itemsize(dtype)))
+        for o in spec.outputs:
+            dtype = min(o.dtypes, key=itemsize)
+            shape = tuple(resolved.axes[a] for a in o.shape)
+            items.append(Counted(o.name, "write", "all", shape, dtype, math.prod(shape) * itemsize(dtype)))
+        if protocol in ("full", "full-scaled"):
+            for g in spec.gradients:
+                dtype = resolved.dtypes.get(g.input) or min(spec.input(g.input).dtypes, key=itemsize)
+                shape = tuple(resolved.shapes[g.input])
+                items.append(Counted(f"grad:{g.input}", "write", "all", shape, dtype, math.prod(shape) * itemsize(dtype)))
+        return items, "derived"
+
+    def work_counts(self, tensors: Mapping[str, Any]) -> None:
+        return None  # a masked position still needs its logits row for the GEMMs' shapes: only shapes matter
+
+    def flops(self, spec, resolved, protocol: str) -> tuple[int, str]:
+        """GEMM FLOPs `protocol` cannot avoid (2NHV per GEMM; see the module docstring)."""
+        n, h, v = _dims(resolved)
+        gemm = 2 * n * h * v
+        ref = any(t.name == "ref_weight" for t in spec.inputs)
+        if protocol == "backward":
+            return 0, "backward: no floor of its own (work can move into forward)"
+        count = 3 if protocol in ("full", "full-scaled") else 1
+        what = "logits, d hidden, d weight" if count == 3 else "logits"
+        if ref:
+            count, what = count + 1, what + ", reference logits"
+        return count * gemm, f"{count} GEMMs of 2NHV = 2 x {n} x {h} x {v} FLOPs ({what})"
+
+    def arithmetic(self, spec, resolved, read: Optional[Mapping[str, int]], protocol: str = "full") -> Arithmetic:
+        """One exponential per logit (per reference logit too) and the protocol's GEMM FLOPs."""
+        n, _h, v = _dims(resolved)
+        logits = n * v * (2 if any(t.name == "ref_weight" for t in spec.inputs) else 1)
+        flops, flop_text = self.flops(spec, resolved, protocol)
+        return Arithmetic(logits, f"{logits:,} exp (one per logit: the log-sum-exp over the vocabulary)",
+                          flops, flop_text)
+
+
+GRPO_FUSED_LINEAR = GrpoFusedLinear()

@@ -1,0 +1,198 @@
+"""The float64 reference of grpo-fused-linear, chunked over rows and over the vocabulary.
+
+Logits are never materialised whole. For a block of rows (flattened (b, t) positions) and a chunk
+of the vocabulary, z = (hidden @ weight[chunk].T + bias[chunk]) / T; a running log-sum-exp over the
+chunks gives lse[r], and the target logit is the dot product of hidden[r] with weight[c[r]], so
+
+    logp[b, t] = (hidden[b, t] . weight[c] + bias[c]) / T - lse[b, t].
+
+The GRPO terms on the [B, T] grid (ratio, clip, KL, normaliser) are the shared closed form
+(`grpo_conform.ops.grpo_terms.token_terms`) fed these log-probs; g = dL/dlogp / T is then chained
+through the linear layer chunk by chunk:
+
+    d logits[r, v] = g[r] * (onehot(c[r])_v - softmax(z[r])_v)
+    d hidden = d logits @ weight,  d weight = d logits.T @ hidden,  d bias = sum_r d logits[r, :].
+
+KL through a reference weight: when the inputs hold `ref_weight` (and optionally `ref_hidden`,
+`ref_bias`; absent, the policy's hidden states and no bias), the reference log-probs are computed
+by the same chunked log-softmax from them (a second GEMM at the same temperature, no gradient) and
+replace a given `ref_logprobs`.
+
+Each gradient comes as chunks over its units (rows of hidden, rows of weight, entries of bias) with a
+per-unit `scale` that bounds every |element| of the unit, from |d logits[r, v]| <= s[r] (onehot + p)
+with s the shared terms' bound of |dL/dlogp| / T (see `GradientChunk`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Optional
+
+import torch
+
+from grpo_conform.ops.grpo_terms import GrpoParameters, TokenTerms, token_terms
+
+DEFAULT_BUDGET_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class GradientChunk:
+    """Reference gradient of units [start, stop) of one gradient: `values` float64 [stop - start, width],
+    `scale` float64 [stop - start] >= every |element| of its unit."""
+
+    start: int
+    stop: int
+    values: torch.Tensor
+    scale: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Row blocks and vocabulary chunks; explicit sizes (tests) or derived from a memory budget."""
+
+    rows: int
+    vocab: int
+
+    @classmethod
+    def for_budget(cls, n_rows: int, vocab: int, hidden: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> "Blocks":
+        # alive at once: a [rows, vchunk] logits block and ~3 temporaries of it, plus a [vchunk, hidden] slice
+        vchunk = max(1, min(vocab, 4096))
+        rows = max(1, budget_bytes // (4 * 8 * vchunk))
+        vchunk = max(1, min(vchunk, budget_bytes // (4 * 8 * max(1, hidden))))
+        return cls(min(rows, max(1, n_rows)), vchunk)
+
+
+def _spans(total: int, step: int) -> list[tuple[int, int]]:
+    return [(s, min(s + step, total)) for s in range(0, total, step)]
+
+
+def _flat(x: Mapping[str, torch.Tensor], prefix: str = ""):
+    h = x[prefix + "hidden"] if prefix + "hidden" in x else x["hidden"]
+    w = x[prefix + "weight"]
+    b = x.get(prefix + "bias")
+    return h.reshape(-1, h.shape[-1]), w, b
+
+
+def _logits(h: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], v0: int, v1: int, temperature: float):
+    z = h @ w[v0:v1].to(torch.float64).T
+    if b is not None:
+        z = z + b[v0:v1].to(torch.float64)
+    return z / temperature
+
+
+def _blocks(x, blocks: Optional[Blocks]) -> Blocks:
+    h = x["hidden"]
+    return blocks or Blocks.for_budget(h.numel() // h.shape[-1], x["weight"].shape[0], h.shape[-1])
+
+
+def logprobs_and_lse(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None,
+                     prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 logp [B, T] of the completion ids and the log-sum-exp lse [B*T] of z / T, from
+    `{prefix}hidden` (falls back to `hidden`), `{prefix}weight`, `{prefix}bias`."""
+    blocks = _blocks(x, blocks)
+    ids = x["completion_ids"]
+    batch, seq = ids.shape
+    h_all, w, b = _flat(x, prefix)
+    flat_ids = ids.reshape(-1).to(torch.int64)
+    n, vocab = h_all.shape[0], w.shape[0]
+    lse = torch.empty(n, dtype=torch.float64, device=h_all.device)
+    target = torch.empty(n, dtype=torch.float64, device=h_all.device)
+    for r0, r1 in _spans(n, blocks.rows):
+        h = h_all[r0:r1].to(torch.float64)
+        c = flat_ids[r0:r1]
+        t = (h * w[c].to(torch.float64)).sum(-1)
+        if b is not None:
+            t = t + b[c].to(torch.float64)
+        target[r0:r1] = t / p.temperature
+        m = torch.full((r1 - r0,), -torch.inf, dtype=torch.float64, device=h.device)
+        s = torch.zeros_like(m)
+        for v0, v1 in _spans(vocab, blocks.vocab):
+            z = _logits(h, w, b, v0, v1, p.temperature)
+            m_new = torch.maximum(m, z.max(-1).values)
+            s = s * torch.exp(m - m_new) + torch.exp(z - m_new[:, None]).sum(-1)
+            m = m_new
+        lse[r0:r1] = m + torch.log(s)
+    return (target - lse).view(batch, seq), lse
+
+
+def terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None
+          ) -> tuple[TokenTerms, torch.Tensor]:
+    """The shared GRPO terms fed the policy's log-probs (and, with `ref_weight`, reference log-probs
+    through the reference weight), and the policy's lse [B*T]."""
+    logp, lse = logprobs_and_lse(x, p, blocks)
+    if "ref_weight" in x:
+        ref, _ = logprobs_and_lse(x, p, blocks, prefix="ref_")
+        x = {**x, "ref_logprobs": ref}
+    return token_terms(x, p, logp), lse
+
+
+def reference_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None) -> float:
+    return float(terms(x, p, blocks)[0].loss.sum())
+
+
+def _dlogits(h, w, b, v0, v1, c, g, s, lse, p):
+    """d logits of rows x vocab chunk [v0, v1), and its elementwise bound s * (onehot + softmax)."""
+    prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature) - lse[:, None])
+    onehot = torch.zeros_like(prob)
+    inside = (c >= v0) & (c < v1)
+    rows = torch.nonzero(inside).squeeze(-1)
+    onehot[rows, c[rows] - v0] = 1.0
+    return g[:, None] * (onehot - prob), s[:, None] * (onehot + prob)
+
+
+def reference_gradients(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None,
+                        ) -> dict[str, Iterator[GradientChunk]]:
+    """{"hidden": chunks over rows (b, t), "weight": chunks over vocabulary rows, "bias" (when given):
+    chunks over vocabulary entries}; lazy: each iterator recomputes the logits it needs."""
+    blocks = _blocks(x, blocks)
+    tt, lse = terms(x, p, blocks)
+    g = (tt.dlogp / p.temperature).reshape(-1)
+    s = (tt.scale / p.temperature).reshape(-1)
+    out = {"hidden": _hidden_chunks(x, p, blocks, g, s, lse), "weight": _weight_chunks(x, p, blocks, g, s, lse, True)}
+    if x.get("bias") is not None:
+        out["bias"] = _weight_chunks(x, p, blocks, g, s, lse, False)
+    return out
+
+
+def _hidden_chunks(x, p, blocks, g, s, lse) -> Iterator[GradientChunk]:
+    h_all, w, b = _flat(x)
+    ids = x["completion_ids"].reshape(-1).to(torch.int64)
+    wmax = w.abs().amax(-1).to(torch.float64)  # |weight[v, k]| <= wmax[v] (abs and max are exact in any dtype)
+    for r0, r1 in _spans(h_all.shape[0], blocks.rows):
+        h = h_all[r0:r1].to(torch.float64)
+        dh = torch.zeros_like(h)
+        bound = torch.zeros(r1 - r0, dtype=torch.float64, device=h.device)
+        for v0, v1 in _spans(w.shape[0], blocks.vocab):
+            dz, dz_bound = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+            dh += dz @ w[v0:v1].to(torch.float64)
+            bound += dz_bound @ wmax[v0:v1]
+        yield GradientChunk(r0, r1, dh, bound)
+
+
+def _weight_chunks(x, p, blocks, g, s, lse, weight: bool) -> Iterator[GradientChunk]:
+    """d weight (`weight` True) or d bias, over vocabulary chunks, accumulated over row blocks."""
+    h_all, w, b = _flat(x)
+    ids = x["completion_ids"].reshape(-1).to(torch.int64)
+    for v0, v1 in _spans(w.shape[0], blocks.vocab):
+        width = h_all.shape[1] if weight else 1
+        acc = torch.zeros(v1 - v0, width, dtype=torch.float64, device=h_all.device)
+        bound = torch.zeros(v1 - v0, dtype=torch.float64, device=h_all.device)
+        for r0, r1 in _spans(h_all.shape[0], blocks.rows):
+            h = h_all[r0:r1].to(torch.float64)
+            dz, dz_bound = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+            if weight:
+                acc += dz.T @ h
+                bound += dz_bound.T @ h.abs().amax(-1)  # |hidden[r, k]| <= max_k |hidden[r, k]|
+            else:
+                acc[:, 0] += dz.sum(0)
+                bound += dz_bound.sum(0)
+        yield GradientChunk(v0, v1, acc, bound)
+
+
+def dense_gradients(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None
+                    ) -> dict[str, torch.Tensor]:
+    """Every gradient as one tensor of its input's shape (small inputs and tests only)."""
+    out = {}
+    for name, chunks in reference_gradients(x, p, blocks).items():
+        out[name] = torch.cat([c.values for c in chunks]).reshape(x[name].shape)
+    return out
