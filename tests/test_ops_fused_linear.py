@@ -173,20 +173,20 @@ def test_work_terms_count_the_gemms_per_protocol(spec):
     assert OP.workload_size(fspec, rw).tensor == "weight"
 
 
-# -- the spec family file (specs/grpo-fused-linear.v1.json) ------------------------------------------------
+# -- the spec family file (specs/drafts/grpo-fused-linear.v1.json) ------------------------------------------------
 # The loader does not accept it yet (spec.py's cross-check wants exactly one differentiable input;
 # spec_checks.check_member wants grad:logits written and a KL term through ref_logprobs): the file is
 # checked against the JSON Schema here, and its resolved members are built with the pydantic model
 # directly, so the operation runs on them as the engine will.
 
-FUSED_FAMILY = "specs/grpo-fused-linear.v1.json"
+FUSED_FAMILY = "specs/drafts/grpo-fused-linear.v1.json"
 
 
 def _members():
     import json
 
     from grpo_conform.spec import Spec, validate_document
-    from grpo_conform.spec_family import resolve_member_document
+    from grpo_conform.spec import resolve_member_document
 
     doc = json.loads(open(FUSED_FAMILY).read())
     validate_document(doc, FUSED_FAMILY)  # a family document: the schema
@@ -201,7 +201,7 @@ def _members():
 def validate_document_schema_only(doc):
     import jsonschema
 
-    from grpo_conform.spec import _schema
+    from grpo_conform.spec.documents import _schema
 
     errors = list(jsonschema.Draft202012Validator(_schema()).iter_errors(doc))
     assert not errors, [e.message for e in errors[:3]]

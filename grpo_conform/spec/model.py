@@ -351,7 +351,6 @@ class Spec(_Frozen):
     layouts: dict[str, tuple[Literal["contiguous", "offset", "strided"], ...]] = {}
     timing: Timing = Timing()
     cases: tuple[Case, ...] = ()
-    operation: Optional[str] = None  # absent: grpo-logits (grpo_conform/ops/__init__.py; not in any identity)
 
     _identity: str = PrivateAttr(default="")
     _source: str = PrivateAttr(default="")
