@@ -193,8 +193,6 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
         session: WorkerSession | None = shared.pop() if shared else None
         if session is not None:
             session.timeout = timeout
-            # repeated-calls runs once per worker process (checks/patterns.py): once per member here too
-            session.__dict__.pop("repeated_calls_made_in", None)
         try:
             for w in mp.workloads:
                 if ended or stop.reason:

@@ -179,12 +179,14 @@ def repeated_calls(run: WorkloadConformance) -> None:
     # Once per worker process: what it catches is a property of the process (a counter, a tuner, a
     # cache), and a hundred interpreted Triton calls cost ~30 s on 2 CPU cores. A restarted worker
     # (after a crash) is a new process and gets its hundred calls again.
-    made_in = getattr(run.session, "repeated_calls_made_in", None)
+    # One worker serves every member of an implementation (check.py): once per member in it, then.
+    made = run.session.__dict__.setdefault("repeated_calls_made", {})  # member identity -> workload
+    made_in = made.get(run.spec.identity)
     if made_in is not None:
         run.book.not_applicable(check, f"made once per worker process: its {REPEATED_CALLS} calls ran in "
                                        f"workload {made_in}")
         return
-    run.session.repeated_calls_made_in = run.rw.name
+    made[run.spec.identity] = run.rw.name
     r = run.rng
     axes = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
     small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))

@@ -205,6 +205,15 @@ class WorkloadTiming:
                                              cache_d)
         return result
 
+    def _mask_floor(self, protocol: str, mask) -> Floor:
+        """The floor of one mask's work, computed once per (protocol, unmasked rows) and shared by
+        the per-call ratios and the caching check."""
+        cache = self.__dict__.setdefault("_floors", {})
+        key = (protocol, mask.unmasked)
+        if key not in cache:
+            cache[key] = self.floor_of(protocol, mask)
+        return cache[key]
+
     def _work_normalised(self, protocol: str, calls: list[dict], identical: list[dict]):
         """(fresh, identical) distributions of each call's time over the DRAM floor of its own inputs,
         scaled back to ns at the warm set's floor, or None where calls all move the same data.
@@ -217,12 +226,8 @@ class WorkloadTiming:
         masks = [c.get("mask") for c in calls]
         if warm is None or any(m is None for m in masks):
             return None
-        floors: dict[int, Any] = {}
-
         def dram(m) -> float | None:
-            if m.unmasked not in floors:
-                floors[m.unmasked] = self.floor_of(protocol, m)
-            return floors[m.unmasked].dram_ns or None
+            return self._mask_floor(protocol, m).dram_ns or None
 
         base = dram(warm)
         if base is None or any(dram(m) is None for m in masks):
@@ -239,10 +244,7 @@ class WorkloadTiming:
         masks = [c.pop("mask", None) for c in calls]
         if not calls or any(m is None for m in masks):
             return None
-        floors: dict[int, Floor] = {}
-        for m in masks:
-            if m.unmasked not in floors:
-                floors[m.unmasked] = self.floor_of(protocol, m)
+        floors = {m.unmasked: self._mask_floor(protocol, m) for m in masks}
         out: dict[str, Any] = {
             "method": "median over timed calls of (call time / floor of that call's own inputs, traffic-v1)",
             "calls": len(calls),
