@@ -117,3 +117,64 @@ def test_trl_dapo_normaliser_is_named_when_items_are_fewer_than_processes():
     loss = reference_loss(x, p) * (8 / 3)
     found = diagnose(x, p, loss, grad, _loss_allowed(x, p), GRADIENT_ALLOWED)
     assert found.matches and found.matches[0].name == "normaliser-dapo-trl", found.sentence
+
+
+def test_a_diagnosis_found_on_a_later_failing_call_reaches_the_outcome():
+    # The first failing call is one no variant explains; the second names the variant: the outcome
+    # keeps the first call's message and evidence, and carries the match with the call it came from.
+    from grpo_conform.checks.book import CheckBook
+
+    book = CheckBook(("loss",))
+    none = {"summary": "none of the 3 neighbouring semantics ...", "matches": []}
+    named = {"summary": "your outputs equal ...", "matches": [{"variant": "vllm-token-truncate"}]}
+    book.record("loss", "A#1", False, "call A#1: off", {"actual": 1.0, "likely_cause": none})
+    book.record("loss", "A#2", False, "call A#2: off", {"actual": 2.0, "likely_cause": named})
+    (outcome,) = book.outcomes()
+    assert outcome.message == "call A#1: off" and outcome.evidence["actual"] == 1.0
+    assert outcome.evidence["likely_cause"]["matches"] == named["matches"]
+    assert outcome.evidence["likely_cause"]["call"] == "A#2"
+    # with no match anywhere the first call's (empty) diagnosis stays as it was
+    book = CheckBook(("loss",))
+    book.record("loss", "A#1", False, "call A#1: off", {"likely_cause": none})
+    book.record("loss", "A#2", False, "call A#2: off", {"likely_cause": none})
+    (outcome,) = book.outcomes()
+    assert outcome.evidence["likely_cause"] == none
+
+
+def test_likely_cause_tries_the_next_failing_calls_until_a_match():
+    from types import SimpleNamespace
+
+    from grpo_conform.checks import judging
+
+    seen = []
+
+    def fake(pristine, params, loss, grad, loss_allowed, gradient_allowed, upstream):
+        seen.append(loss)
+        matches = ("m",) if loss == 3.0 else ()
+        return SimpleNamespace(matches=matches, to_json=lambda: {"matches": list(matches)})
+
+    run = SimpleNamespace(state={}, model=SimpleNamespace(params=None))
+    failed = SimpleNamespace(passed=False, allowed=1e-6, frobenius_allowed=1e-3, single=True)
+    passed = SimpleNamespace(passed=True, allowed=1e-6, frobenius_allowed=1e-3, single=True)
+    original = judging.diagnose
+    judging.diagnose = fake
+    try:
+        def call(i):
+            return SimpleNamespace(label=f"A#{i}", slot=SimpleNamespace(pristine={}), loss=float(i), grad=None,
+                                   upstream=1.0)
+        assert judging.likely_cause(run, call(1), passed, passed) is None  # never on a passing call
+        results = [judging.likely_cause(run, call(i), failed, failed) for i in (2, 3, 4, 5)]
+    finally:
+        judging.diagnose = original
+    assert seen == [2.0, 3.0]  # the second failing call matched: no further diagnosis
+    assert results[0] == {"matches": []} and results[1] == {"matches": ["m"]} and results[2:] == [None, None]
+    run = SimpleNamespace(state={}, model=SimpleNamespace(params=None))
+    seen.clear()
+    judging.diagnose = fake
+    try:
+        for i in (10, 11, 12, 13, 14):
+            judging.likely_cause(run, call(i), failed, failed)
+    finally:
+        judging.diagnose = original
+    assert seen == [10.0, 11.0, 12.0]  # at most DIAGNOSES failing calls
+    assert judging.DIAGNOSES == 3

@@ -99,7 +99,14 @@ def test_gallery(folder):
     if "reached_output" in expect:  # a failed masked-positions names the inputs whose masked values leak
         assert outcomes["masked-positions"].evidence.get("reached_output") == expect["reached_output"]
     for name in expect.get("passes", []):
-        assert outcomes[name].status == "pass", f"{name} should pass: {outcomes[name].message}"
+        o = outcomes[name]
+        if o.status == "skipped" and "already wrong" in o.message:
+            # Not judged because loss or gradient already failed on that call: the attribution keeps a
+            # check failed when its own symptom shows (results.attribute_root_cause), so this is no
+            # failure of its own; its verdict on the call is kept as evidence.
+            assert o.evidence["not_judged"]["because"] in ("loss", "gradient"), o.evidence
+            continue
+        assert o.status == "pass", f"{name} should pass: {o.message}"
     if expect["exit_code"] == 0:
         assert impl.status == "conformant"
     if "determinism_bitwise" in expect.get("reported", {}):

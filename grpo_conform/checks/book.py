@@ -77,6 +77,9 @@ class CheckBook:
             if bad:
                 first = next((f for f in bad if f.status == "timeout"), None) or bad[0]
                 evidence = dict(first.evidence, calls=calls)
+                named = next((f for f in bad if (f.evidence.get("likely_cause") or {}).get("matches")), None)
+                if named is not None and named is not first:  # the diagnosis matched on a later failing call
+                    evidence["likely_cause"] = dict(named.evidence["likely_cause"], call=named.call)
                 out.append(CheckOutcome(name, first.status, first.message, evidence, info.informational))
             else:
                 evidence = dict(found[0].evidence, calls=calls) if len(found) > 1 else dict(found[0].evidence)

@@ -102,18 +102,26 @@ def plain(run: WorkloadConformance, call: Call) -> None:
                     cmp.last_row_evidence())
 
 
+DIAGNOSES = 3  # failing calls a workload diagnoses at most (each costs one float64 pass per variant)
+
+
 def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[str, Any] | None:
     """When the loss or the gradient failed: which neighbouring semantics of the family the outputs
     equal (`grpo_conform.diagnosis`), within the check's own allowances. Once per workload (the
-    first failing call), never on a passing call."""
-    if (loss_cmp.passed and cmp.passed) or "diagnosed" in run.state or cmp.single is None:
+    first failing call, or the next ones while none matched, at most DIAGNOSES), never on a passing call.
+    A first failing call can be one the variants cannot explain (a mask layout that hides the bug, a
+    tie the variant breaks the other way); the next failing call gets its chance."""
+    tried = run.state.setdefault("diagnosed", [])
+    if (loss_cmp.passed and cmp.passed) or cmp.single is None or "matched" in run.state or len(tried) >= DIAGNOSES:
         return None  # (the diagnosis knows GRPO over logits: one gradient)
-    run.state["diagnosed"] = call.label
+    tried.append(call.label)
     try:
         found = diagnose(call.slot.pristine, run.model.params, call.loss, call.grad, loss_cmp.allowed,
                          max(cmp.frobenius_allowed, 1e-6), upstream=call.upstream)
     except (RuntimeError, ValueError) as exc:  # a diagnosis that cannot run must not hide the verdict
         return {"summary": f"not evaluated: {exc}", "matches": []}
+    if found.matches:
+        run.state["matched"] = call.label
     return found.to_json()
 
 
