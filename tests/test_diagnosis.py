@@ -178,3 +178,24 @@ def test_likely_cause_tries_the_next_failing_calls_until_a_match():
         judging.diagnose = original
     assert seen == [10.0, 11.0, 12.0]  # at most DIAGNOSES failing calls
     assert judging.DIAGNOSES == 3
+
+
+def test_a_zero_reference_gradient_still_names_the_variant():
+    # token_mask drops every token whose sampling ratio exceeds the cap: with all of them above it the
+    # reference gradient is exactly 0, the check allows no difference, and a truncating kernel must
+    # still be named (the CI flake of 2026-12-02: the diagnosis matched within 1e-6 relative only).
+    from types import SimpleNamespace
+
+    from grpo_conform.checks.judging import _variant_allowance
+
+    spec, values, x, p = _case("vllm-token-mask")
+    x = dict(x, sampling_ratio=torch.full_like(x["sampling_ratio"], p.sampling_ratio_cap * 1.5))
+    loss, grad = _run(load_impl(GALLERY / "vllm-mask-truncated"), x, values)
+    assert torch.count_nonzero(reference_gradient_dense(x, p)) == 0 and torch.count_nonzero(grad) > 0
+    single = SimpleNamespace(tol=SimpleNamespace(frobenius_rtol=1e-3), slack=1.0)
+    allowed = _variant_allowance(SimpleNamespace(frobenius_allowed=0.0, single=single))
+    assert allowed == 1e-3
+    found = diagnose(x, p, loss, grad, _loss_allowed(x, p), allowed)
+    # (every ratio above the cap: sequence_truncate clamps each sequence's product to the cap too)
+    assert "vllm-token-truncate" in [m.name for m in found.matches], found.sentence
+    assert _variant_allowance(SimpleNamespace(frobenius_allowed=2e-3, single=single)) == 2e-3

@@ -117,12 +117,23 @@ def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[st
     tried.append(call.label)
     try:
         found = diagnose(call.slot.pristine, run.model.params, call.loss, call.grad, loss_cmp.allowed,
-                         max(cmp.frobenius_allowed, 1e-6), upstream=call.upstream)
+                         _variant_allowance(cmp), upstream=call.upstream)
     except (RuntimeError, ValueError) as exc:  # a diagnosis that cannot run must not hide the verdict
         return {"summary": f"not evaluated: {exc}", "matches": []}
     if found.matches:
         run.state["matched"] = call.label
     return found.to_json()
+
+
+def _variant_allowance(cmp) -> float:
+    """The relative Frobenius allowance a variant's gradient is matched within: the check's own. Where
+    the reference gradient is exactly zero (every token masked or dropped) the check allows no
+    difference at all, which no float32 kernel meets against a non-zero variant: then the check's
+    relative part (its rounding allowance for a non-zero gradient) applies."""
+    allowed = cmp.frobenius_allowed
+    if allowed == 0.0:
+        allowed = cmp.single.tol.frobenius_rtol * cmp.single.slack
+    return max(allowed, 1e-6)
 
 
 def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str) -> None:
