@@ -21,6 +21,7 @@ from grpo_conform.ops.fused_linear import inputs as _inputs
 from grpo_conform.ops.fused_linear import reference as _reference
 from grpo_conform.ops.grpo_logits.traffic import Counted
 from grpo_conform.ops.grpo_terms import GrpoParameters
+from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
 from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
 
 INPUT_KINDS = {
@@ -44,6 +45,7 @@ def _dims(resolved) -> tuple[int, int, int]:
 
 class GrpoFusedLinear:
     name = "grpo-fused-linear"
+    requirements = OPERATION_INPUTS["grpo-fused-linear"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over hidden states [batch, seq, hidden] times an lm_head weight [vocab, hidden] "
                "(+ bias), logits never given; its gradients are d loss / d hidden, weight and bias")
 
