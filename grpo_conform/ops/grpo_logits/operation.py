@@ -56,6 +56,10 @@ class GrpoLogits:
         how far they move (`reference.chunked_gradient`)."""
         return {spec.differentiable_input.name: reference_gradient(x, params, logp_error=logp_error)}
 
+    def error_model(self, spec, x: Mapping[str, Any], params, dtype: str) -> None:
+        """None: the engine's logits path derives its fp32 floors itself (checks/conformance.py)."""
+        return None
+
     def gradient_groupings(self, spec) -> dict[str, GradientGrouping]:
         # a unit is one logits row (b, t): the softmax couples the vocabulary, never two positions
         out = {}
