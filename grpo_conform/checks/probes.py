@@ -101,13 +101,14 @@ def _symmetric(spec: Spec) -> str | None:
     if "old_logprobs" in names:
         return ("not a symmetry of this member: with old log-probs, negating A changes which clip branch "
                 "is active (call C is still judged against the reference: freshness)")
-    if "ref_logprobs" in names:
+    if {"ref_logprobs", "ref_weight"} & names:
         return "not a symmetry of this member: the KL term does not depend on A"
     return None
 
 
 def _without_kl(spec: Spec) -> str | None:
-    return "the KL term gives a sequence of zero advantage a gradient" if "ref_logprobs" in _inputs(spec) else None
+    kl = {"ref_logprobs", "ref_weight"} & _inputs(spec)  # given reference log-probs or a reference lm_head
+    return "the KL term gives a sequence of zero advantage a gradient" if kl else None
 
 
 def _masked(spec: Spec) -> str | None:

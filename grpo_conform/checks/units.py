@@ -18,8 +18,9 @@ def judge_units(op: Any, spec: Any, rw: Any, tol: Any, params: Any, x: Mapping[s
                 groupings: Mapping[str, GradientGrouping], subnormal: float,
                 ref_loss: float) -> tuple[LossComparison, GradientComparisons]:
     """(loss comparison, each gradient's comparison): the spec's tolerance per element plus `model`'s
-    allowance (a factor of each unit's scale, element and Frobenius alike), the upstream scalar `c`
-    applied to the reference; the loss allowance adds `model.loss`."""
+    allowance of each unit (`model.allowance(name, start, stop, unit scale)`, element and Frobenius
+    alike), both scaled by |c| as the reference is by the upstream scalar c; the loss allowance adds
+    `model.loss`."""
     comparisons = {}
     for name, chunks in op.reference_gradients(spec, x, params).items():
         width = groupings[name].width(rw)
@@ -27,7 +28,7 @@ def judge_units(op: Any, spec: Any, rw: Any, tol: Any, params: Any, x: Mapping[s
         flat = grads[name].reshape(-1, width)
         for ch in chunks:
             scale = ch.scale * abs(c)
-            extra = scale * model.for_units(name, ch.start, ch.stop, scale.device)
+            extra = model.allowance(name, ch.start, ch.stop, ch.scale) * abs(c)
             floor = torch.full_like(scale, subnormal)
             cmp.update(ch.start, flat[ch.start : ch.stop], ch.values.reshape(-1, width) * c, scale, floor, model=extra)
         comparisons[name] = cmp

@@ -116,9 +116,9 @@ class Operation(Protocol):
 
     def error_model(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any, dtype: str) -> Any:
         """The operation's derived allowance for these inputs in `dtype`: an object with
-        `for_units(name, start, stop, device)` (a factor of each unit's scale, added to the element and
-        Frobenius allowances) and `loss` (an absolute loss allowance); None where the engine derives
-        the operation's allowances itself (grpo-logits: the fp32 log-sum-exp floors)."""
+        `allowance(name, start, stop, unit_scale)` (each unit's absolute allowance at upstream 1, added
+        to the element and Frobenius allowances) and `loss` (an absolute loss allowance); None where
+        the engine derives the operation's allowances itself (grpo-logits: the fp32 log-sum-exp floors)."""
         ...
 
     def gradient_groupings(self, spec: "Spec") -> dict[str, GradientGrouping]:
