@@ -9,7 +9,8 @@ fp32-upcast kernel keeps fp32). The reference computes z in float64 from the sam
 
 (u the unit roundoff of the operands' dtype: the output rounding; u32 = 2^-24 with sqrt(H) the
 statistical growth of an fp32 dot product of length H, bounded by |h_r||w_v| >= sum_k |h_rk w_vk|).
-Through the temperature, every log-softmax input of row r moves by at most E_r = max_v e[r, v] / T, so
+Through the temperature, every log-softmax input of row r moves by at most E_r = max_v e[r, v] / T (plus
+the implementation's own fp32 log-softmax error, 2 u32 (1 + max|z|/T + ln V), added to E_r and d_r), so
 
   - a probability by p_v * expm1(2 E_r) (its own logit and the log-sum-exp both move);
   - the completion token's log-prob by d_r = ((1 - p_c) e_c + sum_{v != c} p_v e_v) / T (the shared
@@ -19,8 +20,9 @@ Through the temperature, every log-softmax input of row r moves by at most E_r =
     logp - d, which covers a clip branch or a cap crossed (a ratio within d of a bound may fall on
     either side in the implementation's arithmetic); the loss's move likewise.
 
-d logits[r, v] = g_r (onehot - p_v) then moves by at most a_r (onehot_v + p_v), a_r = |g_r| expm1(2 E_r)
-+ dg_r, so a unit of each gradient may move by (absolute, per unit):
+d logits[r, v] = g_r (onehot - p_v) then moves by at most |g_r| x p_v + dg_r (onehot_v + p_v (1 + x)) <=
+a_r (onehot_v + p_v), x = expm1(2 E_r), a_r = |g_r| x + dg_r (1 + x), so a unit of each gradient may move
+by (absolute, per unit):
   d hidden[r, :]  a_r * (wmax[c_r] + sum_v p_rv wmax_v)        (wmax_v = max_k |weight[v, k]|)
   d weight[v, :]  sum_r a_r (onehot_rv + p_rv) hmax_r          (hmax_r = max_k |hidden[r, k]|)
   d bias[v]       sum_r a_r (onehot_rv + p_rv)
@@ -69,6 +71,7 @@ def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks, lse
     wnorm = w.to(torch.float64).norm(dim=-1)
     n = h_all.shape[0]
     emax = torch.zeros(n, dtype=torch.float64, device=h_all.device)
+    zmax = torch.zeros(n, dtype=torch.float64, device=h_all.device)
     d = torch.zeros(n, dtype=torch.float64, device=h_all.device)
     for r0, r1 in _spans(n, blocks.rows):
         h = h_all[r0:r1].to(torch.float64)
@@ -79,12 +82,15 @@ def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks, lse
             e = u * z.abs() + acc * hn[:, None] * wnorm[None, v0:v1]
             prob = torch.exp(z / p.temperature - lse[r0:r1, None])
             emax[r0:r1] = torch.maximum(emax[r0:r1], e.max(-1).values)
+            zmax[r0:r1] = torch.maximum(zmax[r0:r1], z.abs().max(-1).values)
             rows = torch.nonzero((c >= v0) & (c < v1)).squeeze(-1)
             contrib = prob * e
             # the completion token's column counts with weight (1 - p_c) instead of p_c
             contrib[rows, c[rows] - v0] = (1.0 - prob[rows, c[rows] - v0]) * e[rows, c[rows] - v0]
             d[r0:r1] += contrib.sum(-1)
-    return emax / p.temperature, d / p.temperature
+    # the implementation's own fp32 log-softmax: about 2 u32 (1 + max|z|/T + ln V) on every log-prob
+    softmax = 2.0 * FP32_U * (1.0 + zmax / p.temperature + math.log(w.shape[0]))
+    return emax / p.temperature + softmax, d / p.temperature + softmax
 
 
 def _unit_sums(x, p: GrpoParameters, blocks: Blocks, lse: torch.Tensor, a: torch.Tensor):
@@ -156,7 +162,9 @@ def gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str,
             moved = token_terms(terms_x, p, logp + shift)
             dg = torch.maximum(dg, (moved.dlogp - g).abs())
             loss_move = torch.maximum(loss_move, (moved.loss - tt.loss).abs())
-    a = ((g.abs() * torch.expm1(2.0 * emax.view(batch, seq)) + dg) / p.temperature).reshape(-1)
+    x2 = torch.expm1(2.0 * emax.view(batch, seq))  # the relative move of every probability
+    # d logits moves by |g| x2 p + dg (onehot + p (1 + x2)) <= a (onehot + p)
+    a = ((g.abs() * x2 + dg * (1.0 + x2)) / p.temperature).reshape(-1)
     hid, wt, bs = _unit_sums(x, p, blocks, lse, a)
     units = {"hidden": hid, "weight": wt}
     if x.get("bias") is not None:
