@@ -34,6 +34,8 @@ def _eager(x, p, gemm="bf16"):
         logits = torch.nn.functional.linear(h, w).float()
     elif gemm == "fp32":
         logits = torch.nn.functional.linear(h.float(), w.float())
+    elif gemm == "down-bf16":  # the operands cast down to bf16 for the GEMM, whatever their dtype
+        logits = torch.nn.functional.linear(h.bfloat16(), w.bfloat16()).float()
     else:  # operands rounded to float8 e4m3, straight through
         def f8(t):
             return t + (t.to(torch.float8_e4m3fn).to(t.dtype) - t).detach()
@@ -69,6 +71,15 @@ def test_the_eager_bf16_gemm_and_an_fp32_upcast_pass(seed):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_gemm_below_the_declared_precision_fails(seed):
     _, cmps = _judged("fp8", seed)
+    assert not cmps.passed
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_an_fp32_workload_refuses_a_bf16_gemm(seed):
+    """fp32 operands: the eager fp32 GEMM passes, the same GEMM on operands cast down to bf16 fails."""
+    loss_cmp, cmps = _judged("bf16", seed, workload="fp32-tiny")  # F.linear in the operands' dtype: fp32
+    assert loss_cmp.passed and cmps.passed
+    _, cmps = _judged("down-bf16", seed, workload="fp32-tiny")
     assert not cmps.passed
 
 
