@@ -102,9 +102,10 @@ class GradientComparator:
     """
 
     tol: GradientTolerance
-    seq_next: int
+    seq_next: int | None  # None: no last position (an operation without one: grpo-fused-linear)
     vocab: int
     slack: float = 1.0  # >1 when both sides carry rounding (relations between two outputs)
+    row_sums: bool = True  # rows sum to 0 (d logits); False for gradients that do not (d hidden, d weight)
     elements: int = 0
     mismatches: int = 0
     nan: int = 0
@@ -113,6 +114,7 @@ class GradientComparator:
     ref_sq: float = 0.0
     atol_sq: float = 0.0
     logp_sq: float = 0.0  # squared norm of the log-prob allowance (`update`'s `logp`), for the Frobenius bound
+    model_sq: float = 0.0  # squared norm of an operation's derived allowance (`update`'s `model`)
     max_abs_ref: float = 0.0
     worst: list[tuple[float, Offender]] = field(default_factory=list)
     row_sum_failures: int = 0
@@ -120,12 +122,14 @@ class GradientComparator:
     last_rows_nonzero: int = 0
     last_row_worst: Offender | None = None
 
-    def _index(self, row: int, col: int) -> tuple[int, int, int]:
+    def _index(self, row: int, col: int) -> tuple[int, ...]:
+        if self.seq_next is None:
+            return (row, col)
         return (row // self.seq_next, row % self.seq_next, col)
 
     def update(self, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor,
                floor: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
-               logp: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+               logp: tuple[torch.Tensor, torch.Tensor] | None = None, model: torch.Tensor | None = None) -> None:
         """Compare rows [start, start + len) of the flattened gradient: actual and expected are
         [rows, vocab], scale is each row's gradient scale s_row [rows]; `floor` [rows] is an
         absolute per-element allowance below which no fp32 computation can resolve the row (see
@@ -136,11 +140,16 @@ class GradientComparator:
         ratio (`reference.token_terms`). That error scales the whole row alike: element v may miss by
         coef_error * |onehot_v - softmax_v| = coef_error * |expected_v| / |coef| (at most coef_error),
         and the Frobenius allowance grows by the norm of these allowances (they add to fp32's own
-        rounding, not replace it). Rows whose coefficient does not depend on logp have coef_error 0."""
+        rounding, not replace it). Rows whose coefficient does not depend on logp have coef_error 0.
+
+        `model` [rows]: an operation's derived absolute allowance of every element of each row (the
+        fused operation's GEMM rounding, `ops/fused_linear/tolerance.py`); it widens the element
+        allowances and, like `logp`, the Frobenius one."""
         actual = actual.to(torch.float64)
         expected = expected.to(torch.float64)
         rows = torch.arange(start, start + actual.shape[0], device=actual.device)
-        last = rows % self.seq_next == self.seq_next - 1
+        last = (rows % self.seq_next == self.seq_next - 1) if self.seq_next is not None else \
+            torch.zeros_like(rows, dtype=torch.bool)
         self._last_rows(rows[last], actual[last])
         keep = ~last
         if not bool(keep.any()):
@@ -167,6 +176,10 @@ class GradientComparator:
                 extra = moved * share
                 element_abs = element_abs + extra
                 self.logp_sq += float(extra.pow(2).sum())
+        if model is not None:
+            extra = model.to(torch.float64)[keep].unsqueeze(1).expand(a.shape)
+            element_abs = element_abs + extra
+            self.model_sq += float(extra.pow(2).sum())
         allowed = (t.element_rtol * e.abs() + element_abs) * self.slack
         err = (a - e).abs()
         nan, inf = torch.isnan(a), torch.isinf(a)
@@ -190,7 +203,8 @@ class GradientComparator:
                 off = Offender(self._index(int(rows[r]), c), float(a[r, c]), float(e[r, c]), float(allowed[r, c]))
                 self.worst.append((v, off))
             self.worst = sorted(self.worst, key=lambda p: -p[0])[:TOP_K]
-        self._row_sums(rows, a, s.squeeze(1), None if floor is None else floor.to(torch.float64)[keep])
+        if self.row_sums:
+            self._row_sums(rows, a, s.squeeze(1), None if floor is None else floor.to(torch.float64)[keep])
 
     def _row_sums(self, rows: torch.Tensor, a: torch.Tensor, scale: torch.Tensor,
                   floor: torch.Tensor | None = None) -> None:
@@ -235,7 +249,8 @@ class GradientComparator:
         that of the log-prob allowances (rows whose ratio carries an fp32 log-prob error)."""
         if self.ref_sq == 0.0:
             return 0.0
-        return (self.tol.frobenius_rtol + math.sqrt(self.atol_sq / self.ref_sq) + self.frobenius_logp) * self.slack
+        return (self.tol.frobenius_rtol + math.sqrt(self.atol_sq / self.ref_sq) + self.frobenius_logp
+                + math.sqrt(self.model_sq / self.ref_sq)) * self.slack
 
     @property
     def frobenius_logp(self) -> float:
@@ -250,8 +265,8 @@ class GradientComparator:
     def frobenius_ok(self) -> bool:
         if self.nan or self.inf:
             return False
-        if self.ref_sq == 0.0:
-            return self.diff_sq == 0.0
+        if self.ref_sq == 0.0:  # an all-zero reference: exactly 0, less an operation's derived allowance
+            return self.diff_sq <= self.model_sq * self.slack**2
         return self.frobenius_rel <= self.frobenius_allowed
 
     @property
@@ -271,6 +286,9 @@ class GradientComparator:
         }
         if self.logp_sq:  # only where rows carry a ratio: how much of the allowance is the log-prob error
             out["frobenius_allowed_logprob"] = json_float(self.frobenius_logp * self.slack)
+        if self.model_sq:  # only with an operation's derived allowance (the fused GEMM's rounding)
+            out["frobenius_allowed_model"] = json_float(math.sqrt(self.model_sq / self.ref_sq) * self.slack
+                                                        if self.ref_sq else math.inf)
         return out
 
     def row_sum_evidence(self) -> dict[str, Any]:

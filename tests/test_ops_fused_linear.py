@@ -173,44 +173,21 @@ def test_work_terms_count_the_gemms_per_protocol(spec):
     assert OP.workload_size(fspec, rw).tensor == "weight"
 
 
-# -- the spec family file (specs/drafts/grpo-fused-linear.v1.json) ------------------------------------------------
-# The loader does not accept it yet (spec.py's cross-check wants exactly one differentiable input;
-# spec_checks.check_member wants grad:logits written and a KL term through ref_logprobs): the file is
-# checked against the JSON Schema here, and its resolved members are built with the pydantic model
-# directly, so the operation runs on them as the engine will.
+# -- the spec family file (specs/grpo-fused-linear.v1.json), loaded by the spec loader ------------------------
 
-FUSED_FAMILY = "specs/drafts/grpo-fused-linear.v1.json"
+FUSED_FAMILY = "specs/grpo-fused-linear.v1.json"
 
 
 def _members():
-    import json
+    from grpo_conform.spec import load_family
 
-    from grpo_conform.spec import Spec, validate_document
-    from grpo_conform.spec import resolve_member_document
-
-    doc = json.loads(open(FUSED_FAMILY).read())
-    validate_document(doc, FUSED_FAMILY)  # a family document: the schema
-    out = {}
-    for name in (m["name"] for m in doc["members"]):
-        resolved = resolve_member_document(doc, name, FUSED_FAMILY)
-        validate_document_schema_only(resolved)
-        out[name] = Spec.model_validate({("schema_uri" if k == "$schema" else k): v for k, v in resolved.items()})
-    return out
-
-
-def validate_document_schema_only(doc):
-    import jsonschema
-
-    from grpo_conform.spec.documents import _schema
-
-    errors = list(jsonschema.Draft202012Validator(_schema()).iter_errors(doc))
-    assert not errors, [e.message for e in errors[:3]]
+    return {m.family.member: m for m in load_family(FUSED_FAMILY).members()}
 
 
 def test_the_fused_family_validates_and_every_member_runs_through_the_operation():
     members = _members()
     assert {"token-is", "token-offpolicy-mask", "token-offpolicy-mask-kl", "token-offpolicy-mask-kl-ref-weight"} <= set(members)
-    seeds = {w.name: w for w in members["token-is"].workloads if w.timed}
+    seeds = {w.name: w for w in members["token-is"].workloads if w.name.startswith("seed-")}
     assert {n: (w.axes["batch"], w.axes["seq"], w.axes["hidden"], w.axes["vocab"], w.devices) for n, w in seeds.items()} == {
         f"seed-b{b}": (b, 1024, 4096, 128256, ("cuda",)) for b in (2, 4, 8, 16)}
     for name, member in members.items():

@@ -30,6 +30,7 @@ import torch
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, overlap_text, storage_overlaps
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
+from grpo_conform.checks.units import judge_units
 from grpo_conform.dtypes import dtype_name, torch_dtype
 from grpo_conform.compare import (GradientComparator, GradientComparisons, LossComparison, compare_loss, fp32_floor,
                                   fp32_logp_error, fp32_target_floor)
@@ -45,6 +46,8 @@ PLAIN = ("runs", "contract", "loss", "gradient", "gradient-row-sums", "last-row-
 # What every judged call feeds besides its own check: whether it returned, whether it changed or
 # shares storage with its inputs, and (its outputs kept for the end re-read) no-output-reuse.
 CALL = ("runs", "no-mutation", "no-aliasing", "no-output-reuse")
+# Properties of d logits rows: not applicable to an operation whose spec gives no logits (seq_next absent).
+LOGITS_ROW_CHECKS = ("gradient-row-sums", "last-row-zero")
 GONE = ("timeout", "crash", "cuda-error", "protocol")
 KEEP_FRACTION_CUDA = 0.25  # of the GPU's memory: how much the worker may keep of earlier outputs
 
@@ -131,13 +134,16 @@ class WorkloadConformance:
         self.op = operation_for(self.spec)  # inputs, reference and sizes of the spec's operation
         self.model = ReferenceModel.drawn(self.spec, self.rng)
         self.draws["parameters"] = dict(self.model.values)
-        logits_dtype = self.rw.dtypes.get("logits", self.spec.input("logits").dtypes[0])
-        self.tol = self.spec.tolerance(logits_dtype)
-        self.seq_next = self.rw.axes["seq_next"]
-        grouping = self.op.gradient_groupings(self.spec)[self.spec.differentiable_input.name]
-        self.vocab = grouping.width(self.rw)  # the elements of one unit (a row) the comparators judge together
+        # The first differentiable input (logits; hidden for grpo-fused-linear) sets the dtype of the
+        # tolerance; `seq_next` is None for an operation without a left-over last position.
+        first = self.spec.differentiable_input
+        self.grad_dtype = self.rw.dtypes.get(first.name, first.dtypes[0])
+        self.tol = self.spec.tolerance(self.grad_dtype)
+        self.seq_next = self.rw.axes.get("seq_next")
+        self.groupings = self.op.gradient_groupings(self.spec)
+        self.vocab = self.groupings[first.name].width(self.rw)  # the elements of one unit (a row) judged together
         self.book = CheckBook(CONFORMANCE_CHECKS)
-        info = torch.finfo(torch_dtype(logits_dtype))
+        info = torch.finfo(torch_dtype(self.grad_dtype))
         self.subnormal = 2.0 * info.tiny * info.eps  # values below the gradient dtype's range round to 0
         self.device = self.session.device
         self.kept: list[Kept] = []
@@ -170,6 +176,10 @@ class WorkloadConformance:
         self.out1 = OutputSlot.for_spec(s, "O1", self.spec, self.rw.shapes, dtypes)
         self.extra_slots: list[str] = []  # Q and O2 join when a probe first asks (see __getattr__)
         self.state: dict[str, Any] = {}
+        if self.seq_next is None:  # d logits' own properties: an operation without given logits has neither
+            for check in LOGITS_ROW_CHECKS:
+                self.book.not_applicable(check, f"{self.op.name}: no logits are given, so no d logits rows "
+                                                "(their zero sums and a left-over last position) to check")
         try:
             for probe in self.probes:
                 why = probe.applies(self.spec)
@@ -376,8 +386,10 @@ class WorkloadConformance:
                upstream: float | None = None) -> tuple[LossComparison, GradientComparisons]:
         x = (slot or call.slot).pristine
         c = call.upstream if upstream is None else upstream
-        # Today's reference has one gradient, the spec's only one (GRPO over logits): it is compared
-        # under that name. An operation with several gradients gives one comparison per name here.
+        model = self.op.error_model(self.spec, x, self.model.params, self.grad_dtype)
+        if model is not None:  # every gradient by name, with the operation's derived allowance
+            return self._judge_units(call, x, c, model)
+        # GRPO over logits: one gradient, compared under its name with the fp32 floors derived here.
         name = only_gradient(self.spec)
         loss_cmp, cmp = self._judge_logits(call.loss, call.grads[name], x, c)
         return loss_cmp, GradientComparisons({name: cmp})
@@ -403,6 +415,11 @@ class WorkloadConformance:
             cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor, target, logp)
         return compare_loss(loss, ref_loss, self.tol.loss, max(loss_floor, loss_logp)), cmp
 
+    def _judge_units(self, call: Call, x: dict[str, torch.Tensor], c: float, model: Any):
+        """Each gradient by name, unit by unit, with the operation's derived allowance (checks/units.py)."""
+        return judge_units(self.op, self.spec, self.rw, self.tol, self.model.params, x, call.loss, call.grads, c, model,
+                           self.groupings, self.subnormal, self.model.loss(x))
+
     def _logp_error(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """[B, S]: the bound of an fp32 implementation's error in each log-prob (`fp32_logp_error`),
         None where the loss does not depend on log-probs (no ratio, no KL: token-is, the seed spec).
@@ -416,7 +433,11 @@ class WorkloadConformance:
 
     def loss_floor(self, x: dict[str, torch.Tensor]) -> float:
         """The absolute loss allowance `judge` gives for fp32 log-probs, without the gradient (forward-only
-        calls): the larger of T * the rows' fp32 floors of |dL/dlogp| and the derived move of the loss."""
+        calls): the larger of T * the rows' fp32 floors of |dL/dlogp| and the derived move of the loss.
+        An operation with its own error model: that model's loss allowance."""
+        model = self.op.error_model(self.spec, x, self.model.params, self.grad_dtype)
+        if model is not None:
+            return model.loss
         T = self.model.temperature
         scales = self.model.row_scales(x, self.seq_next)
         z = x["logits"].reshape(-1, self.vocab)

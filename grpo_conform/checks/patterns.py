@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
@@ -189,6 +188,8 @@ def repeated_calls(run: WorkloadConformance) -> None:
     made[run.spec.identity] = run.rw.name
     r = run.rng
     axes = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
+    if "hidden" in run.rw.axes:  # grpo-fused-linear: the GEMM's inner size too
+        axes["hidden"] = r.randint(8, 48)
     small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))
     # Slots of their own: input-cases (K) holds a workload-sized set by now.
     if "RCI" not in run.extra_slots:
@@ -197,14 +198,15 @@ def repeated_calls(run: WorkloadConformance) -> None:
         run.extra_slots += ["RCI", "RCO"]
     exercised(run, "repeated-calls")
     saved = run.rw, run.seq_next, run.vocab
-    run.rw, run.seq_next, run.vocab = small, small.axes["seq_next"], small.axes["vocab"]  # what judge() reads
+    first = run.spec.differentiable_input.name
+    run.rw, run.seq_next, run.vocab = small, small.axes.get("seq_next"), run.groupings[first].width(small)  # what judge() reads
     base = run.seeds[-1] ^ 0x4E9EA7ED
     bad: list[dict] = []
     mutated: dict | None = None
     done = 0
     try:
         for i in range(REPEATED_CALLS):
-            gen.generate(run.spec, small, base + i, run.device, out=run.RCI.tensors, values=run.model.values)
+            run.op.generate(run.spec, small, base + i, run.device, out=run.RCI.tensors, values=run.model.values)
             run.RCI.commit()
             label = run._label(f"RC{i + 1}")
             f = run.forward(label, run.RCI, (check,))
@@ -234,7 +236,7 @@ def repeated_calls(run: WorkloadConformance) -> None:
         run.draws["repeated_calls"] = {"calls": done, "axes": axes}
         if done:
             run.book.record("runs", f"RC1..RC{done}", True, "every call returned")
-    shape = list(small.shapes["logits"])
+    shape = list(small.shapes[first])
     run.book.record(check, f"RC1..RC{done}", not bad,
                     f"{done} calls at shape {shape}, fresh inputs each: all match the reference" if not bad else
                     f"{len(bad)} of {done} calls at shape {shape} do not match the reference, first call "

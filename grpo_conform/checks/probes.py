@@ -19,9 +19,9 @@ from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.ops.grpo_logits.declared_cases import declared_calls, record, tie_value
-from grpo_conform.ops.grpo_logits.generators import kind_of
 from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
+from grpo_conform.ops import operation_for, operation_name
 from grpo_conform.spec import Spec
 
 
@@ -29,7 +29,7 @@ def _upstream(run: WorkloadConformance, kind: str) -> float:
     """A parent-drawn upstream scalar: negative, tiny or large (what gradient accumulation, loss
     scaling and loss weights do). Tiny stays above float16's subnormal range at seed scales."""
     r = run.rng
-    fp16 = run.rw.dtypes.get("logits") == "float16"
+    fp16 = run.grad_dtype == "float16"
     if kind == "negative":
         c = -r.uniform(0.25, 4.0)
     elif kind == "tiny":
@@ -48,13 +48,21 @@ def baseline(run: WorkloadConformance) -> None:
     if a is not None:
         J.plain(run, a)
         J.finite_under_poison(run, a)
-        run.state["A"] = (a.label, a.grad.clone(), a.loss)
+        run.state["A"] = (a.label, _saved(a), a.loss)
     b = run.call("B", run.P, run.out1, ("stale-output", "determinism", "finite"), poison="huge")
     if b is not None:
         J.stale_huge(run, b)
         J.finite(run, b)
         if "A" in run.state:
             J.determinism(run, run.state["A"][1], run.state["A"][2], b)
+
+
+def _saved(call):
+    """A call's gradient kept for later probes: the tensor itself with one gradient (the logits probes
+    index it), a dict by name with several (determinism and re-reads compare each by name)."""
+    if len(call.grads) == 1:
+        return call.grad.clone()
+    return {n: g.clone() for n, g in call.grads.items()}
 
 
 def negated(run: WorkloadConformance) -> None:
@@ -93,17 +101,42 @@ def _symmetric(spec: Spec) -> str | None:
     if "old_logprobs" in names:
         return ("not a symmetry of this member: with old log-probs, negating A changes which clip branch "
                 "is active (call C is still judged against the reference: freshness)")
-    if "ref_logprobs" in names:
+    if {"ref_logprobs", "ref_weight"} & names:
         return "not a symmetry of this member: the KL term does not depend on A"
     return None
 
 
 def _without_kl(spec: Spec) -> str | None:
-    return "the KL term gives a sequence of zero advantage a gradient" if "ref_logprobs" in _inputs(spec) else None
+    kl = {"ref_logprobs", "ref_weight"} & _inputs(spec)  # given reference log-probs or a reference lm_head
+    return "the KL term gives a sequence of zero advantage a gradient" if kl else None
 
 
 def _masked(spec: Spec) -> str | None:
     return None if "completion_mask" in _inputs(spec) else "this member has no completion mask"
+
+
+_LOGITS_ONLY = {  # probe -> why it needs given logits (what it changes or compares is a logits row)
+    "advantage-sign": "compares d logits rows with their per-row scale (call C is still judged against the reference)",
+    "row-locality": "redraws one logits row",
+    "last-row": "poisons the left-over logits position, which this operation does not have",
+    "masked-positions": "redraws the logits of masked positions (their d logits rows must be exactly 0)",
+    "exact-ties": "builds exact clip ties from the given logits' log-probs",
+    "far-ratios": "sets old and reference log-probs from the given logits' log-probs",
+}
+
+
+def _logits_only(spec: Spec, probe: str = "") -> str | None:
+    """Why a probe that changes or compares given logits does not apply (None for grpo-logits)."""
+    op = operation_name(spec)
+    if op == "grpo-logits":
+        return None
+    return f"grpo-logits only: this probe {_LOGITS_ONLY.get(probe, 'works on given logits')}; {op} gives none"
+
+
+def _only_logits(probe: str, then=None):
+    def applies(spec: Spec) -> str | None:
+        return _logits_only(spec, probe) or (then(spec) if then else None)
+    return applies
 
 
 def _clipped(spec: Spec) -> str | None:
@@ -117,7 +150,8 @@ def _off_policy(spec: Spec) -> str | None:
 
 
 def _has_mask(spec: Spec) -> str | None:
-    if any(kind_of(t.name) == "mask" for t in spec.inputs):
+    kind = operation_for(spec).input_kind
+    if any(kind(t.name) == "mask" for t in spec.inputs):
         return None
     return "nothing to mask: the ordinary input sets already hold every case of this member's inputs"
 
@@ -130,7 +164,7 @@ def new_buffers(run: WorkloadConformance) -> None:
     if d is not None:
         J.plain(run, d)
         J.fresh(run, d, "new buffers, new values")
-        run.state["D"] = (d.grad.clone(), d.loss, 1.0)
+        run.state["D"] = (_saved(d), d.loss, 1.0)
     if "A" in run.state:
         J.reread_first(run, "after D")
 
@@ -200,6 +234,9 @@ def declared(run: WorkloadConformance) -> None:
             run.model = ReferenceModel(run.spec, dict(dc.values))  # inputs follow the call's parameters
             run.generate(run.P, seed)
             check, values = "declared-cases", dict(dc.values)
+            if dc.tie is not None and _logits_only(run.spec):  # ties are built from given logits
+                run.book.not_applicable("exact-ties", _logits_only(run.spec, "exact-ties"))
+                continue
             if dc.tie is not None:
                 check = "exact-ties"
                 x, _ = exact_tie_inputs(run.spec, run.P.pristine, values, seed)
@@ -329,7 +366,7 @@ def input_cases(run: WorkloadConformance) -> None:
     """K: the input set a batch cannot hold beside ordinary rows: every token of every row masked
     (loss 0, gradient 0; a kernel dividing by the token count returns NaN), in its own input set,
     whose mask takes the mask dtype neither P nor Q has (conformance.slot_dtypes)."""
-    mask = next(t.name for t in run.spec.inputs if kind_of(t.name) == "mask")
+    mask = next(t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask")
     K = run.K
     run.generate(K, run.seeds[0] ^ 0xA11)
     K.tensors[mask].zero_()
@@ -361,19 +398,21 @@ _PROBES = (
     Probe("baseline", baseline.__doc__, baseline, PLAIN + CALL + ("stale-output", "determinism")),
     Probe("negated-advantages", negated.__doc__, negated, CALL + ("freshness", "finite"), needs=("baseline",)),
     Probe("advantage-sign", advantage_sign.__doc__, advantage_sign, ("advantage-sign",), ("advantage-sign",),
-          _symmetric, ("baseline", "negated-advantages")),
+          _only_logits("advantage-sign", _symmetric), ("baseline", "negated-advantages")),
     Probe("new-buffers", new_buffers.__doc__, new_buffers, PLAIN + CALL + ("freshness",)),
     Probe("zero-advantage", zero_advantage.__doc__, zero_advantage, CALL + ("zero-advantage", "finite"),
           ("zero-advantage",), _without_kl, ("new-buffers",)),
     Probe("row-locality", row_locality.__doc__, row_locality, CALL + ("row-locality", "finite"), ("row-locality",),
-          needs=("new-buffers",)),
+          _only_logits("row-locality"), needs=("new-buffers",)),
     Probe("last-row", last_row.__doc__, last_row, CALL + ("last-row-ignored",), ("last-row-ignored",),
-          needs=("new-buffers",)),
+          _only_logits("last-row"), needs=("new-buffers",)),
     Probe("masked-positions", masked_positions.__doc__, masked_positions, CALL + ("masked-positions", "finite"),
-          ("masked-positions",), _masked, ("new-buffers",)),
-    Probe("exact-ties", exact_ties.__doc__, exact_ties, CALL + ("exact-ties", "finite"), ("exact-ties",), _clipped),
+          ("masked-positions",), _only_logits("masked-positions", _masked), ("new-buffers",)),
+    Probe("exact-ties", exact_ties.__doc__, exact_ties, CALL + ("exact-ties", "finite"), ("exact-ties",),
+          _only_logits("exact-ties", _clipped)),
     Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite")),
-    Probe("far-ratios", far_ratios.__doc__, far_ratios, CALL + ("far-ratios", "finite"), ("far-ratios",), _off_policy),
+    Probe("far-ratios", far_ratios.__doc__, far_ratios, CALL + ("far-ratios", "finite"), ("far-ratios",),
+          _only_logits("far-ratios", _off_policy)),
     Probe("adversarial", adversarial.__doc__, adversarial, CALL + ("adversarial-inputs", "finite")),
     Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradient", "finite")),
     Probe("non-leaf", non_leaf.__doc__, non_leaf, CALL + ("non-leaf-logits", "finite")),

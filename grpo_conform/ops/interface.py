@@ -114,6 +114,13 @@ class Operation(Protocol):
         `refinements`: operation-specific extras a comparator may ask for (grpo-logits: `logp_error`)."""
         ...
 
+    def error_model(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any, dtype: str) -> Any:
+        """The operation's derived allowance for these inputs in `dtype`: an object with
+        `allowance(name, start, stop, unit_scale)` (each unit's absolute allowance at upstream 1, added
+        to the element and Frobenius allowances) and `loss` (an absolute loss allowance); None where
+        the engine derives the operation's allowances itself (grpo-logits: the fp32 log-sum-exp floors)."""
+        ...
+
     def gradient_groupings(self, spec: "Spec") -> dict[str, GradientGrouping]:
         """One per gradient the spec lists, keyed by its input's name."""
         ...

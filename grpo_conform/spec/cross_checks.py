@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from grpo_conform.spec.operation_inputs import requirements_for
+
 # Every parameter a grpo member may declare (the call convention, docs/architecture.md s. 2).
 KNOWN_PARAMETERS = {
     "epsilon_low", "epsilon_high", "temperature", "loss_type", "importance_sampling_level", "beta",
@@ -95,9 +97,17 @@ def check_member(doc: dict[str, Any], fail: Fail) -> None:
         fail("$.semantics.importance_sampling", "must equal the importance_sampling_level parameter (token without it)")
     if sem["importance_sampling"] == "sequence" and "old_logprobs" not in inputs:
         fail("$.semantics.importance_sampling", "a sequence-level ratio needs old_logprobs (on-policy it equals token level)")
+    need = requirements_for(doc.get("operation"))
     kl = terms["kl"]["present"]
-    if kl != ("beta" in values) or kl != ("ref_logprobs" in inputs):
-        fail("$.terms.kl.present", "a KL term needs the beta parameter and the ref_logprobs input, and they need the term")
+    sources = [n for n in need.kl_sources if n in inputs]
+    if kl != ("beta" in values) or kl != bool(sources):
+        fail("$.terms.kl.present", f"a KL term needs the beta parameter and the {' or '.join(need.kl_sources)} input, "
+             "and they need the term")
+    if len(sources) > 1:
+        fail("$.inputs", f"the KL term takes its reference from one input: {' or '.join(sources)}, not both")
+    for dep in ("ref_hidden", "ref_bias"):
+        if dep in inputs and "ref_weight" not in inputs:
+            fail("$.inputs", f"{dep} is declared with ref_weight")
     if terms["mask"]["present"] != ("completion_mask" in inputs):
         fail("$.terms.mask.present", "must be true exactly when completion_mask is an input")
     correction = sem.get("correction", "none")
@@ -113,6 +123,7 @@ def check_member(doc: dict[str, Any], fail: Fail) -> None:
         fail("$.parameters", "delta applies to the clip policy only")
     if ("ref_logprobs" in inputs or "sampling_ratio" in inputs) and "old_logprobs" not in inputs:
         fail("$.inputs", "ref_logprobs and sampling_ratio are declared with old_logprobs")
+    differentiable = [t["name"] for t in doc["inputs"] if t["differentiable"]]
     for protocol, spec in doc["traffic"].items():
         for side in ("read", "write"):
             for j, item in enumerate(spec[side]):
@@ -121,8 +132,9 @@ def check_member(doc: dict[str, Any], fail: Fail) -> None:
                     fail(f"$.traffic.{protocol}.{side}[{j}].tensor", f"unknown tensor {item['tensor']!r}; inputs: {sorted(inputs)}")
                 if item.get("rows") == "unmasked" and "completion_mask" not in inputs:
                     fail(f"$.traffic.{protocol}.{side}[{j}].rows", "rows 'unmasked' needs the completion_mask input")
-        if not any(i["tensor"] == "grad:logits" for i in spec["write"]) and protocol != "forward":
-            fail(f"$.traffic.{protocol}.write", "a protocol with a backward writes grad:logits")
+        for name in differentiable if protocol != "forward" else ():
+            if not any(i["tensor"] == "grad:" + name for i in spec["write"]):
+                fail(f"$.traffic.{protocol}.write", f"a protocol with a backward writes grad:{name}")
     for name in doc["layouts"]:
         if name not in inputs:
             fail(f"$.layouts.{name}", f"unknown input {name!r}; inputs: {sorted(inputs)}")

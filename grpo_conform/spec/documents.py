@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from grpo_conform.canonical import identity
 from grpo_conform.spec.cross_checks import check_member
 from grpo_conform.spec.model import ENV_SPEC_DIRS, FAMILY_FORMAT, SPEC_SCHEMA_FILE, Spec, SpecError
+from grpo_conform.spec.operation_inputs import requirements_for
 
 
 def _schema() -> dict[str, Any]:
@@ -87,8 +88,7 @@ def _cross_check(doc: dict[str, Any], file: str | Path) -> None:
             if rng and rng["max_exclusive"] not in axes:
                 fail(f"$.{where}[{i}].range.max_exclusive", f"unknown axis {rng['max_exclusive']!r}")
     diff = [t for t in doc["inputs"] if t["differentiable"]]
-    if len(diff) != 1:
-        fail("$.inputs", f"exactly one input must be differentiable, found {len(diff)}")
+    _check_operation_inputs(doc, diff, fail)
     for i, g in enumerate(doc["gradients"]):
         if g["input"] not in inputs:
             fail(f"$.gradients[{i}].input", f"unknown input {g['input']!r}")
@@ -126,9 +126,10 @@ def _cross_check(doc: dict[str, Any], file: str | Path) -> None:
         for name in w["dtypes"]:
             if name not in inputs:
                 fail(f"{base}.dtypes.{name}", f"unknown input {name!r}")
-        dt = w["dtypes"].get(diff[0]["name"], diff[0]["dtypes"][0])
-        if dt not in tol_dtypes:
-            fail(f"{base}.dtypes.{diff[0]['name']}", f"no tolerance declared for dtype {dt!r}")
+        for d in diff:
+            dt = w["dtypes"].get(d["name"], d["dtypes"][0])
+            if dt not in tol_dtypes:
+                fail(f"{base}.dtypes.{d['name']}", f"no tolerance declared for dtype {dt!r}")
     for key in ("base_profiles", "adversarial_profiles"):
         for j, name in enumerate(doc["validation"][key]):
             if name not in profiles:
@@ -137,6 +138,31 @@ def _cross_check(doc: dict[str, Any], file: str | Path) -> None:
         check_member(doc, fail)
     elif params - {"epsilon_low", "epsilon_high", "temperature"}:
         fail("$.parameters", "the grpo family takes epsilon_low, epsilon_high and temperature only")
+
+
+def _check_operation_inputs(doc: dict[str, Any], diff: list[dict[str, Any]], fail) -> None:
+    """The inputs the spec's operation requires (`operation_inputs`): grpo-logits keeps the format-1
+    rule (exactly one differentiable input); others name theirs, each with a gradient."""
+    need = requirements_for(doc.get("operation"))
+    if need.exactly_one_differentiable:
+        if len(diff) != 1:
+            fail("$.inputs", f"exactly one input must be differentiable, found {len(diff)}")
+        return
+    op = doc.get("operation")
+    names = {t["name"]: t for t in doc["inputs"]}
+    for name in need.differentiable + need.required:
+        if name not in names:
+            fail("$.inputs", f"operation {op!r} needs the input {name!r}; inputs: {sorted(names)}")
+    allowed = set(need.differentiable) | set(need.optional_differentiable)
+    for i, t in enumerate(doc["inputs"]):
+        if t["differentiable"] != (t["name"] in allowed):
+            what = "is differentiable" if t["name"] in allowed else "is not differentiable"
+            fail(f"$.inputs[{i}].differentiable", f"for operation {op!r}, {t['name']!r} {what} "
+                 f"(differentiable: {sorted(allowed)})")
+    graded = {g["input"] for g in doc["gradients"]}
+    for t in diff:
+        if t["name"] not in graded:
+            fail("$.gradients", f"the differentiable input {t['name']!r} has no gradient listed")
 
 
 def load_spec(path: str | Path) -> Spec:

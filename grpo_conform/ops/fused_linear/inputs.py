@@ -14,8 +14,9 @@ Values, chosen so the logits have a realistic spread without materialising them:
   what they do to that row's logits: `scale` is the logits' std (hidden ~ N(0, scale^2); student_t
   rows are heavy-tailed along H; `clamp` clamps hidden), `peaked` adds `spike` to the target logit
   (hidden += spike * weight[c] / |weight[c]|^2, computed on the rounded weight);
-- bias ~ N(0, 1); `ref_weight` / `ref_hidden` are the policy's plus 10% noise (a reference model near
-  the policy); `ref_bias` likewise;
+- bias ~ N(0, 1); `ref_hidden` is the policy's hidden plus N(0, 0.5^2) per element (every reference
+  logit moves by ~N(0, 0.25) whatever the row's scale: ref - logp stays where exp() is finite in fp32,
+  also on the adversarial rows), `ref_weight` / `ref_bias` the policy's plus 0.1% relative noise;
 - advantages, completion ids and the mask: the logits operation's generators; old log-probs:
   logp - log r with r drawn across the clip regions from the float64 log-probs of the rounded
   inputs (as the logits operation draws them); given ref log-probs: logp + sign(A) * U[gap].
@@ -37,7 +38,8 @@ from grpo_conform.ops.grpo_logits.member_inputs import fill_completion_mask, old
 from grpo_conform.ops.grpo_terms import GrpoParameters
 
 _SALT = 0x66757365  # separates the member inputs' draws from the hidden/weight stream of the same seed
-REF_NOISE = 0.1
+REF_NOISE = 1e-3  # relative, on ref_weight / ref_bias: a 'large' row (logits ~1e3) moves by ~1
+REF_HIDDEN_NOISE = 0.5  # absolute, on ref_hidden: with weight ~ N(0, 1/H) every logit moves by ~N(0, 0.25)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,11 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     for name, base in (("ref_weight", "weight"), ("ref_hidden", "hidden"), ("ref_bias", "bias")):
         if name in tensors:
             src = tensors[base].detach().to("cpu", torch.float32)
-            tensors[name].copy_(src + REF_NOISE * src.std() * torch.randn(src.shape, generator=gen))
+            noise = torch.randn(src.shape, generator=gen)
+            if name == "ref_hidden":  # logits move by ~N(0, REF_HIDDEN_NOISE^2) whatever the row's profile
+                tensors[name].copy_(src + REF_HIDDEN_NOISE * noise)
+            else:  # a weight (or bias) near the policy's: relative noise
+                tensors[name].copy_(src + REF_NOISE * src.std() * noise)
     covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case))
     return Inputs(tensors, seed, names, covered)
 

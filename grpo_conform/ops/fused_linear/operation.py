@@ -19,8 +19,10 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from grpo_conform.ops.fused_linear import inputs as _inputs
 from grpo_conform.ops.fused_linear import reference as _reference
+from grpo_conform.ops.fused_linear.tolerance import gemm_allowance
 from grpo_conform.ops.grpo_logits.traffic import Counted
 from grpo_conform.ops.grpo_terms import GrpoParameters
+from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
 from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
 
 INPUT_KINDS = {
@@ -44,6 +46,7 @@ def _dims(resolved) -> tuple[int, int, int]:
 
 class GrpoFusedLinear:
     name = "grpo-fused-linear"
+    requirements = OPERATION_INPUTS["grpo-fused-linear"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over hidden states [batch, seq, hidden] times an lm_head weight [vocab, hidden] "
                "(+ bias), logits never given; its gradients are d loss / d hidden, weight and bias")
 
@@ -84,6 +87,10 @@ class GrpoFusedLinear:
             raise TypeError(f"grpo-fused-linear takes no refinements (got {sorted(refinements)})")
         wanted = {g.input for g in spec.gradients}
         return {k: v for k, v in _reference.reference_gradients(x, params).items() if k in wanted}
+
+    def error_model(self, spec, x: Mapping[str, Any], params, dtype: str):
+        """The allowance for the lm_head GEMM's rounding in `dtype` (`tolerance.gemm_allowance`)."""
+        return gemm_allowance(x, params, dtype)
 
     def gradient_groupings(self, spec) -> dict[str, GradientGrouping]:
         # hidden: a unit is one position (b, t), its H elements; weight: one vocabulary row, its H

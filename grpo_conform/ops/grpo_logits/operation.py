@@ -13,6 +13,7 @@ from grpo_conform.ops.grpo_logits import traffic as _traffic
 from grpo_conform.ops.grpo_logits.generators import kind_of
 from grpo_conform.ops.grpo_logits.inputs import generate
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_loss
+from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
 from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
 
 #: Spec families with an arithmetic floor: what costs one exponential per element read.
@@ -21,6 +22,7 @@ EXP_FAMILIES = {"grpo": "the log-sum-exp over the vocabulary needs exp() of ever
 
 class GrpoLogits:
     name = "grpo-logits"
+    requirements = OPERATION_INPUTS["grpo-logits"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over given logits [batch, seq + 1, vocab] and the sampled completion ids; "
                "its gradient is d loss / d logits")
 
@@ -53,6 +55,10 @@ class GrpoLogits:
         implementation's log-prob errors; the chunks then carry the rows' coefficients and the bounds of
         how far they move (`reference.chunked_gradient`)."""
         return {spec.differentiable_input.name: reference_gradient(x, params, logp_error=logp_error)}
+
+    def error_model(self, spec, x: Mapping[str, Any], params, dtype: str) -> None:
+        """None: the engine's logits path derives its fp32 floors itself (checks/conformance.py)."""
+        return None
 
     def gradient_groupings(self, spec) -> dict[str, GradientGrouping]:
         # a unit is one logits row (b, t): the softmax couples the vocabulary, never two positions

@@ -1,0 +1,35 @@
+"""Judging an operation whose gradients are compared unit by unit with an error model of its own
+(grpo-fused-linear: `Operation.error_model`, the lm_head GEMM's rounding): every gradient the spec
+lists, by name, against the reference's chunks of it. Shared by the conformance run and the timed
+re-checks; grpo-logits keeps its own path (its fp32 floors, row sums and last position)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from grpo_conform.compare import GradientComparator, GradientComparisons, LossComparison, compare_loss
+from grpo_conform.ops.interface import GradientGrouping
+
+
+def judge_units(op: Any, spec: Any, rw: Any, tol: Any, params: Any, x: Mapping[str, torch.Tensor],
+                loss: float, grads: Mapping[str, torch.Tensor], c: float, model: Any,
+                groupings: Mapping[str, GradientGrouping], subnormal: float,
+                ref_loss: float) -> tuple[LossComparison, GradientComparisons]:
+    """(loss comparison, each gradient's comparison): the spec's tolerance per element plus `model`'s
+    allowance of each unit (`model.allowance(name, start, stop, unit scale)`, element and Frobenius
+    alike), both scaled by |c| as the reference is by the upstream scalar c; the loss allowance adds
+    `model.loss`."""
+    comparisons = {}
+    for name, chunks in op.reference_gradients(spec, x, params).items():
+        width = groupings[name].width(rw)
+        cmp = GradientComparator(tol.gradient, None, width, row_sums=False)
+        flat = grads[name].reshape(-1, width)
+        for ch in chunks:
+            scale = ch.scale * abs(c)
+            extra = model.allowance(name, ch.start, ch.stop, ch.scale) * abs(c)
+            floor = torch.full_like(scale, subnormal)
+            cmp.update(ch.start, flat[ch.start : ch.stop], ch.values.reshape(-1, width) * c, scale, floor, model=extra)
+        comparisons[name] = cmp
+    return compare_loss(loss, ref_loss, tol.loss, model.loss), GradientComparisons(comparisons)

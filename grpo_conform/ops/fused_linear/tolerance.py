@@ -1,0 +1,172 @@
+"""The fused operation's allowance for the lm_head GEMM's rounding (docs/operations.md, "Tolerances of
+the fused operation", derives it; this module computes it for one input set).
+
+An implementation computes z = hidden @ weight.T (+ bias) from the given operands with fp32
+accumulation and may round z to the operands' dtype (torch.nn.functional.linear on bf16 does; an
+fp32-upcast kernel keeps fp32). The reference computes z in float64 from the same operands. Per logit
+
+    |dz[r, v]| <= e[r, v] = u * |z[r, v]| + sqrt(H) * u32 * |h_r| |w_v|
+
+(u the unit roundoff of the operands' dtype: the output rounding; u32 = 2^-24 with sqrt(H) the
+statistical growth of an fp32 dot product of length H, bounded by |h_r||w_v| >= sum_k |h_rk w_vk|).
+Through the temperature, every log-softmax input of row r moves by at most E_r = max_v e[r, v] / T (plus
+the implementation's own fp32 log-softmax error, 2 u32 (1 + max|z|/T + ln V), added to E_r and d_r), so
+
+  - a probability by p_v * expm1(2 E_r) (its own logit and the log-sum-exp both move);
+  - the completion token's log-prob by d_r = ((1 - p_c) e_c + sum_{v != c} p_v e_v) / T (the shared
+    part of z_c and the log-sum-exp cancels: a near one-hot row moves by almost nothing);
+  - g_r = dL/dlogp / T by dg_r: the larger of the shared terms' smooth bound (`token_terms`'
+    coef_error at logp_error = d) and the change of g when every log-prob sits at logp + d or at
+    logp - d, which covers a clip branch or a cap crossed (a ratio within d of a bound may fall on
+    either side in the implementation's arithmetic); the loss's move likewise.
+
+d logits[r, v] = g_r (onehot - p_v) then moves by at most |g_r| x p_v + dg_r (onehot_v + p_v (1 + x)) <=
+a_r (onehot_v + p_v), x = expm1(2 E_r), a_r = |g_r| x + dg_r (1 + x), so a unit of each gradient may move
+by (absolute, per unit):
+  d hidden[r, :]  a_r * (wmax[c_r] + sum_v p_rv wmax_v)        (wmax_v = max_k |weight[v, k]|)
+  d weight[v, :]  sum_r a_r (onehot_rv + p_rv) hmax_r          (hmax_r = max_k |hidden[r, k]|)
+  d bias[v]       sum_r a_r (onehot_rv + p_rv)
+plus 2u of the unit's reference scale (the implementation rounds d logits and the gradients to the
+operands' dtype). With a reference lm_head (ref_weight) the reference log-probs carry the same kind
+of error; it is added to d (the KL term moves with the difference ref - logp).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from grpo_conform.ops.fused_linear.reference import Blocks, _blocks, _flat, _logits, _spans, logprobs_and_lse
+from grpo_conform.ops.grpo_terms import GrpoParameters, token_terms
+
+UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24}
+FP32_U = 2.0**-24
+
+
+@dataclass(frozen=True)
+class GemmAllowance:
+    """Per gradient name, each unit's absolute allowance at upstream 1 ([units]) and the factor of the
+    unit's reference scale for the implementation's own rounding (`rel`); the loss's absolute
+    allowance; the largest E_r (for the evidence)."""
+
+    units: dict[str, torch.Tensor]
+    rel: float
+    loss: float
+    max_logit_error: float
+
+    def allowance(self, name: str, start: int, stop: int, scale: torch.Tensor) -> torch.Tensor:
+        """Absolute allowance of units [start, stop) whose reference scale (at the call's upstream) is `scale`;
+        the caller multiplies the first part by |upstream| through `scale_of_upstream`."""
+        return self.units[name][start:stop].to(scale.device) + self.rel * scale
+
+
+def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks, lse: torch.Tensor):
+    """(E_r = max_v e[r, v] / T, d_r the log-prob error bound) per flattened row."""
+    h_all, w, b = _flat(x, prefix)
+    ids = x["completion_ids"].reshape(-1).to(torch.int64)
+    acc = math.sqrt(h_all.shape[1]) * FP32_U
+    wnorm = w.to(torch.float64).norm(dim=-1)
+    n = h_all.shape[0]
+    emax = torch.zeros(n, dtype=torch.float64, device=h_all.device)
+    zmax = torch.zeros(n, dtype=torch.float64, device=h_all.device)
+    d = torch.zeros(n, dtype=torch.float64, device=h_all.device)
+    for r0, r1 in _spans(n, blocks.rows):
+        h = h_all[r0:r1].to(torch.float64)
+        hn = h.norm(dim=-1)
+        c = ids[r0:r1]
+        for v0, v1 in _spans(w.shape[0], blocks.vocab):
+            z = _logits(h, w, b, v0, v1, 1.0)
+            e = u * z.abs() + acc * hn[:, None] * wnorm[None, v0:v1]
+            prob = torch.exp(z / p.temperature - lse[r0:r1, None])
+            emax[r0:r1] = torch.maximum(emax[r0:r1], e.max(-1).values)
+            zmax[r0:r1] = torch.maximum(zmax[r0:r1], z.abs().max(-1).values)
+            rows = torch.nonzero((c >= v0) & (c < v1)).squeeze(-1)
+            contrib = prob * e
+            # the completion token's column counts with weight (1 - p_c) instead of p_c
+            contrib[rows, c[rows] - v0] = (1.0 - prob[rows, c[rows] - v0]) * e[rows, c[rows] - v0]
+            d[r0:r1] += contrib.sum(-1)
+    # the implementation's own fp32 log-softmax: about 2 u32 (1 + max|z|/T + ln V) on every log-prob
+    softmax = 2.0 * FP32_U * (1.0 + zmax / p.temperature + math.log(w.shape[0]))
+    return emax / p.temperature + softmax, d / p.temperature + softmax
+
+
+def _unit_sums(x, p: GrpoParameters, blocks: Blocks, lse: torch.Tensor, a: torch.Tensor):
+    """(hidden rows' a_r K_r, weight rows' sum_r a_r (onehot + p) hmax_r, the same without hmax for bias)."""
+    h_all, w, b = _flat(x)
+    ids = x["completion_ids"].reshape(-1).to(torch.int64)
+    wmax = w.abs().amax(-1).to(torch.float64)
+    n, vocab = h_all.shape[0], w.shape[0]
+    hid = torch.zeros(n, dtype=torch.float64, device=h_all.device)
+    wt = torch.zeros(vocab, dtype=torch.float64, device=h_all.device)
+    bs = torch.zeros(vocab, dtype=torch.float64, device=h_all.device)
+    for r0, r1 in _spans(n, blocks.rows):
+        h = h_all[r0:r1].to(torch.float64)
+        hmax = h.abs().amax(-1)
+        ar = a[r0:r1]
+        c = ids[r0:r1]
+        hid[r0:r1] += ar * wmax[c]
+        for v0, v1 in _spans(vocab, blocks.vocab):
+            prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature) - lse[r0:r1, None])
+            hid[r0:r1] += ar * (prob @ wmax[v0:v1])
+            wt[v0:v1] += (ar * hmax) @ prob
+            bs[v0:v1] += ar @ prob
+        wt.index_add_(0, c, ar * hmax)
+        bs.index_add_(0, c, ar)
+    return hid, wt, bs
+
+
+def _shifts(x, p: GrpoParameters, logp: torch.Tensor, grid: torch.Tensor) -> list[torch.Tensor]:
+    """Log-prob shifts within [-d, d] where dL/dlogp is most apart from its value at logp: the two ends
+    (the KL term and an active ratio term are monotone in logp) and, where a clip bound of the ratio lies
+    inside, the shift that puts the ratio exactly on it (the active branch's largest value before
+    the clipped branch's 0; ties are the unclipped branch's). At sequence level the sequence's ratio
+    moves with the mean shift of its tokens: the same shift for every token of the sequence."""
+    out = [grid, -grid]
+    if "old_logprobs" not in x:
+        return out
+    old = x["old_logprobs"].to(torch.float64)
+    log_ratio = logp - old
+    if p.importance_sampling_level == "sequence":
+        m = (x["completion_mask"] != 0).to(torch.float64) if "completion_mask" in x else torch.ones_like(logp)
+        n = m.sum(-1, keepdim=True).clamp_min(1.0)
+        log_ratio = ((log_ratio * m).sum(-1, keepdim=True) / n).expand_as(logp)
+    for bound in (1.0 - p.epsilon_low, 1.0 + p.epsilon_high):
+        if bound > 0:
+            to_bound = math.log(bound) - log_ratio
+            out.append(torch.maximum(torch.minimum(to_bound, grid), -grid))
+    return out
+
+
+def gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str,
+                   blocks: Blocks | None = None) -> GemmAllowance:
+    u = UNIT_ROUNDOFF[dtype]
+    blocks = _blocks(x, blocks)
+    logp, lse = logprobs_and_lse(x, p, blocks)
+    emax, d = _row_errors(x, p, u, "", blocks, lse)
+    batch, seq = x["completion_ids"].shape
+    terms_x = dict(x)
+    if "ref_weight" in x:
+        ref, ref_lse = logprobs_and_lse(x, p, blocks, prefix="ref_")
+        _, d_ref = _row_errors(x, p, u, "ref_", blocks, ref_lse)
+        d = d + d_ref
+        terms_x["ref_logprobs"] = ref
+    grid = d.view(batch, seq)
+    tt = token_terms(terms_x, p, logp, logp_error=grid)
+    g, dg = tt.dlogp, torch.zeros_like(tt.dlogp) if tt.coef_error is None else tt.coef_error.clone()
+    loss_move = torch.zeros_like(tt.loss) if tt.loss_error is None else tt.loss_error.clone()
+    if tt.coef_error is not None:  # log-probs matter: a bound crossed within d
+        for shift in _shifts(terms_x, p, logp, grid):
+            moved = token_terms(terms_x, p, logp + shift)
+            dg = torch.maximum(dg, (moved.dlogp - g).abs())
+            loss_move = torch.maximum(loss_move, (moved.loss - tt.loss).abs())
+    x2 = torch.expm1(2.0 * emax.view(batch, seq))  # the relative move of every probability
+    # d logits moves by |g| x2 p + dg (onehot + p (1 + x2)) <= a (onehot + p)
+    a = ((g.abs() * x2 + dg * (1.0 + x2)) / p.temperature).reshape(-1)
+    hid, wt, bs = _unit_sums(x, p, blocks, lse, a)
+    units = {"hidden": hid, "weight": wt}
+    if x.get("bias") is not None:
+        units["bias"] = bs
+    return GemmAllowance(units, 2.0 * u, float(loss_move.sum()), float(emax.max()) if emax.numel() else 0.0)
