@@ -104,9 +104,12 @@ def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_
     return out
 
 
-def _terms(x, p, budget_bytes, logp_error=None):
-    logp = reference_logprobs(x, p, budget_bytes) if needs_logprobs(x, p) else None
-    return token_terms(x, p, logp, logp_error)
+def _terms(x, p, budget_bytes, logp_error=None, logp=None):
+    """`logp`: the log-probs of these inputs at p's temperature, when the caller already has them
+    (`checks/reference_cache.py`: one float64 pass per input set, not one per loss and per gradient)."""
+    if logp is None and needs_logprobs(x, p):
+        logp = reference_logprobs(x, p, budget_bytes)
+    return token_terms(x, p, logp if needs_logprobs(x, p) else None, logp_error)
 
 
 def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int | None = None) -> float:
@@ -115,13 +118,14 @@ def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes:
 
 def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
                      budget_bytes: int | None = None,
-                     logp_error: torch.Tensor | None = None) -> Iterator[GradientChunk]:
+                     logp_error: torch.Tensor | None = None,
+                     logp: torch.Tensor | None = None) -> Iterator[GradientChunk]:
     """`logp_error` [B, S]: bounds of an implementation's log-prob errors; with it every chunk also
     carries each row's coefficient and the bounds of how far it and the row's loss term move
-    (`token_terms`)."""
+    (`token_terms`). `logp`: the inputs' log-probs if already computed (`_terms`)."""
     logits, ids = x["logits"], x["completion_ids"]
     batch, seq_next, vocab = logits.shape
-    terms = _terms(x, p, budget_bytes, logp_error)
+    terms = _terms(x, p, budget_bytes, logp_error, logp)
     coef, row_scale = terms.dlogp / p.temperature, terms.scale / p.temperature
     extra = logp_error is not None
     if extra:
