@@ -251,7 +251,8 @@ class WorkloadConformance:
                              values=values, case=case)
             slot.commit()
         # the generator's float64 log-probs of exactly these values (members with old/ref log-probs)
-        self.refs.seed_logp(self.slot_key(slot), self.model.temperature, getattr(x, "logp", None))
+        if self.slot_key(slot) is not None:
+            self.refs.seed_logp(self.slot_key(slot), self.model.temperature, getattr(x, "logp", None))
         self.cover(x.covered)
 
     def cover(self, covered: dict[str, list[str]]) -> None:
@@ -372,9 +373,10 @@ class WorkloadConformance:
 
     # -- judging ----------------------------------------------------------------------------
     @staticmethod
-    def slot_key(slot: InputSlot) -> tuple[str, int]:
-        """Names one pristine content: every commit bumps the version (reference_cache.py)."""
-        return (slot.name, slot.version)
+    def slot_key(slot: InputSlot) -> tuple[str, int] | None:
+        """Names one pristine content: every commit bumps the version (reference_cache.py). None for
+        tensors outside an InputSlot: never cached."""
+        return (slot.name, slot.version) if isinstance(slot, InputSlot) else None
 
     def _slot_of(self, x: dict[str, torch.Tensor]) -> InputSlot | None:
         """The input slot whose pristine copy `x` is (None: tensors of no slot, never cached)."""
@@ -392,7 +394,10 @@ class WorkloadConformance:
         with PHASES("judge"):
             slot = slot or call.slot
             c = call.upstream if upstream is None else upstream
-            key = (self.slot_key(slot), tuple(sorted((k, repr(v)) for k, v in self.model.values.items())), c)
+            slot_key = self.slot_key(slot)
+            if slot_key is None:
+                return self._judge(call, slot, upstream)
+            key = (slot_key, tuple(sorted((k, repr(v)) for k, v in self.model.values.items())), c)
             found = self.refs.memo.lookup(key, call.loss, call.grads)
             if found is not None:
                 return found

@@ -36,7 +36,7 @@ from grpo_conform.compare import bitwise_equal
 from grpo_conform.phases import PHASES
 
 LIMIT = 8  # entries kept (each holds [batch, seq] grids and per-row vectors: kilobytes)
-MEMO_MAX_BYTES = 4 * 2**30  # outputs larger than this are not copied for the memo (huge workloads)
+MEMO_MAX_BYTES = 5 * 2**29  # 2.5 GiB: outputs larger than this are not copied for the memo (batch 16 and up on a GPU)
 
 
 def params_key(values: dict[str, Any]) -> Hashable:
