@@ -132,20 +132,25 @@ def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
         coef_err, loss_err = terms.coef_error / p.temperature, terms.loss_error
     for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
         z, b, t, valid, target = _rows(logits, ids, start, stop)
-        grad = torch.zeros_like(z)
         scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
         rows = [torch.zeros_like(scale) for _ in range(3)] if extra else None
         if bool(valid.any()):
             bv, tv = b[valid], t[valid]
-            c = coef[bv, tv]
-            scaled = z[valid] / p.temperature
-            g = -torch.softmax(scaled, dim=-1)
-            g.scatter_add_(-1, target[valid].unsqueeze(-1), torch.ones_like(g[:, :1]))
-            grad[valid] = g * c.unsqueeze(-1)
+            c = torch.zeros_like(scale)
+            c[valid] = coef[bv, tv]
+            # Every row of the chunk at once (the softmax is per row), the last position's rows then
+            # set to 0 by `where` (they may hold NaN: the last-row probe poisons them): the same values
+            # as computing the valid rows alone, without copying them out and back (each copy is a
+            # pass over a float64 chunk).
+            g = torch.softmax(z / p.temperature, dim=-1).neg_()  # (z may be a view of float64 inputs: no div_)
+            g.scatter_add_(-1, target.unsqueeze(-1), torch.ones_like(g[:, :1]))
+            grad = torch.where(valid.unsqueeze(-1), g.mul_(c.unsqueeze(-1)), 0.0)
             scale[valid] = row_scale[bv, tv]
             if extra:
                 for out, grid in zip(rows, (coef, coef_err, loss_err)):
                     out[valid] = grid[bv, tv]
+        else:
+            grad = torch.zeros_like(z)
         yield GradientChunk(start, stop, grad, scale, *(rows or ()))
 
 
