@@ -134,3 +134,38 @@ def test_one_reference_per_input_set_not_per_judged_call(monkeypatch):
     assert counts["inputs"] == 2
     assert len(passes) <= 4, passes
     assert counts.get("reference-reused", 0) >= 2
+
+
+def test_timed_refreshes_generate_each_set_once_a_protocol_then_rotate(monkeypatch):
+    """timed._refresh: the first fill of a slot in a protocol is a full generation (its mask counted),
+    later ones rotate in place (tallied `inputs-refreshed`), and the pristine copy follows."""
+    from grpo_conform.checks import timed
+    from grpo_conform.checks.buffers import InputSlot
+    from grpo_conform.dtypes import torch_dtype
+    from grpo_conform.ops import operation_for
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    spec, rw = _member("token-offpolicy-mask")
+    t = timed.WorkloadTiming.__new__(timed.WorkloadTiming)
+    t.spec, t.rw, t.op, t.device, t.rng = spec, rw, operation_for(spec), torch.device("cpu"), random.Random(1)
+    t.mask_low, t.set_masks, t._filled = None, {}, set()
+
+    def slot(name: str) -> InputSlot:
+        tensors = {x.name: torch.empty(rw.shapes[x.name], dtype=torch_dtype(rw.dtypes.get(x.name, x.dtypes[0])))
+                   for x in spec.inputs}
+        return InputSlot(name, tensors, {k: torch.empty_like(v) for k, v in tensors.items()})
+
+    sets = [slot("T0"), slot("T1")]
+    PHASES.reset()
+    t._refresh(sets)
+    before = [s.pristine["logits"].clone() for s in sets]
+    masks = [s.pristine["completion_mask"].clone() for s in sets]
+    t._refresh(sets)
+    assert PHASES.counts["inputs-generated"] == 2 and PHASES.counts["inputs-refreshed"] == 2
+    assert set(t.set_masks) == {"T0", "T1"} and t.mask_low is not None
+    for s, b, m in zip(sets, before, masks):
+        assert not torch.equal(b, s.pristine["logits"]) and torch.equal(s.tensors["logits"], s.pristine["logits"])
+        assert torch.equal(m, s.pristine["completion_mask"]) and s.version == 2
+    t._filled.clear()  # a new protocol: full generations again
+    t._refresh(sets)
+    assert PHASES.counts["inputs-generated"] == 4 and PHASES.counts["inputs-refreshed"] == 2

@@ -119,6 +119,7 @@ class WorkloadTiming:
                     self.op.generate(self.spec, self.rw, fresh_seed(), self.device, out=slot.tensors)
                     self._filled.add(slot.name)
                     self._count_mask(slot)
+                    PHASES.tally("inputs-generated")  # (`inputs` counts the refreshes, of up to 4 sets each)
                 else:
                     refresh(slot.tensors, self.rng)
                     PHASES.tally("inputs-refreshed")
