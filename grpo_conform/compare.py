@@ -156,32 +156,43 @@ class GradientComparator:
             return
         rows, a, e, s = rows[keep], actual[keep], expected[keep], scale.to(torch.float64)[keep].unsqueeze(1)
         t = self.tol
-        row_max = e.abs().amax(dim=1, keepdim=True)
+        e_abs = e.abs()  # once: every full-size float64 temporary is a pass over the chunk (docs/timing.md)
+        row_max = e_abs.amax(dim=1, keepdim=True)
         absolute = t.element_atol_row_scale * s + t.element_atol
         element_abs = absolute if floor is None else torch.maximum(
-            absolute, floor.to(torch.float64)[keep].unsqueeze(1))
+            absolute, floor.to(torch.float64)[keep].unsqueeze(1))  # [rows, 1]: one allowance per row
+        patch = None  # the target elements' own allowance, written into `allowed` below (no full-size copy)
         if target is not None:  # (column [rows], allowance [rows]) of each row's target element
             cols, extra = target[0][keep], target[1].to(torch.float64)[keep]
             hit = cols >= 0
             if bool(hit.any()):
-                element_abs = element_abs.expand(a.shape).clone()
                 r = torch.nonzero(hit).squeeze(1)
-                element_abs[r, cols[r]] = torch.maximum(element_abs[r, cols[r]], extra[r])
+                patch = (r, cols[r], torch.maximum(element_abs.expand(a.shape)[r, cols[r]], extra[r]))
+        logp_extra = None
         if logp is not None:
             coef = logp[0].to(torch.float64)[keep].unsqueeze(1)
             moved = logp[1].to(torch.float64)[keep].unsqueeze(1)
             if bool((moved > 0).any()):
-                share = torch.where(coef != 0, (e.abs() / coef.abs().clamp_min(1e-300)).clamp_max(1.0),
+                share = torch.where(coef != 0, (e_abs / coef.abs().clamp_min(1e-300)).clamp_max(1.0),
                                     torch.ones_like(e))  # |onehot_v - softmax_v| of the row
-                extra = moved * share
-                element_abs = element_abs + extra
-                self.logp_sq += float(extra.pow(2).sum())
+                logp_extra = moved * share
+                element_abs = element_abs + logp_extra
+                self.logp_sq += float(logp_extra.pow(2).sum())
+        model_extra = None
         if model is not None:
-            extra = model.to(torch.float64)[keep].unsqueeze(1).expand(a.shape)
-            element_abs = element_abs + extra
-            self.model_sq += float(extra.pow(2).sum())
-        allowed = (t.element_rtol * e.abs() + element_abs) * self.slack
-        err = (a - e).abs()
+            model_extra = model.to(torch.float64)[keep].unsqueeze(1).expand(a.shape)
+            element_abs = element_abs + model_extra
+            self.model_sq += float(model_extra.pow(2).sum())
+        allowed = (t.element_rtol * e_abs + element_abs) * self.slack
+        if patch is not None:
+            r, c, target_abs = patch
+            if logp_extra is not None:
+                target_abs = target_abs + logp_extra[r, c]
+            if model_extra is not None:
+                target_abs = target_abs + model_extra[r, c]
+            allowed[r, c] = (t.element_rtol * e_abs[r, c] + target_abs) * self.slack
+        diff = a - e
+        err = diff.abs()
         nan, inf = torch.isnan(a), torch.isinf(a)
         bad = ~(err <= allowed)  # NaN compares false, so NaN is always bad
         self.elements += a.numel()
@@ -189,7 +200,7 @@ class GradientComparator:
         self.nan += int(nan.sum())
         self.inf += int(inf.sum())
         finite = torch.isfinite(a)
-        self.diff_sq += float(torch.where(finite, a - e, torch.zeros_like(a)).pow(2).sum())
+        self.diff_sq += float(torch.where(finite, diff, torch.zeros_like(a)).pow(2).sum())
         self.ref_sq += float(e.pow(2).sum())
         self.atol_sq += float(absolute.pow(2).sum()) * a.shape[1]
         self.max_abs_ref = max(self.max_abs_ref, float(row_max.max()))

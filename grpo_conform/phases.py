@@ -53,6 +53,10 @@ class PhaseClock:
             if self._stack:
                 self._stack[-1][1] = end  # the enclosing phase resumes
 
+    def tally(self, name: str) -> None:
+        """Count an event that takes no time of its own (a reused reference, a reused judgment)."""
+        self.counts[name] = self.counts.get(name, 0) + 1
+
     @contextmanager
     def inclusive(self, table: str, key: str) -> Iterator[None]:
         start = time.perf_counter()
@@ -93,6 +97,9 @@ def render(phases: dict[str, Any]) -> str:
     for k, v in phases.get("exclusive_s", {}).items():
         n = counts.get(k)
         lines.append(f"  {k:<14} {v:9.2f} s" + (f"  ({n} times)" if n else ""))
+    tallies = {k: n for k, n in counts.items() if k not in phases.get("exclusive_s", {})}
+    if tallies:
+        lines.append("  counted only: " + ", ".join(f"{k} {n}" for k, n in tallies.items()))
     lines.append("probes (inclusive: round trips and judging inside them):")
     lines += [f"  {k:<20} {v:9.2f} s" for k, v in phases.get("probes_s", {}).items()]
     lines.append("workloads:")

@@ -26,6 +26,7 @@ class InputSlot:
     tensors: dict[str, torch.Tensor]
     pristine: dict[str, torch.Tensor]
     layout: dict[str, dict[str, Any]] = field(default_factory=dict)  # views: offset and strides
+    version: int = 0  # bumped by every commit: (name, version) names one pristine content (reference_cache)
 
     @classmethod
     def create(cls, session: WorkerSession, name: str, shapes: dict[str, tuple[int, ...]],
@@ -72,6 +73,7 @@ class InputSlot:
 
     def commit(self) -> None:
         """Record the current contents (just written by the parent) as what they must stay."""
+        self.version += 1
         for k, v in self.tensors.items():
             self.pristine[k].copy_(v)
 

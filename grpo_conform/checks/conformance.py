@@ -29,14 +29,16 @@ import torch
 
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, overlap_text, storage_overlaps
+from grpo_conform.checks.reference_cache import ReferenceCache
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.checks.units import judge_units
 from grpo_conform.dtypes import dtype_name, torch_dtype
-from grpo_conform.compare import (GradientComparator, GradientComparisons, LossComparison, compare_loss, fp32_floor,
-                                  fp32_logp_error, fp32_target_floor)
+from grpo_conform.compare import (FP32_RESOLUTION, GradientComparator, GradientComparisons, LossComparison,
+                                  compare_loss, fp32_floor, fp32_logp_error, fp32_target_floor)
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.ops import operation_for
-from grpo_conform.ops.grpo_logits.reference import rows_per_chunk
+from grpo_conform.ops.grpo_logits.reference import chunked_gradient, reference_logprobs, rows_per_chunk
+from grpo_conform.ops.grpo_terms import token_terms
 from grpo_conform.phases import PHASES
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.spec import ResolvedWorkload, Spec
@@ -154,8 +156,9 @@ class WorkloadConformance:
             torch.cuda.empty_cache()  # what earlier workloads left cached here is the worker's to use
             free, _total = torch.cuda.mem_get_info(self.device)
             # Kept outputs, the parent's buffers (4 input/output sets, 2 pristine copies, 2 saved
-            # gradients) and the implementation's own working set all share the GPU.
-            budget = max(0.0, KEEP_FRACTION_CUDA * free - 8 * grad_bytes)
+            # gradients, the judged outputs' copy of reference_cache.Memo) and the implementation's
+            # own working set all share the GPU.
+            budget = max(0.0, KEEP_FRACTION_CUDA * free - 9 * grad_bytes)
         else:
             budget = 2 * 2**30
         # At least one kept output where the GPU holds a dozen gradients; none for huge workloads
@@ -166,6 +169,7 @@ class WorkloadConformance:
         self._sets = 0  # input sets generated so far (the generators' `case`)
         self._mask_shift = self.rng.randrange(2)  # which other mask dtype Q gets (K the remaining one)
         self.exported: dict[str, str] = {}  # output slot -> the call last exported into it (Call.grad is that buffer)
+        self.refs = ReferenceCache()  # the reference of each pristine input set, computed once (reference_cache.py)
 
     # -- the run ----------------------------------------------------------------------------
     def run(self):
@@ -256,6 +260,9 @@ class WorkloadConformance:
             x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, out=slot.tensors,
                              values=values, case=case)
             slot.commit()
+        # the generator's float64 log-probs of exactly these values (members with old/ref log-probs)
+        if self.slot_key(slot) is not None:
+            self.refs.seed_logp(self.slot_key(slot), self.model.temperature, getattr(x, "logp", None))
         self.cover(x.covered)
 
     def cover(self, covered: dict[str, list[str]]) -> None:
@@ -375,12 +382,38 @@ class WorkloadConformance:
             self.book.record("no-aliasing", label, True, "no output storage overlaps an input")
 
     # -- judging ----------------------------------------------------------------------------
+    @staticmethod
+    def slot_key(slot: InputSlot) -> tuple[str, int] | None:
+        """Names one pristine content: every commit bumps the version (reference_cache.py). None for
+        tensors outside an InputSlot: never cached."""
+        return (slot.name, slot.version) if isinstance(slot, InputSlot) else None
+
+    def _slot_of(self, x: dict[str, torch.Tensor]) -> InputSlot | None:
+        """The input slot whose pristine copy `x` is (None: tensors of no slot, never cached)."""
+        for value in self.__dict__.values():
+            if isinstance(value, InputSlot) and value.pristine is x:
+                return value
+        return None
+
     def judge(self, call: Call, slot: InputSlot | None = None,
               upstream: float | None = None) -> tuple[LossComparison, GradientComparisons]:
         """(loss comparison, each gradient compared by name with the reference's gradient of that
-        name) against the reference of the pristine inputs."""
+        name) against the reference of the pristine inputs. Outputs bitwise equal to the last judged
+        call's on the same pristine inputs, parameters and upstream scalar get its comparisons
+        (reference_cache.Memo)."""
         with PHASES("judge"):
-            return self._judge(call, slot, upstream)
+            slot = slot or call.slot
+            c = call.upstream if upstream is None else upstream
+            slot_key = self.slot_key(slot)
+            if slot_key is None:
+                return self._judge(call, slot, upstream)
+            key = (slot_key, tuple(sorted((k, repr(v)) for k, v in self.model.values.items())), c)
+            found = self.refs.memo.lookup(key, call.loss, call.grads)
+            if found is not None:
+                return found
+            result = self._judge(call, slot, upstream)
+            self.refs.memo.store(key, call.loss, call.grads, result)
+            return result
 
     def _judge(self, call: Call, slot: InputSlot | None = None,
                upstream: float | None = None) -> tuple[LossComparison, GradientComparisons]:
@@ -394,25 +427,76 @@ class WorkloadConformance:
         loss_cmp, cmp = self._judge_logits(call.loss, call.grads[name], x, c)
         return loss_cmp, GradientComparisons({name: cmp})
 
+    def _logp(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The float64 log-probs of `x` at the model's temperature, once per pristine content."""
+        params = self.model.params
+        if not self.model.uses_logprobs(x):
+            return None
+        slot = self._slot_of(x)
+        compute = lambda: reference_logprobs(x, params)  # noqa: E731
+        if slot is None:
+            with PHASES("reference"):
+                return compute()
+        return self.refs.logp(self.slot_key(slot), self.model.temperature, compute)
+
+    def reference_loss(self, x: dict[str, torch.Tensor]) -> float:
+        """The float64 reference loss of `x` (a slot's pristine copy: computed once per content)."""
+        slot = self._slot_of(x)
+        entry = None if slot is None else self.refs.entry(self.slot_key(slot), self.model.values)
+        if entry is not None and entry.loss is not None:
+            PHASES.tally("reference-reused")
+            return entry.loss
+        logp = self._logp(x)
+        with PHASES("reference"):
+            loss = float(token_terms(x, self.model.params, logp).loss.sum())
+        if entry is not None:
+            entry.loss = loss
+        return loss
+
+    def _row_floors(self, x, chunk, z, targets):
+        """(max|z|/T, min(1 - p_t, V 2^-24)) of the chunk's rows: `fp32_floor` and
+        `fp32_target_floor` without their scale, computed once per pristine content."""
+        slot = self._slot_of(x)
+        entry = None if slot is None else self.refs.entry(self.slot_key(slot), self.model.values)
+        if entry is not None and chunk.start in entry.rows:
+            return entry.rows[chunk.start]
+        T = self.model.temperature
+        zc, tc = z[chunk.start : chunk.stop], targets[chunk.start : chunk.stop]
+        with PHASES("reference"):
+            m = zc.abs().amax(dim=-1).to(torch.float64) / T
+            rest = fp32_target_floor(zc, tc, T, torch.ones(zc.shape[0], dtype=torch.float64, device=zc.device))
+        if entry is not None:
+            entry.rows[chunk.start] = (m, rest)
+        return m, rest
+
     def _judge_logits(self, loss: float, grad: torch.Tensor, x: dict[str, torch.Tensor], c: float):
-        ref_loss = self.model.loss(x)
+        ref_loss = self.reference_loss(x)
         cmp = GradientComparator(self.tol.gradient, self.seq_next, self.vocab)
         flat = grad.view(-1, self.vocab)
         z = x["logits"].reshape(-1, self.vocab)
         targets = self._targets(x["completion_ids"])
         loss_floor = 0.0  # d loss / d logp times each row's fp32 log-prob resolution (chunk.scale is / T)
         loss_logp = 0.0  # the loss's move under the derived log-prob error bound, weights included
-        for chunk in self.model.gradient(x, self._logp_error(x)):
+        T = self.model.temperature
+        with PHASES("reference"):  # the chunks are computed lazily: their float64 work counts in `reference`
+            chunks = iter(chunked_gradient(x, self.model.params, logp_error=self._logp_error(x), logp=self._logp(x)))
+        while True:
+            with PHASES("reference"):
+                chunk = next(chunks, None)
+            if chunk is None:
+                break
             scale = chunk.scale * abs(c)
-            zc, tc = z[chunk.start : chunk.stop], targets[chunk.start : chunk.stop]
-            loss_floor += self.model.temperature * float(fp32_floor(zc, self.model.temperature, chunk.scale).sum())
-            floor = fp32_floor(zc, self.model.temperature, scale).clamp_min(self.subnormal)
-            target = (tc, fp32_target_floor(zc, tc, self.model.temperature, scale))
+            tc = targets[chunk.start : chunk.stop]
+            m, rest = self._row_floors(x, chunk, z, targets)
+            loss_floor += T * float((FP32_RESOLUTION * (1.0 + m) * chunk.scale.to(torch.float64)).sum())
+            floor = (FP32_RESOLUTION * (1.0 + m) * scale.to(torch.float64)).clamp_min(self.subnormal)
+            target = (tc, torch.where(tc >= 0, rest * scale.to(torch.float64), torch.zeros_like(rest)))
             logp = None
             if chunk.coef_error is not None:  # rows with a ratio: its fp32 log-prob error moves the whole row
                 logp = (chunk.coef * c, chunk.coef_error * abs(c))
                 loss_logp += float(chunk.loss_error.sum())
-            cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor, target, logp)
+            expected = chunk.values if c == 1.0 else chunk.values * c  # x * 1.0 is x: one float64 pass less
+            cmp.update(chunk.start, flat[chunk.start : chunk.stop], expected, scale, floor, target, logp)
         return compare_loss(loss, ref_loss, self.tol.loss, max(loss_floor, loss_logp)), cmp
 
     def _judge_units(self, call: Call, x: dict[str, torch.Tensor], c: float, model: Any):
@@ -423,13 +507,23 @@ class WorkloadConformance:
     def _logp_error(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """[B, S]: the bound of an fp32 implementation's error in each log-prob (`fp32_logp_error`),
         None where the loss does not depend on log-probs (no ratio, no KL: token-is, the seed spec).
-        fp32 arithmetic is what every logits dtype requires, so bf16 and fp16 logits get the same bound."""
+        fp32 arithmetic is what every logits dtype requires, so bf16 and fp16 logits get the same bound.
+        Once per pristine content and parameters (reference_cache.py)."""
         if not self.model.uses_logprobs(x):
             return None
-        z = x["logits"].reshape(-1, self.vocab)
-        step = rows_per_chunk(self.vocab, device=self.device)
-        rows = torch.cat([fp32_logp_error(z[i : i + step], self.model.temperature) for i in range(0, z.shape[0], step)])
-        return rows.view(-1, self.seq_next)[:, :-1]
+        slot = self._slot_of(x)
+        entry = None if slot is None else self.refs.entry(self.slot_key(slot), self.model.values)
+        if entry is not None and entry.logp_error_known:
+            return entry.logp_error
+        with PHASES("reference"):
+            z = x["logits"].reshape(-1, self.vocab)
+            step = rows_per_chunk(self.vocab, device=self.device)
+            rows = torch.cat([fp32_logp_error(z[i : i + step], self.model.temperature)
+                              for i in range(0, z.shape[0], step)])
+            grid = rows.view(-1, self.seq_next)[:, :-1]
+        if entry is not None:
+            entry.logp_error, entry.logp_error_known = grid, True
+        return grid
 
     def loss_floor(self, x: dict[str, torch.Tensor]) -> float:
         """The absolute loss allowance `judge` gives for fp32 log-probs, without the gradient (forward-only
@@ -439,13 +533,26 @@ class WorkloadConformance:
         if model is not None:
             return model.loss
         T = self.model.temperature
-        scales = self.model.row_scales(x, self.seq_next)
+        scales = self.row_scales(x)
         z = x["logits"].reshape(-1, self.vocab)
         step = rows_per_chunk(self.vocab, device=self.device)
         direct = sum(T * float(fp32_floor(z[i : i + step], T, scales[i : i + step]).sum())
                      for i in range(0, z.shape[0], step))
         grid = self._logp_error(x)
-        return max(direct, 0.0 if grid is None else self.model.loss_logprob_error(x, grid))
+        if grid is None:
+            return direct
+        with PHASES("reference"):
+            moved = float(token_terms(x, self.model.params, self._logp(x), grid).loss_error.sum())
+        return max(direct, moved)
+
+    def row_scales(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per flattened logits row, |dL/dlogp| / T (`reference.row_scales`), from the cached log-probs."""
+        logp = self._logp(x)
+        with PHASES("reference"):
+            coef = token_terms(x, self.model.params, logp).scale / self.model.temperature
+            out = torch.zeros(coef.shape[0], self.seq_next, dtype=torch.float64, device=coef.device)
+            out[:, : self.seq_next - 1] = coef
+        return out.reshape(-1)
 
     def _targets(self, ids: torch.Tensor) -> torch.Tensor:
         """The target column of every flattened logits row, -1 at the last position of a sequence."""
@@ -459,7 +566,7 @@ class WorkloadConformance:
         row scales computed beforehand (inputs poisoned on purpose must not set the allowance)."""
         cmp = GradientComparator(self.tol.gradient, self.seq_next, self.vocab, slack=2.0)
         a, e = actual.view(-1, self.vocab), expected.view(-1, self.vocab)
-        scales = (self.model.row_scales(x, self.seq_next) if scales is None else scales) * abs(upstream)
+        scales = (self.row_scales(x) if scales is None else scales) * abs(upstream)
         step = rows_per_chunk(self.vocab, device=self.device)
         for start in range(0, a.shape[0], step):
             cmp.update(start, a[start : start + step], e[start : start + step], scales[start : start + step])

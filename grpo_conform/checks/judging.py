@@ -321,7 +321,7 @@ def zero_advantage(run: WorkloadConformance, c: float) -> None:
 def row_locality(run: WorkloadConformance, g_d: torch.Tensor, c: float) -> None:
     Q = run.Q
     # A row whose gradient is not 0 by the semantics (clipped and masked tokens have none).
-    scales = run.model.row_scales(Q.pristine, run.seq_next)
+    scales = run.row_scales(Q.pristine)
     live = [int(r) for r in (scales > 0).nonzero().flatten() if int(r) % run.seq_next != run.seq_next - 1]
     if not live:
         run.book.skip("row-locality", "no row of these inputs has a non-zero gradient")
@@ -385,7 +385,7 @@ def differing_rows(run: WorkloadConformance, a: torch.Tensor, e: torch.Tensor, x
     """Flattened rows where two outputs differ beyond twice the element tolerance, chunk by chunk."""
     t = run.tol.gradient
     a, e = a.view(-1, run.vocab), e.view(-1, run.vocab)
-    scales = run.model.row_scales(x, run.seq_next) * abs(c)
+    scales = run.row_scales(x) * abs(c)
     step = rows_per_chunk(run.vocab, device=run.device)
     rows: list[int] = []
     for start in range(0, a.shape[0], step):
@@ -401,7 +401,7 @@ def last_row(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float, c: floa
     Q = run.Q
     logits = Q.tensors["logits"]
     original = logits[:, -1, :].clone()
-    scales = run.model.row_scales(Q.pristine, run.seq_next)  # from the unpoisoned inputs
+    scales = run.row_scales(Q.pristine)  # from the unpoisoned inputs
     for i, kind in enumerate(run.spec.validation.poison.last_position):
         value = {"nan": float("nan"), "inf": float("inf"), "huge": torch.finfo(logits.dtype).max}[kind]
         logits[:, -1, :] = value

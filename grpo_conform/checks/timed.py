@@ -109,12 +109,24 @@ class WorkloadTiming:
         return timings, [_outcome(name, found) for name, found in findings.items()]
 
     # -- one protocol -----------------------------------------------------------------------
-    def _refresh(self, slots: list[InputSlot]) -> None:
-        with PHASES("inputs"):  # ~25 input sets a protocol, 75 a timed workload (docs/timing.md)
+    def _refresh(self, slots: list[InputSlot], full: bool = False) -> None:
+        """New values in every slot, same addresses: a full generation from a fresh OS seed the first
+        time a slot is filled in a protocol (or `full`), else the operation's cheap in-place refresh
+        where it has one (grpo-logits: every row rotated along the vocabulary with its target,
+        `inputs.refresh_in_place`; the mask and its count stay). ~25 refreshes a protocol, 75 a
+        timed workload: 15 full generations of them (docs/timing.md, "Timed refreshes")."""
+        refresh = getattr(self.op, "refresh", None)
+        with PHASES("inputs"):
             for slot in slots:
-                self.op.generate(self.spec, self.rw, fresh_seed(), self.device, out=slot.tensors)
+                if full or refresh is None or slot.name not in self._filled:
+                    self.op.generate(self.spec, self.rw, fresh_seed(), self.device, out=slot.tensors)
+                    self._filled.add(slot.name)
+                    self._count_mask(slot)
+                    PHASES.tally("inputs-generated")  # (`inputs` counts the refreshes, of up to 4 sets each)
+                else:
+                    refresh(slot.tensors, self.rng)
+                    PHASES.tally("inputs-refreshed")
                 slot.commit()
-                self._count_mask(slot)
             torch.cuda.synchronize(self.device)
 
     def _batch(self, names: list[str], protocol: str, copy_from: str | None = None,
@@ -141,6 +153,7 @@ class WorkloadTiming:
 
     def _protocol(self, protocol: str) -> dict[str, Any]:
         s = self.settings
+        self._filled: set[str] = set()  # slots fully generated in this protocol
         self._refresh([self.warm])
         names = [slot.name for slot in self.sets]
         for _ in range(s.warmup):

@@ -37,6 +37,7 @@ class Inputs:
     seed: int
     profiles: tuple[str, ...]
     covered: dict[str, list[str]] = field(default_factory=dict)  # cases the generators placed
+    logp: Any = None  # float64 [B, S] log-probs of these logits at `values`' temperature, where computed
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tensors[name]
@@ -155,9 +156,30 @@ def generate(
     # Sequences of small |A| (the cases generators.advantages places) must be resolvable: see _resolvable_rows
     small = (adv.abs() <= advantages.SMALL_MAX) & (adv != 0)
     fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small)
-    covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case))  # mask, log-probs, ratios
-    return Inputs(tensors, seed, profiles, covered)
+    found: dict[str, Any] = {}
+    covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case, found))  # mask, log-probs, ratios
+    return Inputs(tensors, seed, profiles, covered, found.get("logp"))
+
+
+def refresh_in_place(tensors: dict[str, torch.Tensor], offset: int) -> None:
+    """New bytes for a timed call, cheaply: every logits row rotated by `offset` along the vocabulary
+    and the completion ids moved with it (new[v] = old[(v + offset) mod V], id -> (id - offset) mod V),
+    in place on the tensors' device. Each row keeps its values as a set and its target's, so the
+    log-probs, and with them every drawn ratio, KL gap and clip-boundary margin, are exactly those
+    of the full generation before; masks, advantages and the other inputs stay. Every logits byte
+    moves unless a row is constant, so a cache of results by address or content misses as on fresh
+    inputs (docs/timing.md, "Timed refreshes"). One read and one write of the logits, no float64
+    work: a full generation (randn by row profile, and for members with old log-probs a float64
+    log-softmax of every row) costs ~75 times that per timed workload."""
+    logits, ids = tensors["logits"], tensors["completion_ids"]
+    vocab = logits.shape[-1]
+    k = offset % vocab
+    if k == 0:
+        return
+    logits.copy_(torch.roll(logits, shifts=-k, dims=-1))
+    ids.copy_(torch.remainder(ids.to(torch.int64) - k, vocab).to(ids.dtype))
 
 
 def clone_inputs(inputs: Inputs) -> Inputs:
-    return Inputs({k: v.clone() for k, v in inputs.tensors.items()}, inputs.seed, inputs.profiles, dict(inputs.covered))
+    return Inputs({k: v.clone() for k, v in inputs.tensors.items()}, inputs.seed, inputs.profiles, dict(inputs.covered),
+                  inputs.logp)

@@ -136,11 +136,13 @@ def sequence_sampling_ratios(keep: torch.Tensor, cap: float, cfg: MemberInputs, 
 
 
 def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torch.Tensor], seed: int,
-                       values: Mapping[str, Any] | None = None, case: int | None = None) -> dict[str, list[str]]:
+                       values: Mapping[str, Any] | None = None, case: int | None = None,
+                       found: dict[str, Any] | None = None) -> dict[str, list[str]]:
     """Write the member's optional inputs into `tensors` (in place), given the logits, ids and advantages
     already there. `values` are the call's parameter values (default: the spec's); `case` the index of
     this input set in its workload (generators.masks rotates the mask layouts with it). Returns what
-    the set covered (the mask's row layouts and dtype)."""
+    the set covered (the mask's row layouts and dtype). `found` receives `logp`, the float64 log-probs
+    of these logits at the call's temperature, where they were computed (the judging reuses them)."""
     names = [t.name for t in spec.inputs if t.name in OPTIONAL_INPUTS]
     covered: dict[str, list[str]] = {}
     if not names:
@@ -156,7 +158,10 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
         covered["mask_dtypes"] = [dtype_name(tensors["completion_mask"].dtype)]
     logp = None
     if "old_logprobs" in tensors or "ref_logprobs" in tensors:
-        logp = reference_logprobs(tensors, p).cpu()
+        logp = reference_logprobs(tensors, p)
+        if found is not None:
+            found["logp"] = logp
+        logp = logp.cpu()
     if "old_logprobs" in tensors:
         tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen).to(tensors["old_logprobs"].dtype))
     if "ref_logprobs" in tensors:

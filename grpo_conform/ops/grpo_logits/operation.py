@@ -11,7 +11,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from grpo_conform.ops.grpo_logits import traffic as _traffic
 from grpo_conform.ops.grpo_logits.generators import kind_of
-from grpo_conform.ops.grpo_logits.inputs import generate
+from grpo_conform.ops.grpo_logits.inputs import generate, refresh_in_place
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_loss
 from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
 from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
@@ -41,6 +41,12 @@ class GrpoLogits:
     def generate(self, spec, resolved, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
                  out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
         return generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
+
+    def refresh(self, tensors: dict, rng) -> None:
+        """Timed refreshes: new bytes in place, every derived relation kept (`inputs.refresh_in_place`);
+        the offset comes from the timed run's OS-seeded `rng`."""
+        vocab = tensors["logits"].shape[-1]
+        refresh_in_place(tensors, rng.randrange(1, vocab) if vocab > 1 else 0)
 
     # -- reference ---------------------------------------------------------------------------------
     def parameters(self, spec, values: Mapping[str, Any]):

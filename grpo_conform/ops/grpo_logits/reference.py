@@ -104,9 +104,12 @@ def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_
     return out
 
 
-def _terms(x, p, budget_bytes, logp_error=None):
-    logp = reference_logprobs(x, p, budget_bytes) if needs_logprobs(x, p) else None
-    return token_terms(x, p, logp, logp_error)
+def _terms(x, p, budget_bytes, logp_error=None, logp=None):
+    """`logp`: the log-probs of these inputs at p's temperature, when the caller already has them
+    (`checks/reference_cache.py`: one float64 pass per input set, not one per loss and per gradient)."""
+    if logp is None and needs_logprobs(x, p):
+        logp = reference_logprobs(x, p, budget_bytes)
+    return token_terms(x, p, logp if needs_logprobs(x, p) else None, logp_error)
 
 
 def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int | None = None) -> float:
@@ -115,33 +118,39 @@ def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes:
 
 def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
                      budget_bytes: int | None = None,
-                     logp_error: torch.Tensor | None = None) -> Iterator[GradientChunk]:
+                     logp_error: torch.Tensor | None = None,
+                     logp: torch.Tensor | None = None) -> Iterator[GradientChunk]:
     """`logp_error` [B, S]: bounds of an implementation's log-prob errors; with it every chunk also
     carries each row's coefficient and the bounds of how far it and the row's loss term move
-    (`token_terms`)."""
+    (`token_terms`). `logp`: the inputs' log-probs if already computed (`_terms`)."""
     logits, ids = x["logits"], x["completion_ids"]
     batch, seq_next, vocab = logits.shape
-    terms = _terms(x, p, budget_bytes, logp_error)
+    terms = _terms(x, p, budget_bytes, logp_error, logp)
     coef, row_scale = terms.dlogp / p.temperature, terms.scale / p.temperature
     extra = logp_error is not None
     if extra:
         coef_err, loss_err = terms.coef_error / p.temperature, terms.loss_error
     for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
         z, b, t, valid, target = _rows(logits, ids, start, stop)
-        grad = torch.zeros_like(z)
         scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
         rows = [torch.zeros_like(scale) for _ in range(3)] if extra else None
         if bool(valid.any()):
             bv, tv = b[valid], t[valid]
-            c = coef[bv, tv]
-            scaled = z[valid] / p.temperature
-            g = -torch.softmax(scaled, dim=-1)
-            g.scatter_add_(-1, target[valid].unsqueeze(-1), torch.ones_like(g[:, :1]))
-            grad[valid] = g * c.unsqueeze(-1)
+            c = torch.zeros_like(scale)
+            c[valid] = coef[bv, tv]
+            # Every row of the chunk at once (the softmax is per row), the last position's rows then
+            # set to 0 by `where` (they may hold NaN: the last-row probe poisons them): the same values
+            # as computing the valid rows alone, without copying them out and back (each copy is a
+            # pass over a float64 chunk).
+            g = torch.softmax(z / p.temperature, dim=-1).neg_()  # (z may be a view of float64 inputs: no div_)
+            g.scatter_add_(-1, target.unsqueeze(-1), torch.ones_like(g[:, :1]))
+            grad = torch.where(valid.unsqueeze(-1), g.mul_(c.unsqueeze(-1)), 0.0)
             scale[valid] = row_scale[bv, tv]
             if extra:
                 for out, grid in zip(rows, (coef, coef_err, loss_err)):
                     out[valid] = grid[bv, tv]
+        else:
+            grad = torch.zeros_like(z)
         yield GradientChunk(start, stop, grad, scale, *(rows or ()))
 
 
