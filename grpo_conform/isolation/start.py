@@ -3,6 +3,10 @@ bootstrap: a module of its own, importing nothing at the top, so unpickling it i
 
 from __future__ import annotations
 
+#: The argv of every worker (and of the zygote its forked workers come from, zygote.py): that of any
+#: multiprocessing spawn child.
+SPAWN_ARGV = "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd={tracker}, pipe_handle={pipe})"
+
 
 class Start:
     """What the multiprocessing spawn bootstrap unpickles in the worker (defined in this light
@@ -17,4 +21,18 @@ class Start:
         from grpo_conform.isolation.worker import run
 
         run(self.fd, self.malloc)
+        return 0
+
+
+class ZygoteStart:
+    """What the spawn bootstrap unpickles in the zygote (zygote.py): it imports torch once, then
+    forks a worker per request on socket `fd`."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def _bootstrap(self, parent_sentinel: int | None = None) -> int:
+        from grpo_conform.isolation.zygote import serve
+
+        serve(self.fd)
         return 0
