@@ -135,6 +135,7 @@ def end_all() -> None:
         sessions = list(LIVE.values())
     for s in sessions:
         s.close(graceful=False)
+    zygote.end_all()
     end_tree(None)
 
 

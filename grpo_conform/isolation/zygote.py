@@ -32,11 +32,14 @@ Not used (the launcher path as before) on CUDA (the zygote must never initialise
 GPU worker keeps the validator's user), under `--sandbox` (bwrap starts the launcher), when the
 validator is not a subreaper, where torch's import pulled triton in (TRITON_INTERPRET is read at
 triton's import), with GRPO_CONFORM_ZYGOTE=0, or when the zygote does not answer (it is then
-dropped and that worker started the old way).
+dropped and that worker started the old way). The validator ends and reaps its zygotes at exit and
+in session.end_all (SIGINT/SIGTERM); a zygote whose validator died without either ends at the EOF
+of its socket.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
@@ -164,7 +167,19 @@ def prepare(shared_env: dict[str, str]) -> str:
             except (Unavailable, OSError) as exc:
                 _DISABLED.add(key)
                 raise Unavailable(str(exc)) from None
+            if len(_ZYGOTES) == 1:
+                atexit.register(end_all)
     return key
+
+
+def end_all() -> None:
+    """End and reap every zygote of this process (at exit, and with session.end_all on a signal): a
+    zygote left to exit on its own at the validator's end would outlive it for a moment."""
+    with _LOCK:
+        zygotes = list(_ZYGOTES.values())
+        _ZYGOTES.clear()
+    for z in zygotes:
+        z.close()
 
 
 def spawn(key: str, plan: dict[str, Any], env: dict[str, str], fds: list[int], malloc: bool) -> Forked:
