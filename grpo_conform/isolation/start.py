@@ -23,16 +23,3 @@ class Start:
         run(self.fd, self.malloc)
         return 0
 
-
-class ZygoteStart:
-    """What the spawn bootstrap unpickles in the zygote (zygote.py): it imports torch once, then
-    forks a worker per request on socket `fd`."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def _bootstrap(self, parent_sentinel: int | None = None) -> int:
-        from grpo_conform.isolation.zygote import serve
-
-        serve(self.fd)
-        return 0

@@ -52,13 +52,25 @@ import time
 import traceback
 from typing import Any
 
-from grpo_conform.isolation.start import SPAWN_ARGV, ZygoteStart
+from grpo_conform.isolation.start import SPAWN_ARGV
 
 ENV_SWITCH = "GRPO_CONFORM_ZYGOTE"  # "0": every worker is a fresh interpreter (the launcher)
 READY_TIMEOUT = 120.0  # the zygote's own start: python and torch's import on a loaded machine
 FORK_TIMEOUT = 30.0
 EXIT_LAUNCH = 71
 PR_GET_CHILD_SUBREAPER = 37
+
+
+class ZygoteStart:
+    """What the spawn bootstrap unpickles in the zygote (this module imports nothing heavy at its
+    top): it imports torch once, then forks a worker per request on socket `fd` (serve)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def _bootstrap(self, parent_sentinel: int | None = None) -> int:
+        serve(self.fd)
+        return 0
 
 
 class Unavailable(Exception):
@@ -221,8 +233,8 @@ def _parent_of(pid: int) -> int | None:
 def serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     try:
-        import torch  # noqa: F401  the point of the zygote: imported once, before any fork
-
+        # imported here, in the zygote only: the point of it is to import them once, before any fork
+        import torch  # noqa: F401
         import grpo_conform.isolation.launch  # noqa: F401
         import grpo_conform.isolation.worker  # noqa: F401
     except BaseException as exc:  # noqa: BLE001
@@ -293,9 +305,10 @@ def _worker(request: dict[str, Any], fds: list[int], zygote_sock: socket.socket)
         os.closerange(start, 1 << 16)
         os.environ.clear()
         os.environ.update(request["env"])
-        import tempfile
+        import tempfile  # imported here: in the forked worker only (already loaded by torch)
 
         tempfile.tempdir = None  # TMPDIR is the session's now
+        # imported here: in the forked worker only (the zygote loaded them before forking)
         from grpo_conform.isolation import launch
         from grpo_conform.isolation.start import Start
 
