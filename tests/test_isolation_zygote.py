@@ -27,7 +27,9 @@ def _fds():
 def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
     raise ValueError(json.dumps({"environ": dict(os.environ), "argv": sys.argv, "cwd": os.getcwd(),
                                  "fds": _fds(),
-                                 "tmp": __import__("tempfile").gettempdir(), "pgid": os.getpgid(0)}))
+                                 "tmp": __import__("tempfile").gettempdir(), "pgid": os.getpgid(0),
+                                 "threads": __import__("torch").get_num_threads(),
+                                 "seed": __import__("torch").initial_seed()}))
 """
 
 
@@ -36,7 +38,7 @@ def _stat(pid: int) -> list[str]:
 
 
 def _run(tmp_path, monkeypatch, switch: str) -> tuple[dict, dict]:
-    monkeypatch.setenv(zygote.ENV_SWITCH, switch)
+    monkeypatch.setenv(zygote.ENV_SWITCH, switch[0])
     (tmp_path / switch).mkdir()
     impl = _impl(tmp_path / switch, "reports", REPORT)
     with _session(impl) as session:
@@ -73,6 +75,10 @@ def test_a_forked_worker_is_isolated_as_a_launched_one(tmp_path, monkeypatch):
     assert same_env(seen_f["environ"], seen_f["environ"]["HOME"]) == same_env(seen_l["environ"], seen_l["environ"]["HOME"])
     assert seen_f["tmp"].startswith(seen_f["environ"]["HOME"])
     assert seen_f["cwd"] == seen_f["environ"]["HOME"] and seen_f["pgid"] == forked["pid"]
+    # the same numerics: torch's thread count; and a generator seeded afresh per worker, as by a fresh
+    # import of torch (a fork alone would give every worker of one zygote the zygote's seed)
+    _, again = _run(tmp_path, monkeypatch, "1b")
+    assert seen_f["threads"] == seen_l["threads"] and seen_f["seed"] != again["seed"]
     # no descriptor of the zygote's: the forked worker holds fewer (the spawn bootstrap's sentinel
     # pipe and tracker are the launched one's only), of no other kind
     kinds = lambda fds: sorted(fds.values())  # noqa: E731

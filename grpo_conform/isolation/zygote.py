@@ -16,7 +16,7 @@ modules and then only forks. Per worker:
    (`Forked` stands for the Popen object). The zygote answers with the worker's pid once the helper
    is reaped, i.e. once the worker is the validator's child; the session checks that it is;
 3. the worker waits until it has been handed over (its PDEATHSIG, set by the worker, must name the
-   validator), calls setsid, puts /dev/null, the log and the log on 0, 1, 2, closes every other
+   validator), reseeds torch's and numpy's generators (as a fresh import would), calls setsid, puts /dev/null, the log and the log on 0, 1, 2, closes every other
    descriptor but the socket and the report pipe, takes the session's environment (and forgets
    tempfile's cached directory), runs launch.enter (the same namespaces, mounts, user change,
    capability and no_new_privs steps as the launcher) and reports, then serves the session as any
@@ -308,6 +308,7 @@ def _worker(request: dict[str, Any], fds: list[int], zygote_sock: socket.socket)
         import tempfile  # imported here: in the forked worker only (already loaded by torch)
 
         tempfile.tempdir = None  # TMPDIR is the session's now
+        _reseed()  # a fresh interpreter's generators are seeded from the OS: not the zygote's copies
         # imported here: in the forked worker only (the zygote loaded them before forking)
         from grpo_conform.isolation import launch
         from grpo_conform.isolation.start import Start
@@ -326,3 +327,15 @@ def _worker(request: dict[str, Any], fds: list[int], zygote_sock: socket.socket)
         finally:
             os._exit(EXIT_LAUNCH)
     os._exit(0)
+
+
+def _reseed() -> None:
+    """torch seeds its default generator from the OS at import, numpy its legacy one at first use:
+    copied by the fork, every worker of a zygote would draw the same numbers (Python's `random`
+    reseeds itself after a fork)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()
