@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,12 @@ def _run(tmp_path, monkeypatch, switch: str) -> tuple[dict, dict]:
     monkeypatch.setenv(zygote.ENV_SWITCH, switch[0])
     (tmp_path / switch).mkdir()
     impl = _impl(tmp_path / switch, "reports", REPORT)
-    with _session(impl) as session:
+    session = _session(impl)
+    started = time.monotonic()
+    with session:
+        # a worker that read its parent after the helper had gone waited 30 s for a hand-over it had
+        # already had (fixed: the helper's pid is taken before the fork); a start is seconds
+        assert time.monotonic() - started < 25
         forked = isinstance(session.proc, zygote.Forked)
         pid = session.proc.pid
         fields = _stat(pid)

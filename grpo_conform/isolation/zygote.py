@@ -269,10 +269,11 @@ def _fork(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
     if helper == 0:  # the helper: fork the worker, say its pid, leave (the worker comes back to the validator)
         try:
             os.close(r)
+            me = os.getpid()
             pid = os.fork()
             if pid == 0:
                 os.close(w)
-                _worker(request, fds, sock)
+                _worker(request, fds, sock, me)
             os.write(w, str(pid).encode())
         finally:
             os._exit(0)
@@ -283,9 +284,9 @@ def _fork(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
     return int(data)
 
 
-def _worker(request: dict[str, Any], fds: list[int], zygote_sock: socket.socket) -> None:
+def _worker(request: dict[str, Any], fds: list[int], zygote_sock: socket.socket, helper: int) -> None:
     try:
-        helper = os.getppid()
+        # `helper` from before the fork: read here, the parent may already be the validator
         deadline = time.monotonic() + 30
         while os.getppid() == helper and time.monotonic() < deadline:  # handed over to the validator
             time.sleep(0.0005)
