@@ -22,7 +22,7 @@ from rich.text import Text
 
 from grpo_conform import __version__
 from grpo_conform.errors import EXIT_OK, EXIT_USAGE, GrpoConformError
-from grpo_conform.floors import PROTOCOLS
+from grpo_conform.protocol_names import PROTOCOLS  # not floors: that imports torch
 
 # Tables fit the screen at a terminal (issue 35: they were a fixed 200 columns) and follow $COLUMNS where
 # it is set; a log or a pipe with neither keeps 200 columns, so long evidence lines stay whole there.

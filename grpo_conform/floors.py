@@ -38,7 +38,7 @@ TRAFFIC = "traffic-v1"
 MODELS = (TRAFFIC, HEADROOM)
 DEFAULT_MODEL = TRAFFIC
 METHOD = HEADROOM  # the seed page's model (kept for callers that named it)
-PROTOCOLS = ("forward", "full", "full-scaled", "backward")
+from grpo_conform.protocol_names import PROTOCOLS  # noqa: E402  (defined there: the CLI reads it without torch)
 MEASURED_SLACK = 0.10  # a kernel may beat a measured streaming ceiling by this much, never more
 ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "bfloat16": 2,
             "float16": 2, "int16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}

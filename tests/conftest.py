@@ -33,14 +33,48 @@ def pytest_collection_modifyitems(config, items):
     """Tests that share a module-scoped fixture (a worker run, a subprocess, a wheel) go to one xdist
     worker (`--dist loadgroup`, pyproject.toml), so that the fixture is built once, not once per worker;
     then the peers lane's own selection (tests/peers/peer_lane.py: deselected unless `-m peers`)."""
+    grouped = set()
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         for name in getattr(info, "names_closure", ()):
             defs = info.name2fixturedefs.get(name)
             if defs and defs[-1].scope == "module":
                 item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{name}"))
+                grouped.add(item.nodeid)
                 break
+    items[:] = longest_first(items, grouped)
     _peers_modifyitems(config, items)
+
+
+#: The slow lane's longest tests that share no module fixture, longest first (CI's `--durations=25`,
+#: docs/timing.md "Test suite"). xdist hands out the groups with the most tests first (loadscope
+#: reorder: test_triton_members' fixture), then single tests in collection order: started first,
+#: the long ones do not end the lane alone on one worker while the other idles. A test that moved
+#: or was renamed only loses its place here.
+LONGEST_FIRST = (
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
+    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
+    "tests/test_scale_out_slurm.py::test_slurm_array_and_afterok_merge_equal_the_serial_run",
+    "tests/test_fp32_logprob.py::test_sampled_false_failure_rate_of_honest_fp32",
+    "tests/test_cli.py::test_keygen_check_with_key_and_verify",
+    "tests/test_packaging.py::test_installed_wheel_checks_implementations_in_another_repository",
+    "tests/test_fp32_logprob.py::test_pinned_seeds_pass_through_run_check",
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
+    "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
+    "tests/test_isolation_slots.py",
+    "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
+)
+
+
+def longest_first(items, grouped):
+    """Ungrouped tests named in LONGEST_FIRST to the front, in its order; the rest as collected (a
+    grouped test keeps its place: its module's tests stay together in a run without xdist)."""
+    def rank(item):
+        if item.nodeid in grouped:
+            return len(LONGEST_FIRST)
+        return next((i for i, p in enumerate(LONGEST_FIRST) if item.nodeid == p or item.nodeid.startswith(p + "::")),
+                    len(LONGEST_FIRST))
+    return sorted(items, key=rank)  # stable
 
 
 # The peers lane's hooks (tests/peers/peer_lane.py): its selection (above) and a per-member table at the end

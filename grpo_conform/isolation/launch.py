@@ -147,23 +147,31 @@ def _report(fd: int | None, facts: dict) -> None:
         os.close(fd)
 
 
+def enter(plan: dict) -> dict:
+    """Steps 1-3 but the exec, in this process: namespaces, mounts, the user, no_new_privs, the
+    worker's directory. Returns the facts for the session; raises OSError where the launcher must
+    stop. Also the forked worker's first steps (zygote.py), so both starts isolate alike."""
+    facts: dict = {"mount_namespace": False, "ipc_namespace": False, "private": []}
+    if plan.get("ipc"):
+        enter_ipc_namespace(facts)
+    if plan["mounts"] or plan.get("private"):
+        apply_mounts(plan["mounts"], plan["stage"], plan.get("private", []), facts)
+        if plan.get("hide_processes") and facts.get("mount_namespace") is True:
+            hide_processes(facts)
+    if plan["uid"] != os.getuid() or plan["gid"] != os.getgid():
+        drop_privileges(plan["uid"], plan["gid"])
+    elif plan.get("no_capabilities"):
+        empty_bounding_set()
+    _call("prctl(PR_SET_NO_NEW_PRIVS)", _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+    os.chdir(plan["cwd"])
+    return facts
+
+
 def main() -> None:
     plan = json.loads(sys.argv[1])
-    facts: dict = {"mount_namespace": False, "ipc_namespace": False, "private": []}
     fd = plan.get("report_fd")
     try:
-        if plan.get("ipc"):
-            enter_ipc_namespace(facts)
-        if plan["mounts"] or plan.get("private"):
-            apply_mounts(plan["mounts"], plan["stage"], plan.get("private", []), facts)
-            if plan.get("hide_processes") and facts.get("mount_namespace") is True:
-                hide_processes(facts)
-        if plan["uid"] != os.getuid() or plan["gid"] != os.getgid():
-            drop_privileges(plan["uid"], plan["gid"])
-        elif plan.get("no_capabilities"):
-            empty_bounding_set()
-        _call("prctl(PR_SET_NO_NEW_PRIVS)", _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-        os.chdir(plan["cwd"])
+        facts = enter(plan)
         _report(fd, facts)
         fd = None
         os.execve(plan["argv"][0], plan["argv"], plan["env"])

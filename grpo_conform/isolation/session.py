@@ -45,9 +45,9 @@ import torch
 import grpo_conform
 from grpo_conform.errors import EnvironmentProblem, GrpoConformError
 from grpo_conform.implementations import Implementation, ManifestError
-from grpo_conform.isolation import messages, namespaces, privilege, sandbox as sandboxes, uids
+from grpo_conform.isolation import messages, namespaces, privilege, sandbox as sandboxes, uids, zygote
 from grpo_conform.isolation.reaper import LIVE, LOCK, end_tree, register_helper, unregister_helper  # noqa: F401
-from grpo_conform.isolation.start import Start as _Start
+from grpo_conform.isolation.start import SPAWN_ARGV, Start as _Start
 from grpo_conform.isolation.output_tail import OutputTail
 from grpo_conform.isolation.sharing import SharedAllocator
 from grpo_conform.phases import PHASES
@@ -67,7 +67,8 @@ _SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|SEED", re.IGNORECASE)
 #: plant compiled code that another (or the next run) loads.
 _PRIVATE_CACHES = {"XDG_CACHE_HOME": ".cache", "TRITON_CACHE_DIR": ".triton", "TORCHINDUCTOR_CACHE_DIR": ".inductor",
                    "TORCH_HOME": ".torch", "TMPDIR": "tmp"}
-SPAWN_ARGV = "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd={tracker}, pipe_handle={pipe})"
+#: What differs between two workers' environments in one validator: left out of the zygote's (zygote.py).
+_PER_SESSION = frozenset({"HOME", "USER", "LOGNAME", "TRITON_INTERPRET", *_PRIVATE_CACHES})
 
 
 class WorkerFailure(GrpoConformError):
@@ -134,6 +135,7 @@ def end_all() -> None:
         sessions = list(LIVE.values())
     for s in sessions:
         s.close(graceful=False)
+    zygote.end_all()
     end_tree(None)
 
 
@@ -248,12 +250,20 @@ class WorkerSession:
             # boot pipe, tracker) are inherited through bwrap into the launcher and the worker.
             command = sandboxes.bwrap_arguments(sandbox_info["binary"], root, src, self.device.type) + command
         self._started_at = time.time()
+        zygote_key = self._zygote(env)
         try:
             with LOCK:
-                self.proc = subprocess.Popen(
-                    command, env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=self._log.write_fd,
-                    stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(), boot_r, tracker, report_w),
-                    start_new_session=True)
+                if zygote_key is not None:  # a fork of the zygote that imported torch once (zygote.py)
+                    try:
+                        self.proc = zygote.spawn(zygote_key, plan, env, [child_sock.fileno(), self._log.write_fd,
+                                                                         report_w], malloc=True)
+                    except zygote.Unavailable:
+                        pass
+                if self.proc is None:
+                    self.proc = subprocess.Popen(
+                        command, env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=self._log.write_fd,
+                        stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(), boot_r, tracker, report_w),
+                        start_new_session=True)
         finally:
             child_sock.close()
             os.close(boot_r)
@@ -278,6 +288,16 @@ class WorkerSession:
         self.info["sandbox"] = sandbox_info
         self.info["privileges"] = (privilege.observed_privileges(self.worker_pid) if self.worker_pid is not None
                                    else {"error": "the sandboxed worker process was not found"})
+
+    def _zygote(self, env: dict[str, str]) -> str | None:
+        """The zygote's key where this worker can be forked from one (zygote.py), else None."""
+        if not zygote.wanted(self.device.type, self.sandboxed):
+            return None
+        shared = {k: v for k, v in env.items() if k not in _PER_SESSION}
+        try:
+            return zygote.prepare(shared)
+        except zygote.Unavailable:
+            return None
 
     def _mounts(self, root: Path) -> list[dict[str, Any]]:
         """The mounts without which the worker cannot start (directories its user cannot enter); the

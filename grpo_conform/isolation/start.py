@@ -3,6 +3,10 @@ bootstrap: a module of its own, importing nothing at the top, so unpickling it i
 
 from __future__ import annotations
 
+#: The argv of every worker (and of the zygote its forked workers come from, zygote.py): that of any
+#: multiprocessing spawn child.
+SPAWN_ARGV = "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd={tracker}, pipe_handle={pipe})"
+
 
 class Start:
     """What the multiprocessing spawn bootstrap unpickles in the worker (defined in this light
@@ -18,3 +22,4 @@ class Start:
 
         run(self.fd, self.malloc)
         return 0
+
