@@ -1,0 +1,331 @@
+"""Row-blocked twins of the member kernels for the CPU interpreter (TRITON_INTERPRET=1); never on CUDA.
+
+Why: the interpreter runs a launch's programs one after another, each as Python executing every `tl`
+operation on numpy arrays. Its cost is per program and per operation, almost independent of the
+tensor sizes at CPU shapes: the plain kernels (members.py) run one program per logits row, ~12 ms of
+CPU per row for a forward and backward (a [4, 12, 1536] call: 0.5-0.7 s). Here one program handles
+a tile of ROWS rows x BLOCK vocabulary elements as 2-D blocks, so a call costs a few launches and a
+few hundred operations whatever the row count (docs/timing.md, CPU section, has the measurements).
+
+What is shared with the plain kernels: the member semantics (`_differences`, `_token_terms` and the
+helpers they call, members.py), called here on blocks of tokens as `_terms_kernel` already does;
+the per-call buffer `ws`, the plan's `flag`, the gradient modes, and the one-kernel-per-step order
+of plan.py. What differs: the loop structure only. Each kernel below is the single-chunk case of its
+plain twin (the interpreter's only case: its programs cannot wait for each other), row by row:
+- `_rows_main_kernel` = `_main_kernel` with NUM_CHUNKS = 1 (IN_BACKWARD included);
+- `_rows_stats_kernel` = `_stats_kernel` with NUM_CHUNKS = 1;
+- `_rows_grad_kernel` = `_grad_kernel` with one work item per row.
+The running (max, sum of exp) over the row's blocks is `_block_update` of kernels.py, per row, with
+the exponent's base set to 0 where a row has no finite maximum yet (masked rows of the tile; the
+plain kernels never run them): the same arithmetic on every row the plain kernels compute.
+Masked rows are never read (every load of a row is masked by its liveness), the rows a plain kernel
+writes zeros to get exact zeros, and a token whose row is not live reads its per-token inputs at
+token 0 (a valid address) and every value derived from them is discarded with `tl.where`.
+
+`use_interpreter_shim()` (called by plan.py when interpreting): Triton's interpreter re-patches
+`triton.language` (`inspect.getmembers` over four modules, ~3 ms) on every call of a nested
+`@triton.jit` function, although the launch that runs it patched the same modules already and
+keeps them patched until it returns. The helpers of this package (kernels.py, members.py) see the
+same `triton.language` module as their callers, so the second patch changes nothing: the shim
+skips it for these helpers only, and only while a launch holds the patch. With another Triton whose
+interpreter lacks the attributes it relies on, it does nothing (the calls are then slower, not
+different).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+import triton
+import triton.language as tl
+
+from .members import _differences, _token_terms
+
+# Tile budget of one operation (elements): numpy's per-call overhead is amortised above ~2^14
+# elements, and the interpreter refuses blocks above 2^20.
+TILE = 1 << 17
+BLOCK_MAX = 1 << 16
+
+
+def shape(rows: int, vocab: int) -> dict:
+    """ROWS x BLOCK of a row-blocked launch: the whole vocabulary in one block where it fits
+    BLOCK_MAX (one step per pass), then as many rows as the tile holds (every row in one program
+    at the CPU tier's shapes)."""
+    block = min(triton.next_power_of_2(max(1, vocab)), BLOCK_MAX)
+    rows_p2 = triton.next_power_of_2(max(1, rows))
+    return dict(ROWS=max(1, min(rows_p2, TILE // block)), BLOCK=block)
+
+
+@triton.jit
+def _load_f32(ptrs, mask, other: tl.constexpr, BF16: tl.constexpr):
+    """Logits as float32. BF16: `ptrs` address the int16 view of bfloat16 logits (`_Bits`), widened
+    exactly by a shift (the interpreter's own bfloat16 conversion runs bit fields through numpy: ~20 ms
+    per [64, 2048] tile)."""
+    if BF16:
+        if other == 0.0:
+            bits = tl.load(ptrs, mask=mask, other=0)
+        else:  # -inf
+            bits = tl.load(ptrs, mask=mask, other=-128)  # 0xff80
+        x = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(ptrs, mask=mask, other=other).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _store_grad(ptrs, g, mask, BF16: tl.constexpr):
+    """The gradient in the logits dtype. BF16: into the int16 view, rounded to nearest even as
+    torch's and CUDA's conversions do (NaN: 0x7fc0)."""
+    if BF16:
+        u = g.to(tl.uint32, bitcast=True)
+        hi = u >> 16
+        lo = u & 0xFFFF
+        up = ((lo > 0x8000) | ((lo == 0x8000) & ((hi & 1) == 1))).to(tl.uint32)
+        r = tl.where(g != g, 0x7FC0, tl.add(hi, up, sanitize_overflow=False))  # hi + up <= 0x10000: no overflow
+        tl.store(ptrs, r.to(tl.int16), mask=mask)
+    else:
+        tl.store(ptrs, g.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rows_stats_pass(row_ptrs, live, vocab, inv_temp, ROWS: tl.constexpr, BLOCK: tl.constexpr, BF16: tl.constexpr):
+    """Per row: (max, ln S, the max made finite) over the whole vocabulary, blocks of BLOCK."""
+    m = tl.full([ROWS], -float("inf"), tl.float32)
+    s = tl.zeros([ROWS], tl.float32)
+    for v0 in range(0, vocab, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        inside = offs < vocab
+        x = _load_f32(row_ptrs[:, None] + offs[None, :], live[:, None] & inside[None, :], -float("inf"), BF16)
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        base = tl.where(m_new > -float("inf"), m_new, 0.0)  # a row with nothing finite yet: s stays 0
+        s = s * tl.exp((m - base) * inv_temp) + tl.sum(tl.exp((x - base[:, None]) * inv_temp), axis=1)
+        m = m_new
+    m_use = tl.where(live, m, 0.0)
+    log_s = tl.log(tl.where(live, s, 1.0))
+    return m, log_s, m_use
+
+
+@triton.jit
+def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, wb_ptr, rb_ptr,
+                      grad_ptr, part_ptr, count_ptr, ws_ptr, flag_ptr,
+                      tokens, stride_b, stride_t, seq, vocab, inv_temp, inv_lo, eps_low, eps_high, delta, beta,
+                      cap, w_const, N_ROWS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                      HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RHO: tl.constexpr,
+                      HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, KL_BC: tl.constexpr,
+                      RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, SAPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
+                      IN_BACKWARD: tl.constexpr, BF16: tl.constexpr):
+    """members._main_kernel, one chunk per row, ROWS rows per program (part_ptr, count_ptr unused)."""
+    pid = tl.program_id(0)
+    row = pid * ROWS + tl.arange(0, ROWS)
+    in_rows = row < N_ROWS
+    b = row // (seq + 1)
+    t = row % (seq + 1)
+    token = b * seq + t
+    scored = in_rows & (t < seq)
+    live = scored
+    if HAS_MASK:
+        live = live & (tl.load(mask_ptr + token, mask=scored, other=0) != 0)
+    tok = tl.where(live, token, 0)
+    b_safe = tl.where(in_rows, b, 0)
+    if IN_BACKWARD:
+        write = True
+        c_pred = tl.load(flag_ptr).to(tl.float32)
+    else:
+        mode = tl.load(flag_ptr)
+        c_pred = tl.load(flag_ptr + 1)
+        if pid == 0:
+            tl.store(ws_ptr + 7 * tokens, mode)
+            tl.store(ws_ptr + 7 * tokens + 1, c_pred)
+        write = mode == 0.0
+    row_ptrs = logits_ptr + b_safe.to(tl.int64) * stride_b + t.to(tl.int64) * stride_t
+    m, log_s, m_use = _rows_stats_pass(row_ptrs, live, vocab, inv_temp, ROWS, BLOCK, BF16)
+    target = tl.load(ids_ptr + tok, mask=live, other=0)
+    x_c = _load_f32(row_ptrs + target, live, 0.0, BF16)
+    logp, lr, dref = _differences(x_c, m_use, log_s, inv_temp, inv_lo, tok, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
+    if PER_SEQ_W:
+        w = tl.load(wb_ptr + b_safe)
+    else:
+        w = w_const
+    if SEQ_RHO:
+        q_ptr = rb_ptr
+        q_idx = b_safe
+    else:
+        q_ptr = rho_ptr
+        q_idx = tok
+    adv = tl.load(adv_ptr + b_safe).to(tl.float32)
+    loss, dlogp = _token_terms(logp, lr, dref, q_idx, adv, w, q_ptr, eps_low, eps_high, delta, beta, cap, HAS_KL,
+                               HAS_RHO, HAS_DELTA, HAS_CAP, CISPO, KL_BC, RHO_MASK, SAPO)
+    coef = tl.where(live, -dlogp * inv_temp, 0.0)
+    if not IN_BACKWARD:
+        tl.store(ws_ptr + tok, m, mask=live)
+        tl.store(ws_ptr + tokens + tok, log_s, mask=live)
+        tl.store(ws_ptr + 2 * tokens + tok, logp, mask=live)
+        tl.store(ws_ptr + 3 * tokens + token, coef, mask=scored)
+        tl.store(ws_ptr + 4 * tokens + token, tl.where(live, loss, 0.0), mask=scored)
+    if write:
+        coef_g = coef * c_pred
+        grad_rows = grad_ptr + row.to(tl.int64) * vocab
+        for v0 in range(0, vocab, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            inside = offs < vocab
+            x = _load_f32(row_ptrs[:, None] + offs[None, :], live[:, None] & inside[None, :], 0.0, BF16)
+            p = tl.exp((x - m_use[:, None]) * inv_temp - log_s[:, None])
+            g = coef_g[:, None] * (p - tl.where(offs[None, :] == target[:, None], 1.0, 0.0))
+            g = tl.where(live[:, None], g, 0.0)
+            _store_grad(grad_rows[:, None] + offs[None, :], g, in_rows[:, None] & inside[None, :], BF16)
+
+
+@triton.jit
+def _rows_stats_kernel(logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, part_ptr, count_ptr, ws_ptr, tokens,
+                       stride_b, stride_t, seq, vocab, inv_temp, inv_lo,
+                       ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, HAS_OLD: tl.constexpr,
+                       HAS_KL: tl.constexpr, BF16: tl.constexpr):
+    """members._stats_kernel, one chunk per row, ROWS tokens per program (part_ptr, count_ptr unused)."""
+    pid = tl.program_id(0)
+    token = pid * ROWS + tl.arange(0, ROWS)
+    live = token < tokens
+    b = tl.where(live, token // seq, 0)
+    t = tl.where(live, token % seq, 0)
+    if HAS_MASK:
+        live = live & (tl.load(mask_ptr + token, mask=live, other=0) != 0)
+    tok = tl.where(live, token, 0)
+    row_ptrs = logits_ptr + b.to(tl.int64) * stride_b + t.to(tl.int64) * stride_t
+    m, log_s, m_use = _rows_stats_pass(row_ptrs, live, vocab, inv_temp, ROWS, BLOCK, BF16)
+    x_c = _load_f32(row_ptrs + tl.load(ids_ptr + tok, mask=live, other=0), live, 0.0, BF16)
+    logp, lr, dref = _differences(x_c, m_use, log_s, inv_temp, inv_lo, tok, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
+    tl.store(ws_ptr + tok, m, mask=live)
+    tl.store(ws_ptr + tokens + tok, log_s, mask=live)
+    tl.store(ws_ptr + 2 * tokens + tok, logp, mask=live)
+    tl.store(ws_ptr + 5 * tokens + tok, lr, mask=live)
+    tl.store(ws_ptr + 6 * tokens + tok, dref, mask=live)
+
+
+@triton.jit
+def _rows_grad_kernel(logits_ptr, ids_ptr, grad_ptr, ws_ptr, flag_ptr, dloss_ptr, tokens, n_items,
+                      stride_b, stride_t, seq, vocab, inv_temp,
+                      N_ROWS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, FORCE_STATS: tl.constexpr,
+                      UPDATE_FLAG: tl.constexpr, BF16: tl.constexpr):
+    """members._grad_kernel, one work item per row, ROWS rows per program (n_items unused)."""
+    pid = tl.program_id(0)
+    c = tl.load(dloss_ptr).to(tl.float32)
+    if UPDATE_FLAG:
+        if pid == 0:
+            tl.store(flag_ptr, tl.where(c == tl.load(flag_ptr + 1), 0.0, 1.0))
+            tl.store(flag_ptr + 1, c)
+    if FORCE_STATS:
+        from_stats = True
+    else:
+        from_stats = (tl.load(ws_ptr + 7 * tokens) > 0.5) | (c != tl.load(ws_ptr + 7 * tokens + 1))
+    if from_stats:
+        row = pid * ROWS + tl.arange(0, ROWS)
+        in_rows = row < N_ROWS
+        b = tl.where(in_rows, row // (seq + 1), 0)
+        t = row % (seq + 1)
+        token = b * seq + t
+        scored = in_rows & (t < seq)
+        coef = tl.load(ws_ptr + 3 * tokens + token, mask=scored, other=0.0) * c
+        work = coef != 0.0  # masked, clipped and last rows: zeros, logits unread
+        tok = tl.where(work, token, 0)
+        m = tl.load(ws_ptr + tok, mask=work, other=0.0)
+        log_s = tl.load(ws_ptr + tokens + tok, mask=work, other=0.0)
+        target = tl.load(ids_ptr + tok, mask=work, other=0)
+        row_ptrs = logits_ptr + b.to(tl.int64) * stride_b + t.to(tl.int64) * stride_t
+        grad_rows = grad_ptr + row.to(tl.int64) * vocab
+        for v0 in range(0, vocab, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            inside = offs < vocab
+            x = _load_f32(row_ptrs[:, None] + offs[None, :], work[:, None] & inside[None, :], 0.0, BF16)
+            p = tl.exp((x - m[:, None]) * inv_temp - log_s[:, None])
+            g = coef[:, None] * (p - tl.where(offs[None, :] == target[:, None], 1.0, 0.0))
+            g = tl.where(work[:, None], g, 0.0)
+            _store_grad(grad_rows[:, None] + offs[None, :], g, in_rows[:, None] & inside[None, :], BF16)
+
+
+class _Bits:
+    """A launch whose bfloat16 tensors (at `positions` of its arguments) travel as their int16 views."""
+
+    __slots__ = ("launch", "positions")
+
+    def __init__(self, launch, positions):
+        self.launch, self.positions = launch, positions
+
+    def __call__(self, stream, *args):
+        args = list(args)
+        for i in self.positions:
+            args[i] = args[i].view(torch.int16)
+        self.launch(stream, *args)
+
+
+def launches(plan, Launch) -> None:
+    """Replace a plan's row-per-program launches (stats, main, grad) with the row-blocked twins."""
+    s = plan.sem
+    sw = dict(plan.switches)
+    bf16 = plan.dtype == torch.bfloat16
+    main = dict(shape(plan.rows, plan.vocab), BF16=bf16)
+    stats = dict(shape(plan.tokens, plan.vocab), BF16=bf16)
+
+    def bits(launch, *positions):
+        return _Bits(launch, positions) if bf16 else launch
+
+    plan.l_stats = bits(Launch(_rows_stats_kernel, (triton.cdiv(max(1, plan.tokens), stats["ROWS"]),),
+                               dict(**stats, HAS_MASK=s.has_mask, HAS_OLD=s.has_old, HAS_KL=s.has_kl), {}, False), 0)
+    main_grid = (triton.cdiv(plan.rows, main["ROWS"]),)
+    plan.l_main = [bits(Launch(_rows_main_kernel, main_grid, dict(N_ROWS=plan.rows, **main, **sw,
+                                                                  PER_SEQ_W=s.norm != 0, IN_BACKWARD=bwd), {}, False),
+                        0, 9) for bwd in (False, True)]
+    plan.l_grad = [bits(Launch(_rows_grad_kernel, main_grid, dict(N_ROWS=plan.rows, **main, FORCE_STATS=f or s.coupled,
+                                                                  UPDATE_FLAG=not s.coupled), {}, False), 0, 2)
+                   for f in (False, True)]
+
+
+def use_interpreter_shim() -> bool:
+    """Patch `triton.language` once per launch instead of once per nested call (module docstring).
+    Idempotent; returns whether the shim is on."""
+    try:
+        from triton.runtime import interpreter as itp
+    except ImportError:
+        return False
+    executor = getattr(itp, "GridExecutor", None)
+    needed = ("_patch_lang", "_patch_builtin", "_patch_attr", "_LangPatchScope")
+    if executor is None or not all(hasattr(itp, n) for n in needed) or not hasattr(tl.core, "is_builtin"):
+        return False
+    if getattr(executor.__call__, "grpo_shim", False):
+        return True
+    original_patch, original_call, held = itp._patch_lang, executor.__call__, [False]
+    # A function that sees both modules the interpreter patches (tl and tl.core): one patch covers
+    # every nested helper, ours and triton.language.standard's (tl.sum, tl.max, tl.zeros, ...).
+    both = types.FunctionType((lambda: None).__code__, {"tl": tl, "core": tl.core})
+    builtins: dict = {}
+
+    def _patch_builtin(pkg, builder, scope):
+        """The interpreter's own, with the module's builtin names listed once (inspect.getmembers on
+        every patch was most of its cost)."""
+        names = builtins.get(id(pkg))
+        if names is None:
+            names = builtins[id(pkg)] = [n for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)]
+        for name in names:
+            member = getattr(pkg, name, None)
+            if tl.core.is_builtin(member):
+                itp._patch_attr(pkg, name, member, builder, scope)
+
+    def _patch_lang(fn):
+        if held[0]:  # inside a launch that patched tl and tl.core: a second patch changes nothing
+            return itp._LangPatchScope()
+        return original_patch(fn)
+
+    def __call__(self, *args, **kwargs):
+        if held[0]:
+            return original_call(self, *args, **kwargs)
+        scope = original_patch(both)
+        held[0] = True
+        try:
+            return original_call(self, *args, **kwargs)
+        finally:
+            held[0] = False
+            scope.restore()
+
+    __call__.grpo_shim = True
+    itp._patch_builtin, itp._patch_lang, executor.__call__ = _patch_builtin, _patch_lang, __call__
+    return True
