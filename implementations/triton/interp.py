@@ -95,7 +95,7 @@ def _rows_stats_pass(row_ptrs, live, vocab, inv_temp, ROWS: tl.constexpr, BLOCK:
     m = tl.full([ROWS], -float("inf"), tl.float32)
     s = tl.zeros([ROWS], tl.float32)
     for v0 in range(0, vocab, BLOCK):
-        offs = v0 + tl.arange(0, BLOCK)
+        offs = tl.arange(0, BLOCK).to(tl.int64) + v0
         inside = offs < vocab
         x = _load_f32(row_ptrs[:, None] + offs[None, :], live[:, None] & inside[None, :], -float("inf"), BF16)
         m_new = tl.maximum(m, tl.max(x, axis=1))
@@ -118,10 +118,12 @@ def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, 
                       IN_BACKWARD: tl.constexpr, BF16: tl.constexpr):
     """members._main_kernel, one chunk per row, ROWS rows per program (part_ptr, count_ptr unused)."""
     pid = tl.program_id(0)
-    row = pid * ROWS + tl.arange(0, ROWS)
+    row = tl.arange(0, ROWS).to(tl.int64) + pid.to(tl.int64) * ROWS  # int64: no overflow checks to interpret
     in_rows = row < N_ROWS
-    b = row // (seq + 1)
-    t = row % (seq + 1)
+    seq1 = seq.to(tl.int64) + 1
+    T = tokens.to(tl.int64)
+    b = row // seq1
+    t = row % seq1
     token = b * seq + t
     scored = in_rows & (t < seq)
     live = scored
@@ -136,8 +138,8 @@ def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, 
         mode = tl.load(flag_ptr)
         c_pred = tl.load(flag_ptr + 1)
         if pid == 0:
-            tl.store(ws_ptr + 7 * tokens, mode)
-            tl.store(ws_ptr + 7 * tokens + 1, c_pred)
+            tl.store(ws_ptr + 7 * T, mode)
+            tl.store(ws_ptr + 7 * T + 1, c_pred)
         write = mode == 0.0
     row_ptrs = logits_ptr + b_safe.to(tl.int64) * stride_b + t.to(tl.int64) * stride_t
     m, log_s, m_use = _rows_stats_pass(row_ptrs, live, vocab, inv_temp, ROWS, BLOCK, BF16)
@@ -160,15 +162,15 @@ def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, 
     coef = tl.where(live, -dlogp * inv_temp, 0.0)
     if not IN_BACKWARD:
         tl.store(ws_ptr + tok, m, mask=live)
-        tl.store(ws_ptr + tokens + tok, log_s, mask=live)
-        tl.store(ws_ptr + 2 * tokens + tok, logp, mask=live)
-        tl.store(ws_ptr + 3 * tokens + token, coef, mask=scored)
-        tl.store(ws_ptr + 4 * tokens + token, tl.where(live, loss, 0.0), mask=scored)
+        tl.store(ws_ptr + T + tok, log_s, mask=live)
+        tl.store(ws_ptr + 2 * T + tok, logp, mask=live)
+        tl.store(ws_ptr + 3 * T + token, coef, mask=scored)
+        tl.store(ws_ptr + 4 * T + token, tl.where(live, loss, 0.0), mask=scored)
     if write:
         coef_g = coef * c_pred
-        grad_rows = grad_ptr + row.to(tl.int64) * vocab
+        grad_rows = grad_ptr + row * vocab
         for v0 in range(0, vocab, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
+            offs = tl.arange(0, BLOCK).to(tl.int64) + v0
             inside = offs < vocab
             x = _load_f32(row_ptrs[:, None] + offs[None, :], live[:, None] & inside[None, :], 0.0, BF16)
             p = tl.exp((x - m_use[:, None]) * inv_temp - log_s[:, None])
@@ -184,8 +186,9 @@ def _rows_stats_kernel(logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, part_ptr
                        HAS_KL: tl.constexpr, BF16: tl.constexpr):
     """members._stats_kernel, one chunk per row, ROWS tokens per program (part_ptr, count_ptr unused)."""
     pid = tl.program_id(0)
-    token = pid * ROWS + tl.arange(0, ROWS)
-    live = token < tokens
+    token = tl.arange(0, ROWS).to(tl.int64) + pid.to(tl.int64) * ROWS
+    T = tokens.to(tl.int64)
+    live = token < T
     b = tl.where(live, token // seq, 0)
     t = tl.where(live, token % seq, 0)
     if HAS_MASK:
@@ -196,10 +199,10 @@ def _rows_stats_kernel(logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, part_ptr
     x_c = _load_f32(row_ptrs + tl.load(ids_ptr + tok, mask=live, other=0), live, 0.0, BF16)
     logp, lr, dref = _differences(x_c, m_use, log_s, inv_temp, inv_lo, tok, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
     tl.store(ws_ptr + tok, m, mask=live)
-    tl.store(ws_ptr + tokens + tok, log_s, mask=live)
-    tl.store(ws_ptr + 2 * tokens + tok, logp, mask=live)
-    tl.store(ws_ptr + 5 * tokens + tok, lr, mask=live)
-    tl.store(ws_ptr + 6 * tokens + tok, dref, mask=live)
+    tl.store(ws_ptr + T + tok, log_s, mask=live)
+    tl.store(ws_ptr + 2 * T + tok, logp, mask=live)
+    tl.store(ws_ptr + 5 * T + tok, lr, mask=live)
+    tl.store(ws_ptr + 6 * T + tok, dref, mask=live)
 
 
 @triton.jit
@@ -210,6 +213,7 @@ def _rows_grad_kernel(logits_ptr, ids_ptr, grad_ptr, ws_ptr, flag_ptr, dloss_ptr
     """members._grad_kernel, one work item per row, ROWS rows per program (n_items unused)."""
     pid = tl.program_id(0)
     c = tl.load(dloss_ptr).to(tl.float32)
+    T = tokens.to(tl.int64)
     if UPDATE_FLAG:
         if pid == 0:
             tl.store(flag_ptr, tl.where(c == tl.load(flag_ptr + 1), 0.0, 1.0))
@@ -217,24 +221,25 @@ def _rows_grad_kernel(logits_ptr, ids_ptr, grad_ptr, ws_ptr, flag_ptr, dloss_ptr
     if FORCE_STATS:
         from_stats = True
     else:
-        from_stats = (tl.load(ws_ptr + 7 * tokens) > 0.5) | (c != tl.load(ws_ptr + 7 * tokens + 1))
+        from_stats = (tl.load(ws_ptr + 7 * T) > 0.5) | (c != tl.load(ws_ptr + 7 * T + 1))
     if from_stats:
-        row = pid * ROWS + tl.arange(0, ROWS)
+        row = tl.arange(0, ROWS).to(tl.int64) + pid.to(tl.int64) * ROWS
         in_rows = row < N_ROWS
-        b = tl.where(in_rows, row // (seq + 1), 0)
-        t = row % (seq + 1)
+        seq1 = seq.to(tl.int64) + 1
+        b = tl.where(in_rows, row // seq1, 0)
+        t = row % seq1
         token = b * seq + t
         scored = in_rows & (t < seq)
-        coef = tl.load(ws_ptr + 3 * tokens + token, mask=scored, other=0.0) * c
+        coef = tl.load(ws_ptr + 3 * T + token, mask=scored, other=0.0) * c
         work = coef != 0.0  # masked, clipped and last rows: zeros, logits unread
         tok = tl.where(work, token, 0)
         m = tl.load(ws_ptr + tok, mask=work, other=0.0)
-        log_s = tl.load(ws_ptr + tokens + tok, mask=work, other=0.0)
+        log_s = tl.load(ws_ptr + T + tok, mask=work, other=0.0)
         target = tl.load(ids_ptr + tok, mask=work, other=0)
         row_ptrs = logits_ptr + b.to(tl.int64) * stride_b + t.to(tl.int64) * stride_t
-        grad_rows = grad_ptr + row.to(tl.int64) * vocab
+        grad_rows = grad_ptr + row * vocab
         for v0 in range(0, vocab, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
+            offs = tl.arange(0, BLOCK).to(tl.int64) + v0
             inside = offs < vocab
             x = _load_f32(row_ptrs[:, None] + offs[None, :], work[:, None] & inside[None, :], 0.0, BF16)
             p = tl.exp((x - m[:, None]) * inv_temp - log_s[:, None])
@@ -247,12 +252,12 @@ def _rows_grad_kernel(logits_ptr, ids_ptr, grad_ptr, ws_ptr, flag_ptr, dloss_ptr
 def _rows_norm_kernel(mask_ptr, rho_ptr, wb_ptr, rb_ptr, batch, seq, GLOBAL: tl.constexpr, WRITE_W: tl.constexpr,
                       SEQ_RHO: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_T: tl.constexpr, BATCH_P2: tl.constexpr):
     """members._norm_kernel with every sequence at once (a [BATCH_P2, BLOCK_T] tile)."""
-    b = tl.arange(0, BATCH_P2)
+    b = tl.arange(0, BATCH_P2).to(tl.int64)  # int64: no overflow checks to interpret
     in_b = b < batch
     n = tl.zeros([BATCH_P2, BLOCK_T], tl.float32)
     lq = tl.zeros([BATCH_P2, BLOCK_T], tl.float64)
     for t0 in range(0, seq, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
+        t = tl.arange(0, BLOCK_T).to(tl.int64) + t0
         idx = b[:, None] * seq + t[None, :]
         live = in_b[:, None] & (t[None, :] < seq)
         if HAS_MASK:
@@ -284,26 +289,27 @@ def _rows_terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_
     """members._terms_kernel with every sequence at once: its loop over b is the tile's first axis
     ([BATCH_P2, BLOCK_T]), the loss accumulated per (sequence, lane) and summed over the sequences in
     order, then over the lanes (the plain kernel's order where a sequence fits one block)."""
-    b = tl.arange(0, BATCH_P2)
+    b = tl.arange(0, BATCH_P2).to(tl.int64)  # int64: no overflow checks to interpret
     in_b = b < batch
     b_safe = tl.where(in_b, b, 0)
+    T = tokens.to(tl.int64)
     adv = tl.load(adv_ptr + b_safe).to(tl.float32)
     n_acc = tl.zeros([BATCH_P2, BLOCK_T], tl.float32)
     lr_acc = tl.zeros([BATCH_P2, BLOCK_T], tl.float32)
     rho_acc = tl.zeros([BATCH_P2, BLOCK_T], tl.float32)
     if HAS_MASK or SEQUENCE or VESPO:
         for t0 in range(0, seq, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
+            t = tl.arange(0, BLOCK_T).to(tl.int64) + t0
             idx = b[:, None] * seq + t[None, :]
             live = in_b[:, None] & (t[None, :] < seq)
             if HAS_MASK:
                 live = live & (tl.load(mask_ptr + idx, mask=live, other=0) != 0)
             n_acc += tl.where(live, 1.0, 0.0)
             if SEQUENCE:
-                lr_acc += tl.where(live, tl.load(ws_ptr + 5 * tokens + idx, mask=live, other=0.0), 0.0)
+                lr_acc += tl.where(live, tl.load(ws_ptr + 5 * T + idx, mask=live, other=0.0), 0.0)
             if VESPO:
                 if HAS_OLD:
-                    lr_t = tl.load(ws_ptr + 5 * tokens + idx, mask=live, other=0.0)
+                    lr_t = tl.load(ws_ptr + 5 * T + idx, mask=live, other=0.0)
                     lr_acc += tl.where(live, tl.minimum(tl.maximum(lr_t, -20.0), 20.0), 0.0)
                 if HAS_RHO:
                     rho = tl.load(rho_ptr + idx, mask=live, other=0.0).to(tl.float32)
@@ -340,7 +346,7 @@ def _rows_terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_
         loss_acc += tl.where(first, (l_s * weight_sum)[:, None], 0.0)
         seq_coef = dl_s * weight_sum / tl.maximum(n_b, 1.0)
     for t0 in range(0, seq, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
+        t = tl.arange(0, BLOCK_T).to(tl.int64) + t0
         token = b[:, None] * seq + t[None, :]
         inside = in_b[:, None] & (t[None, :] < seq)
         live = inside
@@ -348,11 +354,11 @@ def _rows_terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_
             live = live & (tl.load(mask_ptr + token, mask=inside, other=0) != 0)
         tok = tl.where(live, token, 0)
         if NEEDS_LOGP:
-            logp = tl.load(ws_ptr + 2 * tokens + tok, mask=live, other=0.0)
+            logp = tl.load(ws_ptr + 2 * T + tok, mask=live, other=0.0)
             lr = tl.zeros([BATCH_P2, BLOCK_T], tl.float32)
             if HAS_OLD:
-                lr = tl.load(ws_ptr + 5 * tokens + tok, mask=live, other=0.0)
-            dref = tl.load(ws_ptr + 6 * tokens + tok, mask=live, other=0.0)
+                lr = tl.load(ws_ptr + 5 * T + tok, mask=live, other=0.0)
+            dref = tl.load(ws_ptr + 6 * T + tok, mask=live, other=0.0)
         else:
             logp = tl.zeros([BATCH_P2, BLOCK_T], tl.float32)
             lr = logp
@@ -384,7 +390,7 @@ def _rows_terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_
                                        SAPO)
             loss_acc += tl.where(live, loss, 0.0)
         if WRITE_COEF:
-            tl.store(ws_ptr + 3 * tokens + token, tl.where(live, -dlogp * inv_temp, 0.0), mask=inside)
+            tl.store(ws_ptr + 3 * T + token, tl.where(live, -dlogp * inv_temp, 0.0), mask=inside)
     tl.store(loss_ptr, tl.sum(tl.sum(loss_acc, axis=0), axis=0))
 
 
