@@ -41,7 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fastlaunch
 from .members import _differences, _kl_terms, _policy_terms, _token_terms
+from .plan import Plan, interpreting
 
 # Tile budget of one operation (elements): numpy's per-call overhead is amortised above ~2^14
 # elements, and the interpreter refuses blocks above 2^20.
@@ -109,14 +111,19 @@ def _rows_stats_pass(row_ptrs, live, vocab, inv_temp, ROWS: tl.constexpr, BLOCK:
 
 @triton.jit
 def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, wb_ptr, rb_ptr,
-                      grad_ptr, part_ptr, count_ptr, ws_ptr, flag_ptr,
+                      grad_ptr, part_ptr, aux_ptr, ws_ptr, flag_ptr,
                       tokens, stride_b, stride_t, seq, vocab, inv_temp, inv_lo, eps_low, eps_high, delta, beta,
                       cap, w_const, N_ROWS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                       HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RHO: tl.constexpr,
                       HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, KL_BC: tl.constexpr,
                       RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, SAPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
-                      IN_BACKWARD: tl.constexpr, BF16: tl.constexpr):
-    """members._main_kernel, one chunk per row, ROWS rows per program (part_ptr, count_ptr unused)."""
+                      IN_BACKWARD: tl.constexpr, BF16: tl.constexpr, FUSED: tl.constexpr = False,
+                      GLOBAL_W: tl.constexpr = False, BATCH: tl.constexpr = 1, SEQ_P2: tl.constexpr = 1,
+                      TOK_P2: tl.constexpr = 1, FIN_BLOCK: tl.constexpr = 1024):
+    """members._main_kernel, one chunk per row, ROWS rows per program (part_ptr unused; aux_ptr unused
+    unless FUSED). FUSED (one program holds every row; `InterpPlan.forward_full`): also the work of the
+    launches around it, in their arithmetic: the per-sequence weights of _norm_kernel (PER_SEQ_W; wb_ptr
+    unread) and the loss sum of _finalize_kernel into aux_ptr, from the token losses this program stored."""
     pid = tl.program_id(0)
     row = tl.arange(0, ROWS).to(tl.int64) + pid.to(tl.int64) * ROWS  # int64: no overflow checks to interpret
     in_rows = row < N_ROWS
@@ -147,7 +154,18 @@ def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, 
     x_c = _load_f32(row_ptrs + target, live, 0.0, BF16)
     logp, lr, dref = _differences(x_c, m_use, log_s, inv_temp, inv_lo, tok, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
     if PER_SEQ_W:
-        w = tl.load(wb_ptr + b_safe)
+        if FUSED:  # _norm_kernel's weights (HAS_MASK: members with per-sequence weights have a mask)
+            if GLOBAL_W:  # 1 / max(1, N): every unmasked token of the batch
+                i_all = tl.arange(0, TOK_P2).to(tl.int64)
+                n_all = tl.sum(tl.where(tl.load(mask_ptr + i_all, mask=i_all < T, other=0) != 0, 1.0, 0.0), axis=0)
+                w = tl.zeros([ROWS], tl.float32) + 1.0 / tl.maximum(n_all, 1.0)
+            else:  # 1 / (B max(1, n_b)): the unmasked tokens of the row's sequence
+                t2 = tl.arange(0, SEQ_P2).to(tl.int64)
+                in2 = in_rows[:, None] & (t2[None, :] < seq)
+                m2 = tl.load(mask_ptr + b_safe[:, None] * seq + t2[None, :], mask=in2, other=0) != 0
+                w = 1.0 / (BATCH * tl.maximum(tl.sum(tl.where(m2, 1.0, 0.0), axis=1), 1.0))
+        else:
+            w = tl.load(wb_ptr + b_safe)
     else:
         w = w_const
     if SEQ_RHO:
@@ -177,6 +195,12 @@ def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, 
             g = coef_g[:, None] * (p - tl.where(offs[None, :] == target[:, None], 1.0, 0.0))
             g = tl.where(live[:, None], g, 0.0)
             _store_grad(grad_rows[:, None] + offs[None, :], g, in_rows[:, None] & inside[None, :], BF16)
+    if FUSED:  # _finalize_kernel: the same lanes and order, read back from this program's own stores
+        total = tl.zeros([FIN_BLOCK], tl.float32)
+        for i0 in range(0, tokens, FIN_BLOCK):
+            i = tl.arange(0, FIN_BLOCK).to(tl.int64) + i0
+            total += tl.load(ws_ptr + 4 * T + i, mask=i < T, other=0.0)
+        tl.store(aux_ptr, tl.sum(total, axis=0))
 
 
 @triton.jit
@@ -439,6 +463,43 @@ def launches(plan, Launch) -> None:
         plan.l_norm = Launch(_rows_norm_kernel, (1,), dict(GLOBAL=s.norm == 2, WRITE_W=s.norm != 0, SEQ_RHO=s.seq_rho,
                                                            HAS_MASK=s.has_mask, BLOCK_T=plan.block_t,
                                                            BATCH_P2=batch_p2), {}, False)
+
+
+class InterpPlan(Plan):
+    """The plan of an interpreted call (impl.py picks it when interpreting with `interp_rows`): as
+    Plan, and the forward of a token-level member in one launch where one program holds every row
+    (`_rows_main_kernel` FUSED: no _norm_kernel or _finalize_kernel launch, ~25% of such a call's
+    interpreted operations at the CPU tier's shapes). Members with per-sequence sampling ratios (their
+    norm launch computes them), coupled and deferred members keep Plan's forward."""
+
+    def _launches(self) -> None:
+        super()._launches()
+        self.l_fused = None
+        s = self.sem
+        if not (self.tuning.interp_rows and interpreting()) or self.deferred or s.coupled or s.seq_rho:
+            return
+        main = shape(self.rows, self.vocab)
+        seq_p2 = triton.next_power_of_2(max(1, self.seq))
+        tok_p2 = triton.next_power_of_2(max(1, self.tokens))
+        if main["ROWS"] < self.rows or main["ROWS"] * seq_p2 > TILE or tok_p2 > TILE:
+            return
+        bf16 = self.dtype == torch.bfloat16
+        launch = fastlaunch.Launch(_rows_main_kernel, (1,), dict(
+            N_ROWS=self.rows, **main, BF16=bf16, **self.switches, PER_SEQ_W=s.norm != 0, IN_BACKWARD=False,
+            FUSED=True, GLOBAL_W=s.norm == 2, BATCH=self.batch, SEQ_P2=seq_p2, TOK_P2=tok_p2,
+            FIN_BLOCK=1024), {}, False)
+        self.l_fused = _Bits(launch, (0, 9)) if bf16 else launch
+
+    def forward_full(self, x):
+        if self.l_fused is None:
+            return super().forward_full(x)
+        logits, ids, adv, old, ref, mask, rho = x
+        loss = torch.empty((), dtype=torch.float32, device=self.device)
+        grad = torch.empty(self.grad_shape, dtype=self.dtype, device=self.device)
+        ws = self._ws()
+        self.l_fused(self.stream, logits, ids, adv, old, ref, mask, rho, adv, adv, grad, self.partials, loss, ws,
+                     self.flag, self.tokens, self.stride_b, self.stride_t, self.seq, self.vocab, *self.term_args)
+        return loss, grad, ws
 
 
 def use_interpreter_shim() -> bool:
