@@ -71,6 +71,12 @@ def shape(rows: int, vocab: int) -> dict:
     return dict(ROWS=max(1, min(rows_p2, TILE // block)), BLOCK=block)
 
 
+def main_shape(rows: int, vocab: int) -> dict:
+    """`shape`, and ONE_BLOCK where the vocabulary fits one block (the main twin keeps it for the gradient)."""
+    s = shape(rows, vocab)
+    return dict(s, ONE_BLOCK=vocab <= s["BLOCK"])
+
+
 class _Bits:
     """A launch whose bfloat16 tensors (at `positions` of its arguments) travel as their int16 views."""
 
@@ -101,8 +107,9 @@ def launches(plan, Launch) -> None:
     plan.l_stats = bits(Launch(_rows_stats_kernel, (triton.cdiv(max(1, plan.tokens), stats["ROWS"]),),
                                dict(**stats, HAS_MASK=s.has_mask, HAS_OLD=s.has_old, HAS_KL=s.has_kl), {}, False), 0)
     main_grid = (triton.cdiv(plan.rows, main["ROWS"]),)
-    plan.l_main = [bits(Launch(_rows_main_kernel, main_grid, dict(N_ROWS=plan.rows, **main, **sw,
-                                                                  PER_SEQ_W=s.norm != 0, IN_BACKWARD=bwd), {}, False),
+    plan.l_main = [bits(Launch(_rows_main_kernel, main_grid, dict(N_ROWS=plan.rows, **main, **sw, PER_SEQ_W=s.norm != 0,
+                                                                  IN_BACKWARD=bwd, ONE_BLOCK=plan.vocab <= main["BLOCK"]),
+                               {}, False),
                         0, 9) for bwd in (False, True)]
     plan.l_grad = [bits(Launch(_rows_grad_kernel, main_grid, dict(N_ROWS=plan.rows, **main, FORCE_STATS=f or s.coupled,
                                                                   UPDATE_FLAG=not s.coupled), {}, False), 0, 2)
@@ -131,7 +138,7 @@ class InterpPlan(Plan):
         s = self.sem
         if not (self.tuning.interp_rows and interpreting()) or self.deferred or s.coupled or s.seq_rho:
             return
-        main = shape(self.rows, self.vocab)
+        main = main_shape(self.rows, self.vocab)
         seq_p2 = triton.next_power_of_2(max(1, self.seq))
         tok_p2 = triton.next_power_of_2(max(1, self.tokens))
         if main["ROWS"] < self.rows or main["ROWS"] * seq_p2 > TILE or tok_p2 > TILE:

@@ -68,7 +68,7 @@ def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, 
                       RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, SAPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
                       IN_BACKWARD: tl.constexpr, BF16: tl.constexpr, FUSED: tl.constexpr = False,
                       GLOBAL_W: tl.constexpr = False, BATCH: tl.constexpr = 1, SEQ_P2: tl.constexpr = 1,
-                      TOK_P2: tl.constexpr = 1, FIN_BLOCK: tl.constexpr = 1024):
+                      TOK_P2: tl.constexpr = 1, FIN_BLOCK: tl.constexpr = 1024, ONE_BLOCK: tl.constexpr = False):
     """members._main_kernel, one chunk per row, ROWS rows per program (part_ptr unused; aux_ptr unused
     unless FUSED). FUSED (one program holds every row; `InterpPlan.forward_full`): also the work of the
     launches around it, in their arithmetic: the per-sequence weights of _norm_kernel (PER_SEQ_W; wb_ptr
@@ -98,7 +98,16 @@ def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, 
             tl.store(ws_ptr + 7 * T + 1, c_pred)
         write = mode == 0.0
     row_ptrs = logits_ptr + b_safe.to(tl.int64) * stride_b + t.to(tl.int64) * stride_t
-    m, log_s, m_use = _rows_stats_pass(row_ptrs, live, vocab, inv_temp, ROWS, BLOCK, BF16)
+    if ONE_BLOCK:  # the row in one block: _rows_stats_pass's arithmetic, the block kept for the gradient
+        offs = tl.arange(0, BLOCK).to(tl.int64)
+        inside = offs < vocab
+        x = _load_f32(row_ptrs[:, None] + offs[None, :], live[:, None] & inside[None, :], -float("inf"), BF16)
+        m = tl.max(x, axis=1)
+        m_use = tl.where(live, m, 0.0)
+        s = tl.sum(tl.exp((x - tl.where(m > -float("inf"), m, 0.0)[:, None]) * inv_temp), axis=1)
+        log_s = tl.log(tl.where(live, s, 1.0))
+    else:
+        m, log_s, m_use = _rows_stats_pass(row_ptrs, live, vocab, inv_temp, ROWS, BLOCK, BF16)
     target = tl.load(ids_ptr + tok, mask=live, other=0)
     x_c = _load_f32(row_ptrs + target, live, 0.0, BF16)
     logp, lr, dref = _differences(x_c, m_use, log_s, inv_temp, inv_lo, tok, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
@@ -136,14 +145,20 @@ def _rows_main_kernel(logits_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, 
     if write:
         coef_g = coef * c_pred
         grad_rows = grad_ptr + row * vocab
-        for v0 in range(0, vocab, BLOCK):
-            offs = tl.arange(0, BLOCK).to(tl.int64) + v0
-            inside = offs < vocab
-            x = _load_f32(row_ptrs[:, None] + offs[None, :], live[:, None] & inside[None, :], 0.0, BF16)
+        if ONE_BLOCK:  # x of the statistics (-inf outside the row and on rows not live: p = 0 there)
             p = tl.exp((x - m_use[:, None]) * inv_temp - log_s[:, None])
             g = coef_g[:, None] * (p - tl.where(offs[None, :] == target[:, None], 1.0, 0.0))
             g = tl.where(live[:, None], g, 0.0)
             _store_grad(grad_rows[:, None] + offs[None, :], g, in_rows[:, None] & inside[None, :], BF16)
+        else:
+            for v0 in range(0, vocab, BLOCK):
+                offs = tl.arange(0, BLOCK).to(tl.int64) + v0
+                inside = offs < vocab
+                x = _load_f32(row_ptrs[:, None] + offs[None, :], live[:, None] & inside[None, :], 0.0, BF16)
+                p = tl.exp((x - m_use[:, None]) * inv_temp - log_s[:, None])
+                g = coef_g[:, None] * (p - tl.where(offs[None, :] == target[:, None], 1.0, 0.0))
+                g = tl.where(live[:, None], g, 0.0)
+                _store_grad(grad_rows[:, None] + offs[None, :], g, in_rows[:, None] & inside[None, :], BF16)
     if FUSED:  # _finalize_kernel: the same lanes and order, read back from this program's own stores
         total = tl.zeros([FIN_BLOCK], tl.float32)
         for i0 in range(0, tokens, FIN_BLOCK):
