@@ -148,7 +148,8 @@ from dataclasses import replace
 plan_mod = sys.modules[pkg.__name__ + ".plan"]
 base_tuning = impl.cpu_tuning
 impl.cpu_tuning = lambda vocab: replace(base_tuning(vocab), main_chunk=128, main_block=64, stats_programs=60,
-                                        stats_block=32, grad_chunk=64, grad_programs_per_sm=0)
+                                        stats_block=32, grad_chunk=64, grad_programs_per_sm=0,
+                                        interp_rows=False)  # the plain kernels (members.py), not interp.py's
 impl._PLANS.clear()
 # token-is is not among them: its backward always waits (deferred plan), which needs a GPU (CUDA tests).
 for name in ("token-offpolicy-mask", "token-offpolicy-mask-kl", "dapo-mask", "sequence-offpolicy-mask"):

@@ -88,6 +88,12 @@ class _Worker:
         import torch  # after harden_worker (run): the worker imports torch only once hardened
 
         self.folder, self.params, self.device = Path(folder), parameters, device
+        if device == "cpu":
+            # One intra-op thread, as the parent (check.py): the two processes take turns, and torch's
+            # second thread spins between ops on the core the other one needs. Measured on the 2-core
+            # machine (docs/timing.md, CPU section): one masked member of implementations/pytorch,
+            # worker CPU 9.5 s -> 3.4 s.
+            torch.set_num_threads(1)
         module_name, attr = entry.split(":")
         package = "grpo_impl_" + name.replace("-", "_")
         try:

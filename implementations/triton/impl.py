@@ -81,7 +81,11 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low=0.2, epsilon_high=
                            sapo_temperature_neg=sapo_temperature_neg, vespo_k_pos=vespo_k_pos,
                            vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg)
         tuning = cpu_tuning(logits.shape[-1]) if device.type != "cuda" or interpreting() else GPU_TUNING
-        plan = _PLANS[key] = Plan(logits, sem, tuning, stream)
+        if tuning.interp_rows and interpreting():  # the CPU interpreter: interp.py's plan (never on CUDA)
+            from .interp import InterpPlan
+            plan = _PLANS[key] = InterpPlan(logits, sem, tuning, stream)
+        else:
+            plan = _PLANS[key] = Plan(logits, sem, tuning, stream)
     # Absent inputs: any tensor of this device stands in (the kernels never read it).
     others = (ids, adv, adv if old is None else old, adv if ref is None else ref, ids if mask is None else mask,
               adv if rho is None else rho)

@@ -177,16 +177,19 @@ class Tuning:
     grad_warps: int = 4
     grad_programs_per_sm: int = 32
     staged: bool = True  # use staged.py where it can run
+    interp_rows: bool = False  # interpreter only: the row-blocked twins of interp.py (ROWS rows per program)
 
 
 GPU_TUNING = Tuning()
 
 
 def cpu_tuning(vocab: int) -> Tuning:
-    """Programs run one after another under the interpreter: a row must be one chunk (nothing to wait for)."""
+    """Programs run one after another under the interpreter: a row must be one chunk (nothing to wait for).
+    Interpreting, the row-blocked twins (interp.py) replace the row-per-program kernels (interp_rows)."""
     whole = triton.next_power_of_2(vocab)
     return Tuning(main_chunk=whole, main_block=min(whole, 4096), stats_programs=0, stats_block=min(whole, 4096),
-                  stats_warps=4, grad_chunk=min(whole, 4096), grad_programs_per_sm=0, staged=False)
+                  stats_warps=4, grad_chunk=min(whole, 4096), grad_programs_per_sm=0, staged=False,
+                  interp_rows=True)
 
 
 _SCRATCH: dict = {}
@@ -317,6 +320,11 @@ class Plan:
                                                                  "UPDATE_FLAG": not s.coupled},
                          {"num_warps": self.grad_cfg["num_warps"]}, self.fast) for f in (False, True)]
         self.l_staged = {}  # staged_members fills it
+        if interpreting():  # interpreter only (CPU): never on a compiled path
+            from . import interp
+            interp.use_interpreter_shim()
+            if self.tuning.interp_rows:
+                interp.launches(self, L)
 
     # -- forward -----------------------------------------------------------------------------------------
     def _ws(self) -> torch.Tensor:
