@@ -1,0 +1,429 @@
+"""Issue 36's shape sweep on one CUDA GPU: our logits-level GRPO kernel (implementations/triton) against
+the DRAM floor and Liger, V in {32000, 50257, 128256, 151936, 262144}, batch 1-16, seq 512-8192, bf16
+and fp16, members token-is, token-offpolicy-mask (masked) and sequence-offpolicy-mask (GSPO).
+
+Per shape: torch's copy_ bandwidth is measured once per run (grpo_conform.hardware.measure_ceilings);
+the floor is the logits read + the gradient written at that bandwidth (masked members: unmasked rows
+read, sweep_plan.floors); the full call (forward + loss.backward(), d loss = 1) is timed on the device
+with grpo_conform.timing.time_cuda (CUDA events, clean L2 flush, the validator's pre-start spin,
+median); torch's own copy_ of the same logits gives what a plain copy of this size reaches. The
+launch-bound call (1 x 16 x 128256) is timed as wall time (triton.testing.do_bench, and back-to-back
+host time). --configs times every candidate of implementations/triton/configs.py that applies at a
+shape (forced, plans rebuilt), checks its gradient against the shipped launch, and prints a proposed
+TABLE. A shape that runs out of memory is skipped and said so; the run keeps a time budget (jobs that
+would overrun it are skipped, named in the JSON) and rewrites the JSON after every job.
+
+    python3 benchmarks/sweep_logits.py --out $OUT/sweep.json [--quick] [--configs] [--no-liger]
+    python3 benchmarks/sweep_logits.py --plan [--quick] [--configs]   # the job list and its estimate, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import math
+import sys
+import time
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+
+import sweep_plan as sp  # noqa: E402
+
+RUN: dict = {"rows": [], "configs": [], "launch": [], "skipped": [], "errors": []}
+DEVICE = "cuda"  # tests/test_sweep_logits.py runs the jobs on the CPU (interpreter, stub timer)
+
+
+def sync() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def load_impl():
+    pkg = types.ModuleType("grpo_impl_triton_sweep")
+    pkg.__path__ = [str(ROOT / "implementations" / "triton")]
+    sys.modules[pkg.__name__] = pkg
+    return importlib.import_module(pkg.__name__ + ".impl"), importlib.import_module(pkg.__name__ + ".configs")
+
+
+def liger_fn():
+    try:
+        from liger_kernel.ops.grpo_loss import GrpoLossFunction
+    except ImportError:
+        return None
+
+    def call(logits, completion_ids, advantages, old_logprobs=None, completion_mask=None, epsilon_low=0.2,
+             epsilon_high=0.2, temperature=1.0, loss_type="grpo", importance_sampling_level="token", **_):
+        return GrpoLossFunction.apply(logits, old_logprobs, None, completion_ids, advantages, completion_mask,
+                                      temperature, 0.0, epsilon_low, epsilon_high, False, loss_type, None, True,
+                                      importance_sampling_level)[0]
+    return call
+
+
+def make_inputs(shape: sp.Shape, seed: int):
+    import torch
+
+    dev = DEVICE
+    g = torch.Generator(device=dev).manual_seed(seed)
+    b, s, v = shape.batch, shape.seq, shape.vocab
+    x = torch.randn(b, s + 1, v, device=dev, dtype=getattr(torch, shape.dtype), generator=g).mul_(2)
+    ids = torch.randint(0, v, (b, s), device=dev, generator=g)
+    adv = torch.randn(b, device=dev, generator=g) + 0.5
+    logp = torch.empty(b, s, device=dev)
+    step = max(1, (1 << 28) // v)  # rows per log-sum-exp slice: ~1 GB of fp32 at most
+    for i in range(b):
+        for t0 in range(0, s, step):
+            t1 = min(s, t0 + step)  # completion positions only (row s is the last logits row)
+            xs = x[i, t0:t1].float()
+            logp[i, t0:t1] = xs.gather(-1, ids[i, t0:t1, None])[:, 0] - torch.logsumexp(xs, -1)
+            del xs
+    old = (logp + 0.3 * torch.randn(b, s, device=dev, generator=g)).contiguous()
+    lens = torch.randint(s // 2, s + 1, (b,), device=dev, generator=g)
+    mask = (torch.arange(s, device=dev)[None] < lens[:, None]).to(torch.int64).contiguous()
+    return x, ids, adv, old, mask
+
+
+def member_kwargs(member: str, ids, adv, old, mask) -> dict:
+    _level, masked, has_old, isl = sp.MEMBERS[member]
+    kw = dict(completion_ids=ids, advantages=adv, epsilon_low=0.2, epsilon_high=0.2 if not masked else 0.28,
+              temperature=1.0)
+    if masked:
+        kw.update(completion_mask=mask, loss_type="grpo", importance_sampling_level=isl)
+    if has_old:
+        kw["old_logprobs"] = old
+    return kw
+
+
+def timed_full(fn, leaf, kw, reps: int) -> float:
+    from grpo_conform.isolation.worker import spin_cycles_for
+    from grpo_conform.timing import time_cuda
+
+    def full():
+        leaf.grad = None
+        fn(logits=leaf, **kw).backward()
+
+    full()
+    sync()
+    t0 = time.perf_counter_ns()
+    full()
+    enqueue = time.perf_counter_ns() - t0
+    sync()
+    ns = time_cuda(full, reps=reps, warmup=sp.WARMUP, spin_cycles=spin_cycles_for(enqueue))
+    return sorted(ns)[len(ns) // 2] / 1e6
+
+
+def is_oom(exc: Exception) -> bool:
+    return "out of memory" in str(exc).lower()
+
+
+def run_shape(job, impl, liger, copy_bps) -> None:
+    import torch
+    from grpo_conform.timing import time_cuda
+
+    shape = job["shape"]
+    x, ids, adv, old, mask = make_inputs(shape, seed=shape.vocab + shape.batch + shape.seq)
+    unmasked = int(mask.sum())
+    fl = sp.floors(shape, unmasked, copy_bps)
+    dst = torch.empty_like(x)
+    ns = time_cuda(lambda: dst.copy_(x), reps=sp.reps_for(shape), warmup=2)
+    copy_ms = sorted(ns)[len(ns) // 2] / 1e6
+    del dst
+    leaf = x.detach().requires_grad_(True)
+    for member in sp.MEMBERS:
+        kw = member_kwargs(member, ids, adv, old, mask)
+        floor = sp.member_floor(member, fl)
+        row = {"shape": shape.label(), "vocab": shape.vocab, "batch": shape.batch, "seq": shape.seq,
+               "dtype": shape.dtype, "member": member, "level": sp.MEMBERS[member][0], "staged": shape.staged,
+               "floor_ms": floor, "floors_ms": fl, "unmasked_fraction": unmasked / (shape.batch * shape.seq),
+               "copy_ms": copy_ms, "copy_x_floor": copy_ms / fl["plain"], "reps": sp.reps_for(shape)}
+        for name, fn in (("ours", impl.grpo_loss), ("liger", liger if job.get("liger") else None)):
+            if fn is None:
+                continue
+            try:
+                row[f"{name}_ms"] = timed_full(fn, leaf, kw, sp.reps_for(shape))
+            except Exception as exc:  # noqa: BLE001 -- recorded; a CUDA fault stops the run in main()
+                row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                row["note"] = (row.get("note", "") + f" {name}: {'OOM, skipped' if is_oom(exc) else 'error'}").strip()
+                leaf.grad = None
+                gc.collect()
+                torch.cuda.empty_cache()
+                if "CUDA error" in str(exc) or "illegal" in str(exc):
+                    raise
+        if row.get("ours_ms"):
+            row["ours_x_floor"] = row["ours_ms"] / floor
+            if member.startswith("sequence"):
+                row["ours_x_three_pass"] = row["ours_ms"] / fl["three_pass"]
+            if row.get("liger_ms"):
+                row["speedup_vs_liger"] = row["liger_ms"] / row["ours_ms"]
+        RUN["rows"].append(row)
+        print(sp.table([row]).splitlines()[1], flush=True)
+    leaf.grad = None
+    del x, leaf
+
+
+def grad_of(fn, leaf, kw):
+    leaf.grad = None
+    loss = fn(logits=leaf, **kw)
+    loss.backward()
+    g, leaf.grad = leaf.grad, None
+    return float(loss), g
+
+
+def rel_diff(g, g0) -> float:
+    worst, scale = 0.0, 0.0
+    for b in range(g0.shape[0]):  # per sequence: fp32 copies of one batch row at a time
+        a, r = g[b].float(), g0[b].float()
+        worst = max(worst, float((a - r).abs().max()))
+        scale = max(scale, float(r.abs().max()))
+    return worst / scale if scale else (0.0 if worst == 0 else math.inf)
+
+
+def run_configs(job, impl, configs) -> None:
+    import torch
+
+    shape = job["shape"]
+    x, ids, adv, old, mask = make_inputs(shape, seed=shape.vocab + shape.batch)
+    leaf = x.detach().requires_grad_(True)
+    for member in sp.CONFIG_MEMBERS:
+        level = sp.MEMBERS[member][0]
+        kw = member_kwargs(member, ids, adv, old, mask)
+        ref = None
+        for name in configs.FOR_LEVEL[(level, shape.staged)]:
+            rec = {"shape": shape.label(), "vocab": shape.vocab, "dtype": shape.dtype, "member": member,
+                   "level": level, "config": name}
+            try:
+                with configs.forced(name):
+                    impl._PLANS.clear()
+                    loss, g = grad_of(impl.grpo_loss, leaf, kw)
+                    if ref is None:
+                        ref = (loss, g)
+                    rec["loss_rel_diff"] = abs(loss - ref[0]) / max(abs(ref[0]), 1e-30)
+                    rec["grad_rel_diff"] = rel_diff(g, ref[1])
+                    rec["correct"] = rec["grad_rel_diff"] <= 1e-2 and rec["loss_rel_diff"] <= 1e-4
+                    del g
+                    rec["ms"] = timed_full(impl.grpo_loss, leaf, kw, sp.reps_for(shape))
+            except Exception as exc:  # noqa: BLE001
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if "CUDA error" in str(exc) or "illegal" in str(exc):
+                    raise
+            finally:
+                impl._PLANS.clear()
+                leaf.grad = None
+            RUN["configs"].append(rec)
+            print(f"config {rec['shape']} {member} {name}: {rec.get('ms', rec.get('error'))} "
+                  f"(grad rel diff {rec.get('grad_rel_diff')})", flush=True)
+        del ref
+    del x, leaf
+    torch.cuda.empty_cache()
+
+
+def run_launch(job, impl, liger) -> None:
+    import torch
+    from triton.testing import do_bench
+
+    shape = job["shape"]
+    x, ids, adv, old, mask = make_inputs(shape, seed=1)
+    leaf = x.detach().requires_grad_(True)
+
+    class Empty(torch.autograd.Function):  # the least an autograd call costs on this host
+        @staticmethod
+        def forward(ctx, t):
+            return t.sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.expand(4)
+
+    tiny = torch.zeros(4, device="cuda", requires_grad=True)
+    RUN["launch"].append({"impl": "empty-autograd-function", "full_wall_ms": do_bench(
+        lambda: Empty.apply(tiny).backward(), warmup=25, rep=150, return_mode="median")})
+    for member in sp.MEMBERS:
+        kw = member_kwargs(member, ids, adv, old, mask)
+        for name, fn in (("ours", impl.grpo_loss), ("liger", liger)):
+            if fn is None:
+                continue
+
+            def full():
+                leaf.grad = None
+                fn(logits=leaf, **kw).backward()
+
+            def fwd():
+                with torch.no_grad():
+                    fn(logits=x, **kw)
+
+            rec = {"impl": name, "member": member, "shape": shape.label()}
+            try:
+                rec["full_wall_ms"] = do_bench(full, warmup=25, rep=150, return_mode="median")
+                rec["forward_wall_ms"] = do_bench(fwd, warmup=25, rep=150, return_mode="median")
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    full()
+                torch.cuda.synchronize()
+                rec["full_host_ms"] = (time.perf_counter() - t0) / 200 * 1e3
+            except Exception as exc:  # noqa: BLE001
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            RUN["launch"].append(rec)
+            print(f"launch-bound {rec}", flush=True)
+    leaf.grad = None
+
+
+def prewarm_worker(path: str) -> int:
+    """One worker of `prewarm`: a full call of each listed kernel set at batch 2, seq 16."""
+    import json
+
+    import torch
+
+    impl, configs = load_impl()
+    for vocab, dtype, member, config in json.loads(Path(path).read_text()):
+        try:
+            x, ids, adv, old, mask = make_inputs(sp.Shape(vocab, 2, 16, dtype), seed=0)
+            leaf = x.detach().requires_grad_(True)
+            with configs.forced(config):
+                impl._PLANS.clear()
+                impl.grpo_loss(logits=leaf, **member_kwargs(member, ids, adv, old, mask)).backward()
+            sync()
+        except Exception as exc:  # noqa: BLE001 -- the timed job will meet it again and record it
+            print(f"prewarm {vocab} {dtype} {member} {config}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        finally:
+            impl._PLANS.clear()
+    return 0
+
+
+def prewarm(items: list, workers: int, timeout_s: float) -> dict:
+    """Compile our kernels ahead in `workers` processes (Triton's on-disk cache is shared and written
+    atomically); whatever is not done by timeout_s is compiled by the timed jobs themselves."""
+    import json
+    import subprocess
+    import tempfile
+
+    t0 = time.time()
+    folder = Path(tempfile.mkdtemp(prefix="sweep-prewarm-"))
+    procs = []
+    for w in range(workers):
+        part = items[w::workers]
+        if not part:
+            continue
+        f = folder / f"items-{w}.json"
+        f.write_text(json.dumps(part))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--prewarm-worker", str(f)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    notes = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, timeout_s - (time.time() - t0)))
+            notes += [line for line in out.splitlines() if line.startswith("prewarm ")]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            notes.append("prewarm worker stopped at its timeout")
+    return {"items": len(items), "workers": len(procs), "seconds": time.time() - t0, "notes": notes[:50]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="JSON results (rewritten after every job)")
+    ap.add_argument("--quick", action="store_true", help="13 shapes (~3 min on an H200)")
+    ap.add_argument("--configs", action="store_true", help="also compare configs.py's candidates per shape")
+    ap.add_argument("--no-liger", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=380.0, help="skip jobs that would end later than this")
+    ap.add_argument("--plan", action="store_true", help="print the jobs and the estimate; no GPU")
+    ap.add_argument("--prewarm", type=int, default=12, help="processes compiling our kernels ahead (0: none)")
+    ap.add_argument("--prewarm-worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.prewarm_worker:
+        return prewarm_worker(args.prewarm_worker)
+    run = sp.jobs(args.quick, args.configs, liger=not args.no_liger)
+    _impl, configs = load_impl()
+    items = sp.prewarm_items(run, configs.FOR_LEVEL) if args.prewarm else []
+    estimate = sp.estimate_total_s(run, args.prewarm, len(items))
+    if args.plan:
+        for j in run:
+            print(j["kind"], j["shape"].label())
+        print(f"{len(items)} kernel sets compiled ahead by {args.prewarm} processes")
+        print(f"{len(run)} jobs, estimated {estimate:.0f} s (budget {args.budget_s:.0f} s)")
+        return 0
+    return measure(args, run, estimate, _impl, configs)
+
+
+def measure(args, run, estimate, impl, configs) -> int:
+    import torch
+    import triton
+    from grpo_conform.hardware import measure_ceilings
+
+    start = time.time()
+    if args.prewarm:
+        RUN["prewarm"] = prewarm(sp.prewarm_items(run, configs.FOR_LEVEL), args.prewarm, timeout_s=150.0)
+        print(f"prewarm: {RUN['prewarm']}", flush=True)
+    liger = None if args.no_liger else liger_fn()
+    ceil = measure_ceilings("cuda")
+    RUN["meta"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                   "liger": liger is not None, "copy_TBps": ceil.copy_bytes_per_s / 1e12,
+                   "read_TBps": ceil.read_bytes_per_s / 1e12, "args": vars(args), "estimate_s": estimate,
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+                   "table": [configs.rule_source(r) for r in configs.TABLE]}
+    print(f"copy {ceil.copy_bytes_per_s / 1e12:.3f} TB/s; {len(run)} jobs, estimated {estimate:.0f} s", flush=True)
+    planned, spent_est, spent = set(), 0.0, 0.0
+    for job in run:
+        trial = set(planned)
+        est = sp.estimate_s(job, trial, prewarmed=bool(args.prewarm))
+        scale = min(4.0, max(0.5, spent / spent_est)) if spent_est > 20 else 1.0
+        left = args.budget_s - (time.time() - start)
+        if est * scale > left and job.get("liger"):  # what is left may still fit without Liger
+            job = dict(job, liger=False, note="Liger left out: budget")
+            trial = set(planned)
+            est = sp.estimate_s(job, trial, prewarmed=bool(args.prewarm))
+        if est * scale > left:
+            RUN["skipped"].append({"kind": job["kind"], "shape": job["shape"].label(), "why": "budget",
+                                   "estimate_s": est * scale, "left_s": left})
+            continue
+        t0 = time.time()
+        try:
+            {"shape": run_shape, "configs": run_configs, "launch": run_launch}[job["kind"]](
+                job, impl, *((liger, ceil.copy_bytes_per_s) if job["kind"] == "shape" else
+                             (configs,) if job["kind"] == "configs" else (liger,)))
+        except Exception as exc:  # noqa: BLE001 -- one shape never ends the sweep, a CUDA fault does
+            why = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:300]}"
+            RUN["skipped"].append({"kind": job["kind"], "shape": job["shape"].label(), "why": why})
+            print(f"skipped {job['kind']} {job['shape'].label()}: {why}", flush=True)
+            if "CUDA error" in str(exc) or "illegal" in str(exc):
+                break
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+        planned, spent_est, spent = trial, spent_est + est, spent + time.time() - t0
+        finish(args, start, final=False)
+    return finish(args, start, final=True)
+
+
+def finish(args, start, final: bool) -> int:
+    best = sp.best_configs(RUN["configs"])
+    rules, source = sp.propose(RUN["configs"])
+    RUN.update(best_configs=best, proposal={"rules": rules, "source": source},
+               verdicts=sp.verdicts(RUN["rows"], RUN["launch"]), elapsed_s=time.time() - start)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        sp.write_json(args.out, RUN)
+    if final:
+        if RUN["launch"]:
+            print("\nlaunch-bound 1 x 16 x 128256 bf16 (ms): " + "; ".join(
+                f"{r['impl']} {r.get('member', '')} full {r.get('full_wall_ms', float('nan')):.4f} "
+                f"host {r.get('full_host_ms', float('nan')):.4f}" for r in RUN["launch"]))
+        if best:
+            print("\n" + sp.config_table(best) + "\n\nproposed configs.TABLE:\n" + source)
+        for s in RUN["skipped"]:
+            print(f"skipped: {s['kind']} {s['shape']} ({s['why']})")
+        print("\n" + sp.table(RUN["rows"]) + "\n\n" + "\n".join(RUN["verdicts"]))
+        print(f"elapsed {time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
