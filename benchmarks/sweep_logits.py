@@ -46,11 +46,26 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+PKG = "grpo_impl_triton_sweep"
+
+
 def load_impl():
-    pkg = types.ModuleType("grpo_impl_triton_sweep")
-    pkg.__path__ = [str(ROOT / "implementations" / "triton")]
-    sys.modules[pkg.__name__] = pkg
-    return importlib.import_module(pkg.__name__ + ".impl"), importlib.import_module(pkg.__name__ + ".configs")
+    if PKG not in sys.modules:
+        pkg = types.ModuleType(PKG)
+        pkg.__path__ = [str(ROOT / "implementations" / "triton")]
+        sys.modules[PKG] = pkg
+    return importlib.import_module(PKG + ".impl"), importlib.import_module(PKG + ".configs")
+
+
+def staging_lost() -> list:
+    """Why staged_members switched the staged kernels off in this process (then cleared, so that the next
+    plans stage again): a candidate that fails to compile must not turn the rest of the sweep plain."""
+    sm = sys.modules.get(PKG + ".staged_members")
+    if sm is None or not sm.DISABLED:
+        return []
+    why = list(sm.DISABLED)
+    sm.DISABLED.clear()
+    return why
 
 
 def liger_fn():
@@ -142,7 +157,8 @@ def run_shape(job, impl, liger, copy_bps) -> None:
         row = {"shape": shape.label(), "vocab": shape.vocab, "batch": shape.batch, "seq": shape.seq,
                "dtype": shape.dtype, "member": member, "level": sp.MEMBERS[member][0], "staged": shape.staged,
                "floor_ms": floor, "floors_ms": fl, "unmasked_fraction": unmasked / (shape.batch * shape.seq),
-               "copy_ms": copy_ms, "copy_x_floor": copy_ms / fl["plain"], "reps": sp.reps_for(shape)}
+               "copy_ms": copy_ms, "copy_x_floor": copy_ms / fl["plain"], "reps": sp.reps_for(shape),
+               "note": job.get("note", "")}
         for name, fn in (("ours", impl.grpo_loss), ("liger", liger if job.get("liger") else None)):
             if fn is None:
                 continue
@@ -156,6 +172,10 @@ def run_shape(job, impl, liger, copy_bps) -> None:
                 torch.cuda.empty_cache()
                 if "CUDA error" in str(exc) or "illegal" in str(exc):
                     raise
+        lost = staging_lost()
+        if lost:
+            row["staged_disabled"] = lost
+            row["note"] = (row["note"] + " staging switched off (plain kernels timed)").strip()
         if row.get("ours_ms"):
             row["ours_x_floor"] = row["ours_ms"] / floor
             if member.startswith("sequence"):
@@ -209,6 +229,9 @@ def run_configs(job, impl, configs) -> None:
                     rec["correct"] = rec["grad_rel_diff"] <= 1e-2 and rec["loss_rel_diff"] <= 1e-4
                     del g
                     rec["ms"] = timed_full(impl.grpo_loss, leaf, kw, sp.reps_for(shape))
+                    lost = staging_lost()
+                    if lost:  # it ran on the plain kernels: not this candidate's time
+                        rec.update(staged_disabled=lost, correct=False)
             except Exception as exc:  # noqa: BLE001
                 rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 if "CUDA error" in str(exc) or "illegal" in str(exc):
@@ -276,7 +299,7 @@ def run_launch(job, impl, liger) -> None:
 
 
 def prewarm_worker(path: str) -> int:
-    """One worker of `prewarm`: a full call of each listed kernel set at batch 2, seq 16."""
+    """One worker of `prewarm`: a full call of each listed kernel set at batch 2, seq 1024."""
     import json
 
     import torch
@@ -284,7 +307,7 @@ def prewarm_worker(path: str) -> int:
     impl, configs = load_impl()
     for vocab, dtype, member, config in json.loads(Path(path).read_text()):
         try:
-            x, ids, adv, old, mask = make_inputs(sp.Shape(vocab, 2, 16, dtype), seed=0)
+            x, ids, adv, old, mask = make_inputs(sp.Shape(vocab, 2, 1024, dtype), seed=0)  # BLOCK_T as seq 1024
             leaf = x.detach().requires_grad_(True)
             with configs.forced(config):
                 impl._PLANS.clear()
@@ -420,7 +443,7 @@ def finish(args, start, final: bool) -> int:
             print("\n" + sp.config_table(best) + "\n\nproposed configs.TABLE:\n" + source)
         for s in RUN["skipped"]:
             print(f"skipped: {s['kind']} {s['shape']} ({s['why']})")
-        print("\n" + sp.table(RUN["rows"]) + "\n\n" + "\n".join(RUN["verdicts"]))
+        print("\n" + sp.summary(RUN["rows"]) + "\n\n" + "\n".join(RUN["verdicts"]))
         print(f"elapsed {time.time() - start:.0f} s")
     return 0
 

@@ -107,8 +107,9 @@ HOST_MS = 1.5  # per timed call: events, synchronisation, L2 flush, autograd
 
 def prewarm_items(run: list[dict], for_level: dict) -> list[tuple]:
     """(vocab, dtype, member, config) of every kernel set of ours the run will compile, once each: compiled
-    ahead in parallel worker processes at a tiny shape (same specialisations: seq and tokens multiples of
-    16), so the timed jobs load them from Triton's cache. for_level: configs.FOR_LEVEL."""
+    ahead in parallel worker processes at batch 2, seq 1024 (the specialisations of every shape here:
+    seq and tokens multiples of 16, the one-program kernels' BLOCK_T of seq >= 1024), so the timed jobs
+    load them from Triton's cache. for_level: configs.FOR_LEVEL."""
     out = []
     for job in run:
         s = job["shape"]
@@ -186,6 +187,34 @@ def table(rows: list[dict]) -> str:
     lines.append("x floor: ours / the member's floor (read + write at this run's copy bandwidth; masked members: "
                  "unmasked rows read); x liger: liger ms / ours ms (> 1: ours faster); copy x: torch copy_ of the "
                  "logits / the plain floor")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> str:
+    """The short table printed last: one line per shape, ours as ms and x its floor per member (GSPO also
+    against its three-pass floor and as a multiple of the masked token member), the slowest speed-up over
+    Liger of the three, torch's copy_ as x the plain floor."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["shape"], {})[r["member"]] = r
+    lines = [f"{'shape':<27}{'copy x':>7}{'token-is':>16}{'masked':>16}{'GSPO':>16}{'x3pass':>7}{'G/mask':>7}"
+             f"{'min x liger':>12}  note"]
+    for shape, m in by.items():
+        def cell(member):
+            r = m.get(member, {})
+            return f"{_f(r.get('ours_ms'), '.3f')} ({_f(r.get('ours_x_floor'), '.2f')})"
+
+        g, t = m.get("sequence-offpolicy-mask", {}), m.get("token-offpolicy-mask", {})
+        ratio = g["ours_ms"] / t["ours_ms"] if g.get("ours_ms") and t.get("ours_ms") else None
+        speed = [r["speedup_vs_liger"] for r in m.values() if r.get("speedup_vs_liger")]
+        copy_x = next((r.get("copy_x_floor") for r in m.values() if r.get("copy_x_floor")), None)
+        notes = "; ".join(f"{k}: {r['note']}" for k, r in m.items() if r.get("note"))
+        lines.append(f"{shape:<27}{_f(copy_x, '.3f'):>7}{cell('token-is'):>16}{cell('token-offpolicy-mask'):>16}"
+                     f"{cell('sequence-offpolicy-mask'):>16}{_f(g.get('ours_x_three_pass'), '.2f'):>7}"
+                     f"{_f(ratio, '.2f'):>7}{_f(min(speed) if speed else None, '.2f'):>12}  {notes}")
+    lines.append("ms (x the member's floor: logits read + gradient written at this run's copy bandwidth, masked "
+                 "members' masked rows unread); x3pass: GSPO / (unmasked rows read twice + gradient written); "
+                 "G/mask: GSPO ms / masked token member ms; min x liger: liger ms / ours ms, the lowest of the members")
     return "\n".join(lines)
 
 

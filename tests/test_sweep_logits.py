@@ -94,6 +94,11 @@ def test_table_and_verdicts_on_fake_timings():
             {"shape": "V32000 b1 s512 float16", "member": "token-is", "note": "ours: OOM, skipped"}]
     text = sp.table(rows)
     assert len(text.splitlines()) == len(rows) + 2 and "OOM, skipped" in text and "1.100" in text
+    short = sp.summary(rows).splitlines()
+    assert len(short) == 2 + 2  # header, one line per shape, legend
+    assert "1.100 (1.10)" in short[1] and "1.600 (1.60)" in short[1] and " 1.40 " in short[1]  # GSPO / masked
+    assert " 0.75 " in short[1]  # the slowest speed-up over Liger (GSPO: 1.2 / 1.6)
+    assert "token-is: ours: OOM, skipped" in short[2]
     v = sp.verdicts(rows, [{"impl": "ours", "member": "token-is", "full_wall_ms": 0.11},
                            {"impl": "ours", "member": "sequence-offpolicy-mask", "full_wall_ms": 0.2}])
     joined = "\n".join(v)
