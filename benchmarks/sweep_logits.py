@@ -23,6 +23,7 @@ import argparse
 import gc
 import importlib
 import math
+import os
 import sys
 import time
 import types
@@ -36,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 import sweep_plan as sp  # noqa: E402
 
 RUN: dict = {"rows": [], "configs": [], "launch": [], "skipped": [], "errors": []}
-DEVICE = "cuda"  # tests/test_sweep_logits.py runs the jobs on the CPU (interpreter, stub timer)
+DEVICE = os.environ.get("SWEEP_DEVICE", "cuda")  # tests/test_sweep_logits.py: "cpu" (interpreter, stub timer)
+PREWARM_SEQ = int(os.environ.get("SWEEP_PREWARM_SEQ", "1024"))
 
 
 def sync() -> None:
@@ -135,7 +137,8 @@ def timed_full(fn, leaf, kw, reps: int) -> float:
 
 
 def is_oom(exc: Exception) -> bool:
-    return "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return "out of memory" in text or "allocate memory" in text
 
 
 def run_shape(job, impl, liger, copy_bps) -> None:
@@ -317,7 +320,7 @@ def prewarm_worker(path: str) -> int:
     impl, configs = load_impl()
     for vocab, dtype, member, config in json.loads(Path(path).read_text()):
         try:
-            x, ids, adv, old, mask = make_inputs(sp.Shape(vocab, 2, 1024, dtype), seed=0)  # BLOCK_T as seq 1024
+            x, ids, adv, old, mask = make_inputs(sp.Shape(vocab, 2, PREWARM_SEQ, dtype), seed=0)
             leaf = x.detach().requires_grad_(True)
             with configs.forced(config):
                 impl._PLANS.clear()
@@ -392,8 +395,13 @@ def measure(args, run, estimate, impl, configs) -> int:
     from grpo_conform.hardware import measure_ceilings
 
     start = time.time()
-    if args.prewarm:
-        RUN["prewarm"] = prewarm(sp.prewarm_items(run, configs.FOR_LEVEL), args.prewarm, timeout_s=150.0)
+    if args.prewarm:  # the kernels of the jobs expected to fit the budget
+        expected, compiled, total = [], set(), 0.0
+        for job in run:
+            total += sp.estimate_s(job, compiled, prewarmed=True)
+            if total <= args.budget_s:
+                expected.append(job)
+        RUN["prewarm"] = prewarm(sp.prewarm_items(expected, configs.FOR_LEVEL), args.prewarm, timeout_s=150.0)
         print(f"prewarm: {RUN['prewarm']}", flush=True)
     liger = None if args.no_liger else liger_fn()
     ceil = measure_ceilings("cuda")

@@ -187,37 +187,46 @@ def test_even_chunks_keep_the_count_and_even_out(vocab):
         assert n * even - vocab < n * block  # the chunks differ by less than a block each
 
 
-SMOKE = r'''
-import importlib, json, sys, types
+SMOKE = r"""
+import json, sys, types
 sys.path.insert(0, sys.argv[1] + "/benchmarks"); sys.path.insert(0, sys.argv[1])
+import torch
+import grpo_conform.hardware as hardware
 import grpo_conform.timing as timing
 import sweep_logits as sl, sweep_plan as sp
-sl.DEVICE = "cpu"
 impl, configs = sl.load_impl()
 FAKE = {"grad-item": 0.5, "plain-bal": 0.97}
 
 def fake_time(fn, reps, warmup, spin_cycles=0, **_):  # ns per rep: configs.py's forced candidate decides
+    fn()
     name = configs._FORCED[-1] if configs._FORCED else "shipped"
     return [int(1e6 * FAKE.get(name, 1.0))] * reps
 
 timing.time_cuda = fake_time
+hardware.measure_ceilings = lambda device: types.SimpleNamespace(copy_bytes_per_s=4e12, read_bytes_per_s=4e12)
+torch.cuda.get_device_name = lambda *a: "cpu (interpreter)"
+sl.run_launch = lambda job, impl, liger: sl.RUN["launch"].append({"impl": "ours", "member": "token-is",
+                                                                  "full_wall_ms": 0.1})
 shape = sp.Shape(300, 2, 8, "bfloat16")
-sl.run_shape({"kind": "shape", "shape": shape, "liger": False}, impl, None, 4e12)
-sl.run_configs({"kind": "configs", "shape": shape}, impl, configs)
-args = types.SimpleNamespace(out=sys.argv[2])
-sl.finish(args, 0.0, final=True)
-'''
+run = [{"kind": "launch", "shape": shape}, {"kind": "shape", "shape": shape, "liger": False},
+       {"kind": "configs", "shape": shape},
+       {"kind": "shape", "shape": sp.Shape(1 << 24, 16, 8192, "bfloat16"), "liger": False}]  # past any budget
+args = types.SimpleNamespace(out=sys.argv[2], prewarm=2, budget_s=float(sys.argv[3]), no_liger=True)
+sl.measure(args, run, 1.0, impl, configs)
+"""
 
 
-@pytest.mark.slow  # ~15 s: the interpreter runs every job of one tiny shape
+@pytest.mark.slow  # ~40-110 s on 2 cores: the interpreter runs every job of one tiny shape, and 2 prewarm processes
 def test_sweep_jobs_end_to_end_on_the_cpu(tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "sweep.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", SMOKE, str(ROOT), str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), SWEEP_DEVICE="cpu", SWEEP_PREWARM_SEQ="8")
+    proc = subprocess.run([sys.executable, "-c", SMOKE, str(ROOT), str(out), "300"], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
+    assert doc["prewarm"]["workers"] == 2 and doc["prewarm"]["notes"] == [], doc["prewarm"]
+    assert doc["meta"]["table"] == ["Rule('shipped'),"] and doc["meta"]["copy_TBps"] == 4.0
     assert [r["member"] for r in doc["rows"]] == list(sp.MEMBERS)
     assert all(r["ours_ms"] == 1.0 and r["ours_x_floor"] > 0 and "liger_ms" not in r for r in doc["rows"])
     names = [(c["member"], c["config"]) for c in doc["configs"]]
@@ -227,6 +236,9 @@ def test_sweep_jobs_end_to_end_on_the_cpu(tmp_path):
     assert {(r["choice"], r["level"]) for r in doc["proposal"]["rules"]} == {("grad-item", "sequence"),
                                                                             ("plain-bal", "token")}
     assert "Rule('grad-item', vocab=(300, 300), dtype='bfloat16', level='sequence')" in proc.stdout
+    # a 4.4 TB shape would overrun the budget: skipped and named, not run
+    assert [(s["shape"], s["why"]) for s in doc["skipped"]] == [("V16777216 b16 s8192 bfloat16", "budget")]
+    assert "PASS  launch-bound token-is full <= 0.12 ms wall: 0.1000 ms" in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1].startswith("elapsed")
 
 
