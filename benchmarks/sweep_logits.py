@@ -196,7 +196,7 @@ def grad_of(fn, leaf, kw):
     loss = fn(logits=leaf, **kw)
     loss.backward()
     g, leaf.grad = leaf.grad, None
-    return float(loss), g
+    return float(loss.detach()), g
 
 
 def rel_diff(g, g0) -> float:

@@ -303,3 +303,51 @@ def test_plain_kernel_candidates_equal_the_shipped_launch_in_the_interpreter():
     assert len(lines) == 9 and len(equal) == 8, lines  # plain-c8k splits the main kernel's rows: GPU only
     assert {line.split()[2] for line in equal} == {"4096", "8192"}  # rows in 3 and in 2 gradient chunks
     assert any(line.split()[:2] == ["sequence", "grad-item8k"] for line in equal)
+
+
+COMPILE = r"""
+import importlib, json, sys
+import torch
+sys.path.insert(0, sys.argv[1] + "/benchmarks")
+import compile_staged as cs
+staged, staged_members, plan, launch = cs.load(sys.argv[1] + "/implementations/triton")
+configs = importlib.import_module("gt_compile.configs")
+sem = plan.semantics_of(2, 5, has_old=False, has_ref=False, has_mask=False, has_rho=False, epsilon_low=0.2,
+                        epsilon_high=0.2, temperature=1.0, loss_type="grpo", importance_sampling_level="token",
+                        beta=0.0, max_completion_length=None, delta=None, sampling_ratio_cap=None,
+                        num_items_in_batch=None, num_processes=1)
+logits = torch.empty((1, 2, 32000), dtype=torch.bfloat16, device="meta")
+p = launch.Problem.of(logits, 0.2, 0.2, 1.0)
+out, done = {}, {}
+for name in sorted(set(configs.FOR_LEVEL[("token", True)] + configs.FOR_LEVEL[("sequence", True)])):
+    g = configs.CANDIDATES[name].settings(32000, torch.bfloat16)
+    for kind, fn, stage, block, warps, switches in (
+            ("member", staged._staged_member_kernel, g.stage_bytes, g.block, g.num_warps,
+             staged_members.member_constexprs(sem)),
+            ("stats", staged._staged_stats_kernel, g.forward_stage_bytes, g.forward_block, g.forward_stage_warps,
+             staged_members.stats_constexprs(sem))):
+        shape = launch._staged_shape(logits, p, stage, block, warps)
+        key = (kind, tuple(sorted(shape.items())), warps)
+        if key not in done:
+            done[key] = cs.compile_(name, fn, dict(shape, THREAD_STATS=g.thread_stats, **switches), warps, "*bf16",
+                                    "*i64")
+        out[f"{kind}-{name}"] = [shape["CHUNK"], shape["NUM_CHUNKS"], done[key]]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # ~60 s on 2 cores: six distinct staged compiles for sm_90, no GPU
+def test_staged_candidates_compile_for_sm90():
+    """Every staged launch configs.py can force at V 32000 (bf16) compiles for sm_90 with the installed triton,
+    in the shared memory its stage size says (the GPU run checks their gradients against the shipped one)."""
+    pytest.importorskip("triton")
+    proc = subprocess.run([sys.executable, "-c", COMPILE, str(ROOT)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["member-shipped"] == [10240, 4, 20496] and got["stats-shipped"] == [16384, 2, 32784]
+    assert got["member-balanced"] == [8192, 4, 16400]  # 4 even chunks instead of 3 x 10240 + 1280
+    assert got["member-s24k"][:2] == [12288, 3] and got["member-s32k"] == [16384, 2, 32784]
+    assert got["stats-stats16k-item"][:2] == [8192, 4] and got["stats-stats16k-item"][2] <= 16400 + 64
+    for key, (chunk, n, shared) in got.items():
+        assert chunk * 2 <= shared <= chunk * 2 + 64 and (n - 1) * chunk < 32000 <= n * chunk, key
