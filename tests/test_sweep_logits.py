@@ -351,3 +351,18 @@ def test_staged_candidates_compile_for_sm90():
     assert got["stats-stats16k-item"][:2] == [8192, 4] and got["stats-stats16k-item"][2] <= 16400 + 64
     for key, (chunk, n, shared) in got.items():
         assert chunk * 2 <= shared <= chunk * 2 + 64 and (n - 1) * chunk < 32000 <= n * chunk, key
+
+
+@pytest.mark.slow  # ~30 s on 2 loaded cores: matplotlib draws two 6-panel figures
+def test_plot_from_fake_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    import sweep_plot
+
+    rows = [dict(_row(f"V{v} b{b} s1024 bfloat16", m, 1.1 + v / 1e6, liger=1.5), vocab=v, batch=b, seq=1024,
+                 dtype="bfloat16") for v in (32000, 128256) for b in (2, 8) for m in sweep_plot.MEMBERS]
+    assert list(sweep_plot.series(rows, "token-is", "ours_x_floor")) == [(2, 1024, "bfloat16"), (8, 1024, "bfloat16")]
+    doc = {"rows": rows, "meta": {"gpu": "fake", "copy_TBps": 4.3}}
+    a, b = tmp_path / "a.svg", tmp_path / "b.svg"
+    sweep_plot.plot(doc, str(a))
+    sweep_plot.plot(doc, str(b))
+    assert a.read_bytes() == b.read_bytes() and b"<svg" in a.read_bytes()  # same JSON, same bytes
