@@ -312,29 +312,41 @@ def run_launch(job, impl, liger) -> None:
 
 
 def prewarm_worker(path: str) -> int:
-    """One worker of `prewarm`: a full call of each listed kernel set at batch 2, seq 1024."""
+    """One worker of `prewarm`: a full call of each listed kernel set (sweep_plan.prewarm_items)."""
     import json
 
     import torch
 
     impl, configs = load_impl()
-    for vocab, dtype, member, config in json.loads(Path(path).read_text()):
+    liger = liger_fn()
+    for vocab, dtype, member, config, seq in json.loads(Path(path).read_text()):
+        x = leaf = None
         try:
-            x, ids, adv, old, mask = make_inputs(sp.Shape(vocab, 2, PREWARM_SEQ, dtype), seed=0)
+            shape = sp.Shape(vocab, 1, seq, dtype) if config == "liger" else sp.Shape(vocab, 2, PREWARM_SEQ, dtype)
+            x, ids, adv, old, mask = make_inputs(shape, seed=0)
             leaf = x.detach().requires_grad_(True)
-            with configs.forced(config):
-                impl._PLANS.clear()
-                impl.grpo_loss(logits=leaf, **member_kwargs(member, ids, adv, old, mask)).backward()
+            kw = member_kwargs(member, ids, adv, old, mask)
+            if config == "liger":
+                if liger is not None:
+                    liger(logits=leaf, **kw).backward()
+            else:
+                with configs.forced(config):
+                    impl._PLANS.clear()
+                    impl.grpo_loss(logits=leaf, **kw).backward()
             sync()
         except Exception as exc:  # noqa: BLE001 -- the timed job will meet it again and record it
-            print(f"prewarm {vocab} {dtype} {member} {config}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            print(f"prewarm {vocab} {dtype} {member} {config} {seq}: {type(exc).__name__}: {str(exc)[:200]}",
+                  flush=True)
         finally:
             impl._PLANS.clear()
+            del x, leaf
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
     return 0
 
 
 def prewarm(items: list, workers: int, timeout_s: float) -> dict:
-    """Compile our kernels ahead in `workers` processes (Triton's on-disk cache is shared and written
+    """Compile the run's kernels ahead in `workers` processes (Triton's on-disk cache is shared and written
     atomically); whatever is not done by timeout_s is compiled by the timed jobs themselves."""
     import json
     import subprocess
@@ -343,8 +355,7 @@ def prewarm(items: list, workers: int, timeout_s: float) -> dict:
     t0 = time.time()
     folder = Path(tempfile.mkdtemp(prefix="sweep-prewarm-"))
     procs = []
-    for w in range(workers):
-        part = items[w::workers]
+    for w, part in enumerate(sp.prewarm_buckets(items, workers)):
         if not part:
             continue
         f = folder / f"items-{w}.json"
@@ -379,11 +390,12 @@ def main() -> int:
     run = sp.jobs(args.quick, args.configs, liger=not args.no_liger)
     _impl, configs = load_impl()
     items = sp.prewarm_items(run, configs.FOR_LEVEL) if args.prewarm else []
-    estimate = sp.estimate_total_s(run, args.prewarm, len(items))
+    estimate = sp.estimate_total_s(run, args.prewarm, items)
     if args.plan:
         for j in run:
             print(j["kind"], j["shape"].label())
-        print(f"{len(items)} kernel sets compiled ahead by {args.prewarm} processes")
+        print(f"{len(items)} kernel sets compiled ahead by {args.prewarm} processes "
+              f"(~{sp.prewarm_s(items, args.prewarm):.0f} s)")
         print(f"{len(run)} jobs, estimated {estimate:.0f} s (budget {args.budget_s:.0f} s)")
         return 0
     return measure(args, run, estimate, _impl, configs)

@@ -106,21 +106,42 @@ HOST_MS = 1.5  # per timed call: events, synchronisation, L2 flush, autograd
 
 
 def prewarm_items(run: list[dict], for_level: dict) -> list[tuple]:
-    """(vocab, dtype, member, config) of every kernel set of ours the run will compile, once each: compiled
-    ahead in parallel worker processes at batch 2, seq 1024 (the specialisations of every shape here:
-    seq and tokens multiples of 16, the one-program kernels' BLOCK_T of seq >= 1024), so the timed jobs
-    load them from Triton's cache. for_level: configs.FOR_LEVEL."""
+    """(vocab, dtype, member, config, seq) of every kernel set the run will compile, once each: compiled
+    ahead in parallel worker processes into Triton's on-disk cache, so that the timed jobs load them.
+    Ours (seq 0): at batch 2, seq 1024 (the specialisations of every shape here: seq and tokens
+    multiples of 16, the one-program kernels' BLOCK_T of seq >= 1024). Liger (config "liger"): at batch 1
+    and the shape's seq (its L and N are constexprs). for_level: configs.FOR_LEVEL."""
     out = []
     for job in run:
         s = job["shape"]
         if job["kind"] == "configs":
-            items = [(m, c) for m in CONFIG_MEMBERS for c in for_level[(MEMBERS[m][0], s.staged)]]
+            items = [(m, c, 0) for m in CONFIG_MEMBERS for c in for_level[(MEMBERS[m][0], s.staged)]]
+        elif job["kind"] == "shape":
+            items = [(m, "shipped", 0) for m in MEMBERS] + [(m, "liger", s.seq) for m in MEMBERS if job.get("liger")]
         else:
-            items = [(m, "shipped") for m in MEMBERS]
-        for m, c in items:
-            if (s.vocab, s.dtype, m, c) not in out:
-                out.append((s.vocab, s.dtype, m, c))
+            items = []
+        for m, c, seq in items:
+            if (s.vocab, s.dtype, m, c, seq) not in out:
+                out.append((s.vocab, s.dtype, m, c, seq))
     return out
+
+
+BIG_BUCKETS = 3
+
+
+def prewarm_buckets(items: list[tuple], workers: int) -> list[list]:
+    """Items per worker: Liger's long sequences (up to 4.3 GB of logits and as much gradient at V 262144)
+    in the first BIG_BUCKETS buckets only, so that at most that many are in memory at a time; the rest
+    round-robin over the other workers."""
+    big = [i for i in items if i[3] == "liger" and i[4] > 1024]
+    rest = [i for i in items if i not in big]
+    nb = min(BIG_BUCKETS, max(1, workers - 1)) if big else 0
+    if workers - nb < 1:
+        return [list(items)]
+    return [big[w::nb] for w in range(nb)] + [rest[w::workers - nb] for w in range(workers - nb)]
+
+
+PREWARM_S = {"ours": 6.0, "liger": 3.0}  # per item in a worker (compiles of its 2-3 kernels)
 
 
 def estimate_s(job: dict, compiled: set, bandwidth: float = 4.2e12, candidates: int = 6,
@@ -145,14 +166,21 @@ def estimate_s(job: dict, compiled: set, bandwidth: float = 4.2e12, candidates: 
                        k if job["kind"] == "configs" else -1)
                 if key not in compiled:
                     compiled.add(key)
-                    total += 0.3 if prewarmed and impl == "ours" else \
-                        COMPILE_S["config" if job["kind"] == "configs" else impl]
+                    total += 0.3 if prewarmed else COMPILE_S["config" if job["kind"] == "configs" else impl]
     return total
 
 
-def estimate_total_s(run: list[dict], prewarm_workers: int = 0, items: int = 0) -> float:
+def prewarm_s(items: list[tuple], workers: int) -> float:
+    """The longest bucket's expected seconds, plus a worker's start-up (torch, CUDA)."""
+    if not workers or not items:
+        return 0.0
+    return 12.0 + max(sum(PREWARM_S["liger" if i[3] == "liger" else "ours"] for i in b)
+                      for b in prewarm_buckets(items, workers))
+
+
+def estimate_total_s(run: list[dict], prewarm_workers: int = 0, items: list | None = None) -> float:
     compiled: set = set()
-    ahead = 12.0 + items * COMPILE_S["ours"] / prewarm_workers if prewarm_workers else 0.0
+    ahead = prewarm_s(items or [], prewarm_workers)
     return ahead + sum(estimate_s(j, compiled, prewarmed=bool(prewarm_workers)) for j in run)
 
 

@@ -55,10 +55,28 @@ def test_jobs_put_the_anchors_first_and_fit_the_budget():
     # cuts the last jobs: seq 512 in fp16), and --quick --configs is a ~3-minute subset
     for_level = _configs()[0].FOR_LEVEL
     shapes_only = sp.jobs()
-    assert sp.estimate_total_s(shapes_only, 12, len(sp.prewarm_items(shapes_only, for_level))) < 370
-    assert sp.estimate_total_s(run, 12, len(sp.prewarm_items(run, for_level))) < 1.1 * 370
+    assert sp.estimate_total_s(shapes_only, 12, sp.prewarm_items(shapes_only, for_level)) < 370
+    assert sp.estimate_total_s(run, 12, sp.prewarm_items(run, for_level)) < 1.1 * 370
     quick = sp.jobs(quick=True, with_configs=True)
-    assert sp.estimate_total_s(quick, 12, len(sp.prewarm_items(quick, for_level))) < 180
+    assert sp.estimate_total_s(quick, 12, sp.prewarm_items(quick, for_level)) < 180
+
+
+def test_prewarm_items_and_buckets():
+    for_level = _configs()[0].FOR_LEVEL
+    run = sp.jobs(with_configs=True)
+    items = sp.prewarm_items(run, for_level)
+    assert len(items) == len(set(items))
+    ours = {i for i in items if i[3] != "liger"}
+    assert all(i[4] == 0 for i in ours)  # ours at one seq whatever the shape's
+    assert {(i[0], i[1]) for i in ours} == {(s.vocab, s.dtype) for s in sp.shapes()}
+    assert {(i[0], i[1], i[4]) for i in items if i[3] == "liger"} == {(s.vocab, s.dtype, s.seq) for s in sp.shapes()}
+    assert not [i for i in sp.prewarm_items(sp.jobs(liger=False), for_level) if i[3] == "liger"]
+    buckets = sp.prewarm_buckets(items, 12)
+    assert len(buckets) == 12 and sorted(sum(buckets, [])) == sorted(items)
+    big = buckets[:sp.BIG_BUCKETS]
+    assert all(i[3] == "liger" and i[4] == 8192 for b in big for i in b) and sum(map(len, big)) == 5 * 2 * 3
+    assert not [i for b in buckets[sp.BIG_BUCKETS:] for i in b if i[3] == "liger" and i[4] > 1024]
+    assert sp.prewarm_buckets(items, 1) == [items] and sorted(sum(sp.prewarm_buckets(items, 2), [])) == sorted(items)
 
 
 def test_estimates_count_compiles_once_and_big_shapes_cost_more():
