@@ -16,6 +16,8 @@
 #   bash benchmarks/h200_evidence.sh round13d   # vllm-sequence-truncate after the caching fix, the peers' seed records
 #   bash benchmarks/h200_evidence.sh round13e   # Liger on five masked members at mask-b8
 #   bash benchmarks/h200_evidence.sh round13b   # 2 of 2: liger and pytorch seed records, liger on masked members
+#   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min; JSON + log
+#                                               # under $OUT/reports, the summary and verdicts printed)
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -193,6 +195,11 @@ case "${1:-probe}" in
     check_one liger 200 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
       --workload mask-b8
     mv "$R/liger.json" "$R/liger-members-b8.json"; mv "$R/liger.log" "$R/liger-members-b8.log"
+    ;;
+  sweep36)  # issue 36: the shape sweep and the launch configurations compared; the sweep keeps a 370 s budget
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 450 python3 benchmarks/sweep_logits.py --configs --out "$R/sweep.json" > "$R/sweep.log" 2>&1
+    status "sweep_logits --configs: exit $?"; tail -c 9000 "$R/sweep.log"
     ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw

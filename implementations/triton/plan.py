@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from . import fastlaunch, members
+from . import configs, fastlaunch, members
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 
@@ -248,10 +248,13 @@ class Plan:
         self.block_t = min(1024, triton.next_power_of_2(max(1, self.seq)))
         cuda = logits.is_cuda and not interpreting()
         self.staged = None
+        if cuda:  # this shape's launch configuration (configs.py: the shipped one unless a measured rule says otherwise)
+            self.choice = configs.choose(vocab, self.rows, logits.dtype, "sequence" if sem.coupled else "token")
+            self.tuning = tuning = self.choice.tuning_for(tuning, vocab)
         if cuda and tuning.staged:
             from . import launch
             if launch.staged_ok(logits, launch.Problem.of(logits, 0.2, 0.2, 1.0)):
-                self.staged = launch.GPU_DEFAULT
+                self.staged = self.choice.settings(vocab, logits.dtype)
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count if cuda else 1
         # main (waiting split) kernel
         t = tuning
