@@ -3,8 +3,9 @@
 A chunk holds the logits of rows row0 .. row0 + rows - 1 of the flattened [B * T] grid (token = row0
 + local row; b = token // T): cuBLAS wrote them (hidden_c @ weight.T, + bias) into a buffer whose
 rows are `stride_x` elements apart. Each kernel below reads that chunk; the gradient kernels write
-d loss / d logits over it in place (the logits are dead once their row's gradient exists), so a chunk
-costs one buffer. Helpers (_chunk_stats, _combine, _differences, _token_terms, ...) are those of
+d loss / d logits over it in place (g_ptr = x_ptr: the logits are dead once their row's gradient
+exists), so a chunk costs one buffer; with float32 logits (FusedSettings.logits) into a separate
+buffer in the weight's dtype (g_ptr, rows `stride_g` apart). Helpers (_chunk_stats, _combine, _differences, _token_terms, ...) are those of
 implementations/triton (vendored.py holds exact copies).
 
   _rows_kernel       token-level members. Programs per row: SPLIT (chunk index fastest); each takes
@@ -35,27 +36,28 @@ from .vendored import _chunk_stats, _combine, _differences, _kl_terms, _policy_t
 
 
 @triton.jit
-def _row_gradient(row_ptr, start, stop, vocab, m, log_s, inv_temp, coef, target, BLOCK: tl.constexpr):
-    """coef * (p - onehot) over [start, stop) of one row, written over the row's logits."""
+def _row_gradient(row_ptr, grow_ptr, start, stop, vocab, m, log_s, inv_temp, coef, target, BLOCK: tl.constexpr):
+    """coef * (p - onehot) over [start, stop) of one row, written at grow_ptr (the row itself, or the row of
+    a separate gradient buffer where the logits are float32)."""
     for v0 in range(start, stop, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
         inside = (offs < stop) & (offs < vocab)
         x = tl.load(row_ptr + offs, mask=inside, other=0.0)
         p = tl.exp((x.to(tl.float32) - m) * inv_temp - log_s)
         g = coef * (p - tl.where(offs == target, 1.0, 0.0))
-        tl.store(row_ptr + offs, g.to(row_ptr.dtype.element_ty), mask=inside)
+        tl.store(grow_ptr + offs, g.to(grow_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
-def _row_zeros(row_ptr, start, stop, vocab, BLOCK: tl.constexpr):
+def _row_zeros(grow_ptr, start, stop, vocab, BLOCK: tl.constexpr):
     for v0 in range(start, stop, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
-        tl.store(row_ptr + offs, tl.zeros([BLOCK], dtype=row_ptr.dtype.element_ty), mask=(offs < stop) & (offs < vocab))
+        tl.store(grow_ptr + offs, tl.zeros([BLOCK], dtype=grow_ptr.dtype.element_ty), mask=(offs < stop) & (offs < vocab))
 
 
 @triton.jit
-def _rows_kernel(x_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_ptr, c_ptr, loss_ptr, part_ptr, count_ptr,
-                 row0, rows, seq, vocab, stride_x, inv_temp, inv_lo, eps_low, eps_high, delta, beta, w_const,
+def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_ptr, c_ptr, loss_ptr, part_ptr, count_ptr,
+                 row0, rows, seq, vocab, stride_x, stride_g, inv_temp, inv_lo, eps_low, eps_high, delta, beta, w_const,
                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
                  HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DELTA: tl.constexpr,
                  CISPO: tl.constexpr, KL_BC: tl.constexpr, SAPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
@@ -67,6 +69,7 @@ def _rows_kernel(x_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_ptr, c_
     b = token // seq
     start = k * CHUNK
     row_ptr = x_ptr + tl.cast(r, tl.int64) * stride_x
+    grow_ptr = g_ptr + tl.cast(r, tl.int64) * stride_g
     live = True
     if HAS_MASK:
         live = tl.load(mask_ptr + token) != 0
@@ -102,12 +105,12 @@ def _rows_kernel(x_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_ptr, c_
             tl.store(loss_ptr + token, loss)
         if WRITE_GRAD:
             coef = -dlogp * inv_temp * tl.load(c_ptr)
-            _row_gradient(row_ptr, start, start + CHUNK, vocab, m, log_s, inv_temp, coef, target, BLOCK)
+            _row_gradient(row_ptr, grow_ptr, start, start + CHUNK, vocab, m, log_s, inv_temp, coef, target, BLOCK)
     else:
         if k == 0:
             tl.store(loss_ptr + token, 0.0)
         if WRITE_GRAD:
-            _row_zeros(row_ptr, start, start + CHUNK, vocab, BLOCK)
+            _row_zeros(grow_ptr, start, start + CHUNK, vocab, BLOCK)
 
 
 @triton.jit
@@ -181,19 +184,20 @@ def _sequence_kernel(ws_ptr, adv_ptr, mask_ptr, wb_ptr, loss_ptr, b0, seq, token
 
 
 @triton.jit
-def _coef_grad_kernel(x_ptr, ids_ptr, ws_ptr, c_ptr, row0, tokens, vocab, stride_x, inv_temp,
+def _coef_grad_kernel(x_ptr, g_ptr, ids_ptr, ws_ptr, c_ptr, row0, tokens, vocab, stride_x, stride_g, inv_temp,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
     pid = tl.program_id(0)
     r = pid // SPLIT
     start = (pid % SPLIT) * CHUNK
     token = row0 + r
     row_ptr = x_ptr + tl.cast(r, tl.int64) * stride_x
+    grow_ptr = g_ptr + tl.cast(r, tl.int64) * stride_g
     coef = tl.load(ws_ptr + 5 * tokens + token) * tl.load(c_ptr)
     if coef != 0.0:  # masked and clipped rows: zeros, logits unread
-        _row_gradient(row_ptr, start, start + CHUNK, vocab, tl.load(ws_ptr + token), tl.load(ws_ptr + tokens + token),
+        _row_gradient(row_ptr, grow_ptr, start, start + CHUNK, vocab, tl.load(ws_ptr + token), tl.load(ws_ptr + tokens + token),
                       inv_temp, coef, tl.load(ids_ptr + token), BLOCK)
     else:
-        _row_zeros(row_ptr, start, start + CHUNK, vocab, BLOCK)
+        _row_zeros(grow_ptr, start, start + CHUNK, vocab, BLOCK)
 
 
 @triton.jit

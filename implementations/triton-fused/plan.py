@@ -124,7 +124,14 @@ class FusedPlan:
         return (1.0 / n_b.sum().clamp_min(1.0)).expand(self.batch).contiguous()
 
     def _logits(self, out: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> None:
-        if b is None:
+        if out.dtype != w.dtype:  # float32 logits from operands in the weight's dtype
+            if out.is_cuda:
+                torch.mm(h, w.t(), out_dtype=out.dtype, out=out)
+            else:
+                torch.mm(h.to(out.dtype), w.t().to(out.dtype), out=out)
+            if b is not None:
+                out += b
+        elif b is None:
             torch.mm(h, w.t(), out=out)
         else:
             torch.addmm(b, h, w.t(), out=out)
@@ -138,8 +145,9 @@ class FusedPlan:
                                           self.sem.inv_lo, BLOCK=self.block, HAS_OLD=False, HAS_KL=False,
                                           HAS_MASK=self.sem.has_mask, LOGP_ONLY=True, num_warps=self.warps)
 
-    def _loss_rows(self, buf, x: Inputs, ref, wb, c, loss_tok, ws, r0: int, r1: int, write_grad: bool) -> None:
-        """Loss terms of rows [r0, r1) (and, write_grad, d logits over buf)."""
+    def _loss_rows(self, buf, gbuf, x: Inputs, ref, wb, c, loss_tok, ws, r0: int, r1: int, write_grad: bool) -> None:
+        """Loss terms of rows [r0, r1) of the logits in buf (and, write_grad, d logits into gbuf: buf itself
+        or a buffer in the weight's dtype)."""
         s, n = self.sem, r1 - r0
         mask = x.mask if x.mask is not None else x.ids
         old = x.old if x.old is not None else x.adv
@@ -149,8 +157,8 @@ class FusedPlan:
             counts = torch.zeros(n if self.split > 1 else 1, dtype=torch.int32, device=self.device)
             part = torch.empty(2 * n * self.split if self.split > 1 else 1, dtype=torch.float32, device=self.device)
             kernels._rows_kernel[(n * self.split,)](
-                buf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
-                buf.stride(0), *s.scalars(), CHUNK=self.piece, BLOCK=self.block, SPLIT=self.split,
+                buf, gbuf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
+                buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, BLOCK=self.block, SPLIT=self.split,
                 SPLIT_P2=triton.next_power_of_2(self.split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
                 WRITE_GRAD=write_grad, num_warps=self.warps)
             return
@@ -162,8 +170,8 @@ class FusedPlan:
             s.delta, s.beta, s.w_const, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta,
             PER_SEQ_W=s.norm != 0, BLOCK_T=min(1024, triton.next_power_of_2(self.seq)), num_warps=4)
         if write_grad:
-            kernels._coef_grad_kernel[(n * self.split,)](buf, x.ids, ws, c, r0, self.tokens, self.vocab, buf.stride(0),
-                                                         s.inv_temp, CHUNK=self.piece, BLOCK=self.block,
+            kernels._coef_grad_kernel[(n * self.split,)](buf, gbuf, x.ids, ws, c, r0, self.tokens, self.vocab,
+                                                         buf.stride(0), gbuf.stride(0), s.inv_temp, CHUNK=self.piece, BLOCK=self.block,
                                                          SPLIT=self.split, num_warps=self.warps)
 
     # -- one call ----------------------------------------------------------------------------------------
@@ -176,14 +184,18 @@ class FusedPlan:
         wb = self._weights(x)
         if not grads_needed and not s.needs_logp and x.ref_weight is None:
             if n_tok:  # the loss does not read the logits: no GEMM at all
-                self._loss_rows(x.adv, x, None, wb, x.adv, loss_tok, None, 0, n_tok, write_grad=False)
+                self._loss_rows(x.adv, x.adv, x, None, wb, x.adv, loss_tok, None, 0, n_tok, write_grad=False)
             return Result(loss_tok[:n_tok].sum(), (None, None, None), None)
         c_used = (self.c_pred.clone() if c is None else c.to(torch.float32).reshape(1).clone()) if grads_needed else None
         ws = torch.empty(6 * n_tok, dtype=torch.float32, device=dev) if s.sequence else loss_tok
         ref_lp = torch.empty(n_tok, dtype=torch.float32, device=dev) if x.ref_weight is not None else x.ref
         strategy = self.weight_grad if need[1] or need[2] else "fp32"
         hold = grads_needed and strategy == "hold"
-        dlogits = torch.empty(n_tok if hold else self.chunk, self.vocab, dtype=self.dtype, device=dev)
+        wide = self.settings.logits == "float32" and self.dtype != torch.float32
+        lbuf = torch.empty(self.chunk, self.vocab, dtype=torch.float32, device=dev) if wide else None
+        dlogits = None  # d logits (over the logits themselves unless they are float32)
+        if grads_needed or not wide:
+            dlogits = torch.empty(n_tok if hold else self.chunk, self.vocab, dtype=self.dtype, device=dev)
         gh = torch.empty_like(x.hidden) if need[0] else None
         acc_w = acc_b = None
         if need[1] and not hold:
@@ -196,12 +208,14 @@ class FusedPlan:
             h_all = x.hidden.masked_fill((x.mask == 0).unsqueeze(-1), 0)
         for r0 in range(0, n_tok, self.chunk):
             r1 = min(n_tok, r0 + self.chunk)
-            buf = dlogits[r0:r1] if hold else dlogits[: r1 - r0]
+            zbuf = None if lbuf is None else lbuf[: r1 - r0]
+            buf = zbuf if dlogits is None else dlogits[r0:r1] if hold else dlogits[: r1 - r0]
+            zbuf = buf if zbuf is None else zbuf
             if x.ref_weight is not None:
-                self._ref_logp(x, buf, r0, r1, ref_lp)
+                self._ref_logp(x, zbuf, r0, r1, ref_lp)
             h = h_all[r0:r1]
-            self._logits(buf, h, x.weight, x.bias)
-            self._loss_rows(buf, x, ref_lp, wb, c_used, loss_tok, ws, r0, r1, write_grad=grads_needed)
+            self._logits(zbuf, h, x.weight, x.bias)
+            self._loss_rows(zbuf, buf, x, ref_lp, wb, c_used, loss_tok, ws, r0, r1, write_grad=grads_needed)
             if need[0]:
                 torch.mm(buf, x.weight, out=gh[r0:r1])
             if acc_w is not None:
