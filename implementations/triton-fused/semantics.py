@@ -127,7 +127,7 @@ class FusedSettings:
     terms at |z| ~ 8 in bf16 is gone, for one more chunk buffer in float32 and twice the loss
     kernel's reads)."""
 
-    chunk_rows: int = 4096
+    chunk_rows: int = 2048
     weight_grad: str = "auto"
     split_elems: int = 16384
     block: int = 2048
