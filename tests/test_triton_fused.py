@@ -209,6 +209,7 @@ def _check(key: str, r: dict) -> None:
             assert max(c["second_rel"].values()) < grad_tol, (key, "second backward", c)
 
 
+@pytest.mark.slow  # ~8 s CPU (3 s of it imports)
 def test_fused_kernel_matches_the_reference_quick(quick):
     """float32, KL with given ref log-probs, and the upstream scalars 1, 0.25, 0.25, 1 on one plan
     (predicted right, wrong, right, wrong)."""
@@ -248,3 +249,45 @@ def test_vendored_helpers_equal_their_originals():
 
 
 _ALL = ("_combine", "_block_update", "_chunk_stats", "_differences", "_policy_terms", "_kl_terms", "_token_terms")
+
+
+def _package():
+    import importlib
+    import types
+
+    pkg = types.ModuleType("grpo_impl_triton_fused_t")
+    pkg.__path__ = [str(FOLDER)]
+    sys.modules[pkg.__name__] = pkg
+    return importlib.import_module(pkg.__name__ + ".plan"), importlib.import_module(pkg.__name__ + ".semantics")
+
+
+@pytest.mark.parametrize("batch, want", [(2, "hold"), (4, "hold"), (8, "hold"), (16, "fp32")])
+def test_auto_weight_gradient_strategy_at_the_seed_shape(batch, want):
+    """docs/fused-kernel.md's table: hold d logits while N V 2 <= 4 V H + C V 2, else the float32 accumulator;
+    the extra bytes stay under 0.75 x Liger's ~3.95 GiB (issue 31) at every batch."""
+    import torch
+
+    plan, sem = _package()
+    s = sem.semantics_of(batch, 1024, has_old=True, has_ref=False, has_mask=True, parameters={})
+    p = plan.FusedPlan(batch, 1024, 4096, 128256, torch.bfloat16, torch.device("cpu"), s, sem.FusedSettings())
+    assert p.weight_grad == want
+    assert p.extra_bytes() <= 0.75 * 3.95 * 2**30
+    assert p.extra_bytes() == min(p.extra_bytes("hold"), p.extra_bytes("fp32"))
+
+
+def test_sequence_level_chunks_hold_whole_sequences_and_settings_are_checked():
+    import torch
+
+    plan, sem = _package()
+    s = sem.semantics_of(4, 7, has_old=True, has_ref=False, has_mask=True,
+                         parameters={"importance_sampling_level": "sequence"})
+    for rows, want in ((5, 7), (7, 7), (20, 14), (100, 28)):
+        p = plan.FusedPlan(4, 7, 8, 33, torch.float32, torch.device("cpu"), s, sem.FusedSettings(chunk_rows=rows))
+        assert p.chunk == want, (rows, p.chunk)
+    with pytest.raises(ValueError, match="weight_grad"):
+        sem.FusedSettings(weight_grad="bf16")
+    with pytest.raises(ValueError, match="not implemented at sequence level"):
+        sem.semantics_of(2, 3, has_old=True, has_ref=False, has_mask=False,
+                         parameters={"importance_sampling_level": "sequence", "loss_type": "cispo"})
+    with pytest.raises(ValueError, match="beta != 0 needs"):
+        sem.semantics_of(2, 3, has_old=True, has_ref=False, has_mask=False, parameters={"beta": 0.1})
