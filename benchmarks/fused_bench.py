@@ -259,7 +259,8 @@ def settings_list(args, S):
 
 
 def label(s):
-    return f"ours[c{s.chunk_rows},{s.weight_grad},{s.logits},split{s.split_elems}]"
+    acc = "" if s.accumulate == "auto" else f",{s.accumulate}"
+    return f"ours[c{s.chunk_rows},{s.weight_grad}{acc},{s.logits},split{s.split_elems}]"
 
 
 def relerr(a, b):
@@ -383,7 +384,8 @@ def main(argv=None) -> int:
     ap.add_argument("--logits", nargs="+", default=["weight"], choices=["weight", "float32"])
     ap.add_argument("--split", type=int, nargs="+", default=[16384], help="ours: elements per program (0: a row each)")
     ap.add_argument("--extra", nargs="*", default=["chunk_rows=2048,weight_grad=auto,logits=float32",
-                                                    "chunk_rows=2048,weight_grad=auto,split_elems=0"],
+                                                    "chunk_rows=2048,weight_grad=auto,split_elems=0",
+                                                    "chunk_rows=2048,weight_grad=fp32,accumulate=triton"],
                     help="more ours settings, key=value,...")
     ap.add_argument("--no-liger", dest="liger", action="store_false")
     ap.add_argument("--warmup", type=int, default=2)

@@ -5,7 +5,7 @@ through autograd as a trainer calls it.
 Every member the folder declares, float32 and bfloat16, B 2, T 8, H 32, V 257: the loss and the
 gradients of hidden, weight and bias; chunks of 5 rows (they split sequences; sequence-level members
 round them to whole sequences) holding d logits, and one chunk of 16 rows with the float32 weight-gradient
-accumulator and float32 logits; an upstream scalar != 1 (0.37), and in the quick lane a run of scalars
+accumulator (through the Triton GEMM, _acc_gemm_kernel) and float32 logits; an upstream scalar != 1 (0.37), and in the quick lane a run of scalars
 1, 0.25, 0.25, 1 on one plan (the forward folds in the predicted scalar, backward rescales where it was
 wrong); the forward under torch.no_grad and the GEMMs
 it runs (the logits GEMM only; none where the loss does not read the logits); a second backward through
@@ -137,10 +137,10 @@ for m_i, (member, (kw, extra)) in enumerate(members.items()):
         want_loss, want = reference_loss(x64, p), dense_gradients(x64, p)
         r = {"ref_loss": want_loss, "calls": [], "forward": []}
         # chunks of 5 rows holding d logits, upstream 0.37 then a second backward (2.5) through the retained
-        # graph; one chunk of 16 rows, float32 accumulator (and float32 logits), the scalars 1, 0.25, 0.25, 1
+        # graph; one chunk of 16 rows, float32 accumulator (the Triton GEMM) and float32 logits, the scalars 1, 0.25, 0.25, 1
         # (quick lane) or 1
         runs = ((S(chunk_rows=5, weight_grad="hold"), (0.37,)),
-                (S(chunk_rows=16, weight_grad="fp32", logits="float32"), (1.0,) if which == "all" else (1.0, 0.25, 0.25, 1.0)))
+                (S(chunk_rows=16, weight_grad="fp32", logits="float32", accumulate="triton"), (1.0,) if which == "all" else (1.0, 0.25, 0.25, 1.0)))
         for s_i, (settings, scales) in enumerate(runs):
             for (loss, grads, second), c in zip(call(poisoned(x), params, settings, scales), scales):
                 e = {"settings": s_i, "scale": c, "loss": loss, "names": sorted(grads),

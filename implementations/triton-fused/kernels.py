@@ -212,3 +212,37 @@ def _rescale_kernel(x_ptr, n, c_used_ptr, dloss_ptr, BLOCK: tl.constexpr):
             inside = offs < n
             x = tl.load(x_ptr + offs, mask=inside, other=0.0)
             tl.store(x_ptr + offs, (x.to(tl.float32) * ratio).to(x_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _acc_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr):
+    """c[M, N] (float32) += a[M, K] @ b[K, N] (bf16/fp16 operands, float32 accumulation): d weight's
+    accumulator where cuBLAS cannot take a float32 C with bf16 operands (plan.accumulate_fp32). Tiles in
+    groups of GROUP_M rows so that consecutive programs share b's tiles in L2. UPCAST (the interpreter only,
+    whose tl.dot misreads bf16): the tiles in float32 (bf16 values are exact in float32)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + rk
+        a = tl.load(a_ptr + rm[:, None].to(tl.int64) * s_am + kk[None, :].to(tl.int64) * s_ak,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + kk[:, None].to(tl.int64) * s_bk + rn[None, :].to(tl.int64) * s_bn,
+                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * s_cm + rn[None, :].to(tl.int64) * s_cn
+    inside = (rm[:, None] < M) & (rn[None, :] < N)
+    tl.store(c_ptrs, tl.load(c_ptrs, mask=inside, other=0.0) + acc, mask=inside)

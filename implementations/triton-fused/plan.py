@@ -57,19 +57,43 @@ class Result:
     c_used: Optional[torch.Tensor]  # the upstream scalar folded into the gradients (float32 [1])
 
 
-def accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> str:
-    """acc += a @ b with float32 accumulation and a float32 result; returns the path taken."""
+_CUBLAS_ACCUMULATES: dict = {}  # device -> whether torch's addmm takes a float32 C with bf16 operands
+
+
+def accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, path: str = "auto") -> str:
+    """acc += a @ b with float32 accumulation into the float32 acc; returns the path taken. cuBLAS where
+    torch's addmm(out_dtype=float32) accepts a float32 C with bf16 operands (some versions require C in
+    the operands' dtype), else the Triton GEMM `_acc_gemm_kernel`; on the CPU float32 copies of the
+    operands. `path` forces "cublas" or "triton" (the benchmark compares them)."""
     if acc.dtype == a.dtype:
         acc.addmm_(a, b)
         return "same-dtype"
-    if a.is_cuda:
+    if not a.is_cuda:
+        if path == "triton":
+            return _triton_accumulate(acc, a, b, (16, 16, 16, 4, 1, 1))
+        acc.addmm_(a.float(), b.float())  # copies of both operands in float32
+        return "upcast"
+    if path in ("auto", "cublas") and _CUBLAS_ACCUMULATES.get(a.device, True):
         try:
             torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)  # cuBLAS: bf16 operands, fp32 C
-            return "out_dtype"
+            _CUBLAS_ACCUMULATES[a.device] = True
+            return "cublas"
         except (RuntimeError, TypeError):
-            pass
-    acc.addmm_(a.float(), b.float())  # copies of both operands in float32
-    return "upcast"
+            _CUBLAS_ACCUMULATES[a.device] = False
+            if path == "cublas":
+                raise
+    return _triton_accumulate(acc, a, b, (128, 256, 64, 8, 3, 8))
+
+
+def _triton_accumulate(acc, a, b, config) -> str:
+    bm, bn, bk, warps, stages, group = config
+    m, k = a.shape
+    n = b.shape[1]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    kernels._acc_gemm_kernel[grid](a, b, acc, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                   acc.stride(0), acc.stride(1), BM=bm, BN=bn, BK=bk, GROUP_M=group, UPCAST=interpreting(),
+                                   num_warps=warps, num_stages=stages)
+    return "triton"
 
 
 class FusedPlan:
@@ -219,7 +243,7 @@ class FusedPlan:
             if need[0]:
                 torch.mm(buf, x.weight, out=gh[r0:r1])
             if acc_w is not None:
-                self.accumulate_path = accumulate_fp32(acc_w, buf.t(), h)
+                self.accumulate_path = accumulate_fp32(acc_w, buf.t(), h, self.settings.accumulate)
             if acc_b is not None:
                 acc_b += buf.sum(0, dtype=torch.float32)
         gw = gb = None

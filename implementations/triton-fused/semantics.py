@@ -133,10 +133,13 @@ class FusedSettings:
     block: int = 2048
     num_warps: int = 4
     logits: str = "weight"
+    accumulate: str = "auto"  # the "fp32" strategy's GEMM: "auto" (cuBLAS where torch allows), "cublas", "triton"
 
     def __post_init__(self):
         if self.weight_grad not in WEIGHT_GRAD_STRATEGIES:
             raise ValueError(f"weight_grad must be one of {WEIGHT_GRAD_STRATEGIES}; got {self.weight_grad!r}")
+        if self.accumulate not in ("auto", "cublas", "triton"):
+            raise ValueError(f"accumulate must be 'auto', 'cublas' or 'triton'; got {self.accumulate!r}")
         if self.logits not in ("weight", "float32"):
             raise ValueError(f"logits must be 'weight' or 'float32'; got {self.logits!r}")
         if self.chunk_rows < 1 or self.block < 16 or self.block & (self.block - 1):
