@@ -115,6 +115,7 @@ class FusedPlan:
         self.piece, self.block = piece, block
         self.split = triton.cdiv(vocab, piece)
         self.warps = 4 if cpu else settings.num_warps
+        self.hints = not cpu
         self.c_pred = torch.ones(1, dtype=torch.float32, device=device)
         self.weight_grad = self._strategy()
         self.accumulate_path = None  # set by the first fp32 accumulation (the benchmark prints it)
@@ -184,7 +185,7 @@ class FusedPlan:
                 buf, gbuf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
                 buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, BLOCK=self.block, SPLIT=self.split,
                 SPLIT_P2=triton.next_power_of_2(self.split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
-                WRITE_GRAD=write_grad, num_warps=self.warps)
+                WRITE_GRAD=write_grad, HINTS=self.hints, num_warps=self.warps)
             return
         kernels._stats_kernel[(n,)](buf, x.ids, old, ref, mask, ws, r0, self.tokens, self.vocab, buf.stride(0),
                                     s.inv_temp, s.inv_lo, BLOCK=self.block, HAS_OLD=True, HAS_KL=s.has_kl,
