@@ -233,17 +233,19 @@ def _acc_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm,
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
+    # int32 offsets: every product stays below 2^31 at V 128256, H 4096 and chunks of up to 8192 rows
+    a_ptrs = a_ptr + (rm[:, None] % M) * s_am + rk[None, :] * s_ak
+    b_ptrs = b_ptr + rk[:, None] * s_bk + (rn[None, :] % N) * s_bn
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
-        kk = k0 + rk
-        a = tl.load(a_ptr + rm[:, None].to(tl.int64) * s_am + kk[None, :].to(tl.int64) * s_ak,
-                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        b = tl.load(b_ptr + kk[:, None].to(tl.int64) * s_bk + rn[None, :].to(tl.int64) * s_bn,
-                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc)
-    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * s_cm + rn[None, :].to(tl.int64) * s_cn
+        a_ptrs += BK * s_ak
+        b_ptrs += BK * s_bk
+    c_ptrs = c_ptr + rm[:, None] * s_cm + rn[None, :] * s_cn
     inside = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(c_ptrs, tl.load(c_ptrs, mask=inside, other=0.0) + acc, mask=inside)
