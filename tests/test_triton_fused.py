@@ -291,3 +291,17 @@ def test_sequence_level_chunks_hold_whole_sequences_and_settings_are_checked():
                          parameters={"importance_sampling_level": "sequence", "loss_type": "cispo"})
     with pytest.raises(ValueError, match="beta != 0 needs"):
         sem.semantics_of(2, 3, has_old=True, has_ref=False, has_mask=False, parameters={"beta": 0.1})
+
+
+@pytest.mark.slow  # ~20 s CPU: every kernel compiled to a cubin for sm_90
+def test_every_kernel_compiles_for_sm90():
+    """No GPU here: the kernels must at least compile for an H200 for every switch set the launcher uses
+    (benchmarks/fused_compile.py; against the H200's triton 3.6: PYTHONPATH=/tmp/site36, see its docstring).
+    The d weight GEMM must come out pipelined (several stages of shared memory, not one)."""
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fused_compile.py")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900,
+                         env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    shared = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(shared) == 82, sorted(shared)
+    assert shared["acc-gemm"] >= 96 * 1024, shared["acc-gemm"]
