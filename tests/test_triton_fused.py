@@ -4,10 +4,10 @@ through autograd as a trainer calls it.
 
 Every member the folder declares, float32 and bfloat16, B 2, T 8, H 32, V 257: the loss and the
 gradients of hidden, weight and bias; chunks of 5 rows (they split sequences; sequence-level members
-round them to whole sequences) holding d logits, and one chunk of 16 rows with the float32 weight-gradient
-accumulator (through the Triton GEMM, _acc_gemm_kernel) and float32 logits; an upstream scalar != 1 (0.37), and in the quick lane a run of scalars
-1, 0.25, 0.25, 1 on one plan (the forward folds in the predicted scalar, backward rescales where it was
-wrong); the forward under torch.no_grad and the GEMMs
+round them to whole sequences) with the float32 weight-gradient accumulator (through the Triton GEMM,
+_acc_gemm_kernel), chunks of 5 rows holding d logits with float32 logits, and every row held in one
+chunk; an upstream scalar != 1 (0.37), and in the short run (the _quick test) the scalars 1, 0.25, 0.25, 1 on one
+plan (the forward folds in the predicted scalar, backward rescales where it was wrong); the forward under torch.no_grad and the GEMMs
 it runs (the logits GEMM only; none where the loss does not read the logits); a second backward through
 a retained graph; masked rows of hidden and old log-probs poisoned with NaN. One subprocess (the variable
 must be set before triton is imported). The copies in vendored.py must equal their originals.
@@ -136,11 +136,14 @@ for m_i, (member, (kw, extra)) in enumerate(members.items()):
         p = GrpoParameters.from_mapping(params)
         want_loss, want = reference_loss(x64, p), dense_gradients(x64, p)
         r = {"ref_loss": want_loss, "calls": [], "forward": []}
-        # chunks of 5 rows holding d logits, upstream 0.37 then a second backward (2.5) through the retained
-        # graph; one chunk of 16 rows, float32 accumulator (the Triton GEMM) and float32 logits, the scalars 1, 0.25, 0.25, 1
-        # (quick lane) or 1
-        runs = ((S(chunk_rows=5, weight_grad="hold"), (0.37,)),
-                (S(chunk_rows=16, weight_grad="fp32", logits="float32", accumulate="triton"), (1.0,) if which == "all" else (1.0, 0.25, 0.25, 1.0)))
+        # chunks of 5 rows (they split sequences) with the float32 accumulator (the Triton GEMM), upstream
+        # 0.37; chunks of 5 rows holding d logits with float32 logits; all rows held in one chunk (hold with
+        # bf16/fp32 logits in the weight's dtype); each call's last backward is followed by a second one
+        # (2.5) through the retained graph. Short run: the second one with the scalars 1, 0.25, 0.25, 1.
+        runs = [(S(chunk_rows=5, weight_grad="fp32", accumulate="triton"), (0.37,)),
+                (S(chunk_rows=5, weight_grad="hold", logits="float32"), (1.0,) if which == "all" else (1.0, 0.25, 0.25, 1.0))]
+        if which == "all":
+            runs.append((S(chunk_rows=5, weight_grad="hold"), (1.0,)))
         for s_i, (settings, scales) in enumerate(runs):
             for (loss, grads, second), c in zip(call(poisoned(x), params, settings, scales), scales):
                 e = {"settings": s_i, "scale": c, "loss": loss, "names": sorted(grads),
@@ -192,14 +195,14 @@ def _check(key: str, r: dict) -> None:
     ref = r["ref_loss"]
     for f in r["forward"]:
         assert abs(f["loss"] - ref) <= loss_tol * max(1.0, abs(ref)), (key, "no_grad forward", f, ref)
-    # forward-only: one logits GEMM per chunk (two with a reference weight): 16 rows in chunks of 5 (sequence
-    # level: whole sequences of 8) and of 16; none where the loss does not read the logits (token-is)
+    # forward-only (always chunked): one logits GEMM per chunk (two with a reference weight): 16 rows in chunks
+    # of 5 (sequence level: whole sequences of 8); none where the loss does not read the logits (token-is)
     per_chunk = 2 if member.endswith("ref-weight") else 1
-    n_chunks = (2, 1) if member.startswith("sequence") else (4, 1)
-    want = [0, 0] if member.startswith("token-is") else [per_chunk * n for n in n_chunks]
-    assert [f["gemms"] for f in r["forward"]] == want, (key, r["forward"])
+    n_chunks = 2 if member.startswith("sequence") else 4
+    want = 0 if member.startswith("token-is") else per_chunk * n_chunks
+    assert [f["gemms"] for f in r["forward"]] == [want] * len(r["forward"]), (key, r["forward"])
     names = {"hidden", "weight", "bias"} if member == "token-is-bias" else {"hidden", "weight"}
-    assert len(r["calls"]) in (2, 5)
+    assert len(r["calls"]) in (3, 5)
     for c in r["calls"]:
         assert set(c["names"]) == names, (key, c)
         assert abs(c["loss"] - ref) <= loss_tol * max(1.0, abs(ref)), (key, c)

@@ -8,6 +8,7 @@
       loss terms; d loss / d logits written over x        Triton (kernels.py)
       d hidden_c = x @ weight                             cuBLAS
       d weight += x.T @ hidden_c  (fp32 accumulator)      or, "hold": x stays, one GEMM after the loop
+                                                          ("hold" with logits in W's dtype: one chunk of all rows)
   loss = sum of the per-token terms (fixed order)
 
 Without gradients only the logits GEMM and the loss kernel run (members whose loss does not read the
@@ -220,7 +221,7 @@ class FusedPlan:
         lbuf = torch.empty(self.chunk, self.vocab, dtype=torch.float32, device=dev) if wide else None
         dlogits = None  # d logits (over the logits themselves unless they are float32)
         if grads_needed or not wide:
-            dlogits = torch.empty(n_tok if hold else self.chunk, self.vocab, dtype=self.dtype, device=dev)
+            dlogits = torch.empty(max(1, n_tok) if hold else self.chunk, self.vocab, dtype=self.dtype, device=dev)
         gh = torch.empty_like(x.hidden) if need[0] else None
         acc_w = acc_b = None
         if need[1] and not hold:
@@ -231,8 +232,11 @@ class FusedPlan:
         if grads_needed and s.has_mask and (need[1] or need[2]):
             # d weight reads hidden: masked rows (whose d logits are 0) must add exactly 0, even when non-finite
             h_all = x.hidden.masked_fill((x.mask == 0).unsqueeze(-1), 0)
-        for r0 in range(0, n_tok, self.chunk):
-            r1 = min(n_tok, r0 + self.chunk)
+        # holding every row's d logits anyway, one chunk: the three GEMMs at full size (float32 logits still
+        # need their own buffer, so they stay chunked)
+        step = max(1, n_tok) if hold and lbuf is None else self.chunk
+        for r0 in range(0, n_tok, step):
+            r1 = min(n_tok, r0 + step)
             zbuf = None if lbuf is None else lbuf[: r1 - r0]
             buf = zbuf if dlogits is None else dlogits[r0:r1] if hold else dlogits[: r1 - r0]
             zbuf = buf if zbuf is None else zbuf
