@@ -6,11 +6,13 @@ Every member the folder declares, float32 and bfloat16, B 2, T 8, H 32, V 257: t
 gradients of hidden, weight and bias; chunks of 5 rows (they split sequences; sequence-level members
 round them to whole sequences) with the float32 weight-gradient accumulator (through the Triton GEMM,
 _acc_gemm_kernel), chunks of 5 rows holding d logits with float32 logits, and every row held in one
-chunk; an upstream scalar != 1 (0.37), and in the short run (the _quick test) the scalars 1, 0.25, 0.25, 1 on one
-plan (the forward folds in the predicted scalar, backward rescales where it was wrong); the forward under torch.no_grad and the GEMMs
-it runs (the logits GEMM only; none where the loss does not read the logits); a second backward through
-a retained graph; masked rows of hidden and old log-probs poisoned with NaN. One subprocess (the variable
-must be set before triton is imported). The copies in vendored.py must equal their originals.
+chunk; an upstream scalar != 1 (0.37), and in the short run (the _quick test) the scalars 1, 0.25,
+0.25, 1 on one plan (the forward folds in the predicted scalar, backward rescales where it was wrong);
+the forward under torch.no_grad and the GEMMs it runs (the logits GEMM only; none where the loss does
+not read the logits); a second backward through a retained graph; masked rows of hidden, reference
+hidden and old log-probs poisoned with NaN. One subprocess (the variable must be set before triton is
+imported). Fast lane: the auto strategy at the seed shape, GSPO chunking, the copies in vendored.py
+equal to their originals. Slow lane also: every kernel compiles for sm_90.
 """
 
 from __future__ import annotations
@@ -141,7 +143,8 @@ for m_i, (member, (kw, extra)) in enumerate(members.items()):
         # bf16/fp32 logits in the weight's dtype); each call's last backward is followed by a second one
         # (2.5) through the retained graph. Short run: the second one with the scalars 1, 0.25, 0.25, 1.
         runs = [(S(chunk_rows=5, weight_grad="fp32", accumulate="triton"), (0.37,)),
-                (S(chunk_rows=5, weight_grad="hold", logits="float32"), (1.0,) if which == "all" else (1.0, 0.25, 0.25, 1.0))]
+                (S(chunk_rows=5, weight_grad="hold", logits="float32"),
+                 (1.0,) if which == "all" else (1.0, 0.25, 0.25, 1.0))]
         if which == "all":
             runs.append((S(chunk_rows=5, weight_grad="hold"), (1.0,)))
         for s_i, (settings, scales) in enumerate(runs):

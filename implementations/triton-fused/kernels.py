@@ -5,7 +5,8 @@ A chunk holds the logits of rows row0 .. row0 + rows - 1 of the flattened [B * T
 rows are `stride_x` elements apart. Each kernel below reads that chunk; the gradient kernels write
 d loss / d logits over it in place (g_ptr = x_ptr: the logits are dead once their row's gradient
 exists), so a chunk costs one buffer; with float32 logits (FusedSettings.logits) into a separate
-buffer in the weight's dtype (g_ptr, rows `stride_g` apart). Helpers (_chunk_stats, _combine, _differences, _token_terms, ...) are those of
+buffer in the weight's dtype (g_ptr, rows `stride_g` apart). Helpers (_chunk_stats, _combine,
+_differences, _token_terms, ...) are those of
 implementations/triton (vendored.py holds exact copies).
 
   _rows_kernel       token-level members. Programs per row: SPLIT (chunk index fastest); each takes
@@ -195,7 +196,9 @@ def _coef_grad_kernel(x_ptr, g_ptr, ids_ptr, ws_ptr, c_ptr, row0, tokens, vocab,
     grow_ptr = g_ptr + tl.cast(r, tl.int64) * stride_g
     coef = tl.load(ws_ptr + 5 * tokens + token) * tl.load(c_ptr)
     if coef != 0.0:  # masked and clipped rows: zeros, logits unread
-        _row_gradient(row_ptr, grow_ptr, start, start + CHUNK, vocab, tl.load(ws_ptr + token), tl.load(ws_ptr + tokens + token),
+        m = tl.load(ws_ptr + token)
+        log_s = tl.load(ws_ptr + tokens + token)
+        _row_gradient(row_ptr, grow_ptr, start, start + CHUNK, vocab, m, log_s,
                       inv_temp, coef, tl.load(ids_ptr + token), BLOCK)
     else:
         _row_zeros(grow_ptr, start, start + CHUNK, vocab, BLOCK)

@@ -196,9 +196,9 @@ class FusedPlan:
             s.delta, s.beta, s.w_const, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta,
             PER_SEQ_W=s.norm != 0, BLOCK_T=min(1024, triton.next_power_of_2(self.seq)), num_warps=4)
         if write_grad:
-            kernels._coef_grad_kernel[(n * self.split,)](buf, gbuf, x.ids, ws, c, r0, self.tokens, self.vocab,
-                                                         buf.stride(0), gbuf.stride(0), s.inv_temp, CHUNK=self.piece, BLOCK=self.block,
-                                                         SPLIT=self.split, num_warps=self.warps)
+            kernels._coef_grad_kernel[(n * self.split,)](
+                buf, gbuf, x.ids, ws, c, r0, self.tokens, self.vocab, buf.stride(0), gbuf.stride(0), s.inv_temp,
+                CHUNK=self.piece, BLOCK=self.block, SPLIT=self.split, num_warps=self.warps)
 
     # -- one call ----------------------------------------------------------------------------------------
     def run(self, x: Inputs, need: tuple = (False, False, False), c: Optional[torch.Tensor] = None) -> Result:
