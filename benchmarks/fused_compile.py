@@ -1,0 +1,100 @@
+"""Compile implementations/triton-fused's kernels for sm_90 offline (no GPU), for every switch set its
+launches use: each declared member's semantics (at the spec draft's defaults), bf16 and fp32 logits,
+WRITE_GRAD on and off, one program per row and the split rows of the default settings.
+    python3 benchmarks/fused_compile.py                                   # the installed triton
+    PYTHONPATH=/tmp/site36 python3 benchmarks/fused_compile.py            # the H200's triton 3.6
+(`python3 -m pip install --no-deps --target /tmp/site36 triton==3.6.0` first, as benchmarks/
+compile_staged.py says.) Prints one JSON line {case: shared bytes}; each case is named on stderr
+before it compiles, so a failure names its case. Unit strides are passed as the constants the JIT makes of
+them (the d weight GEMM pipelines only then: 128 KiB of shared memory at 128 x 256 x 64, 48 KiB without).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import types
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+ROOT = Path(__file__).resolve().parent.parent
+DIV16 = {"vocab", "stride_x", "stride_g", "s_ak", "s_bk", "s_cm"}
+FLOATS = {"inv_temp", "inv_lo", "eps_low", "eps_high", "delta", "beta", "w_const"}
+MEMBERS = {  # name: (has_old, has_ref, has_mask, parameters)
+    "token-is": (False, False, False, {}),
+    "token-offpolicy-mask": (True, False, True, {"loss_type": "grpo"}),
+    "token-offpolicy-mask-kl": (True, True, True, {"loss_type": "grpo", "beta": 0.04}),
+    "bnpo-mask": (True, False, True, {"loss_type": "bnpo"}),
+    "dr-grpo-mask": (True, False, True, {"loss_type": "dr_grpo", "max_completion_length": 1024}),
+    "dapo-mask": (True, False, True, {"loss_type": "dapo"}),
+    "sequence-offpolicy-mask": (True, False, True, {"loss_type": "grpo", "importance_sampling_level": "sequence"}),
+}
+
+
+def load():
+    pkg = types.ModuleType("fused_compile_pkg")
+    pkg.__path__ = [str(ROOT / "implementations" / "triton-fused")]
+    sys.modules[pkg.__name__] = pkg
+    return [importlib.import_module(f"{pkg.__name__}.{m}") for m in ("kernels", "semantics")]
+
+
+def compile_(case, fn, constexprs, ptrs, num_warps, num_stages=3):
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in constexprs else ptrs.get(n, "*fp32" if n.endswith("_ptr") else
+                                                          "fp32" if n in FLOATS else "i32") for n in names}
+    # as the JIT specialises them at the seed shape: pointers and V-multiples divisible by 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*") or n in DIV16}
+    src = ASTSource(fn, sig, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
+    print(f"compiling {case}", file=sys.stderr, flush=True)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                           "num_stages": num_stages})
+    return out.metadata.shared
+
+
+def main() -> dict:
+    kernels, sem_mod = load()
+    settings = sem_mod.FusedSettings()
+    vocab = 128256
+    block = settings.block
+    piece_split = triton.cdiv(settings.split_elems, block) * block
+    out = {}
+    for name, (has_old, has_ref, has_mask, params) in MEMBERS.items():
+        s = sem_mod.semantics_of(2, 1024, has_old=has_old, has_ref=has_ref, has_mask=has_mask, parameters=params)
+        mask_sig = "*u8" if has_mask else "*i64"
+        for logits in ("*bf16", "*fp32"):
+            ptrs = {"x_ptr": logits, "g_ptr": "*bf16", "ids_ptr": "*i64", "mask_ptr": mask_sig, "count_ptr": "*i32"}
+            if not s.sequence:
+                for split in (1, triton.cdiv(vocab, piece_split)):
+                    piece = triton.cdiv(vocab, block) * block if split == 1 else piece_split
+                    for write in (True, False):
+                        c = dict(CHUNK=piece, BLOCK=block, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
+                                 **s.switches(), NEEDS_LOGP=s.needs_logp or write, WRITE_GRAD=write, HINTS=True)
+                        case = f"rows-{name}-{logits[1:]}-split{split}-{'grad' if write else 'loss'}"
+                        out[case] = compile_(case, kernels._rows_kernel, c, ptrs, settings.num_warps)
+            for logp_only in (False, True):
+                c = dict(BLOCK=block, HAS_OLD=s.has_old and not logp_only, HAS_KL=s.has_kl and not logp_only,
+                         HAS_MASK=s.has_mask, LOGP_ONLY=logp_only)
+                case = f"stats-{name}-{logits[1:]}-{'logp' if logp_only else 'ws'}"
+                out[case] = compile_(case, kernels._stats_kernel, c, ptrs, settings.num_warps)
+            if s.sequence:
+                c = dict(HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta, PER_SEQ_W=s.norm != 0,
+                         BLOCK_T=1024)
+                out[f"sequence-{name}"] = compile_(f"sequence-{name}", kernels._sequence_kernel, c, ptrs, 4)
+                c = dict(CHUNK=piece_split, BLOCK=block, SPLIT=triton.cdiv(vocab, piece_split))
+                out[f"coef-{name}-{logits[1:]}"] = compile_(f"coef-{name}", kernels._coef_grad_kernel, c, ptrs,
+                                                           settings.num_warps)
+    for dtype in ("*bf16", "*fp32"):
+        out[f"rescale-{dtype[1:]}"] = compile_("rescale", kernels._rescale_kernel, dict(BLOCK=4096),
+                                               {"x_ptr": dtype}, 4)
+    out["acc-gemm"] = compile_("acc-gemm", kernels._acc_gemm_kernel,
+                               dict(BM=128, BN=256, BK=64, GROUP_M=8, UPCAST=False, s_am=1, s_bn=1, s_cn=1),
+                               {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32"}, 8, 3)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))

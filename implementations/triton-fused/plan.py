@@ -1,0 +1,277 @@
+"""The launcher: one `FusedPlan` per (shapes, dtypes, device, member semantics, settings), built once;
+`FusedPlan.run` does one call, chunk by chunk (docs/fused-kernel.md):
+
+  per-sequence weights from the mask (before any GEMM)
+  for each chunk of rows [r0, r1):
+      (reference weight) ref logits = ref_hidden_c @ ref_weight.T -> the reference log-probs
+      x = hidden_c @ weight.T (+ bias)                    cuBLAS, fp32 accumulation, x in the weight dtype
+      loss terms; d loss / d logits written over x        Triton (kernels.py)
+      d hidden_c = x @ weight                             cuBLAS
+      d weight += x.T @ hidden_c  (fp32 accumulator)      or, "hold": x stays, one GEMM after the loop
+                                                          ("hold" with logits in W's dtype: one chunk of all rows)
+  loss = sum of the per-token terms (fixed order)
+
+Without gradients only the logits GEMM and the loss kernel run (members whose loss does not read the
+logits: not even the GEMM). The gradients carry the upstream scalar the plan predicts (`c_pred`, the
+d loss the last backward received, 1 at first) folded into d logits; backward rescales only when the
+real d loss differs (function.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from . import kernels
+from .semantics import FusedSettings, Semantics
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One call's tensors, flattened: hidden [N, H], ids/old/ref/mask [N], advantages [B] (float32)."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
+    ids: torch.Tensor
+    adv: torch.Tensor
+    old: Optional[torch.Tensor]
+    ref: Optional[torch.Tensor]
+    mask: Optional[torch.Tensor]
+    ref_weight: Optional[torch.Tensor] = None
+    ref_hidden: Optional[torch.Tensor] = None
+    ref_bias: Optional[torch.Tensor] = None
+
+
+@dataclass(frozen=True)
+class Result:
+    loss: torch.Tensor
+    grads: tuple  # (d hidden [N, H] or None, d weight or None, d bias or None)
+    c_used: Optional[torch.Tensor]  # the upstream scalar folded into the gradients (float32 [1])
+
+
+_CUBLAS_ACCUMULATES: dict = {}  # device -> whether torch's addmm takes a float32 C with bf16 operands
+
+
+def accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, path: str = "auto") -> str:
+    """acc += a @ b with float32 accumulation into the float32 acc; returns the path taken. cuBLAS where
+    torch's addmm(out_dtype=float32) accepts a float32 C with bf16 operands (some versions require C in
+    the operands' dtype), else the Triton GEMM `_acc_gemm_kernel`; on the CPU float32 copies of the
+    operands. `path` forces "cublas" or "triton" (the benchmark compares them)."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+        return "same-dtype"
+    if not a.is_cuda:
+        if path == "triton":
+            return _triton_accumulate(acc, a, b, (16, 16, 16, 4, 1, 1))
+        acc.addmm_(a.float(), b.float())  # copies of both operands in float32
+        return "upcast"
+    if path in ("auto", "cublas") and _CUBLAS_ACCUMULATES.get(a.device, True):
+        try:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)  # cuBLAS: bf16 operands, fp32 C
+            _CUBLAS_ACCUMULATES[a.device] = True
+            return "cublas"
+        except (RuntimeError, TypeError):
+            _CUBLAS_ACCUMULATES[a.device] = False
+            if path == "cublas":
+                raise
+    return _triton_accumulate(acc, a, b, (128, 256, 64, 8, 3, 8))
+
+
+def _triton_accumulate(acc, a, b, config) -> str:
+    bm, bn, bk, warps, stages, group = config
+    m, k = a.shape
+    n = b.shape[1]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    kernels._acc_gemm_kernel[grid](a, b, acc, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                   acc.stride(0), acc.stride(1), BM=bm, BN=bn, BK=bk, GROUP_M=group, UPCAST=interpreting(),
+                                   num_warps=warps, num_stages=stages)
+    return "triton"
+
+
+class FusedPlan:
+    def __init__(self, batch: int, seq: int, hidden: int, vocab: int, dtype: torch.dtype, device: torch.device,
+                 sem: Semantics, settings: FusedSettings):
+        self.batch, self.seq, self.hidden, self.vocab = batch, seq, hidden, vocab
+        self.tokens = batch * seq
+        self.dtype, self.device, self.sem, self.settings = dtype, device, sem, settings
+        rows = max(1, settings.chunk_rows)
+        if sem.sequence:  # a chunk holds whole sequences: a sequence's ratio needs all its tokens
+            rows = max(1, rows // max(1, seq)) * max(1, seq)
+        self.chunk = min(rows, max(1, self.tokens))
+        cpu = device.type != "cuda" or interpreting()
+        block = min(settings.block, triton.next_power_of_2(vocab))
+        if cpu or settings.split_elems <= 0:
+            piece = triton.cdiv(vocab, block) * block  # one program per row (the interpreter runs them in turn)
+        else:
+            piece = min(triton.cdiv(settings.split_elems, block) * block, triton.cdiv(vocab, block) * block)
+        self.piece, self.block = piece, block
+        self.split = triton.cdiv(vocab, piece)
+        self.warps = 4 if cpu else settings.num_warps
+        self.hints = not cpu
+        self.c_pred = torch.ones(1, dtype=torch.float32, device=device)
+        self.weight_grad = self._strategy()
+        self.accumulate_path = None  # set by the first fp32 accumulation (the benchmark prints it)
+
+    def _strategy(self) -> str:
+        s = self.settings.weight_grad
+        if self.dtype == torch.float32:
+            return "fp32"  # the returned gradient is the accumulator: nothing extra
+        if s != "auto":
+            return s
+        size = torch.tensor([], dtype=self.dtype).element_size()
+        hold = self.tokens * self.vocab * size
+        acc = self.vocab * self.hidden * 4 + self.chunk * self.vocab * size
+        return "hold" if hold <= acc else "fp32"
+
+    def extra_bytes(self, strategy: Optional[str] = None) -> int:
+        """Bytes the gradient path holds beyond inputs and outputs (the dominant terms)."""
+        size = torch.tensor([], dtype=self.dtype).element_size()
+        if (strategy or self.weight_grad) == "hold":
+            return self.tokens * self.vocab * size
+        return self.vocab * self.hidden * 4 * (self.dtype != torch.float32) + self.chunk * self.vocab * size
+
+    # -- small pieces ------------------------------------------------------------------------------------
+    def _weights(self, x: Inputs) -> torch.Tensor:
+        """Per-sequence weights [B] (float32) where the loss type normalises by mask counts."""
+        if self.sem.norm == 0:
+            return x.adv  # never read
+        n_b = (x.mask.view(self.batch, self.seq) != 0).sum(1).to(torch.float32)
+        if self.sem.norm == 1:
+            return (1.0 / (self.batch * n_b.clamp_min(1.0))).contiguous()
+        return (1.0 / n_b.sum().clamp_min(1.0)).expand(self.batch).contiguous()
+
+    def _logits(self, out: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> None:
+        if out.dtype != w.dtype:  # float32 logits from operands in the weight's dtype
+            if out.is_cuda:
+                torch.mm(h, w.t(), out_dtype=out.dtype, out=out)
+            else:
+                torch.mm(h.to(out.dtype), w.t().to(out.dtype), out=out)
+            if b is not None:
+                out += b
+        elif b is None:
+            torch.mm(h, w.t(), out=out)
+        else:
+            torch.addmm(b, h, w.t(), out=out)
+
+    def _ref_logp(self, x: Inputs, buf: torch.Tensor, r0: int, r1: int, ref_lp: torch.Tensor) -> None:
+        """The reference model's log-probs of rows [r0, r1) through its own lm_head, into ref_lp."""
+        h = (x.hidden if x.ref_hidden is None else x.ref_hidden)[r0:r1]
+        self._logits(buf, h, x.ref_weight, x.ref_bias)
+        kernels._stats_kernel[(r1 - r0,)](buf, x.ids, x.adv, x.adv, x.mask if x.mask is not None else x.ids, ref_lp,
+                                          r0, self.tokens, self.vocab, buf.stride(0), self.sem.inv_temp,
+                                          self.sem.inv_lo, BLOCK=self.block, HAS_OLD=False, HAS_KL=False,
+                                          HAS_MASK=self.sem.has_mask, LOGP_ONLY=True, num_warps=self.warps)
+
+    def _loss_rows(self, buf, gbuf, x: Inputs, ref, wb, c, loss_tok, ws, r0: int, r1: int, write_grad: bool) -> None:
+        """Loss terms of rows [r0, r1) of the logits in buf (and, write_grad, d logits into gbuf: buf itself
+        or a buffer in the weight's dtype)."""
+        s, n = self.sem, r1 - r0
+        mask = x.mask if x.mask is not None else x.ids
+        old = x.old if x.old is not None else x.adv
+        ref = ref if ref is not None else x.adv
+        c = c if c is not None else x.adv  # read only when the gradient is written
+        if not s.sequence:
+            counts = torch.zeros(n if self.split > 1 else 1, dtype=torch.int32, device=self.device)
+            part = torch.empty(2 * n * self.split if self.split > 1 else 1, dtype=torch.float32, device=self.device)
+            kernels._rows_kernel[(n * self.split,)](
+                buf, gbuf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
+                buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, BLOCK=self.block, SPLIT=self.split,
+                SPLIT_P2=triton.next_power_of_2(self.split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
+                WRITE_GRAD=write_grad, HINTS=self.hints, num_warps=self.warps)
+            return
+        kernels._stats_kernel[(n,)](buf, x.ids, old, ref, mask, ws, r0, self.tokens, self.vocab, buf.stride(0),
+                                    s.inv_temp, s.inv_lo, BLOCK=self.block, HAS_OLD=True, HAS_KL=s.has_kl,
+                                    HAS_MASK=s.has_mask, LOGP_ONLY=False, num_warps=self.warps)
+        kernels._sequence_kernel[(n // self.seq,)](
+            ws, x.adv, mask, wb, loss_tok, r0 // self.seq, self.seq, self.tokens, s.inv_temp, s.eps_low, s.eps_high,
+            s.delta, s.beta, s.w_const, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta,
+            PER_SEQ_W=s.norm != 0, BLOCK_T=min(1024, triton.next_power_of_2(self.seq)), num_warps=4)
+        if write_grad:
+            kernels._coef_grad_kernel[(n * self.split,)](
+                buf, gbuf, x.ids, ws, c, r0, self.tokens, self.vocab, buf.stride(0), gbuf.stride(0), s.inv_temp,
+                CHUNK=self.piece, BLOCK=self.block, SPLIT=self.split, num_warps=self.warps)
+
+    # -- one call ----------------------------------------------------------------------------------------
+    def run(self, x: Inputs, need: tuple = (False, False, False), c: Optional[torch.Tensor] = None) -> Result:
+        """need: which of (d hidden, d weight, d bias) to form; c: the upstream scalar to fold in (float32
+        [1]; default the prediction)."""
+        s, n_tok, dev = self.sem, self.tokens, self.device
+        grads_needed = any(need)
+        loss_tok = torch.empty(max(1, n_tok), dtype=torch.float32, device=dev)
+        wb = self._weights(x)
+        if not grads_needed and not s.needs_logp and x.ref_weight is None:
+            if n_tok:  # the loss does not read the logits: no GEMM at all
+                self._loss_rows(x.adv, x.adv, x, None, wb, x.adv, loss_tok, None, 0, n_tok, write_grad=False)
+            return Result(loss_tok[:n_tok].sum(), (None, None, None), None)
+        c_used = (self.c_pred.clone() if c is None else c.to(torch.float32).reshape(1).clone()) if grads_needed else None
+        ws = torch.empty(6 * n_tok, dtype=torch.float32, device=dev) if s.sequence else loss_tok
+        ref_lp = torch.empty(n_tok, dtype=torch.float32, device=dev) if x.ref_weight is not None else x.ref
+        strategy = self.weight_grad if need[1] or need[2] else "fp32"
+        hold = grads_needed and strategy == "hold"
+        wide = self.settings.logits == "float32" and self.dtype != torch.float32
+        lbuf = torch.empty(self.chunk, self.vocab, dtype=torch.float32, device=dev) if wide else None
+        dlogits = None  # d logits (over the logits themselves unless they are float32)
+        if grads_needed or not wide:
+            dlogits = torch.empty(max(1, n_tok) if hold else self.chunk, self.vocab, dtype=self.dtype, device=dev)
+        gh = torch.empty_like(x.hidden) if need[0] else None
+        acc_w = acc_b = None
+        if need[1] and not hold:
+            acc_w = torch.zeros(self.vocab, self.hidden, dtype=torch.float32, device=dev)
+        if need[2] and not hold:
+            acc_b = torch.zeros(self.vocab, dtype=torch.float32, device=dev)
+        h_all = x.hidden
+        if grads_needed and s.has_mask and (need[1] or need[2]):
+            # d weight reads hidden: masked rows (whose d logits are 0) must add exactly 0, even when non-finite
+            h_all = x.hidden.masked_fill((x.mask == 0).unsqueeze(-1), 0)
+        # holding every row's d logits anyway, one chunk: the three GEMMs at full size (float32 logits still
+        # need their own buffer, so they stay chunked)
+        step = max(1, n_tok) if hold and lbuf is None else self.chunk
+        for r0 in range(0, n_tok, step):
+            r1 = min(n_tok, r0 + step)
+            zbuf = None if lbuf is None else lbuf[: r1 - r0]
+            buf = zbuf if dlogits is None else dlogits[r0:r1] if hold else dlogits[: r1 - r0]
+            zbuf = buf if zbuf is None else zbuf
+            if x.ref_weight is not None:
+                self._ref_logp(x, zbuf, r0, r1, ref_lp)
+            h = h_all[r0:r1]
+            self._logits(zbuf, h, x.weight, x.bias)
+            self._loss_rows(zbuf, buf, x, ref_lp, wb, c_used, loss_tok, ws, r0, r1, write_grad=grads_needed)
+            if need[0]:
+                torch.mm(buf, x.weight, out=gh[r0:r1])
+            if acc_w is not None:
+                self.accumulate_path = accumulate_fp32(acc_w, buf.t(), h, self.settings.accumulate)
+            if acc_b is not None:
+                acc_b += buf.sum(0, dtype=torch.float32)
+        gw = gb = None
+        if need[1]:
+            gw = torch.mm(dlogits.t(), h_all) if hold else (acc_w if acc_w.dtype == self.dtype else acc_w.to(self.dtype))
+        if need[2]:
+            gb = (dlogits.sum(0, dtype=torch.float32) if hold else acc_b).to(self.dtype)
+        return Result(loss_tok[:n_tok].sum(), (gh, gw, gb), c_used)
+
+    def observe(self, dloss: torch.Tensor) -> None:
+        """The next call predicts this backward's upstream scalar (kept where it is 0 or not finite)."""
+        d = dloss.detach().to(torch.float32).reshape(1)
+        self.c_pred.copy_(torch.where(torch.isfinite(d) & (d != 0), d, self.c_pred))
+
+    def rescale(self, grads, c_used: torch.Tensor, dloss: torch.Tensor) -> None:
+        """grads *= dloss / c_used, in place, where they differ (decided on the device)."""
+        d = dloss.detach().to(torch.float32).reshape(1).contiguous()
+        for g in grads:
+            if g is None or g.numel() == 0:
+                continue
+            n = g.numel()
+            block = 4096
+            programs = triton.cdiv(n, block)
+            if g.is_cuda and not interpreting():
+                programs = min(programs, 8 * torch.cuda.get_device_properties(g.device).multi_processor_count)
+            kernels._rescale_kernel[(programs,)](g, n, c_used, d, BLOCK=block, num_warps=4)
