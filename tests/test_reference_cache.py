@@ -12,6 +12,7 @@ import torch
 
 from grpo_conform.checks.reference_cache import Memo, ReferenceCache
 from grpo_conform.ops.grpo_logits.inputs import generate, refresh_in_place
+from grpo_conform.ops.grpo_logits.reference import reference_loss
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_logprobs
 from grpo_conform.phases import PHASES
 from grpo_conform.spec import load_member
@@ -80,11 +81,20 @@ def test_a_refresh_moves_every_logits_byte_and_keeps_every_derived_relation(memb
     assert moved > 0.95  # bf16 rows of random values: a rotation moves (nearly) every element
     assert not torch.equal(x["completion_ids"], before["completion_ids"])
     assert int(x["completion_ids"].min()) >= 0 and int(x["completion_ids"].max()) < x["logits"].shape[-1]
-    for name in ("advantages", "completion_mask", "old_logprobs", "ref_logprobs", "sampling_ratio"):
+    for name in ("completion_mask", "old_logprobs", "ref_logprobs", "sampling_ratio"):
         if name in before:
             assert torch.equal(x[name], before[name]), name
+    # the advantages get fresh factors in [e^-0.1, e^0.1]: signs and zeros kept, every non-zero one moved
+    # (a cache keyed by the [batch, seq] inputs misses, and the loss changes)
+    a0, a1 = before["advantages"], x["advantages"]
+    assert torch.equal(torch.sign(a0), torch.sign(a1)) and bool(((a0 == 0) | (a1 != a0)).all())
+    ratio = (a1[a0 != 0] / a0[a0 != 0]).abs()
+    assert float(ratio.min()) >= 0.9 and float(ratio.max()) <= 1.11
     assert torch.allclose(reference_logprobs(x.tensors, p), logp, rtol=0, atol=1e-12)
-    assert torch.allclose(reference_gradient_dense(x.tensors, p), torch.roll(grad, -k, dims=-1), rtol=0, atol=1e-12)
+    # with the original advantages back, the reference gradient is the old one rotated with the row
+    y = dict(x.tensors, advantages=a0)
+    assert torch.allclose(reference_gradient_dense(y, p), torch.roll(grad, -k, dims=-1), rtol=0, atol=1e-12)
+    assert reference_loss(x.tensors, p) != pytest.approx(reference_loss(before, p), rel=1e-9, abs=1e-12)
 
 
 def test_a_refresh_by_a_multiple_of_the_vocabulary_is_a_no_op_and_never_drawn():

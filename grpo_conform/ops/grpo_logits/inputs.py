@@ -178,6 +178,17 @@ def refresh_in_place(tensors: dict[str, torch.Tensor], offset: int) -> None:
         return
     logits.copy_(torch.roll(logits, shifts=-k, dims=-1))
     ids.copy_(torch.remainder(ids.to(torch.int64) - k, vocab).to(ids.dtype))
+    # Each sequence's advantage rescaled by a fresh factor in [e^-0.1, e^0.1] (sign, zeros and the
+    # tiny class kept): a rotation alone leaves the loss, and every [batch, seq] input, as they were,
+    # so a kernel caching its results keyed by the small inputs (advantages, log-probs, row index)
+    # and undoing the rotation would answer a refresh from its cache. With new advantages the loss
+    # and every gradient row change; what a cache could still reuse (a row's logsumexp, rotation
+    # invariant) saves no pass below the floor's one read and one write (docs/timing.md).
+    adv = tensors.get("advantages")
+    if adv is not None and adv.is_floating_point():
+        g = torch.Generator(device=adv.device).manual_seed(offset)
+        factor = torch.empty(adv.shape, dtype=torch.float32, device=adv.device).uniform_(-0.1, 0.1, generator=g)
+        adv.mul_(torch.exp(factor).to(adv.dtype))
 
 
 def clone_inputs(inputs: Inputs) -> Inputs:
