@@ -18,6 +18,8 @@
 #   bash benchmarks/h200_evidence.sh round13b   # 2 of 2: liger and pytorch seed records, liger on masked members
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min; JSON + log
 #                                               # under $OUT/reports, the summary and verdicts printed)
+#   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
+#                                               # interpreter twins changed the folder), phases, as far as 300 s go
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -181,6 +183,13 @@ case "${1:-probe}" in
     mv "$R/liger.json" "$R/liger-seed.json"; mv "$R/liger.log" "$R/liger-seed.log"
     check_one pytorch 140 --member token-is --workload seed-b2 --workload seed-b16
     mv "$R/pytorch.json" "$R/pytorch-seed.json"; mv "$R/pytorch.log" "$R/pytorch-seed.log"
+    ;;
+  round14a)  # the session's whole device budget (444 s): the default check, every member in order, stopped at 300 s
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    start=$SECONDS
+    timeout -s KILL 370 python3 -m grpo_conform check implementations/triton --evidence-dir "$OUT/h200" --deadline 290 \
+      --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
+    status "triton default check (every member in order, timing, deadline 290 s): exit $?, $((SECONDS - start)) s wall"
     ;;
   round13e)  # Liger at its new identity on masked members (three of round 12's, and issue 33's sapo and vespo)
     check_one liger 400 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \
