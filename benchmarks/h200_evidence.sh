@@ -20,6 +20,7 @@
 #                                               # under $OUT/reports, the summary and verdicts printed)
 #   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
+#   bash benchmarks/h200_evidence.sh round14b   # the seed member at seed-b2 and seed-b8 (60 s)
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -190,6 +191,11 @@ case "${1:-probe}" in
     timeout -s KILL 370 python3 -m grpo_conform check implementations/triton --evidence-dir "$OUT/h200" --deadline 290 \
       --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
     status "triton default check (every member in order, timing, deadline 290 s): exit $?, $((SECONDS - start)) s wall"
+    ;;
+  round14b)  # what the device time left after round14a's merge bug allowed: the seed member's headline workloads
+    timeout -s KILL 60 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
+      --workload seed-b8 --evidence-dir "$OUT/h200" --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
+    status "triton token-is seed-b2, seed-b8: exit $?"
     ;;
   round13e)  # Liger at its new identity on masked members (three of round 12's, and issue 33's sapo and vespo)
     check_one liger 400 --member token-offpolicy-mask --member dapo-mask --member sequence-offpolicy-mask \

@@ -179,3 +179,20 @@ def test_timed_refreshes_generate_each_set_once_a_protocol_then_rotate(monkeypat
     t._filled.clear()  # a new protocol: full generations again
     t._refresh(sets)
     assert PHASES.counts["inputs-generated"] == 4 and PHASES.counts["inputs-refreshed"] == 2
+
+
+@pytest.mark.slow
+def test_chunk_sizes_that_change_between_calls_reuse_no_row_floors(monkeypatch):
+    # On CUDA the chunk size follows free device memory, so two judgments of one input set can chunk
+    # its rows differently (H200, round 14a: a cached [460] floor against a [457] chunk). The row
+    # floors are cached per (start, stop): a run whose budget changes on every call still judges.
+    import itertools
+
+    from grpo_conform.check import CheckRequest, run_check
+    from grpo_conform.ops.grpo_logits import reference
+
+    sizes = itertools.cycle([3 * 8 * 4 * 4099, 5 * 8 * 4 * 4099, 7 * 8 * 4 * 4099])
+    monkeypatch.setattr(reference, "budget_for", lambda device: next(sizes))
+    report = run_check(CheckRequest(("implementations/pytorch",), device="cpu", members=("token-offpolicy-mask",),
+                                    workloads=("mask-small-bf16",), checks=("retained-graph", "gradient", "loss")))
+    assert report.exit_code == 0, report.implementations[0].message

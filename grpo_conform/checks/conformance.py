@@ -458,15 +458,16 @@ class WorkloadConformance:
         `fp32_target_floor` without their scale, computed once per pristine content."""
         slot = self._slot_of(x)
         entry = None if slot is None else self.refs.entry(self.slot_key(slot), self.model.values)
-        if entry is not None and chunk.start in entry.rows:
-            return entry.rows[chunk.start]
+        key = (chunk.start, chunk.stop)  # chunk sizes follow free device memory: they can differ between calls
+        if entry is not None and key in entry.rows:
+            return entry.rows[key]
         T = self.model.temperature
         zc, tc = z[chunk.start : chunk.stop], targets[chunk.start : chunk.stop]
         with PHASES("reference"):
             m = zc.abs().amax(dim=-1).to(torch.float64) / T
             rest = fp32_target_floor(zc, tc, T, torch.ones(zc.shape[0], dtype=torch.float64, device=zc.device))
         if entry is not None:
-            entry.rows[chunk.start] = (m, rest)
+            entry.rows[key] = (m, rest)
         return m, rest
 
     def _judge_logits(self, loss: float, grad: torch.Tensor, x: dict[str, torch.Tensor], c: float):

@@ -50,7 +50,7 @@ class Entry:
     loss: float | None = None
     logp_error: Any = None  # [B, S] tensor, None where the loss needs no log-probs
     logp_error_known: bool = False
-    rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # chunk start -> (m, rest)
+    rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # (start, stop) -> (m, rest)
 
 
 class ReferenceCache:
