@@ -188,9 +188,17 @@ def test_the_committed_page_shows_the_seed_member_once_with_triton_first_where_i
     seed = [s for s in doc["sections"] if s["spec"]["id"] == "grpo/token-is"]
     assert len(seed) == 1 and seed[0]["current"] and len(seed[0]["history"]) >= 1
     assert all(s["spec"]["id"] not in ("grpo-token-is",) for s in doc["sections"])  # folded under it
+    # Triton is first wherever it has records of the folder in this checkout; when the folder changed
+    # after the last GPU run (2026-12-03: the interpreter twins), its records give no cell and say so.
+    (triton,) = [i for i in seed[0]["implementations"] if i["name"] == "triton"]
+    triton_current = not any("identity not in this checkout" in f for f in triton["flags"])
     for workload in ("seed-b2", "seed-b8", "seed-b16"):
         for protocol in ("full", "full-scaled", "forward"):
             rows = [r for r in seed[0]["results"] if r["workload"] == workload and r["protocol"] == protocol]
             fastest = min((r for r in rows if r["conformant"]), key=lambda r: r["median_ms"])
             first = next(r for r in rows if r["rank"] == 1)
-            assert first is fastest and first["implementation"] == "triton", (workload, protocol, first)
+            assert first is fastest, (workload, protocol, first)
+            if triton_current:
+                assert first["implementation"] == "triton", (workload, protocol, first)
+            else:  # its records name an older folder: no cell, and the page says why
+                assert all(r["implementation"] != "triton" for r in rows)
