@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import py_compile
 import signal
 import subprocess
@@ -157,7 +158,9 @@ def test_no_descendant_survives_setsid_or_a_double_fork(tmp_path):
         _bind(session)
         call_once(session)
         tail = session.stderr_tail()
-        pids = [int(tail.split(word + " ")[1].split()[0]) for word in ("child", "grandchild")]
+        # two processes write to one stderr: a print's text and its newline may be separate writes, so
+        # another line can land between them ("grandchild 27429child 27431"): match the words, not lines
+        pids = [int(re.search(rf"(?<!grand){word} (\d+)", tail).group(1)) for word in ("child", "grandchild")]
         assert not any(_gone(p) for p in pids), "the test did not start its survivors"
     finally:
         session.close()
