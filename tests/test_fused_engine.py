@@ -143,5 +143,9 @@ def test_the_peers_check_end_to_end(folder):
     # every probe (no -k): the forward-only and pattern probes read the operation's own reference loss
     # (a logits-only reference path there crashed every off-policy member before 2026-12-03)
     run = _check(folder, "token-offpolicy-mask-kl-ref-weight")
+    if folder.endswith("liger"):  # Liger 0.8.5 raises under torch.inference_mode: `runs`, and only that, fails
+        assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "1 check(s) failed: runs" in run.stdout and "Inference tensors" in run.stdout, run.stdout[-3000:]
+        return
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "gradient of hidden" in run.stdout or "gradient" in run.stdout
