@@ -20,6 +20,7 @@
 #                                               # under $OUT/reports, the summary and verdicts printed)
 #   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
+#   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
 #   bash benchmarks/h200_evidence.sh round14b   # the seed member at seed-b2 and seed-b8 (60 s)
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
@@ -191,6 +192,19 @@ case "${1:-probe}" in
     timeout -s KILL 370 python3 -m grpo_conform check implementations/triton --evidence-dir "$OUT/h200" --deadline 290 \
       --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
     status "triton default check (every member in order, timing, deadline 290 s): exit $?, $((SECONDS - start)) s wall"
+    ;;
+  round15a)  # 2026-12-03 (second session): the fused kernel on CUDA first (a short smoke, untimed), then issue 35's
+              # budget: the default check of triton (every member in order, timing), phases printed
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 75 python3 -m grpo_conform check implementations/triton-fused --member token-is \
+      --member token-offpolicy-mask-kl-ref-weight --workload mid-bf16 --no-timing --no-evidence --format json \
+      > "$R/fused-smoke.json" 2> "$R/fused-smoke.log"
+    status "triton-fused token-is + kl-ref-weight at mid-bf16 (untimed smoke): exit $?"
+    start=$SECONDS
+    timeout -s KILL 470 python3 -m grpo_conform check implementations/triton --evidence-dir "$OUT/h200" --deadline 400 \
+      --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
+    status "triton default check (every member in order, timing, deadline 400 s): exit $?, $((SECONDS - start)) s wall"
+    grep -A40 "phases" "$R/triton-default.log" | head -50
     ;;
   round14b)  # what the device time left after round14a's merge bug allowed: the seed member's headline workloads
     timeout -s KILL 60 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
