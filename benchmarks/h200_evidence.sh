@@ -21,6 +21,8 @@
 #   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
 #   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
+#   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
+#   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
 #   bash benchmarks/h200_evidence.sh round14b   # the seed member at seed-b2 and seed-b8 (60 s)
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
@@ -205,6 +207,22 @@ case "${1:-probe}" in
       --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
     status "triton default check (every member in order, timing, deadline 400 s): exit $?, $((SECONDS - start)) s wall"
     grep -A40 "phases" "$R/triton-default.log" | head -50
+    ;;
+  round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
+              # ours per chunk and strategy), then the fused spec's seed member timed through the validator
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 200 python3 benchmarks/fused_bench.py --batches 2 4 8 16 --member offpolicy-mask \
+      --out "$R/fused-bench.json" > "$R/fused-bench.log" 2>&1
+    status "fused_bench batches 2 4 8 16: exit $?"; tail -45 "$R/fused-bench.log"
+    check_one triton-fused 190 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
+    check_one fused-torch 150 --member token-is --workload seed-b2 --workload seed-b8
+    ;;
+  round15c)  # issue 36's sweep (quick grid, launch candidates), then Liger's fused op through the validator at seed-b2
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 300 python3 benchmarks/sweep_logits.py --quick --configs --out "$R/sweep.json" > "$R/sweep.log" 2>&1
+    status "sweep_logits --quick --configs: exit $?"; tail -c 7000 "$R/sweep.log"
+    check_one fused-liger 150 --member token-is --workload seed-b2
     ;;
   round14b)  # what the device time left after round14a's merge bug allowed: the seed member's headline workloads
     timeout -s KILL 60 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
