@@ -187,7 +187,8 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
     """Check implementation folders against their spec.
 
     Exit 0 conformant, 1 failed (or skipped, with --strict), 2 usage/manifest/load error, 3 nothing
-    could run here (environment), 130 interrupted (SIGINT), 143 terminated (SIGTERM)."""
+    could run here (environment) or an internal error of grpo-conform on a workload, 130 interrupted
+    (SIGINT), 143 terminated (SIGTERM)."""
     # start-up: see the module docstring
     from grpo_conform.check import CheckRequest, run_check
     from grpo_conform.evidence import load_signing_key
