@@ -33,6 +33,7 @@ import torch
 from grpo_conform.checks import internal
 from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.checks.probes import select as select_probes
+from grpo_conform.checks.registry import CONFORMANCE_CHECKS, TIMING_CHECKS
 from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
 from grpo_conform.errors import EnvironmentProblem
@@ -48,7 +49,6 @@ from grpo_conform.ops.interface import fresh_seed
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.phases import PHASES
 from grpo_conform.provenance import device_info, software, utc_now
-from grpo_conform.checks.registry import CONFORMANCE_CHECKS, TIMING_CHECKS
 from grpo_conform.results import (INTERNAL_ERROR, CheckOutcome, CheckReport, ImplementationResult, MemberResult,
                                   NotRun, WorkloadResult, internal_error)
 from grpo_conform.results import implementation_result as _result  # short names of the run loop below

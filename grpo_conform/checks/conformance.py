@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks import internal
+from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, overlap_text, storage_overlaps
 from grpo_conform.checks.reference_cache import ReferenceCache
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
