@@ -231,6 +231,7 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                     # grpo-conform raised mid-workload: the worker may hold calls or half a protocol exchange;
                     # the next workload gets a fresh one
                     session.close()
+                    session = None
                 if hung is not None:
                     ended = (f"not run: the implementation hung on {mp.label} {w.name} ({hung.check}: no answer "
                              f"within {timeout:g} s); a hang ends its implementation at the first timeout")
@@ -246,6 +247,7 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                         raise
                     explored = _internal_result("explore", ctx, request, exc, ("runs", "loss", "gradient"))
                     session.close()  # the next member gets a fresh worker
+                    session = None
                 results.append(explored)
         finally:
             if session is not None and session.alive:
