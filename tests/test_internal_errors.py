@@ -123,3 +123,11 @@ def test_junit_and_summary_name_the_internal_error(monkeypatch):
     cases = build_junit(report).getroot().iter("testcase")
     case = next(c for c in cases if c.get("name") == "b::loss")
     assert case.find("error") is not None and case.find("error").get("type") == "internal-error"
+    # a slot's or shard's report read back and merged (--jobs, merge) keeps it: skipped, exit 3
+    from grpo_conform.gate.merge import merge_implementations, pieces_from_report
+
+    doc = json.loads(json.dumps(report.to_json()))
+    (merged,) = merge_implementations(pieces_from_report(doc, "slot1"))
+    assert merged.status == "skipped" and "internal error" in merged.members[0].message
+    again = CheckReport({"kind": "cpu"}, True, (merged,), {}, "t0", "t1")
+    assert again.exit_code == 3 and again.internal_errors == report.internal_errors
