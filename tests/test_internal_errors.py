@@ -2,7 +2,7 @@
 
 On the H200 a KeyError in checks/reference_cache.py ended `grpo-conform check` with a traceback and
 no record for the workloads already judged. Here the parent's judging raises on one workload (a
-monkeypatched `_judge_logits`): that workload is reported as an internal error (type, message, a
+monkeypatched `WorkloadConformance.judge`): that workload is reported as an internal error (type, message, a
 request to report it), the other still runs and passes, the record is written and verifies, the
 member is never conformant and the run exits 3. Ctrl-C and SIGTERM (BaseException) still stop it."""
 
@@ -29,14 +29,16 @@ ARGS = ["check", PYTORCH, "--member", "token-is", "--workload", FINE, "--workloa
 
 
 def _raise_on(vocab: int, exc: BaseException, monkeypatch) -> None:
-    judge = WorkloadConformance._judge_logits
+    """Every judgment of a call on the workload of this vocabulary raises `exc` (the engine's `judge`:
+    reference, cache and comparison behind one method)."""
+    judge = WorkloadConformance.judge
 
     def broken(self, *args, **kwargs):
         if self.rw.axes["vocab"] == vocab:
             raise exc
         return judge(self, *args, **kwargs)
 
-    monkeypatch.setattr(WorkloadConformance, "_judge_logits", broken)
+    monkeypatch.setattr(WorkloadConformance, "judge", broken)
 
 
 @pytest.mark.slow
