@@ -27,7 +27,7 @@ from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.spec import find_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-DRAWS = 60
+DRAWS = 30
 
 
 def _load(path: Path, name: str):
