@@ -30,8 +30,10 @@ from typing import Any, Iterable
 
 import torch
 
+from grpo_conform.checks import internal
 from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.checks.probes import select as select_probes
+from grpo_conform.checks.registry import CONFORMANCE_CHECKS, TIMING_CHECKS
 from grpo_conform.checks.tamper import tamper_scan
 from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
 from grpo_conform.errors import EnvironmentProblem
@@ -47,7 +49,8 @@ from grpo_conform.ops.interface import fresh_seed
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.phases import PHASES
 from grpo_conform.provenance import device_info, software, utc_now
-from grpo_conform.results import CheckOutcome, CheckReport, ImplementationResult, MemberResult, NotRun, WorkloadResult
+from grpo_conform.results import (INTERNAL_ERROR, CheckOutcome, CheckReport, ImplementationResult, MemberResult,
+                                  NotRun, WorkloadResult, internal_error)
 from grpo_conform.results import implementation_result as _result  # short names of the run loop below
 from grpo_conform.results import member_result as _member
 from grpo_conform.spec import Spec
@@ -219,8 +222,16 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                 results.append(result)
                 hung = next((o for o in result.outcomes if o.status == "timeout"), None)
                 bad = sorted({o.check for o in result.outcomes if o.failed})
-                say(name, mp.label, w.name, f"{'FAILED ' + ', '.join(bad) if bad else 'passed'} "
-                    f"({time.monotonic() - started:.1f} s)")
+                broke = internal_error(result)
+                verdict = (f"FAILED {', '.join(bad)}" if bad else "passed") if not broke else (
+                    f"NOT JUDGED: internal error of grpo-conform ({broke['type']})" + (f"; FAILED {', '.join(bad)}"
+                                                                                       if bad else ""))
+                say(name, mp.label, w.name, f"{verdict} ({time.monotonic() - started:.1f} s)")
+                if broke and session is not None:
+                    # grpo-conform raised mid-workload: the worker may hold calls or half a protocol exchange;
+                    # the next workload gets a fresh one
+                    session.close()
+                    session = None
                 if hung is not None:
                     ended = (f"not run: the implementation hung on {mp.label} {w.name} ({hung.check}: no answer "
                              f"within {timeout:g} s); a hang ends its implementation at the first timeout")
@@ -228,8 +239,16 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                     stop.reason = f"not run: --fail-fast stopped the run after {name} {mp.label} {w.name} failed"
             if request.explore and session is not None and session.alive and not (ended or stop.reason):
                 say(name, mp.label, "explore", f"{request.explore} property-based cases")
-                explored = explore_workload(session, mp.spec, request.explore, p.impl)
-                results.append(replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks)))
+                try:
+                    explored = explore_workload(session, mp.spec, request.explore, p.impl)
+                    explored = replace(explored, outcomes=select_outcomes(explored.outcomes, request.checks))
+                except Exception as exc:  # grpo-conform's own bug: see run_workload
+                    if not internal.is_internal(exc):
+                        raise
+                    explored = _internal_result("explore", ctx, request, exc, ("runs", "loss", "gradient"))
+                    session.close()  # the next member gets a fresh worker
+                    session = None
+                results.append(explored)
         finally:
             if session is not None and session.alive:
                 shared.append(session)  # the next member's
@@ -272,7 +291,30 @@ class ScaleDraw(random.Random):
 
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
                  name: str, member: str) -> WorkloadResult:
-    """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA)."""
+    """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA).
+
+    An exception of grpo-conform's own code (checks/internal.py) ends this workload only: the
+    conformance run keeps what it judged before (WorkloadConformance.run), the timed protocols and
+    anything else here report every check not judged; the workload's draws hold the error."""
+    try:
+        return _run_workload(session, spec, w, ctx, request, say, name, member)
+    except Exception as exc:
+        if not internal.is_internal(exc):
+            raise
+        checks = CONFORMANCE_CHECKS + (() if ctx.device.type != "cuda" or not w.timed else TIMING_CHECKS)
+        return _internal_result(w.name, ctx, request, exc, checks)
+
+
+def _internal_result(workload: str, ctx: RunContext, request: CheckRequest, exc: Exception,
+                     checks: tuple[str, ...]) -> WorkloadResult:
+    """A workload on which grpo-conform raised before it had outcomes of its own: `checks` not judged."""
+    info = internal.describe(exc, f"workload {workload}")
+    outcomes = select_outcomes(internal.outcomes(checks, info), request.checks)
+    return WorkloadResult(workload, {}, {}, ctx.device.type, (), outcomes, (), {INTERNAL_ERROR: info})
+
+
+def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
+                  name: str, member: str) -> WorkloadResult:
     probes = select_probes(w.probes, resolve_checks(request.checks))  # -k narrows what runs, not only what shows
     resolved = spec.resolve(w, ScaleDraw(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
@@ -283,8 +325,17 @@ def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request
         outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
     timings: list = []
     timed: list[CheckOutcome] = []
-    if wants_timing(request.checks):
-        timings, timed = _time_workload(session, spec, w, resolved, ctx, say, name, member)
+    if wants_timing(request.checks) and INTERNAL_ERROR in draws:  # conformance raised: nothing timed either
+        if ctx.device.type == "cuda" and w.timed:
+            timed = list(internal.outcomes(TIMING_CHECKS, draws[INTERNAL_ERROR]))
+    elif wants_timing(request.checks):
+        try:
+            timings, timed = _time_workload(session, spec, w, resolved, ctx, say, name, member)
+        except Exception as exc:  # the timed protocols' own judging (timed-outputs) raised: see run_workload
+            if not internal.is_internal(exc):
+                raise
+            draws[INTERNAL_ERROR] = info = internal.describe(exc, "the timed protocols")
+            timings, timed = [], list(internal.outcomes(TIMING_CHECKS, info))
     kept = select_outcomes(outcomes + tuple(timed), request.checks)
     return WorkloadResult(w.name, resolved.axes, dict(resolved.dtypes), ctx.device.type, tuple(seeds), kept,
                           tuple(timings), draws)

@@ -187,7 +187,8 @@ def check(paths: tuple[str, ...], device: str, workloads: tuple[str, ...], membe
     """Check implementation folders against their spec.
 
     Exit 0 conformant, 1 failed (or skipped, with --strict), 2 usage/manifest/load error, 3 nothing
-    could run here (environment), 130 interrupted (SIGINT), 143 terminated (SIGTERM)."""
+    could run here (environment) or an internal error of grpo-conform on a workload, 130 interrupted
+    (SIGINT), 143 terminated (SIGTERM)."""
     # start-up: see the module docstring
     from grpo_conform.check import CheckRequest, run_check
     from grpo_conform.evidence import load_signing_key
@@ -287,6 +288,10 @@ def _finish(report: Any, fmt: str, junit_xml: str | None, summary_file: str | No
         err.print(snippet, highlight=False, markup=False, soft_wrap=True)
     for note in report.notes:
         err.print(f"note: {note}", highlight=False, markup=False)
+    for where in report.internal_errors:  # grpo-conform's own bug on a workload (checks/internal.py): exit 3
+        err.print(Text.assemble(("internal error of grpo-conform: ", "bold red"), where, "; not a finding about the "
+                                "implementation: please report it with this output (the record's "
+                                "draws.internal_error holds the traceback)"), highlight=False)
     if report.strict and report.strict_failures:
         err.print(f"--strict: {len(report.strict_failures)} skipped or not run, failing the run: "
                   + "; ".join(report.strict_failures[:5]), highlight=False, markup=False)

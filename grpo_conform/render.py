@@ -10,7 +10,7 @@ from grpo_conform.ops.grpo_logits.declared_cases import merge_exercised, workloa
 from grpo_conform.gate.progress import not_run_label
 from grpo_conform.report.failures import failing, failure_lines
 from grpo_conform.report.spec_text import spec_text
-from grpo_conform.results import CheckReport, not_judged
+from grpo_conform.results import INTERNAL_ERROR, CheckReport, internal_error, not_judged
 from grpo_conform.spec import Spec
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "timeout": "bold red", "skipped": "yellow"}
@@ -45,9 +45,11 @@ def render_check(report: CheckReport, console: Console) -> None:
             user = ((impl.worker or {}).get("user") or {}).get("user", "?")
             console.print(Text(f"  sandbox: bwrap ({box.get('version', '?')}): no network, read-only file system but "
                                f"its scratch directory; worker user {user}"), soft_wrap=True)
+        broke = any(internal_error(w) for w in impl.workloads)  # grpo-conform raised: show what was judged
         if impl.status in ("skipped", "load-error") or not impl.workloads:
             console.print(Text(f"  {impl.message}"), soft_wrap=True)  # one line, whatever its length
-            continue
+            if not broke:
+                continue
         table = Table(show_header=True, header_style="bold", expand=False, pad_edge=False)
         table.add_column("workload", no_wrap=True)
         table.add_column("check", no_wrap=True)
@@ -57,7 +59,9 @@ def render_check(report: CheckReport, console: Console) -> None:
             shape = "x".join(str(w.axes[a]) for a in ("batch", "seq_next", "vocab") if a in w.axes)
             for i, o in enumerate(w.outcomes):
                 label = f"{w.workload} [{shape}]" if i == 0 else ""
-                table.add_row(Text(label), o.check, _status(o.status, o.informational, not_judged(o)), Text(o.message))
+                status = (Text("INTERNAL ERROR", style="bold magenta") if INTERNAL_ERROR in o.evidence else
+                          _status(o.status, o.informational, not_judged(o)))
+                table.add_row(Text(label), o.check, status, Text(o.message))
             for t in w.timings:
                 table.add_row("", f"time {t.get('protocol')}", Text("TIME", style="cyan"), Text(t.get("summary", "")))
             table.add_section()

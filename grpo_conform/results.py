@@ -45,6 +45,16 @@ REFERENCE_DEPENDENT: frozenset[str] = frozenset({
     "inference-mode", "retained-graph", "repeated-calls"})
 LOSS_ONLY: frozenset[str] = frozenset({"forward-only", "inference-mode"})  # compares the loss alone
 ROOT_CAUSES: tuple[str, ...] = ("loss", "gradient")
+#: A workload's draws key, and its outcomes' evidence key: grpo-conform's own code raised while it
+#: checked the workload (checks/internal.py). That workload judged nothing from then on; its member is
+#: never conformant and the run exits 3 (a tool problem, not a finding about the implementation).
+INTERNAL_ERROR = "internal_error"
+
+
+def internal_error(w: Any) -> dict[str, Any] | None:
+    """The internal error a workload result (or its JSON) records, or None."""
+    draws = w.get("draws") if isinstance(w, dict) else getattr(w, "draws", None)
+    return (draws or {}).get(INTERNAL_ERROR)
 
 
 def not_judged(o: CheckOutcome) -> bool:
@@ -255,6 +265,8 @@ def member_status(workloads) -> str:
     workloads = tuple(workloads)
     if any(w.failed for w in workloads):
         return "failed"
+    if any(internal_error(w) for w in workloads):  # grpo-conform broke on one: no verdict, never a pass
+        return "skipped"
     return "conformant" if any(judged(w) for w in workloads) else "skipped"
 
 
@@ -275,6 +287,11 @@ def member_message(status: str, workloads, coverage: Coverage) -> str:
     if status == "failed":
         failed = sorted({o.check for w in workloads for o in w.outcomes if o.failed})
         return f"failed: {', '.join(failed)}"
+    if status == "skipped" and any(internal_error(w) for w in workloads):
+        w = next(w for w in workloads if internal_error(w))
+        info = internal_error(w)
+        return (f"not judged: grpo-conform hit an internal error on workload {w.workload} ({info['type']}: "
+                f"{info['message'][:200]}); no verdict until it is fixed: please report it")
     if status == "skipped":
         why = next((n.reason for n in coverage.not_run if n.kind not in ("deselected", "device")), None)
         ran = len(tuple(workloads))
@@ -330,8 +347,23 @@ class CheckReport:
         return out
 
     @property
+    def internal_errors(self) -> list[str]:
+        """Every workload on which grpo-conform itself raised: 'IMPL MEMBER WORKLOAD: TYPE: MESSAGE'."""
+        out = []
+        for impl in self.implementations:
+            for label, workloads in ([(m.member, m.workloads) for m in impl.members] or [("", impl.workloads)]):
+                for w in workloads:
+                    info = internal_error(w)
+                    if info:
+                        where = " ".join(x for x in (impl.name, label, w.workload) if x)
+                        out.append(f"{where}: {info['type']}: {info['message'][:200]}")
+        return out
+
+    @property
     def exit_code(self) -> int:
         statuses = [i.status for i in self.implementations]
+        if self.internal_errors:  # grpo-conform itself failed on a workload: the run is no verdict (3)
+            return EXIT_ENVIRONMENT
         if "load-error" in statuses:
             return EXIT_USAGE
         if "failed" in statuses:

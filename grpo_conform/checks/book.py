@@ -7,7 +7,7 @@ from typing import Any
 
 from grpo_conform.checks.registry import CHECKS_BY_NAME
 from grpo_conform.isolation.session import WorkerFailure
-from grpo_conform.results import CheckOutcome, Status
+from grpo_conform.results import INTERNAL_ERROR, CheckOutcome, Status
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class CheckBook:
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     inapplicable: dict[str, str] = field(default_factory=dict)  # checks this member's semantics rule out
+    internal: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # check -> grpo-conform's own error
 
     def __post_init__(self) -> None:
         for n in self.names:
@@ -50,6 +51,17 @@ class CheckBook:
         if not self.findings[check]:
             self.skipped.setdefault(check, reason)  # the first reason is the specific one
 
+    def internal_error(self, feeding: tuple[str, ...], message: str, info: dict[str, Any]) -> None:
+        """grpo-conform raised (checks/internal.py): the checks the failing step was `feeding` and every
+        check not judged yet are not judged, with the error; a check that already failed keeps its
+        failure (a finding the error does not undo), one already skipped or ruled out its reason."""
+        for n in self.names:
+            failed = any(f.status != "pass" for f in self.findings[n])
+            if n in self.inapplicable or failed or (n in self.skipped and not self.findings[n]):
+                continue
+            if n in feeding or not self.findings[n]:
+                self.internal[n] = (message, info)
+
     def not_applicable(self, check: str, reason: str) -> None:
         """The member's semantics rule this check out: it is left out of the outcomes (so a record
         does not count it as skipped), with the reason kept in the workload's draws."""
@@ -68,6 +80,12 @@ class CheckBook:
                 continue
             info = CHECKS_BY_NAME[name]
             found = self.findings[name]
+            if name in self.internal:
+                text, error = self.internal[name]
+                judged = [{"call": f.call, "status": f.status, "message": f.message} for f in found]
+                out.append(CheckOutcome(name, "skipped", text, {INTERNAL_ERROR: error, **({"calls": judged} if judged
+                                                                                         else {})}, info.informational))
+                continue
             if not found:
                 reason = self.skipped.get(name, "not applicable to this run")
                 out.append(CheckOutcome(name, "skipped", reason, {}, info.informational))

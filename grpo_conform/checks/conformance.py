@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from grpo_conform.checks import internal
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, overlap_text, storage_overlaps
 from grpo_conform.checks.reference_cache import ReferenceCache
@@ -41,6 +42,7 @@ from grpo_conform.ops.grpo_logits.reference import chunked_gradient, reference_l
 from grpo_conform.ops.grpo_terms import token_terms
 from grpo_conform.phases import PHASES
 from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.results import INTERNAL_ERROR
 from grpo_conform.spec import ResolvedWorkload, Spec
 
 PLAIN = ("runs", "contract", "loss", "gradient", "gradient-row-sums", "last-row-zero", "finite",
@@ -184,6 +186,7 @@ class WorkloadConformance:
             for check in LOGITS_ROW_CHECKS:
                 self.book.not_applicable(check, f"{self.op.name}: no logits are given, so no d logits rows "
                                                 "(their zero sums and a left-over last position) to check")
+        probe = None
         try:
             for probe in self.probes:
                 why = probe.applies(self.spec)
@@ -210,6 +213,13 @@ class WorkloadConformance:
             self.state.clear()
             first = str(exc).splitlines()[0] if str(exc) else "CUDA out of memory"
             self.book.skip_rest(f"not judged: the validator ran out of GPU memory on this workload ({first[:160]})")
+        except Exception as exc:  # grpo-conform's own bug: this workload's internal error, not the run's end
+            if not internal.is_internal(exc):
+                raise
+            self.state.clear()
+            where = f"probe {probe.name!r}" if probe is not None else "the conformance run"
+            info = self.draws[INTERNAL_ERROR] = internal.describe(exc, where)
+            self.book.internal_error(probe.feeds if probe is not None else (), internal.message(info), info)
         finally:
             self.state.clear()
             if self.device.type == "cuda":

@@ -22,7 +22,7 @@ from typing import Any
 
 from grpo_conform.checks.registry import CHECKS_BY_NAME
 from grpo_conform.gate.selection import describe, selection_block
-from grpo_conform.results import STRICT_KINDS
+from grpo_conform.results import INTERNAL_ERROR, STRICT_KINDS
 
 # What a workload reports on any device (the static tamper-scan included); timing checks only on CUDA.
 WORKLOAD_CHECKS = tuple(n for n, c in CHECKS_BY_NAME.items() if not c.cuda_only)
@@ -86,6 +86,8 @@ def build_junit(report: Any) -> ET.ElementTree:
                     evidence = json.dumps(o.evidence, indent=1, sort_keys=True, default=str)
                     if o.failed:
                         _child(case, "failure", o.message, o.status, evidence)
+                    elif INTERNAL_ERROR in o.evidence:  # grpo-conform's own bug: an error, as JUnit means it
+                        _child(case, "error", o.message, "internal-error", evidence)
                     elif o.status == "skipped":
                         _child(case, "skipped", o.message)
                     elif o.informational:

@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from grpo_conform.gate.selection import EXTENDED_REASON, report_partial
-from grpo_conform.results import not_judged
+from grpo_conform.results import INTERNAL_ERROR, not_judged
 
 Progress = Callable[[str], None]
 
@@ -45,7 +45,8 @@ def counts(report: Any) -> dict[str, Counter]:
             workloads["run"] += len(impl.workloads)
         for w in impl.workloads:
             for o in w.outcomes:  # "not judged" as the table says it (results.not_judged), apart from skipped
-                checks["failed" if o.failed else ("not judged" if not_judged(o) else
+                checks["failed" if o.failed else ("not judged" if not_judged(o) else "internal error"
+                                                  if INTERNAL_ERROR in o.evidence else
                                                   "skipped" if o.status == "skipped" else "passed")] += 1
     return {"implementations": impls, "workloads": workloads, "not_run": not_run, "checks": checks}
 
@@ -75,7 +76,9 @@ def summary_line(report: Any, elapsed: float | None = None) -> str:
                                                  if nr else ""))
     ch = c["checks"]
     parts.append(f"{sum(ch.values())} checks: {ch['passed']} passed, {ch['failed']} failed"
-                 + "".join(f", {ch[k]} {k}" for k in ("not judged", "skipped") if ch[k]))
+                 + "".join(f", {ch[k]} {k}" for k in ("not judged", "skipped") if ch[k])
+                 + (f", {ch['internal error']} not judged after an internal error of grpo-conform "
+                    f"({len(report.internal_errors)} workload(s): please report it)" if ch["internal error"] else ""))
     if report.strict and report.strict_failures:  # the same words as the CLI's --strict line
         parts.append(f"--strict: {len(report.strict_failures)} skipped or not run")
     partial = report_partial(report)  # a narrowed run never reads as a full verdict (issue 28)

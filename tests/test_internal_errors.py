@@ -1,0 +1,135 @@
+"""An exception of grpo-conform's own judging ends its workload, not the run (checks/internal.py).
+
+On the H200 a KeyError in checks/reference_cache.py ended `grpo-conform check` with a traceback and
+no record for the workloads already judged. Here the parent's judging raises on one workload (a
+monkeypatched `WorkloadConformance.judge`): that workload is reported as an internal error (type, message, a
+request to report it), the other still runs and passes, the record is written and verifies, the
+member is never conformant and the run exits 3. Ctrl-C and SIGTERM (BaseException) still stop it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT
+from grpo_conform.check import CheckRequest, run_check
+from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.gate.junit import build_junit
+from grpo_conform.gate.progress import summary_line
+from grpo_conform.gate.signals import Terminated
+from grpo_conform.results import INTERNAL_ERROR, CheckOutcome, WorkloadResult, internal_error, member_status
+
+PYTORCH = str(ROOT / "implementations" / "pytorch")
+BROKEN = "batch1-seq1"  # vocab 4099: the workload whose judging raises
+FINE = "fp32-small"
+ARGS = ["check", PYTORCH, "--member", "token-is", "--workload", FINE, "--workload", BROKEN, "--device", "cpu"]
+
+
+def _raise_on(vocab: int, exc: BaseException, monkeypatch) -> None:
+    """Every judgment of a call on the workload of this vocabulary raises `exc` (the engine's `judge`:
+    reference, cache and comparison behind one method)."""
+    judge = WorkloadConformance.judge
+
+    def broken(self, *args, **kwargs):
+        if self.rw.axes["vocab"] == vocab:
+            raise exc
+        return judge(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkloadConformance, "judge", broken)
+
+
+@pytest.mark.slow
+def test_an_exception_in_judging_is_that_workload_s_internal_error(monkeypatch, tmp_path):
+    from grpo_conform.cli import main
+
+    _raise_on(4099, KeyError(("P", 3)), monkeypatch)
+    evidence = tmp_path / "evidence"
+    result = CliRunner().invoke(main, ARGS + ["--evidence-dir", str(evidence), "--format", "json"])
+    assert result.exit_code == 3, result.output  # a tool problem, not 1 (failed) and never 0
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    (impl,) = report["implementations"]
+    (member,) = impl["members"]
+    assert member["status"] == "skipped" and "internal error" in member["message"], member["message"]
+    workloads = {w["workload"]: w for w in member["workloads"]}
+    assert set(workloads) == {FINE, BROKEN}  # both ran: the broken one did not end the run
+    fine = workloads[FINE]
+    assert INTERNAL_ERROR not in fine.get("draws", {})
+    assert all(c["status"] in ("pass", "skipped") for c in fine["checks"])
+    assert {c["check"] for c in fine["checks"] if c["status"] == "pass"} >= {"loss", "gradient"}
+    broken = workloads[BROKEN]
+    info = broken["draws"][INTERNAL_ERROR]
+    assert info["type"] == "KeyError" and "'P', 3" in info["message"] and "please report" in info["report"]
+    assert any("_raise_on" in f or "broken" in f for f in info["traceback"])
+    by_check = {c["check"]: c for c in broken["checks"]}
+    for check in ("loss", "gradient"):  # what the raising judgment was for: not judged, never passed
+        assert by_check[check]["status"] == "skipped", by_check[check]
+        assert "internal error of grpo-conform" in by_check[check]["message"]
+        assert "KeyError" in by_check[check]["message"] and "please report" in by_check[check]["message"]
+    assert not any(c["status"] in ("fail", "error", "timeout") for c in broken["checks"])  # nothing blamed
+    assert "internal error of grpo-conform" in result.stderr and "please report" in result.stderr
+    # the record of the member is written, holds both workloads, verifies, and is not a success
+    (record,) = report["evidence_records"]
+    verified = CliRunner().invoke(main, ["verify", record["path"], "--allow-unsigned", "--format", "json"])
+    assert verified.exit_code == 0, verified.output
+    payload = json.loads(_payload(record["path"]))
+    predicate = payload["predicate"]
+    assert predicate["verdict"] == "skipped" and predicate["result"] == "FAILED"
+    assert {w["workload"] for w in predicate["workloads"]} == {FINE, BROKEN}
+
+
+def _payload(path: str) -> str:
+    import base64
+
+    return base64.b64decode(json.loads(Path(path).read_text())["payload"]).decode()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), Terminated()], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_in_judging_still_stops_the_run(monkeypatch, exc):
+    _raise_on(4099, exc, monkeypatch)
+    with pytest.raises(type(exc)):
+        run_check(CheckRequest((PYTORCH,), device="cpu", members=("token-is",), workloads=(BROKEN,)))
+
+
+def test_statuses_exit_code_and_reports_of_an_internal_error():
+    """Without a worker: the results layer never reads an internal error as a pass or a failure."""
+    info = {"type": "KeyError", "message": "x", "where": "probe 'baseline'", "traceback": [], "report": "please report"}
+    ok = WorkloadResult("a", {}, {}, "cpu", (1,), (CheckOutcome("loss", "pass", "ok"),))
+    broken = WorkloadResult("b", {}, {}, "cpu", (1,), (CheckOutcome("loss", "skipped", "internal", {INTERNAL_ERROR: info}),),
+                            draws={INTERNAL_ERROR: info})
+    failed = WorkloadResult("c", {}, {}, "cpu", (1,), (CheckOutcome("loss", "fail", "wrong"),))
+    assert internal_error(broken) == info and internal_error(broken.to_json()) == info and internal_error(ok) is None
+    assert member_status([ok]) == "conformant"
+    assert member_status([ok, broken]) == "skipped"  # never conformant
+    assert member_status([ok, broken, failed]) == "failed"  # a genuine failure stays one
+
+
+def test_junit_and_summary_name_the_internal_error(monkeypatch):
+    """The JUnit case is an <error> (infrastructure, in JUnit's sense), the summary line counts it."""
+    from types import SimpleNamespace
+
+    from grpo_conform.results import CheckReport, ImplementationResult, MemberResult, Coverage
+
+    info = {"type": "KeyError", "message": "x", "where": "probe 'baseline'", "traceback": [], "report": "r"}
+    w = WorkloadResult("b", {}, {}, "cpu", (1,), (CheckOutcome("loss", "skipped", "not judged: internal error",
+                                                               {INTERNAL_ERROR: info}),), draws={INTERNAL_ERROR: info})
+    spec = SimpleNamespace(id="grpo/token-is", member="token-is", version="1.0.0", identity="0" * 64, source="s")
+    member = MemberResult(spec, "skipped", "not judged: internal error", (w,), Coverage(("b",), (), ()))
+    impl = ImplementationResult("x", "x", "0" * 64, {"spec": "grpo"}, "skipped", "m", (w,), {}, (member,))
+    report = CheckReport({"kind": "cpu"}, True, (impl,), {}, "t0", "t1")
+    assert report.exit_code == 3 and report.internal_errors == ["x token-is b: KeyError: x"]
+    assert "1 not judged after an internal error of grpo-conform" in summary_line(report)
+    cases = build_junit(report).getroot().iter("testcase")
+    case = next(c for c in cases if c.get("name") == "b::loss")
+    assert case.find("error") is not None and case.find("error").get("type") == "internal-error"
+    # a slot's or shard's report read back and merged (--jobs, merge) keeps it: skipped, exit 3
+    from grpo_conform.gate.merge import merge_implementations, pieces_from_report
+
+    doc = json.loads(json.dumps(report.to_json()))
+    (merged,) = merge_implementations(pieces_from_report(doc, "slot1"))
+    assert merged.status == "skipped" and "internal error" in merged.members[0].message
+    again = CheckReport({"kind": "cpu"}, True, (merged,), {}, "t0", "t1")
+    assert again.exit_code == 3 and again.internal_errors == report.internal_errors
