@@ -206,9 +206,9 @@ def repeated_calls(run: WorkloadConformance) -> None:
         run.RCO = OutputSlot.for_spec(run.session, "RCO", run.spec, small.shapes, run.dtypes)
         run.extra_slots += ["RCI", "RCO"]
     exercised(run, "repeated-calls")
-    saved = run.rw, run.seq_next, run.vocab
+    saved = run.rw, run.seq_next, run.width
     lead = run.spec.differentiable_input.name
-    run.rw, run.seq_next, run.vocab = small, small.axes.get("seq_next"), run.groupings[lead].width(small)  # what judge() reads
+    run.rw, run.seq_next, run.width = small, small.axes.get("seq_next"), run.groupings[lead].width(small)  # what judge() reads
     base = run.seeds[-1] ^ 0x4E9EA7ED
     bad: list[dict] = []
     mutated: dict | None = None
@@ -255,7 +255,7 @@ def repeated_calls(run: WorkloadConformance) -> None:
             if j == len(first):
                 first.append((i + 1, call.loss, {n: g.clone() for n, g in call.grads.items()}, why))
     finally:
-        run.rw, run.seq_next, run.vocab = saved
+        run.rw, run.seq_next, run.width = saved
         run.draws["repeated_calls"] = {"calls": done, "axes": axes, "input_sets": len(sets), "judged": judged}
         if done:
             run.book.record("runs", f"RC1..RC{done}", True, "every call returned")

@@ -14,7 +14,7 @@ from grpo_conform.ops.grpo_logits.reference import rows_per_chunk
 
 
 def advantage_sign(run: WorkloadConformance, c: Call, g_a: torch.Tensor) -> None:
-    rel = run.relation(c.grad, -g_a, c.slot.pristine)  # negation is exact in any float dtype
+    rel = run.rows.relation(c.grad, -g_a, c.slot.pristine)  # negation is exact in any float dtype
     run.book.record("advantage-sign", c.label, rel.passed, "negated advantages negate the gradient" if rel.passed
                     else "negating the advantages did not negate the gradient: " + rel.describe(),
                     {"compared_with": "-gradient of call A", **rel.evidence()})
@@ -23,7 +23,7 @@ def advantage_sign(run: WorkloadConformance, c: Call, g_a: torch.Tensor) -> None
 def row_locality(run: WorkloadConformance, g_d: torch.Tensor, c: float) -> None:
     Q = run.Q
     # A row whose gradient is not 0 by the semantics (clipped and masked tokens have none).
-    scales = run.row_scales(Q.pristine)
+    scales = run.rows.row_scales(Q.pristine)
     live = [int(r) for r in (scales > 0).nonzero().flatten() if int(r) % run.seq_next != run.seq_next - 1]
     if not live:
         run.book.skip("row-locality", "no row of these inputs has a non-zero gradient")
@@ -39,7 +39,7 @@ def row_locality(run: WorkloadConformance, g_d: torch.Tensor, c: float) -> None:
     original = Q.tensors["logits"][b, t].clone()
     saved = {k: Q.tensors[k][b, t].clone() for k in ("old_logprobs", "ref_logprobs") if k in Q.tensors}
     g = torch.Generator(device=run.device).manual_seed(run.rng.getrandbits(62))
-    fresh_row = torch.randn(run.vocab, generator=g, device=run.device) * 2.0
+    fresh_row = torch.randn(run.width, generator=g, device=run.device) * 2.0
     before = _token_logp(original, Q.tensors["completion_ids"][b, t], run.model.temperature)
     Q.tensors["logits"][b, t] = fresh_row.to(original.dtype)
     # Old and reference log-probs follow the new row (same log-ratio and KL gap as before), so
@@ -86,9 +86,9 @@ def _token_logp(row: torch.Tensor, target: torch.Tensor, temperature: float) -> 
 def differing_rows(run: WorkloadConformance, a: torch.Tensor, e: torch.Tensor, x: dict, c: float) -> list[int]:
     """Flattened rows where two outputs differ beyond twice the element tolerance, chunk by chunk."""
     t = run.tol.gradient
-    a, e = a.view(-1, run.vocab), e.view(-1, run.vocab)
-    scales = run.row_scales(x) * abs(c)
-    step = rows_per_chunk(run.vocab, device=run.device)
+    a, e = a.view(-1, run.width), e.view(-1, run.width)
+    scales = run.rows.row_scales(x) * abs(c)
+    step = rows_per_chunk(run.width, device=run.device)
     rows: list[int] = []
     for start in range(0, a.shape[0], step):
         ac, ec = a[start : start + step].to(torch.float64), e[start : start + step].to(torch.float64)
@@ -103,14 +103,14 @@ def last_row(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float, c: floa
     Q = run.Q
     logits = Q.tensors["logits"]
     original = logits[:, -1, :].clone()
-    scales = run.row_scales(Q.pristine)  # from the unpoisoned inputs
+    scales = run.rows.row_scales(Q.pristine)  # from the unpoisoned inputs
     for i, kind in enumerate(run.spec.validation.poison.last_position):
         value = {"nan": float("nan"), "inf": float("inf"), "huge": torch.finfo(logits.dtype).max}[kind]
         logits[:, -1, :] = value
         Q.commit()
         g = run.call(f"G{i + 1}", Q, run.out1, ("last-row-ignored", "no-mutation", "no-aliasing"), upstream=c)
         if g is not None:
-            rel = run.relation(g.grad, g_d, Q.pristine, c, scales)
+            rel = run.rows.relation(g.grad, g_d, Q.pristine, c, scales)
             loss_ok = abs(g.loss - loss_d) <= run.tol.loss.allowed(loss_d)
             ok = rel.passed and loss_ok and rel.last_rows_nonzero == 0
             run.book.record("last-row-ignored", g.label, ok, f"logits[:, S, :] = {kind} changed no output" if ok else
@@ -138,7 +138,7 @@ def masked_positions(run: WorkloadConformance, g_d: torch.Tensor, loss_d: float,
     Q.commit()
     m = run.call("M", Q, run.out1, ("masked-positions", "finite", "no-mutation", "no-aliasing"), upstream=c)
     if m is not None:
-        rel = run.relation(m.grad, g_d, Q.pristine, c)
+        rel = run.rows.relation(m.grad, g_d, Q.pristine, c)
         loss_ok = abs(m.loss - loss_d) <= run.tol.loss.allowed(loss_d)
         still = int((m.grad[b, t] != 0).sum())
         ok = nonzero == 0 and still == 0 and rel.passed and loss_ok
@@ -189,7 +189,7 @@ def masked_inputs_reaching(run: WorkloadConformance, m: Call, b: torch.Tensor, t
             Q.commit()
         if k is None:
             continue
-        rel = run.relation(k.grad, base_grad, Q.pristine, c)
+        rel = run.rows.relation(k.grad, base_grad, Q.pristine, c)
         loss_moved = not abs(k.loss - base_loss) <= 2 * run.tol.loss.allowed(base_loss)
         if loss_moved or not rel.passed:
             found.append(name)
