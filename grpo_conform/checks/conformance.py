@@ -37,6 +37,8 @@ from grpo_conform.dtypes import dtype_name, torch_dtype
 from grpo_conform.compare import GradientComparisons, LossComparison
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.ops import operation_for
+from grpo_conform.ops.grpo_logits.inputs import COVERAGE_DRAWS
+from grpo_conform.ops.grpo_logits.judge import NO_ROWS
 from grpo_conform.ops.grpo_logits.reference import reference_logprobs
 from grpo_conform.ops.grpo_terms import token_terms
 from grpo_conform.phases import PHASES
@@ -182,8 +184,7 @@ class WorkloadConformance:
         self.state: dict[str, Any] = {}
         if self.seq_next is None:  # d logits' own properties: an operation without given logits has neither
             for check in LOGITS_ROW_CHECKS:
-                self.book.not_applicable(check, f"{self.op.name}: no logits are given, so no d logits rows "
-                                                "(their zero sums and a left-over last position) to check")
+                self.book.not_applicable(check, f"{self.op.name}: {NO_ROWS}")
         try:
             for probe in self.probes:
                 why = probe.applies(self.spec)
@@ -268,8 +269,7 @@ class WorkloadConformance:
     def cover(self, covered: dict[str, list[str]]) -> None:
         """What the input sets held, accumulated in `draws` (the coverage list reads it):
         mask_layouts, mask_dtypes, advantage_cases, special_ids (union) and input_sets_without_special_ids."""
-        for key, name in (("mask_layouts", "mask_layouts"), ("mask_dtypes", "mask_dtypes"),
-                          ("advantages", "advantage_cases"), ("special_ids", "special_ids")):
+        for key, name in COVERAGE_DRAWS:
             if key in covered:
                 self.draws[name] = sorted(set(self.draws.get(name, ())) | set(covered[key]))
         if "special_ids" in covered:

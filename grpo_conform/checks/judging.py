@@ -77,7 +77,7 @@ def plain(run: WorkloadConformance, call: Call) -> None:
     run.book.record("contract", label, not problems, "; ".join(problems) or "loss and gradient as declared",
                     {"loss": call.loss_desc, "gradient": _described(call), "problems": problems})
     finite(run, call)
-    rows = run.seq_next is not None  # d logits rows (zero sums, the last position): grpo-logits only
+    rows = run.seq_next is not None  # gradient rows with zero sums and a last position: an operation with seq_next
     if len(call.missing) == len(call.grads):  # some but not all: the missing ones compare as NaN
         for check in ("loss", "gradient") + (("gradient-row-sums", "last-row-zero") if rows else ()):
             run.book.record(check, label, False, f"call {label}: no gradient to compare (see contract)")
@@ -115,7 +115,7 @@ def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[st
     tie the variant breaks the other way); the next failing call gets its chance."""
     tried = run.state.setdefault("diagnosed", [])
     if (loss_cmp.passed and cmp.passed) or cmp.single is None or "matched" in run.state or len(tried) >= DIAGNOSES:
-        return None  # (the diagnosis knows GRPO over logits: one gradient)
+        return None  # (the diagnosis knows one gradient: grpo-logits')
     tried.append(call.label)
     try:
         found = diagnose(call.slot.pristine, run.model.params, call.loss, call.grad, loss_cmp.allowed,

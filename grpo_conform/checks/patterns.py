@@ -9,6 +9,7 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import bitwise_equal, compare_loss, describe_outputs, json_float
+from grpo_conform.ops.grpo_probes import small_axes
 
 
 def _finish(run: WorkloadConformance, label: str, slot: InputSlot, c: float, skipped: dict[str, str],
@@ -196,10 +197,7 @@ def repeated_calls(run: WorkloadConformance) -> None:
         return
     made[run.spec.identity] = run.rw.name
     r = run.rng
-    axes = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
-    if "hidden" in run.rw.axes:  # grpo-fused-linear: the GEMM's inner size too
-        axes["hidden"] = r.randint(8, 48)
-    small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))
+    small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": small_axes(r, run.rw.axes)}))
     # Slots of their own: input-cases (K) holds a workload-sized set by now.
     if "RCI" not in run.extra_slots:
         run.RCI = InputSlot.create(run.session, "RCI", small.shapes, run.dtypes)

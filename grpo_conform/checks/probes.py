@@ -159,7 +159,8 @@ def non_leaf(run: WorkloadConformance) -> None:
                      leaf=leaf, method=method)
         if n is not None:
             J.finite(run, n)
-            J.versus_reference(run, "non-leaf-logits", n, f"logits as a {leaf} of a leaf, {method}")
+            names = ", ".join(g.input for g in run.spec.gradients)  # the inputs the worker hands over as non-leaves
+            J.versus_reference(run, "non-leaf-logits", n, f"{names} as a {leaf} of a leaf, {method}")
 
 
 def interleaved(run: WorkloadConformance) -> None:

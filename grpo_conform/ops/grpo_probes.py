@@ -62,6 +62,15 @@ def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
 
 
 
+def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
+    """The small shape of the repeated-calls probe (`checks/patterns.py`), drawn from the run's `r` in this
+    order: the GRPO family's axes, and for grpo-fused-linear (a `hidden` axis) the GEMM's inner size too."""
+    small = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
+    if "hidden" in axes:  # grpo-fused-linear: the GEMM's inner size too
+        small["hidden"] = r.randint(8, 48)
+    return small
+
+
 def without_kl(spec: Spec) -> str | None:
     kl = {"ref_logprobs", "ref_weight"} & {t.name for t in spec.inputs}  # given reference log-probs or a reference lm_head
     return "the KL term gives a sequence of zero advantage a gradient" if kl else None

@@ -25,6 +25,11 @@ from grpo_conform.ops.grpo_terms import token_terms
 from grpo_conform.phases import PHASES
 
 
+#: Why the d logits row checks (`gradient-row-sums`, `last-row-zero`) are not applicable to an operation
+#: without a left-over last position (the engine prefixes the operation's name).
+NO_ROWS = "no logits are given, so no d logits rows (their zero sums and a left-over last position) to check"
+
+
 class RowJudge:
     """The judgment of d logits rows for one workload's conformance run (`run`: the engine)."""
 
