@@ -5,6 +5,12 @@ it runs, in order; `PROBES_BY_NAME` is the registry (it also feeds docs/checks.m
 narrows a profile to the probes that feed the checks `-k` asks for, before anything runs. The
 engine (conformance.py) is handed the selection: it does not import this module.
 
+The probes here are the generic ones; an operation's own probes live with it and this registry lists
+them in its one order (the order fixes every call label and every draw of a run): `ops/grpo_probes.py`
+(every GRPO operation: negated-advantages, zero-advantage) and `ops/grpo_logits/probes.py` (the
+logits-only ones), each with its `applies`. The registry imports them, never the other way: an operation
+object cannot carry its probes itself, since the probes import the engine, which imports the operations.
+
 Buffer sets: P and Q are the two input sets (different addresses); O1 and O2 the parent-owned
 output slots. Probes pass results to later probes through `run.state` (e.g. the gradient of the
 baseline call, which the metamorphic probes compare with).
