@@ -197,7 +197,8 @@ def repeated_calls(run: WorkloadConformance) -> None:
         return
     made[run.spec.identity] = run.rw.name
     r = run.rng
-    small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": small_axes(r, run.rw.axes)}))
+    axes = small_axes(r, run.rw.axes)
+    small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))
     # Slots of their own: input-cases (K) holds a workload-sized set by now.
     if "RCI" not in run.extra_slots:
         run.RCI = InputSlot.create(run.session, "RCI", small.shapes, run.dtypes)
