@@ -122,7 +122,8 @@ class Operation(Protocol):
         ...
 
     def row_judge(self, run: Any) -> Any:
-        """Asked only where `error_model` gives None (grpo-logits): the object that judges the operation's one
+        """Asked only where `error_model` gives None (grpo-logits; an operation with an error model, as
+        grpo-fused-linear, need not define it or `recheck_gradient`): the object that judges the operation's one
         gradient row by row for one workload's conformance run `run` (the engine), with allowances it derives
         from the inputs: `judge(loss, grad, x, c)` -> (loss comparison, comparator), `loss_floor(x)`,
         `row_scales(x)`, `relation(actual, expected, x, upstream, scales)`, `logp_error(x)`."""
