@@ -103,7 +103,7 @@ class GradientComparator:
 
     tol: GradientTolerance
     seq_next: int | None  # None: no last position (an operation without one: grpo-fused-linear)
-    vocab: int
+    width: int  # the elements of one row (a unit of the gradient's grouping)
     slack: float = 1.0  # >1 when both sides carry rounding (relations between two outputs)
     row_sums: bool = True  # rows sum to 0 (d logits); False for gradients that do not (d hidden, d weight)
     elements: int = 0

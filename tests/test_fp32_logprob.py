@@ -64,7 +64,7 @@ def _run(member: str, s0: int, s1: int, workload: str = "mask-fp32", old: bool =
     rw = spec.resolve(spec.workload(workload), random.Random(0))
     run = WorkloadConformance(types.SimpleNamespace(device=torch.device("cpu")), spec, rw, [s0, s1], ())
     if old:
-        run._logp_error = lambda x: None
+        run.rows.logp_error = lambda x: None
     return run
 
 
@@ -132,7 +132,7 @@ def test_token_terms_bound_the_moves_of_the_closed_form(member):
         x = gen.generate(spec, rw, run.seeds[1], "cpu", profiles=profiles, values=run.model.values).tensors
         p = run.model.params
         logp = reference_logprobs(x, p)
-        e = run._logp_error(x)
+        e = run.rows.logp_error(x)
         base = token_terms(x, p, logp, e)
         g = torch.Generator().manual_seed(i)
         for sign in (torch.randint(0, 2, logp.shape, generator=g).double() * 2 - 1,
@@ -153,7 +153,7 @@ def test_no_ratio_no_log_prob_term():
     run = _run("token-is", *next(_draws(1)), workload="fp32-small")
     x = gen.generate(run.spec, run.rw, 5, "cpu", profiles=run.spec.validation.adversarial_profiles,
                      values=run.model.values).tensors
-    assert not needs_logprobs(x, run.model.params) and run._logp_error(x) is None
+    assert not needs_logprobs(x, run.model.params) and run.rows.logp_error(x) is None
     _, cmp = run.judge(_adversarial(run))
     assert cmp.passed and cmp.logp_sq == 0.0 and "frobenius_allowed_logprob" not in cmp.evidence()
 

@@ -175,7 +175,7 @@ def test_the_gradient_contract_names_each_gradient_and_what_is_wrong():
 
 def _compared(actual: torch.Tensor, expected: torch.Tensor) -> GradientComparator:
     tol = load_spec(SPEC_FILE).tolerance("float32").gradient
-    cmp = GradientComparator(tol, seq_next=actual.shape[0] + 1, vocab=actual.shape[1])  # no row is the last
+    cmp = GradientComparator(tol, seq_next=actual.shape[0] + 1, width=actual.shape[1])  # no row is the last
     cmp.update(0, actual, expected, expected.abs().amax(dim=1))
     return cmp
 

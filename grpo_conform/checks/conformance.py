@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 import torch
@@ -34,11 +35,12 @@ from grpo_conform.checks.reference_cache import ReferenceCache
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.checks.units import judge_units
 from grpo_conform.dtypes import dtype_name, torch_dtype
-from grpo_conform.compare import (FP32_RESOLUTION, GradientComparator, GradientComparisons, LossComparison,
-                                  compare_loss, fp32_floor, fp32_logp_error, fp32_target_floor)
+from grpo_conform.compare import GradientComparisons, LossComparison
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.ops import operation_for
-from grpo_conform.ops.grpo_logits.reference import chunked_gradient, reference_logprobs, rows_per_chunk
+from grpo_conform.ops.grpo_logits.inputs import COVERAGE_DRAWS
+from grpo_conform.ops.grpo_logits.judge import NO_ROWS
+from grpo_conform.ops.grpo_logits.reference import reference_logprobs
 from grpo_conform.ops.grpo_terms import token_terms
 from grpo_conform.phases import PHASES
 from grpo_conform.checks.model import ReferenceModel
@@ -145,7 +147,7 @@ class WorkloadConformance:
         self.tol = self.spec.tolerance(self.grad_dtype)
         self.seq_next = self.rw.axes.get("seq_next")
         self.groupings = self.op.gradient_groupings(self.spec)
-        self.vocab = self.groupings[first.name].width(self.rw)  # the elements of one unit (a row) judged together
+        self.width = self.groupings[first.name].width(self.rw)  # the elements of one unit (a row) judged together
         self.book = CheckBook(CONFORMANCE_CHECKS)
         info = torch.finfo(torch_dtype(self.grad_dtype))
         self.subnormal = 2.0 * info.tiny * info.eps  # values below the gradient dtype's range round to 0
@@ -184,8 +186,7 @@ class WorkloadConformance:
         self.state: dict[str, Any] = {}
         if self.seq_next is None:  # d logits' own properties: an operation without given logits has neither
             for check in LOGITS_ROW_CHECKS:
-                self.book.not_applicable(check, f"{self.op.name}: no logits are given, so no d logits rows "
-                                                "(their zero sums and a left-over last position) to check")
+                self.book.not_applicable(check, f"{self.op.name}: {NO_ROWS}")
         probe = None
         try:
             for probe in self.probes:
@@ -278,8 +279,7 @@ class WorkloadConformance:
     def cover(self, covered: dict[str, list[str]]) -> None:
         """What the input sets held, accumulated in `draws` (the coverage list reads it):
         mask_layouts, mask_dtypes, advantage_cases, special_ids (union) and input_sets_without_special_ids."""
-        for key, name in (("mask_layouts", "mask_layouts"), ("mask_dtypes", "mask_dtypes"),
-                          ("advantages", "advantage_cases"), ("special_ids", "special_ids")):
+        for key, name in COVERAGE_DRAWS:
             if key in covered:
                 self.draws[name] = sorted(set(self.draws.get(name, ())) | set(covered[key]))
         if "special_ids" in covered:
@@ -398,6 +398,12 @@ class WorkloadConformance:
         tensors outside an InputSlot: never cached."""
         return (slot.name, slot.version) if isinstance(slot, InputSlot) else None
 
+    @cached_property
+    def rows(self) -> Any:
+        """The operation's judge of its one gradient row by row (`Operation.row_judge`; grpo-logits:
+        ops/grpo_logits/judge.py), made when first asked: only where `error_model` gives None."""
+        return self.op.row_judge(self)
+
     def _slot_of(self, x: dict[str, torch.Tensor]) -> InputSlot | None:
         """The input slot whose pristine copy `x` is (None: tensors of no slot, never cached)."""
         for value in self.__dict__.values():
@@ -432,9 +438,9 @@ class WorkloadConformance:
         model = self.op.error_model(self.spec, x, self.model.params, self.grad_dtype)
         if model is not None:  # every gradient by name, with the operation's derived allowance
             return self._judge_units(call, x, c, model)
-        # GRPO over logits: one gradient, compared under its name with the fp32 floors derived here.
+        # No error model (grpo-logits): one gradient, judged by the operation's row judge under its name.
         name = only_gradient(self.spec)
-        loss_cmp, cmp = self._judge_logits(call.loss, call.grads[name], x, c)
+        loss_cmp, cmp = self.rows.judge(call.loss, call.grads[name], x, c)
         return loss_cmp, GradientComparisons({name: cmp})
 
     def _logp(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
@@ -466,125 +472,19 @@ class WorkloadConformance:
             entry.loss = loss
         return loss
 
-    def _row_floors(self, x, chunk, z, targets):
-        """(max|z|/T, min(1 - p_t, V 2^-24)) of the chunk's rows: `fp32_floor` and
-        `fp32_target_floor` without their scale, computed once per pristine content."""
-        slot = self._slot_of(x)
-        entry = None if slot is None else self.refs.entry(self.slot_key(slot), self.model.values)
-        key = (chunk.start, chunk.stop)  # chunk sizes follow free device memory: they can differ between calls
-        if entry is not None and key in entry.rows:
-            return entry.rows[key]
-        T = self.model.temperature
-        zc, tc = z[chunk.start : chunk.stop], targets[chunk.start : chunk.stop]
-        with PHASES("reference"):
-            m = zc.abs().amax(dim=-1).to(torch.float64) / T
-            rest = fp32_target_floor(zc, tc, T, torch.ones(zc.shape[0], dtype=torch.float64, device=zc.device))
-        if entry is not None:
-            entry.rows[key] = (m, rest)
-        return m, rest
-
-    def _judge_logits(self, loss: float, grad: torch.Tensor, x: dict[str, torch.Tensor], c: float):
-        ref_loss = self.reference_loss(x)
-        cmp = GradientComparator(self.tol.gradient, self.seq_next, self.vocab)
-        flat = grad.view(-1, self.vocab)
-        z = x["logits"].reshape(-1, self.vocab)
-        targets = self._targets(x["completion_ids"])
-        loss_floor = 0.0  # d loss / d logp times each row's fp32 log-prob resolution (chunk.scale is / T)
-        loss_logp = 0.0  # the loss's move under the derived log-prob error bound, weights included
-        T = self.model.temperature
-        with PHASES("reference"):  # the chunks are computed lazily: their float64 work counts in `reference`
-            chunks = iter(chunked_gradient(x, self.model.params, logp_error=self._logp_error(x), logp=self._logp(x)))
-        while True:
-            with PHASES("reference"):
-                chunk = next(chunks, None)
-            if chunk is None:
-                break
-            scale = chunk.scale * abs(c)
-            tc = targets[chunk.start : chunk.stop]
-            m, rest = self._row_floors(x, chunk, z, targets)
-            loss_floor += T * float((FP32_RESOLUTION * (1.0 + m) * chunk.scale.to(torch.float64)).sum())
-            floor = (FP32_RESOLUTION * (1.0 + m) * scale.to(torch.float64)).clamp_min(self.subnormal)
-            target = (tc, torch.where(tc >= 0, rest * scale.to(torch.float64), torch.zeros_like(rest)))
-            logp = None
-            if chunk.coef_error is not None:  # rows with a ratio: its fp32 log-prob error moves the whole row
-                logp = (chunk.coef * c, chunk.coef_error * abs(c))
-                loss_logp += float(chunk.loss_error.sum())
-            expected = chunk.values if c == 1.0 else chunk.values * c  # x * 1.0 is x: one float64 pass less
-            cmp.update(chunk.start, flat[chunk.start : chunk.stop], expected, scale, floor, target, logp)
-        return compare_loss(loss, ref_loss, self.tol.loss, max(loss_floor, loss_logp)), cmp
-
     def _judge_units(self, call: Call, x: dict[str, torch.Tensor], c: float, model: Any):
         """Each gradient by name, unit by unit, with the operation's derived allowance (checks/units.py)."""
         return judge_units(self.op, self.spec, self.rw, self.tol, self.model.params, x, call.loss, call.grads, c, model,
                            self.groupings, self.subnormal, self.model.loss(x))
 
-    def _logp_error(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """[B, S]: the bound of an fp32 implementation's error in each log-prob (`fp32_logp_error`),
-        None where the loss does not depend on log-probs (no ratio, no KL: token-is, the seed spec).
-        fp32 arithmetic is what every logits dtype requires, so bf16 and fp16 logits get the same bound.
-        Once per pristine content and parameters (reference_cache.py)."""
-        if not self.model.uses_logprobs(x):
-            return None
-        slot = self._slot_of(x)
-        entry = None if slot is None else self.refs.entry(self.slot_key(slot), self.model.values)
-        if entry is not None and entry.logp_error_known:
-            return entry.logp_error
-        with PHASES("reference"):
-            z = x["logits"].reshape(-1, self.vocab)
-            step = rows_per_chunk(self.vocab, device=self.device)
-            rows = torch.cat([fp32_logp_error(z[i : i + step], self.model.temperature)
-                              for i in range(0, z.shape[0], step)])
-            grid = rows.view(-1, self.seq_next)[:, :-1]
-        if entry is not None:
-            entry.logp_error, entry.logp_error_known = grid, True
-        return grid
-
     def loss_floor(self, x: dict[str, torch.Tensor]) -> float:
-        """The absolute loss allowance `judge` gives for fp32 log-probs, without the gradient (forward-only
-        calls): the larger of T * the rows' fp32 floors of |dL/dlogp| and the derived move of the loss.
-        An operation with its own error model: that model's loss allowance."""
+        """The absolute loss allowance `judge` gives, without the gradient (forward-only calls): an
+        operation with its own error model, that model's loss allowance; else its row judge's (grpo-logits:
+        the larger of T * the rows' fp32 floors of |dL/dlogp| and the derived move of the loss)."""
         model = self.op.error_model(self.spec, x, self.model.params, self.grad_dtype)
         if model is not None:
             return model.loss
-        T = self.model.temperature
-        scales = self.row_scales(x)
-        z = x["logits"].reshape(-1, self.vocab)
-        step = rows_per_chunk(self.vocab, device=self.device)
-        direct = sum(T * float(fp32_floor(z[i : i + step], T, scales[i : i + step]).sum())
-                     for i in range(0, z.shape[0], step))
-        grid = self._logp_error(x)
-        if grid is None:
-            return direct
-        with PHASES("reference"):
-            moved = float(token_terms(x, self.model.params, self._logp(x), grid).loss_error.sum())
-        return max(direct, moved)
-
-    def row_scales(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Per flattened logits row, |dL/dlogp| / T (`reference.row_scales`), from the cached log-probs."""
-        logp = self._logp(x)
-        with PHASES("reference"):
-            coef = token_terms(x, self.model.params, logp).scale / self.model.temperature
-            out = torch.zeros(coef.shape[0], self.seq_next, dtype=torch.float64, device=coef.device)
-            out[:, : self.seq_next - 1] = coef
-        return out.reshape(-1)
-
-    def _targets(self, ids: torch.Tensor) -> torch.Tensor:
-        """The target column of every flattened logits row, -1 at the last position of a sequence."""
-        out = torch.full((ids.shape[0], self.seq_next), -1, dtype=torch.long, device=ids.device)
-        out[:, : ids.shape[1]] = ids.long()
-        return out.view(-1)
-
-    def relation(self, actual: torch.Tensor, expected: torch.Tensor, x: dict[str, torch.Tensor],
-                 upstream: float = 1.0, scales: torch.Tensor | None = None) -> GradientComparator:
-        """Compare two outputs of the implementation (both rounded, hence twice the slack); `scales`:
-        row scales computed beforehand (inputs poisoned on purpose must not set the allowance)."""
-        cmp = GradientComparator(self.tol.gradient, self.seq_next, self.vocab, slack=2.0)
-        a, e = actual.view(-1, self.vocab), expected.view(-1, self.vocab)
-        scales = (self.row_scales(x) if scales is None else scales) * abs(upstream)
-        step = rows_per_chunk(self.vocab, device=self.device)
-        for start in range(0, a.shape[0], step):
-            cmp.update(start, a[start : start + step], e[start : start + step], scales[start : start + step])
-        return cmp
+        return self.rows.loss_floor(x)
 
     def fingerprint(self, out: OutputSlot) -> tuple[float, float]:
         """A keyed checksum of the loss and the gradients' bytes, the gradients in the spec's order

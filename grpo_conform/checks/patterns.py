@@ -9,6 +9,7 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import bitwise_equal, compare_loss, describe_outputs, json_float
+from grpo_conform.ops.grpo_probes import small_axes
 
 
 def _finish(run: WorkloadConformance, label: str, slot: InputSlot, c: float, skipped: dict[str, str],
@@ -196,9 +197,7 @@ def repeated_calls(run: WorkloadConformance) -> None:
         return
     made[run.spec.identity] = run.rw.name
     r = run.rng
-    axes = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
-    if "hidden" in run.rw.axes:  # grpo-fused-linear: the GEMM's inner size too
-        axes["hidden"] = r.randint(8, 48)
+    axes = small_axes(r, run.rw.axes)
     small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))
     # Slots of their own: input-cases (K) holds a workload-sized set by now.
     if "RCI" not in run.extra_slots:
@@ -206,9 +205,9 @@ def repeated_calls(run: WorkloadConformance) -> None:
         run.RCO = OutputSlot.for_spec(run.session, "RCO", run.spec, small.shapes, run.dtypes)
         run.extra_slots += ["RCI", "RCO"]
     exercised(run, "repeated-calls")
-    saved = run.rw, run.seq_next, run.vocab
+    saved = run.rw, run.seq_next, run.width
     lead = run.spec.differentiable_input.name
-    run.rw, run.seq_next, run.vocab = small, small.axes.get("seq_next"), run.groupings[lead].width(small)  # what judge() reads
+    run.rw, run.seq_next, run.width = small, small.axes.get("seq_next"), run.groupings[lead].width(small)  # what judge() reads
     base = run.seeds[-1] ^ 0x4E9EA7ED
     bad: list[dict] = []
     mutated: dict | None = None
@@ -255,7 +254,7 @@ def repeated_calls(run: WorkloadConformance) -> None:
             if j == len(first):
                 first.append((i + 1, call.loss, {n: g.clone() for n, g in call.grads.items()}, why))
     finally:
-        run.rw, run.seq_next, run.vocab = saved
+        run.rw, run.seq_next, run.width = saved
         run.draws["repeated_calls"] = {"calls": done, "axes": axes, "input_sets": len(sets), "judged": judged}
         if done:
             run.book.record("runs", f"RC1..RC{done}", True, "every call returned")

@@ -5,6 +5,12 @@ it runs, in order; `PROBES_BY_NAME` is the registry (it also feeds docs/checks.m
 narrows a profile to the probes that feed the checks `-k` asks for, before anything runs. The
 engine (conformance.py) is handed the selection: it does not import this module.
 
+The probes here are the generic ones; an operation's own probes live with it and this registry lists
+them in its one order (the order fixes every call label and every draw of a run): `ops/grpo_probes.py`
+(every GRPO operation: negated-advantages, zero-advantage) and `ops/grpo_logits/probes.py` (the
+logits-only ones), each with its `applies`. The registry imports them, never the other way: an operation
+object cannot carry its probes itself, since the probes import the engine, which imports the operations.
+
 Buffer sets: P and Q are the two input sets (different addresses); O1 and O2 the parent-owned
 output slots. Probes pass results to later probes through `run.state` (e.g. the gradient of the
 baseline call, which the metamorphic probes compare with).
@@ -18,10 +24,12 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.ops import grpo_probes as G
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.grpo_logits import probes as L
 from grpo_conform.ops.grpo_logits.declared_cases import declared_calls, record, tie_value
-from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
-from grpo_conform.ops import operation_for, operation_name
+from grpo_conform.ops.grpo_logits.probes import ties_unsupported
 from grpo_conform.spec import Spec
 
 
@@ -65,90 +73,6 @@ def _saved(call):
     return {n: g.clone() for n, g in call.grads.items()}
 
 
-def negated(run: WorkloadConformance) -> None:
-    """C: the advantages negated, written in place (same addresses as A)."""
-    P = run.P
-    P.tensors["advantages"].neg_()
-    P.commit()
-    c = run.call("C", P, run.out1, ("freshness", "finite", "no-mutation", "no-aliasing"))
-    if c is not None:
-        J.fresh(run, c, "in place, same addresses")
-        J.finite(run, c)
-        run.state["C"] = (c, run.out1.name)
-    if "A" in run.state:
-        J.reread_first(run, "after C")
-
-
-def advantage_sign(run: WorkloadConformance) -> None:
-    """C against A: negating the advantages negates the gradient (read from C's output slot, which
-    no call has exported into since: this probe follows negated-advantages)."""
-    c, slot = run.state.pop("C", (None, None))
-    if c is None or "A" not in run.state:
-        run.book.skip("advantage-sign", "call A or call C did not complete")
-        return
-    if run.exported.get(slot) != c.label:  # a registry order that lets another call overwrite C's outputs
-        raise RuntimeError("probe advantage-sign must follow negated-advantages directly (checks/probes.py)")
-    J.advantage_sign(run, c, run.state["A"][1])
-
-
-def _inputs(spec: Spec) -> set[str]:
-    return {t.name for t in spec.inputs}
-
-
-def _symmetric(spec: Spec) -> str | None:
-    """Why negating A does not negate this member's gradient (None where it does)."""
-    names = _inputs(spec)
-    if "old_logprobs" in names:
-        return ("not a symmetry of this member: with old log-probs, negating A changes which clip branch "
-                "is active (call C is still judged against the reference: freshness)")
-    if {"ref_logprobs", "ref_weight"} & names:
-        return "not a symmetry of this member: the KL term does not depend on A"
-    return None
-
-
-def _without_kl(spec: Spec) -> str | None:
-    kl = {"ref_logprobs", "ref_weight"} & _inputs(spec)  # given reference log-probs or a reference lm_head
-    return "the KL term gives a sequence of zero advantage a gradient" if kl else None
-
-
-def _masked(spec: Spec) -> str | None:
-    return None if "completion_mask" in _inputs(spec) else "this member has no completion mask"
-
-
-_LOGITS_ONLY = {  # probe -> why it needs given logits (what it changes or compares is a logits row)
-    "advantage-sign": "compares d logits rows with their per-row scale (call C is still judged against the reference)",
-    "row-locality": "redraws one logits row",
-    "last-row": "poisons the left-over logits position, which this operation does not have",
-    "masked-positions": "redraws the logits of masked positions (their d logits rows must be exactly 0)",
-    "exact-ties": "builds exact clip ties from the given logits' log-probs",
-    "far-ratios": "sets old and reference log-probs from the given logits' log-probs",
-}
-
-
-def _logits_only(spec: Spec, probe: str = "") -> str | None:
-    """Why a probe that changes or compares given logits does not apply (None for grpo-logits)."""
-    op = operation_name(spec)
-    if op == "grpo-logits":
-        return None
-    return f"grpo-logits only: this probe {_LOGITS_ONLY.get(probe, 'works on given logits')}; {op} gives none"
-
-
-def _only_logits(probe: str, then=None):
-    def applies(spec: Spec) -> str | None:
-        return _logits_only(spec, probe) or (then(spec) if then else None)
-    return applies
-
-
-def _clipped(spec: Spec) -> str | None:
-    if {"epsilon_low", "epsilon_high"} <= {p.name for p in spec.parameters}:
-        return None
-    return "this spec declares no clip (no epsilon_low / epsilon_high)"
-
-
-def _off_policy(spec: Spec) -> str | None:
-    return None if "old_logprobs" in _inputs(spec) else "this member has no old log-probs: its ratio is exactly 1"
-
-
 def _has_mask(spec: Spec) -> str | None:
     kind = operation_for(spec).input_kind
     if any(kind(t.name) == "mask" for t in spec.inputs):
@@ -169,59 +93,6 @@ def new_buffers(run: WorkloadConformance) -> None:
         J.reread_first(run, "after D")
 
 
-def zero_advantage(run: WorkloadConformance) -> None:
-    """E: D's inputs with one sequence's advantage set to exactly 0."""
-    J.zero_advantage(run, run.state.get("D", (None, None, 1.0))[2])
-
-
-def row_locality(run: WorkloadConformance) -> None:
-    """F: D's inputs with one logits row redrawn: only that gradient row may change."""
-    if "D" not in run.state:
-        run.book.skip("row-locality", "call D did not complete")
-        return
-    J.row_locality(run, *run.state["D"][::2])
-
-
-def last_row(run: WorkloadConformance) -> None:
-    """G: D's inputs with logits[:, S, :] poisoned (NaN, then huge): no output may change."""
-    if "D" not in run.state:
-        run.book.skip("last-row-ignored", "call D did not complete")
-        return
-    J.last_row(run, *run.state["D"])
-
-
-def masked_positions(run: WorkloadConformance) -> None:
-    """M: masked positions get an exactly zero gradient, and redrawing their logits (finite
-    values) changes no output."""
-    if "D" not in run.state:
-        run.book.skip("masked-positions", "call D did not complete")
-        return
-    J.masked_positions(run, *run.state["D"])
-
-
-def exact_ties(run: WorkloadConformance) -> None:
-    """T: every token at an exact tie of the clip, in the kernel's float32 arithmetic and in the
-    float64 reference (member_inputs.exact_tie_inputs): the spec gives the gradient to the
-    unclipped branch; a kernel that hands ties to the clipped one returns 0 there."""
-    check = "exact-ties"
-    seed = run.seeds[0] ^ 0x71E5
-    run.generate(run.P, seed)
-    x, values = exact_tie_inputs(run.spec, run.P.pristine, run.model.values, seed)
-    run.P.write(x)
-    run.draws["exact_ties"] = {k: values[k] for k in ("epsilon_low", "epsilon_high")}
-    cispo = values.get("loss_type") == "cispo"  # exact_tie_inputs puts CISPO's cap (epsilon_high) at r = 1
-    record(run.draws, "ties", "tie at the cap, epsilon_high = 1" if cispo else "tie at both epsilon bounds")
-    drawn, run.model = run.model, ReferenceModel(run.spec, values)  # the call and its reference use these
-    try:
-        t = run.call("T", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
-        if t is not None:
-            J.finite(run, t)
-            J.versus_reference(run, check, t, "every token at an exact tie, epsilon_low {:g}, epsilon_high {:g}".format(
-                values["epsilon_low"], values["epsilon_high"]))
-    finally:
-        run.model = drawn
-
-
 def declared(run: WorkloadConformance) -> None:
     """K: one call per declared case (grpo_conform.declared_cases): every parameter at its default
     exactly (temperature 1.0), all at the low ends of their ranges, all at the high ends, each of the
@@ -234,8 +105,8 @@ def declared(run: WorkloadConformance) -> None:
             run.model = ReferenceModel(run.spec, dict(dc.values))  # inputs follow the call's parameters
             run.generate(run.P, seed)
             check, values = "declared-cases", dict(dc.values)
-            if dc.tie is not None and _logits_only(run.spec):  # ties are built from given logits
-                run.book.not_applicable("exact-ties", _logits_only(run.spec, "exact-ties"))
+            if dc.tie is not None and ties_unsupported(run.spec):  # ties are built from the operation's inputs
+                run.book.not_applicable("exact-ties", ties_unsupported(run.spec))
                 continue
             if dc.tie is not None:
                 check = "exact-ties"
@@ -254,25 +125,6 @@ def declared(run: WorkloadConformance) -> None:
                 record(run.draws, category, name)
     finally:
         run.model = drawn
-
-
-def far_ratios(run: WorkloadConformance) -> None:
-    """W: every token's ratio far out on its unclipped side (3 to e^25 for A < 0, e^-25 to 0.3 for
-    A > 0; both signs present; reference log-probs up to 25 from logp on both sides;
-    generators.logprob_gaps.far_ratio_inputs), the parameters as drawn: a clip the member does not
-    declare (PPO's dual clip at 3) or a log-ratio or KL gap clamped for safety (verl: 20, 10) shows
-    only there."""
-    check = "far-ratios"
-    seed = run.seeds[0] ^ 0xFA2
-    run.generate(run.P, seed)
-    reach: dict = {}
-    run.P.write(far_ratio_inputs(run.spec, run.P.pristine, run.model.values, seed, reach))
-    run.draws["far_gaps"] = reach  # [min, max] of log r (and ref - logp) over the live tokens
-    w = run.call("W", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
-    if w is not None:
-        J.finite(run, w)
-        J.versus_reference(run, check, w, "every ratio far out on its unclipped side: 3 to e^25 for A < 0, "
-                                          "e^-25 to 0.3 for A > 0" + (", ref - logp to +-25" if "ref_gap" in reach else ""))
 
 
 def adversarial(run: WorkloadConformance) -> None:
@@ -313,7 +165,8 @@ def non_leaf(run: WorkloadConformance) -> None:
                      leaf=leaf, method=method)
         if n is not None:
             J.finite(run, n)
-            J.versus_reference(run, "non-leaf-logits", n, f"logits as a {leaf} of a leaf, {method}")
+            names = ", ".join(g.input for g in run.spec.gradients)  # the inputs the worker hands over as non-leaves
+            J.versus_reference(run, "non-leaf-logits", n, f"{names} as a {leaf} of a leaf, {method}")
 
 
 def interleaved(run: WorkloadConformance) -> None:
@@ -396,23 +249,16 @@ def _contiguous_only(spec: Spec) -> str | None:
 # and `needs` as conformance.Probe says.
 _PROBES = (
     Probe("baseline", baseline.__doc__, baseline, PLAIN + CALL + ("stale-output", "determinism")),
-    Probe("negated-advantages", negated.__doc__, negated, CALL + ("freshness", "finite"), needs=("baseline",)),
-    Probe("advantage-sign", advantage_sign.__doc__, advantage_sign, ("advantage-sign",), ("advantage-sign",),
-          _only_logits("advantage-sign", _symmetric), ("baseline", "negated-advantages")),
+    G.NEGATED_ADVANTAGES,
+    L.ADVANTAGE_SIGN,
     Probe("new-buffers", new_buffers.__doc__, new_buffers, PLAIN + CALL + ("freshness",)),
-    Probe("zero-advantage", zero_advantage.__doc__, zero_advantage, CALL + ("zero-advantage", "finite"),
-          ("zero-advantage",), _without_kl, ("new-buffers",)),
-    Probe("row-locality", row_locality.__doc__, row_locality, CALL + ("row-locality", "finite"), ("row-locality",),
-          _only_logits("row-locality"), needs=("new-buffers",)),
-    Probe("last-row", last_row.__doc__, last_row, CALL + ("last-row-ignored",), ("last-row-ignored",),
-          _only_logits("last-row"), needs=("new-buffers",)),
-    Probe("masked-positions", masked_positions.__doc__, masked_positions, CALL + ("masked-positions", "finite"),
-          ("masked-positions",), _only_logits("masked-positions", _masked), ("new-buffers",)),
-    Probe("exact-ties", exact_ties.__doc__, exact_ties, CALL + ("exact-ties", "finite"), ("exact-ties",),
-          _only_logits("exact-ties", _clipped)),
+    G.ZERO_ADVANTAGE,
+    L.ROW_LOCALITY,
+    L.LAST_ROW,
+    L.MASKED_POSITIONS,
+    L.EXACT_TIES,
     Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite")),
-    Probe("far-ratios", far_ratios.__doc__, far_ratios, CALL + ("far-ratios", "finite"), ("far-ratios",),
-          _only_logits("far-ratios", _off_policy)),
+    L.FAR_RATIOS,
     Probe("adversarial", adversarial.__doc__, adversarial, CALL + ("adversarial-inputs", "finite")),
     Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradient", "finite")),
     Probe("non-leaf", non_leaf.__doc__, non_leaf, CALL + ("non-leaf-logits", "finite")),

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient
-from grpo_conform.compare import GradientComparator, compare_loss, json_float
+from grpo_conform.compare import compare_loss, json_float
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.floors import Floor, below_floor
 from grpo_conform.ops import operation_for
@@ -35,7 +35,6 @@ from grpo_conform.phases import PHASES
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.checks.units import judge_units
-from grpo_conform.compare import fp32_floor
 from grpo_conform.results import CheckOutcome
 from grpo_conform.spec import ResolvedWorkload, Spec
 from grpo_conform.timing import METHOD, Distribution, flush_bytes_for
@@ -64,7 +63,7 @@ class WorkloadTiming:
     def __init__(self, session: WorkerSession, spec: Spec, resolved: ResolvedWorkload,
                  settings: TimingSettings, floor_of: FloorFn):
         self.session, self.spec, self.rw, self.settings, self.floor_of = session, spec, resolved, settings, floor_of
-        first = spec.differentiable_input  # logits; hidden for grpo-fused-linear
+        first = spec.differentiable_input  # the first differentiable input sets the tolerance's dtype
         self.grad_dtype = resolved.dtypes.get(first.name, first.dtypes[0])
         self.tol = spec.tolerance(self.grad_dtype)
         self.rng = random.Random(secrets.randbits(64))
@@ -293,15 +292,9 @@ class WorkloadTiming:
             return self._recheck_units(entry, x, model, protocol, error_model)
         if protocol != "forward":
             c = self.upstream_for(protocol)
-            # Today's reference has one gradient, the spec's only one (GRPO over logits), compared by its name.
+            # No error model: the operation's one gradient, re-checked row by row by the operation (grpo-logits).
             name = only_gradient(self.spec)
-            cmp = GradientComparator(self.tol.gradient, self.rw.axes["seq_next"], self.rw.shapes["logits"][-1])
-            flat = self.out.grads[name].view(-1, cmp.vocab)
-            z = x["logits"].reshape(-1, cmp.vocab)
-            for chunk in model.gradient(x):
-                scale = chunk.scale * abs(c)
-                floor = fp32_floor(z[chunk.start : chunk.stop], model.temperature, scale)
-                cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor)
+            cmp = self.op.recheck_gradient(self.spec, self.rw, self.tol, self.out.grads[name], x, model, c)
             ok = ok and cmp.passed and cmp.last_rows_nonzero == 0
             entry["gradient"] = {"passed": cmp.passed, "frobenius_rel": json_float(cmp.frobenius_rel),
                                  "mismatches": cmp.mismatches, "nan": cmp.nan, "upstream": c}

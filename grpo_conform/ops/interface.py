@@ -121,6 +121,21 @@ class Operation(Protocol):
         the engine derives the operation's allowances itself (grpo-logits: the fp32 log-sum-exp floors)."""
         ...
 
+    def row_judge(self, run: Any) -> Any:
+        """Asked only where `error_model` gives None (grpo-logits; an operation with an error model, as
+        grpo-fused-linear, need not define it or `recheck_gradient`): the object that judges the operation's one
+        gradient row by row for one workload's conformance run `run` (the engine), with allowances it derives
+        from the inputs: `judge(loss, grad, x, c)` -> (loss comparison, comparator), `loss_floor(x)`,
+        `row_scales(x)`, `relation(actual, expected, x, upstream, scales)`, `logp_error(x)`."""
+        ...
+
+    def recheck_gradient(self, spec: "Spec", resolved: "ResolvedWorkload", tol: Any, grad: "torch.Tensor",
+                         x: Mapping[str, "torch.Tensor"], model: Any, c: float) -> Any:
+        """Asked only where `error_model` gives None: a timed call's one gradient re-checked against the
+        reference at `model`'s parameters, upstream `c` (a comparator with `passed`, `frobenius_rel`,
+        `mismatches`, `nan`, `last_rows_nonzero`)."""
+        ...
+
     def gradient_groupings(self, spec: "Spec") -> dict[str, GradientGrouping]:
         """One per gradient the spec lists, keyed by its input's name."""
         ...

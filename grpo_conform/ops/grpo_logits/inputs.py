@@ -27,6 +27,11 @@ from grpo_conform.ops.interface import fresh_seed  # noqa: F401  (re-exported: a
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
 CHUNK_ELEMENTS = 1 << 26
+#: What an input set's `covered` holds, by key, and the workload's `draws` key it accumulates into
+#: (`checks/conformance.WorkloadConformance.cover`; the coverage list reads the draws). Every GRPO
+#: operation's inputs report these keys (grpo-fused-linear's too).
+COVERAGE_DRAWS = (("mask_layouts", "mask_layouts"), ("mask_dtypes", "mask_dtypes"),
+                  ("advantages", "advantage_cases"), ("special_ids", "special_ids"))
 
 
 @dataclass(frozen=True)

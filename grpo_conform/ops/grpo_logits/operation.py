@@ -1,6 +1,6 @@
 """grpo-logits: the GRPO loss family over materialised logits, as a `grpo_conform.ops.interface.Operation`.
 
-Every method delegates to the modules beside it (inputs, reference, generators, traffic); nothing here
+Every method delegates to the modules beside it (inputs, reference, generators, judge, traffic); nothing here
 computes anything of its own, so behaviour is the pre-plug-in behaviour exactly.
 """
 
@@ -12,6 +12,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 from grpo_conform.ops.grpo_logits import traffic as _traffic
 from grpo_conform.ops.grpo_logits.generators import kind_of
 from grpo_conform.ops.grpo_logits.inputs import generate, refresh_in_place
+from grpo_conform.ops.grpo_logits.judge import RowJudge, recheck_gradient
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_loss
 from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
 from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
@@ -63,8 +64,16 @@ class GrpoLogits:
         return {spec.differentiable_input.name: reference_gradient(x, params, logp_error=logp_error)}
 
     def error_model(self, spec, x: Mapping[str, Any], params, dtype: str) -> None:
-        """None: the engine's logits path derives its fp32 floors itself (checks/conformance.py)."""
+        """None: the row judge below derives its fp32 floors from the given logits (`judge.py`)."""
         return None
+
+    def row_judge(self, run) -> RowJudge:
+        """The judge of d logits rows for one workload's conformance run (`judge.RowJudge`)."""
+        return RowJudge(run)
+
+    def recheck_gradient(self, spec, resolved, tol, grad, x: Mapping[str, Any], model, c: float):
+        """A timed call's d logits re-checked row by row at the declared defaults (`judge.recheck_gradient`)."""
+        return recheck_gradient(spec, resolved, tol, grad, x, model, c)
 
     def gradient_groupings(self, spec) -> dict[str, GradientGrouping]:
         # a unit is one logits row (b, t): the softmax couples the vocabulary, never two positions

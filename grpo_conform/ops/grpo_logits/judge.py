@@ -1,0 +1,169 @@
+"""How grpo-logits' one gradient is judged (issue 30): d loss / d logits row by row, each row (one
+(sequence, position), the vocabulary along it) against the float64 reference with allowances derived
+from the given logits themselves: fp32's log-sum-exp floors (`compare.fp32_floor`, `fp32_target_floor`),
+the bound of an fp32 log-prob error through the ratio (`compare.fp32_logp_error`), the rows' zero sums and
+the left-over last position. An operation with its own error model (grpo-fused-linear) never gets here:
+the engine judges it unit by unit (`checks/units.py`).
+
+`RowJudge` is the engine's (`checks/conformance.WorkloadConformance`) logits path, moved unchanged out of
+the engine: the engine makes one per workload through `Operation.row_judge` and asks it only where
+`Operation.error_model` gives None. It reads the run's drawn parameters, tolerances and reference cache
+(`run.model`, `run.tol`, `run.refs`) and never calls the worker. `recheck_gradient` is the same judgment
+for a timed call's re-check (`checks/timed.py`), at the declared defaults and without the log-prob terms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpo_conform.compare import (FP32_RESOLUTION, GradientComparator, compare_loss, fp32_floor, fp32_logp_error,
+                                  fp32_target_floor)
+from grpo_conform.ops.grpo_logits.reference import chunked_gradient, rows_per_chunk
+from grpo_conform.ops.grpo_terms import token_terms
+from grpo_conform.phases import PHASES
+
+
+#: Why the d logits row checks (`gradient-row-sums`, `last-row-zero`) are not applicable to an operation
+#: without a left-over last position (the engine prefixes the operation's name).
+NO_ROWS = "no logits are given, so no d logits rows (their zero sums and a left-over last position) to check"
+
+
+class RowJudge:
+    """The judgment of d logits rows for one workload's conformance run (`run`: the engine)."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    def _row_floors(self, x, chunk, z, targets):
+        """(max|z|/T, min(1 - p_t, V 2^-24)) of the chunk's rows: `fp32_floor` and
+        `fp32_target_floor` without their scale, computed once per pristine content."""
+        run = self.run
+        slot = run._slot_of(x)
+        entry = None if slot is None else run.refs.entry(run.slot_key(slot), run.model.values)
+        key = (chunk.start, chunk.stop)  # chunk sizes follow free device memory: they can differ between calls
+        if entry is not None and key in entry.rows:
+            return entry.rows[key]
+        T = run.model.temperature
+        zc, tc = z[chunk.start : chunk.stop], targets[chunk.start : chunk.stop]
+        with PHASES("reference"):
+            m = zc.abs().amax(dim=-1).to(torch.float64) / T
+            rest = fp32_target_floor(zc, tc, T, torch.ones(zc.shape[0], dtype=torch.float64, device=zc.device))
+        if entry is not None:
+            entry.rows[key] = (m, rest)
+        return m, rest
+
+    def judge(self, loss: float, grad: torch.Tensor, x: dict[str, torch.Tensor], c: float):
+        """(loss comparison, the gradient's comparator) against the reference of `x`, upstream `c` applied."""
+        run = self.run
+        ref_loss = run.reference_loss(x)
+        cmp = GradientComparator(run.tol.gradient, run.seq_next, run.width)
+        flat = grad.view(-1, run.width)
+        z = x["logits"].reshape(-1, run.width)
+        targets = self._targets(x["completion_ids"])
+        loss_floor = 0.0  # d loss / d logp times each row's fp32 log-prob resolution (chunk.scale is / T)
+        loss_logp = 0.0  # the loss's move under the derived log-prob error bound, weights included
+        T = run.model.temperature
+        with PHASES("reference"):  # the chunks are computed lazily: their float64 work counts in `reference`
+            chunks = iter(chunked_gradient(x, run.model.params, logp_error=self.logp_error(x), logp=run._logp(x)))
+        while True:
+            with PHASES("reference"):
+                chunk = next(chunks, None)
+            if chunk is None:
+                break
+            scale = chunk.scale * abs(c)
+            tc = targets[chunk.start : chunk.stop]
+            m, rest = self._row_floors(x, chunk, z, targets)
+            loss_floor += T * float((FP32_RESOLUTION * (1.0 + m) * chunk.scale.to(torch.float64)).sum())
+            floor = (FP32_RESOLUTION * (1.0 + m) * scale.to(torch.float64)).clamp_min(run.subnormal)
+            target = (tc, torch.where(tc >= 0, rest * scale.to(torch.float64), torch.zeros_like(rest)))
+            logp = None
+            if chunk.coef_error is not None:  # rows with a ratio: its fp32 log-prob error moves the whole row
+                logp = (chunk.coef * c, chunk.coef_error * abs(c))
+                loss_logp += float(chunk.loss_error.sum())
+            expected = chunk.values if c == 1.0 else chunk.values * c  # x * 1.0 is x: one float64 pass less
+            cmp.update(chunk.start, flat[chunk.start : chunk.stop], expected, scale, floor, target, logp)
+        return compare_loss(loss, ref_loss, run.tol.loss, max(loss_floor, loss_logp)), cmp
+
+    def logp_error(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """[B, S]: the bound of an fp32 implementation's error in each log-prob (`fp32_logp_error`),
+        None where the loss does not depend on log-probs (no ratio, no KL: token-is, the seed spec).
+        fp32 arithmetic is what every logits dtype requires, so bf16 and fp16 logits get the same bound.
+        Once per pristine content and parameters (reference_cache.py)."""
+        run = self.run
+        if not run.model.uses_logprobs(x):
+            return None
+        slot = run._slot_of(x)
+        entry = None if slot is None else run.refs.entry(run.slot_key(slot), run.model.values)
+        if entry is not None and entry.logp_error_known:
+            return entry.logp_error
+        with PHASES("reference"):
+            z = x["logits"].reshape(-1, run.width)
+            step = rows_per_chunk(run.width, device=run.device)
+            rows = torch.cat([fp32_logp_error(z[i : i + step], run.model.temperature)
+                              for i in range(0, z.shape[0], step)])
+            grid = rows.view(-1, run.seq_next)[:, :-1]
+        if entry is not None:
+            entry.logp_error, entry.logp_error_known = grid, True
+        return grid
+
+    def loss_floor(self, x: dict[str, torch.Tensor]) -> float:
+        """The absolute loss allowance `judge` gives for fp32 log-probs, without the gradient (forward-only
+        calls): the larger of T * the rows' fp32 floors of |dL/dlogp| and the derived move of the loss."""
+        run = self.run
+        T = run.model.temperature
+        scales = self.row_scales(x)
+        z = x["logits"].reshape(-1, run.width)
+        step = rows_per_chunk(run.width, device=run.device)
+        direct = sum(T * float(fp32_floor(z[i : i + step], T, scales[i : i + step]).sum())
+                     for i in range(0, z.shape[0], step))
+        grid = self.logp_error(x)
+        if grid is None:
+            return direct
+        with PHASES("reference"):
+            moved = float(token_terms(x, run.model.params, run._logp(x), grid).loss_error.sum())
+        return max(direct, moved)
+
+    def row_scales(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per flattened logits row, |dL/dlogp| / T (`reference.row_scales`), from the cached log-probs."""
+        run = self.run
+        logp = run._logp(x)
+        with PHASES("reference"):
+            coef = token_terms(x, run.model.params, logp).scale / run.model.temperature
+            out = torch.zeros(coef.shape[0], run.seq_next, dtype=torch.float64, device=coef.device)
+            out[:, : run.seq_next - 1] = coef
+        return out.reshape(-1)
+
+    def _targets(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target column of every flattened logits row, -1 at the last position of a sequence."""
+        out = torch.full((ids.shape[0], self.run.seq_next), -1, dtype=torch.long, device=ids.device)
+        out[:, : ids.shape[1]] = ids.long()
+        return out.view(-1)
+
+    def relation(self, actual: torch.Tensor, expected: torch.Tensor, x: dict[str, torch.Tensor],
+                 upstream: float = 1.0, scales: torch.Tensor | None = None) -> GradientComparator:
+        """Compare two outputs of the implementation (both rounded, hence twice the slack); `scales`:
+        row scales computed beforehand (inputs poisoned on purpose must not set the allowance)."""
+        run = self.run
+        cmp = GradientComparator(run.tol.gradient, run.seq_next, run.width, slack=2.0)
+        a, e = actual.view(-1, run.width), expected.view(-1, run.width)
+        scales = (self.row_scales(x) if scales is None else scales) * abs(upstream)
+        step = rows_per_chunk(run.width, device=run.device)
+        for start in range(0, a.shape[0], step):
+            cmp.update(start, a[start : start + step], e[start : start + step], scales[start : start + step])
+        return cmp
+
+
+def recheck_gradient(spec, resolved, tol, grad: torch.Tensor, x: dict[str, torch.Tensor], model: Any,
+                     c: float) -> GradientComparator:
+    """A timed call's gradient re-checked against the reference at `model`'s parameters (the declared
+    defaults), row by row with the fp32 floors (`checks/timed.py`, `_recheck`)."""
+    cmp = GradientComparator(tol.gradient, resolved.axes["seq_next"], resolved.shapes["logits"][-1])
+    flat = grad.view(-1, cmp.width)
+    z = x["logits"].reshape(-1, cmp.width)
+    for chunk in model.gradient(x):
+        scale = chunk.scale * abs(c)
+        floor = fp32_floor(z[chunk.start : chunk.stop], model.temperature, scale)
+        cmp.update(chunk.start, flat[chunk.start : chunk.stop], chunk.values * c, scale, floor)
+    return cmp

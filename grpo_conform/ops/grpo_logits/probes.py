@@ -1,0 +1,174 @@
+"""The probes only grpo-logits runs (issue 30): each changes or compares rows of the given logits (one
+row per (sequence, position), the vocabulary along it), so an operation that gives no logits (grpo-fused-linear)
+lists their checks as not applicable, saying why (`applies`). The probe registry (`checks/probes.py`) lists
+them in its order; their judging is `judging.py` beside this file. Moved unchanged from `checks/probes.py`.
+
+advantage-sign (C against A), row-locality (F), last-row (G), masked-positions (M), exact-ties (T) and
+far-ratios (W); `ties_unsupported` tells the declared-cases probe where tie cases cannot be built.
+"""
+
+from __future__ import annotations
+
+from grpo_conform.checks import judging as J
+from grpo_conform.checks.conformance import CALL, Probe, WorkloadConformance
+from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.ops import operation_name
+from grpo_conform.ops.grpo_logits import judging as L
+from grpo_conform.ops.grpo_logits.declared_cases import record
+from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs
+from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs
+from grpo_conform.spec import Spec
+
+
+def _inputs(spec: Spec) -> set[str]:
+    return {t.name for t in spec.inputs}
+
+
+def advantage_sign(run: WorkloadConformance) -> None:
+    """C against A: negating the advantages negates the gradient (read from C's output slot, which
+    no call has exported into since: this probe follows negated-advantages)."""
+    c, slot = run.state.pop("C", (None, None))
+    if c is None or "A" not in run.state:
+        run.book.skip("advantage-sign", "call A or call C did not complete")
+        return
+    if run.exported.get(slot) != c.label:  # a registry order that lets another call overwrite C's outputs
+        raise RuntimeError("probe advantage-sign must follow negated-advantages directly (ops/grpo_logits/probes.py)")
+    L.advantage_sign(run, c, run.state["A"][1])
+
+
+def _symmetric(spec: Spec) -> str | None:
+    """Why negating A does not negate this member's gradient (None where it does)."""
+    names = _inputs(spec)
+    if "old_logprobs" in names:
+        return ("not a symmetry of this member: with old log-probs, negating A changes which clip branch "
+                "is active (call C is still judged against the reference: freshness)")
+    if {"ref_logprobs", "ref_weight"} & names:
+        return "not a symmetry of this member: the KL term does not depend on A"
+    return None
+
+
+def _masked(spec: Spec) -> str | None:
+    return None if "completion_mask" in _inputs(spec) else "this member has no completion mask"
+
+
+_LOGITS_ONLY = {  # probe -> why it needs given logits (what it changes or compares is a logits row)
+    "advantage-sign": "compares d logits rows with their per-row scale (call C is still judged against the reference)",
+    "row-locality": "redraws one logits row",
+    "last-row": "poisons the left-over logits position, which this operation does not have",
+    "masked-positions": "redraws the logits of masked positions (their d logits rows must be exactly 0)",
+    "exact-ties": "builds exact clip ties from the given logits' log-probs",
+    "far-ratios": "sets old and reference log-probs from the given logits' log-probs",
+}
+
+
+def _logits_only(spec: Spec, probe: str = "") -> str | None:
+    """Why a probe that changes or compares given logits does not apply (None for grpo-logits)."""
+    op = operation_name(spec)
+    if op == "grpo-logits":
+        return None
+    return f"grpo-logits only: this probe {_LOGITS_ONLY.get(probe, 'works on given logits')}; {op} gives none"
+
+
+def _only_logits(probe: str, then=None):
+    def applies(spec: Spec) -> str | None:
+        return _logits_only(spec, probe) or (then(spec) if then else None)
+    return applies
+
+
+def _clipped(spec: Spec) -> str | None:
+    if {"epsilon_low", "epsilon_high"} <= {p.name for p in spec.parameters}:
+        return None
+    return "this spec declares no clip (no epsilon_low / epsilon_high)"
+
+
+def _off_policy(spec: Spec) -> str | None:
+    return None if "old_logprobs" in _inputs(spec) else "this member has no old log-probs: its ratio is exactly 1"
+
+
+def row_locality(run: WorkloadConformance) -> None:
+    """F: D's inputs with one logits row redrawn: only that gradient row may change."""
+    if "D" not in run.state:
+        run.book.skip("row-locality", "call D did not complete")
+        return
+    L.row_locality(run, *run.state["D"][::2])
+
+
+def last_row(run: WorkloadConformance) -> None:
+    """G: D's inputs with logits[:, S, :] poisoned (NaN, then huge): no output may change."""
+    if "D" not in run.state:
+        run.book.skip("last-row-ignored", "call D did not complete")
+        return
+    L.last_row(run, *run.state["D"])
+
+
+def masked_positions(run: WorkloadConformance) -> None:
+    """M: masked positions get an exactly zero gradient, and redrawing their logits (finite
+    values) changes no output."""
+    if "D" not in run.state:
+        run.book.skip("masked-positions", "call D did not complete")
+        return
+    L.masked_positions(run, *run.state["D"])
+
+
+def exact_ties(run: WorkloadConformance) -> None:
+    """T: every token at an exact tie of the clip, in the kernel's float32 arithmetic and in the
+    float64 reference (member_inputs.exact_tie_inputs): the spec gives the gradient to the
+    unclipped branch; a kernel that hands ties to the clipped one returns 0 there."""
+    check = "exact-ties"
+    seed = run.seeds[0] ^ 0x71E5
+    run.generate(run.P, seed)
+    x, values = exact_tie_inputs(run.spec, run.P.pristine, run.model.values, seed)
+    run.P.write(x)
+    run.draws["exact_ties"] = {k: values[k] for k in ("epsilon_low", "epsilon_high")}
+    cispo = values.get("loss_type") == "cispo"  # exact_tie_inputs puts CISPO's cap (epsilon_high) at r = 1
+    record(run.draws, "ties", "tie at the cap, epsilon_high = 1" if cispo else "tie at both epsilon bounds")
+    drawn, run.model = run.model, ReferenceModel(run.spec, values)  # the call and its reference use these
+    try:
+        t = run.call("T", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+        if t is not None:
+            J.finite(run, t)
+            J.versus_reference(run, check, t, "every token at an exact tie, epsilon_low {:g}, epsilon_high {:g}".format(
+                values["epsilon_low"], values["epsilon_high"]))
+    finally:
+        run.model = drawn
+
+
+def far_ratios(run: WorkloadConformance) -> None:
+    """W: every token's ratio far out on its unclipped side (3 to e^25 for A < 0, e^-25 to 0.3 for
+    A > 0; both signs present; reference log-probs up to 25 from logp on both sides;
+    generators.logprob_gaps.far_ratio_inputs), the parameters as drawn: a clip the member does not
+    declare (PPO's dual clip at 3) or a log-ratio or KL gap clamped for safety (verl: 20, 10) shows
+    only there."""
+    check = "far-ratios"
+    seed = run.seeds[0] ^ 0xFA2
+    run.generate(run.P, seed)
+    reach: dict = {}
+    run.P.write(far_ratio_inputs(run.spec, run.P.pristine, run.model.values, seed, reach))
+    run.draws["far_gaps"] = reach  # [min, max] of log r (and ref - logp) over the live tokens
+    w = run.call("W", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+    if w is not None:
+        J.finite(run, w)
+        J.versus_reference(run, check, w, "every ratio far out on its unclipped side: 3 to e^25 for A < 0, "
+                                          "e^-25 to 0.3 for A > 0" + (", ref - logp to +-25" if "ref_gap" in reach else ""))
+
+
+def ties_unsupported(spec: Spec) -> str | None:
+    """Why exact ties cannot be built for this spec's operation (None for grpo-logits): the declared-cases
+    probe leaves its tie cases out with this reason (`exact-ties` not applicable)."""
+    return _logits_only(spec, "exact-ties")
+
+
+ADVANTAGE_SIGN = Probe("advantage-sign", advantage_sign.__doc__, advantage_sign, ("advantage-sign",),
+                       ("advantage-sign",), _only_logits("advantage-sign", _symmetric),
+                       ("baseline", "negated-advantages"))
+ROW_LOCALITY = Probe("row-locality", row_locality.__doc__, row_locality, CALL + ("row-locality", "finite"),
+                     ("row-locality",), _only_logits("row-locality"), needs=("new-buffers",))
+LAST_ROW = Probe("last-row", last_row.__doc__, last_row, CALL + ("last-row-ignored",), ("last-row-ignored",),
+                 _only_logits("last-row"), needs=("new-buffers",))
+MASKED_POSITIONS = Probe("masked-positions", masked_positions.__doc__, masked_positions,
+                         CALL + ("masked-positions", "finite"), ("masked-positions",),
+                         _only_logits("masked-positions", _masked), ("new-buffers",))
+EXACT_TIES = Probe("exact-ties", exact_ties.__doc__, exact_ties, CALL + ("exact-ties", "finite"), ("exact-ties",),
+                   _only_logits("exact-ties", _clipped))
+FAR_RATIOS = Probe("far-ratios", far_ratios.__doc__, far_ratios, CALL + ("far-ratios", "finite"), ("far-ratios",),
+                   _only_logits("far-ratios", _off_policy))

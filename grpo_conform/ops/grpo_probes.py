@@ -1,0 +1,82 @@
+"""Probes of the GRPO family that every GRPO operation shares (issue 30): they change the `advantages`
+input (one scalar per sequence), which grpo-logits and grpo-fused-linear both take, so they live beside
+the shared [batch, seq] terms (`grpo_terms.py`) rather than in the generic engine. The probe registry
+(`checks/probes.py`) lists them in its order; the engine is handed them like any other probe.
+
+negated-advantages writes the advantages negated in place (call C, judged for freshness against the
+reference); zero-advantage sets one sequence's advantage to exactly 0 (call E) and wants an exactly zero
+gradient for that sequence in every gradient with a row per sequence. Moved unchanged from
+`checks/probes.py` and `checks/judging.py`.
+"""
+
+from __future__ import annotations
+
+from grpo_conform.checks import judging as J
+from grpo_conform.checks.conformance import CALL, Probe, WorkloadConformance
+from grpo_conform.compare import describe_outputs
+from grpo_conform.spec import Spec
+
+
+def negated(run: WorkloadConformance) -> None:
+    """C: the advantages negated, written in place (same addresses as A)."""
+    P = run.P
+    P.tensors["advantages"].neg_()
+    P.commit()
+    c = run.call("C", P, run.out1, ("freshness", "finite", "no-mutation", "no-aliasing"))
+    if c is not None:
+        J.fresh(run, c, "in place, same addresses")
+        J.finite(run, c)
+        run.state["C"] = (c, run.out1.name)
+    if "A" in run.state:
+        J.reread_first(run, "after C")
+
+
+def zero_advantage(run: WorkloadConformance) -> None:
+    """E: D's inputs with one sequence's advantage set to exactly 0."""
+    judge_zero_advantage(run, run.state.get("D", (None, None, 1.0))[2])
+
+
+def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
+    Q = run.Q
+    b = run.rng.randrange(run.rw.axes["batch"])
+    run.draws["zero_advantage_sequence"] = b
+    original = Q.tensors["advantages"].clone()
+    Q.tensors["advantages"][b] = 0.0
+    Q.commit()
+    e = run.call("E", Q, run.out1, ("zero-advantage", "finite", "no-mutation", "no-aliasing"), upstream=c)
+    if e is not None:
+        J.finite(run, e)
+        # the gradients with a row per sequence (logits; hidden): sequence b's must be exactly 0
+        per_sequence = [n for n in e.grads if run.spec.input(n).shape[0] == "batch" and e.grad_descs.get(n)]
+        nonzero = sum(int((e.grads[n][b] != 0).sum()) for n in per_sequence)
+        loss_cmp, cmp = run.judge(e)
+        ok = nonzero == 0 and cmp.passed and loss_cmp.passed
+        msg = (f"advantage[{b}] = 0 gives an exactly zero gradient for sequence {b}" if ok else
+               f"advantage[{b}] = 0: {nonzero} non-zero gradient values in sequence {b}" if nonzero else
+               "the other sequences do not match the reference: " + describe_outputs(loss_cmp, cmp))
+        run.book.record("zero-advantage", e.label, ok, msg, {"sequence": b, "nonzero": nonzero,
+                                                             "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
+    Q.tensors["advantages"].copy_(original)
+    Q.commit()
+
+
+
+
+def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
+    """The small shape of the repeated-calls probe (`checks/patterns.py`), drawn from the run's `r` in this
+    order: the GRPO family's axes, and for grpo-fused-linear (a `hidden` axis) the GEMM's inner size too."""
+    small = {"batch": r.randint(1, 2), "seq": r.randint(1, 4), "vocab": r.randint(32, 160)}
+    if "hidden" in axes:  # grpo-fused-linear: the GEMM's inner size too
+        small["hidden"] = r.randint(8, 48)
+    return small
+
+
+def without_kl(spec: Spec) -> str | None:
+    kl = {"ref_logprobs", "ref_weight"} & {t.name for t in spec.inputs}  # given reference log-probs or a reference lm_head
+    return "the KL term gives a sequence of zero advantage a gradient" if kl else None
+
+
+NEGATED_ADVANTAGES = Probe("negated-advantages", negated.__doc__, negated, CALL + ("freshness", "finite"),
+                           needs=("baseline",))
+ZERO_ADVANTAGE = Probe("zero-advantage", zero_advantage.__doc__, zero_advantage, CALL + ("zero-advantage", "finite"),
+                       ("zero-advantage",), without_kl, ("new-buffers",))

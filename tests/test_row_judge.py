@@ -1,0 +1,62 @@
+"""grpo-logits' row judge (ops/grpo_logits/judge.py, issue 30): the timed re-check that moved out of
+checks/timed.py runs on the CPU here (the timed path itself needs CUDA), and the engine asks the operation
+for a row judge only where the operation has no error model."""
+
+from __future__ import annotations
+
+import random
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_conform.checks.conformance import WorkloadConformance
+from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.grpo_logits.judge import RowJudge
+from grpo_conform.spec import find_spec, load_family
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setup(member: str, workload: str):
+    spec = find_spec(member)
+    rw = spec.resolve(spec.workload(workload), random.Random(0))
+    op = operation_for(spec)
+    x = op.generate(spec, rw, 11, "cpu").tensors
+    model = ReferenceModel.defaults(spec)
+    grad = torch.cat([c.values for c in model.gradient(x)]).view(rw.shapes["logits"]).float()
+    return spec, rw, op, x, model, grad
+
+
+@pytest.mark.parametrize("c", [1.0, 0.25])
+def test_the_timed_recheck_passes_the_reference_and_catches_one_wrong_element(c):
+    spec, rw, op, x, model, grad = _setup("grpo/token-is", "odd-vocab")
+    tol = spec.tolerance(rw.dtypes.get("logits", "float32"))
+    good = op.recheck_gradient(spec, rw, tol, grad * c, x, model, c)
+    assert good.passed and good.mismatches == 0 and good.last_rows_nonzero == 0
+    bad = grad * c
+    bad[0, 1, 7] += 0.5 * c
+    wrong = op.recheck_gradient(spec, rw, tol, bad, x, model, c)
+    assert not wrong.passed and wrong.mismatches == 1
+    bad = grad * c
+    bad[1, -1, 3] = 1.0  # the left-over last position must stay exactly 0
+    assert op.recheck_gradient(spec, rw, tol, bad, x, model, c).last_rows_nonzero == 1
+
+
+def test_the_engine_makes_a_row_judge_only_for_an_operation_without_an_error_model():
+    spec = find_spec("grpo/token-is")
+    rw = spec.resolve(spec.workload("odd-vocab"), random.Random(0))
+    run = WorkloadConformance(types.SimpleNamespace(device=torch.device("cpu")), spec, rw, [1, 2], ())
+    assert isinstance(run.rows, RowJudge) and run.rows is run.rows  # one per workload, made when asked
+    x = run.op.generate(spec, rw, 3, "cpu").tensors
+    assert run.loss_floor(x) == run.rows.loss_floor(x) > 0.0
+
+    fused = load_family(ROOT / "specs" / "grpo-fused-linear.v1.json").member("token-offpolicy-mask")
+    frw = fused.resolve(fused.workloads[0], random.Random(0))
+    frun = WorkloadConformance(types.SimpleNamespace(device=torch.device("cpu")), fused, frw, [1, 2], ())
+    fx = frun.op.generate(fused, frw, 3, "cpu", values=frun.model.values).tensors
+    floor = frun.loss_floor(fx)  # the operation's error model answers: no row judge is made
+    assert floor == frun.op.error_model(fused, fx, frun.model.params, frun.grad_dtype).loss
+    assert "rows" not in frun.__dict__
