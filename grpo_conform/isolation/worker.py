@@ -157,7 +157,8 @@ class _Worker:
         return leaves, {name: passed.get(name, t) for name, t in shared.items()}
 
     def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
-                   leaf: str = "leaf", poison: str | None = None, inference: bool = False) -> None:
+                   leaf: str = "leaf", poison: str | None = None, inference: bool = False,
+                   tie: dict | None = None) -> None:
         import torch  # lazily, as op_load
 
         shared = self.slots[inputs]
@@ -168,8 +169,10 @@ class _Worker:
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         with grad_ctx:
             loss = self._guarded("forward", lambda: self.entry(**args, **params))
+            backprop = self._tied(loss, args, tie) if tie and grad else loss
         self._sync("forward")
-        self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients)}
+        self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients),
+                            "backprop": backprop}
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
@@ -180,7 +183,7 @@ class _Worker:
         losses, grads_in, names = [], [], []
         for name, c in zip(calls, upstream):
             entry = self.calls[name]
-            loss = entry["loss"]
+            loss = entry.get("backprop", entry["loss"])  # with a tie: the loss plus the tied use's term
             # A loss autograd cannot differentiate is a contract failure the parent reports.
             if not isinstance(loss, torch.Tensor):
                 skipped[name] = "the loss is not a torch.Tensor"
@@ -228,9 +231,24 @@ class _Worker:
         if keep:
             if not entry.get("retained"):  # a retained graph is backpropagated again from these leaves
                 entry["leaves"] = {}  # outputs stay alive; the inputs' tensor objects need not
+                entry.pop("backprop", None)
         else:
             del self.calls[call]
         self.send(status="ok", report=report)
+
+    @staticmethod
+    def _tied(loss, args: dict, tie: dict):
+        """The loss plus a second use of one input in the same graph (tied input embeddings):
+        `scale` times the sum of an embedding lookup of rows `rows` of input `input` (the tensor passed
+        to the entry). The parent knows that term's gradient (scale at each looked-up row) and
+        subtracts it; only what backprops changes, the loss exported stays the entry's own."""
+        import torch  # lazily, as op_load
+
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            return loss  # the contract check reports it; nothing to tie
+        table = args[tie["input"]]
+        ids = torch.tensor(tie["rows"], dtype=torch.long, device=table.device)
+        return loss + float(tie["scale"]) * torch.nn.functional.embedding(ids, table).sum()
 
     def op_reexport(self, call: str, outputs: str) -> None:
         entry = self.calls[call]
