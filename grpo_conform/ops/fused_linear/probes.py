@@ -21,6 +21,10 @@ generic probes (one fresh leaf per call, `checks/probes.py`) never show:
   reference scale of a tied row divided by its count: the bf16 rounding of the sum stays within the
   unit's tolerance, a lost contribution is at least 1/8 of a tied row's scale.
 
+Both also name the workload's odd sizes (rows, seq, vocab, hidden: `odd_sizes`) in the coverage's
+`block-boundaries` category: the tiles' boundary masks of a blocked kernel are met only there (the CPU
+tier's odd-bf16 has 21 rows, seq 7, vocab 1003; tests/test_fused_probes.py keeps it so).
+
 Where they apply: members whose spec differentiates `weight` (every grpo-fused-linear member).
 What the other issue-31 items already get from the generic probes is in docs/operations.md.
 """
@@ -34,6 +38,7 @@ import torch
 
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import CALL, Call, Probe, WorkloadConformance
+from grpo_conform.ops.grpo_logits.declared_cases import record
 
 ACCUMULATION = "grad-accumulation"
 TIED = "tied-weights"
@@ -45,6 +50,21 @@ def _differentiates_weight(spec: Any) -> str | None:
     if "weight" not in {g.input for g in spec.gradients}:
         return "no lm_head weight to accumulate into or tie: the spec differentiates no input named 'weight'"
     return None
+
+
+def odd_sizes(axes: dict[str, int]) -> list[str]:
+    """The sizes of a workload that no power-of-two block (2, 4, ..., of rows, of the sequence, of the
+    vocabulary, of the hidden size) divides: odd ones. A kernel whose tiles assume a multiple (a
+    vocabulary chunk of 4096, 128-row tiles) meets its boundary masks only at such sizes."""
+    sizes = {"rows": axes["batch"] * axes["seq"], "seq": axes["seq"], "vocab": axes["vocab"], "hidden": axes["hidden"]}
+    return [f"odd {name}" for name, n in sizes.items() if n % 2 == 1]
+
+
+def _record_blocks(run: WorkloadConformance) -> None:
+    """Name the odd sizes this workload's calls exercised (draws["exercised"]["block-boundaries"], the
+    coverage line; `verify --require-exercised 'block-boundaries:odd vocab'` can demand one)."""
+    for name in odd_sizes(run.rw.axes):
+        record(run.draws, "block-boundaries", name)
 
 
 def _finish(run: WorkloadConformance, label: str, check: str, upstream: float, skipped: dict, how: str,
@@ -72,6 +92,7 @@ def accumulation(run: WorkloadConformance) -> None:
     run.generate(run.P, run.seeds[0] ^ 0xACC)
     c1, c2 = (float(f"{run.rng.uniform(0.5, 2.0):.6g}") for _ in range(2))
     run.draws["accumulation_upstream"] = [c1, c2]
+    _record_blocks(run)
     label = run._label("GA")
     f = run.forward(label, run.P, checks)
     if f is None:
@@ -123,6 +144,7 @@ def tied(run: WorkloadConformance) -> None:
     if s == 0.0:
         run.book.skip(check, "every tied row has a zero reference gradient: a lost contribution would not show")
         return
+    _record_blocks(run)
     run.draws["tied_weights"] = {"ids": len(rows), "distinct": int((counts > 0).sum()), "scale": s}
     label = run._label("TW")
     f = run.forward(label, run.P, checks, tie={"input": "weight", "rows": rows, "scale": s})
