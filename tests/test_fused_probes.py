@@ -42,7 +42,11 @@ def test_the_tie_scale_is_a_power_of_two_under_a_quarter_of_each_tied_row_s_scal
     assert s == 2.0 ** -13  # min(3e-3 / 8, 5e-4 / 4) = 1.25e-4 -> 2^-13 = 1.22e-4
     assert s <= 1.25e-4 < 2 * s
     assert tie_scale(torch.zeros(4, dtype=torch.float64), counts) == 0.0
-    assert tie_rows(torch.arange(100).view(2, 50)) == list(range(64))
+    flat = torch.ones(100, dtype=torch.float64)
+    assert tie_rows(torch.arange(100).view(2, 50), flat) == list(range(64))
+    flat[3], flat[5] = 1e-3, 2e-2  # within 64x of the largest (1.0): 5 kept, 3 left out
+    assert tie_rows(torch.tensor([3, 5, 5, 7]), flat) == [5, 5, 7]
+    assert tie_rows(torch.tensor([3, 5]), torch.zeros(100, dtype=torch.float64)) == []
 
 
 def test_a_cpu_workload_meets_every_block_boundary():
@@ -105,9 +109,9 @@ def test_accumulated_gradients_pass_and_an_overwrite_fails(seed):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_tied_weight_passes_once_its_term_is_subtracted_and_a_lost_tie_fails(seed):
     spec, op, rw, model, x = _setup(seed)
-    rows = tie_rows(x["completion_ids"])
-    counts = torch.bincount(torch.tensor(rows), minlength=x["weight"].shape[0])
     scales = torch.cat([ch.scale for ch in op.reference_gradients(spec, x, model.params)["weight"]])
+    rows = tie_rows(x["completion_ids"], scales)
+    counts = torch.bincount(torch.tensor(rows), minlength=x["weight"].shape[0])
     s = tie_scale(scales, counts)
     assert s > 0
     loss, total, leaves = _eager_graph(x, model, (rows, s))

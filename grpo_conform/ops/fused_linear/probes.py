@@ -12,8 +12,8 @@ generic probes (one fresh leaf per call, `checks/probes.py`) never show:
   sign: the bf16 sum of the two contributions keeps the relative precision the tolerance assumes).
 - `tied-weights` (probe `tied`): the weight is also the input embedding (tied embeddings, as in
   Gemma, Qwen2-0.5B, Llama-3.2-1B): the worker adds `s * embedding(ids, weight).sum()` to the loss
-  before backward (`isolation/worker.py`, `_tied`), the ids being the batch's first completion
-  tokens. Autograd sums both uses into weight.grad; the parent subtracts the embedding term's
+  before backward (`isolation/worker.py`, `_tied`), the ids being the batch's completion tokens
+  (`tie_rows`: up to 64 lookups, rows whose reference scale is within 64x of the largest). Autograd sums both uses into weight.grad; the parent subtracts the embedding term's
   known gradient (s times each id's count, exact in bf16: s is a power of two, counts <= 64) and
   judges the rest against the reference. An implementation that sets weight.grad itself instead of
   returning the gradient through autograd loses the embedding's contribution (autograd runs the
@@ -22,7 +22,7 @@ generic probes (one fresh leaf per call, `checks/probes.py`) never show:
   unit's tolerance, a lost contribution is at least 1/8 of a tied row's scale.
 
 Both also name the workload's odd sizes (rows, seq, vocab, hidden: `odd_sizes`) in the coverage's
-`block-boundaries` category: the tiles' boundary masks of a blocked kernel are met only there (the CPU
+`block_boundaries` category: the tiles' boundary masks of a blocked kernel are met only there (the CPU
 tier's odd-bf16 has 21 rows, seq 7, vocab 1003; tests/test_fused_probes.py keeps it so).
 
 Where they apply: members whose spec differentiates `weight` (every grpo-fused-linear member).
@@ -43,6 +43,7 @@ from grpo_conform.ops.grpo_logits.declared_cases import record
 ACCUMULATION = "grad-accumulation"
 TIED = "tied-weights"
 TIED_IDS = 64  # at most this many looked-up ids (counts stay exact in bf16: integers up to 256 are)
+TIED_SPREAD = 64.0  # tied rows' reference scales within this factor of the largest one's
 
 
 def _differentiates_weight(spec: Any) -> str | None:
@@ -61,10 +62,10 @@ def odd_sizes(axes: dict[str, int]) -> list[str]:
 
 
 def _record_blocks(run: WorkloadConformance) -> None:
-    """Name the odd sizes this workload's calls exercised (draws["exercised"]["block-boundaries"], the
-    coverage line; `verify --require-exercised 'block-boundaries:odd vocab'` can demand one)."""
+    """Name the odd sizes this workload's calls exercised (draws["exercised"]["block_boundaries"], the
+    coverage line; `verify --require-exercised 'block_boundaries:odd vocab'` can demand one)."""
     for name in odd_sizes(run.rw.axes):
-        record(run.draws, "block-boundaries", name)
+        record(run.draws, "block_boundaries", name)
 
 
 def _finish(run: WorkloadConformance, label: str, check: str, upstream: float, skipped: dict, how: str,
@@ -110,9 +111,16 @@ def accumulation(run: WorkloadConformance) -> None:
             f"accumulated {c1 + c2:g} x")
 
 
-def tie_rows(ids: torch.Tensor) -> list[int]:
-    """The looked-up rows: the batch's first completion ids, as an input embedding reads them."""
-    return [int(i) for i in ids.reshape(-1)[:TIED_IDS].tolist()]
+def tie_rows(ids: torch.Tensor, scales: torch.Tensor) -> list[int]:
+    """The looked-up rows: completion ids of the batch, in order, as an input embedding reads them, at most
+    TIED_IDS lookups, keeping the ids whose weight row's reference scale is at least 1/TIED_SPREAD of the
+    largest among them (a row with next to no gradient would force a tie term too small to show
+    elsewhere: peaked rows put p ~ e^-20 on most of the vocabulary). [] when no row has a gradient."""
+    flat = [int(i) for i in ids.reshape(-1).tolist()]
+    top = max((float(scales[i]) for i in flat), default=0.0)
+    if top <= 0.0:
+        return []
+    return [i for i in flat if float(scales[i]) >= top / TIED_SPREAD][:TIED_IDS]
 
 
 def tie_scale(scales: torch.Tensor, counts: torch.Tensor) -> float:
@@ -127,22 +135,22 @@ def tie_scale(scales: torch.Tensor, counts: torch.Tensor) -> float:
 
 
 def tied(run: WorkloadConformance) -> None:
-    """TW: the weight also used as the input embedding of the first completion ids (tied embeddings):
+    """TW: the weight also used as the input embedding of the completion ids (tied embeddings):
     loss + s * embedding(ids, weight).sum() backpropagated; weight.grad minus s at each looked-up
     row (per lookup) must match the reference."""
     check = TIED
     checks = (check, "no-mutation")
     run.generate(run.P, run.seeds[1 % len(run.seeds)] ^ 0x71ED)
     x = run.P.pristine
-    rows = tie_rows(x["completion_ids"].cpu())
     vocab = x["weight"].shape[0]
-    counts = torch.bincount(torch.tensor(rows, dtype=torch.long), minlength=vocab)
     scales = torch.zeros(vocab, dtype=torch.float64)
     for chunk in run.op.reference_gradients(run.spec, x, run.model.params)["weight"]:
         scales[chunk.start : chunk.stop] = chunk.scale.to("cpu", torch.float64)
-    s = tie_scale(scales, counts)
+    rows = tie_rows(x["completion_ids"].cpu(), scales)
+    counts = torch.bincount(torch.tensor(rows, dtype=torch.long), minlength=vocab)
+    s = tie_scale(scales, counts) if rows else 0.0
     if s == 0.0:
-        run.book.skip(check, "every tied row has a zero reference gradient: a lost contribution would not show")
+        run.book.skip(check, "no completion id's weight row has a reference gradient: a lost contribution would not show")
         return
     _record_blocks(run)
     run.draws["tied_weights"] = {"ids": len(rows), "distinct": int((counts > 0).sum()), "scale": s}
