@@ -8,8 +8,10 @@ generic probes (one fresh leaf per call, `checks/probes.py`) never show:
   backward with upstream c1 and retain_graph=True, then a second `loss.backward` with c2 on the same
   leaves. Autograd accumulates: hidden.grad, weight.grad and bias.grad must hold (c1 + c2) times the
   reference. An implementation that overwrites (`weight.grad.copy_(new)`, `weight.grad = new`,
-  clearing a buffer it believes stale) leaves c2 times it. c1 and c2 are drawn in [0.5, 2] (same
-  sign: the bf16 sum of the two contributions keeps the relative precision the tolerance assumes).
+  clearing a buffer it believes stale) leaves c2 times it. c2 is drawn in [0.5, 1], c1 = r c2 with r
+  in [1.8, 2.4]: the same sign (the bf16 sum of the two contributions keeps the relative precision the
+  tolerance assumes), and every way to lose one contribution is at least 29% off (c2, c1 or 2 c2, as a
+  reused scratch buffer gives, against c1 + c2); with c1 close to c2, 2 c2 hid in the bf16 allowance.
 - `tied-weights` (probe `tied`): the weight is also the input embedding (tied embeddings, as in
   Gemma, Qwen2-0.5B, Llama-3.2-1B): the worker adds `s * embedding(ids, weight).sum()` to the loss
   before backward (`isolation/worker.py`, `_tied`), the ids being the batch's completion tokens
@@ -91,7 +93,8 @@ def accumulation(run: WorkloadConformance) -> None:
     check = ACCUMULATION
     checks = (check, "no-mutation")
     run.generate(run.P, run.seeds[0] ^ 0xACC)
-    c1, c2 = (float(f"{run.rng.uniform(0.5, 2.0):.6g}") for _ in range(2))
+    c2 = float(f"{run.rng.uniform(0.5, 1.0):.6g}")
+    c1 = float(f"{c2 * run.rng.uniform(1.8, 2.4):.6g}")  # see the module docstring: an overwrite is >= 29% off
     run.draws["accumulation_upstream"] = [c1, c2]
     _record_blocks(run)
     label = run._label("GA")
