@@ -121,3 +121,20 @@ def test_a_tied_weight_passes_once_its_term_is_subtracted_and_a_lost_tie_fails(s
     assert _judge(spec, op, rw, model, x, float(loss.detach()), grads, 1.0).passed
     lost = dict(grads, weight=grads["weight"] - tie)  # the kernel's d weight alone, the embedding's lost
     assert not _judge(spec, op, rw, model, x, float(loss.detach()), lost, 1.0).passed
+
+
+@pytest.mark.slow
+def test_the_eager_peer_passes_both_probes_with_a_bias_and_names_the_block_boundaries():
+    """implementations/fused-torch (autograd all the way) through a worker: token-is-bias (bias.grad
+    accumulated too) on odd-bf16; the record's coverage names the odd sizes."""
+    from grpo_conform.check import CheckRequest, run_check
+
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "fused-torch"),), device="cpu",
+                                    workloads=("odd-bf16",), members=("token-is-bias",), checks=(ACCUMULATION, TIED)))
+    (impl,) = report.implementations
+    (workload,) = impl.workloads
+    outcomes = {o.check: o for o in workload.outcomes}
+    assert outcomes[ACCUMULATION].status == "pass" and outcomes[TIED].status == "pass", outcomes
+    assert report.exit_code == 0
+    assert {"odd rows", "odd seq", "odd vocab"} <= set(workload.draws["exercised"]["block_boundaries"])
+    assert workload.draws["tied_weights"]["scale"] > 0
