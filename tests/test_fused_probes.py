@@ -16,8 +16,8 @@ from grpo_conform.checks.probes import PROBES_BY_NAME, PROFILES
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.checks.units import judge_units
 from grpo_conform.ops import operation_for
-from grpo_conform.ops.fused_linear.probes import (ACCUMULATION, FUSED_PROBES, TIED, odd_sizes, tie_rows,
-                                                  tie_scale)
+from grpo_conform.ops.fused_linear.probes import (ACCUMULATION, FUSED_PROBES, NON_LEAF, TIED, odd_sizes,
+                                                  tie_rows, tie_scale)
 from grpo_conform.spec import find_spec, load_family
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,17 +124,20 @@ def test_a_tied_weight_passes_once_its_term_is_subtracted_and_a_lost_tie_fails(s
 
 
 @pytest.mark.slow
-def test_the_eager_peer_passes_both_probes_with_a_bias_and_names_the_block_boundaries():
+def test_the_eager_peer_passes_the_fused_probes_with_a_bias_and_names_the_block_boundaries():
     """implementations/fused-torch (autograd all the way) through a worker: token-is-bias (bias.grad
-    accumulated too) on odd-bf16; the record's coverage names the odd sizes."""
+    accumulated too) on odd-bf16, hidden also as a model output's slice; the record's coverage names the
+    odd sizes."""
     from grpo_conform.check import CheckRequest, run_check
 
     report = run_check(CheckRequest((str(ROOT / "implementations" / "fused-torch"),), device="cpu",
-                                    workloads=("odd-bf16",), members=("token-is-bias",), checks=(ACCUMULATION, TIED)))
+                                    workloads=("odd-bf16",), members=("token-is-bias",),
+                                    checks=(ACCUMULATION, TIED, NON_LEAF)))
     (impl,) = report.implementations
     (workload,) = impl.workloads
     outcomes = {o.check: o for o in workload.outcomes}
-    assert outcomes[ACCUMULATION].status == "pass" and outcomes[TIED].status == "pass", outcomes
+    assert all(outcomes[c].status == "pass" for c in (ACCUMULATION, TIED, NON_LEAF)), outcomes
+    assert "model-output-slice" in workload.draws["call_patterns"]
     assert report.exit_code == 0
     assert {"odd rows", "odd seq", "odd vocab"} <= set(workload.draws["exercised"]["block_boundaries"])
     assert workload.draws["tied_weights"]["scale"] > 0

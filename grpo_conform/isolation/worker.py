@@ -224,6 +224,7 @@ class _Worker:
         if poison:
             self._poison(poison, shared, gradients)
         leaves, args = self._leaves(shared, gradients, grad, leaf)
+        crop = self._model_slices(leaves, args) if leaf == "slice" and grad else []
         # inference: torch.inference_mode (a serving or evaluation loop), a stricter no_grad
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         with grad_ctx:
@@ -231,7 +232,7 @@ class _Worker:
             backprop = self._tied(loss, args, tie) if tie and grad else loss
         self._sync("forward")
         self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients),
-                            "backprop": backprop}
+                            "backprop": backprop, "crop": crop}
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
@@ -269,6 +270,8 @@ class _Worker:
                 grads = [leaf.grad for _, _, leaf in pairs]
             self._sync("backward")
             for (name, key, _), g in zip(pairs, grads):
+                if g is not None and key in self.calls[name].get("crop", ()):
+                    g = g[:, :-1]  # the model output's dropped last position is not the input's
                 self.calls[name]["grads"][key] = g
             for name in names:
                 self.calls[name]["retained"] = retain  # a second backward through this graph follows
@@ -294,6 +297,25 @@ class _Worker:
         else:
             del self.calls[call]
         self.send(status="ok", report=report)
+
+    @staticmethod
+    def _model_slices(leaves: dict, args: dict) -> list[str]:
+        """leaf "slice": each differentiable input of 3 or more dimensions handed over as `out[:, :-1]` of
+        a leaf one position longer along dim 1 (a causal model's last hidden states, its last position
+        dropped: a non-leaf, non-contiguous view); the gradient read back is the leaf's without that
+        position. Returns the inputs so handled."""
+        import torch  # lazily, as op_load
+
+        done = []
+        for name, base in list(leaves.items()):
+            if base.dim() < 3:
+                continue
+            with torch.no_grad():
+                longer = torch.cat([base, base[:, -1:]], dim=1)
+            longer.requires_grad_(True)
+            leaves[name], args[name] = longer, longer[:, :-1]
+            done.append(name)
+        return done
 
     @staticmethod
     def _tied(loss, args: dict, tie: dict):

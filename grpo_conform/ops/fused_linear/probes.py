@@ -27,6 +27,11 @@ Both also name the workload's odd sizes (rows, seq, vocab, hidden: `odd_sizes`) 
 `block_boundaries` category: the tiles' boundary masks of a blocked kernel are met only there (the CPU
 tier's odd-bf16 has 21 rows, seq 7, vocab 1003; tests/test_fused_probes.py keeps it so).
 
+- `model-slice` (probe NS, no check of its own: it feeds `non-leaf-logits`): hidden handed over as
+  `out[:, :-1]` of a leaf `out` [B, T + 1, H] (the worker's leaf mode "slice"), a non-leaf and
+  non-contiguous view at once, as a trainer slices a causal model's output; backward and
+  torch.autograd.grad.
+
 Where they apply: members whose spec differentiates `weight` (every grpo-fused-linear member).
 What the other issue-31 items already get from the generic probes is in docs/operations.md.
 """
@@ -39,11 +44,13 @@ from typing import Any
 import torch
 
 from grpo_conform.checks import judging as J
+from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import CALL, Call, Probe, WorkloadConformance
 from grpo_conform.ops.grpo_logits.declared_cases import record
 
 ACCUMULATION = "grad-accumulation"
 TIED = "tied-weights"
+NON_LEAF = "non-leaf-logits"  # the generic check of inputs handed over as non-leaf tensors
 TIED_IDS = 64  # at most this many looked-up ids (counts stay exact in bf16: integers up to 256 are)
 TIED_ATTEMPTS = 4  # input sets drawn until one gives a tied row a gradient
 TIED_SPREAD = 64.0  # tied rows' reference scales within this factor of the largest one's
@@ -183,8 +190,31 @@ def tied(run: WorkloadConformance) -> None:
             f"term {s:g} x sum of the lookups; judged after subtracting its gradient", adjust=untie)
 
 
+def model_slice(run: WorkloadConformance) -> None:
+    """NS: hidden handed over as `out[:, :-1]` of a leaf `out` [B, T + 1, H] (a causal model's last hidden
+    states with the last position dropped: a non-leaf, non-contiguous view), through backward and
+    torch.autograd.grad; the gradient read from `out` without its last position must match the reference."""
+    run.generate(run.Q, run.seeds[0] ^ 0x5_11CE)
+    for method in ("backward", "autograd.grad"):
+        patterns.exercised(run, "model-output-slice")
+        n = run.call("N-slice", run.Q, run.out2, (NON_LEAF, "finite", "no-mutation", "no-aliasing"),
+                     leaf="slice", method=method)
+        if n is not None:
+            J.finite(run, n)
+            J.versus_reference(run, NON_LEAF, n, f"hidden as out[:, :-1] of a leaf out [B, T + 1, H], {method}")
+
+
+def _has_sequence_input(spec: Any) -> str | None:
+    """Why the model-output slice does not apply (None where a differentiable input has a sequence axis)."""
+    if any(len(spec.input(g.input).shape) >= 3 for g in spec.gradients):
+        return _differentiates_weight(spec)
+    return "no differentiable input of three or more dimensions to slice from a longer model output"
+
+
 FUSED_PROBES = (
     Probe("accumulation", accumulation.__doc__, accumulation, CALL + (ACCUMULATION, "finite"), (ACCUMULATION,),
           _differentiates_weight),
     Probe("tied", tied.__doc__, tied, CALL + (TIED, "finite"), (TIED,), _differentiates_weight),
+    # Feeds the generic non-leaf check (no check of its own: the view and affine calls already stand for it).
+    Probe("model-slice", model_slice.__doc__, model_slice, CALL + (NON_LEAF, "finite"), (), _has_sequence_input),
 )
