@@ -141,3 +141,18 @@ def test_the_eager_peer_passes_the_fused_probes_with_a_bias_and_names_the_block_
     assert report.exit_code == 0
     assert {"odd rows", "odd seq", "odd vocab"} <= set(workload.draws["exercised"]["block_boundaries"])
     assert workload.draws["tied_weights"]["scale"] > 0
+
+
+@pytest.mark.slow
+def test_forward_only_of_an_off_policy_fused_member_takes_the_operation_s_reference_loss():
+    """The no_grad call's reference loss came from the logits operation's log-probs (x["logits"]: a
+    KeyError that ended `check implementations/fused-torch` at token-offpolicy-mask); it is the
+    operation's own reference loss now (conformance.reference_loss)."""
+    from grpo_conform.check import CheckRequest, run_check
+
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "fused-torch"),), device="cpu",
+                                    workloads=("tiny-bf16",), members=("token-offpolicy-mask",),
+                                    checks=("forward-only", "inference-mode")))
+    (workload,) = report.implementations[0].workloads
+    outcomes = {o.check: o for o in workload.outcomes}
+    assert outcomes["forward-only"].status == "pass" and outcomes["inference-mode"].status == "pass", outcomes

@@ -449,9 +449,12 @@ class WorkloadConformance:
         if entry is not None and entry.loss is not None:
             PHASES.tally("reference-reused")
             return entry.loss
-        logp = self._logp(x)
-        with PHASES("reference"):
-            loss = float(token_terms(x, self.model.params, logp).loss.sum())
+        if self.seq_next is None:  # no given logits (grpo-fused-linear): the operation's own reference loss
+            loss = self.model.loss(x)
+        else:
+            logp = self._logp(x)
+            with PHASES("reference"):
+                loss = float(token_terms(x, self.model.params, logp).loss.sum())
         if entry is not None:
             entry.loss = loss
         return loss
