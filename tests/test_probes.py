@@ -9,6 +9,7 @@ import torch
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks.model import ReferenceModel, draw_values
 from grpo_conform.checks.probes import PROBES_BY_NAME, PROFILES, select
+from grpo_conform.ops.fused_linear.probes import FUSED_PROBES
 from grpo_conform.checks.registry import CHECKS_BY_NAME, CONFORMANCE_CHECKS
 from grpo_conform.compare import fp32_floor
 from grpo_conform.spec import find_spec, load_spec
@@ -124,8 +125,9 @@ def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
 
 
 def test_probes_declare_where_they_apply():
-    def ruled_out(spec):
-        return {n: p.applies(spec) for n, p in PROBES_BY_NAME.items() if p.applies(spec)}
+    def ruled_out(spec):  # the fused operation's own probes: tests/test_fused_probes.py
+        fused = {p.name for p in FUSED_PROBES}
+        return {n: p.applies(spec) for n, p in PROBES_BY_NAME.items() if p.applies(spec) and n not in fused}
 
     seed = load_spec(SEED_FILE)  # on-policy token-is: no mask, no old or reference log-probs
     assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "input-cases"}

@@ -308,10 +308,13 @@ class WorkloadConformance:
             raise WorkerGone(failure) from None
 
     def forward(self, label: str, slot: InputSlot, checks: tuple[str, ...], *, grad: bool = True,
-                leaf: str = "leaf", poison: str | None = None, inference: bool = False) -> dict[str, Any] | None:
+                leaf: str = "leaf", poison: str | None = None, inference: bool = False,
+                tie: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Forward only; the inputs are compared with the pristine copy right after it.
-        `inference`: under torch.inference_mode instead of torch.no_grad (with grad=False)."""
+        `inference`: under torch.inference_mode instead of torch.no_grad (with grad=False); `tie`: a
+        second use of an input in the graph (the worker's `_tied`: tied input embeddings)."""
         extra = {"inference": True} if inference else {}
+        extra.update({"tie": tie} if tie else {})
         try:
             reply = self.session.request(op="forward", call=label, inputs=slot.name, params=self.model.call_values,
                                          grad=grad, gradients=[g.input for g in self.spec.gradients], leaf=leaf,
@@ -462,8 +465,8 @@ class WorkloadConformance:
         if entry is not None and entry.loss is not None:
             PHASES.tally("reference-reused")
             return entry.loss
-        if self.op.error_model(self.spec, x, self.model.params, self.grad_dtype) is not None:
-            loss = self.model.loss(x)  # an operation with its own reference (fused linear: no logits to read)
+        if self.seq_next is None:  # no given logits (grpo-fused-linear): the operation's own reference loss
+            loss = self.model.loss(x)
         else:
             logp = self._logp(x)
             with PHASES("reference"):

@@ -29,6 +29,8 @@ from grpo_conform.ops import operation_for
 from grpo_conform.ops.grpo_logits import probes as L
 from grpo_conform.ops.grpo_logits.declared_cases import declared_calls, record, tie_value
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
+from grpo_conform.ops import operation_name
+from grpo_conform.ops.fused_linear.probes import FUSED_PROBES
 from grpo_conform.ops.grpo_logits.probes import ties_unsupported
 from grpo_conform.spec import Spec
 
@@ -268,6 +270,7 @@ _PROBES = (
     Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation")),
     Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation")),
     Probe("retained-graph", retained_graph.__doc__, retained_graph, CALL + ("retained-graph", "finite")),
+    *FUSED_PROBES,  # the lm_head weight held as trainers hold it: accumulated into, tied (ops/fused_linear/probes.py)
     Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),
     Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.

@@ -66,6 +66,11 @@ _CHECKS = (
               "bitwise unchanged after the call", (1, 8)),
     CheckInfo("retained-graph", "a backward with retain_graph=True, then torch.autograd.grad through the same graph "
               "again (other upstream scalars): both gradients match the reference", (2, 10)),
+    CheckInfo("grad-accumulation", "every .grad already holds a value when backward runs (a first backward with "
+              "retain_graph=True, then loss.backward again): hidden, weight and bias gradients are accumulated "
+              "into it, not written over it", (2, 10)),
+    CheckInfo("tied-weights", "the lm_head weight also used as the input embedding in the same graph: autograd "
+              "sums both uses into weight.grad (an implementation setting weight.grad itself loses one)", (2, 16)),
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
     CheckInfo("tamper-scan", "the source names none of the validator's internals (grpo_conform, __main__, "

@@ -45,6 +45,65 @@ def spin_cycles_for(enqueue_ns: int) -> int:
 GRAD_PREFIX = "grad:"  # an output slot's buffer for the gradient of input `name` is "grad:<name>"
 
 
+class TimedSteps:
+    """One timed call's steps for a protocol: `prepare` (untimed), `timed` (between the events), then
+    `loss` and `gradients()` (what is copied out for the re-checks). `run` calls the entry.
+
+    - forward: the call under torch.no_grad; full: forward and loss.backward(); full-scaled: forward
+      and loss.backward(c);
+    - backward: the seed benchmark's backward-only mode (Liger's benchmark scripts: one untimed
+      forward, then `triton.testing.do_bench(lambda: y.backward(retain_graph=True),
+      grad_to_none=[_input])`). Prepared: the forward and one backward with retain_graph=True (what
+      do_bench's warm-up calls leave: every gradient buffer but the first input's holds a gradient),
+      then the first differentiable input's .grad set to None (grad_to_none); timed:
+      loss.backward(retain_graph=True), which accumulates into the other inputs' .grad as the
+      benchmark's repetitions do. For the re-checks the gradients are read as what the timed backward
+      added (the .grad after it minus a copy taken before it, outside the clock)."""
+
+    def __init__(self, protocol: str, run, leaves: dict, upstream: float, guarded):
+        if protocol not in ("forward", "full", "full-scaled", "backward"):
+            raise ValueError(f"no timed protocol {protocol!r}")
+        self.protocol, self.run, self.leaves, self.upstream, self.guarded = protocol, run, leaves, upstream, guarded
+        self.loss = None
+        self.before: dict = {}
+
+    def prepare(self) -> None:
+        if self.protocol != "backward":
+            return
+        self.loss = self.guarded("forward", self.run)
+        self.guarded("backward", lambda: self.loss.backward(retain_graph=True))
+        first = next(iter(self.leaves), None)
+        for name, leaf in self.leaves.items():
+            if name == first:
+                leaf.grad = None  # grad_to_none=[_input]
+            elif leaf.grad is not None:
+                self.before[name] = leaf.grad.detach().clone()
+
+    def timed(self) -> None:
+        import torch  # lazily, as op_load
+
+        if self.protocol == "forward":
+            with torch.no_grad():
+                self.loss = self.guarded("forward", self.run)
+        elif self.protocol == "full":
+            self.loss = self.guarded("forward", self.run)
+            self.guarded("backward", lambda: self.loss.backward())
+        elif self.protocol == "full-scaled":  # (c * loss).backward(): gradient accumulation, loss scaling
+            self.loss = self.guarded("forward", self.run)
+            self.guarded("backward", lambda: self.loss.backward(torch.full_like(self.loss, self.upstream)))
+        else:
+            self.guarded("backward", lambda: self.loss.backward(retain_graph=True))
+
+    def gradients(self) -> dict:
+        if self.protocol == "forward":
+            return {}
+        grads = {name: leaf.grad for name, leaf in self.leaves.items()}
+        for name, old in self.before.items():  # backward: what the timed backward added
+            if grads.get(name) is not None:
+                grads[name] = grads[name] - old
+        return grads
+
+
 class _Worker:
     def __init__(self, conn: Connection, sock: socket.socket | None = None):
         self.conn, self.sock = conn, sock
@@ -157,19 +216,23 @@ class _Worker:
         return leaves, {name: passed.get(name, t) for name, t in shared.items()}
 
     def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
-                   leaf: str = "leaf", poison: str | None = None, inference: bool = False) -> None:
+                   leaf: str = "leaf", poison: str | None = None, inference: bool = False,
+                   tie: dict | None = None) -> None:
         import torch  # lazily, as op_load
 
         shared = self.slots[inputs]
         if poison:
             self._poison(poison, shared, gradients)
         leaves, args = self._leaves(shared, gradients, grad, leaf)
+        crop = self._model_slices(leaves, args) if leaf == "slice" and grad else []
         # inference: torch.inference_mode (a serving or evaluation loop), a stricter no_grad
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         with grad_ctx:
             loss = self._guarded("forward", lambda: self.entry(**args, **params))
+            backprop = self._tied(loss, args, tie) if tie and grad else loss
         self._sync("forward")
-        self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients)}
+        self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients),
+                            "backprop": backprop, "crop": crop}
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
@@ -180,7 +243,7 @@ class _Worker:
         losses, grads_in, names = [], [], []
         for name, c in zip(calls, upstream):
             entry = self.calls[name]
-            loss = entry["loss"]
+            loss = entry.get("backprop", entry["loss"])  # with a tie: the loss plus the tied use's term
             # A loss autograd cannot differentiate is a contract failure the parent reports.
             if not isinstance(loss, torch.Tensor):
                 skipped[name] = "the loss is not a torch.Tensor"
@@ -207,6 +270,8 @@ class _Worker:
                 grads = [leaf.grad for _, _, leaf in pairs]
             self._sync("backward")
             for (name, key, _), g in zip(pairs, grads):
+                if g is not None and key in self.calls[name].get("crop", ()):
+                    g = g[:, :-1]  # the model output's dropped last position is not the input's
                 self.calls[name]["grads"][key] = g
             for name in names:
                 self.calls[name]["retained"] = retain  # a second backward through this graph follows
@@ -228,9 +293,43 @@ class _Worker:
         if keep:
             if not entry.get("retained"):  # a retained graph is backpropagated again from these leaves
                 entry["leaves"] = {}  # outputs stay alive; the inputs' tensor objects need not
+                entry.pop("backprop", None)
         else:
             del self.calls[call]
         self.send(status="ok", report=report)
+
+    @staticmethod
+    def _model_slices(leaves: dict, args: dict) -> list[str]:
+        """leaf "slice": each differentiable input of 3 or more dimensions handed over as `out[:, :-1]` of
+        a leaf one position longer along dim 1 (a causal model's last hidden states, its last position
+        dropped: a non-leaf, non-contiguous view); the gradient read back is the leaf's without that
+        position. Returns the inputs so handled."""
+        import torch  # lazily, as op_load
+
+        done = []
+        for name, base in list(leaves.items()):
+            if base.dim() < 3:
+                continue
+            with torch.no_grad():
+                longer = torch.cat([base, base[:, -1:]], dim=1)
+            longer.requires_grad_(True)
+            leaves[name], args[name] = longer, longer[:, :-1]
+            done.append(name)
+        return done
+
+    @staticmethod
+    def _tied(loss, args: dict, tie: dict):
+        """The loss plus a second use of one input in the same graph (tied input embeddings):
+        `scale` times the sum of an embedding lookup of rows `rows` of input `input` (the tensor passed
+        to the entry). The parent knows that term's gradient (scale at each looked-up row) and
+        subtracts it; only what backprops changes, the loss exported stays the entry's own."""
+        import torch  # lazily, as op_load
+
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            return loss  # the contract check reports it; nothing to tie
+        table = args[tie["input"]]
+        ids = torch.tensor(tie["rows"], dtype=torch.long, device=table.device)
+        return loss + float(tie["scale"]) * torch.nn.functional.embedding(ids, table).sum()
 
     def op_reexport(self, call: str, outputs: str) -> None:
         entry = self.calls[call]
@@ -279,9 +378,8 @@ class _Worker:
 
         shared = self.slots[inputs]
         leaves, args = self._leaves(shared, gradients, protocol != "forward")
-        loss = None
-        if protocol == "backward":  # forward runs untimed first
-            loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
+        step = TimedSteps(protocol, lambda: self.entry(**args, **self.params), leaves, upstream, self._guarded)
+        step.prepare()  # untimed: backward's forward and first backward
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -292,29 +390,19 @@ class _Worker:
         if self.flush_buffer is not None:
             self.flush_buffer(wall0)
         start.record()
-        if protocol == "forward":
-            with torch.no_grad():
-                loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
-        elif protocol == "full":
-            loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
-            self._guarded("backward", lambda: loss.backward())
-        elif protocol == "full-scaled":  # (c * loss).backward(): gradient accumulation, loss scaling
-            loss = self._guarded("forward", lambda: self.entry(**args, **self.params))
-            self._guarded("backward", lambda: loss.backward(torch.full_like(loss, upstream)))
-        else:
-            self._guarded("backward", lambda: loss.backward())
+        step.timed()
         end.record()
         enqueued = time.perf_counter_ns()
         self._sync("timed call")
         wall1 = time.perf_counter_ns()
-        grads = {name: leaf.grad for name, leaf in leaves.items()} if protocol != "forward" else {}
+        loss, grads = step.loss, step.gradients()
         event_ns = int(round(start.elapsed_time(end) * 1e6))
         pre_ns = int(round(pre.elapsed_time(start) * 1e6))
         peak = torch.cuda.max_memory_allocated() - base
         if outputs is not None:
             self._copy_out(self.slots[outputs], loss, grads)
             self._sync("copy")
-        del loss, grads, leaves
+        del loss, grads, leaves, step
         return {"event_ns": event_ns, "wall_ns": max(0, wall1 - wall0 - pre_ns), "pre_ns": pre_ns,
                 "enqueue_ns": enqueued - wall0, "peak_bytes": int(peak)}
 
