@@ -29,7 +29,6 @@ from grpo_conform.ops import operation_for
 from grpo_conform.ops.grpo_logits import probes as L
 from grpo_conform.ops.grpo_logits.declared_cases import declared_calls, record, tie_value
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
-from grpo_conform.ops import operation_name
 from grpo_conform.ops.fused_linear.probes import FUSED_PROBES
 from grpo_conform.ops.grpo_logits.probes import ties_unsupported
 from grpo_conform.spec import Spec
