@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import dataclasses
 import json
 import math
 import re
@@ -26,10 +27,15 @@ from grpo_conform.floors import (HEADROOM, TRAFFIC, FloorError, below_floor, com
                                  format_ns, load_spec_ref, ratio)
 from grpo_conform.hardware import Catalogue, load_catalogue
 from grpo_conform.operations import KNOWN_OPERATIONS, lookup, measures_member
+from grpo_conform.audit_against import build_against
+from grpo_conform.audit_fused import DEFAULT_FUSED_SPEC, audit_fused_record, is_fused, stated_level
 from grpo_conform.audit_model import Finding, IgnoredRow, Record, RecordAudit, match_workload
+from grpo_conform.audit_repro import load_measurements
+from grpo_conform.ops import operation_name
 from grpo_conform.spec import Spec
 
 FORMAT = "grpo-conform-reported/1"
+FUSED_OPERATION = "grpo-fused-linear"
 DEFAULT_SPEC = "grpo-token-is"
 LIGER_COLUMNS = ("kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "metric_unit",
                  "x_name", "x_label", "x_value", "y_value_50", "y_value_20", "y_value_80",
@@ -327,6 +333,14 @@ class AuditRequest:
     path: str
     spec: str = DEFAULT_SPEC  # a spec file or id
     catalogue_path: Optional[str] = None
+    # Rows of Liger's fused lm_head + GRPO kernel are judged against this spec (audit_fused.py), unless
+    # `spec` itself is of that operation
+    fused_spec: str = DEFAULT_FUSED_SPEC
+    against: Optional[str] = None  # Liger's own benchmark CSV: which of its rows a number is (audit_against.py)
+    records: Optional[tuple[str, ...]] = None  # our record folders for the reproduction (audit_repro.py);
+    # None: evidence/h200; (): no reproduction
+    trusted_keys: Optional[str] = None
+    accept_unsigned_records: bool = False  # tests and local trials: read unsigned records, marked UNSIGNED
 
 
 @dataclass(frozen=True)
@@ -336,6 +350,7 @@ class AuditReport:
     spec: Spec
     audits: tuple[RecordAudit, ...]
     ignored: tuple[IgnoredRow, ...] = ()
+    fused_spec: Optional[Spec] = None  # the spec the fused-linear rows were judged against, if any
 
     @property
     def counts(self) -> dict[str, int]:
@@ -350,12 +365,19 @@ class AuditReport:
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "format": self.format,
                 "spec": {"id": self.spec.id, "version": self.spec.version, "identity": {"sha256": self.spec.identity}},
+                "fused_spec": {"id": self.fused_spec.id, "version": self.fused_spec.version,
+                               "identity": {"sha256": self.fused_spec.identity}} if self.fused_spec else None,
                 "counts": self.counts, "records": [a.to_json() for a in self.audits],
                 "ignored": [asdict(i) for i in self.ignored], "exit_code": self.exit_code}
 
+    def fused_text(self) -> str:
+        if self.fused_spec is None or self.fused_spec is self.spec:
+            return ""
+        return f"; rows of the fused lm_head + GRPO kernel against {self.fused_spec.id} {self.fused_spec.version}"
+
     def lines(self) -> list[str]:
         out = [f"audit of {self.file} ({self.format}: {len(self.audits)} timing records, {len(self.ignored)} other "
-               f"rows) against {self.spec.id} {self.spec.version}"]
+               f"rows) against {self.spec.id} {self.spec.version}" + self.fused_text()]
         for a in self.audits:
             out += a.lines()
         out += [f"{i.where}: ignored: {i.reason}" for i in self.ignored]
@@ -369,5 +391,24 @@ def run_audit(request: AuditRequest) -> AuditReport:
     spec = load_spec_ref(request.spec)
     catalogue = load_catalogue(request.catalogue_path)
     form, records, ignored = read_records(request.path)
-    audits = tuple(audit_record(r, spec, catalogue) for r in records)
-    return AuditReport(request.path, form, spec, audits, tuple(ignored))
+    fused = [r for r in records if is_fused(r)]
+    if not fused:
+        return AuditReport(request.path, form, spec, tuple(audit_record(r, spec, catalogue) for r in records),
+                           tuple(ignored))
+    fused_spec = spec if operation_name(spec) == FUSED_OPERATION else load_spec_ref(request.fused_spec)
+    against = build_against(request.against, read_records(request.against)[1]) if request.against else None
+    audits = []
+    for r in records:
+        if not is_fused(r):
+            audits.append(audit_record(r, spec, catalogue))
+            continue
+        source_row = against.finding(r) if against is not None else None
+        if source_row is None and stated_level(r)[0] is None:
+            source_row = Finding("source-row", "unknown", "the row does not state its importance-sampling level; "
+                                 "give Liger's CSV with --against to tell its token- from its sequence-level rows")
+        audits.append(audit_fused_record(r, fused_spec, catalogue, source_row))
+    if request.records != ():
+        measured = load_measurements(request.records or (), trusted_keys=request.trusted_keys,
+                                     accept_unsigned=request.accept_unsigned_records)
+        audits = [dataclasses.replace(a, reproduction=measured.reproduce(a)) if a.spec_id else a for a in audits]
+    return AuditReport(request.path, form, spec, tuple(audits), tuple(ignored), fused_spec)
