@@ -105,8 +105,7 @@ def _with_hidden(record: Record, spec: Spec) -> Record:
     return dataclasses.replace(record, axes=axes, extra=extra)
 
 
-def _operation(record: Record, spec: Spec) -> Finding:
-    level, where = stated_level(record)
+def _operation(record: Record, spec: Spec, level: Optional[str], where: str) -> Finding:
     what = f"{record.operation!r} is the fused lm_head + GRPO loss, the operation of {spec.id}"
     if level == "sequence":
         return Finding("operation", "mismatch", f"{what}, at sequence-level importance sampling (GSPO, stated by "
@@ -141,11 +140,12 @@ def _physics(record: Record, spec: Spec, workload, gpu: GpuSpec) -> tuple[Findin
 def audit_fused_record(record: Record, spec: Spec, catalogue: Catalogue,
                        source_row: Optional[Finding] = None) -> RecordAudit:
     """The row judged against the fused spec; `source_row`: what Liger's own CSV says of it (audit_against.py)."""
+    level, where = stated_level(record)
     record = _with_hidden(record, spec)
     match = catalogue.lookup(record.gpu)
     findings = [Finding("gpu", "unknown", f"{record.gpu!r} is not in the GPU catalogue") if match is None else
                 Finding("gpu", "warning" if match.note else "ok", match.note or match.gpu.name),
-                _operation(record, spec)]
+                _operation(record, spec, level, where)]
     if record.protocol == "backward":
         findings.append(Finding("protocol", "mismatch", f"backward-only protocol: {protocol_text(record)}; never a "
                                 "headline time of the loss (that is the full protocol's)"))
