@@ -36,6 +36,9 @@ def record_line(file: str, a: Any) -> str:
     shape = ",".join(f"{k[0]}={v}" for k, v in r.axes.items())
     what = f"{r.implementation} {r.protocol} [{shape}{', ' + r.dtype if r.dtype else ''}] on {r.gpu}: {r.median_ms:g} ms"
     ratio = f"{a.floor_ratio:.2f}x the floor" if a.floor_ratio is not None and a.floor_ratio != float("inf") else ""
+    if ratio and getattr(a, "spec_id", None) and a.floor is not None:  # a fused-linear row: name its floor
+        ratio = f"{a.floor_ratio:.2f}x the {'backward-only' if a.floor.protocol == 'backward' else a.floor.protocol} " \
+                f"floor ({a.floor.method}, {a.floor.binding} binds: {a.floor.floor_ns / 1e6:.3g} ms)"
     reasons = []
     if word == "impossible":
         proto = getattr(a.floor, "protocol", "") if a.floor is not None else ""
