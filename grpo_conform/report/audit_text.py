@@ -15,7 +15,7 @@ from typing import Any
 from grpo_conform.report.reported import MEANINGS, label
 
 SHORT = {"operation": "another operation", "protocol": "another protocol", "workload": "other shapes",
-         "gpu": "GPU not in the catalogue"}
+         "gpu": "GPU not in the catalogue", "source-row": "another row of the source (its sequence-level, GSPO, row)"}
 
 
 def _why_not_comparable(a: Any) -> str:
