@@ -80,7 +80,9 @@ class Reproduction:
             if same is not None:
                 out.append(f"    the reported number is a {PROTOCOL_NAMES[same.protocol]} time: "
                            f"{self.reported_ms * 1e6 / same.median_ns:.2f}x ours (another GPU: the ratio holds the "
-                           "GPUs' difference too)")
+                           "GPUs' difference too" + ("; our backward-only calls get fresh leaves, so weight.grad "
+                                                     "starts empty and nothing is added to it)"
+                                                     if same.protocol == "backward" else ")"))
         return out
 
 
