@@ -213,3 +213,21 @@ def test_unsigned_records_are_refused_by_default(records):
     report = _audit(SEED, records=(str(records),))
     b2 = next(a for a in report.audits if a.record.median_ms == 1.81)
     assert b2.reproduction.measured == () and "no H200 record" in b2.reproduction.lines()[0]
+
+
+def test_the_cli_prints_the_source_row_and_the_reproduction_under_each_fused_row(records):
+    from click.testing import CliRunner
+
+    from grpo_conform.cli import main
+
+    run = CliRunner().invoke(main, ["audit", "--against", str(LIGER), "--records", str(records), str(SEED)],
+                             catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    lines = run.output.splitlines()
+    row9 = next(i for i, ln in enumerate(lines) if ln.startswith(f"{SEED}:9 "))
+    assert "NOT COMPARABLE" in lines[row9] and "fused-linear operation" in lines[row9]
+    assert "backward-only protocol: " + PROTOCOL_TEXT in lines[row9] and "never a headline time" in lines[row9]
+    assert "matches the sequence-level (GSPO) row of Liger's CSV at ead96b618e5c" in lines[row9 + 1]
+    assert "no H200 record of fused-torch" in lines[row9 + 2]  # the synthetic records are unsigned: refused
+    quiet = CliRunner().invoke(main, ["audit", "--no-reproduction", str(SEED)], catch_exceptions=False)
+    assert "reproduction" not in quiet.output and "source row: unknown" in quiet.output
