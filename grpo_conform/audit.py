@@ -12,23 +12,30 @@ from __future__ import annotations
 
 import ast
 import csv
+import dataclasses
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from grpo_conform.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, GrpoConformError
-from grpo_conform.floors import (HEADROOM, ITEMSIZE, TRAFFIC, Floor, FloorError, below_floor, compute_floor,
+from grpo_conform.floors import (HEADROOM, TRAFFIC, FloorError, below_floor, compute_floor,
                                  format_ns, load_spec_ref, ratio)
-from grpo_conform.hardware import Catalogue, GpuMatch, load_catalogue
+from grpo_conform.hardware import Catalogue, load_catalogue
 from grpo_conform.operations import KNOWN_OPERATIONS, lookup, measures_member
-from grpo_conform.spec import Spec, Workload
+from grpo_conform.audit_against import build_against
+from grpo_conform.audit_fused import DEFAULT_FUSED_SPEC, audit_fused_record, is_fused, stated_level
+from grpo_conform.audit_model import Finding, IgnoredRow, Record, RecordAudit, match_workload
+from grpo_conform.audit_repro import load_measurements
+from grpo_conform.ops import operation_name
+from grpo_conform.spec import Spec
 
 FORMAT = "grpo-conform-reported/1"
+FUSED_OPERATION = "grpo-fused-linear"
 DEFAULT_SPEC = "grpo-token-is"
 LIGER_COLUMNS = ("kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "metric_unit",
                  "x_name", "x_label", "x_value", "y_value_50", "y_value_20", "y_value_80",
@@ -83,36 +90,6 @@ class ReportedFile(BaseModel):
 def reported_schema() -> dict[str, Any]:
     """JSON Schema of the project's reported-records form."""
     return ReportedFile.model_json_schema()
-
-
-@dataclass(frozen=True)
-class Record:
-    """A reported timing, normalized from either input form."""
-
-    where: str
-    implementation: str
-    provider: str
-    operation: str
-    protocol: str
-    axes: dict[str, int]
-    dtype: Optional[str]
-    gpu: str
-    median_ms: float
-    quantiles_ms: dict[str, float] = field(default_factory=dict)
-    source: str = ""
-    observed: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def label(self) -> str:
-        shape = ", ".join(f"{k}={v}" for k, v in self.axes.items())
-        return (f"{self.where}: {self.implementation} {self.operation} ({self.protocol}) [{shape}, "
-                f"{self.dtype or 'dtype?'}] on {self.gpu}: {self.median_ms:g} ms")
-
-
-@dataclass(frozen=True)
-class IgnoredRow:
-    where: str
-    reason: str
 
 
 def normalize_dtype(text: str) -> str:
@@ -266,42 +243,6 @@ def read_records(path: str | Path) -> tuple[str, list[Record], list[IgnoredRow]]
 
 
 # -- judging ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Finding:
-    check: str  # gpu | operation | workload | protocol | physics | quantiles
-    status: str  # ok | warning | mismatch | unknown | impossible | skipped
-    message: str
-
-
-@dataclass(frozen=True)
-class RecordAudit:
-    record: Record
-    verdict: str
-    findings: tuple[Finding, ...]
-    comparable: bool = True  # same operation, protocol (forward or full) and workload as the spec
-    gpu: Optional[GpuMatch] = None
-    workload: Optional[str] = None
-    floor: Optional[Floor] = None
-    floor_ratio: Optional[float] = None
-
-    def finding(self, check: str) -> Optional[Finding]:
-        return next((f for f in self.findings if f.check == check), None)
-
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        return tuple(f"{f.check}: {f.message}" for f in self.findings if f.status not in ("ok",))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"record": asdict(self.record), "verdict": self.verdict, "comparable": self.comparable,
-                "findings": [asdict(f) for f in self.findings],
-                "gpu": self.gpu.to_json() if self.gpu else None, "workload": self.workload,
-                "floor": self.floor.to_json() if self.floor else None, "floor_ratio": self.floor_ratio}
-
-    def lines(self) -> list[str]:
-        head = f"{self.record.label()} -> {self.verdict}" + ("" if self.comparable else ", not comparable")
-        return [head] + [f"    {f.check}: {f.status}: {f.message}" for f in self.findings]
-
-
 def _operation(record: Record, spec: Spec) -> Finding:
     name = record.operation.strip()
     if name.split("@")[0] == spec.id:
@@ -329,25 +270,6 @@ def _protocol(record: Record) -> Finding:
                    "backward)")
 
 
-def _workload(record: Record, spec: Spec) -> tuple[Finding, Optional[Workload]]:
-    x = spec.differentiable_input
-    for w in spec.workloads:
-        if not w.drawn and all(record.axes.get(a) == v for a, v in w.axes.items()) \
-                and record.dtype == w.dtypes.get(x.name):
-            return Finding("workload", "ok", f"matches the spec's workload {w.name!r}"), w
-    base = [a.name for a in spec.axes if a.derivation() is None]
-    missing = [a for a in base if a not in record.axes]
-    stated = ", ".join(f"{k}={v}" for k, v in record.axes.items()) + f", {x.name} {record.dtype or 'dtype not stated'}"
-    why = f"axes {', '.join(missing)} not stated" if missing else "no fixed workload of the spec has these values"
-    extra = f"; {', '.join(f'{k}={v}' for k, v in record.extra.items())} not part of the spec" if record.extra else ""
-    if missing or (record.dtype is not None and record.dtype not in x.dtypes):
-        return Finding("workload", "mismatch", f"{stated}: {why}{extra}"), None
-    dtype = record.dtype or min(x.dtypes, key=lambda d: ITEMSIZE.get(d, 99))  # unstated: smallest, a lower bound
-    synthetic = Workload(name="reported", axes={a: record.axes[a] for a in base}, dtypes={x.name: dtype},
-                         devices=("cuda",))
-    return Finding("workload", "mismatch", f"{stated}: {why}{extra}"), synthetic
-
-
 def audit_record(record: Record, spec: Spec, catalogue: Catalogue) -> RecordAudit:
     findings: list[Finding] = []
     match = catalogue.lookup(record.gpu)
@@ -358,7 +280,7 @@ def audit_record(record: Record, spec: Spec, catalogue: Catalogue) -> RecordAudi
         findings.append(Finding("gpu", "warning" if match.note else "ok", match.note or f"{match.gpu.name}"))
     findings.append(_operation(record, spec))
     findings.append(_protocol(record))
-    wl_finding, workload = _workload(record, spec)
+    wl_finding, workload = match_workload(record, spec)
     findings.append(wl_finding)
     q = record.quantiles_ms
     if q and not (q.get("p20", 0) <= record.median_ms <= q.get("p80", math.inf)):
@@ -411,6 +333,14 @@ class AuditRequest:
     path: str
     spec: str = DEFAULT_SPEC  # a spec file or id
     catalogue_path: Optional[str] = None
+    # Rows of Liger's fused lm_head + GRPO kernel are judged against this spec (audit_fused.py), unless
+    # `spec` itself is of that operation
+    fused_spec: str = DEFAULT_FUSED_SPEC
+    against: Optional[str] = None  # Liger's own benchmark CSV: which of its rows a number is (audit_against.py)
+    records: Optional[tuple[str, ...]] = None  # our record folders for the reproduction (audit_repro.py);
+    # None: evidence/h200; (): no reproduction
+    trusted_keys: Optional[str] = None
+    accept_unsigned_records: bool = False  # tests and local trials: read unsigned records, marked UNSIGNED
 
 
 @dataclass(frozen=True)
@@ -420,6 +350,7 @@ class AuditReport:
     spec: Spec
     audits: tuple[RecordAudit, ...]
     ignored: tuple[IgnoredRow, ...] = ()
+    fused_spec: Optional[Spec] = None  # the spec the fused-linear rows were judged against, if any
 
     @property
     def counts(self) -> dict[str, int]:
@@ -434,12 +365,19 @@ class AuditReport:
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "format": self.format,
                 "spec": {"id": self.spec.id, "version": self.spec.version, "identity": {"sha256": self.spec.identity}},
+                "fused_spec": {"id": self.fused_spec.id, "version": self.fused_spec.version,
+                               "identity": {"sha256": self.fused_spec.identity}} if self.fused_spec else None,
                 "counts": self.counts, "records": [a.to_json() for a in self.audits],
                 "ignored": [asdict(i) for i in self.ignored], "exit_code": self.exit_code}
 
+    def fused_text(self) -> str:
+        if self.fused_spec is None or self.fused_spec is self.spec:
+            return ""
+        return f"; rows of the fused lm_head + GRPO kernel against {self.fused_spec.id} {self.fused_spec.version}"
+
     def lines(self) -> list[str]:
         out = [f"audit of {self.file} ({self.format}: {len(self.audits)} timing records, {len(self.ignored)} other "
-               f"rows) against {self.spec.id} {self.spec.version}"]
+               f"rows) against {self.spec.id} {self.spec.version}" + self.fused_text()]
         for a in self.audits:
             out += a.lines()
         out += [f"{i.where}: ignored: {i.reason}" for i in self.ignored]
@@ -453,5 +391,24 @@ def run_audit(request: AuditRequest) -> AuditReport:
     spec = load_spec_ref(request.spec)
     catalogue = load_catalogue(request.catalogue_path)
     form, records, ignored = read_records(request.path)
-    audits = tuple(audit_record(r, spec, catalogue) for r in records)
-    return AuditReport(request.path, form, spec, audits, tuple(ignored))
+    fused = [r for r in records if is_fused(r)]
+    if not fused:
+        return AuditReport(request.path, form, spec, tuple(audit_record(r, spec, catalogue) for r in records),
+                           tuple(ignored))
+    fused_spec = spec if operation_name(spec) == FUSED_OPERATION else load_spec_ref(request.fused_spec)
+    against = build_against(request.against, read_records(request.against)[1]) if request.against else None
+    audits = []
+    for r in records:
+        if not is_fused(r):
+            audits.append(audit_record(r, spec, catalogue))
+            continue
+        source_row = against.finding(r) if against is not None else None
+        if source_row is None and stated_level(r)[0] is None:
+            source_row = Finding("source-row", "unknown", "the row does not state its importance-sampling level; "
+                                 "give Liger's CSV with --against to tell its token- from its sequence-level rows")
+        audits.append(audit_fused_record(r, fused_spec, catalogue, source_row))
+    if request.records != ():
+        measured = load_measurements(request.records or (), trusted_keys=request.trusted_keys,
+                                     accept_unsigned=request.accept_unsigned_records)
+        audits = [dataclasses.replace(a, reproduction=measured.reproduce(a)) if a.spec_id else a for a in audits]
+    return AuditReport(request.path, form, spec, tuple(audits), tuple(ignored), fused_spec)

@@ -428,15 +428,24 @@ def floor(spec_path: str, workload: str, gpu: str, protocol: str, model: str, un
 @click.option("--spec", "spec_ref", default="grpo-token-is", show_default=True, help="spec file or id")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-v", "--verbose", is_flag=True, help="every finding of every record, not one line per record")
+@click.option("--against", "against", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Liger-Kernel's own benchmark CSV: tells which of its rows (token- or sequence-level) a fused-linear "
+                   "number is (a FILE.source.json beside it names its commit)")
+@click.option("--records", "records", multiple=True, type=click.Path(exists=True),
+              help="folders or files of our records for the fused rows' reproduction (default: evidence/h200)")
+@click.option("--no-reproduction", is_flag=True, help="skip reading our records")
 @_fail_cleanly
-def audit(files: tuple[str, ...], spec_ref: str, fmt: str, verbose: bool) -> None:
+def audit(files: tuple[str, ...], spec_ref: str, fmt: str, verbose: bool, against: str | None,
+          records: tuple[str, ...], no_reproduction: bool) -> None:
     """Audit reported timings (Liger-Kernel benchmark CSV or grpo-conform-reported/1 JSON files): one line
-    per record; exit 1 if any is impossible."""
+    per record; exit 1 if any is impossible. Rows of Liger's fused lm_head + GRPO kernel are judged as
+    that operation (docs/audit.md)."""
     # start-up: see the module docstring
     from grpo_conform.audit import AuditRequest, run_audit
     from grpo_conform.report.audit_text import compact_lines
 
-    reports = [run_audit(AuditRequest(path=f, spec=spec_ref)) for f in files]
+    chosen = () if no_reproduction else (records or None)
+    reports = [run_audit(AuditRequest(path=f, spec=spec_ref, against=against, records=chosen)) for f in files]
     code = max(r.exit_code for r in reports)
     if fmt == "json":  # one file: its report as before; several: {"files": [...], "exit_code"}
         _emit_json(reports[0].to_json() if len(reports) == 1 else

@@ -17,8 +17,8 @@ Relation = Literal["member", "unstated", "different"]
 LIGER_KERNEL_SCRIPT = "Liger-Kernel benchmark/scripts/benchmark_grpo_loss_kernel.py"
 LIGER_FUSED_SCRIPT = "Liger-Kernel benchmark/scripts/benchmark_grpo_loss.py"
 _FUSED = ("fuses the lm_head projection into the loss: it takes hidden states [B, T, H] and the weight, and the "
-          "logits never exist, so its time is not a time of an operation over given logits (no spec here covers "
-          "the projection)")
+          "logits never exist, so its time is not a time of an operation over given logits; its rows are judged "
+          "against grpo-fused-linear (grpo_conform/audit_fused.py)")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from grpo_conform.report.reported import MEANINGS, label
 
 SHORT = {"operation": "another operation", "protocol": "another protocol", "workload": "other shapes",
-         "gpu": "GPU not in the catalogue"}
+         "gpu": "GPU not in the catalogue", "source-row": "another row of the source (its sequence-level, GSPO, row)"}
 
 
 def _why_not_comparable(a: Any) -> str:
@@ -36,6 +36,9 @@ def record_line(file: str, a: Any) -> str:
     shape = ",".join(f"{k[0]}={v}" for k, v in r.axes.items())
     what = f"{r.implementation} {r.protocol} [{shape}{', ' + r.dtype if r.dtype else ''}] on {r.gpu}: {r.median_ms:g} ms"
     ratio = f"{a.floor_ratio:.2f}x the floor" if a.floor_ratio is not None and a.floor_ratio != float("inf") else ""
+    if ratio and getattr(a, "spec_id", None) and a.floor is not None:  # a fused-linear row: name its floor
+        ratio = f"{a.floor_ratio:.2f}x the {'backward-only' if a.floor.protocol == 'backward' else a.floor.protocol} " \
+                f"floor ({a.floor.method}, {a.floor.binding} binds: {a.floor.floor_ns / 1e6:.3g} ms)"
     reasons = []
     if word == "impossible":
         proto = getattr(a.floor, "protocol", "") if a.floor is not None else ""
@@ -51,7 +54,20 @@ def record_line(file: str, a: Any) -> str:
         reasons.append(f"plausible: {ratio}, same operation, protocol and workload" if ratio else "plausible")
     else:
         reasons.append("unknown GPU: no floor to judge it against")
+    if getattr(a, "summary", ""):  # a fused-linear row: what it timed comes first (audit_fused.py)
+        reasons.insert(0, a.summary + ";")
     return f"{file}:{r.where.replace('line ', '')}  {word.upper():<14}  {what}  -- {' '.join(reasons)}"
+
+
+def detail_lines(a: Any) -> list[str]:
+    """Under a fused-linear row: which row of Liger's CSV it is and the reproduction block."""
+    out = []
+    source = a.finding("source-row")
+    if source is not None:
+        out.append(f"      source row: {source.status}: {source.message}")
+    if getattr(a, "reproduction", None) is not None:
+        out += [f"      {line}" for line in a.reproduction.lines()]
+    return out
 
 
 def legend() -> list[str]:
@@ -63,12 +79,15 @@ def compact_lines(reports: list[Any], verbose: bool = False) -> list[str]:
     totals = {k: 0 for k in MEANINGS}
     other = 0
     for rep in reports:
+        fused = rep.fused_text() if hasattr(rep, "fused_text") else ""
         out.append(f"{rep.file} ({rep.format}, {len(rep.audits)} timing record(s), {len(rep.ignored)} other row(s)) "
-                   f"against {rep.spec.id} {rep.spec.version}")
+                   f"against {rep.spec.id} {rep.spec.version}{fused}")
         for a in rep.audits:
             totals[label(a)] += 1
             out.append(record_line(rep.file, a))
-            if verbose:
+            if not verbose:
+                out += detail_lines(a)
+            else:
                 out += [f"      {f.check}: {f.status}: {f.message}" for f in a.findings]
         for i in rep.ignored:  # memory rows and other metrics: said once, never silently dropped
             other += 1

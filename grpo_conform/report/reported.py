@@ -40,6 +40,8 @@ def label(a: RecordAudit) -> str:
 def explanation(a: RecordAudit) -> str:
     """Why: the findings that decide the label, physics first."""
     decisive = [f for f in a.findings if f.status in ("impossible", "mismatch", "unknown")]
+    if getattr(a, "summary", ""):  # a fused-linear row: what it timed (its protocol in words) comes first
+        decisive = [f for f in decisive if f.check != "protocol"]
     decisive.sort(key=lambda f: 0 if f.status == "impossible" else 1)
     text = "; ".join(f"{f.check}: {f.message}" for f in decisive)
     if a.verdict == "impossible":
@@ -47,6 +49,8 @@ def explanation(a: RecordAudit) -> str:
     physics = a.finding("physics")
     if not decisive and physics is not None:
         text = physics.message
+    if getattr(a, "summary", ""):
+        text = f"{a.summary}; {text}" if text else a.summary
     return text
 
 
