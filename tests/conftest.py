@@ -28,22 +28,51 @@ def spec():
     return load_spec(SPEC_FILE)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (it suffixes node ids with the group)
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """Tests that share a module-scoped fixture (a worker run, a subprocess, a wheel) go to one xdist
-    worker (`--dist loadgroup`, pyproject.toml), so that the fixture is built once, not once per worker;
-    then the peers lane's own selection (tests/peers/peer_lane.py: deselected unless `-m peers`)."""
+    worker (`--dist loadgroup`, pyproject.toml), so that the fixture is built once, not once per worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(info, "names_closure", ()):
+        defs = info.name2fixturedefs.get(name)
+        if defs and defs[-1].scope == "module":
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{name}"))
+            return
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The group in the node id where xdist left it out, the slow lane's longest ungrouped tests first
+    (LONGEST_FIRST), then the peers lane's own selection (tests/peers/peer_lane.py: deselected unless
+    `-m peers`).
+
+    xdist 3.8 puts the group into the node id (`test@group`, which its loadgroup scheduler reads) by
+    setting `item._nodeid`; pytest 9.2 (CI's) keeps the id in `item._id`, so the suffix was lost there
+    and every module fixture of the slow lane was built on both workers (CI's durations of 2026-12-03:
+    test_gate_e2e's `serial`, test_triton_members' `results` twice). Added here when missing (pytest 9.0
+    still takes xdist's, which runs before this trylast hook); an id that cannot take it stops the run."""
     grouped = set()
     for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        for name in getattr(info, "names_closure", ()):
-            defs = info.name2fixturedefs.get(name)
-            if defs and defs[-1].scope == "module":
-                item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{name}"))
-                grouped.add(item.nodeid)
-                break
+        mark = item.get_closest_marker("xdist_group")
+        if mark is None:
+            continue
+        suffix = f"@{mark.args[0]}"
+        if getattr(config.option, "loadgroup", False) and not item.nodeid.endswith(suffix):
+            _rename(item, item.nodeid + suffix)
+            if not item.nodeid.endswith(suffix):  # a pytest that stores node ids another way again
+                raise pytest.UsageError(f"tests/conftest.py: could not put {suffix} into {item.nodeid}")
+        grouped.add(item.nodeid)
     items[:] = longest_first(items, grouped)
     _peers_modifyitems(config, items)
+
+
+def _rename(item, nodeid: str) -> None:
+    """What xdist does for loadgroup, for pytest 9.2's structured node ids (`Node._id`) too."""
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(nodeid)
+    else:
+        item._nodeid = nodeid
 
 
 #: The slow lane's longest tests that share no module fixture, longest first (CI's `--durations=25`,
