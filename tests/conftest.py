@@ -80,18 +80,24 @@ def _rename(item, nodeid: str) -> None:
 #: reorder: test_triton_members' fixture), then single tests in collection order: started first,
 #: the long ones do not end the lane alone on one worker while the other idles. A test that moved
 #: or was renamed only loses its place here.
-LONGEST_FIRST = (
-    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
-    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
-    "tests/test_scale_out_slurm.py::test_slurm_array_and_afterok_merge_equal_the_serial_run",
+LONGEST_FIRST = (  # by CPU seconds in a -n 2 slow-lane run with --cpu-durations (2026-12-03)
     "tests/test_fp32_logprob.py::test_sampled_false_failure_rate_of_honest_fp32",
     "tests/test_cli.py::test_keygen_check_with_key_and_verify",
-    "tests/test_packaging.py::test_installed_wheel_checks_implementations_in_another_repository",
-    "tests/test_fp32_logprob.py::test_pinned_seeds_pass_through_run_check",
-    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
-    "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
-    "tests/test_isolation_slots.py",
     "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
+    "tests/test_isolation_slots.py",
+    "tests/test_scale_out_slurm.py::test_slurm_array_and_afterok_merge_equal_the_serial_run",
+    "tests/test_sweep_logits.py::test_sweep_jobs_end_to_end_on_the_cpu",
+    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
+    "tests/test_members.py::test_liger_matches_the_reference_for_every_member_it_declares",
+    "tests/test_fused_engine.py::test_the_peers_check_end_to_end",
+    "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
+    "tests/test_cli.py::test_two_implementations_with_one_name_keep_two_records",
+    "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
+    "tests/test_implementations.py::test_import_time_failures_are_load_errors",
+    "tests/test_gate_e2e.py::test_interrupt_exits_cleanly_and_leaves_nothing_behind",
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
+    "tests/test_fp32_logprob.py::test_pinned_seeds_pass_through_run_check",
 )
 
 
@@ -101,7 +107,8 @@ def longest_first(items, grouped):
     def rank(item):
         if item.nodeid in grouped:
             return len(LONGEST_FIRST)
-        return next((i for i, p in enumerate(LONGEST_FIRST) if item.nodeid == p or item.nodeid.startswith(p + "::")),
+        return next((i for i, p in enumerate(LONGEST_FIRST)
+                     if item.nodeid == p or item.nodeid.startswith((p + "::", p + "["))),
                     len(LONGEST_FIRST))
     return sorted(items, key=rank)  # stable
 
