@@ -75,12 +75,14 @@ def _rename(item, nodeid: str) -> None:
         item._nodeid = nodeid
 
 
-#: The slow lane's longest tests that share no module fixture, longest first (CI's `--durations=25`,
+#: The lanes' longest tests that share no module fixture, longest first (CI's `--durations=25`,
 #: docs/timing.md "Test suite"). xdist hands out the groups with the most tests first (loadscope
 #: reorder: test_triton_members' fixture), then single tests in collection order: started first,
 #: the long ones do not end the lane alone on one worker while the other idles. A test that moved
 #: or was renamed only loses its place here.
-LONGEST_FIRST = (  # by CPU seconds in a -n 2 slow-lane run with --cpu-durations (2026-12-03)
+LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durations (2026-12-03)
+    # the fast lane's one long test (21 s CPU: it verifies every committed record), then the slow lane's
+    "tests/test_report.py::test_the_committed_page_is_what_report_builds_from_the_committed_evidence",
     "tests/test_fp32_logprob.py::test_sampled_false_failure_rate_of_honest_fp32",
     "tests/test_cli.py::test_keygen_check_with_key_and_verify",
     "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
