@@ -96,7 +96,6 @@ LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durati
     "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
     "tests/test_cli.py::test_two_implementations_with_one_name_keep_two_records",
     "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
-    "tests/test_implementations.py::test_import_time_failures_are_load_errors",
     "tests/test_gate_e2e.py::test_interrupt_exits_cleanly_and_leaves_nothing_behind",
     "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
     "tests/test_fp32_logprob.py::test_pinned_seeds_pass_through_run_check",
