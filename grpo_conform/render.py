@@ -6,7 +6,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from grpo_conform.ops.grpo_logits.declared_cases import merge_exercised, workload_exercised
 from grpo_conform.gate.progress import not_run_label
 from grpo_conform.report.failures import failing, failure_lines
 from grpo_conform.report.spec_text import spec_text
@@ -81,6 +80,9 @@ def render_check(report: CheckReport, console: Console) -> None:
 def coverage_lines(impl) -> list[str]:
     """Per member, what its calls exercised (the record's coverage.exercised): named cases listed,
     long categories (defaults, boundaries, dtypes, shapes) counted."""
+    # here, not at the top: the operations package imports torch, which `spec show` never needs
+    from grpo_conform.ops.grpo_logits.declared_cases import merge_exercised, workload_exercised
+
     out = []
     for m in getattr(impl, "members", ()) or ():
         got = merge_exercised(*(workload_exercised(w.draws, w.dtypes, w.axes) for w in m.workloads))

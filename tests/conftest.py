@@ -28,41 +28,77 @@ def spec():
     return load_spec(SPEC_FILE)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (it suffixes node ids with the group)
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """Tests that share a module-scoped fixture (a worker run, a subprocess, a wheel) go to one xdist
-    worker (`--dist loadgroup`, pyproject.toml), so that the fixture is built once, not once per worker;
-    then the peers lane's own selection (tests/peers/peer_lane.py: deselected unless `-m peers`)."""
+    worker (`--dist loadgroup`, pyproject.toml), so that the fixture is built once, not once per worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(info, "names_closure", ()):
+        defs = info.name2fixturedefs.get(name)
+        if defs and defs[-1].scope == "module":
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{name}"))
+            return
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The group in the node id where xdist left it out, the slow lane's longest ungrouped tests first
+    (LONGEST_FIRST), then the peers lane's own selection (tests/peers/peer_lane.py: deselected unless
+    `-m peers`).
+
+    xdist 3.8 puts the group into the node id (`test@group`, which its loadgroup scheduler reads) by
+    setting `item._nodeid`; pytest 9.2 (CI's) keeps the id in `item._id`, so the suffix was lost there
+    and every module fixture of the slow lane was built on both workers (CI's durations of 2026-12-03:
+    test_gate_e2e's `serial`, test_triton_members' `results` twice). Added here when missing (pytest 9.0
+    still takes xdist's, which runs before this trylast hook); an id that cannot take it stops the run."""
     grouped = set()
     for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        for name in getattr(info, "names_closure", ()):
-            defs = info.name2fixturedefs.get(name)
-            if defs and defs[-1].scope == "module":
-                item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{name}"))
-                grouped.add(item.nodeid)
-                break
+        mark = item.get_closest_marker("xdist_group")
+        if mark is None:
+            continue
+        suffix = f"@{mark.args[0]}"
+        if getattr(config.option, "loadgroup", False) and not item.nodeid.endswith(suffix):
+            _rename(item, item.nodeid + suffix)
+            if not item.nodeid.endswith(suffix):  # a pytest that stores node ids another way again
+                raise pytest.UsageError(f"tests/conftest.py: could not put {suffix} into {item.nodeid}")
+        grouped.add(item.nodeid)
     items[:] = longest_first(items, grouped)
     _peers_modifyitems(config, items)
 
 
-#: The slow lane's longest tests that share no module fixture, longest first (CI's `--durations=25`,
+def _rename(item, nodeid: str) -> None:
+    """What xdist does for loadgroup, for pytest 9.2's structured node ids (`Node._id`) too."""
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(nodeid)
+    else:
+        item._nodeid = nodeid
+
+
+#: The lanes' longest tests that share no module fixture, longest first (CI's `--durations=25`,
 #: docs/timing.md "Test suite"). xdist hands out the groups with the most tests first (loadscope
 #: reorder: test_triton_members' fixture), then single tests in collection order: started first,
 #: the long ones do not end the lane alone on one worker while the other idles. A test that moved
 #: or was renamed only loses its place here.
-LONGEST_FIRST = (
-    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
-    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
-    "tests/test_scale_out_slurm.py::test_slurm_array_and_afterok_merge_equal_the_serial_run",
+LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durations (2026-12-03)
+    # the fast lane's one long test (21 s CPU: it verifies every committed record), then the slow lane's
+    "tests/test_report.py::test_the_committed_page_is_what_report_builds_from_the_committed_evidence",
     "tests/test_fp32_logprob.py::test_sampled_false_failure_rate_of_honest_fp32",
     "tests/test_cli.py::test_keygen_check_with_key_and_verify",
-    "tests/test_packaging.py::test_installed_wheel_checks_implementations_in_another_repository",
-    "tests/test_fp32_logprob.py::test_pinned_seeds_pass_through_run_check",
-    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
-    "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
-    "tests/test_isolation_slots.py",
     "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
+    "tests/test_isolation_slots.py",
+    "tests/test_scale_out_slurm.py::test_slurm_array_and_afterok_merge_equal_the_serial_run",
+    "tests/test_sweep_logits.py::test_sweep_jobs_end_to_end_on_the_cpu",
+    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
+    "tests/test_members.py::test_liger_matches_the_reference_for_every_member_it_declares",
+    "tests/test_fused_engine.py::test_the_peers_check_end_to_end",
+    "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
+    "tests/test_cli.py::test_two_implementations_with_one_name_keep_two_records",
+    "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
+    "tests/test_gate_e2e.py::test_interrupt_exits_cleanly_and_leaves_nothing_behind",
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
+    "tests/test_fp32_logprob.py::test_pinned_seeds_pass_through_run_check",
 )
 
 
@@ -72,7 +108,8 @@ def longest_first(items, grouped):
     def rank(item):
         if item.nodeid in grouped:
             return len(LONGEST_FIRST)
-        return next((i for i, p in enumerate(LONGEST_FIRST) if item.nodeid == p or item.nodeid.startswith(p + "::")),
+        return next((i for i, p in enumerate(LONGEST_FIRST)
+                     if item.nodeid == p or item.nodeid.startswith((p + "::", p + "["))),
                     len(LONGEST_FIRST))
     return sorted(items, key=rank)  # stable
 

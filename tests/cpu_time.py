@@ -11,6 +11,7 @@ import resource
 import pytest
 
 _COST: dict[str, float] = {}
+_WALL: dict[str, float] = {}  # setup + call + teardown, as --durations adds them
 
 
 def _cpu() -> float:
@@ -25,9 +26,26 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    start = _cpu()
+    item._cpu_start = _cpu()
     yield
-    _COST[item.nodeid] = _cpu() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The test's CPU seconds (setup, call, teardown) ride on its teardown report, so that under xdist
+    (`-n 2`, as CI runs) the controller, which prints the summary, gets what each worker measured."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "teardown" and hasattr(item, "_cpu_start"):
+        report.user_properties.append(("cpu_s", _cpu() - item._cpu_start))
+
+
+def pytest_runtest_logreport(report):
+    _WALL[report.nodeid] = _WALL.get(report.nodeid, 0.0) + report.duration
+    if report.when == "teardown":
+        for key, value in report.user_properties:
+            if key == "cpu_s":
+                _COST[report.nodeid] = value
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -35,8 +53,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if n is None or not _COST:
         return
     tr = terminalreporter
-    tr.write_sep("=", f"{min(n, len(_COST))} most CPU seconds (pid {os.getpid()}: self + waited-for children)")
+    tr.write_sep("=", f"{min(n, len(_COST))} most CPU seconds (each test's pytest process: self + waited-for children)")
     for nodeid, cost in sorted(_COST.items(), key=lambda kv: -kv[1])[:n]:
-        tr.write_line(f"{cost:8.2f}s cpu  {nodeid}")
-    tr.write_line(f"total {sum(_COST.values()):.1f} s CPU over {len(_COST)} tests; load average "
+        tr.write_line(f"{cost:8.2f}s cpu {_WALL.get(nodeid, 0.0):8.2f}s wall  {nodeid}")
+    tr.write_line(f"total {sum(_COST.values()):.1f} s CPU, {sum(_WALL.values()):.1f} s wall over {len(_COST)} tests; "
+                  "load average "
                   + " ".join(f"{x:.1f}" for x in os.getloadavg()))

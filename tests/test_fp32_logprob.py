@@ -10,6 +10,7 @@ seeds exactly as `probes.adversarial` derives them; the last runs `run_check` wi
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import math
@@ -57,11 +58,18 @@ def _load(path: Path, name: str):
 PYTORCH = _load(ROOT / "implementations" / "pytorch" / "impl.py", "fp32_logprob_pytorch_impl")
 
 
+@functools.lru_cache(maxsize=None)
+def _resolved(member: str, workload: str):
+    """The member's spec and its resolved workload (both frozen), once per member: finding a spec reads
+    and validates the family's JSON, a third of a sampled draw's CPU (test_sampled_false_failure_rate_...)."""
+    spec = find_spec(f"grpo/{member}")
+    return spec, spec.resolve(spec.workload(workload), random.Random(0))
+
+
 def _run(member: str, s0: int, s1: int, workload: str = "mask-fp32", old: bool = False) -> WorkloadConformance:
     """The conformance run of a check (no worker: only its judgment is used); `old`: without the
     log-prob terms, as the judgment was before them."""
-    spec = find_spec(f"grpo/{member}")
-    rw = spec.resolve(spec.workload(workload), random.Random(0))
+    spec, rw = _resolved(member, workload)
     run = WorkloadConformance(types.SimpleNamespace(device=torch.device("cpu")), spec, rw, [s0, s1], ())
     if old:
         run.rows.logp_error = lambda x: None

@@ -257,29 +257,33 @@ IMPORT_FAILURES = {
 }
 
 
-def _check_cli(folder: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_conform", "check", str(folder), "--device", "cpu",
-                           "--workload", "batch1-seq1", "--no-evidence", *extra], cwd=ROOT, capture_output=True,
+def _check_cli(*folders: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grpo_conform", "check", *map(str, folders), "--device", "cpu",
+                           "--workload", "batch1-seq1", "--no-evidence"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, COLUMNS="1000"))
 
 
-@pytest.fixture()
-def short_dir():
-    """A short path (pytest's tmp_path can be long enough for the text report to wrap a line)."""
-    path = Path(tempfile.mkdtemp(prefix="gc", dir="/tmp" if os.path.isdir("/tmp") else None))
-    yield path
+@pytest.fixture(scope="module")
+def import_failures():
+    """One `check` of the five folders and a deep one together (one validator, one zygote: a CLI run per
+    folder cost ~7 s CPU, most of it starting python, torch and the zygote); each test reads its folder's line."""
+    path = Path(tempfile.mkdtemp(prefix="gc", dir="/tmp" if os.path.isdir("/tmp") else None))  # short: no wrap
+    folders = {case: _folder(path, MANIFEST_TEXT.replace('"sample"', f'"{case}"'), source, name=case)
+               for case, (source, _detail) in IMPORT_FAILURES.items()}
+    folders["long"] = _folder(path / ("deep" * 20), MANIFEST_TEXT, "import grpo_conform_no_such_module_xyz\n", name="f")
+    yield folders, _check_cli(*folders.values())
     shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(IMPORT_FAILURES), ids=list(IMPORT_FAILURES))
-def test_import_time_failures_are_load_errors(short_dir, case):
-    source, detail = IMPORT_FAILURES[case]
-    folder = _folder(short_dir, MANIFEST_TEXT.replace('"sample"', f'"{case}"'), source, name="f")
-    run = _check_cli(folder)
+def test_import_time_failures_are_load_errors(import_failures, case):
+    folders, run = import_failures
+    folder, (_source, detail) = folders[case], IMPORT_FAILURES[case]
     assert run.returncode == 2, run.stdout + run.stderr
     assert "Traceback" not in run.stdout + run.stderr
-    lines = [line.strip() for line in run.stdout.splitlines() if "implementation.toml" in line]
+    assert sum("implementation.toml" in line for line in run.stdout.splitlines()) == len(folders), run.stdout
+    lines = [line.strip() for line in run.stdout.splitlines() if str(folder / MANIFEST) in line]
     assert len(lines) == 1, run.stdout
     (line,) = lines
     assert line.startswith(f"{folder / MANIFEST}: field 'entry': cannot load impl:grpo_loss: ")
@@ -288,11 +292,10 @@ def test_import_time_failures_are_load_errors(short_dir, case):
 
 
 @pytest.mark.slow
-def test_a_long_load_error_stays_on_one_line(tmp_path):
-    folder = _folder(tmp_path / ("deep" * 20), MANIFEST_TEXT, "import grpo_conform_no_such_module_xyz\n", name="f")
-    run = _check_cli(folder)
+def test_a_long_load_error_stays_on_one_line(import_failures):
+    folders, run = import_failures
     assert run.returncode == 2
-    lines = [line.strip() for line in run.stdout.splitlines() if "implementation.toml" in line]
+    lines = [line.strip() for line in run.stdout.splitlines() if str(folders["long"] / MANIFEST) in line]
     assert len(lines) == 1 and lines[0].endswith("(impl.py:1)"), run.stdout
 
 

@@ -4,10 +4,14 @@ through autograd as a trainer calls it.
 
 Every member the folder declares, float32 and bfloat16, B 2, T 8, H 32, V 257: the loss and the
 gradients of hidden, weight and bias; chunks of 5 rows (they split sequences; sequence-level members
-round them to whole sequences) with the float32 weight-gradient accumulator (through the Triton GEMM,
-_acc_gemm_kernel), chunks of 5 rows holding d logits with float32 logits, and every row held in one
-chunk; an upstream scalar != 1 (0.37), and in the short run (the _quick test) the scalars 1, 0.25,
-0.25, 1 on one plan (the forward folds in the predicted scalar, backward rescales where it was wrong);
+round them to whole sequences) with the float32 weight-gradient accumulator, chunks of 5 rows holding
+d logits with float32 logits, and chunks of 5 rows holding d logits in the weight's dtype; an upstream
+scalar != 1 (0.37), and for token-offpolicy-mask-kl in float32 the scalars 1, 0.25, 0.25, 1 on one plan
+(the forward folds in the predicted scalar, backward rescales where it was wrong). The accumulator's
+bfloat16 GEMM runs through the Triton kernel (_acc_gemm_kernel, half of the interpreter's time) for the
+members of TRITON_GEMM, which between them give it every shape it sees here (K 5 and 8 rows, with and
+without a bias, two weights), and through the CPU's float32 addmm for the others: the kernel does not
+depend on the member, the accumulator's plan runs for every member either way;
 the forward under torch.no_grad and the GEMMs it runs (the logits GEMM only; none where the loss does
 not read the logits); a second backward through a retained graph; masked rows of hidden, reference
 hidden and old log-probs poisoned with NaN. One subprocess (the variable must be set before triton is
@@ -38,10 +42,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from grpo_conform.ops.fused_linear.reference import dense_gradients, reference_loss
 from grpo_conform.ops.grpo_terms import GrpoParameters
 
-folder, which = sys.argv[1], sys.argv[2]
+folder = sys.argv[1]
 pkg = types.ModuleType("grpo_impl_triton_fused"); pkg.__path__ = [folder]; sys.modules[pkg.__name__] = pkg
 impl = importlib.import_module(pkg.__name__ + ".impl")
 S = importlib.import_module(pkg.__name__ + ".semantics").FusedSettings
+plan = importlib.import_module(pkg.__name__ + ".plan")
+GEMMS = [0]  # launches of the accumulator's Triton GEMM (plan._triton_accumulate), counted per plan below
+_triton_accumulate = plan._triton_accumulate
+def _counted(*a, **k):
+    GEMMS[0] += 1
+    return _triton_accumulate(*a, **k)
+plan._triton_accumulate = _counted
 B, T, H, V = 2, 8, 32, 257
 BASE = dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.8)
 MEMBERS = {
@@ -55,6 +66,8 @@ MEMBERS = {
     "dapo-mask": (dict(mask=True, old=True), dict(loss_type="dapo")),
     "sequence-offpolicy-mask": (dict(mask=True, old=True), dict(loss_type="grpo", importance_sampling_level="sequence")),
 }
+TRITON_GEMM = ("token-is-bias", "token-offpolicy-mask-kl-ref-weight", "sequence-offpolicy-mask")
+SCALES = ("token-offpolicy-mask-kl", "float32")  # the run whose second plan takes the scalars 1, 0.25, 0.25, 1
 
 
 def inputs(dtype, seed, bias=False, mask=False, old=False, ref=None):
@@ -128,26 +141,27 @@ def call(x, params, settings, scales):
 
 
 results = {}
-dtypes = (torch.float32, torch.bfloat16) if which == "all" else (torch.float32,)
-members = MEMBERS if which == "all" else {k: MEMBERS[k] for k in ("token-offpolicy-mask-kl",)}
-for m_i, (member, (kw, extra)) in enumerate(members.items()):
+for m_i, (member, (kw, extra)) in enumerate(MEMBERS.items()):
     params = {**BASE, **extra}
-    for dtype in dtypes:
+    for dtype in (torch.float32, torch.bfloat16):
         x = inputs(dtype, 3 + m_i, **kw)
         x64 = {k: (v.double() if v.is_floating_point() else v) for k, v in x.items()}
         p = GrpoParameters.from_mapping(params)
         want_loss, want = reference_loss(x64, p), dense_gradients(x64, p)
         r = {"ref_loss": want_loss, "calls": [], "forward": []}
-        # chunks of 5 rows (they split sequences) with the float32 accumulator (the Triton GEMM), upstream
-        # 0.37; chunks of 5 rows holding d logits with float32 logits; all rows held in one chunk (hold with
-        # bf16/fp32 logits in the weight's dtype); each call's last backward is followed by a second one
-        # (2.5) through the retained graph. Short run: the second one with the scalars 1, 0.25, 0.25, 1.
-        runs = [(S(chunk_rows=5, weight_grad="fp32", accumulate="triton"), (0.37,)),
+        # chunks of 5 rows (they split sequences) with the float32 accumulator (its Triton GEMM for the
+        # members of TRITON_GEMM), upstream 0.37; chunks of 5 rows holding d logits with float32 logits
+        # (the scalars 1, 0.25, 0.25, 1 for SCALES); chunks of 5 rows holding d logits in the weight's dtype;
+        # each call's last backward is followed by a second one (2.5) through the retained graph.
+        gemm = "triton" if member in TRITON_GEMM else "auto"
+        runs = [(S(chunk_rows=5, weight_grad="fp32", accumulate=gemm), (0.37,)),
                 (S(chunk_rows=5, weight_grad="hold", logits="float32"),
-                 (1.0,) if which == "all" else (1.0, 0.25, 0.25, 1.0))]
-        if which == "all":
-            runs.append((S(chunk_rows=5, weight_grad="hold"), (1.0,)))
+                 (1.0, 0.25, 0.25, 1.0) if (member, dtype) == (SCALES[0], getattr(torch, SCALES[1])) else (1.0,)),
+                (S(chunk_rows=5, weight_grad="hold"), (1.0,))]
+        r["accumulate"] = gemm
+        r["triton_gemms"] = []
         for s_i, (settings, scales) in enumerate(runs):
+            GEMMS[0] = 0
             for (loss, grads, second), c in zip(call(poisoned(x), params, settings, scales), scales):
                 e = {"settings": s_i, "scale": c, "loss": loss, "names": sorted(grads),
                      "finite": all(bool(torch.isfinite(g).all()) for g in grads.values()),
@@ -160,6 +174,7 @@ for m_i, (member, (kw, extra)) in enumerate(members.items()):
             with torch.no_grad(), Count() as count:
                 fwd = impl.grpo_fused_linear_loss(**poisoned(x), settings=settings, **params)
             r["forward"].append({"loss": float(fwd), "gemms": count.gemms})
+            r["triton_gemms"].append(GEMMS[0])
         results[f"{member}/{str(dtype).split('.')[-1]}"] = r
 print(json.dumps(results))
 '''
@@ -172,24 +187,17 @@ DECLARED = ("token-is", "token-is-bias", "token-offpolicy-mask", "token-offpolic
 TOLERANCE = {"float32": (1e-5, 1e-4), "bfloat16": (1e-2, 4e-2)}
 
 
-def _run(which: str, tmp_path_factory) -> dict:
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """One subprocess for both tests below (a second one, as the short run had, cost ~8 s CPU, 3 s of it
+    importing torch and triton again)."""
     script = tmp_path_factory.mktemp("triton_fused") / "run.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, str(script), str(FOLDER), which], cwd=ROOT, env=env, capture_output=True,
+    run = subprocess.run([sys.executable, str(script), str(FOLDER)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    return _run("quick", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    return _run("all", tmp_path_factory)
 
 
 def _check(key: str, r: dict) -> None:
@@ -205,7 +213,7 @@ def _check(key: str, r: dict) -> None:
     want = 0 if member.startswith("token-is") else per_chunk * n_chunks
     assert [f["gemms"] for f in r["forward"]] == [want] * len(r["forward"]), (key, r["forward"])
     names = {"hidden", "weight", "bias"} if member == "token-is-bias" else {"hidden", "weight"}
-    assert len(r["calls"]) in (3, 5)
+    assert len(r["calls"]) == (6 if key == "token-offpolicy-mask-kl/float32" else 3)
     for c in r["calls"]:
         assert set(c["names"]) == names, (key, c)
         assert abs(c["loss"] - ref) <= loss_tol * max(1.0, abs(ref)), (key, c)
@@ -215,23 +223,31 @@ def _check(key: str, r: dict) -> None:
             assert max(c["second_rel"].values()) < grad_tol, (key, "second backward", c)
 
 
-@pytest.mark.slow  # ~8 s CPU (3 s of it imports)
-def test_fused_kernel_matches_the_reference_quick(quick):
+@pytest.mark.slow
+def test_fused_kernel_matches_the_reference_quick(full):
     """float32, KL with given ref log-probs, and the upstream scalars 1, 0.25, 0.25, 1 on one plan
-    (predicted right, wrong, right, wrong)."""
-    assert set(quick) == {"token-offpolicy-mask-kl/float32"}
-    assert [c["scale"] for c in quick["token-offpolicy-mask-kl/float32"]["calls"]] == [0.37, 1.0, 0.25, 0.25, 1.0]
-    for key, r in quick.items():
-        _check(key, r)
+    (predicted right, wrong, right, wrong), after 0.37 on the accumulator's plan and before 1 on the last.
+    (Its own short subprocess until 2026-12-03; now a part of the full run's.)"""
+    r = full["token-offpolicy-mask-kl/float32"]
+    assert [c["scale"] for c in r["calls"]] == [0.37, 1.0, 0.25, 0.25, 1.0, 1.0]
+    assert [c["settings"] for c in r["calls"]] == [0, 1, 1, 1, 1, 2]
+    _check("token-offpolicy-mask-kl/float32", r)
 
 
 @pytest.mark.slow
 def test_every_member_matches_the_reference(full):
     # One test for every member (each assertion names member/dtype): the interpreter's subprocess (~60 s
     # of CPU) ran once per xdist worker's module setup when the members were parameters (CI, 2026-12-03)
+    assert set(full) == {f"{m}/{d}" for m in DECLARED for d in ("float32", "bfloat16")}
     for member in DECLARED:
         for dtype in ("float32", "bfloat16"):
             _check(f"{member}/{dtype}", full[f"{member}/{dtype}"])
+    # the Triton GEMM of the bfloat16 accumulator: with a bias, with two weights, with sequence-level chunks
+    gemm = {m for m in DECLARED if full[f"{m}/bfloat16"]["accumulate"] == "triton"}
+    assert gemm == {"token-is-bias", "token-offpolicy-mask-kl-ref-weight", "sequence-offpolicy-mask"}, gemm
+    for key, r in full.items():  # it ran there (on the accumulator's plan only), and nowhere else
+        want = key.endswith("/bfloat16") and key.split("/")[0] in gemm
+        assert (r["triton_gemms"][0] > 0) == want and r["triton_gemms"][1:] == [0, 0], (key, r["triton_gemms"])
 
 
 def test_declared_members_are_the_tested_ones():

@@ -31,7 +31,6 @@ import jsonschema
 
 import grpo_conform
 from grpo_conform.canonical import canonical_bytes
-from grpo_conform.ops.grpo_logits.declared_cases import declared_names, merge_exercised, workload_exercised
 from grpo_conform.errors import GrpoConformError
 from grpo_conform.gate.selection import describe, selection_block
 
@@ -194,6 +193,10 @@ def _coverage(spec: Any, device: str, workloads: Any, member: Any) -> dict[str, 
 def _exercised(spec: Any, workloads: Any) -> dict[str, Any]:
     """coverage.exercised (what the parent drew, per category) and coverage.declared (the cases the
     spec declares): issue 27 item 6; `verify --require-exercised` / `--require-declared-cases` read them."""
+    # Imported here, not at the top: the operations package imports torch, which `verify` (this module's
+    # other user) never needs; a `verify` subprocess started in ~3 s of CPU more for it (docs/timing.md).
+    from grpo_conform.ops.grpo_logits.declared_cases import declared_names, merge_exercised, workload_exercised
+
     parts = [workload_exercised(getattr(w, "draws", None) or {}, getattr(w, "dtypes", None) or {},
                                 getattr(w, "axes", None) or {}) for w in workloads]
     out: dict[str, Any] = {"exercised": merge_exercised(*parts)}
