@@ -144,7 +144,7 @@ def spec_validate(files: tuple[str, ...]) -> None:
 @click.option("--extended", is_flag=True, help="also the spec's extended workloads (more CPU shapes and dtypes)")
 @click.option("-k", "--check", "checks", multiple=True,
               help="report only this check (name or pattern, e.g. 'gradient*'; repeatable); `runs` is always reported")
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="spec file (default: the manifest's spec id)")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="spec file or id (a family id such as grpo-fused-linear, a member id such as grpo-fused-linear/token-is; default: the manifest's spec)")
 @click.option("--timeout", type=float, help="seconds one worker step may take (default: scaled by the workload)")
 @click.option("--no-timing", is_flag=True, help="skip the timed protocols on CUDA")
 @click.option("--sandbox", type=click.Choice(["none", "bwrap"]), default="none", show_default=True,
