@@ -75,7 +75,8 @@ def _record(project: Path, out: Path, key, name: str, member: str, times: dict[s
 
 
 @pytest.fixture(scope="module")
-def board(tmp_path_factory):
+def made(tmp_path_factory):
+    """(records folder, trusted-keys file, project) of four signed fused-linear records."""
     project = make_project(tmp_path_factory.mktemp("proj"), impls=())
     shutil.copy(ROOT / "specs" / "grpo-fused-linear.v1.json", project / "specs")
     out = project / "records"
@@ -85,6 +86,12 @@ def board(tmp_path_factory):
     for name, times in TIMES.items():
         _record(project, out, key, name, "token-is", times)
     _record(project, out, key, "fused-torch", "token-offpolicy-mask-kl-ref-weight", {"full": int(25 * MS)})
+    return out, keys, project
+
+
+@pytest.fixture(scope="module")
+def board(made):
+    out, keys, project = made
     return build_leaderboard(ReportRequest(paths=(str(out),), trusted_keys=keys, project=str(project), out=None,
                                            now=NOW))
 
@@ -165,3 +172,29 @@ def test_each_reported_row_names_the_spec_it_was_audited_against(tmp_path):
                   if r.operation.startswith("fused")]
     assert "--against" not in against.explanation and against.audited_against == "grpo-fused-linear/token-is"
     assert [c[7] for c in T.reported_rows((logits, fused))] == ["grpo/token-is", "grpo-fused-linear/token-is"]
+
+
+def test_the_report_command_forwards_against_to_the_audit(made, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from grpo_conform.cli import main
+
+    out, keys, project = made
+    seed = ROOT / "tests" / "data" / "seed-records.csv"
+    args = ["report", str(out), "--trusted-keys", keys, "--project", str(project), "--reported", str(seed),
+            "--out", str(tmp_path / "page"), "--format", "json"]
+    plain = json.loads(CliRunner().invoke(main, args, catch_exceptions=False).output)
+    run = CliRunner().invoke(main, args + ["--against", str(ROOT / "tests" / "data" / "liger-fused-linear-grpo.csv")],
+                             catch_exceptions=False)
+    doc = json.loads(run.output)
+    assert {r["audited_against"] for r in doc["reported"]["records"]} == {"grpo-fused-linear/token-is"}
+    gspo = [r for r in doc["reported"]["records"] if "sequence-level (GSPO) row" in r["explanation"]]
+    assert len(gspo) == 4 and not any("sequence-level (GSPO) row" in r["explanation"]
+                                      for r in plain["reported"]["records"])
+    assert {s["operation"] for s in doc["sections"]} == {"grpo-fused-linear"}
+    import jsonschema
+
+    schema = json.loads((ROOT / "grpo_conform" / "schemas" / "leaderboard.v1.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)  # the new fields are declared
