@@ -198,3 +198,12 @@ def test_the_report_command_forwards_against_to_the_audit(made, tmp_path):
 
     schema = json.loads((ROOT / "grpo_conform" / "schemas" / "leaderboard.v1.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(doc)  # the new fields are declared
+
+
+def test_the_scaling_plot_draws_the_binding_floor(board):
+    from grpo_conform.report.plot import scaling_svg
+
+    s = _section(board, "token-is")
+    b4 = [type(r)(**{**r.__dict__, "batch": 4, "workload": "seed-b4", "median_ms": 2 * r.median_ms}) for r in s.rows]
+    svg = scaling_svg(type(s)(**{**s.__dict__, "rows": s.rows + tuple(b4)}), "full")
+    assert svg and "max(DRAM, FLOP)" in svg and "measured ceilings" not in svg
