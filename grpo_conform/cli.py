@@ -144,7 +144,7 @@ def spec_validate(files: tuple[str, ...]) -> None:
 @click.option("--extended", is_flag=True, help="also the spec's extended workloads (more CPU shapes and dtypes)")
 @click.option("-k", "--check", "checks", multiple=True,
               help="report only this check (name or pattern, e.g. 'gradient*'; repeatable); `runs` is always reported")
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="spec file (default: the manifest's spec id)")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="spec file or id (a family id such as grpo-fused-linear, a member id such as grpo-fused-linear/token-is; default: the manifest's spec)")
 @click.option("--timeout", type=float, help="seconds one worker step may take (default: scaled by the workload)")
 @click.option("--no-timing", is_flag=True, help="skip the timed protocols on CUDA")
 @click.option("--sandbox", type=click.Choice(["none", "bwrap"]), default="none", show_default=True,
@@ -623,14 +623,18 @@ def sign(files: tuple[str, ...], key_path: str | None, project: str | None, allo
 @click.option("--trusted-keys", type=click.Path(dir_okay=False),
               help="trusted-keys list instead of the shipped trust root (as for verify)")
 @click.option("--spec", "spec_ref", default="grpo-token-is", show_default=True,
-              help="spec the reported records are audited against")
+              help="spec the reported logits-level records are audited against (fused lm_head rows: the "
+                   "fused-linear spec, as `audit` does)")
+@click.option("--against", "against", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Liger-Kernel's own benchmark CSV, forwarded to the audit (`audit --against`): which of its rows "
+                   "(token- or sequence-level) a reported fused-linear number is")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
               help="what to print (the three files are written whatever it is)")
 @click.option("--project", type=click.Path(file_okay=False), help="the checkout that resolves members and "
               "implementation identities (default: the current directory's)")
 @_fail_cleanly
 def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trusted_keys: str | None, spec_ref: str,
-           fmt: str, project: str | None = None) -> None:
+           fmt: str, project: str | None = None, against: str | None = None) -> None:
     """Build the leaderboard (HTML, Markdown, JSON) from evidence records, files or folders of
     *.intoto.json, showing only those that pass verify; exit 0 once the page is written."""
     # start-up: see the module docstring
@@ -638,7 +642,7 @@ def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trust
     from grpo_conform.report.write import render, run_report
 
     board = run_report(ReportRequest(paths=evidence, reported=reported, out=out, trusted_keys=trusted_keys,
-                                     spec=spec_ref, project=project))
+                                     spec=spec_ref, project=project, against=against))
     if fmt in ("json", "markdown"):
         click.echo(render(board, fmt), nl=False)
         return

@@ -23,6 +23,7 @@ COMMITTED = ROOT / "evidence" / "h200"
 PAGE = ROOT / "evidence" / "leaderboard"
 SCHEMA = json.loads((ROOT / "grpo_conform" / "schemas" / "leaderboard.v1.schema.json").read_text())
 REPORTED = "tests/data/seed-records.csv"
+AGAINST = "tests/data/liger-fused-linear-grpo.csv"  # Liger's own CSV: the documented command forwards it to the audit
 
 
 def _payload(name: str) -> bytes:
@@ -123,7 +124,8 @@ def test_the_build_is_deterministic_and_writes_the_three_files(own, tmp_path):
 def test_the_committed_page_is_what_report_builds_from_the_committed_evidence(monkeypatch):
     """evidence/leaderboard/ must be rebuilt whenever evidence/h200 changes: see README (Results)."""
     monkeypatch.chdir(ROOT)
-    board = build_leaderboard(ReportRequest(paths=("evidence/h200",), reported=(REPORTED,), out=None))
+    board = build_leaderboard(ReportRequest(paths=("evidence/h200",), reported=(REPORTED,), against=AGAINST, out=None))
+    assert f"--against {AGAINST}" in REGENERATE
     for fmt, name in OUTPUTS.items():
         committed, built = (PAGE / name).read_text(encoding="utf-8"), render(board, fmt)
         if fmt == "html" and f'data-matplotlib="{mpl_version()}"' not in committed:

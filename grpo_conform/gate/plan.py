@@ -21,6 +21,7 @@ from grpo_conform.gate.shard import apply_units, shard_units
 from grpo_conform.implementations import Implementation, load_implementation
 from grpo_conform.results import CheckOutcome, NotRun
 from grpo_conform.spec import Spec, Workload, is_family_document, load_spec, read_document, specs_for_manifest
+from grpo_conform.spec.find import resolve_spec_option
 
 
 
@@ -131,6 +132,11 @@ def specs_of(impl: Implementation, spec_path: str | None, cache: dict[str, tuple
     claimed = tuple(getattr(impl.manifest, "members", ()) or ())
     key = f"{spec_path}|{impl.manifest.spec}|{','.join(claimed)}|{','.join(members)}"
     if key not in cache:
+        resolved = resolve_spec_option(spec_path) if spec_path else None  # `--spec ID` as well as `--spec FILE`
+        if isinstance(resolved, Spec):  # a member or standalone id: that one spec, as a standalone file would
+            cache[key] = (resolved,)
+            return cache[key]
+        spec_path = resolved
         target: Any = impl
         family = bool(spec_path) and is_family_document(read_document(spec_path))
         if spec_path and not family:  # a standalone spec file replaces whatever the manifest claims

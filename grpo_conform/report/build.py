@@ -19,7 +19,7 @@ from grpo_conform.report.reported import MEANINGS, ReportedRow, audit_reported
 
 FORMAT = "grpo-conform-leaderboard/1"
 REGENERATE = ("grpo-conform report evidence/h200 --reported tests/data/seed-records.csv "
-              "--out evidence/leaderboard")
+              "--against tests/data/liger-fused-linear-grpo.csv --out evidence/leaderboard")
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class ReportRequest:
     reported: tuple[str, ...] = ()
     out: str | None = "leaderboard"  # None: write nothing (the caller renders what it needs)
     trusted_keys: str | None = None
-    spec: str = "grpo-token-is"  # what reported records are audited against
+    spec: str = "grpo-token-is"  # what reported logits-level records are audited against
+    against: str | None = None  # Liger's own benchmark CSV: which of its rows a reported number is (audit --against)
     formats: tuple[str, ...] = ("html", "markdown", "json")
     project: str | None = None  # the checkout that resolves members and implementation identities (default: cwd's)
     now: datetime | None = None  # the verification time (tests); default: the clock
@@ -41,7 +42,7 @@ class Leaderboard:
     rejected: tuple[RejectedRecord, ...]
     inputs: tuple[VerifiedRecord, ...]
     trusted_keys: str
-    audited_against: str
+    audited_against: str  # the specs the reported rows were judged against, comma-separated (each row names its own)
     written: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -67,9 +68,10 @@ class Leaderboard:
 def build_leaderboard(request: ReportRequest) -> Leaderboard:
     verified, rejected, keys_file = load_records(request.paths, request.trusted_keys, project=request.project,
                                                  now=request.now)
-    reported = audit_reported(request.reported, request.spec) if request.reported else []
+    reported = audit_reported(request.reported, request.spec, request.against) if request.reported else []
+    against = ", ".join(dict.fromkeys(r.audited_against for r in reported)) or request.spec
     return Leaderboard(tuple(build_sections(verified, request.project)), tuple(reported), tuple(rejected), tuple(verified),
-                       _display_path(keys_file), request.spec)
+                       _display_path(keys_file), against)
 
 
 def _display_path(path: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+from grpo_conform.report import fused as F
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
 from grpo_conform.report.plot import mpl_version, scaling_svg
@@ -53,7 +54,8 @@ def _section(s, level: int = 2) -> str:
     state = "current identity" if s.current else "superseded identity (history)"
     anchor = escape(f"{s.spec_id}-{s.gpu}" + ("" if s.current else f"-{s.spec_identity[:12]}")).replace(" ", "-")
     parts = [f'<section class="board{"" if s.current else " history"}" id="{anchor}">',
-             f"<h{level}>{escape(s.spec_id)} {escape(s.spec_version)}{member} on {escape(s.gpu)}</h{level}>",
+             f"<h{level}>{escape(s.spec_id)} {escape(s.spec_version)}{member} on {escape(s.gpu)}"
+             f"{escape(F.heading_suffix(s))}</h{level}>",
              f'<p class="note">spec identity sha256 <code>{escape(s.spec_identity)}</code> ({state}); device '
              f"{escape(s.device_name)}</p>"]
     if not s.implementations:
@@ -61,7 +63,7 @@ def _section(s, level: int = 2) -> str:
     best = T.first_by_protocol(s, "full") or next((T.first_by_protocol(s, p) for p in s.protocols
                                                    if T.first_by_protocol(s, p)), None)
     if best is not None:
-        ratio = f", {best.measured_floor_ratio:.2f}x the floor" if best.measured_floor_ratio else ""
+        ratio = F.headline_ratio(s, best)
         parts.append(f'<div class="hero"><strong>#1 at batch {best.batch} ({escape(best.protocol)}): '
                      f"{escape(best.implementation)}, {best.median_ms:.4g} ms</strong>{ratio}; signed, verified, "
                      "conformant on every check of the record.</div>")
@@ -70,10 +72,10 @@ def _section(s, level: int = 2) -> str:
     for protocol in s.protocols:
         rows = [r for r in s.rows if r.protocol == protocol]
         classes = ["first" if r.rank == 1 else "bad" if not r.conformant else "" for r in rows]
-        parts.append(f"<h3>{escape(T.PROTOCOL_TITLES.get(protocol, protocol))}</h3>")
-        parts.append(_table(T.TIMING_HEADERS, T.timing_rows(s, protocol), f"timings protocol-{protocol}", classes,
-                            numeric=(1, 3, 4, 5, 6)))
-        parts.append(f'<p class="note">{escape(T.floor_note(s, protocol))}</p>')
+        parts.append(f"<h3>{escape(F.protocol_title(s, protocol))}</h3>")
+        parts.append(_table(F.timing_headers(s), F.timing_rows(s, protocol), f"timings protocol-{protocol}", classes,
+                            numeric=(1, 3, 4, 5, 6, 7) if F.is_fused(s) else (1, 3, 4, 5, 6)))
+        parts.append(f'<p class="note">{escape(F.floor_note(s, protocol))}</p>')
         svg = scaling_svg(s, protocol)
         if svg:
             parts.append(f'<figure class="plot" data-protocol="{escape(protocol)}" data-matplotlib="{mpl_version()}">'
@@ -100,8 +102,10 @@ def render_html(board: Leaderboard) -> str:
     body += [_section(s) for s in board.sections]
     if board.reported:
         body.append('<section id="reported"><h2>Reported records (third party, not reproduced)</h2>')
-        body.append(f'<p class="note">Audited against <code>{escape(board.audited_against)}</code> by '
-                    "<code>grpo-conform audit</code>. What each verdict means:</p><ul class=\"note\">")
+        body.append('<p class="note">Audited by <code>grpo-conform audit</code>, each row against the spec its '
+                    f"'audited against' column names (<code>{escape(board.audited_against)}</code>): rows of a fused "
+                    "lm_head + loss kernel against the fused-linear spec, the others against the logits-level one. "
+                    "What each verdict means:</p><ul class=\"note\">")
         body += [f'<li><span class="verdict-{k.replace(" ", "-")}">{escape(k)}</span>: {escape(v)}</li>'
                  for k, v in MEANINGS.items()]
         body.append("</ul>")

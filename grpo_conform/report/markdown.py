@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from grpo_conform.report import fused as F
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
 from grpo_conform.report.model import Section
@@ -38,15 +39,15 @@ def _section(s: Section, level: int) -> list[str]:
     member = f" (member {text(s.member)})" if s.member else ""
     h = "#" * level
     state = "current identity" if s.current else "superseded identity (history)"
-    lines = [f"{h} {text(s.spec_id)} {text(s.spec_version)}{member} on {text(s.gpu)}", "",
+    lines = [f"{h} {text(s.spec_id)} {text(s.spec_version)}{member} on {text(s.gpu)}{text(F.heading_suffix(s))}", "",
              f"Spec identity sha256 {text(s.spec_identity)} ({state}); device {text(s.device_name)}.", ""]
     if not s.implementations:
         lines += ["No verified record of this identity.", ""]
         return lines
     lines += table(T.IMPL_HEADERS, T.impl_rows(s)) + [""]
     for protocol in s.protocols:
-        lines += [f"{h}# {text(T.PROTOCOL_TITLES.get(protocol, protocol))}", ""]
-        lines += table(T.TIMING_HEADERS, T.timing_rows(s, protocol)) + ["", text(T.floor_note(s, protocol)), ""]
+        lines += [f"{h}# {text(F.protocol_title(s, protocol))}", ""]
+        lines += table(F.timing_headers(s), F.timing_rows(s, protocol)) + ["", text(F.floor_note(s, protocol)), ""]
     return lines
 
 
@@ -67,7 +68,9 @@ def render_markdown(board: Leaderboard) -> str:
                 lines += _section(old, 4)
     if board.reported:
         lines += ["## Reported records (third party, not reproduced)", "",
-                  f"Audited against {text(board.audited_against)} by `grpo-conform audit`. What each verdict means:", ""]
+                  f"Audited by `grpo-conform audit`, each row against the spec its 'audited against' column names "
+                  f"({text(board.audited_against)}): rows of a fused lm_head + loss kernel against the fused-linear "
+                  "spec, the others against the logits-level one. What each verdict means:", ""]
         lines += [f"- **{text(k)}**: {text(v)}" for k, v in MEANINGS.items()] + [""]
         lines += table(T.REPORTED_HEADERS, T.reported_rows(board.reported)) + [""]
     lines += ["## Records not shown", ""]

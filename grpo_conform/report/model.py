@@ -84,6 +84,9 @@ class Row:
     record_identity: str = ""  # the record this cell was read from
     flag: str = ""  # why a conformant implementation's cell is not ranked ("impossible: ...", "checks narrowed")
     partial: str = ""  # the cell's record covers less than the member (partial_reason): ranked on this workload only
+    floor_binding: str = ""  # which of the record's floors binds (dram | measured | arithmetic): floor.binding
+    binding_floor_ratio: float | None = None  # median / the binding floor (max of DRAM, measured, FLOP/exp floors)
+    gemm_ceiling_ratio: float | None = None  # median / this run's cuBLAS time of the same GEMMs, when recorded
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -103,6 +106,7 @@ class Section:
     current: bool = True  # the identity the checkout's spec resolves to (or the newest, when it has none)
     history: tuple["Section", ...] = ()  # superseded identities of the same member and GPU, newest first
     resolved: bool = True  # whether the checkout resolved this member (else: titled by the record's spec id)
+    operation: str = "grpo-logits"  # the spec's operation: grpo-fused-linear sections show their own columns
 
     @property
     def key(self) -> str:
@@ -119,6 +123,7 @@ class Section:
                 "gpu": self.gpu, "device_name": self.device_name, "ceilings": dict(self.ceilings),
                 "protocols": self.protocols, "implementations": [i.to_json() for i in self.implementations],
                 "results": [r.to_json() for r in self.rows], "current": self.current, "resolved": self.resolved,
+                "operation": self.operation,
                 "history": [h.to_json() for h in self.history]}
 
 
@@ -171,21 +176,25 @@ def _impossible(t: dict[str, Any]) -> str:
 
 def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[str, Any]) -> Row:
     axes = w.get("axes") or {}
-    dtype = (w.get("dtypes") or {}).get("logits", "")
-    shape = " x ".join(f"{k} {axes[k]}" for k in ("batch", "seq", "vocab") if k in axes) + (f", {dtype}" if dtype
+    dtypes = w.get("dtypes") or {}
+    dtype = dtypes.get("logits") or dtypes.get("hidden", "")  # grpo-fused-linear: the GEMM operands' dtype
+    shape = " x ".join(f"{k} {axes[k]}" for k in ("batch", "seq", "hidden", "vocab") if k in axes) + (f", {dtype}" if dtype
                                                                                            else "")
     event, floor = t.get("event") or {}, t.get("floor") or {}
     floor_ns = floor.get("measured_ns") or floor.get("floor_ns")
     conformant = rec.predicate.get("verdict") == "conformant"
     flag = _impossible(t) or ((f"not ranked: {checks_narrowed(rec.predicate)}" if checks_narrowed(rec.predicate)
                                else "") if conformant else "")
+    binding = floor.get("floor_ns")
+    binding_ratio = event["median_ns"] / binding if isinstance(binding, (int, float)) and binding > 0 else None
     return Row(impl.label, str(w.get("workload", "?")), axes.get("batch"), shape, str(t.get("protocol", "?")),
                conformant and not flag, _ms(event["median_ns"]), _ms(event.get("p10_ns")), _ms(event.get("p90_ns")),
                _ms((t.get("host_wall") or {}).get("median_ns")), _ms(floor_ns),
                str(floor.get("method") or floor.get("model") or ""), _num(t.get("floor_ratio")),
                _num(t.get("measured_floor_ratio")), t.get("peak_bytes") if isinstance(t.get("peak_bytes"), int) else None,
                _num(t.get("peak_over_logits")), record_identity=rec.record_identity, flag=flag,
-               partial=partial_reason(rec.predicate) or "")
+               partial=partial_reason(rec.predicate) or "", floor_binding=str(floor.get("binding") or ""),
+               binding_floor_ratio=_num(binding_ratio), gemm_ceiling_ratio=_num(t.get("gemm_ceiling_ratio")))
 
 
 def _rows(chosen: select.Chosen, impl: Implementation) -> list[Row]:
@@ -240,7 +249,7 @@ def _section(member: select.MemberName, identity: str, gpu: str, recs: list[Veri
     title = member.label if current else str(spec.get("id", member.label))  # history keeps its own id
     return Section(title, str(spec.get("version", member.version)), identity, spec.get("member"), gpu,
                    _gpu(pred)[1] if pred else gpu, measured, tuple(impls), tuple(_ranked(rows)), current,
-                   resolved=member.current_identity is not None)
+                   resolved=member.current_identity is not None, operation=member.operation)
 
 
 def build_sections(records: list[VerifiedRecord], project: str | None = None) -> list[Section]:

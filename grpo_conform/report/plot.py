@@ -64,15 +64,19 @@ def scaling_svg(section: Section, protocol: str) -> str | None:
                 ax.annotate(f"{ys[-1]:.3g} ms", (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 0),
                             fontsize=7, va="center", color=COLORS[i % len(COLORS)])
             floors = {}
+            fused = section.operation == "grpo-fused-linear"  # its floor: the binding one, max(DRAM, FLOP)
             for pts in by_impl.values():
                 for b, r in pts.items():
-                    if r.floor_ms:
+                    if fused and r.binding_floor_ratio:
+                        floors.setdefault(b, r.median_ms / r.binding_floor_ratio)
+                    elif not fused and r.floor_ms:
                         floors.setdefault(b, r.floor_ms)
             if floors:
                 fx = sorted(floors)
                 model = next((r.floor_model for pts in by_impl.values() for r in pts.values() if r.floor_model), "")
-                ax.plot(fx, [floors[b] for b in fx], color="black", linestyle="--", linewidth=1.2,
-                        label=f"DRAM floor ({model or 'floor'}, measured ceilings)")
+                label = ("floor, max(DRAM, FLOP)" if fused else "DRAM floor") + \
+                    f" ({model or 'floor'}{'' if fused else ', measured ceilings'})"
+                ax.plot(fx, [floors[b] for b in fx], color="black", linestyle="--", linewidth=1.2, label=label)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(batches, [str(b) for b in batches])

@@ -72,15 +72,18 @@ class ReportedRow:
     floor_ms: float | None
     floor_ratio: float | None
     explanation: str
+    audited_against: str = ""  # the spec this row was judged against (fused lm_head rows: grpo-fused-linear/...)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def audit_reported(files: tuple[str, ...], spec: str = "grpo-token-is") -> list[ReportedRow]:
+def audit_reported(files: tuple[str, ...], spec: str = "grpo-token-is", against: str | None = None) -> list[ReportedRow]:
+    """Each reported file audited as `grpo-conform audit --spec SPEC [--against FILE]` would; every row
+    names the spec it was judged against (rows of the fused lm_head kernel: the fused-linear spec)."""
     rows = []
     for file in files:
-        report = run_audit(AuditRequest(path=file, spec=spec))
+        report = run_audit(AuditRequest(path=file, spec=spec, against=against))
         for a in report.audits:
             r = a.record
             shape = " x ".join(f"{k} {v}" for k, v in r.axes.items()) + (f", {r.dtype}" if r.dtype else "")
@@ -90,5 +93,5 @@ def audit_reported(files: tuple[str, ...], spec: str = "grpo-token-is") -> list[
             rows.append(ReportedRow(file, r.where, r.implementation, r.provider, r.operation, r.protocol, gpu,
                                     a.workload, shape, r.median_ms, r.observed, label(a), a.comparable, floor_ms,
                                     round(ratio, 4) if ratio is not None else None,
-                                    explanation(a)))
+                                    explanation(a), a.spec_id or report.spec.id))
     return rows

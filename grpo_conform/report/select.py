@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_conform.evidence.identities import project_root_for, tree_identity
+from grpo_conform.ops import operation_name
 from grpo_conform.report.load import VerifiedRecord
 from grpo_conform.spec import find_spec
 
@@ -28,6 +29,11 @@ class MemberName:
     label: str  # what the section is titled: "grpo/token-is", or the record's spec id when unresolved
     version: str
     current_identity: str | None  # None: the checkout does not have this spec
+    operation: str = "grpo-logits"  # the spec's operation (grpo_conform/ops): which columns its section shows
+
+
+#: an unresolved spec id (the checkout lacks it) is taken to be of the operation its family prefix names
+FUSED_PREFIX = "grpo-fused-linear"
 
 
 def finished(rec: VerifiedRecord) -> str:
@@ -40,14 +46,15 @@ def _resolve(spec_id: str, specs_dir: str) -> MemberName | None:
         spec = find_spec(spec_id, dirs=[Path(specs_dir)])
     except Exception:  # noqa: BLE001 - a spec the checkout lacks is shown under its own id, not an error
         return None
-    return MemberName(spec.id, spec.version, spec.identity)
+    return MemberName(spec.id, spec.version, spec.identity, operation_name(spec))
 
 
 def member_of(rec: VerifiedRecord, root: Path | None) -> MemberName:
     spec = rec.predicate.get("spec") or {}
     spec_id = str(spec.get("id", "?"))
     resolved = _resolve(spec_id, str(root / "specs")) if root is not None else None
-    return resolved or MemberName(spec_id, str(spec.get("version", "")), None)
+    operation = FUSED_PREFIX if spec_id.split("/")[0] == FUSED_PREFIX else "grpo-logits"
+    return resolved or MemberName(spec_id, str(spec.get("version", "")), None, operation)
 
 
 def project_root(project: str | None) -> Path | None:

@@ -9,8 +9,8 @@ TIMING_HEADERS = ("workload", "#", "implementation", "median ms (p10-p90)", "wal
                   "peak memory", "conformance")
 IMPL_HEADERS = ("implementation", "folder", "verdict", "identity (sha256)", "language", "license", "signed by", "run finished",
                 "commit", "record (sha256)")
-REPORTED_HEADERS = ("implementation", "GPU", "workload", "protocol", "median ms", "x floor", "audit", "why",
-                    "source")
+REPORTED_HEADERS = ("implementation", "GPU", "workload", "protocol", "median ms", "x floor", "audit",
+                    "audited against", "why", "source")
 
 PROTOCOL_TITLES = {
     "full": "full: forward + backward with upstream gradient 1 (the headline)",
@@ -95,7 +95,7 @@ def impl_rows(section: Section) -> list[tuple[str, ...]]:
 def reported_rows(rows: tuple[ReportedRow, ...]) -> list[tuple[str, ...]]:
     return [(f"{r.implementation} ({r.provider})" if r.provider else r.implementation, r.gpu,
              f"{r.workload or '—'}: {r.shape}", r.protocol, f"{r.median_ms:g}",
-             _x(r.floor_ratio), r.label, r.explanation, f"{r.source_file} {r.where}" + (f", {r.observed}" if r.observed
+             _x(r.floor_ratio), r.label, r.audited_against, r.explanation, f"{r.source_file} {r.where}" + (f", {r.observed}" if r.observed
                                                                                        else ""))
             for r in rows]
 

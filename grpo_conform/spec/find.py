@@ -98,3 +98,42 @@ def specs_for_manifest(manifest: Any, spec_path: str | Path | None = None, dirs:
         raise ManifestError(file, "members", f"unknown member {unknown[0]!r} of family {fam.id!r} "
                             f"(members: {', '.join(fam.member_names)})")
     return tuple(fam.member(m) for m in members)
+
+
+def known_spec_ids(dirs: list[Path] | None = None) -> list[str]:
+    """Every spec id the spec directories hold: family ids, their `family/member` ids, standalone ids."""
+    ids: set[str] = set()
+    for d in spec_dirs() if dirs is None else dirs:
+        for file in sorted(d.glob("*.json")):
+            try:
+                doc = json.loads(file.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+                continue
+            ids.add(doc["id"])
+            if is_family_document(doc):
+                ids |= {f"{doc['id']}/{m.get('name')}" for m in doc.get("members") or () if isinstance(m, dict)}
+    return sorted(ids)
+
+
+def resolve_spec_option(ref: str, dirs: list[Path] | None = None) -> str | Spec:
+    """What `check --spec REF` names (issue 31: only a file path worked): a path to an existing file, or
+    anything ending in .json, is returned as given (a missing file keeps its file-not-found error); a
+    family id (`grpo-fused-linear`, `grpo@1.0.0`) gives that family's file, so the manifest's members or
+    `--member` pick from it as with `--spec FILE`; a member or standalone id (`grpo-fused-linear/token-is`,
+    `grpo-token-is`) gives that one spec. An unknown id raises SpecError naming the known ids."""
+    if Path(ref).is_file() or ref.endswith(".json") or not _ID_VERSION.match(ref):
+        return ref
+    m = _ID_VERSION.match(ref)
+    assert m is not None
+    if m["member"] is None:
+        fam = find_family(m["id"], m["version"], dirs)
+        if fam is not None:
+            return str(fam.path)
+    try:
+        return find_spec(ref, dirs)
+    except SpecError as exc:
+        known = known_spec_ids(dirs)
+        raise SpecError(ref, "$", f"--spec {ref!r} is neither a file nor a known spec id ({exc.problem}); known ids: "
+                        f"{', '.join(known) or 'none'}") from None
