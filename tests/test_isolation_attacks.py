@@ -157,10 +157,16 @@ def test_no_descendant_survives_setsid_or_a_double_fork(tmp_path):
         session.start()
         _bind(session)
         call_once(session)
-        tail = session.stderr_tail()
         # two processes write to one stderr: a print's text and its newline may be separate writes, so
-        # another line can land between them ("grandchild 27429child 27431"): match the words, not lines
-        pids = [int(re.search(rf"(?<!grand){word} (\d+)", tail).group(1)) for word in ("child", "grandchild")]
+        # another line can land between them ("grandchild 27429child 27431"): match the words, not lines.
+        # The grandchild prints after its parent exited, so its line can reach the tail after the call returns.
+        found, deadline = {}, time.monotonic() + 15
+        while len(found) < 2 and time.monotonic() < deadline:
+            tail = session.stderr_tail()
+            found = {w: m for w in ("child", "grandchild") if (m := re.search(rf"(?<!grand){w} (\d+)", tail))}
+            time.sleep(0.1 if len(found) < 2 else 0)
+        assert len(found) == 2, f"the survivors never reported their pids: {tail[-2000:]!r}"
+        pids = [int(found[w].group(1)) for w in ("child", "grandchild")]
         assert not any(_gone(p) for p in pids), "the test did not start its survivors"
     finally:
         session.close()
