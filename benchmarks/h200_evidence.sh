@@ -22,6 +22,7 @@
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
 #   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
+#   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
 #   bash benchmarks/h200_evidence.sh round14b   # the seed member at seed-b2 and seed-b8 (60 s)
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
@@ -217,6 +218,14 @@ case "${1:-probe}" in
     check_one triton-fused 190 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
       --workload seed-b16
     check_one fused-torch 150 --member token-is --workload seed-b2 --workload seed-b8
+    ;;
+  round15s)  # round15b cut to what ~6 minutes hold: fused_bench at batch 2 and 8, triton-fused and fused-torch records
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 150 python3 benchmarks/fused_bench.py --batches 2 8 --member offpolicy-mask \
+      --out "$R/fused-bench.json" > "$R/fused-bench.log" 2>&1
+    status "fused_bench batches 2 8: exit $?"; tail -30 "$R/fused-bench.log"
+    check_one triton-fused 150 --member token-is --workload seed-b2 --workload seed-b8
+    check_one fused-torch 90 --member token-is --workload seed-b2
     ;;
   round15c)  # issue 36's sweep (quick grid, launch candidates), then Liger's fused op through the validator at seed-b2
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
