@@ -395,10 +395,10 @@ class _Worker:
         enqueued = time.perf_counter_ns()
         self._sync("timed call")
         wall1 = time.perf_counter_ns()
+        peak = torch.cuda.max_memory_allocated() - base  # before gradients(): backward's subtraction is not the call's
         loss, grads = step.loss, step.gradients()
         event_ns = int(round(start.elapsed_time(end) * 1e6))
         pre_ns = int(round(pre.elapsed_time(start) * 1e6))
-        peak = torch.cuda.max_memory_allocated() - base
         if outputs is not None:
             self._copy_out(self.slots[outputs], loss, grads)
             self._sync("copy")
