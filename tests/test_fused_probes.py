@@ -9,6 +9,8 @@ import random
 from pathlib import Path
 
 import pytest
+import math
+
 import torch
 
 from grpo_conform.checks.model import ReferenceModel
@@ -17,7 +19,7 @@ from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.checks.units import judge_units
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.fused_linear.probes import (ACCUMULATION, FUSED_PROBES, NON_LEAF, TIED, odd_sizes,
-                                                  tie_rows, tie_scale)
+                                                  tie_plan, tie_rows, tie_scale)
 from grpo_conform.spec import find_spec, load_family
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +49,27 @@ def test_the_tie_scale_is_a_power_of_two_under_a_quarter_of_each_tied_row_s_scal
     flat[3], flat[5] = 1e-3, 2e-2  # within 64x of the largest (1.0): 5 kept, 3 left out
     assert tie_rows(torch.tensor([3, 5, 5, 7]), flat) == [5, 5, 7]
     assert tie_rows(torch.tensor([3, 5]), torch.zeros(100, dtype=torch.float64)) == []
+
+
+def test_with_allowances_the_tie_is_4_allowances_on_each_kept_row_and_rounds_under_half_of_one():
+    """CI 2026-12-03 (gallery fused-grad-assigned passed tied-weights): scales 0.2-3, allowances 0.005-0.44.
+    One s for every row was infeasible (the loosest row needs s >= 1.8, the tightest rounds badly above
+    0.6), and the fallback 1/8 of a scale hid in every row's allowance. The plan ties the rows one s fits."""
+    scales = torch.tensor([0.2058, 0.2574, 0.6914, 0.3361, 1.029, 1.206, 1.504, 2.992, 0.0], dtype=torch.float64)
+    allowed = torch.tensor([0.005133, 0.008852, 0.03204, 0.01075, 0.09861, 0.1413, 0.1859, 0.4448, 0.0],
+                           dtype=torch.float64)
+    counts = torch.tensor([1, 1, 1, 1, 1, 1, 2, 1, 0])
+    s, kept = tie_plan(scales, counts, allowed)
+    assert s == 2.0 ** round(math.log2(s)) and int(kept.sum()) >= 5 and not bool(kept[8])
+    c = counts[kept].to(torch.float64)
+    assert bool((s * c >= 4 * allowed[kept]).all())  # a lost term: 4 allowances or more
+    assert bool(((scales[kept] + s * c) * 2.0 ** -8 <= allowed[kept] / 2).all())  # the sum's rounding
+    assert s > tie_scale(scales, counts)  # the allowance-free rule's term, the one that hid
+    s0, every = tie_plan(scales, counts)
+    assert s0 == tie_scale(scales, counts) and torch.equal(every, counts > 0)
+    # no row admits any s (allowances under the bf16 rounding of the term): every row, the plain rule
+    s1, every = tie_plan(scales, counts, allowed * 1e-3)
+    assert s1 == tie_scale(scales, counts) and torch.equal(every, counts > 0)
 
 
 def test_a_cpu_workload_meets_every_block_boundary():
