@@ -21,6 +21,7 @@
 #   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
 #   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
+#   bash benchmarks/h200_evidence.sh round16a   # the default check of triton cut at 250 s (its records first)
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
@@ -207,6 +208,15 @@ case "${1:-probe}" in
     timeout -s KILL 470 python3 -m grpo_conform check implementations/triton --evidence-dir "$OUT/h200" --deadline 400 \
       --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
     status "triton default check (every member in order, timing, deadline 400 s): exit $?, $((SECONDS - start)) s wall"
+    grep -A40 "phases" "$R/triton-default.log" | head -50
+    ;;
+  round16a)  # 2026-12-03 (third session, 568 s of device time): triton's records at its current identity
+              # first (the leaderboard has none), phases printed; cut by --deadline where the budget ends
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    start=$SECONDS
+    timeout -s KILL 330 python3 -m grpo_conform check implementations/triton --evidence-dir "$OUT/h200" --deadline 250 \
+      --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
+    status "triton default check (every member in order, timing, deadline 250 s): exit $?, $((SECONDS - start)) s wall"
     grep -A40 "phases" "$R/triton-default.log" | head -50
     ;;
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
