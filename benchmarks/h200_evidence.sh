@@ -22,6 +22,7 @@
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
 #   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
 #   bash benchmarks/h200_evidence.sh round16a   # the default check of triton cut at 250 s (its records first)
+#   bash benchmarks/h200_evidence.sh round16b   # triton token-is seed-b2..b16, triton-fused token-is seed-b2 (~5 min)
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
@@ -218,6 +219,19 @@ case "${1:-probe}" in
       --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
     status "triton default check (every member in order, timing, deadline 250 s): exit $?, $((SECONDS - start)) s wall"
     grep -A40 "phases" "$R/triton-default.log" | head -50
+    ;;
+  round16b)  # 2026-12-03 (third session, one call of ~5 minutes): triton's seed member at its current identity
+              # (the leaderboard's ranked cells), then the first fused record (triton-fused token-is seed-b2)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    start=$SECONDS
+    timeout -s KILL 100 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
+      --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 60 \
+      --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
+    status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
+    start=$SECONDS
+    timeout -s KILL 210 python3 -m grpo_conform check implementations/triton-fused --member token-is --workload seed-b2 \
+      --evidence-dir "$OUT/h200" --profile-phases --format json > "$R/triton-fused.json" 2> "$R/triton-fused.log"
+    status "triton-fused token-is seed-b2: exit $?, $((SECONDS - start)) s wall"
     ;;
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
               # ours per chunk and strategy), then the fused spec's seed member timed through the validator
