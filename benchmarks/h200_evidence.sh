@@ -224,8 +224,8 @@ case "${1:-probe}" in
               # (the leaderboard's ranked cells), then the first fused record (triton-fused token-is seed-b2)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     start=$SECONDS
-    timeout -s KILL 100 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
-      --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 60 \
+    timeout -s KILL 115 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
+      --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 70 \
       --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
     status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
     start=$SECONDS
