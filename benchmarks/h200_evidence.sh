@@ -229,7 +229,7 @@ case "${1:-probe}" in
       --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
     status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
     start=$SECONDS
-    timeout -s KILL 210 python3 -m grpo_conform check implementations/triton-fused --member token-is --workload seed-b2 \
+    timeout -s KILL 175 python3 -m grpo_conform check implementations/triton-fused --member token-is --workload seed-b2 \
       --evidence-dir "$OUT/h200" --profile-phases --format json > "$R/triton-fused.json" 2> "$R/triton-fused.log"
     status "triton-fused token-is seed-b2: exit $?, $((SECONDS - start)) s wall"
     ;;
