@@ -23,6 +23,7 @@
 #   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
 #   bash benchmarks/h200_evidence.sh round16a   # the default check of triton cut at 250 s (its records first)
 #   bash benchmarks/h200_evidence.sh round16b   # triton token-is seed-b2..b16, triton-fused token-is seed-b2 (~5 min)
+#   bash benchmarks/h200_evidence.sh round16c   # triton token-is seed-b2..b16, fused_bench batch 4 (~200 s)
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
@@ -232,6 +233,17 @@ case "${1:-probe}" in
     timeout -s KILL 175 python3 -m grpo_conform check implementations/triton-fused --member token-is --workload seed-b2 \
       --evidence-dir "$OUT/h200" --profile-phases --format json > "$R/triton-fused.json" 2> "$R/triton-fused.log"
     status "triton-fused token-is seed-b2: exit $?, $((SECONDS - start)) s wall"
+    ;;
+  round16c)  # round16b within ~200 s of device time: triton's seed cells, then fused_bench at batch 4 (unmeasured)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    start=$SECONDS
+    timeout -s KILL 115 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
+      --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 70 \
+      --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
+    status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
+    timeout -s KILL 80 python3 benchmarks/fused_bench.py --batches 4 --member offpolicy-mask \
+      --out "$R/fused-bench-b4.json" > "$R/fused-bench-b4.log" 2>&1
+    status "fused_bench batch 4: exit $?"; tail -20 "$R/fused-bench-b4.log"
     ;;
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
               # ours per chunk and strategy), then the fused spec's seed member timed through the validator
