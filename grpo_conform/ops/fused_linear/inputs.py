@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from grpo_conform.dtypes import torch_dtype
-from grpo_conform.ops.fused_linear.reference import logprobs_and_lse
+from grpo_conform.ops.fused_linear.reference import computed_logprobs_and_lse
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
 from grpo_conform.ops.grpo_logits.generators.masks import classify
 from grpo_conform.ops.grpo_logits.member_inputs import fill_completion_mask, old_logprobs_for
@@ -137,7 +137,7 @@ def _member_inputs(spec, resolved, tensors, gen, values, case) -> dict[str, list
     if "old_logprobs" not in tensors and "ref_logprobs" not in tensors:
         return covered
     p = GrpoParameters.from_spec(spec, values)
-    logp = logprobs_and_lse(tensors, p)[0].cpu()
+    logp = computed_logprobs_and_lse(tensors, p)[0].cpu()  # the shared buffers: never memoised
     cfg = spec.validation.member_inputs
     if "old_logprobs" in tensors:
         tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen))

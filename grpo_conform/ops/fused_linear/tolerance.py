@@ -39,6 +39,7 @@ from typing import Mapping
 
 import torch
 
+from grpo_conform.ops.fused_linear import memo
 from grpo_conform.ops.fused_linear.reference import Blocks, _blocks, _flat, _logits, _spans, logprobs_and_lse
 from grpo_conform.ops.grpo_terms import GrpoParameters, token_terms
 
@@ -78,7 +79,7 @@ def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks, lse
         hn = h.norm(dim=-1)
         c = ids[r0:r1]
         for v0, v1 in _spans(w.shape[0], blocks.vocab):
-            z = _logits(h, w, b, v0, v1, 1.0)
+            z = _logits(h, w, b, v0, v1, 1.0, "row-errors")
             e = u * z.abs() + acc * hn[:, None] * wnorm[None, v0:v1]
             prob = torch.exp(z / p.temperature - lse[r0:r1, None])
             emax[r0:r1] = torch.maximum(emax[r0:r1], e.max(-1).values)
@@ -109,7 +110,7 @@ def _unit_sums(x, p: GrpoParameters, blocks: Blocks, lse: torch.Tensor, a: torch
         c = ids[r0:r1]
         hid[r0:r1] += ar * wmax[c]
         for v0, v1 in _spans(vocab, blocks.vocab):
-            prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature) - lse[r0:r1, None])
+            prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature, "unit-sums") - lse[r0:r1, None])
             hid[r0:r1] += ar * (prob @ wmax[v0:v1])
             wt[v0:v1] += (ar * hmax) @ prob
             bs[v0:v1] += ar @ prob
@@ -142,8 +143,18 @@ def _shifts(x, p: GrpoParameters, logp: torch.Tensor, grid: torch.Tensor) -> lis
 
 def gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str,
                    blocks: Blocks | None = None) -> GemmAllowance:
-    u = UNIT_ROUNDOFF[dtype]
+    """The allowance of input set `x` at parameters `p` for operands in `dtype`: computed once per input
+    set, parameters, dtype and blocks (`memo.py`; every judgment of the same inputs reuses it)."""
     blocks = _blocks(x, blocks)
+    kept = memo.state(x)
+    key = ("allowance", dtype, repr(p), blocks)
+    if key not in kept:
+        kept[key] = _gemm_allowance(x, p, dtype, blocks)
+    return kept[key]
+
+
+def _gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str, blocks: Blocks) -> GemmAllowance:
+    u = UNIT_ROUNDOFF[dtype]
     logp, lse = logprobs_and_lse(x, p, blocks)
     emax, d = _row_errors(x, p, u, "", blocks, lse)
     batch, seq = x["completion_ids"].shape
