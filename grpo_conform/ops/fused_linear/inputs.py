@@ -149,3 +149,39 @@ def _member_inputs(spec, resolved, tensors, gen, values, case) -> dict[str, list
         gap = cfg.ref_gap_min + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (cfg.ref_gap_max - cfg.ref_gap_min)
         tensors["ref_logprobs"].copy_(logp + sign[:, None] * gap)
     return covered
+
+
+def refresh_in_place(tensors: dict[str, torch.Tensor], offset: int, seed: int) -> None:
+    """New bytes for a timed call, cheaply and on the tensors' device (the timed protocols' refresh: a
+    full generation draws the [V, H] weight on the CPU, ~525M normal samples at the seed shapes, and
+    a timed workload would make 75 of them). Three moves that keep every row's logits as a set:
+
+    - the vocabulary rotated by `offset`: weight, bias, ref_weight and ref_bias rows move
+      (new[v] = old[(v + offset) mod V]) and the completion ids with them (id -> (id - offset) mod V);
+    - the hidden dimension permuted (one permutation drawn from `seed`) in hidden, ref_hidden, weight
+      and ref_weight alike: every logit is the same sum of the same products, in another order;
+    - each sequence's advantage rescaled by a factor in [e^-0.1, e^0.1] (signs, zeros and the tiny
+      class kept), as `grpo_logits.inputs.refresh_in_place` does, so the loss and every gradient change.
+
+    The log-probs, and with them every drawn ratio, KL gap and clip margin, stay those of the full
+    generation (up to the order of the float64 sums); the masks and the other inputs stay. Every
+    byte of the hidden states and the weight moves unless a row is constant, so a cache of results
+    by address or content misses (docs/fused-kernel.md, "Check time")."""
+    vocab, hidden = tensors["weight"].shape
+    k = offset % vocab
+    perm = torch.randperm(hidden, generator=torch.Generator().manual_seed(seed & (2**63 - 1)))
+    for name in ("weight", "ref_weight", "bias", "ref_bias", "hidden", "ref_hidden"):
+        t = tensors.get(name)
+        if t is None:
+            continue
+        new = torch.roll(t, shifts=-k, dims=0) if name in ("weight", "ref_weight", "bias", "ref_bias") else t
+        if name not in ("bias", "ref_bias"):
+            new = new.index_select(-1, perm.to(t.device))
+        t.copy_(new)
+    ids = tensors["completion_ids"]
+    ids.copy_(torch.remainder(ids.to(torch.int64) - k, vocab).to(ids.dtype))
+    adv = tensors.get("advantages")
+    if adv is not None and adv.is_floating_point():
+        g = torch.Generator(device=adv.device).manual_seed(seed & (2**63 - 1))
+        factor = torch.empty(adv.shape, dtype=torch.float32, device=adv.device).uniform_(-0.1, 0.1, generator=g)
+        adv.mul_(torch.exp(factor).to(adv.dtype))

@@ -1,0 +1,128 @@
+"""The fused check's reference cost, counted (docs/fused-kernel.md, "Check time"): the float64 GEMM passes
+over [N rows, V vocabulary] (2NHV FLOPs each, `memo.COUNTS` by kind) that one input set costs, never
+repeated for the same inputs; the memo forgets an input set whose tensors change; the timed refresh
+keeps every row's logits. Counts, not wall time."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.fused_linear import memo
+from grpo_conform.ops.fused_linear.reference import computed_logprobs_and_lse, logprobs_and_lse
+from grpo_conform.spec import load_family
+
+ROOT = Path(__file__).resolve().parent.parent
+FAMILY = load_family(ROOT / "specs" / "grpo-fused-linear.v1.json")
+
+
+def _setup(member: str, seed: int = 5, workload: str = "odd-bf16"):
+    spec = FAMILY.member(member)
+    op = operation_for(spec)
+    rw = spec.resolve(spec.workload(workload))
+    model = ReferenceModel.drawn(spec, random.Random(seed))
+    x = op.generate(spec, rw, seed, "cpu", values=model.values, case=seed).tensors
+    return spec, op, rw, model, x
+
+
+def _judgment(spec, op, rw, model, x) -> None:
+    """What the engine asks of the reference to judge one call: the error model, the loss and every
+    gradient, in the order `checks/units.judge_units` reads them."""
+    op.error_model(spec, x, model.params, rw.dtypes["hidden"])
+    op.reference_loss(spec, x, model.params)
+    for chunks in op.reference_gradients(spec, x, model.params).values():
+        for _ in chunks:
+            pass
+
+
+def _passes(x) -> dict[str, float]:
+    """memo.COUNTS in GEMM passes over the whole [N, V] (2NHV FLOPs each)."""
+    n = x["hidden"].numel() // x["hidden"].shape[-1]
+    v, h = x["weight"].shape
+    return {k: f / (2 * n * h * v) for k, f in memo.COUNTS.items()}
+
+
+@pytest.mark.parametrize("member, logits_sets", [("token-is-bias", 1), ("token-offpolicy-mask-kl-ref-weight", 2)])
+def test_judging_one_input_set_twice_pays_the_lse_and_the_error_model_once(member, logits_sets):
+    """The log-sum-exp pass (per lm_head: 2 with a reference weight), the error model's two passes and,
+    per judgment, one sweep of three passes for every gradient (d logits, d weight, d hidden): before the
+    memo, a judgment made the log-sum-exp three times and the error model again each time."""
+    spec, op, rw, model, x = _setup(member)
+    memo.clear()
+    memo.reset_counts()
+    _judgment(spec, op, rw, model, x)
+    _judgment(spec, op, rw, model, x)
+    row_errors = logits_sets  # the reference lm_head's rows carry the same kind of error (tolerance.py)
+    assert _passes(x) == pytest.approx({"lse": logits_sets, "row-errors": row_errors, "unit-sums": 1,
+                                        "d-logits": 2, "d-weight": 2, "d-hidden": 2})
+
+
+def test_a_changed_input_set_is_computed_again_and_the_generator_never_memoises():
+    spec, op, rw, model, x = _setup("token-is")
+    memo.clear()
+    memo.reset_counts()
+    first = logprobs_and_lse(x, model.params)
+    assert logprobs_and_lse(x, model.params) is first  # the same input set: kept
+    x["hidden"].copy_(x["hidden"].flip(0))  # an in-place write, as InputSlot.commit makes
+    again = logprobs_and_lse(x, model.params)
+    assert again is not first
+    assert torch.equal(again[0], computed_logprobs_and_lse(x, model.params)[0])
+    assert _passes(x)["lse"] == pytest.approx(3)  # first, after the write, and the uncached one
+    other = {k: v.clone() for k, v in x.items()}  # the same values in other tensors: a new entry
+    assert logprobs_and_lse(other, model.params) is not again
+
+
+def test_the_reference_gradients_are_bitwise_those_of_the_standalone_loops():
+    """The one sweep (weight first) against each gradient asked for alone (hidden first: the standalone loops)."""
+    from grpo_conform.ops.fused_linear.reference import Blocks, reference_gradients
+
+    spec, op, rw, model, x = _setup("token-is-bias")
+    for blocks in (None, Blocks(5, 97), Blocks(64, 7)):
+        swept = {n: list(c) for n, c in reference_gradients(x, model.params, blocks).items()}
+        grads = reference_gradients(x, model.params, blocks)
+        alone = {n: list(grads[n]) for n in ("hidden", "bias", "weight")}
+        for name in alone:
+            for a, b in zip(swept[name], alone[name], strict=True):
+                assert (a.start, a.stop) == (b.start, b.stop)
+                assert torch.equal(a.values, b.values) and torch.equal(a.scale, b.scale), name
+
+
+def test_an_engine_judging_one_input_set_twice_computes_its_reference_once():
+    """retained-graph judges two calls on one input set (two upstream scalars): one log-sum-exp pass and
+    one error model (three passes) for both, one gradient sweep for each (it was 2 x 9 passes)."""
+    from grpo_conform.check import CheckRequest, run_check
+
+    memo.clear()
+    memo.reset_counts()
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "fused-torch"),), device="cpu",
+                                    workloads=("tiny-bf16",), members=("token-is",), checks=("retained-graph",)))
+    (impl,) = report.implementations
+    (workload,) = impl.workloads
+    assert {o.check: o.status for o in workload.outcomes}["retained-graph"] == "pass"
+    b, t, h, v = 2, 8, 32, 257  # tiny-bf16
+    passes = {k: f / (2 * b * t * h * v) for k, f in memo.COUNTS.items()}
+    assert passes == pytest.approx({"lse": 1, "row-errors": 1, "unit-sums": 1, "d-logits": 2, "d-weight": 2,
+                                    "d-hidden": 2})
+
+
+@pytest.mark.parametrize("member", ["token-is-bias", "token-offpolicy-mask-kl-ref-weight"])
+def test_the_timed_refresh_moves_every_weight_and_hidden_byte_and_keeps_the_log_probs(member):
+    spec, op, rw, model, x = _setup(member)
+    before = {k: v.clone() for k, v in x.items()}
+    p = model.params
+    logp = computed_logprobs_and_lse(before, p)[0]
+    op.refresh(x, random.Random(3))
+    for name in ("hidden", "weight", "completion_ids", "advantages"):
+        assert not torch.equal(x[name], before[name]), name
+    moved = (x["weight"] != before["weight"]).float().mean()
+    assert moved > 0.95  # bf16 rows of a few distinct values may keep an element in place, not a row
+    assert torch.equal(torch.sign(x["advantages"]), torch.sign(before["advantages"]))
+    for name in ("completion_mask", "old_logprobs", "ref_logprobs"):
+        if name in x:
+            assert torch.equal(x[name], before[name]), name
+    assert torch.allclose(computed_logprobs_and_lse(x, p)[0], logp, rtol=0, atol=1e-9)
