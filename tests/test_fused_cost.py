@@ -111,18 +111,24 @@ def test_an_engine_judging_one_input_set_twice_computes_its_reference_once():
 
 
 @pytest.mark.parametrize("member", ["token-is-bias", "token-offpolicy-mask-kl-ref-weight"])
-def test_the_timed_refresh_moves_every_weight_and_hidden_byte_and_keeps_the_log_probs(member):
+def test_the_timed_refresh_moves_every_weight_byte_and_every_row_s_log_sum_exp(member):
+    """Without the rows' scaling (rotation and permutation alone) every row's log-sum-exp would stay: a
+    cache of it, keyed by a row's values up to order, would answer a forward without the logits GEMM."""
     spec, op, rw, model, x = _setup(member)
     before = {k: v.clone() for k, v in x.items()}
     p = model.params
-    logp = computed_logprobs_and_lse(before, p)[0]
+    _, lse = computed_logprobs_and_lse(before, p)
     op.refresh(x, random.Random(3))
     for name in ("hidden", "weight", "completion_ids", "advantages"):
         assert not torch.equal(x[name], before[name]), name
-    moved = (x["weight"] != before["weight"]).float().mean()
-    assert moved > 0.95  # bf16 rows of a few distinct values may keep an element in place, not a row
+    assert (x["weight"] != before["weight"]).float().mean() > 0.95  # equal bf16 values may meet, rows do not
     assert torch.equal(torch.sign(x["advantages"]), torch.sign(before["advantages"]))
     for name in ("completion_mask", "old_logprobs", "ref_logprobs"):
         if name in x:
             assert torch.equal(x[name], before[name]), name
-    assert torch.allclose(computed_logprobs_and_lse(x, p)[0], logp, rtol=0, atol=1e-9)
+    logp, lse_after = computed_logprobs_and_lse(x, p)
+    assert bool(((lse_after - lse).abs() > 1e-6).all())
+    assert bool(torch.isfinite(logp).all())
+    norm = lambda t: t.float().norm(dim=-1)  # noqa: E731
+    ratio = norm(x["hidden"]) / norm(before["hidden"])
+    assert bool(((ratio > 0.89) & (ratio < 1.12)).all())

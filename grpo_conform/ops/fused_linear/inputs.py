@@ -154,19 +154,25 @@ def _member_inputs(spec, resolved, tensors, gen, values, case) -> dict[str, list
 def refresh_in_place(tensors: dict[str, torch.Tensor], offset: int, seed: int) -> None:
     """New bytes for a timed call, cheaply and on the tensors' device (the timed protocols' refresh: a
     full generation draws the [V, H] weight on the CPU, ~525M normal samples at the seed shapes, and
-    a timed workload would make 75 of them). Three moves that keep every row's logits as a set:
+    a timed workload would make 75 of them):
 
     - the vocabulary rotated by `offset`: weight, bias, ref_weight and ref_bias rows move
       (new[v] = old[(v + offset) mod V]) and the completion ids with them (id -> (id - offset) mod V);
     - the hidden dimension permuted (one permutation drawn from `seed`) in hidden, ref_hidden, weight
-      and ref_weight alike: every logit is the same sum of the same products, in another order;
+      and ref_weight alike (every logit the same sum of the same products): every weight byte moves;
+    - each row of hidden (and ref_hidden, by the same factor) scaled by a fresh factor in
+      [e^-0.1, e^0.1]: every logit of the row scales, so its log-sum-exp moves;
     - each sequence's advantage rescaled by a factor in [e^-0.1, e^0.1] (signs, zeros and the tiny
-      class kept), as `grpo_logits.inputs.refresh_in_place` does, so the loss and every gradient change.
+      class kept), as `grpo_logits.inputs.refresh_in_place` does.
 
-    The log-probs, and with them every drawn ratio, KL gap and clip margin, stay those of the full
-    generation (up to the order of the float64 sums); the masks and the other inputs stay. Every
-    byte of the hidden states and the weight moves unless a row is constant, so a cache of results
-    by address or content misses (docs/fused-kernel.md, "Check time")."""
+    Rotation and permutation alone would keep every row's logits as a set, and with it the row's
+    log-sum-exp: a kernel keying a cache on a row's values up to order (sorted) could skip the logits
+    GEMM of a forward and still return correct values, faster than any honest kernel though not below
+    the DRAM bound the timing-floor check fails. Scaling the rows closes that; what it gives up: the
+    log-probs move (by a few tenths on the wide rows), so the drawn ratios, KL gaps and clip margins of
+    a refreshed set are no longer those of its full generation (still finite: old and reference
+    log-probs, masks and ids are kept as drawn). The re-checked calls are judged against the reference
+    of the values they ran on, as every timed call is (docs/fused-kernel.md, "Check time")."""
     vocab, hidden = tensors["weight"].shape
     k = offset % vocab
     perm = torch.randperm(hidden, generator=torch.Generator().manual_seed(seed & (2**63 - 1)))
@@ -180,6 +186,12 @@ def refresh_in_place(tensors: dict[str, torch.Tensor], offset: int, seed: int) -
         t.copy_(new)
     ids = tensors["completion_ids"]
     ids.copy_(torch.remainder(ids.to(torch.int64) - k, vocab).to(ids.dtype))
+    h = tensors["hidden"]
+    g = torch.Generator(device=h.device).manual_seed((seed ^ 0x5CA1E) & (2**63 - 1))
+    rows = torch.empty(h.shape[:-1] + (1,), dtype=torch.float32, device=h.device).uniform_(-0.1, 0.1, generator=g).exp_()
+    for name in ("hidden", "ref_hidden"):
+        if name in tensors:
+            tensors[name].copy_(tensors[name].to(torch.float32) * rows)
     adv = tensors.get("advantages")
     if adv is not None and adv.is_floating_point():
         g = torch.Generator(device=adv.device).manual_seed(seed & (2**63 - 1))

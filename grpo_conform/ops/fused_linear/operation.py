@@ -74,9 +74,8 @@ class GrpoFusedLinear:
         return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
 
     def refresh(self, tensors: dict, rng) -> None:
-        """Timed refreshes: new bytes in place on the device, every row's logits kept as a set
-        (`inputs.refresh_in_place`); the offset and the permutation's seed come from the timed run's
-        OS-seeded `rng`."""
+        """Timed refreshes: new bytes in place on the device, no host draw (`inputs.refresh_in_place`);
+        the offset and the seed come from the timed run's OS-seeded `rng`."""
         vocab = tensors["weight"].shape[0]
         _inputs.refresh_in_place(tensors, rng.randrange(1, vocab) if vocab > 1 else 0, rng.getrandbits(63))
 
