@@ -49,16 +49,18 @@ def _passes(x) -> dict[str, float]:
 
 @pytest.mark.parametrize("member, logits_sets", [("token-is-bias", 1), ("token-offpolicy-mask-kl-ref-weight", 2)])
 def test_judging_one_input_set_twice_pays_the_lse_and_the_error_model_once(member, logits_sets):
-    """The log-sum-exp pass (per lm_head: 2 with a reference weight), the error model's two passes and,
-    per judgment, one sweep of three passes for every gradient (d logits, d weight, d hidden): before the
-    memo, a judgment made the log-sum-exp three times and the error model again each time."""
+    """The log-sum-exp pass (per lm_head: 2 with a reference weight), the error model's row errors and,
+    per judgment, one sweep of three passes for every gradient (d logits, d weight, d hidden) that also
+    makes the error model's unit sums: before, a judgment made the log-sum-exp three times, the unit sums
+    in a pass of their own and the error model again each time (9 passes a judgment)."""
     spec, op, rw, model, x = _setup(member)
     memo.clear()
     memo.reset_counts()
     _judgment(spec, op, rw, model, x)
     _judgment(spec, op, rw, model, x)
     row_errors = logits_sets  # the reference lm_head's rows carry the same kind of error (tolerance.py)
-    assert _passes(x) == pytest.approx({"lse": logits_sets, "row-errors": row_errors, "unit-sums": 1,
+    # the unit sums come from the first sweep's probabilities (tolerance.UnitSums): no pass of their own
+    assert _passes(x) == pytest.approx({"lse": logits_sets, "row-errors": row_errors,
                                         "d-logits": 2, "d-weight": 2, "d-hidden": 2})
 
 
@@ -75,6 +77,27 @@ def test_a_changed_input_set_is_computed_again_and_the_generator_never_memoises(
     assert _passes(x)["lse"] == pytest.approx(3)  # first, after the write, and the uncached one
     other = {k: v.clone() for k, v in x.items()}  # the same values in other tensors: a new entry
     assert logprobs_and_lse(other, model.params) is not again
+
+
+def test_a_loss_only_use_makes_no_unit_sums_and_a_gradient_read_first_makes_them_alone():
+    """Forward-only calls read the error model's loss allowance only; units read before any sweep are
+    made on their own (one pass), equal to the ones a sweep makes."""
+    spec, op, rw, model, x = _setup("token-is-bias")
+    dtype = rw.dtypes["hidden"]
+    memo.clear()
+    memo.reset_counts()
+    em = op.error_model(spec, x, model.params, dtype)
+    assert em.loss >= 0.0 and "unit-sums" not in memo.COUNTS
+    alone = {n: em.units[n].clone() for n in ("hidden", "weight", "bias")}
+    assert _passes(x)["unit-sums"] == pytest.approx(1)
+    memo.clear()
+    swept = op.error_model(spec, x, model.params, dtype)
+    for chunks in op.reference_gradients(spec, x, model.params).values():
+        for _ in chunks:
+            pass
+    assert _passes(x)["unit-sums"] == pytest.approx(1)  # no second pass: the sweep made them
+    for n, t in alone.items():
+        assert torch.equal(swept.units[n], t), n
 
 
 def test_the_reference_gradients_are_bitwise_those_of_the_standalone_loops():
@@ -94,7 +117,8 @@ def test_the_reference_gradients_are_bitwise_those_of_the_standalone_loops():
 
 def test_an_engine_judging_one_input_set_twice_computes_its_reference_once():
     """retained-graph judges two calls on one input set (two upstream scalars): one log-sum-exp pass and
-    one error model (three passes) for both, one gradient sweep for each (it was 2 x 9 passes)."""
+    one row-error pass for both, one gradient sweep for each, the first making the unit sums (it was
+    2 x 9 passes)."""
     from grpo_conform.check import CheckRequest, run_check
 
     memo.clear()
@@ -106,8 +130,7 @@ def test_an_engine_judging_one_input_set_twice_computes_its_reference_once():
     assert {o.check: o.status for o in workload.outcomes}["retained-graph"] == "pass"
     b, t, h, v = 2, 8, 32, 257  # tiny-bf16
     passes = {k: f / (2 * b * t * h * v) for k, f in memo.COUNTS.items()}
-    assert passes == pytest.approx({"lse": 1, "row-errors": 1, "unit-sums": 1, "d-logits": 2, "d-weight": 2,
-                                    "d-hidden": 2})
+    assert passes == pytest.approx({"lse": 1, "row-errors": 1, "d-logits": 2, "d-weight": 2, "d-hidden": 2})
 
 
 @pytest.mark.parametrize("member", ["token-is-bias", "token-offpolicy-mask-kl-ref-weight"])

@@ -68,7 +68,7 @@ def state(x: Mapping[str, Any]) -> dict[str, Any]:
             return value
         del _entries[full]
     value: dict[str, Any] = {}
-    _entries[full] = ([weakref.ref(t, lambda _r, k=full: _entries.pop(k, None)) for _, t in tensors], value)
+    _entries[full] = ([weakref.ref(t, lambda _r, k=full, table=_entries: table.pop(k, None)) for _, t in tensors], value)
     while len(_entries) > LIMIT:
         _entries.popitem(last=False)
     return value

@@ -148,13 +148,13 @@ def reference_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Opt
 
 
 def _dlogits(h, w, b, v0, v1, c, g, s, lse, p):
-    """d logits of rows x vocab chunk [v0, v1), and its elementwise bound s * (onehot + softmax)."""
+    """d logits of rows x vocab chunk [v0, v1), its elementwise bound s * (onehot + softmax), and the softmax."""
     prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature, "d-logits") - lse[:, None])
     onehot = torch.zeros_like(prob)
     inside = (c >= v0) & (c < v1)
     rows = torch.nonzero(inside).squeeze(-1)
     onehot[rows, c[rows] - v0] = 1.0
-    return g[:, None] * (onehot - prob), s[:, None] * (onehot + prob)
+    return g[:, None] * (onehot - prob), s[:, None] * (onehot + prob), prob
 
 
 def reference_gradients(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None,
@@ -198,6 +198,9 @@ class _Sweep:
         dh = torch.zeros(n, width, dtype=torch.float64, device=dev)
         dh_bound = torch.zeros(n, dtype=torch.float64, device=dev)
         bias: list[GradientChunk] = []
+        # error models of these inputs and parameters whose unit sums are not made yet (tolerance.UnitSums):
+        # they take this sweep's probabilities
+        sums = [u for u in memo.state(x).get(("unit-sums", repr(p), blocks), ()) if u.start(h_all, ids, wmax, blocks)]
         for v0, v1 in _spans(w.shape[0], blocks.vocab):
             acc = torch.zeros(v1 - v0, width, dtype=torch.float64, device=dev)
             bound = torch.zeros(v1 - v0, dtype=torch.float64, device=dev)
@@ -205,7 +208,9 @@ class _Sweep:
             bound_b = torch.zeros(v1 - v0, dtype=torch.float64, device=dev)
             for r0, r1 in _spans(n, blocks.rows):
                 h = h_all[r0:r1].to(torch.float64)
-                dz, dz_bound = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+                dz, dz_bound, prob = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+                for u in sums:
+                    u.add(r0, r1, v0, v1, h, ids[r0:r1], wmax, prob)
                 memo.count("d-weight", 2 * (r1 - r0) * width * (v1 - v0))
                 acc += dz.T @ h
                 bound += dz_bound.T @ h.abs().amax(-1)
@@ -215,7 +220,11 @@ class _Sweep:
                 dh[r0:r1] += dz @ w[v0:v1].to(torch.float64)
                 dh_bound[r0:r1] += dz_bound @ wmax[v0:v1]
             bias.append(GradientChunk(v0, v1, acc_b, bound_b))
+            for u in sums:
+                u.chunk_done(v1)
             yield GradientChunk(v0, v1, acc, bound)
+        for u in sums:
+            u.finish()
         self.done["bias"] = bias
         self.done["hidden"] = [GradientChunk(r0, r1, dh[r0:r1], dh_bound[r0:r1]) for r0, r1 in _spans(n, blocks.rows)]
 
@@ -237,7 +246,7 @@ def _hidden_chunks(x, p, blocks, g, s, lse) -> Iterator[GradientChunk]:
         dh = torch.zeros_like(h)
         bound = torch.zeros(r1 - r0, dtype=torch.float64, device=h.device)
         for v0, v1 in _spans(w.shape[0], blocks.vocab):
-            dz, dz_bound = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+            dz, dz_bound, _ = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
             memo.count("d-hidden", 2 * (r1 - r0) * h.shape[1] * (v1 - v0))
             dh += dz @ w[v0:v1].to(torch.float64)
             bound += dz_bound @ wmax[v0:v1]
@@ -254,7 +263,7 @@ def _weight_chunks(x, p, blocks, g, s, lse, weight: bool) -> Iterator[GradientCh
         bound = torch.zeros(v1 - v0, dtype=torch.float64, device=h_all.device)
         for r0, r1 in _spans(h_all.shape[0], blocks.rows):
             h = h_all[r0:r1].to(torch.float64)
-            dz, dz_bound = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+            dz, dz_bound, _ = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
             if weight:
                 memo.count("d-weight", 2 * (r1 - r0) * h.shape[1] * (v1 - v0))
                 acc += dz.T @ h
