@@ -155,3 +155,31 @@ def test_the_timed_refresh_moves_every_weight_byte_and_every_row_s_log_sum_exp(m
     norm = lambda t: t.float().norm(dim=-1)  # noqa: E731
     ratio = norm(x["hidden"]) / norm(before["hidden"])
     assert bool(((ratio > 0.89) & (ratio < 1.12)).all())
+
+
+def test_timed_refreshes_of_the_fused_operation_draw_each_set_once_a_protocol(monkeypatch):
+    """timed._refresh with grpo-fused-linear: a slot's first fill in a protocol is a full generation, later
+    ones the in-place refresh (75 weight draws a timed workload become 15); the pristine copy follows and
+    the reference of a refreshed set is computed afresh (the memo key moves with the commit)."""
+    from grpo_conform.checks import timed
+    from grpo_conform.checks.buffers import InputSlot
+    from grpo_conform.dtypes import torch_dtype
+    from grpo_conform.phases import PHASES
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    spec, op, rw, model, _ = _setup("token-is", workload="tiny-bf16")
+    t = timed.WorkloadTiming.__new__(timed.WorkloadTiming)
+    t.spec, t.rw, t.op, t.device, t.rng = spec, rw, op, torch.device("cpu"), random.Random(1)
+    t.mask_low, t.set_masks, t._filled = None, {}, set()
+    tensors = {x.name: torch.empty(rw.shapes[x.name], dtype=torch_dtype(rw.dtypes.get(x.name, x.dtypes[0])))
+               for x in spec.inputs}
+    s = InputSlot("T0", tensors, {k: torch.empty_like(v) for k, v in tensors.items()})
+    PHASES.reset()
+    t._refresh([s])
+    first = op.reference_loss(spec, s.pristine, model.params)
+    weight = s.pristine["weight"].clone()
+    t._refresh([s])
+    assert PHASES.counts["inputs-generated"] == 1 and PHASES.counts["inputs-refreshed"] == 1
+    assert not torch.equal(weight, s.pristine["weight"]) and torch.equal(s.tensors["weight"], s.pristine["weight"])
+    fresh = {k: v.clone() for k, v in s.pristine.items()}  # other tensors: never memoised together
+    assert op.reference_loss(spec, s.pristine, model.params) == op.reference_loss(spec, fresh, model.params) != first
