@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from typing import Any, Hashable, Mapping  # noqa: F401
+from typing import Any, Hashable, Mapping
 
 import torch
 

@@ -180,16 +180,15 @@ class _Sweep:
     and meanwhile keeps d bias [V] and d hidden [N, H] (float64: the size of the hidden states, not of
     the weight). Every product and every sum is the one the standalone loops make, in the same order
     (d hidden of a row block sums its vocabulary chunks in ascending order in both), so the values are
-    bitwise those of `_hidden_chunks` and `_weight_chunks`."""
+    bitwise those of `_hidden_chunks` and `_weight_chunks`. Error models of the same inputs and
+    parameters waiting for their unit sums (`tolerance.UnitSums`) take its probabilities on the way."""
 
     def __init__(self, x, p, blocks, g, s, lse) -> None:
         self.args = (x, p, blocks, g, s, lse)
-        self.started = False
         self.done: dict[str, list[GradientChunk]] = {}
 
     def weight(self) -> Iterator[GradientChunk]:
         x, p, blocks, g, s, lse = self.args
-        self.started = True
         h_all, w, b = _flat(x)
         ids = x["completion_ids"].reshape(-1).to(torch.int64)
         wmax = w.abs().amax(-1).to(torch.float64)
