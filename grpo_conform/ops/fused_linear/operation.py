@@ -73,6 +73,12 @@ class GrpoFusedLinear:
                  out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
         return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
 
+    def refresh(self, tensors: dict, rng) -> None:
+        """Timed refreshes: new bytes in place on the device, no host draw (`inputs.refresh_in_place`);
+        the offset and the seed come from the timed run's OS-seeded `rng`."""
+        vocab = tensors["weight"].shape[0]
+        _inputs.refresh_in_place(tensors, rng.randrange(1, vocab) if vocab > 1 else 0, rng.getrandbits(63))
+
     # -- reference ---------------------------------------------------------------------------------
     def parameters(self, spec, values: Mapping[str, Any]) -> GrpoParameters:
         return GrpoParameters.from_spec(spec, values)

@@ -30,6 +30,7 @@ from typing import Iterator, Mapping, Optional
 
 import torch
 
+from grpo_conform.ops.fused_linear import memo
 from grpo_conform.ops.grpo_terms import GrpoParameters, TokenTerms, token_terms
 
 DEFAULT_BUDGET_BYTES = 256 * 2**20
@@ -73,7 +74,11 @@ def _flat(x: Mapping[str, torch.Tensor], prefix: str = ""):
     return h.reshape(-1, h.shape[-1]), w, b
 
 
-def _logits(h: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], v0: int, v1: int, temperature: float):
+def _logits(h: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], v0: int, v1: int, temperature: float,
+            kind: str = "logits"):
+    """float64 logits of rows `h` over vocabulary chunk [v0, v1), divided by `temperature` (one GEMM,
+    counted under `kind` in `memo.COUNTS`)."""
+    memo.count(kind, 2 * h.shape[0] * h.shape[1] * (v1 - v0))
     z = h @ w[v0:v1].to(torch.float64).T
     if b is not None:
         z = z + b[v0:v1].to(torch.float64)
@@ -88,7 +93,19 @@ def _blocks(x, blocks: Optional[Blocks]) -> Blocks:
 def logprobs_and_lse(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None,
                      prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """float64 logp [B, T] of the completion ids and the log-sum-exp lse [B*T] of z / T, from
-    `{prefix}hidden` (falls back to `hidden`), `{prefix}weight`, `{prefix}bias`."""
+    `{prefix}hidden` (falls back to `hidden`), `{prefix}weight`, `{prefix}bias`; once per input set,
+    temperature and blocks (`memo.py`: the loss, the error model and the gradients all start from it)."""
+    blocks = _blocks(x, blocks)
+    kept = memo.state(x)
+    key = ("lse", prefix, float(p.temperature), blocks)
+    if key not in kept:
+        kept[key] = computed_logprobs_and_lse(x, p, blocks, prefix)
+    return kept[key]
+
+
+def computed_logprobs_and_lse(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None,
+                              prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """`logprobs_and_lse` computed afresh, never memoised (the input generator's, on the shared buffers)."""
     blocks = _blocks(x, blocks)
     ids = x["completion_ids"]
     batch, seq = ids.shape
@@ -107,7 +124,7 @@ def logprobs_and_lse(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: O
         m = torch.full((r1 - r0,), -torch.inf, dtype=torch.float64, device=h.device)
         s = torch.zeros_like(m)
         for v0, v1 in _spans(vocab, blocks.vocab):
-            z = _logits(h, w, b, v0, v1, p.temperature)
+            z = _logits(h, w, b, v0, v1, p.temperature, "lse")
             m_new = torch.maximum(m, z.max(-1).values)
             s = s * torch.exp(m - m_new) + torch.exp(z - m_new[:, None]).sum(-1)
             m = m_new
@@ -131,27 +148,92 @@ def reference_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Opt
 
 
 def _dlogits(h, w, b, v0, v1, c, g, s, lse, p):
-    """d logits of rows x vocab chunk [v0, v1), and its elementwise bound s * (onehot + softmax)."""
-    prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature) - lse[:, None])
+    """d logits of rows x vocab chunk [v0, v1), its elementwise bound s * (onehot + softmax), and the softmax."""
+    prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature, "d-logits") - lse[:, None])
     onehot = torch.zeros_like(prob)
     inside = (c >= v0) & (c < v1)
     rows = torch.nonzero(inside).squeeze(-1)
     onehot[rows, c[rows] - v0] = 1.0
-    return g[:, None] * (onehot - prob), s[:, None] * (onehot + prob)
+    return g[:, None] * (onehot - prob), s[:, None] * (onehot + prob), prob
 
 
 def reference_gradients(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None,
                         ) -> dict[str, Iterator[GradientChunk]]:
-    """{"hidden": chunks over rows (b, t), "weight": chunks over vocabulary rows, "bias" (when given):
-    chunks over vocabulary entries}; lazy: each iterator recomputes the logits it needs."""
+    """{"weight": chunks over vocabulary rows, "bias" (when given): chunks over vocabulary entries,
+    "hidden": chunks over rows (b, t)}, lazy, in that order: iterated in it, one pass makes all three
+    (`_Sweep`: each chunk of d logits once, three float64 GEMM passes in all, not five); a gradient
+    asked for before the weight's pass has ended is computed on its own (the same values, bitwise)."""
     blocks = _blocks(x, blocks)
     tt, lse = terms(x, p, blocks)
     g = (tt.dlogp / p.temperature).reshape(-1)
     s = (tt.scale / p.temperature).reshape(-1)
-    out = {"hidden": _hidden_chunks(x, p, blocks, g, s, lse), "weight": _weight_chunks(x, p, blocks, g, s, lse, True)}
+    sweep = _Sweep(x, p, blocks, g, s, lse)
+    out = {"weight": sweep.weight()}
     if x.get("bias") is not None:
-        out["bias"] = _weight_chunks(x, p, blocks, g, s, lse, False)
+        out["bias"] = sweep.kept("bias", lambda: _weight_chunks(x, p, blocks, g, s, lse, False))
+    out["hidden"] = sweep.kept("hidden", lambda: _hidden_chunks(x, p, blocks, g, s, lse))
     return out
+
+
+class _Sweep:
+    """One pass over vocabulary chunks (outer) and row blocks (inner) that yields d weight chunk by chunk
+    and meanwhile keeps d bias [V] and d hidden [N, H] (float64: the size of the hidden states, not of
+    the weight). Every product and every sum is the one the standalone loops make, in the same order
+    (d hidden of a row block sums its vocabulary chunks in ascending order in both), so the values are
+    bitwise those of `_hidden_chunks` and `_weight_chunks`. Error models of the same inputs and
+    parameters waiting for their unit sums (`tolerance.UnitSums`) take its probabilities on the way."""
+
+    def __init__(self, x, p, blocks, g, s, lse) -> None:
+        self.args = (x, p, blocks, g, s, lse)
+        self.done: dict[str, list[GradientChunk]] = {}
+
+    def weight(self) -> Iterator[GradientChunk]:
+        x, p, blocks, g, s, lse = self.args
+        h_all, w, b = _flat(x)
+        ids = x["completion_ids"].reshape(-1).to(torch.int64)
+        wmax = w.abs().amax(-1).to(torch.float64)
+        n, width = h_all.shape
+        dev = h_all.device
+        dh = torch.zeros(n, width, dtype=torch.float64, device=dev)
+        dh_bound = torch.zeros(n, dtype=torch.float64, device=dev)
+        bias: list[GradientChunk] = []
+        # error models of these inputs and parameters whose unit sums are not made yet (tolerance.UnitSums):
+        # they take this sweep's probabilities
+        sums = [u for u in memo.state(x).get(("unit-sums", repr(p), blocks), ()) if u.start(h_all, ids, wmax, blocks)]
+        for v0, v1 in _spans(w.shape[0], blocks.vocab):
+            acc = torch.zeros(v1 - v0, width, dtype=torch.float64, device=dev)
+            bound = torch.zeros(v1 - v0, dtype=torch.float64, device=dev)
+            acc_b = torch.zeros(v1 - v0, 1, dtype=torch.float64, device=dev)
+            bound_b = torch.zeros(v1 - v0, dtype=torch.float64, device=dev)
+            for r0, r1 in _spans(n, blocks.rows):
+                h = h_all[r0:r1].to(torch.float64)
+                dz, dz_bound, prob = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+                for u in sums:
+                    u.add(r0, r1, v0, v1, h, ids[r0:r1], wmax, prob)
+                memo.count("d-weight", 2 * (r1 - r0) * width * (v1 - v0))
+                acc += dz.T @ h
+                bound += dz_bound.T @ h.abs().amax(-1)
+                acc_b[:, 0] += dz.sum(0)
+                bound_b += dz_bound.sum(0)
+                memo.count("d-hidden", 2 * (r1 - r0) * width * (v1 - v0))
+                dh[r0:r1] += dz @ w[v0:v1].to(torch.float64)
+                dh_bound[r0:r1] += dz_bound @ wmax[v0:v1]
+            bias.append(GradientChunk(v0, v1, acc_b, bound_b))
+            for u in sums:
+                u.chunk_done(v1)
+            yield GradientChunk(v0, v1, acc, bound)
+        for u in sums:
+            u.finish()
+        self.done["bias"] = bias
+        self.done["hidden"] = [GradientChunk(r0, r1, dh[r0:r1], dh_bound[r0:r1]) for r0, r1 in _spans(n, blocks.rows)]
+
+    def kept(self, name: str, alone) -> Iterator[GradientChunk]:
+        """`name`'s chunks from the weight's finished pass; computed by `alone()` where that pass has
+        not run to its end when they are first asked for."""
+        if name not in self.done:
+            yield from alone()
+            return
+        yield from self.done[name]
 
 
 def _hidden_chunks(x, p, blocks, g, s, lse) -> Iterator[GradientChunk]:
@@ -163,7 +245,8 @@ def _hidden_chunks(x, p, blocks, g, s, lse) -> Iterator[GradientChunk]:
         dh = torch.zeros_like(h)
         bound = torch.zeros(r1 - r0, dtype=torch.float64, device=h.device)
         for v0, v1 in _spans(w.shape[0], blocks.vocab):
-            dz, dz_bound = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+            dz, dz_bound, _ = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+            memo.count("d-hidden", 2 * (r1 - r0) * h.shape[1] * (v1 - v0))
             dh += dz @ w[v0:v1].to(torch.float64)
             bound += dz_bound @ wmax[v0:v1]
         yield GradientChunk(r0, r1, dh, bound)
@@ -179,8 +262,9 @@ def _weight_chunks(x, p, blocks, g, s, lse, weight: bool) -> Iterator[GradientCh
         bound = torch.zeros(v1 - v0, dtype=torch.float64, device=h_all.device)
         for r0, r1 in _spans(h_all.shape[0], blocks.rows):
             h = h_all[r0:r1].to(torch.float64)
-            dz, dz_bound = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
+            dz, dz_bound, _ = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
             if weight:
+                memo.count("d-weight", 2 * (r1 - r0) * h.shape[1] * (v1 - v0))
                 acc += dz.T @ h
                 bound += dz_bound.T @ h.abs().amax(-1)  # |hidden[r, k]| <= max_k |hidden[r, k]|
             else:

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
+from grpo_conform.ops.fused_linear import memo
 from grpo_conform.ops.fused_linear.reference import Blocks, _blocks, _flat, _logits, _spans, logprobs_and_lse
 from grpo_conform.ops.grpo_terms import GrpoParameters, token_terms
 
@@ -52,7 +53,7 @@ class GemmAllowance:
     unit's reference scale for the implementation's own rounding (`rel`); the loss's absolute
     allowance; the largest E_r (for the evidence)."""
 
-    units: dict[str, torch.Tensor]
+    units: Mapping[str, torch.Tensor]  # a `UnitSums`: made when first read, or by the gradients' sweep
     rel: float
     loss: float
     max_logit_error: float
@@ -60,7 +61,86 @@ class GemmAllowance:
     def allowance(self, name: str, start: int, stop: int, scale: torch.Tensor) -> torch.Tensor:
         """Absolute allowance of units [start, stop) whose reference scale (at the call's upstream) is `scale`;
         the caller multiplies the first part by |upstream| through `scale_of_upstream`."""
-        return self.units[name][start:stop].to(scale.device) + self.rel * scale
+        units = self.units
+        part = units.part(name, start, stop) if isinstance(units, UnitSums) else units[name][start:stop]
+        return part.to(scale.device) + self.rel * scale
+
+
+class UnitSums(Mapping):
+    """The unit sums of one allowance by gradient name (hidden, weight and, with a bias, bias), made once:
+    by the reference gradients' sweep when it runs first on the same input set (`reference._Sweep`, which
+    computes the probabilities these sums need anyway: one float64 pass fewer), else on their own
+    (`_unit_sums`) when first read. A loss-only use (forward-only calls, timed forward re-checks) never
+    makes them. In the sweep the sums of a vocabulary chunk are complete when its d weight chunk is
+    handed out: a chunk read then is served; anything else read before the sweep's end makes them on
+    their own. Both ways add the same terms in the same order (bitwise the same sums on the CPU)."""
+
+    NAMES = ("hidden", "weight", "bias")
+
+    def __init__(self, x, p: GrpoParameters, blocks: Blocks, lse: torch.Tensor, a: torch.Tensor, bias: bool) -> None:
+        self._args = (x, p, blocks, lse, a)
+        self._names = self.NAMES if bias else self.NAMES[:2]
+        self._sums: tuple[torch.Tensor, ...] | None = None
+        self._fill: tuple[torch.Tensor, ...] | None = None
+        self._upto = 0  # vocabulary rows [0, upto) of the weight and bias sums complete in the sweep
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.part(name, 0, None)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def part(self, name: str, start: int, stop: int | None) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        i = self.NAMES.index(name)
+        if self._sums is None:
+            if self._fill is not None and name != "hidden" and stop is not None and stop <= self._upto:
+                return self._fill[i][start:stop]
+            self._sums, self._fill = _unit_sums(*self._args), None
+        return self._sums[i][start:stop]
+
+    # -- filled by the gradients' sweep (reference._Sweep) -------------------------------------------
+    def start(self, h_all: torch.Tensor, ids: torch.Tensor, wmax: torch.Tensor, blocks: Blocks) -> bool:
+        """Take the sums over (False where they are made already or another sweep has them): each
+        row's target term first, as `_unit_sums` adds it first."""
+        if self._sums is not None or self._fill is not None:
+            return False
+        a = self._args[4]
+        n, vocab = h_all.shape[0], wmax.shape[0]
+        hid = torch.zeros(n, dtype=torch.float64, device=h_all.device)
+        for r0, r1 in _spans(n, blocks.rows):
+            hid[r0:r1] += a[r0:r1] * wmax[ids[r0:r1]]
+        self._fill = (hid, torch.zeros(vocab, dtype=torch.float64, device=h_all.device),
+                      torch.zeros(vocab, dtype=torch.float64, device=h_all.device))
+        return True
+
+    def add(self, r0: int, r1: int, v0: int, v1: int, h: torch.Tensor, c: torch.Tensor, wmax: torch.Tensor,
+            prob: torch.Tensor) -> None:
+        """Rows [r0, r1) x vocabulary chunk [v0, v1): `_unit_sums`' terms of that block, then the target
+        terms of the rows whose target lies in the chunk (its `index_add_` of the row block, restricted)."""
+        if self._fill is None:
+            return
+        hid, wt, bs = self._fill
+        ar = self._args[4][r0:r1]
+        arh = ar * h.abs().amax(-1)
+        hid[r0:r1] += ar * (prob @ wmax[v0:v1])
+        wt[v0:v1] += arh @ prob
+        bs[v0:v1] += ar @ prob
+        inside = torch.nonzero((c >= v0) & (c < v1)).squeeze(-1)
+        wt[v0:v1].index_add_(0, c[inside] - v0, arh[inside])
+        bs[v0:v1].index_add_(0, c[inside] - v0, ar[inside])
+
+    def chunk_done(self, v1: int) -> None:
+        if self._fill is not None:
+            self._upto = v1
+
+    def finish(self) -> None:
+        if self._fill is not None:
+            self._sums, self._fill = self._fill, None
 
 
 def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks, lse: torch.Tensor):
@@ -78,7 +158,7 @@ def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks, lse
         hn = h.norm(dim=-1)
         c = ids[r0:r1]
         for v0, v1 in _spans(w.shape[0], blocks.vocab):
-            z = _logits(h, w, b, v0, v1, 1.0)
+            z = _logits(h, w, b, v0, v1, 1.0, "row-errors")
             e = u * z.abs() + acc * hn[:, None] * wnorm[None, v0:v1]
             prob = torch.exp(z / p.temperature - lse[r0:r1, None])
             emax[r0:r1] = torch.maximum(emax[r0:r1], e.max(-1).values)
@@ -109,7 +189,7 @@ def _unit_sums(x, p: GrpoParameters, blocks: Blocks, lse: torch.Tensor, a: torch
         c = ids[r0:r1]
         hid[r0:r1] += ar * wmax[c]
         for v0, v1 in _spans(vocab, blocks.vocab):
-            prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature) - lse[r0:r1, None])
+            prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature, "unit-sums") - lse[r0:r1, None])
             hid[r0:r1] += ar * (prob @ wmax[v0:v1])
             wt[v0:v1] += (ar * hmax) @ prob
             bs[v0:v1] += ar @ prob
@@ -142,8 +222,18 @@ def _shifts(x, p: GrpoParameters, logp: torch.Tensor, grid: torch.Tensor) -> lis
 
 def gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str,
                    blocks: Blocks | None = None) -> GemmAllowance:
-    u = UNIT_ROUNDOFF[dtype]
+    """The allowance of input set `x` at parameters `p` for operands in `dtype`: computed once per input
+    set, parameters, dtype and blocks (`memo.py`; every judgment of the same inputs reuses it)."""
     blocks = _blocks(x, blocks)
+    kept = memo.state(x)
+    key = ("allowance", dtype, repr(p), blocks)
+    if key not in kept:
+        kept[key] = _gemm_allowance(x, p, dtype, blocks)
+    return kept[key]
+
+
+def _gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str, blocks: Blocks) -> GemmAllowance:
+    u = UNIT_ROUNDOFF[dtype]
     logp, lse = logprobs_and_lse(x, p, blocks)
     emax, d = _row_errors(x, p, u, "", blocks, lse)
     batch, seq = x["completion_ids"].shape
@@ -165,8 +255,6 @@ def gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str,
     x2 = torch.expm1(2.0 * emax.view(batch, seq))  # the relative move of every probability
     # d logits moves by |g| x2 p + dg (onehot + p (1 + x2)) <= a (onehot + p)
     a = ((g.abs() * x2 + dg * (1.0 + x2)) / p.temperature).reshape(-1)
-    hid, wt, bs = _unit_sums(x, p, blocks, lse, a)
-    units = {"hidden": hid, "weight": wt}
-    if x.get("bias") is not None:
-        units["bias"] = bs
+    units = UnitSums(x, p, blocks, lse, a, x.get("bias") is not None)
+    memo.state(x).setdefault(("unit-sums", repr(p), blocks), []).append(units)  # for the gradients' sweep
     return GemmAllowance(units, 2.0 * u, float(loss_move.sum()), float(emax.max()) if emax.numel() else 0.0)

@@ -1,0 +1,185 @@
+"""The fused check's reference cost, counted (docs/fused-kernel.md, "Check time"): the float64 GEMM passes
+over [N rows, V vocabulary] (2NHV FLOPs each, `memo.COUNTS` by kind) that one input set costs, never
+repeated for the same inputs; the memo forgets an input set whose tensors change; the timed refresh
+keeps every row's logits. Counts, not wall time."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.fused_linear import memo
+from grpo_conform.ops.fused_linear.reference import computed_logprobs_and_lse, logprobs_and_lse
+from grpo_conform.spec import load_family
+
+ROOT = Path(__file__).resolve().parent.parent
+FAMILY = load_family(ROOT / "specs" / "grpo-fused-linear.v1.json")
+
+
+def _setup(member: str, seed: int = 5, workload: str = "odd-bf16"):
+    spec = FAMILY.member(member)
+    op = operation_for(spec)
+    rw = spec.resolve(spec.workload(workload))
+    model = ReferenceModel.drawn(spec, random.Random(seed))
+    x = op.generate(spec, rw, seed, "cpu", values=model.values, case=seed).tensors
+    return spec, op, rw, model, x
+
+
+def _judgment(spec, op, rw, model, x) -> None:
+    """What the engine asks of the reference to judge one call: the error model, the loss and every
+    gradient, in the order `checks/units.judge_units` reads them."""
+    op.error_model(spec, x, model.params, rw.dtypes["hidden"])
+    op.reference_loss(spec, x, model.params)
+    for chunks in op.reference_gradients(spec, x, model.params).values():
+        for _ in chunks:
+            pass
+
+
+def _passes(x) -> dict[str, float]:
+    """memo.COUNTS in GEMM passes over the whole [N, V] (2NHV FLOPs each)."""
+    n = x["hidden"].numel() // x["hidden"].shape[-1]
+    v, h = x["weight"].shape
+    return {k: f / (2 * n * h * v) for k, f in memo.COUNTS.items()}
+
+
+@pytest.mark.parametrize("member, logits_sets", [("token-is-bias", 1), ("token-offpolicy-mask-kl-ref-weight", 2)])
+def test_judging_one_input_set_twice_pays_the_lse_and_the_error_model_once(member, logits_sets):
+    """The log-sum-exp pass (per lm_head: 2 with a reference weight), the error model's row errors and,
+    per judgment, one sweep of three passes for every gradient (d logits, d weight, d hidden) that also
+    makes the error model's unit sums: before, a judgment made the log-sum-exp three times, the unit sums
+    in a pass of their own and the error model again each time (9 passes a judgment)."""
+    spec, op, rw, model, x = _setup(member)
+    memo.clear()
+    memo.reset_counts()
+    _judgment(spec, op, rw, model, x)
+    _judgment(spec, op, rw, model, x)
+    row_errors = logits_sets  # the reference lm_head's rows carry the same kind of error (tolerance.py)
+    # the unit sums come from the first sweep's probabilities (tolerance.UnitSums): no pass of their own
+    assert _passes(x) == pytest.approx({"lse": logits_sets, "row-errors": row_errors,
+                                        "d-logits": 2, "d-weight": 2, "d-hidden": 2})
+
+
+def test_a_changed_input_set_is_computed_again_and_the_generator_never_memoises():
+    spec, op, rw, model, x = _setup("token-is")
+    memo.clear()
+    memo.reset_counts()
+    first = logprobs_and_lse(x, model.params)
+    assert logprobs_and_lse(x, model.params) is first  # the same input set: kept
+    x["hidden"].copy_(x["hidden"].flip(0))  # an in-place write, as InputSlot.commit makes
+    again = logprobs_and_lse(x, model.params)
+    assert again is not first
+    assert torch.equal(again[0], computed_logprobs_and_lse(x, model.params)[0])
+    assert _passes(x)["lse"] == pytest.approx(3)  # first, after the write, and the uncached one
+    other = {k: v.clone() for k, v in x.items()}  # the same values in other tensors: a new entry
+    assert logprobs_and_lse(other, model.params) is not again
+
+
+def test_a_loss_only_use_makes_no_unit_sums_and_a_gradient_read_first_makes_them_alone():
+    """Forward-only calls read the error model's loss allowance only; units read before any sweep are
+    made on their own (one pass), equal to the ones a sweep makes."""
+    spec, op, rw, model, x = _setup("token-is-bias")
+    dtype = rw.dtypes["hidden"]
+    memo.clear()
+    memo.reset_counts()
+    em = op.error_model(spec, x, model.params, dtype)
+    assert em.loss >= 0.0 and "unit-sums" not in memo.COUNTS
+    alone = {n: em.units[n].clone() for n in ("hidden", "weight", "bias")}
+    assert _passes(x)["unit-sums"] == pytest.approx(1)
+    memo.clear()
+    swept = op.error_model(spec, x, model.params, dtype)
+    for chunks in op.reference_gradients(spec, x, model.params).values():
+        for _ in chunks:
+            pass
+    assert _passes(x)["unit-sums"] == pytest.approx(1)  # no second pass: the sweep made them
+    for n, t in alone.items():
+        assert torch.equal(swept.units[n], t), n
+
+
+def test_the_reference_gradients_are_bitwise_those_of_the_standalone_loops():
+    """The one sweep (weight first) against each gradient asked for alone (hidden first: the standalone loops)."""
+    from grpo_conform.ops.fused_linear.reference import Blocks, reference_gradients
+
+    spec, op, rw, model, x = _setup("token-is-bias")
+    for blocks in (None, Blocks(5, 97), Blocks(64, 7)):
+        swept = {n: list(c) for n, c in reference_gradients(x, model.params, blocks).items()}
+        grads = reference_gradients(x, model.params, blocks)
+        alone = {n: list(grads[n]) for n in ("hidden", "bias", "weight")}
+        for name in alone:
+            for a, b in zip(swept[name], alone[name], strict=True):
+                assert (a.start, a.stop) == (b.start, b.stop)
+                assert torch.equal(a.values, b.values) and torch.equal(a.scale, b.scale), name
+
+
+def test_an_engine_judging_one_input_set_twice_computes_its_reference_once():
+    """retained-graph judges two calls on one input set (two upstream scalars): one log-sum-exp pass and
+    one row-error pass for both, one gradient sweep for each, the first making the unit sums (it was
+    2 x 9 passes)."""
+    from grpo_conform.check import CheckRequest, run_check
+
+    memo.clear()
+    memo.reset_counts()
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "fused-torch"),), device="cpu",
+                                    workloads=("tiny-bf16",), members=("token-is",), checks=("retained-graph",)))
+    (impl,) = report.implementations
+    (workload,) = impl.workloads
+    assert {o.check: o.status for o in workload.outcomes}["retained-graph"] == "pass"
+    b, t, h, v = 2, 8, 32, 257  # tiny-bf16
+    passes = {k: f / (2 * b * t * h * v) for k, f in memo.COUNTS.items()}
+    assert passes == pytest.approx({"lse": 1, "row-errors": 1, "d-logits": 2, "d-weight": 2, "d-hidden": 2})
+
+
+@pytest.mark.parametrize("member", ["token-is-bias", "token-offpolicy-mask-kl-ref-weight"])
+def test_the_timed_refresh_moves_every_weight_byte_and_every_row_s_log_sum_exp(member):
+    """Without the rows' scaling (rotation and permutation alone) every row's log-sum-exp would stay: a
+    cache of it, keyed by a row's values up to order, would answer a forward without the logits GEMM."""
+    spec, op, rw, model, x = _setup(member)
+    before = {k: v.clone() for k, v in x.items()}
+    p = model.params
+    _, lse = computed_logprobs_and_lse(before, p)
+    op.refresh(x, random.Random(3))
+    for name in ("hidden", "weight", "completion_ids", "advantages"):
+        assert not torch.equal(x[name], before[name]), name
+    assert (x["weight"] != before["weight"]).float().mean() > 0.95  # equal bf16 values may meet, rows do not
+    assert torch.equal(torch.sign(x["advantages"]), torch.sign(before["advantages"]))
+    for name in ("completion_mask", "old_logprobs", "ref_logprobs"):
+        if name in x:
+            assert torch.equal(x[name], before[name]), name
+    logp, lse_after = computed_logprobs_and_lse(x, p)
+    assert bool(((lse_after - lse).abs() > 1e-6).all())
+    assert bool(torch.isfinite(logp).all())
+    norm = lambda t: t.float().norm(dim=-1)  # noqa: E731
+    ratio = norm(x["hidden"]) / norm(before["hidden"])
+    assert bool(((ratio > 0.89) & (ratio < 1.12)).all())
+
+
+def test_timed_refreshes_of_the_fused_operation_draw_each_set_once_a_protocol(monkeypatch):
+    """timed._refresh with grpo-fused-linear: a slot's first fill in a protocol is a full generation, later
+    ones the in-place refresh (75 weight draws a timed workload become 15); the pristine copy follows and
+    the reference of a refreshed set is computed afresh (the memo key moves with the commit)."""
+    from grpo_conform.checks import timed
+    from grpo_conform.checks.buffers import InputSlot
+    from grpo_conform.dtypes import torch_dtype
+    from grpo_conform.phases import PHASES
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    spec, op, rw, model, _ = _setup("token-is", workload="tiny-bf16")
+    t = timed.WorkloadTiming.__new__(timed.WorkloadTiming)
+    t.spec, t.rw, t.op, t.device, t.rng = spec, rw, op, torch.device("cpu"), random.Random(1)
+    t.mask_low, t.set_masks, t._filled = None, {}, set()
+    tensors = {x.name: torch.empty(rw.shapes[x.name], dtype=torch_dtype(rw.dtypes.get(x.name, x.dtypes[0])))
+               for x in spec.inputs}
+    s = InputSlot("T0", tensors, {k: torch.empty_like(v) for k, v in tensors.items()})
+    PHASES.reset()
+    t._refresh([s])
+    first = op.reference_loss(spec, s.pristine, model.params)
+    weight = s.pristine["weight"].clone()
+    t._refresh([s])
+    assert PHASES.counts["inputs-generated"] == 1 and PHASES.counts["inputs-refreshed"] == 1
+    assert not torch.equal(weight, s.pristine["weight"]) and torch.equal(s.tensors["weight"], s.pristine["weight"])
+    fresh = {k: v.clone() for k, v in s.pristine.items()}  # other tensors: never memoised together
+    assert op.reference_loss(spec, s.pristine, model.params) == op.reference_loss(spec, fresh, model.params) != first
