@@ -112,7 +112,8 @@ def _bench_one(impl, spec: Spec, workloads, resolved, ctx: RunContext, request: 
             say(f"{impl.name}: {w.name}: timing {', '.join(request.protocols)}")
             rw = resolved[w.name]
             try:
-                timings, outcomes = WorkloadTiming(session, spec, rw, ctx.timing, ctx.floor_fn(spec, rw)).run()
+                timings, outcomes = WorkloadTiming(session, spec, rw, ctx.timing, ctx.floor_fn(spec, rw),
+                                                   ctx.gemm_ceiling_fn(spec, rw)).run()
             except WorkerFailure as failure:
                 rows += [BenchRow(impl.name, w.name, p, "failed", str(failure)) for p in request.protocols]
                 continue

@@ -42,6 +42,7 @@ from grpo_conform.floors import compute_floor
 from grpo_conform.gate.parallel import run_slots
 from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, resolve_checks, select_outcomes, wants_timing
 from grpo_conform.gate.progress import Progress, Reporter
+from grpo_conform import gemm_ceiling
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
 from grpo_conform.ops import operation_for
@@ -94,6 +95,20 @@ class RunContext:
         # traffic-v1 (docs/floors.md); `unmasked`: the mask (or its count) of the timed inputs
         return lambda protocol, unmasked=None: compute_floor(spec, resolved, protocol, self.gpu, self.ceilings,
                                                              unmasked=unmasked)
+
+    def gemm_ceiling_fn(self, spec: Spec, resolved):
+        """protocol -> the GEMM ceiling of its unavoidable GEMMs on this device (gemm_ceiling.py), or None."""
+        op = operation_for(spec)
+
+        def ceiling(protocol: str):
+            gemms = op.gemms(spec, resolved, protocol)
+            if not gemms:
+                return None
+            flops = sum(g.flops for g in gemms)
+            peak = self.gpu.flops_per_s(gemms[0].dtype) if self.gpu is not None else None
+            return gemm_ceiling.measure(gemms, self.device, flop_floor_ns=int(flops / peak * 1e9) if peak else None)
+
+        return ceiling
 
 
 def prepare_context(device: torch.device, timing: TimingSettings | None, say: Progress) -> tuple[RunContext, dict]:
@@ -353,7 +368,8 @@ def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunCont
     say(name, member, w.name, f"timing {', '.join(ctx.timing.protocols)}")
     try:
         with PHASES("timing"), PHASES.inclusive("probes", "timing"):
-            return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved)).run()
+            return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved),
+                                  ctx.gemm_ceiling_fn(spec, resolved)).run()
     except WorkerFailure as failure:
         return [], timing_failure_outcomes(failure)
 

@@ -21,10 +21,11 @@ import secrets
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
+from grpo_conform import gemm_ceiling
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient
 from grpo_conform.compare import compare_loss, json_float
 from grpo_conform.dtypes import torch_dtype
@@ -45,6 +46,8 @@ SIDE_STREAM_MIN_GAP_NS = 100_000
 
 #: (protocol[, unmasked]) -> its floors on this GPU (grpo_conform.floors.compute_floor, traffic-v1).
 FloorFn = Callable[..., Floor]
+#: protocol -> the GEMM ceiling of its unavoidable GEMMs (grpo_conform.gemm_ceiling.measure), or None.
+CeilingFn = Callable[[str], Optional[dict]]
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,9 @@ class TimingSettings:
 
 class WorkloadTiming:
     def __init__(self, session: WorkerSession, spec: Spec, resolved: ResolvedWorkload,
-                 settings: TimingSettings, floor_of: FloorFn):
+                 settings: TimingSettings, floor_of: FloorFn, ceiling_of: CeilingFn | None = None):
         self.session, self.spec, self.rw, self.settings, self.floor_of = session, spec, resolved, settings, floor_of
+        self.ceiling_of = ceiling_of
         first = spec.differentiable_input  # the first differentiable input sets the tolerance's dtype
         self.grad_dtype = resolved.dtypes.get(first.name, first.dtypes[0])
         self.tol = spec.tolerance(self.grad_dtype)
@@ -215,6 +219,9 @@ class WorkloadTiming:
             elif getattr(floor, field):
                 result[key] = json_float(median / getattr(floor, field))
         result["below_floor"] = below_floor(median, floor) or bool(per_call and per_call["below_floor"])
+        if self.ceiling_of is not None:  # after the implementation's calls: no worker call in flight
+            with PHASES("timing"):
+                gemm_ceiling.attach(result, self.ceiling_of(protocol))
         result["summary"] = _summary(result)
         result["_findings"] = self._findings(result, fresh_d, ident_d, host_d, batch_walls, floor, rechecks,
                                              cache_d)
@@ -377,6 +384,8 @@ def _summary(result: dict[str, Any]) -> str:
         text += f"; {result['floor_ratio']:.2f}x datasheet floor"
     if result.get("measured_floor_ratio") is not None:
         text += f", {result['measured_floor_ratio']:.2f}x measured floor"
+    if result.get("gemm_ceiling_ratio") is not None:
+        text += f", {result['gemm_ceiling_ratio']:.2f}x GEMM ceiling"
     text += f"; peak {result['peak_over_logits']:.2f}x logits"
     return text
 

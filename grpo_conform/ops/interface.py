@@ -52,6 +52,28 @@ class GradientGrouping:
 
 
 @dataclass(frozen=True)
+class Gemm:
+    """One matrix product a protocol cannot avoid: [m, k] x [k, n] in `dtype` (fp32 accumulation),
+    `transposed` naming which operand a kernel reads transposed ("a", "b" or ""), `what` it computes.
+    The GEMM ceiling (grpo_conform/gemm_ceiling.py) times exactly these with the device's library."""
+
+    m: int
+    k: int
+    n: int
+    dtype: str
+    what: str
+    transposed: str = ""
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.n
+
+    def to_json(self) -> dict[str, Any]:
+        return {"m": self.m, "k": self.k, "n": self.n, "dtype": self.dtype, "what": self.what,
+                "transposed": self.transposed}
+
+
+@dataclass(frozen=True)
 class Arithmetic:
     """Arithmetic a call cannot avoid, for the arithmetic floors: exponentials (special-function unit)
     and, for operations with matrix products, their FLOPs (tensor cores). A count of 0 comes with the
@@ -150,6 +172,11 @@ class Operation(Protocol):
 
     def work_counts(self, tensors: Mapping[str, Any]) -> Any:
         """What of the actual input values the work terms depend on (None when only shapes matter)."""
+        ...
+
+    def gemms(self, spec: "Spec", resolved: "ResolvedWorkload", protocol: str) -> tuple[Gemm, ...]:
+        """The matrix products `protocol` cannot avoid, for the GEMM ceiling; () where there are none
+        (GRPO over given logits) or the protocol has no floor of its own (backward-only)."""
         ...
 
     def arithmetic(self, spec: "Spec", resolved: "ResolvedWorkload",

@@ -23,7 +23,7 @@ from grpo_conform.ops.fused_linear.tolerance import gemm_allowance
 from grpo_conform.ops.grpo_logits.traffic import Counted
 from grpo_conform.ops.grpo_terms import GrpoParameters
 from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
-from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
+from grpo_conform.ops.interface import Arithmetic, Gemm, GradientChunk, GradientGrouping, WorkloadSize
 
 INPUT_KINDS = {
     "hidden": "hidden-states", "ref_hidden": "hidden-states", "weight": "lm-head-weight",
@@ -138,18 +138,31 @@ class GrpoFusedLinear:
     def work_counts(self, tensors: Mapping[str, Any]) -> None:
         return None  # a masked position still needs its logits row for the GEMMs' shapes: only shapes matter
 
+    def gemms(self, spec, resolved, protocol: str) -> tuple[Gemm, ...]:
+        """The GEMMs `protocol` cannot avoid, in the hidden states' dtype (see the module docstring):
+        forward the logits (and the reference logits, with a reference weight); full and full-scaled
+        also d hidden = d logits W and d weight = d logits^T hidden; backward-only none (the seed's
+        protocol times autograd's accumulation: work can move into forward)."""
+        if protocol == "backward":
+            return ()
+        n, h, v = _dims(resolved)
+        dtype = resolved.dtypes.get("hidden", "bfloat16")
+        out = [Gemm(n, h, v, dtype, "logits = hidden weight^T", "b")]
+        if protocol in ("full", "full-scaled"):
+            out += [Gemm(n, v, h, dtype, "d hidden = d logits weight"),
+                    Gemm(v, n, h, dtype, "d weight = d logits^T hidden", "a")]
+        if any(t.name == "ref_weight" for t in spec.inputs):
+            out.append(Gemm(n, h, v, dtype, "reference logits = hidden ref_weight^T", "b"))
+        return tuple(out)
+
     def flops(self, spec, resolved, protocol: str) -> tuple[int, str]:
         """GEMM FLOPs `protocol` cannot avoid (2NHV per GEMM; see the module docstring)."""
         n, h, v = _dims(resolved)
-        gemm = 2 * n * h * v
-        ref = any(t.name == "ref_weight" for t in spec.inputs)
         if protocol == "backward":
             return 0, "backward: no floor of its own (work can move into forward)"
-        count = 3 if protocol in ("full", "full-scaled") else 1
-        what = "logits, d hidden, d weight" if count == 3 else "logits"
-        if ref:
-            count, what = count + 1, what + ", reference logits"
-        return count * gemm, f"{count} GEMMs of 2NHV = 2 x {n} x {h} x {v} FLOPs ({what})"
+        gemms = self.gemms(spec, resolved, protocol)
+        what = ", ".join(g.what.split(" =")[0] for g in gemms)
+        return sum(g.flops for g in gemms), f"{len(gemms)} GEMMs of 2NHV = 2 x {n} x {h} x {v} FLOPs ({what})"
 
     def arithmetic(self, spec, resolved, read: Optional[Mapping[str, int]], protocol: str = "full") -> Arithmetic:
         """One exponential per logit (per reference logit too) and the protocol's GEMM FLOPs."""

@@ -94,6 +94,10 @@ class GrpoLogits:
         mask = tensors.get("completion_mask") if isinstance(tensors, Mapping) else None
         return _traffic.count_mask(mask) if mask is not None else None
 
+    def gemms(self, spec, resolved, protocol: str) -> tuple:
+        """None: the logits are given, every product that made them happened before the call."""
+        return ()
+
     def arithmetic(self, spec, resolved, read: Optional[Mapping[str, int]]) -> Arithmetic:
         """One exponential per element of the differentiable input the call reads."""
         family = spec.semantics.family

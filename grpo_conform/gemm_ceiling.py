@@ -1,0 +1,113 @@
+"""The GEMM ceiling (issue 31 item 4): the device library's own time for the matrix products a
+protocol cannot avoid, measured by the validator in the same run as the implementation.
+
+A fused linear + loss kernel cannot beat the GEMMs it must do: the FLOP floor from the datasheet's
+dense tensor-core peak (floors.py) bounds it, but no library reaches that peak (cuBLAS on the H200:
+~70%), so a ratio to the peak alone says little. Beside it, every timed protocol of an operation that
+declares GEMMs (`Operation.gemms`) gets `gemm_ceiling`: torch.mm (cuBLAS) on operands of the
+workload's shapes and dtype, each GEMM as the fused computation lays it out (a transposed operand
+read as a transposed view), all of the protocol's GEMMs in one timed function, with the timed
+protocol's own method (CUDA events, L2 flushed, median); and `gemm_ceiling_ratio` = the
+implementation's median over the ceiling's. Measured in the parent, after the implementation's
+calls of that protocol, on the same GPU: same clocks, no worker call in flight.
+
+What a hostile worker could do: keep the GPU busy from a background process while the parent
+measures, making the ceiling slower and its own ratio better. The ceiling is therefore checked
+against the datasheet FLOP floor: one more than DISTURBED times that floor (cuBLAS reaches ~1.4x
+on an H200) is reported `disturbed` without a ratio, never published as a flattering number.
+Operands are filled with small random values (a GEMM's time does not depend on them, zeros could be
+short-cut by sparsity-aware hardware). Out of memory: reported as not measured, the run goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from grpo_conform.ops.interface import Gemm
+from grpo_conform.timing import METHOD, Distribution, time_cuda
+
+DISTURBED = 3.0  # a ceiling slower than this many times the datasheet FLOP floor was not measured alone
+
+
+@dataclass(frozen=True)
+class CeilingSettings:
+    reps: int = 10
+    warmup: int = 2
+
+
+def _operands(g: Gemm, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype = getattr(torch, g.dtype)
+    gen = torch.Generator(device=device).manual_seed(0x6E33)
+
+    def draw(rows: int, cols: int, transposed: bool) -> torch.Tensor:
+        shape = (cols, rows) if transposed else (rows, cols)
+        t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(0.02).to(dtype)
+        return t.t() if transposed else t  # a transposed view, as the fused computation reads it
+
+    return draw(g.m, g.k, g.transposed == "a"), draw(g.k, g.n, g.transposed == "b")
+
+
+def _sequence(gemms: Sequence[Gemm], device: torch.device) -> Callable[[], None]:
+    pairs = [_operands(g, device) for g in gemms]
+    outs = [torch.empty(g.m, g.n, device=device, dtype=getattr(torch, g.dtype)) for g in gemms]
+
+    def run() -> None:
+        for (a, b), out in zip(pairs, outs):
+            torch.mm(a, b, out=out)
+
+    return run
+
+
+def _time_cpu(fn: Callable[[], None], reps: int, warmup: int) -> list[int]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter_ns()
+        fn()
+        out.append(time.perf_counter_ns() - start)
+    return out
+
+
+def measure(gemms: Sequence[Gemm], device: torch.device, settings: CeilingSettings = CeilingSettings(),
+            flop_floor_ns: int | None = None) -> dict[str, Any] | None:
+    """The ceiling of `gemms` on `device` (JSON-ready), or None when there are none. On the CPU (tests,
+    `bench` without a GPU) a perf_counter loop stands in for CUDA events."""
+    if not gemms:
+        return None
+    base = {"gemms": [g.to_json() for g in gemms], "flops": sum(g.flops for g in gemms),
+            "library": "torch.mm (cuBLAS)" if device.type == "cuda" else "torch.mm (CPU BLAS)"}
+    try:
+        fn = _sequence(gemms, device)
+        if device.type == "cuda":
+            samples = time_cuda(fn, settings.reps, settings.warmup)
+            method = METHOD
+        else:
+            samples = _time_cpu(fn, settings.reps, settings.warmup)
+            method = "perf_counter_ns per rep, no cache flush (CPU)"
+    except torch.cuda.OutOfMemoryError as exc:
+        return base | {"measured": False, "reason": f"out of memory on {device}: {str(exc)[:200]}"}
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    dist = Distribution.of(samples)
+    out = base | {"measured": True, "method": method, "reps": settings.reps, "warmup": settings.warmup,
+                  "event": dist.to_json(), "median_ns": dist.median_ns}
+    if flop_floor_ns:
+        out["vs_flop_floor"] = round(dist.median_ns / flop_floor_ns, 4)
+        out["disturbed"] = dist.median_ns > DISTURBED * flop_floor_ns
+    return out
+
+
+def attach(result: dict[str, Any], ceiling: dict[str, Any] | None) -> None:
+    """Put `ceiling` into a timed protocol's result with its ratio (the result's median over the
+    ceiling's), unless it was not measured or was disturbed."""
+    if ceiling is None:
+        return
+    result["gemm_ceiling"] = ceiling
+    if ceiling.get("measured") and not ceiling.get("disturbed") and ceiling.get("median_ns"):
+        result["gemm_ceiling_ratio"] = round(result["event"]["median_ns"] / ceiling["median_ns"], 4)

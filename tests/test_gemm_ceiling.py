@@ -1,0 +1,70 @@
+"""The GEMM ceiling (grpo_conform/gemm_ceiling.py, issue 31 item 4): which GEMMs each protocol of the
+fused operation cannot avoid, their FLOP count as the floor uses it, a measurement on the CPU (the
+CUDA path is the same function with CUDA events), and the ratio a timed protocol gets: none when the
+ceiling was disturbed (a hostile worker loading the GPU while the parent measures would otherwise make
+its own ratio look better) or not measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_conform import gemm_ceiling
+from grpo_conform.ops import operation_for
+from grpo_conform.spec import find_spec, load_family
+
+ROOT = Path(__file__).resolve().parent.parent
+FAMILY = load_family(ROOT / "specs" / "grpo-fused-linear.v1.json")
+
+
+def _gemms(member: str, protocol: str, workload: str = "seed-b2"):
+    spec = FAMILY.member(member)
+    rw = spec.resolve(spec.workload(workload))
+    return operation_for(spec).gemms(spec, rw, protocol), spec, rw
+
+
+def test_each_protocol_names_the_gemms_it_cannot_avoid():
+    fwd, spec, rw = _gemms("token-is", "forward")
+    full, _, _ = _gemms("token-is", "full")
+    assert [(g.m, g.k, g.n) for g in fwd] == [(2048, 4096, 128256)]  # the seed shape: N = 2 x 1024
+    assert [(g.m, g.k, g.n, g.transposed) for g in full] == [
+        (2048, 4096, 128256, "b"), (2048, 128256, 4096, ""), (128256, 2048, 4096, "a")]
+    assert _gemms("token-is", "full-scaled")[0] == full
+    assert _gemms("token-is", "backward")[0] == ()  # work can move into forward: no ceiling
+    ref, _, _ = _gemms("token-offpolicy-mask-kl-ref-weight", "full")
+    assert len(ref) == 4 and ref[-1].what.startswith("reference logits")
+    flops, text = operation_for(spec).flops(spec, rw, "full")
+    assert flops == sum(g.flops for g in full) == 3 * 2 * 2048 * 4096 * 128256
+    assert text.endswith("(logits, d hidden, d weight)")
+    logits = find_spec("grpo-token-is")
+    assert operation_for(logits).gemms(logits, logits.resolve(logits.workloads[0]), "full") == ()
+
+
+def test_the_ceiling_is_measured_and_the_ratio_attached():
+    gemms, _, _ = _gemms("token-is", "full", "tiny-bf16")
+    c = gemm_ceiling.measure(gemms, torch.device("cpu"), gemm_ceiling.CeilingSettings(reps=3, warmup=1),
+                             flop_floor_ns=1_000_000_000)
+    assert c["measured"] and c["median_ns"] > 0 and c["event"]["reps"] == 3 and not c["disturbed"]
+    assert c["flops"] == sum(g.flops for g in gemms) and len(c["gemms"]) == 3
+    result = {"event": {"median_ns": 3 * c["median_ns"]}}
+    gemm_ceiling.attach(result, c)
+    assert result["gemm_ceiling"] is c and result["gemm_ceiling_ratio"] == pytest.approx(3.0, rel=1e-3)
+    assert gemm_ceiling.measure((), torch.device("cpu")) is None
+
+
+def test_a_disturbed_or_unmeasured_ceiling_gives_no_ratio():
+    gemms, _, _ = _gemms("token-is", "forward", "tiny-bf16")
+    # a ceiling far slower than the FLOP floor: something else ran on the device while it was measured
+    c = gemm_ceiling.measure(gemms, torch.device("cpu"), gemm_ceiling.CeilingSettings(reps=2, warmup=0),
+                             flop_floor_ns=1)
+    assert c["disturbed"] and c["vs_flop_floor"] > gemm_ceiling.DISTURBED
+    result = {"event": {"median_ns": 10}}
+    gemm_ceiling.attach(result, c)
+    assert "gemm_ceiling_ratio" not in result and result["gemm_ceiling"]["disturbed"]
+    result = {"event": {"median_ns": 10}}
+    gemm_ceiling.attach(result, {"measured": False, "reason": "out of memory"})
+    assert "gemm_ceiling_ratio" not in result
+    gemm_ceiling.attach(result, None)
+    assert result["gemm_ceiling"] == {"measured": False, "reason": "out of memory"}
