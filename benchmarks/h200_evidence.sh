@@ -24,6 +24,9 @@
 #   bash benchmarks/h200_evidence.sh round16a   # the default check of triton cut at 250 s (its records first)
 #   bash benchmarks/h200_evidence.sh round16b   # triton token-is seed-b2..b16, triton-fused token-is seed-b2 (~5 min)
 #   bash benchmarks/h200_evidence.sh round16c   # triton token-is seed-b2..b16, fused_bench batch 4 (~200 s)
+#   bash benchmarks/h200_evidence.sh round17a   # next session, first: triton seed cells, fused records (+ GEMM ceiling)
+#   bash benchmarks/h200_evidence.sh round17b   # fused_bench batch 4 and 16 (chunks 512-2048), fused-liger's record
+#   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
@@ -245,6 +248,36 @@ case "${1:-probe}" in
       --out "$R/fused-bench-b4.json" > "$R/fused-bench-b4.log" 2>&1
     status "fused_bench batch 4: exit $?"; tail -20 "$R/fused-bench-b4.log"
     ;;
+  round17a)  # next session, call 1 (~9 min): triton's seed cells at its current identity, then the fused operation's
+              # first records (triton-fused at every seed batch, the eager and compiled peers at batch 2), with
+              # the GEMM ceiling each timed protocol now records
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    start=$SECONDS
+    timeout -s KILL 115 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
+      --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 70 \
+      --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
+    status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
+    check_one triton-fused 200 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16 --profile-phases
+    check_one fused-torch 110 --member token-is --workload seed-b2 --workload seed-b8
+    check_one fused-compile 110 --member token-is --workload seed-b2
+    ;;
+  round17b)  # call 2 (~8 min): issue 32's batch 4 and 16 (chunks 512-2048: the memory target at 16), fused-liger's record
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 300 python3 benchmarks/fused_bench.py --batches 4 16 --chunks 512 1024 2048 --member offpolicy-mask \
+      --out "$R/fused-bench-4-16.json" > "$R/fused-bench-4-16.log" 2>&1
+    status "fused_bench batches 4 16: exit $?"; tail -40 "$R/fused-bench-4-16.log"
+    check_one fused-liger 150 --member token-is --workload seed-b2
+    ;;
+  round17c)  # call 3 (~9 min): issue 35's H200 budget, the default check of triton with its phase table
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    start=$SECONDS
+    timeout -s KILL 540 python3 -m grpo_conform check implementations/triton --evidence-dir "$OUT/h200" --deadline 470 \
+      --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
+    status "triton default check (deadline 470 s): exit $?, $((SECONDS - start)) s wall"
+    grep -A40 "phases" "$R/triton-default.log" | head -50
+    ;;
+  # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
               # ours per chunk and strategy), then the fused spec's seed member timed through the validator
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
