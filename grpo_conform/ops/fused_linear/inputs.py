@@ -16,7 +16,12 @@ Values, chosen so the logits have a realistic spread without materialising them:
   (hidden += spike * weight[c] / |weight[c]|^2, computed on the rounded weight);
 - bias ~ N(0, 1); `ref_hidden` is the policy's hidden plus N(0, 0.5^2) per element (every reference
   logit moves by ~N(0, 0.25) whatever the row's scale: ref - logp stays where exp() is finite in fp32,
-  also on the adversarial rows), `ref_weight` / `ref_bias` the policy's plus 0.1% relative noise;
+  also on the adversarial rows), `ref_weight` / `ref_bias` the policy's plus 0.1% relative noise (of
+  the drawn std: 1/sqrt(H), 1);
+- where: the large tensors (weight, hidden, bias, ref_weight, ref_hidden, ref_bias) are drawn on their
+  own device, in seeded row blocks (`draws`: CUDA generators for a CUDA workload, nothing drawn on the
+  host or copied over PCIe; CPU generators over torch's threads for a CPU one), a function of (seed,
+  device); the [B, T] grids below with CPU generators, the same on every device;
 - advantages, completion ids and the mask: the logits operation's generators; old log-probs:
   logp - log r with r drawn across the clip regions from the float64 log-probs of the rounded
   inputs (as the logits operation draws them); given ref log-probs: logp + sign(A) * U[gap].
@@ -157,8 +162,8 @@ def _member_inputs(spec, resolved, tensors, gen, values, case) -> dict[str, list
 
 def refresh_in_place(tensors: dict[str, torch.Tensor], offset: int, seed: int) -> None:
     """New bytes for a timed call, cheaply and on the tensors' device (the timed protocols' refresh: a
-    full generation draws the [V, H] weight on the CPU, ~525M normal samples at the seed shapes, and
-    a timed workload would make 75 of them):
+    full generation draws the [V, H] weight, ~525M normal samples at the seed shapes, and a timed
+    workload would make 75 of them; with this refresh it makes 5, `GrpoFusedLinear.refresh`):
 
     - the vocabulary rotated by `offset`: weight, bias, ref_weight and ref_bias rows move
       (new[v] = old[(v + offset) mod V]) and the completion ids with them (id -> (id - offset) mod V);
