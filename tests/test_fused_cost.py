@@ -158,9 +158,10 @@ def test_the_timed_refresh_moves_every_weight_byte_and_every_row_s_log_sum_exp(m
 
 
 def test_timed_refreshes_of_the_fused_operation_draw_each_set_once_a_protocol(monkeypatch):
-    """timed._refresh with grpo-fused-linear: a slot's first fill in a protocol is a full generation, later
-    ones the in-place refresh (75 weight draws a timed workload become 15); the pristine copy follows and
-    the reference of a refreshed set is computed afresh (the memo key moves with the commit)."""
+    """timed._refresh with grpo-fused-linear: a slot's first fill is a full generation, later ones the
+    in-place refresh (75 weight draws a timed workload become 5: tests/test_fused_draws.py counts the three
+    protocols); the pristine copy follows and the reference of a refreshed set is computed afresh (the memo
+    key moves with the commit)."""
     from grpo_conform.checks import timed
     from grpo_conform.checks.buffers import InputSlot
     from grpo_conform.dtypes import torch_dtype

@@ -97,6 +97,7 @@ class WorkloadTiming:
         self.session.request(op="time_setup", flush_bytes=flush_bytes_for(self.device),
                              params=dict(self.spec.parameter_values))
         timings, findings = [], {name: [] for name in ("timed-outputs", "timing-floor", "side-stream", "caching")}
+        self._filled: set[str] = set()  # slots fully generated (in a protocol, or in this run: `_refresh`)
         try:
             for protocol in self.settings.protocols:
                 result = self._protocol(protocol)
@@ -117,7 +118,9 @@ class WorkloadTiming:
         time a slot is filled in a protocol (or `full`), else the operation's cheap in-place refresh
         where it has one (grpo-logits: every row rotated along the vocabulary with its target,
         `inputs.refresh_in_place`; the mask and its count stay). ~25 refreshes a protocol, 75 a
-        timed workload: 15 full generations of them (docs/timing.md, "Timed refreshes")."""
+        timed workload: 15 full generations of them (docs/timing.md, "Timed refreshes"). An operation
+        whose `refresh_spans_protocols` is true (grpo-fused-linear: its operation.py says why that is
+        safe) keeps a slot's full draw across the protocols: 5 full generations a timed workload."""
         refresh = getattr(self.op, "refresh", None)
         with PHASES("inputs"):
             for slot in slots:
@@ -156,7 +159,8 @@ class WorkloadTiming:
 
     def _protocol(self, protocol: str) -> dict[str, Any]:
         s = self.settings
-        self._filled: set[str] = set()  # slots fully generated in this protocol
+        if not getattr(self.op, "refresh_spans_protocols", False):
+            self._filled = set()  # slots fully generated in this protocol
         self._refresh([self.warm])
         names = [slot.name for slot in self.sets]
         for _ in range(s.warmup):

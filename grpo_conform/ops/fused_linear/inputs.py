@@ -16,7 +16,12 @@ Values, chosen so the logits have a realistic spread without materialising them:
   (hidden += spike * weight[c] / |weight[c]|^2, computed on the rounded weight);
 - bias ~ N(0, 1); `ref_hidden` is the policy's hidden plus N(0, 0.5^2) per element (every reference
   logit moves by ~N(0, 0.25) whatever the row's scale: ref - logp stays where exp() is finite in fp32,
-  also on the adversarial rows), `ref_weight` / `ref_bias` the policy's plus 0.1% relative noise;
+  also on the adversarial rows), `ref_weight` / `ref_bias` the policy's plus 0.1% relative noise (of
+  the drawn std: 1/sqrt(H), 1);
+- where: the large tensors (weight, hidden, bias, ref_weight, ref_hidden, ref_bias) are drawn on their
+  own device, in seeded row blocks (`draws`: CUDA generators for a CUDA workload, nothing drawn on the
+  host or copied over PCIe; CPU generators over torch's threads for a CPU one), a function of (seed,
+  device); the [B, T] grids below with CPU generators, the same on every device;
 - advantages, completion ids and the mask: the logits operation's generators; old log-probs:
   logp - log r with r drawn across the clip regions from the float64 log-probs of the rounded
   inputs (as the logits operation draws them); given ref log-probs: logp + sign(A) * U[gap].
@@ -31,6 +36,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from grpo_conform.dtypes import torch_dtype
+from grpo_conform.ops.fused_linear import draws
 from grpo_conform.ops.fused_linear.reference import computed_logprobs_and_lse
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
 from grpo_conform.ops.grpo_logits.generators.masks import classify
@@ -61,31 +67,35 @@ def allocate(spec: Any, resolved: Any, device) -> dict[str, torch.Tensor]:
     return out
 
 
-def _profiled_hidden(n: int, hidden: int, profiles: Sequence[Any], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 hidden rows [n, H] and each row's profile index."""
+def _profiled_hidden(n: int, hidden: int, profiles: Sequence[Any], gen: torch.Generator, seed: int,
+                     device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 hidden rows [n, H] on `device` (drawn there: `draws`) and each row's profile index (CPU)."""
     which = torch.randperm(n, generator=gen) % len(profiles)
-    out = torch.empty(n, hidden)
+    out = torch.empty(n, hidden, device=device)
     for k, prof in enumerate(profiles):
         rows = torch.nonzero(which == k).squeeze(-1)
         if rows.numel() == 0:
             continue
-        x = torch.randn(rows.numel(), hidden, generator=gen)
+        x = draws.normal((rows.numel(), hidden), seed, (draws.HIDDEN, k), device)
         if prof.kind == "student_t":
             df = max(1, round(prof.df))
-            chi2 = sum(torch.randn(rows.numel(), hidden, generator=gen) ** 2 for _ in range(df))
+            chi2 = sum(draws.normal((rows.numel(), hidden), seed, (draws.CHI2, k, j), device) ** 2 for j in range(df))
             x = x / torch.sqrt(chi2 / df).clamp_min(1e-6)
         x = x * prof.scale
         if prof.clamp is not None:
             x = x.clamp(-prof.clamp, prof.clamp)
-        out[rows] = x
+        out[rows.to(device)] = x
     return out, which
 
 
 def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
              out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None,
              case: Optional[int] = None) -> Inputs:
-    """Seeded inputs; drawn on the CPU (float32), then rounded into the tensors' dtypes on `device`;
-    log-probs derived from the rounded values in float64."""
+    """Seeded inputs. The large tensors (weight, hidden, bias, the reference lm_head's) are drawn in
+    float32 on their own device, block by block (`draws`: CUDA generators for a CUDA workload, CPU
+    generators spread over threads for a CPU one), then rounded into the tensors' dtypes; the [B, T]
+    grids (ids, advantages, the rows' profiles, mask, log-probs) with CPU generators, so one seed gives
+    the same grids on every device. Log-probs derived from the rounded values in float64."""
     names = tuple(profiles or spec.validation.base_profiles)
     tensors = out if out is not None else allocate(spec, resolved, device)
     gen = torch.Generator().manual_seed(seed & (2**63 - 1))
@@ -101,30 +111,29 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     covered["advantages"] = advantages.fill_advantages(adv, dist.mean, dist.std, dist.min_abs, gen, case)
     tensors["advantages"].copy_(adv)
 
-    # in place: the same float32 division as `/`, without a second [V, H] float32 tensor (2 GB at V 128256, H 4096)
-    w = torch.randn(vocab, hidden, generator=gen).div_(math.sqrt(hidden))
-    tensors["weight"].copy_(w)
-    del w
+    weight = tensors["weight"]
+    draws.fill(weight, seed, draws.WEIGHT, lambda z, rows: z.div_(math.sqrt(hidden)))
     profs = [spec.validation.profile(n) for n in names]
-    h, which = _profiled_hidden(batch * seq, hidden, profs, gen)
+    h, which = _profiled_hidden(batch * seq, hidden, profs, gen, seed, tensors["hidden"].device)
     flat_ids = ids.reshape(-1)
     for k, prof in enumerate(profs):
         if prof.kind == "peaked":
             rows = torch.nonzero(which == k).squeeze(-1)
-            # the rounded weight rows of these targets only, gathered where the weight lives (not all of it copied back)
-            wc = tensors["weight"].detach()[flat_ids[rows].to(tensors["weight"].device)].to("cpu", torch.float32)
-            h[rows] += prof.spike * wc / (wc * wc).sum(-1, keepdim=True).clamp_min(1e-12)
+            # the rounded weight rows of these targets only, gathered where the weight lives
+            wc = weight.detach()[flat_ids[rows].to(weight.device)].to(h.device, torch.float32)
+            h[rows.to(h.device)] += prof.spike * wc / (wc * wc).sum(-1, keepdim=True).clamp_min(1e-12)
     tensors["hidden"].copy_(h.view(batch, seq, hidden))
+    del h
     if "bias" in tensors:
-        tensors["bias"].copy_(torch.randn(vocab, generator=gen))
-    for name, base in (("ref_weight", "weight"), ("ref_hidden", "hidden"), ("ref_bias", "bias")):
+        draws.fill(tensors["bias"], seed, draws.BIAS)
+    # The reference lm_head: the policy's rounded values plus noise drawn beside them, block by block.
+    # Relative noise on a weight (bias) is REF_NOISE times its drawn std, 1/sqrt(H) (1): no pass for it.
+    for name, base, stream, scale in (("ref_weight", "weight", draws.REF_WEIGHT, REF_NOISE / math.sqrt(hidden)),
+                                      ("ref_hidden", "hidden", draws.REF_HIDDEN, REF_HIDDEN_NOISE),
+                                      ("ref_bias", "bias", draws.REF_BIAS, REF_NOISE)):
         if name in tensors:
-            src = tensors[base].detach().to("cpu", torch.float32)
-            noise = torch.randn(src.shape, generator=gen)
-            if name == "ref_hidden":  # logits move by ~N(0, REF_HIDDEN_NOISE^2) whatever the row's profile
-                tensors[name].copy_(src + REF_HIDDEN_NOISE * noise)
-            else:  # a weight (or bias) near the policy's: relative noise
-                tensors[name].copy_(src + REF_NOISE * src.std() * noise)
+            src = tensors[base].detach()
+            draws.fill(tensors[name], seed, stream, lambda z, rows, src=src, scale=scale: z.mul_(scale).add_(src[rows]))
     covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case))
     return Inputs(tensors, seed, names, covered)
 
@@ -153,8 +162,8 @@ def _member_inputs(spec, resolved, tensors, gen, values, case) -> dict[str, list
 
 def refresh_in_place(tensors: dict[str, torch.Tensor], offset: int, seed: int) -> None:
     """New bytes for a timed call, cheaply and on the tensors' device (the timed protocols' refresh: a
-    full generation draws the [V, H] weight on the CPU, ~525M normal samples at the seed shapes, and
-    a timed workload would make 75 of them):
+    full generation draws the [V, H] weight, ~525M normal samples at the seed shapes, and a timed
+    workload would make 75 of them; with this refresh it makes 5, `GrpoFusedLinear.refresh`):
 
     - the vocabulary rotated by `offset`: weight, bias, ref_weight and ref_bias rows move
       (new[v] = old[(v + offset) mod V]) and the completion ids with them (id -> (id - offset) mod V);

@@ -73,9 +73,36 @@ class GrpoFusedLinear:
                  out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
         return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
 
+    #: The timed protocols keep a slot's full draw across the three of them (checks/timed.py `_refresh`):
+    #: a timed workload draws 5 full input sets (4 buffer sets and the warm set) instead of 15.
+    refresh_spans_protocols = True
+
     def refresh(self, tensors: dict, rng) -> None:
         """Timed refreshes: new bytes in place on the device, no host draw (`inputs.refresh_in_place`);
-        the offset and the seed come from the timed run's OS-seeded `rng`."""
+        the offset and the seed come from the timed run's OS-seeded `rng`.
+
+        Why a slot's full draw may serve all three timed protocols (`refresh_spans_protocols`), and why a
+        cache across protocols still cannot profit from it: every refresh moves every byte of the large
+        inputs (the vocabulary rotated by an offset, the hidden dimension permuted, both drawn from the
+        OS-seeded `rng`) and changes every row's logits as a set (fresh row scales: its log-sum-exp
+        moves), so no call of a protocol sees values that a call of an earlier protocol saw. The first
+        pass of a protocol is then a refresh of the last pass of the one before, exactly as every pass
+        within a protocol already was of the pass before it (five refreshes follow each full draw there):
+        a cache keyed by address, by content or by a row's values up to order meets the same relation,
+        only more often. The warm set is refreshed at each protocol's start too, so the identical calls of
+        the `caching` check repeat values no other protocol ran. What survives the refreshes (masks, old
+        and reference log-probs, the ids up to the rotation) are inputs, not results: a kernel answering
+        from results keyed on them returns the loss of other values, which the re-checks (three a
+        protocol, against the reference of the values the call ran on) catch. Timing is unaffected: the
+        fused work is counted from shapes only (`work_counts` is None), so fewer distinct masks (5, not
+        15, a timed workload) move no floor.
+
+        What the longer chain changes: each refresh scales each hidden row (and each advantage) by e^u, u
+        uniform in [-0.1, 0.1], so after a slot's last refresh the product is e^v with |v| <= 0.1 times the
+        refreshes (17 with 4 buffer sets: 3 protocols x (1 warmup + 5 timed passes), less the draw; 32 with
+        the 2 sets of a short device) and std 0.058 x sqrt(refreshes): 0.24 for 17, against 0.13 for the 5
+        of one protocol. A wide row's log-probs then move by up to a few tens, all finite
+        (tests/test_fused_draws.py refreshes a set 32 times)."""
         vocab = tensors["weight"].shape[0]
         _inputs.refresh_in_place(tensors, rng.randrange(1, vocab) if vocab > 1 else 0, rng.getrandbits(63))
 
