@@ -32,6 +32,8 @@ def contract(run: WorkloadConformance, call: Call) -> list[str]:
     else:
         if not ld["exact_tensor"]:
             problems.append(f"the loss is a {ld['type']}, not exactly torch.Tensor")
+        if ld.get("layout", "strided") != "strided":
+            problems.append(f"the loss has layout {ld['layout']}, expected a dense (strided) tensor")
         if ld["dtype"] not in out_spec.dtypes:
             problems.append(f"loss dtype {ld['dtype']}, expected one of {list(out_spec.dtypes)}")
         accepted = [list(s) for s in out_spec.accept_shapes] or [[]]
@@ -61,6 +63,8 @@ def gradient_contract(name: str, gd: dict[str, Any] | None, x: torch.Tensor, dev
     problems = []
     if not gd["exact_tensor"]:
         problems.append(f"{what} is a {gd['type']}, not exactly torch.Tensor")
+    if gd.get("layout", "strided") != "strided":
+        problems.append(f"{short} layout {gd['layout']}, expected strided (dense, as the {name} input)")
     want_dtype = str(x.dtype).replace("torch.", "")
     if gd.get("dtype") != want_dtype:
         problems.append(f"{short} dtype {gd.get('dtype')}, expected {want_dtype} (the {name} dtype)")

@@ -31,8 +31,10 @@ Nanoseconds = Annotated[int, Field(ge=0, le=10**13)]  # under three hours
 ShortText = Annotated[str, Field(max_length=300)]
 LongText = Annotated[str, Field(max_length=4000)]
 Dim = Annotated[int, Field(ge=0, le=1 << 40)]
-DTYPES = Literal["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
-                 "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"]
+# A dtype, device or layout as torch names it: any short identifier, not a closed list, so that an
+# output of a dtype this list did not foresee (complex32, float8_e8m0fnu, ...) reaches the contract
+# check as a finding about the implementation instead of breaking the message protocol.
+TorchName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
 
 
 class _Strict(BaseModel):
@@ -73,9 +75,10 @@ class Described(_Strict):
 
     type: ShortText
     exact_tensor: bool
-    dtype: Optional[DTYPES] = None
-    shape: Optional[Annotated[list[Dim], Field(max_length=8)]] = None
-    device: Optional[Literal["cpu", "cuda", "meta"]] = None
+    dtype: Optional[TorchName] = None
+    shape: Optional[Annotated[list[Dim], Field(max_length=64)]] = None  # None: nested, or over 64 dimensions
+    device: Optional[TorchName] = None
+    layout: Optional[TorchName] = None  # "strided", "sparse_coo", ..., or "nested"
     requires_grad: Optional[bool] = None
     has_grad_fn: Optional[bool] = None
 

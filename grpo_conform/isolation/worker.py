@@ -247,6 +247,9 @@ class _Worker:
             # A loss autograd cannot differentiate is a contract failure the parent reports.
             if not isinstance(loss, torch.Tensor):
                 skipped[name] = "the loss is not a torch.Tensor"
+            elif not _copyable(loss):  # sparse, nested or meta: the worker's own full_like would raise
+                skipped[name] = (f"the loss is not a dense tensor with data (layout {_describe(loss)['layout']}, "
+                                 f"device {loss.device.type})")
             elif loss.numel() != 1:
                 skipped[name] = f"the loss has {loss.numel()} elements, not one"
             elif not loss.requires_grad:
@@ -463,7 +466,7 @@ class _Worker:
         (or its shape is wrong: the parent's contract check reports the shape)."""
         import torch  # lazily, as op_load
 
-        if isinstance(loss, torch.Tensor) and loss.numel() >= 1:
+        if _copyable(loss) and loss.numel() >= 1:
             slot["loss"].copy_(loss.detach().reshape(-1)[:1].to(torch.float64))
         else:
             slot["loss"].fill_(float("nan"))
@@ -471,7 +474,7 @@ class _Worker:
             if not key.startswith(GRAD_PREFIX):
                 continue
             grad = grads.get(key[len(GRAD_PREFIX):])
-            if isinstance(grad, torch.Tensor) and tuple(grad.shape) == tuple(buffer.shape):
+            if _copyable(grad) and tuple(grad.shape) == tuple(buffer.shape):
                 buffer.copy_(grad.detach())
             else:
                 buffer.fill_(float("nan"))
@@ -498,22 +501,49 @@ class _CallError(Exception):
         self.info = info
 
 
+MAX_DIMS = 64  # a described shape has at most this many dimensions (messages.Described); more: no shape
+
+
 def _describe(x: Any) -> dict[str, Any] | None:
+    """What an output is, within the reply model's bounds (messages.Described): any value the
+    implementation returns, however odd, is described, never a reason for the worker's own code to
+    raise (issue: hostile outputs). A name too long is cut; a nested tensor, which has no sizes, and a
+    tensor of more than MAX_DIMS dimensions get no shape; `layout` is "nested" for a nested tensor."""
     import torch  # lazily, as op_load
 
     if x is None:
         return None
+    name = f"{type(x).__module__}.{type(x).__qualname__}"
+    if len(name) > 200:
+        name = name[:197] + "..."
     if not isinstance(x, torch.Tensor):
-        return {"type": f"{type(x).__module__}.{type(x).__qualname__}", "exact_tensor": False}
+        return {"type": name, "exact_tensor": False}
+    nested = bool(x.is_nested)
+    try:  # a subclass can override .shape with anything
+        shape = None if nested or x.dim() > MAX_DIMS else [int(d) for d in x.shape][:MAX_DIMS + 1]
+    except Exception:
+        shape = None
+    shape = shape if shape is None or len(shape) <= MAX_DIMS else None
     return {
-        "type": f"{type(x).__module__}.{type(x).__qualname__}",
+        "type": name,
         "exact_tensor": type(x) is torch.Tensor,
         "dtype": str(x.dtype).replace("torch.", ""),
-        "shape": list(x.shape),
+        "shape": shape,
         "device": x.device.type,
+        "layout": "nested" if nested else str(x.layout).replace("torch.", ""),
         "requires_grad": bool(x.requires_grad),
         "has_grad_fn": x.grad_fn is not None,
     }
+
+
+def _copyable(x: Any) -> bool:
+    """A tensor whose values the worker can copy into a dense output buffer: strided (not sparse, not
+    nested), with data (not on the meta device). Anything else is copied out as NaN; the contract
+    check reports why from its description."""
+    import torch  # lazily, as op_load
+
+    return (isinstance(x, torch.Tensor) and x.layout == torch.strided and not x.is_nested
+            and x.device.type != "meta")
 
 
 def _storage_range(x: Any) -> list[int] | None:

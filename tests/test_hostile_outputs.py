@@ -1,0 +1,72 @@
+"""Hostile outputs (2026-12-03): whatever an implementation returns is described by the worker within
+the reply model's bounds, copied out only when it has dense data, and judged by the contract check, never
+a protocol failure blamed on the worker or an exception in the worker's own code (no worker process here:
+tests/gallery/hostile-* run the same cases end to end)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_conform.checks.judging import gradient_contract
+from grpo_conform.isolation import messages
+from grpo_conform.isolation.worker import MAX_DIMS, _copyable, _describe
+
+
+def _forward_reply(value) -> dict:
+    _, sent = messages.parse_reply("forward", {"status": "ok", "loss": _describe(value)})
+    return sent["loss"]
+
+
+class _LyingShape(torch.Tensor):
+    @property
+    def shape(self):
+        return "not a shape"
+
+
+@pytest.mark.parametrize("value,field,want", [
+    (torch.zeros((), dtype=torch.complex32), "dtype", "complex32"),  # a dtype the old closed list lacked
+    (torch.zeros((), dtype=torch.float8_e8m0fnu), "dtype", "float8_e8m0fnu"),
+    (torch.zeros([1] * 9), "shape", [1] * 9),  # more than the old 8 dimensions
+    (torch.zeros([1] * (MAX_DIMS + 1)), "shape", None),
+    (torch.zeros(2, 2).to_sparse(), "layout", "sparse_coo"),
+    (torch.zeros((), device="meta"), "device", "meta"),
+    (torch.zeros(()).as_subclass(_LyingShape), "shape", None),
+    (type("X" * 5000, (), {})(), "type", None),  # a 5000-character class name: cut, not refused
+])
+def test_any_output_is_described_within_the_reply_model(value, field, want):
+    described = _forward_reply(value)
+    if field == "type":
+        assert len(described["type"]) <= 200 and described["type"].endswith("...")
+    else:
+        assert described[field] == want
+
+
+def test_a_nested_tensor_is_described_without_sizes():
+    nested = torch.nested.nested_tensor([torch.zeros(1), torch.zeros(2)])
+    described = _forward_reply(nested)
+    assert described["layout"] == "nested" and described["shape"] is None
+
+
+@pytest.mark.parametrize("name", ["Float32", "float32; rm", "x" * 41, ""])
+def test_a_dtype_name_is_still_a_short_identifier(name):
+    loss = {"type": "torch.Tensor", "exact_tensor": True, "dtype": name}
+    with pytest.raises(messages.MalformedReply, match="malformed at loss.dtype"):
+        messages.parse_reply("forward", {"status": "ok", "loss": loss})
+
+
+def test_only_dense_tensors_with_data_are_copied_out():
+    assert _copyable(torch.zeros(2))
+    assert not _copyable(torch.zeros(2).to_sparse())
+    assert not _copyable(torch.zeros(2, device="meta"))
+    assert not _copyable(torch.nested.nested_tensor([torch.zeros(1)]))
+    assert not _copyable(0.5)
+
+
+def test_a_sparse_gradient_is_a_contract_finding():
+    x = torch.zeros(3, 4, dtype=torch.bfloat16)
+    sparse = {"type": "torch.Tensor", "exact_tensor": True, "dtype": "bfloat16", "shape": [3, 4], "device": "cpu",
+              "layout": "sparse_coo"}
+    assert gradient_contract("logits", sparse, x, "cpu", several=False) == [
+        "gradient layout sparse_coo, expected strided (dense, as the logits input)"]
+    assert gradient_contract("logits", dict(sparse, layout="strided"), x, "cpu", several=False) == []
