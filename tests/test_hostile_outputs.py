@@ -70,3 +70,14 @@ def test_a_sparse_gradient_is_a_contract_finding():
     assert gradient_contract("logits", sparse, x, "cpu", several=False) == [
         "gradient layout sparse_coo, expected strided (dense, as the logits input)"]
     assert gradient_contract("logits", dict(sparse, layout="strided"), x, "cpu", several=False) == []
+
+
+def test_an_exception_with_a_long_class_name_fits_the_error_reply():
+    from grpo_conform.isolation.worker import _error_info
+
+    try:
+        raise type("E" * 5000, (RuntimeError,), {})("long")
+    except RuntimeError as exc:
+        info = _error_info(exc, None, phase="call")
+    _, sent = messages.parse_reply("forward", {"status": "error", "error": info})
+    assert sent["error"]["type"].startswith("EEE") and sent["error"]["type"].endswith("...")

@@ -513,9 +513,7 @@ def _describe(x: Any) -> dict[str, Any] | None:
 
     if x is None:
         return None
-    name = f"{type(x).__module__}.{type(x).__qualname__}"
-    if len(name) > 200:
-        name = name[:197] + "..."
+    name = _cut(f"{type(x).__module__}.{type(x).__qualname__}")
     if not isinstance(x, torch.Tensor):
         return {"type": name, "exact_tensor": False}
     nested = bool(x.is_nested)
@@ -534,6 +532,11 @@ def _describe(x: Any) -> dict[str, Any] | None:
         "requires_grad": bool(x.requires_grad),
         "has_grad_fn": x.grad_fn is not None,
     }
+
+
+def _cut(name: str, most: int = 200) -> str:
+    """A class name the implementation chose, cut to fit the reply model's short texts (300)."""
+    return name if len(name) <= most else name[:most - 3] + "..."
 
 
 def _copyable(x: Any) -> bool:
@@ -579,7 +582,7 @@ def _error_info(exc: BaseException, folder: Path | None, phase: str) -> dict[str
     text = "".join(traceback.format_list(shown)) + "".join(traceback.format_exception_only(type(exc), exc))
     if folder is not None:  # the author's own file names, not the staging folder's
         text = text.replace(str(folder).rstrip("/") + "/", "")
-    return {"type": type(exc).__name__, "message": message[:2000], "where": where, "phase": phase,
+    return {"type": _cut(type(exc).__name__), "message": message[:2000], "where": where, "phase": phase,
             "traceback": text[-4000:]}
 
 
