@@ -81,3 +81,13 @@ def test_an_exception_with_a_long_class_name_fits_the_error_reply():
         info = _error_info(exc, None, phase="call")
     _, sent = messages.parse_reply("forward", {"status": "error", "error": info})
     assert sent["error"]["type"].startswith("EEE") and sent["error"]["type"].endswith("...")
+
+
+def test_an_expanded_loss_of_any_size_is_described_and_copied_without_materialising():
+    from grpo_conform.isolation.worker import _Worker
+
+    loss = torch.tensor([[0.25], [0.5]]).expand(2, 1 << 41)  # 2**42 elements, no memory behind them
+    assert _forward_reply(loss)["shape"] == [2, 1 << 41]
+    slot = {"loss": torch.empty(1, dtype=torch.float64)}
+    _Worker._copy_out(None, slot, loss, {})
+    assert slot["loss"].item() == 0.25

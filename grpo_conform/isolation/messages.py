@@ -30,7 +30,7 @@ Address = Annotated[int, Field(ge=0, lt=1 << 64)]
 Nanoseconds = Annotated[int, Field(ge=0, le=10**13)]  # under three hours
 ShortText = Annotated[str, Field(max_length=300)]
 LongText = Annotated[str, Field(max_length=4000)]
-Dim = Annotated[int, Field(ge=0, le=1 << 40)]
+Dim = Annotated[int, Field(ge=0, le=1 << 62)]  # an expanded (stride-0) tensor has any size at no cost
 # A dtype, device or layout as torch names it: any short identifier, not a closed list, so that an
 # output of a dtype this list did not foresee (complex32, float8_e8m0fnu, ...) reaches the contract
 # check as a finding about the implementation instead of breaking the message protocol.

@@ -467,7 +467,8 @@ class _Worker:
         import torch  # lazily, as op_load
 
         if _copyable(loss) and loss.numel() >= 1:
-            slot["loss"].copy_(loss.detach().reshape(-1)[:1].to(torch.float64))
+            first = loss.detach()[(0,) * loss.dim()]  # a view: reshape(-1) would copy an expanded loss whole
+            slot["loss"].copy_(first.reshape(1).to(torch.float64))
         else:
             slot["loss"].fill_(float("nan"))
         for key, buffer in slot.items():
