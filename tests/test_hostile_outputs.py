@@ -91,3 +91,15 @@ def test_an_expanded_loss_of_any_size_is_described_and_copied_without_materialis
     slot = {"loss": torch.empty(1, dtype=torch.float64)}
     _Worker._copy_out(None, slot, loss, {})
     assert slot["loss"].item() == 0.25
+
+
+class _Impostor:
+    """Passes isinstance(x, torch.Tensor): isinstance reads __class__."""
+    __class__ = property(lambda self: torch.Tensor)
+
+
+def test_an_object_faking_its_class_is_not_taken_for_a_tensor():
+    assert isinstance(_Impostor(), torch.Tensor)  # the trick works on isinstance
+    described = _forward_reply(_Impostor())
+    assert described == {"type": f"{__name__}._Impostor", "exact_tensor": False}
+    assert not _copyable(_Impostor())

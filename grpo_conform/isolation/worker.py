@@ -245,7 +245,7 @@ class _Worker:
             entry = self.calls[name]
             loss = entry.get("backprop", entry["loss"])  # with a tie: the loss plus the tied use's term
             # A loss autograd cannot differentiate is a contract failure the parent reports.
-            if not isinstance(loss, torch.Tensor):
+            if not _is_tensor(loss):
                 skipped[name] = "the loss is not a torch.Tensor"
             elif not _copyable(loss):  # sparse, nested or meta: the worker's own full_like would raise
                 skipped[name] = (f"the loss is not a dense tensor with data (layout {_describe(loss)['layout']}, "
@@ -328,7 +328,7 @@ class _Worker:
         subtracts it; only what backprops changes, the loss exported stays the entry's own."""
         import torch  # lazily, as op_load
 
-        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        if not _is_tensor(loss) or not loss.requires_grad:
             return loss  # the contract check reports it; nothing to tie
         table = args[tie["input"]]
         ids = torch.tensor(tie["rows"], dtype=torch.long, device=table.device)
@@ -515,7 +515,7 @@ def _describe(x: Any) -> dict[str, Any] | None:
     if x is None:
         return None
     name = _cut(f"{type(x).__module__}.{type(x).__qualname__}")
-    if not isinstance(x, torch.Tensor):
+    if not _is_tensor(x):
         return {"type": name, "exact_tensor": False}
     nested = bool(x.is_nested)
     try:  # a subclass can override .shape with anything
@@ -535,6 +535,13 @@ def _describe(x: Any) -> dict[str, Any] | None:
     }
 
 
+def _is_tensor(x: Any) -> bool:
+    """A torch.Tensor by its real type: isinstance reads `__class__`, which any object can fake."""
+    import torch  # lazily, as op_load
+
+    return issubclass(type(x), torch.Tensor)
+
+
 def _cut(name: str, most: int = 200) -> str:
     """A class name the implementation chose, cut to fit the reply model's short texts (300)."""
     return name if len(name) <= most else name[:most - 3] + "..."
@@ -546,14 +553,14 @@ def _copyable(x: Any) -> bool:
     check reports why from its description."""
     import torch  # lazily, as op_load
 
-    return (isinstance(x, torch.Tensor) and x.layout == torch.strided and not x.is_nested
+    return (_is_tensor(x) and x.layout == torch.strided and not x.is_nested
             and x.device.type != "meta")
 
 
 def _storage_range(x: Any) -> list[int] | None:
     import torch  # lazily, as op_load
 
-    if not isinstance(x, torch.Tensor):
+    if not _is_tensor(x):
         return None
     try:
         s = x.untyped_storage()
