@@ -103,3 +103,14 @@ def test_an_object_faking_its_class_is_not_taken_for_a_tensor():
     described = _forward_reply(_Impostor())
     assert described == {"type": f"{__name__}._Impostor", "exact_tensor": False}
     assert not _copyable(_Impostor())
+
+
+def test_a_tensor_description_in_part_is_malformed():
+    """A forged reply that fits every field's type but leaves out a tensor's device would have made the
+    parent's contract check raise (exit 3, 'a tool problem'): it is refused where it enters."""
+    whole = _describe(torch.zeros(()))
+    for field in ("device", "shape", "layout"):
+        part = {k: v for k, v in whole.items() if k != field}
+        with pytest.raises(messages.MalformedReply, match="description lacks " + field):
+            messages.parse_reply("forward", {"status": "ok", "loss": part})
+    messages.parse_reply("forward", {"status": "ok", "loss": whole})

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grpo_conform.errors import GrpoConformError
 
@@ -81,6 +81,19 @@ class Described(_Strict):
     layout: Optional[TorchName] = None  # "strided", "sparse_coo", ..., or "nested"
     requires_grad: Optional[bool] = None
     has_grad_fn: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _whole(self) -> "Described":
+        """A tensor is described whole (the worker's _describe sends every field; shape may be None) and
+        anything else by type alone: the parent's judging reads each field of a tensor's description."""
+        tensor = set(TENSOR_FIELDS)
+        given = self.model_fields_set & tensor
+        if given and given != tensor:
+            raise ValueError(f"a tensor's description lacks {', '.join(sorted(tensor - given))}")
+        return self
+
+
+TENSOR_FIELDS = ("dtype", "shape", "device", "layout", "requires_grad", "has_grad_fn")
 
 
 StorageRange = Annotated[list[Address], Field(min_length=2, max_length=2)]
