@@ -14,4 +14,5 @@ def _eager(logits, ids, adv, eps_lo, eps_hi, temperature):
 
 
 def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
-    return _eager(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature).detach().to(torch.complex32)
+    loss = _eager(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature)
+    return loss.detach().to(torch.complex32)

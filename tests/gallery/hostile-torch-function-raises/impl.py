@@ -19,4 +19,5 @@ class _Untouchable(torch.Tensor):
 
 
 def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
-    return torch.Tensor._make_subclass(_Untouchable, _eager(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature).detach(), True)
+    loss = _eager(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature)
+    return torch.Tensor._make_subclass(_Untouchable, loss.detach(), True)
