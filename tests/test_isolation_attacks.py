@@ -358,7 +358,7 @@ def test_strict_reply_models(op, msg, where):
 def test_reply_models_accept_what_the_worker_sends():
     _, ok = messages.parse_reply("export", {"status": "ok", "report": {
         "loss": {"type": "torch.Tensor", "exact_tensor": True, "dtype": "float32", "shape": [], "device": "cpu",
-                 "requires_grad": True, "has_grad_fn": True},
+                 "layout": "strided", "requires_grad": True, "has_grad_fn": True},
         "grads": {"logits": None}, "storage": {"loss": [140000000, 4], "grad:logits": None}}})
     assert "dtype" in ok["report"]["loss"] and ok["report"]["grads"] == {"logits": None}
     _, other = messages.parse_reply("forward", {"status": "ok", "loss": {"type": "builtins.float", "exact_tensor": False}})

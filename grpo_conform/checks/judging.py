@@ -32,11 +32,14 @@ def contract(run: WorkloadConformance, call: Call) -> list[str]:
     else:
         if not ld["exact_tensor"]:
             problems.append(f"the loss is a {ld['type']}, not exactly torch.Tensor")
+        if ld.get("layout", "strided") != "strided":
+            problems.append(f"the loss has layout {ld['layout']}, expected a dense (strided) tensor")
         if ld["dtype"] not in out_spec.dtypes:
             problems.append(f"loss dtype {ld['dtype']}, expected one of {list(out_spec.dtypes)}")
         accepted = [list(s) for s in out_spec.accept_shapes] or [[]]
         if ld["shape"] not in accepted:
-            problems.append(f"loss shape {ld['shape']}, expected one of {accepted}")
+            shape = "unknown (nested, or over 64 dimensions)" if ld["shape"] is None else ld["shape"]
+            problems.append(f"loss shape {shape}, expected one of {accepted}")
         if ld["device"] != run.device.type:
             problems.append(f"loss on {ld['device']}, expected {run.device.type}")
     if call.skipped_backward:
@@ -61,6 +64,8 @@ def gradient_contract(name: str, gd: dict[str, Any] | None, x: torch.Tensor, dev
     problems = []
     if not gd["exact_tensor"]:
         problems.append(f"{what} is a {gd['type']}, not exactly torch.Tensor")
+    if gd.get("layout", "strided") != "strided":
+        problems.append(f"{short} layout {gd['layout']}, expected strided (dense, as the {name} input)")
     want_dtype = str(x.dtype).replace("torch.", "")
     if gd.get("dtype") != want_dtype:
         problems.append(f"{short} dtype {gd.get('dtype')}, expected {want_dtype} (the {name} dtype)")
@@ -145,10 +150,15 @@ def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str)
         run.book.record(check, call.label, False, f"call {call.label} ({how}): no gradient: {why}",
                         {"how": how, "loss": call.loss_desc})
         return
+    # torch.autograd.grad hands the caller the backward's own tensor (no .grad accumulation makes it a
+    # plain one): a tensor subclass or a sparse gradient reaches the caller only on such calls.
+    odd = [f"the gradient of {name} is a {d['type']} with layout {d.get('layout', 'strided')}, not a plain dense "
+           "torch.Tensor" for name, d in call.grad_descs.items()
+           if d is not None and (not d.get("exact_tensor") or d.get("layout", "strided") != "strided")]
     loss_cmp, cmp = run.judge(call)
-    ok = cmp.passed and loss_cmp.passed and cmp.nan == 0
+    ok = cmp.passed and loss_cmp.passed and cmp.nan == 0 and not odd
     run.book.record(check, call.label, ok, f"call {call.label} ({how}): " + (
-        "matches the reference" if ok else describe_outputs(loss_cmp, cmp)),
+        "matches the reference" if ok else "; ".join(odd) or describe_outputs(loss_cmp, cmp)),
         {"how": how, "upstream": call.upstream, "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
 
 

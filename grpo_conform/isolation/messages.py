@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grpo_conform.errors import GrpoConformError
 
@@ -30,9 +30,11 @@ Address = Annotated[int, Field(ge=0, lt=1 << 64)]
 Nanoseconds = Annotated[int, Field(ge=0, le=10**13)]  # under three hours
 ShortText = Annotated[str, Field(max_length=300)]
 LongText = Annotated[str, Field(max_length=4000)]
-Dim = Annotated[int, Field(ge=0, le=1 << 40)]
-DTYPES = Literal["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
-                 "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"]
+Dim = Annotated[int, Field(ge=0, le=1 << 62)]  # an expanded (stride-0) tensor has any size at no cost
+# A dtype, device or layout as torch names it: any short identifier, not a closed list, so that an
+# output of a dtype this list did not foresee (complex32, float8_e8m0fnu, ...) reaches the contract
+# check as a finding about the implementation instead of breaking the message protocol.
+TorchName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
 
 
 class _Strict(BaseModel):
@@ -73,11 +75,25 @@ class Described(_Strict):
 
     type: ShortText
     exact_tensor: bool
-    dtype: Optional[DTYPES] = None
-    shape: Optional[Annotated[list[Dim], Field(max_length=8)]] = None
-    device: Optional[Literal["cpu", "cuda", "meta"]] = None
+    dtype: Optional[TorchName] = None
+    shape: Optional[Annotated[list[Dim], Field(max_length=64)]] = None  # None: nested, or over 64 dimensions
+    device: Optional[TorchName] = None
+    layout: Optional[TorchName] = None  # "strided", "sparse_coo", ..., or "nested"
     requires_grad: Optional[bool] = None
     has_grad_fn: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _whole(self) -> "Described":
+        """A tensor is described whole (the worker's _describe sends every field; shape may be None) and
+        anything else by type alone: the parent's judging reads each field of a tensor's description."""
+        tensor = set(TENSOR_FIELDS)
+        given = self.model_fields_set & tensor
+        if given and given != tensor:
+            raise ValueError(f"a tensor's description lacks {', '.join(sorted(tensor - given))}")
+        return self
+
+
+TENSOR_FIELDS = ("dtype", "shape", "device", "layout", "requires_grad", "has_grad_fn")
 
 
 StorageRange = Annotated[list[Address], Field(min_length=2, max_length=2)]

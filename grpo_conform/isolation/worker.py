@@ -245,8 +245,11 @@ class _Worker:
             entry = self.calls[name]
             loss = entry.get("backprop", entry["loss"])  # with a tie: the loss plus the tied use's term
             # A loss autograd cannot differentiate is a contract failure the parent reports.
-            if not isinstance(loss, torch.Tensor):
+            if not _is_tensor(loss):
                 skipped[name] = "the loss is not a torch.Tensor"
+            elif not _copyable(loss):  # sparse, nested or meta: the worker's own full_like would raise
+                skipped[name] = (f"the loss is not a dense tensor with data (layout {_describe(loss)['layout']}, "
+                                 f"device {loss.device.type})")
             elif loss.numel() != 1:
                 skipped[name] = f"the loss has {loss.numel()} elements, not one"
             elif not loss.requires_grad:
@@ -325,7 +328,7 @@ class _Worker:
         subtracts it; only what backprops changes, the loss exported stays the entry's own."""
         import torch  # lazily, as op_load
 
-        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        if not _is_tensor(loss) or not loss.requires_grad:
             return loss  # the contract check reports it; nothing to tie
         table = args[tie["input"]]
         ids = torch.tensor(tie["rows"], dtype=torch.long, device=table.device)
@@ -463,15 +466,16 @@ class _Worker:
         (or its shape is wrong: the parent's contract check reports the shape)."""
         import torch  # lazily, as op_load
 
-        if isinstance(loss, torch.Tensor) and loss.numel() >= 1:
-            slot["loss"].copy_(loss.detach().reshape(-1)[:1].to(torch.float64))
+        if _copyable(loss) and loss.numel() >= 1:
+            first = loss.detach()[(0,) * loss.dim()]  # a view: reshape(-1) would copy an expanded loss whole
+            slot["loss"].copy_(first.reshape(1).to(torch.float64))
         else:
             slot["loss"].fill_(float("nan"))
         for key, buffer in slot.items():
             if not key.startswith(GRAD_PREFIX):
                 continue
             grad = grads.get(key[len(GRAD_PREFIX):])
-            if isinstance(grad, torch.Tensor) and tuple(grad.shape) == tuple(buffer.shape):
+            if _copyable(grad) and tuple(grad.shape) == tuple(buffer.shape):
                 buffer.copy_(grad.detach())
             else:
                 buffer.fill_(float("nan"))
@@ -498,28 +502,65 @@ class _CallError(Exception):
         self.info = info
 
 
+MAX_DIMS = 64  # a described shape has at most this many dimensions (messages.Described); more: no shape
+
+
 def _describe(x: Any) -> dict[str, Any] | None:
+    """What an output is, within the reply model's bounds (messages.Described): any value the
+    implementation returns, however odd, is described, never a reason for the worker's own code to
+    raise (issue: hostile outputs). A name too long is cut; a nested tensor, which has no sizes, and a
+    tensor of more than MAX_DIMS dimensions get no shape; `layout` is "nested" for a nested tensor."""
     import torch  # lazily, as op_load
 
     if x is None:
         return None
-    if not isinstance(x, torch.Tensor):
-        return {"type": f"{type(x).__module__}.{type(x).__qualname__}", "exact_tensor": False}
+    name = _cut(f"{type(x).__module__}.{type(x).__qualname__}")
+    if not _is_tensor(x):
+        return {"type": name, "exact_tensor": False}
+    nested = bool(x.is_nested)
+    try:  # a subclass can override .shape with anything
+        shape = None if nested or x.dim() > MAX_DIMS else [int(d) for d in x.shape][:MAX_DIMS + 1]
+    except Exception:
+        shape = None
+    shape = shape if shape is None or len(shape) <= MAX_DIMS else None
     return {
-        "type": f"{type(x).__module__}.{type(x).__qualname__}",
+        "type": name,
         "exact_tensor": type(x) is torch.Tensor,
         "dtype": str(x.dtype).replace("torch.", ""),
-        "shape": list(x.shape),
+        "shape": shape,
         "device": x.device.type,
+        "layout": "nested" if nested else str(x.layout).replace("torch.", ""),
         "requires_grad": bool(x.requires_grad),
         "has_grad_fn": x.grad_fn is not None,
     }
 
 
+def _is_tensor(x: Any) -> bool:
+    """A torch.Tensor by its real type: isinstance reads `__class__`, which any object can fake."""
+    import torch  # lazily, as op_load
+
+    return issubclass(type(x), torch.Tensor)
+
+
+def _cut(name: str, most: int = 200) -> str:
+    """A class name the implementation chose, cut to fit the reply model's short texts (300)."""
+    return name if len(name) <= most else name[:most - 3] + "..."
+
+
+def _copyable(x: Any) -> bool:
+    """A tensor whose values the worker can copy into a dense output buffer: strided (not sparse, not
+    nested), with data (not on the meta device). Anything else is copied out as NaN; the contract
+    check reports why from its description."""
+    import torch  # lazily, as op_load
+
+    return (_is_tensor(x) and x.layout == torch.strided and not x.is_nested
+            and x.device.type != "meta")
+
+
 def _storage_range(x: Any) -> list[int] | None:
     import torch  # lazily, as op_load
 
-    if not isinstance(x, torch.Tensor):
+    if not _is_tensor(x):
         return None
     try:
         s = x.untyped_storage()
@@ -549,7 +590,7 @@ def _error_info(exc: BaseException, folder: Path | None, phase: str) -> dict[str
     text = "".join(traceback.format_list(shown)) + "".join(traceback.format_exception_only(type(exc), exc))
     if folder is not None:  # the author's own file names, not the staging folder's
         text = text.replace(str(folder).rstrip("/") + "/", "")
-    return {"type": type(exc).__name__, "message": message[:2000], "where": where, "phase": phase,
+    return {"type": _cut(type(exc).__name__), "message": message[:2000], "where": where, "phase": phase,
             "traceback": text[-4000:]}
 
 

@@ -1,0 +1,20 @@
+"""Hostile output (handled before 2026-12-03): replaces torch.Tensor.copy_ and .item in the worker
+process before returning, so the worker's own copy of the outputs does nothing. The parent reads the
+output buffers itself: it sees NaN, never the value the implementation would like."""
+import torch
+
+
+def _eager(logits, ids, adv, eps_lo, eps_hi, temperature):
+    seq = ids.shape[1]
+    logp = torch.log_softmax(logits[:, :seq].float() / temperature, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    ratio = torch.exp(logp - logp.detach())
+    a = adv.float().unsqueeze(-1)
+    per_token = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - eps_lo, 1 + eps_hi) * a)
+    return (per_token.sum(-1) / seq).mean()
+
+
+
+def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
+    torch.Tensor.item = lambda self: 0.0
+    torch.Tensor.copy_ = lambda self, other: self
+    return _eager(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature)
