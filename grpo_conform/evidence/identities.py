@@ -103,12 +103,21 @@ def _inside(root: Path, relative: str) -> Path | None:
     return target
 
 
+_OBJECTS: dict[tuple, bytes] = {}  # every call reads by full commit or object ids: a found answer is fixed
+
+
 def _git(root: Path, *args: str, stdin: bytes | None = None) -> bytes | None:
+    key = (str(root), args, stdin)  # records of one commit ask the same (a git process each: docs/timing.md)
+    if key in _OBJECTS:
+        return _OBJECTS[key]
     try:
         done = subprocess.run(["git", "-C", str(root), *args], input=stdin, capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    _OBJECTS[key] = done.stdout
+    return done.stdout
 
 
 def _git_blobs(root: Path, commit: str, path: str) -> dict[str, bytes] | None:
@@ -285,7 +294,10 @@ def _spec_against(spec: dict[str, Any], name: str, uri: str, file_sha256: str | 
         ok &= good
         checks.append(IdentityCheck("spec-file", uri, file_sha256, digest, status if good else "differs", where))
     if spec.get("member") is None:  # a whole-file spec: its identity is the file's canonical form
-        canonical = _canonical_sha256(data)  # only here: a member's is its resolved document's (above)
+        try:  # only here: a member's identity is its resolved document's (spec_checks)
+            canonical: str | None = hashlib.sha256(rfc8785.dumps(json.loads(data))).hexdigest()
+        except (ValueError, rfc8785.CanonicalizationError, RecursionError):
+            canonical = None
         good = canonical == spec["identity"]
         ok &= good
         checks.append(IdentityCheck("spec", name, spec["identity"], canonical, status if good else "differs", where))
@@ -295,9 +307,3 @@ def _spec_against(spec: dict[str, Any], name: str, uri: str, file_sha256: str | 
                                     "a member spec is bound through its file's sha256, which this record lacks"))
     return checks, ok
 
-
-def _canonical_sha256(data: bytes) -> str | None:  # a whole-file spec's identity
-    try:
-        return hashlib.sha256(rfc8785.dumps(json.loads(data))).hexdigest()
-    except (ValueError, rfc8785.CanonicalizationError, RecursionError):
-        return None
