@@ -41,9 +41,14 @@ def test_liger_adapters_are_skipped_cleanly_without_liger(monkeypatch):
 @pytest.mark.slow
 def test_liger_inplace_fails_the_mutation_check():
     pytest.importorskip("liger_kernel", reason="liger-kernel is an optional extra: pip install 'grpo-conform[liger]'")
+    # One member on the smoke-probe workload (batch 1, 72 positions, vocabulary 256): the kernel writes
+    # its gradient into the logits on every backward, so the baseline call shows it. token-is on
+    # odd-vocab ran every probe of the interpreted kernel for the same finding (22.7 s -> 8.4 s, mostly
+    # the worker's start); liger's values for every member it declares: tests/test_members.py.
     report = run_check(CheckRequest((str(ROOT / "implementations" / "liger-inplace"),), device="cpu",
-                                    workloads=("odd-vocab",)))
+                                    workloads=("mask-b1-long",), members=("token-offpolicy-mask",)))
     (impl,) = report.implementations
+    assert [m.spec.member for m in impl.members] == ["token-offpolicy-mask"]
     outcomes = {o.check: o for w in impl.workloads for o in w.outcomes}
     assert report.exit_code == 1 and outcomes["no-mutation"].failed
     assert "logits changed during backward" in outcomes["no-mutation"].message

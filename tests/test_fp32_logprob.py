@@ -201,28 +201,41 @@ def test_pinned_seeds_pass_now_and_failed_without_the_log_prob_terms():
         assert loss_cmp.passed and cmp.passed, (member, describe_outputs(loss_cmp, cmp))
 
 
-@pytest.mark.slow  # ~45 s CPU: 1,200 sampled draws, each judged twice
+@pytest.mark.slow  # ~30 s CPU: 1,200 sampled draws judged, ~500 of them also without the terms
 def test_sampled_false_failure_rate_of_honest_fp32(capsys):
     """implementations/pytorch on the adversarial probe of mask-fp32, seeds drawn as Random(i) gives
     them: no false failure now; before the log-prob terms these same draws failed (measured over 1000
-    draws per member: gradient 0.6-1.1% for every token-level ratio member, CISPO's loss 2.7%)."""
+    draws per member: gradient 0.6-1.1% for every token-level ratio member, CISPO's loss 2.7%).
+
+    What the draws bound: 0 false failures in 1,200 draws puts the rate under 0.25% (95%: 3/1200) over
+    the four members, under 0.75% for a member of 400 draws and 1.5% for one of 200; the old judgment's
+    0.6-2.7% is what this guards against. The old judgment only has to show that the draws reach the
+    flake: >= 10 of them fail it, and (since 2026-12-03) every member's at least once, the gradient's
+    as well as CISPO's loss. It stops once both are settled: a member's draws are judged the old way
+    until its first failure, CISPO's (first, the member that fails it most) until the 10th in all
+    (all 1,200 draws judged both ways found 4, 16, 3, 3: bnpo, cispo, delta, vllm-is). Every draw is
+    still judged now."""
     counts = {}
-    for member, n in (("bnpo-mask", 400), ("cispo-mask", 400), ("token-offpolicy-mask-delta", 200),
+    enough = 10
+    for member, n in (("cispo-mask", 400), ("bnpo-mask", 400), ("token-offpolicy-mask-delta", 200),
                       ("vllm-is-mask", 200)):
-        now = before = 0
+        now = before = old_judged = 0
         for s0, s1 in _draws(n):
             run = _run(member, s0, s1)
             call = _adversarial(run)
             loss_cmp, cmp = run.judge(call)
             now += not (loss_cmp.passed and cmp.passed)
-            old = _run(member, s0, s1, old=True)
-            loss_cmp, cmp = old.judge(call)
-            before += not (loss_cmp.passed and cmp.passed)
-        counts[member] = (n, before, now)
+            if before == 0 or sum(c[1] for c in counts.values()) + before < enough:
+                old = _run(member, s0, s1, old=True)
+                loss_cmp, cmp = old.judge(call)
+                before += not (loss_cmp.passed and cmp.passed)
+                old_judged += 1
+        counts[member] = (n, before, now, old_judged)
     with capsys.disabled():
-        print("\n  false failures (draws, before, now):", counts)
-    assert all(now == 0 for _, _, now in counts.values()), counts
-    assert sum(before for _, before, _ in counts.values()) >= 10, counts  # the draws do exercise the flake
+        print("\n  false failures (draws, before, now, draws judged before):", counts)
+    assert all(now == 0 for _, _, now, _ in counts.values()), counts
+    assert all(before > 0 for _, before, _, _ in counts.values()), counts  # each member's draws reach it
+    assert sum(before for _, before, _, _ in counts.values()) >= enough, counts  # the draws do exercise the flake
 
 
 @pytest.mark.parametrize("folder,member", [

@@ -201,8 +201,9 @@ def test_a_hang_ends_within_the_timeout_and_kills_the_process_group(tmp_path):
 def test_a_hang_at_import_times_out_the_load(tmp_path, monkeypatch):
     # The load's least time (LOAD_TIMEOUT_MIN, 30 s: torch's import on a loaded machine) made short
     # for the test, still above the call timeout: the message must name the least time, not the
-    # call's timeout, and the hang must cost that time once.
-    least = 6.0
+    # call's timeout, and the hang must cost that time once. 3 s (6 s until 2026-12-03): three times
+    # the call timeout, and the implementation never returns from its import whatever the least time.
+    least = 3.0
     assert LOAD_TIMEOUT_MIN > least
     monkeypatch.setattr(session_module, "LOAD_TIMEOUT_MIN", least)
     impl = _impl(tmp_path, "hangs-at-import", "import time\ntime.sleep(600)\n")

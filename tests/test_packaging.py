@@ -125,7 +125,7 @@ def venv_dir():
 @pytest.mark.slow
 def test_installed_wheel_checks_implementations_in_another_repository(wheel, tmp_path, venv_dir):
     venv = venv_dir
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    _make_venv(venv)
     bin_ = venv / "bin"
     repo = tmp_path / "kernels"
     (repo / "implementations").mkdir(parents=True)
@@ -152,6 +152,19 @@ def test_installed_wheel_checks_implementations_in_another_repository(wheel, tmp
     assert set(impls) == {"pytorch", "starter"} and all(i["status"] == "conformant" for i in impls.values()), impls
     assert (repo / "grpo-conform-out" / "junit.xml").is_file() and (tmp_path / "step-summary").read_text()
     assert list((repo / "grpo-conform-out" / "evidence").glob("*.intoto.json"))
+
+
+def _make_venv(venv: Path) -> None:
+    """A fresh venv that sees the base interpreter's packages (torch: the wheel is installed --no-deps).
+    Without ensurepip where the venv's python already finds a pip through --system-site-packages (the
+    base's own): ensurepip's install of pip into the venv was 5-7 s of this test's ~28 s, and which copy
+    of pip installs the wheel into the venv is not what the test is about. Where the base has no pip,
+    ensurepip runs as before."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = str(venv / "bin" / "python")
+    if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0:
+        subprocess.run([python, "-m", "ensurepip", "--default-pip"], check=True, capture_output=True, timeout=300)
 
 
 def _install_and_init(repo: Path, bin_: Path, wheel: Path, env: dict[str, str], git: list[str]) -> None:

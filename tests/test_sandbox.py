@@ -295,8 +295,11 @@ def test_a_timeout_ends_bwrap_the_worker_and_its_descendants(bwrap, tmp_path, mo
     (folder / MANIFEST).write_text('name = "hangs-with-survivors"\nspec = "grpo-token-is"\nentry = "impl:grpo_loss"\n'
                                    'language = "python"\nlicense = "MIT"\ndevices = ["cpu"]\ndescription = "x"\n')
     (folder / "impl.py").write_text(HANGS_WITH_SURVIVORS.format(secs=secs))
+    # A call timeout of 4 s (8 s until 2026-12-03): the call starts its two descendants within its first
+    # ~0.1 s (a Popen and a `python -c` without torch), then sleeps; the test needs them started and the
+    # call ended by the timeout, not any length of it (the worker's start is under the load's own least time).
     session = WorkerSession(load_implementation(folder), {"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0},
-                            torch.device("cpu"), 8.0, sandbox="bwrap")
+                            torch.device("cpu"), 4.0, sandbox="bwrap")
     watch = _Watch(secs)
     try:
         session.start()

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import GALLERY, ROOT
+from grpo_conform.check import CheckRequest, run_check
 from slurm_cluster import SlurmCluster, SlurmUnavailable
 from test_gate_e2e import _same, _verdicts
 
@@ -50,11 +51,21 @@ def _submit(slurm, out, check_args: list[str], key=None) -> tuple[str, str]:
     return str(int(merge) - 1), merge  # the array was submitted just before, by the same script
 
 
-def test_slurm_array_and_afterok_merge_equal_the_serial_run(slurm, tmp_path):
+@pytest.fixture
+def serial():
+    """The serial run of SELECTION in this process (the JSON document `check --format json` prints is the
+    report's to_json, as test_gate_e2e's `serial`): a CLI subprocess cost a python, torch and a zygote
+    more, beside the shards' own on 2 cores. Before the cluster starts (the test asks for it first): a
+    validator ends the children of its process that are in another session as escaped worker
+    descendants (isolation/reaper.py), and the Slurm daemons are this process's children in theirs."""
+    report = run_check(CheckRequest((str(GALLERY / "closed-form"), str(GALLERY / "loss-offset")), device="cpu",
+                                    workloads=("batch1-seq1",)))
+    return json.loads(json.dumps(report.to_json())), [i.message for i in report.implementations]
+
+
+def test_slurm_array_and_afterok_merge_equal_the_serial_run(serial, slurm, tmp_path):
     started = time.monotonic()
-    serial_out = open(tmp_path / "serial.json", "w")
-    serial = subprocess.Popen([sys.executable, "-m", "grpo_conform", "check", *SELECTION, "--no-evidence",
-                               "--format", "json"], cwd=ROOT, stdout=serial_out, stderr=subprocess.PIPE, text=True)
+    doc, err = serial
     keygen = subprocess.run([sys.executable, "-m", "grpo_conform", "keygen", "--private-key", tmp_path / "key.pem",
                              "--public-key", tmp_path / "key.pub.pem"], check=True, capture_output=True, text=True)
     keyid = next(line.split()[-1] for line in keygen.stdout.splitlines() if line.startswith("key id:"))
@@ -66,8 +77,6 @@ def test_slurm_array_and_afterok_merge_equal_the_serial_run(slurm, tmp_path):
     array, merge = _submit(slurm, out, SELECTION, key=tmp_path / "key.pem")
     assert slurm.job(array)["ArrayTaskId"] in ("1-2", "1", "2")
     finished = slurm.wait_idle(240)
-    _, err = serial.communicate(timeout=240)
-    serial_out.close()
     assert finished, f"the jobs did not finish: {slurm.out('squeue')}\n{slurm.log_tail()}"
     logs = "\n".join(p.read_text() for p in sorted(slurm.dir.glob("grpo-conform-*.log")))
     job = slurm.job(merge)
@@ -88,7 +97,6 @@ def test_slurm_array_and_afterok_merge_equal_the_serial_run(slurm, tmp_path):
     assert job["StartTime"] >= max(ends), f"the merge started ({job['StartTime']}) before a shard ended ({ends})"
 
     merged = json.loads((out / "merged.json").read_text())
-    doc = json.loads((tmp_path / "serial.json").read_text())
     assert doc["exit_code"] == merged["exit_code"] == 1, err  # loss-offset fails its `loss` check
     _same(_verdicts(merged), _verdicts(doc))
     assert (out / "merged-junit.xml").read_text().count("<testcase") >= 20
@@ -97,7 +105,10 @@ def test_slurm_array_and_afterok_merge_equal_the_serial_run(slurm, tmp_path):
 
 def test_a_shard_that_cannot_run_holds_the_merge_back(slurm):
     out = slurm.dir / "broken"
-    bad = [str(GALLERY / "closed-form"), "--device", "cpu", "--workload", "no-such-workload"]  # exit 2
+    # exit 2 from click's own check of --device, before any import: what the recipe sees of any usage
+    # error (until 2026-12-03 an unknown workload, found after ~4 s of importing torch and reading the
+    # spec, in both shards at once)
+    bad = [str(GALLERY / "closed-form"), "--device", "no-such-device", "--workload", "batch1-seq1"]
     array, merge = _submit(slurm, out, bad)
     assert slurm.wait_idle(90), slurm.out("squeue")
     assert slurm.job(merge).get("JobState") == "CANCELLED"  # afterok never satisfied: --kill-on-invalid-dep

@@ -2,7 +2,7 @@
 the CPU, against the float64 reference of the fused op (grpo_conform/ops/fused_linear/reference.py),
 through autograd as a trainer calls it.
 
-Every member the folder declares, float32 and bfloat16, B 2, T 8, H 32, V 257: the loss and the
+Every member the folder declares, float32 and bfloat16, B 2, T 8, H 32, V 129: the loss and the
 gradients of hidden, weight and bias; chunks of 5 rows (they split sequences; sequence-level members
 round them to whole sequences) with the float32 weight-gradient accumulator, chunks of 5 rows holding
 d logits with float32 logits, and chunks of 5 rows holding d logits in the weight's dtype; an upstream
@@ -53,7 +53,7 @@ def _counted(*a, **k):
     GEMMS[0] += 1
     return _triton_accumulate(*a, **k)
 plan._triton_accumulate = _counted
-B, T, H, V = 2, 8, 32, 257
+B, T, H, V = 2, 8, 32, 129  # V 2^7 + 1: a partial last tile in every kernel (V 257 until 2026-12-03: the CPU GEMM's 16-row tiles 17 -> 9)
 BASE = dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.8)
 MEMBERS = {
     "token-is": (dict(), {}),

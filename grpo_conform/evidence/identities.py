@@ -103,12 +103,21 @@ def _inside(root: Path, relative: str) -> Path | None:
     return target
 
 
+_OBJECTS: dict[tuple, bytes] = {}  # every call reads by full commit or object ids: a found answer is fixed
+
+
 def _git(root: Path, *args: str, stdin: bytes | None = None) -> bytes | None:
+    key = (str(root), args, stdin)  # records of one commit ask the same (a git process each: docs/timing.md)
+    if key in _OBJECTS:
+        return _OBJECTS[key]
     try:
         done = subprocess.run(["git", "-C", str(root), *args], input=stdin, capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    _OBJECTS[key] = done.stdout
+    return done.stdout
 
 
 def _git_blobs(root: Path, commit: str, path: str) -> dict[str, bytes] | None:
@@ -252,30 +261,43 @@ def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str,
     already matched, so this checks the record's claim about which member it is)."""
     try:
         if at_commit is None:
-            resolved = find_spec(name, dirs=[root / "specs"])
+            identity = find_spec(name, dirs=[root / "specs"]).identity
         else:
-            with tempfile.TemporaryDirectory() as tmp:
-                (Path(tmp) / PurePosixPath(at_commit[0]).name).write_bytes(at_commit[1])
-                resolved = find_spec(name, dirs=[Path(tmp)])
+            identity = _identity_at_commit(name, PurePosixPath(at_commit[0]).name, at_commit[1])
     except Exception as exc:  # noqa: BLE001 - any failure to resolve means "not recomputed", said plainly
         return IdentityCheck("spec", name, spec["identity"], None, "unverified", f"cannot resolve {name}: {exc}")
-    status: Status = "match" if resolved.identity == spec["identity"] else "differs"
-    return IdentityCheck("spec", name, spec["identity"], resolved.identity, status, f"{name} resolved from {where}")
+    status: Status = "match" if identity == spec["identity"] else "differs"
+    return IdentityCheck("spec", name, spec["identity"], identity, status, f"{name} resolved from {where}")
+
+
+_AT_COMMIT: dict[tuple[str, str, str], str] = {}
+
+
+def _identity_at_commit(name: str, file_name: str, data: bytes) -> str:
+    """Member `name`'s identity resolved from a family file's bytes at a commit, once per (content, file
+    name, member): each record's copy lands in a temporary directory of its own, so the spec module's
+    cache (by path and mtime) missed and every record re-validated the family (docs/timing.md)."""
+    key = (hashlib.sha256(data).hexdigest(), file_name, name)
+    if key not in _AT_COMMIT:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / file_name).write_bytes(data)
+            _AT_COMMIT[key] = find_spec(name, dirs=[Path(tmp)]).identity
+    return _AT_COMMIT[key]
 
 
 def _spec_against(spec: dict[str, Any], name: str, uri: str, file_sha256: str | None, data: bytes, where: str,
                   status: Status) -> tuple[list[IdentityCheck], bool]:
     digest = hashlib.sha256(data).hexdigest()
-    try:
-        canonical: str | None = hashlib.sha256(rfc8785.dumps(json.loads(data))).hexdigest()
-    except (ValueError, rfc8785.CanonicalizationError, RecursionError):
-        canonical = None
     checks, ok = [], True
     if file_sha256 is not None:
         good = digest == file_sha256
         ok &= good
         checks.append(IdentityCheck("spec-file", uri, file_sha256, digest, status if good else "differs", where))
     if spec.get("member") is None:  # a whole-file spec: its identity is the file's canonical form
+        try:  # only here: a member's identity is its resolved document's (spec_checks)
+            canonical: str | None = hashlib.sha256(rfc8785.dumps(json.loads(data))).hexdigest()
+        except (ValueError, rfc8785.CanonicalizationError, RecursionError):
+            canonical = None
         good = canonical == spec["identity"]
         ok &= good
         checks.append(IdentityCheck("spec", name, spec["identity"], canonical, status if good else "differs", where))
@@ -284,3 +306,4 @@ def _spec_against(spec: dict[str, Any], name: str, uri: str, file_sha256: str | 
         checks.append(IdentityCheck("spec", name, spec["identity"], None, "unverified",
                                     "a member spec is bound through its file's sha256, which this record lacks"))
     return checks, ok
+

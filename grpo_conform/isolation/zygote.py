@@ -25,7 +25,8 @@ modules and then only forks. Per worker:
 What does not change: one process per implementation with its own uid, namespaces and scratch tree;
 the worker's argv and parent; what the worker can read of the validator (the zygote holds the
 allow-listed environment only: nothing the exec'd worker could not see). What differs: the worker
-has torch imported before `load`, and /proc/self/environ shows the zygote's start environment (the
+has torch imported before `load` (and torch.fx.experimental.symbolic_shapes, with sympy, which
+torch.autograd.backward imports at its first call), and /proc/self/environ shows the zygote's start environment (the
 session's without HOME, USER, the cache paths and TRITON_INTERPRET; os.environ is the session's).
 
 Not used (the launcher path as before) on CUDA (the zygote must never initialise CUDA, and the
@@ -233,8 +234,11 @@ def _parent_of(pid: int) -> int | None:
 def serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     try:
-        # imported here, in the zygote only: the point of it is to import them once, before any fork
+        # imported here, in the zygote only: the point of it is to import them once, before any fork.
+        # symbolic_shapes (and sympy with it): torch.autograd.backward imports it at the first backward
+        # with given gradients (`_make_grads`), which every worker's first call makes: ~0.6 s each.
         import torch  # noqa: F401
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
         import grpo_conform.isolation.launch  # noqa: F401
         import grpo_conform.isolation.worker  # noqa: F401
     except BaseException as exc:  # noqa: BLE001

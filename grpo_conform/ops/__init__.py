@@ -9,15 +9,36 @@ today, so every committed spec, member and record identity stays as it is (docs/
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_conform.errors import GrpoConformError
-from grpo_conform.ops.fused_linear.operation import GRPO_FUSED_LINEAR
-from grpo_conform.ops.grpo_logits.operation import GRPO_LOGITS
-from grpo_conform.ops.interface import Operation
 from grpo_conform.spec import DEFAULT_OPERATION, Spec, operation_of
 
-OPERATIONS: dict[str, Operation] = {GRPO_LOGITS.name: GRPO_LOGITS, GRPO_FUSED_LINEAR.name: GRPO_FUSED_LINEAR}
+if TYPE_CHECKING:
+    from grpo_conform.ops.interface import Operation
+
+_OPERATIONS: dict[str, "Operation"] = {}
+
+
+def _operations() -> dict[str, "Operation"]:
+    """The registry, built at its first use: the operations import torch (their inputs and judging),
+    and the commands that only name an operation (`init`, `report`'s selection) or import a
+    module of this package (ops.interface) did so through this package's import, ~3 s of CPU for each
+    such CLI run (docs/timing.md, "Third pass")."""
+    if not _OPERATIONS:
+        # local: both operations import torch (start-up time of init and report)
+        from grpo_conform.ops.fused_linear.operation import GRPO_FUSED_LINEAR
+        from grpo_conform.ops.grpo_logits.operation import GRPO_LOGITS
+
+        _OPERATIONS.update({GRPO_LOGITS.name: GRPO_LOGITS, GRPO_FUSED_LINEAR.name: GRPO_FUSED_LINEAR})
+    return _OPERATIONS
+
+
+def __getattr__(name: str) -> Any:
+    """`OPERATIONS` (a plain dict {operation name: operation object}), built on first access."""
+    if name == "OPERATIONS":
+        return _operations()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class UnknownOperation(GrpoConformError):
@@ -35,11 +56,12 @@ def operation_name(spec: Any) -> str:
 def operation_for(spec: Any) -> Operation:
     """The operation object a spec names, or a clear error naming the spec and the known operations."""
     name = operation_name(spec)
+    operations = _operations()
     try:
-        return OPERATIONS[name]
+        return operations[name]
     except KeyError:
         where = getattr(spec, "source", "") or getattr(spec, "id", "the spec")
         raise UnknownOperation(
             f"{where}: field 'operation': {name!r} is not an operation this validator knows (known: "
-            f"{', '.join(sorted(OPERATIONS))}); name one of them, or upgrade grpo-conform if the spec was "
+            f"{', '.join(sorted(operations))}); name one of them, or upgrade grpo-conform if the spec was "
             "written for a newer version") from None
