@@ -21,6 +21,7 @@ from grpo_conform.floors import Floor
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.fused_linear import draws
 from grpo_conform.ops.fused_linear.reference import computed_logprobs_and_lse
+from grpo_conform.ops.grpo_logits.generators.token_ids import pool_ids
 from grpo_conform.phases import PHASES
 from grpo_conform.spec import load_family
 
@@ -114,7 +115,8 @@ def test_the_drawn_values_keep_what_the_generator_promises():
     target = z.gather(1, ids[:, None]).squeeze(1)
     others = z.scatter(1, ids[:, None], -math.inf).max(dim=1).values
     spike = spec.validation.profile("peaked").spike
-    assert bool((target - others > spike / 2).all())
+    special = torch.isin(ids, torch.tensor(pool_ids(4096)))  # never spiked: tests/test_special_id_rows.py
+    assert bool((target - others > spike / 2)[~special].all()) and int((~special).sum()) > 32
     zr = x["ref_hidden"].double().reshape(-1, 256) @ x["ref_weight"].double().T
     assert abs((zr - z).std().item() - 0.5) < 0.05
     for name in ("normal", "wide"):
@@ -176,6 +178,7 @@ def test_a_timed_workload_draws_the_expected_number_of_full_input_sets(family, m
     t = _timing(spec, rw, sets=4)
     PHASES.reset()
     t._filled = set()  # as WorkloadTiming.run starts
+    t.ceiling_of = None  # no GEMM ceiling: only the refreshes are counted
     for protocol in t.settings.protocols:
         t._protocol(protocol)
     fills = 3 * (1 + 4 * (1 + -(-t.settings.reps // 4)))  # per protocol: warm, then warmup + passes x 4 sets

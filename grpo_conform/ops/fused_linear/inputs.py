@@ -116,9 +116,12 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     profs = [spec.validation.profile(n) for n in names]
     h, which = _profiled_hidden(batch * seq, hidden, profs, gen, seed, tensors["hidden"].device)
     flat_ids = ids.reshape(-1)
+    # no spike on the special ids' rows: a near one-hot row hides whatever a kernel does with its token
+    # (grpo_logits/inputs.py, _unpeak)
+    special = torch.isin(flat_ids, torch.tensor(token_ids.pool_ids(vocab))).to(which.device)
     for k, prof in enumerate(profs):
         if prof.kind == "peaked":
-            rows = torch.nonzero(which == k).squeeze(-1)
+            rows = torch.nonzero((which == k) & ~special).squeeze(-1)
             # the rounded weight rows of these targets only, gathered where the weight lives
             wc = weight.detach()[flat_ids[rows].to(weight.device)].to(h.device, torch.float32)
             h[rows.to(h.device)] += prof.spike * wc / (wc * wc).sum(-1, keepdim=True).clamp_min(1e-12)

@@ -75,10 +75,11 @@ def _sample(profile: Profile, n: int, vocab: int, gen: torch.Generator, device) 
 
 def fill_logits(
     logits: torch.Tensor, ids: torch.Tensor, spec: Spec, profiles: Sequence[str], gen: torch.Generator,
-    resolvable: torch.Tensor | None = None,
+    resolvable: torch.Tensor | None = None, unpeaked: torch.Tensor | None = None,
 ) -> None:
     """Write seeded values into `logits` in place (its address does not change). `resolvable` [batch]
-    (bool): sequences that get at least one scored row of a profile other than `peaked`."""
+    (bool): sequences that get at least one scored row of a profile other than `peaked`. `unpeaked`
+    [batch, seq] (bool): scored rows that never get a `peaked` profile (`_unpeak`)."""
     batch, seq_next, vocab = logits.shape
     seq = seq_next - 1
     flat = logits.view(batch * seq_next, vocab)
@@ -87,6 +88,8 @@ def fill_logits(
     order = torch.randperm(n_rows, generator=gen, device=device) % len(profiles)
     if resolvable is not None and seq > 0:
         _resolvable_rows(order.view(batch, seq_next), resolvable.to(device), spec, profiles, gen)
+    if unpeaked is not None and seq > 0:
+        _unpeak(order.view(batch, seq_next), unpeaked.to(device), spec, profiles, gen)
     limit = torch.finfo(logits.dtype).max / 4
     step = max(1, CHUNK_ELEMENTS // vocab)
     for start in range(0, n_rows, step):
@@ -106,6 +109,23 @@ def fill_logits(
                     target[inside] = ids[b[inside], t[inside]]
                 x[torch.arange(sel.numel(), device=device), target] += profile.spike
             flat[sel] = x.clamp_(-limit, limit).to(logits.dtype)
+
+
+def _unpeak(order: torch.Tensor, unpeaked: torch.Tensor, spec: Spec, profiles: Sequence[str],
+            gen: torch.Generator) -> None:
+    """The rows of the special ids (pad/bos/eos-like and top-of-table, generators/token_ids.py) get a
+    drawn profile other than `peaked`: on a near one-hot row the token's gradient s (1 - p_t) is below
+    every allowance, so a kernel that drops those tokens (treats them as padding) passed every call whose
+    special ids all sat on peaked rows: ~19% of call A's sets at odd-vocab and small-bf16, and gallery
+    treats-special-ids-as-padding passed once in a slow-lane run (2026-12-03)."""
+    peaked = [k for k, n in enumerate(profiles) if spec.validation.profile(n).kind == "peaked"]
+    others = [k for k in range(len(profiles)) if k not in peaked]
+    if not peaked or not others:
+        return
+    scored = order[:, : order.shape[1] - 1]
+    fix = (unpeaked & torch.isin(scored, torch.tensor(peaked, device=order.device))).nonzero().tolist()
+    for b, s in fix:
+        scored[b, s] = others[int(torch.randint(len(others), (1,), generator=gen, device=order.device))]
 
 
 def _resolvable_rows(order: torch.Tensor, resolvable: torch.Tensor, spec: Spec, profiles: Sequence[str],
@@ -160,7 +180,9 @@ def generate(
     tensors["advantages"].copy_(adv)
     # Sequences of small |A| (the cases generators.advantages places) must be resolvable: see _resolvable_rows
     small = (adv.abs() <= advantages.SMALL_MAX) & (adv != 0)
-    fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small)
+    special = torch.isin(tensors["completion_ids"].to(torch.long),
+                         torch.tensor(token_ids.pool_ids(vocab), device=tensors["completion_ids"].device))
+    fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small, unpeaked=special)
     found: dict[str, Any] = {}
     covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case, found))  # mask, log-probs, ratios
     return Inputs(tensors, seed, profiles, covered, found.get("logp"))

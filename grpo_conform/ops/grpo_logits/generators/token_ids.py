@@ -17,6 +17,11 @@ NONE_PROBABILITY = 0.25
 MOST = 4  # at most this many of POOL in one set: the five ids every set once held never all appear
 
 
+def pool_ids(vocab: int) -> list[int]:
+    """The ids of POOL in a vocabulary of `vocab` (the generators keep their rows resolvable)."""
+    return sorted({p % vocab for p in POOL})
+
+
 def label(i: int) -> str:
     return str(i) if i >= 0 else f"V{i}"
 
