@@ -137,10 +137,13 @@ SURVIVORS = SIG + textwrap.indent(textwrap.dedent("""\
     import os, subprocess, sys, time
     # a setsid child, a double-forked setsid grandchild, and files in /tmp and /dev/shm
     a = subprocess.Popen(["sleep", str(SECS)], start_new_session=True)
-    code = "import os, sys, time\\nif os.fork() == 0:\\n    os.setsid()\\n    print('grandchild', os.getpid(), " \\
-           f"file=sys.stderr, flush=True)\\n    time.sleep({SECS})\\nos._exit(0)\\n"
+    # each line in one write(2) (atomic on a pipe): print's separate writes of words, spaces and newline
+    # interleaved with the other process's ("grandchildchild 2191\\n 2193", CI 2026-12-03)
+    code = "import os, sys, time\\nif os.fork() == 0:\\n    os.setsid()\\n    " \\
+           "os.write(2, ('grandchild %d\\\\n' % os.getpid()).encode())\\n" \\
+           f"    time.sleep({SECS})\\nos._exit(0)\\n"
     subprocess.run([sys.executable, "-c", code])
-    print("child", a.pid, file=sys.stderr, flush=True)
+    os.write(2, f"child {a.pid}\\n".encode())
     for d in ("/tmp", "/dev/shm"):
         open(os.path.join(d, MARK), "w").write("left behind")
     time.sleep(2)
