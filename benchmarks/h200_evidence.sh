@@ -55,6 +55,14 @@ probe_user() {
   if [ $rc -ne 0 ]; then export GRPO_CONFORM_WORKER_USER=root; status "fallback: GRPO_CONFORM_WORKER_USER=root"; fi
 }
 
+triton_seed() {  # triton's token-is at every seed batch (the leaderboard's ranked cells), cut at 115 s
+  local start=$SECONDS
+  timeout -s KILL 115 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
+    --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 70 \
+    --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
+  status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
+}
+
 check_one() {  # NAME LIMIT ARGS...
   # --deadline leaves 70 s under the kill for the last workload and the records (a killed run writes none)
   local name=$1 limit=$2; shift 2
@@ -227,11 +235,7 @@ case "${1:-probe}" in
   round16b)  # 2026-12-03 (third session, one call of ~5 minutes): triton's seed member at its current identity
               # (the leaderboard's ranked cells), then the first fused record (triton-fused token-is seed-b2)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    start=$SECONDS
-    timeout -s KILL 115 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
-      --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 70 \
-      --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
-    status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
+    triton_seed
     start=$SECONDS
     timeout -s KILL 175 python3 -m grpo_conform check implementations/triton-fused --member token-is --workload seed-b2 \
       --evidence-dir "$OUT/h200" --profile-phases --format json > "$R/triton-fused.json" 2> "$R/triton-fused.log"
@@ -239,11 +243,7 @@ case "${1:-probe}" in
     ;;
   round16c)  # round16b within ~200 s of device time: triton's seed cells, then fused_bench at batch 4 (unmeasured)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    start=$SECONDS
-    timeout -s KILL 115 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
-      --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 70 \
-      --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
-    status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
+    triton_seed
     timeout -s KILL 80 python3 benchmarks/fused_bench.py --batches 4 --member offpolicy-mask \
       --out "$R/fused-bench-b4.json" > "$R/fused-bench-b4.log" 2>&1
     status "fused_bench batch 4: exit $?"; tail -20 "$R/fused-bench-b4.log"
@@ -252,11 +252,7 @@ case "${1:-probe}" in
               # first records (triton-fused at every seed batch, the eager and compiled peers at batch 2), with
               # the GEMM ceiling each timed protocol now records
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    start=$SECONDS
-    timeout -s KILL 115 python3 -m grpo_conform check implementations/triton --member token-is --workload seed-b2 \
-      --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" --deadline 70 \
-      --format json > "$R/triton-seed.json" 2> "$R/triton-seed.log"
-    status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
+    triton_seed
     check_one triton-fused 200 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
       --workload seed-b16 --profile-phases
     check_one fused-torch 110 --member token-is --workload seed-b2 --workload seed-b8

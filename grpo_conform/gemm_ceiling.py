@@ -45,7 +45,8 @@ def _operands(g: Gemm, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
 
     def draw(rows: int, cols: int, transposed: bool) -> torch.Tensor:
         shape = (cols, rows) if transposed else (rows, cols)
-        t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(0.02).to(dtype)
+        # drawn in its dtype: a float32 copy of the largest operand (16384 x 128256 at seed-b16) is 8.4 GB
+        t = torch.randn(shape, generator=gen, device=device, dtype=dtype).mul_(0.02)
         return t.t() if transposed else t  # a transposed view, as the fused computation reads it
 
     return draw(g.m, g.k, g.transposed == "a"), draw(g.k, g.n, g.transposed == "b")

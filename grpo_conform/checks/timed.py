@@ -159,7 +159,7 @@ class WorkloadTiming:
 
     def _protocol(self, protocol: str) -> dict[str, Any]:
         s = self.settings
-        if not getattr(self.op, "refresh_spans_protocols", False):
+        if not self.op.refresh_spans_protocols:
             self._filled = set()  # slots fully generated in this protocol
         self._refresh([self.warm])
         names = [slot.name for slot in self.sets]

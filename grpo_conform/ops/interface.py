@@ -101,6 +101,9 @@ class Operation(Protocol):
 
     name: str
     summary: str  # one line: what the operation computes
+    # a timed slot's full draw serves all three protocols (its in-place refresh changes every value and
+    # every row's statistics between passes); False: a fresh full draw per protocol
+    refresh_spans_protocols: bool
 
     # -- workloads ---------------------------------------------------------------------------------
     def workload_size(self, spec: "Spec", resolved: "ResolvedWorkload") -> WorkloadSize: ...
