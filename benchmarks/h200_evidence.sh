@@ -26,6 +26,8 @@
 #   bash benchmarks/h200_evidence.sh round16c   # triton token-is seed-b2..b16, fused_bench batch 4 (~200 s)
 #   bash benchmarks/h200_evidence.sh round17a   # next session, first: triton seed cells, fused records (+ GEMM ceiling)
 #   bash benchmarks/h200_evidence.sh round17b   # fused_bench batch 4 and 16 (chunks 512-2048), fused-liger's record
+#   bash benchmarks/h200_evidence.sh round18a   # fourth session: triton seed cells, fused seed member (triton-fused, torch, liger)
+#   bash benchmarks/h200_evidence.sh round18b   # fused-trl, fused-compile, fused-liger b8/b16 at the seed member
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -272,6 +274,23 @@ case "${1:-probe}" in
       --profile-phases --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
     status "triton default check (deadline 470 s): exit $?, $((SECONDS - start)) s wall"
     grep -A40 "phases" "$R/triton-default.log" | head -50
+    ;;
+  round18a)  # 2026-12-03 (fourth session), call 1 (~9.5 min): triton's seed cells at its current identity, then every
+              # fused implementation's seed member timed at the seed batches (issue 31's records, issue 32's)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    triton_seed
+    check_one triton-fused 190 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16 --profile-phases
+    check_one fused-torch 140 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
+    check_one fused-liger 110 --member token-is --workload seed-b2 --workload seed-b4
+    ;;
+  round18b)  # call 2 (~9.5 min): the other fused peers at the seed batches (TRL needs its wheel: carry .whl)
+    check_one fused-trl 170 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
+    check_one fused-compile 200 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
+    check_one fused-liger 190 --member token-is --workload seed-b8 --workload seed-b16
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
