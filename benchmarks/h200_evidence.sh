@@ -28,6 +28,8 @@
 #   bash benchmarks/h200_evidence.sh round17b   # fused_bench batch 4 and 16 (chunks 512-2048), fused-liger's record
 #   bash benchmarks/h200_evidence.sh round18a   # fourth session: triton seed cells, fused seed member (triton-fused, torch, liger)
 #   bash benchmarks/h200_evidence.sh round18b   # fused-trl, fused-compile, fused-liger b8/b16 at the seed member
+#   bash benchmarks/h200_evidence.sh round18c   # triton-fused after the forward-floor fix, fused-torch b16, fused-liger b4/b8, fused-trl
+#   bash benchmarks/h200_evidence.sh round18d   # fused-compile, fused-liger b16, two masked members of triton-fused at b2
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -291,6 +293,22 @@ case "${1:-probe}" in
     check_one fused-compile 200 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
       --workload seed-b16
     check_one fused-liger 190 --member token-is --workload seed-b8 --workload seed-b16
+    ;;
+  round18c)  # call 2 (~9.5 min), after the forward floor of a ratio-1 member counts no GEMM (round18a's triton-fused
+              # record was "below the floor" in forward): triton-fused again, fused-torch b16, fused-liger b4/b8, TRL
+    check_one triton-fused 150 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
+    check_one fused-torch 90 --member token-is --workload seed-b16
+    check_one fused-liger 170 --member token-is --workload seed-b4 --workload seed-b8
+    check_one fused-trl 150 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
+    ;;
+  round18d)  # call 3 (~7.5 min), chained: fused-compile at the seed batches, fused-liger b16, two masked members of ours
+    check_one fused-compile 190 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
+    check_one fused-liger 120 --member token-is --workload seed-b16
+    check_one triton-fused 130 --member token-offpolicy-mask --member token-offpolicy-mask-kl-ref-weight \
+      --workload seed-b2
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,

@@ -26,9 +26,10 @@ def _gemms(member: str, protocol: str, workload: str = "seed-b2"):
 
 
 def test_each_protocol_names_the_gemms_it_cannot_avoid():
-    fwd, spec, rw = _gemms("token-is", "forward")
+    fwd, spec, rw = _gemms("token-offpolicy-mask", "forward")
     full, _, _ = _gemms("token-is", "full")
     assert [(g.m, g.k, g.n) for g in fwd] == [(2048, 4096, 128256)]  # the seed shape: N = 2 x 1024
+    assert _gemms("token-is", "forward")[0] == ()  # the ratio is exactly 1: its loss value reads no logits
     assert [(g.m, g.k, g.n, g.transposed) for g in full] == [
         (2048, 4096, 128256, "b"), (2048, 128256, 4096, ""), (128256, 2048, 4096, "a")]
     assert _gemms("token-is", "full-scaled")[0] == full
@@ -55,7 +56,7 @@ def test_the_ceiling_is_measured_and_the_ratio_attached():
 
 
 def test_a_disturbed_or_unmeasured_ceiling_gives_no_ratio():
-    gemms, _, _ = _gemms("token-is", "forward", "tiny-bf16")
+    gemms, _, _ = _gemms("token-offpolicy-mask", "forward", "tiny-bf16")
     # a ceiling far slower than the FLOP floor: something else ran on the device while it was measured
     c = gemm_ceiling.measure(gemms, torch.device("cpu"), gemm_ceiling.CeilingSettings(reps=2, warmup=0),
                              flop_floor_ns=1)

@@ -131,7 +131,7 @@ def _spec(names, seed_spec, **params):
               gradients=[NS(input=n) for n in ("hidden", "weight", "bias") if n in names],
               validation=seed_spec.validation, input=lambda n: next(i for i in inputs if i.name == n),
               parameter_values={"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0, **params},
-              operation="grpo-fused-linear")
+              operation="grpo-fused-linear", terms=NS(kl=NS(present="ref_logprobs" in names)), parameters=[])
     sh = {i.name: tuple(axes[a] for a in i.shape) for i in inputs}
     rw = NS(axes=axes, shapes=sh, dtypes={}, workload=NS(timed=False, name="tiny"), numel=lambda n: math.prod(sh[n]))
     return spec, rw
@@ -160,7 +160,7 @@ def test_registry_resolves_the_name_and_generation_is_seeded(spec):
 
 
 def test_work_terms_count_the_gemms_per_protocol(spec):
-    fspec, rw = _spec(["hidden", "weight", "completion_ids", "advantages"], spec)
+    fspec, rw = _spec(["hidden", "weight", "completion_ids", "advantages", "old_logprobs"], spec)
     gemm = 2 * 12 * 32 * 97
     assert OP.arithmetic(fspec, rw, None, "forward").flops == gemm
     assert OP.arithmetic(fspec, rw, None, "full").flops == 3 * gemm
@@ -171,6 +171,25 @@ def test_work_terms_count_the_gemms_per_protocol(spec):
     full, _ = OP.traffic(fspec, rw, "full", None, itemsize)
     assert sum(i.bytes for i in full) - sum(i.bytes for i in fwd) == (12 * 32 + 97 * 32) * 2  # d hidden, d weight
     assert OP.workload_size(fspec, rw).tensor == "weight"
+
+
+def test_a_forward_whose_loss_reads_no_logprobs_has_no_gemm_and_reads_only_the_advantages(spec):
+    """On-policy without KL the ratio is exactly 1: the loss value is a function of the advantages (and the
+    mask), so forward needs no GEMM (the first H200 record of triton-fused was "below the floor" without this)."""
+    itemsize = {"bfloat16": 2, "float32": 4, "int64": 8, "bool": 1}.get
+    for names, reads in ((["hidden", "weight", "completion_ids", "advantages"], {"advantages"}),
+                         (["hidden", "weight", "bias", "completion_ids", "advantages", "completion_mask"],
+                          {"advantages", "completion_mask"})):
+        fspec, rw = _spec(names, spec)
+        assert OP.gemms(fspec, rw, "forward") == () and OP.arithmetic(fspec, rw, None, "forward").exponentials == 0
+        fwd, _ = OP.traffic(fspec, rw, "forward", None, itemsize)
+        assert {i.tensor for i in fwd if i.direction == "read"} == reads
+        assert len(OP.gemms(fspec, rw, "full")) == 3  # the gradient still needs every GEMM
+    for extra in ("old_logprobs", "ref_logprobs"):  # the ratio or the KL term reads logp: the logits GEMM stays
+        fspec, rw = _spec(["hidden", "weight", "completion_ids", "advantages", extra], spec)
+        assert len(OP.gemms(fspec, rw, "forward")) == 1
+    fspec, rw = _spec(["hidden", "weight", "completion_ids", "advantages"], spec, loss_type="cispo")
+    assert len(OP.gemms(fspec, rw, "forward")) == 1  # CISPO's weight multiplies logp itself
 
 
 # -- the spec family file (specs/grpo-fused-linear.v1.json), loaded by the spec loader ------------------------
@@ -213,7 +232,7 @@ def test_fused_floors_take_the_larger_of_dram_and_the_gemm_flops():
     from grpo_conform.hardware import load_catalogue
 
     cat = load_catalogue()
-    member = _members()["token-is"]
+    member = _members()["token-offpolicy-mask"]  # its forward reads the log-probs (token-is's does not)
     rw = member.resolve(member.workload("seed-b2"))
     gemm = 2 * (2 * 1024) * 4096 * 128256
     for gid, tflops in (("h200-sxm", 989), ("a100-sxm4-80gb", 312)):
