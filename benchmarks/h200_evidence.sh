@@ -29,7 +29,7 @@
 #   bash benchmarks/h200_evidence.sh round18a   # fourth session: triton seed cells, fused seed member (triton-fused, torch, liger)
 #   bash benchmarks/h200_evidence.sh round18b   # fused-trl, fused-compile, fused-liger b8/b16 at the seed member
 #   bash benchmarks/h200_evidence.sh round18c   # triton-fused after the forward-floor fix, fused-torch b16, fused-liger b4/b8, fused-trl
-#   bash benchmarks/h200_evidence.sh round18d   # fused-compile, fused-liger b16, two masked members of triton-fused at b2
+#   bash benchmarks/h200_evidence.sh round18d   # two masked members of triton-fused at b2, fused-compile
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -303,12 +303,11 @@ case "${1:-probe}" in
     check_one fused-trl 150 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
       --workload seed-b16
     ;;
-  round18d)  # call 3 (~7.5 min), chained: fused-compile at the seed batches, fused-liger b16, two masked members of ours
-    check_one fused-compile 190 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
-      --workload seed-b16
-    check_one fused-liger 120 --member token-is --workload seed-b16
+  round18d)  # call 3 (~5.5 min), chained: two masked members of ours at b2 (forward vs the logits GEMM), fused-compile
     check_one triton-fused 130 --member token-offpolicy-mask --member token-offpolicy-mask-kl-ref-weight \
       --workload seed-b2
+    check_one fused-compile 190 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
