@@ -30,6 +30,8 @@
 #   bash benchmarks/h200_evidence.sh round18b   # fused-trl, fused-compile, fused-liger b8/b16 at the seed member
 #   bash benchmarks/h200_evidence.sh round18c   # triton-fused after the forward-floor fix, fused-torch b16, fused-liger b4/b8, fused-trl
 #   bash benchmarks/h200_evidence.sh round18d   # two masked members of triton-fused at b2, fused-compile
+#   bash benchmarks/h200_evidence.sh round18e   # bnpo, dapo, token-is-bias of ours at b2; fused_bench batch 16
+#   bash benchmarks/h200_evidence.sh round18f   # kl, dr-grpo, sequence members of ours at b2
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -308,6 +310,17 @@ case "${1:-probe}" in
       --workload seed-b2
     check_one fused-compile 190 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
       --workload seed-b16
+    ;;
+  round18e)  # call 4 (~2.5 min, run inline with the same commands): three more members of ours at b2, then
+              # fused_bench at batch 16 (chunks 512-2048: the memory/speed trade-off of issue 32)
+    check_one triton-fused 150 --member bnpo-mask --member dapo-mask --member token-is-bias --workload seed-b2
+    timeout -s KILL 150 python3 benchmarks/fused_bench.py --batches 16 --chunks 512 1024 2048 --member offpolicy-mask \
+      --out "$R/fb16.json" > "$R/fb16.log" 2>&1
+    status "fused_bench batch 16: exit $?"; tail -30 "$R/fb16.log"
+    ;;
+  round18f)  # call 5 (~1.5 min, inline): the last three members of ours at b2
+    check_one triton-fused 160 --member token-offpolicy-mask-kl --member dr-grpo-mask --member sequence-offpolicy-mask \
+      --workload seed-b2
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
