@@ -32,6 +32,7 @@
 #   bash benchmarks/h200_evidence.sh round18d   # two masked members of triton-fused at b2, fused-compile
 #   bash benchmarks/h200_evidence.sh round18e   # bnpo, dapo, token-is-bias of ours at b2; fused_bench batch 16
 #   bash benchmarks/h200_evidence.sh round18f   # kl, dr-grpo, sequence members of ours at b2
+#   bash benchmarks/h200_evidence.sh round19a   # next: fused-trl b2-b16, fused-compile b8/b16, fused-liger b16 (then 17c, 15c)
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -321,6 +322,13 @@ case "${1:-probe}" in
   round18f)  # call 5 (~1.5 min, inline): the last three members of ours at b2
     check_one triton-fused 160 --member token-offpolicy-mask-kl --member dr-grpo-mask --member sequence-offpolicy-mask \
       --workload seed-b2
+    ;;
+  round19a)  # next session, call 1 (~9 min): what issue 31 still lacks. fused-trl (carry .whl with TRL, datasets, dill,
+              # multiprocess: TRL's backward imports datasets), fused-compile b8/b16, fused-liger b16
+    check_one fused-trl 170 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16
+    check_one fused-compile 230 --member token-is --workload seed-b8 --workload seed-b16
+    check_one fused-liger 150 --member token-is --workload seed-b16
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
