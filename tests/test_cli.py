@@ -29,6 +29,35 @@ def cli(*args, cwd=ROOT, env_extra=None, timeout=300) -> subprocess.CompletedPro
                           capture_output=True, text=True, timeout=timeout)
 
 
+def cli_here(*args, cwd=ROOT, env_extra=None) -> subprocess.CompletedProcess:
+    """The same command through click's runner in this process, answered as `cli` answers: for a test of
+    what a command prints and exits with, not of a process (`cli` pays a new interpreter and, for most
+    commands, torch: 2-5 s each; docs/timing.md, "Fourth pass"). The CLI's own entry point and process
+    stay tested by `cli` (test_version_and_help and the slow tests). An exception the command did not
+    turn into an exit code comes back as the interpreter would show it: exit 1, its traceback on stderr."""
+    import signal
+    import traceback
+
+    from click.testing import CliRunner
+
+    from grpo_conform.cli import main
+
+    env = {"COLUMNS": "1000", "GRPO_CONFORM_SIGNING_KEY": None, "GRPO_CONFORM_SIGNING_KEY_FILE": None,
+           **(env_extra or {})}
+    here, handlers = os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    os.chdir(cwd)
+    try:
+        result = CliRunner(env=env).invoke(main, [str(a) for a in args], prog_name="grpo-conform")
+    finally:  # `check` installs its Ctrl-C and SIGTERM handlers: this process's own come back
+        os.chdir(here)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)
+
+
 def _no_traceback(run: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in run.stdout + run.stderr, run.stderr
 
@@ -179,7 +208,7 @@ def test_check_cuda_on_a_machine_without_cuda():
 
 
 def test_check_unknown_workload_names_it_and_lists_the_known_ones():
-    run = cli("check", PYTORCH, "--device", "cpu", "--workload", "no-such-workload", "--no-evidence")
+    run = cli_here("check", PYTORCH, "--device", "cpu", "--workload", "no-such-workload", "--no-evidence")
     assert run.returncode == 2
     _no_traceback(run)
     err = run.stderr.strip()
@@ -189,7 +218,7 @@ def test_check_unknown_workload_names_it_and_lists_the_known_ones():
 
 
 def test_check_a_folder_without_manifest(tmp_path):
-    run = cli("check", tmp_path, "--device", "cpu", "--no-evidence")
+    run = cli_here("check", tmp_path, "--device", "cpu", "--no-evidence")
     assert run.returncode == 2
     _no_traceback(run)
     assert f"{tmp_path / 'implementation.toml'}: missing" in run.stderr
@@ -215,7 +244,7 @@ def test_two_implementations_with_one_name_keep_two_records(tmp_path):
 
 # -- floor, audit, bench ---------------------------------------------------------------------------
 def test_floor_prints_the_seed_floor():
-    run = cli("floor", "--spec", "specs/grpo-token-is.v1.json", "--workload", "seed-b2", "--gpu", "A100 80GB",
+    run = cli_here("floor", "--spec", "specs/grpo-token-is.v1.json", "--workload", "seed-b2", "--gpu", "A100 80GB",
               "--protocol", "forward")
     assert run.returncode == 0, run.stderr
     assert "forward: floor 257.9 us (dram binds)" in run.stdout
@@ -223,10 +252,10 @@ def test_floor_prints_the_seed_floor():
 
 
 def test_floor_json_and_bad_gpu():
-    run = cli("floor", "--spec", "grpo-token-is", "--workload", "seed-b2", "--gpu", "A100 80GB", "--format", "json")
+    run = cli_here("floor", "--spec", "grpo-token-is", "--workload", "seed-b2", "--gpu", "A100 80GB", "--format", "json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)
-    bad = cli("floor", "--spec", "grpo-token-is", "--workload", "seed-b2", "--gpu", "Voodoo 3")
+    bad = cli_here("floor", "--spec", "grpo-token-is", "--workload", "seed-b2", "--gpu", "Voodoo 3")
     assert bad.returncode == 2 and "Voodoo 3" in bad.stderr
     _no_traceback(bad)
 
@@ -234,14 +263,14 @@ def test_floor_json_and_bad_gpu():
 def test_audit_finds_the_impossible_record():
     # the seed page's records as it presented them (the logits-level operation); its CSV form is judged as the
     # fused operation Liger's benchmark timed, where nothing is impossible (tests/test_audit_fused.py)
-    run = cli("audit", "tests/data/seed-records.json")
+    run = cli_here("audit", "tests/data/seed-records.json")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "impossible" in run.stdout
     assert "2 impossible" in run.stdout  # batch 8 and 16 under traffic-v1's full floor (docs/audit.md)
 
 
 def test_audit_of_a_missing_file():
-    run = cli("audit", "tests/data/no-such-file.csv")
+    run = cli_here("audit", "tests/data/no-such-file.csv")
     assert run.returncode == 2
     _no_traceback(run)
     assert "no-such-file.csv" in run.stderr
@@ -252,7 +281,7 @@ def test_bench_without_cuda_is_an_environment_problem():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    run = cli("bench", PYTORCH)
+    run = cli_here("bench", PYTORCH)
     assert run.returncode == 3
     _no_traceback(run)
     assert "no CUDA device" in " ".join(run.stderr.split())
