@@ -103,14 +103,19 @@ LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durati
 
 
 def longest_first(items, grouped):
-    """Ungrouped tests named in LONGEST_FIRST to the front, in its order; the rest as collected (a
-    grouped test keeps its place: its module's tests stay together in a run without xdist)."""
+    """Ungrouped tests named in LONGEST_FIRST to the front, in its order; then the other ungrouped slow
+    tests, then the rest as collected (a grouped test keeps its place: its module's tests stay together
+    in a run without xdist). In a run of both lanes (.ci/run) the fast lane's ~1,250 short tests are
+    the last that xdist hands out, so both workers finish within a short test of each other; a run of
+    one lane keeps its order (every test slow, or none)."""
+    last = len(LONGEST_FIRST)
+
     def rank(item):
         if item.nodeid in grouped:
-            return len(LONGEST_FIRST)
-        return next((i for i, p in enumerate(LONGEST_FIRST)
-                     if item.nodeid == p or item.nodeid.startswith((p + "::", p + "["))),
-                    len(LONGEST_FIRST))
+            return last, 1
+        named = next((i for i, p in enumerate(LONGEST_FIRST)
+                      if item.nodeid == p or item.nodeid.startswith((p + "::", p + "["))), last)
+        return named, 0 if named < last or item.get_closest_marker("slow") is not None else 1
     return sorted(items, key=rank)  # stable
 
 
