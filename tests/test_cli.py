@@ -1,5 +1,7 @@
-"""End to end through the command line (`python -m grpo_conform`): check (JSON and text, evidence
-records), floor, audit, bench, keygen, verify; exit codes and messages as documented."""
+"""End to end through the command line: check (JSON and text, evidence records), floor, audit, bench,
+keygen, verify; exit codes and messages as documented. The commands run through click's runner in this
+process (`cli_here`), the entry point `python -m grpo_conform` as a process (`cli`: test_version_and_help;
+`check` as a process, its interrupts and its slots: test_gate_e2e, test_isolation_slots, test_sandbox)."""
 
 from __future__ import annotations
 
@@ -65,14 +67,14 @@ def _no_traceback(run: subprocess.CompletedProcess) -> None:
 # -- check ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def json_run():
-    return cli("check", PYTORCH, "--device", "cpu", "--workload", "odd-vocab", "--member", "token-is", "--format", "json",
+    return cli_here("check", PYTORCH, "--device", "cpu", "--workload", "odd-vocab", "--member", "token-is", "--format", "json",
                "--no-evidence")
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
     evidence = tmp_path_factory.mktemp("evidence")
-    return cli("check", PYTORCH, "--device", "cpu", "--workload", "batch1-seq1", "--member", "token-is",
+    return cli_here("check", PYTORCH, "--device", "cpu", "--workload", "batch1-seq1", "--member", "token-is",
                "--evidence-dir", evidence), evidence
 
 
@@ -143,11 +145,11 @@ def test_check_text_output_and_unsigned_evidence_record(text_run):
 def test_verify_rejects_an_unsigned_record_unless_allowed(text_run):
     _, evidence = text_run
     (record,) = Path(evidence).glob("*.intoto.json")
-    strict = cli("verify", record)
+    strict = cli_here("verify", record)
     assert strict.returncode == 1, strict.stdout
     assert strict.stdout.splitlines()[1].startswith(f"FAIL       {record}") and "unsigned" in strict.stdout
     assert strict.stdout.rstrip().endswith("exit code 1")
-    lenient = cli("verify", "--allow-unsigned", record)
+    lenient = cli_here("verify", "--allow-unsigned", record)
     assert lenient.returncode == 0, lenient.stdout
     assert "UNSIGNED" in lenient.stdout and "accepted by --allow-unsigned" in lenient.stdout
     assert "identities pass" in " ".join(lenient.stdout.split())
@@ -156,16 +158,16 @@ def test_verify_rejects_an_unsigned_record_unless_allowed(text_run):
 @pytest.mark.slow
 def test_keygen_check_with_key_and_verify(tmp_path):
     private, public = tmp_path / "k.pem", tmp_path / "keys" / "k.pub.pem"
-    run = cli("keygen", "--private-key", private, "--public-key", public)
+    run = cli_here("keygen", "--private-key", private, "--public-key", public)
     assert run.returncode == 0, run.stderr
     keyid = next(line.split()[-1] for line in run.stdout.splitlines() if line.startswith("key id:"))
     assert len(keyid) == 64 and private.stat().st_mode & 0o777 == 0o600
-    again = cli("keygen", "--private-key", private, "--public-key", tmp_path / "other.pub.pem")
+    again = cli_here("keygen", "--private-key", private, "--public-key", tmp_path / "other.pub.pem")
     assert again.returncode == 2 and "never overwrites" in again.stderr
     _no_traceback(again)
 
     evidence = tmp_path / "evidence"
-    check = cli("check", PYTORCH, "--device", "cpu", "--workload", "batch1-seq1", "--member", "token-is",
+    check = cli_here("check", PYTORCH, "--device", "cpu", "--workload", "batch1-seq1", "--member", "token-is",
                 "--evidence-dir", evidence, "--key", private)
     assert check.returncode == 0, check.stdout + check.stderr
     (record,) = evidence.glob("*.intoto.json")
@@ -176,7 +178,7 @@ def test_keygen_check_with_key_and_verify(tmp_path):
     trusted.write_text(json.dumps({"format": "grpo-conform/trusted-keys/v1", "keys": [
         {"keyid": keyid, "public_key": "k.pub.pem", "owner": "tests", "valid_from": "2020-01-01T00:00:00Z",
          "valid_until": None, "revoked": False}]}))
-    ok = cli("verify", "--trusted-keys", trusted, record)
+    ok = cli_here("verify", "--trusted-keys", trusted, record)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.startswith("TRUST OVERRIDE: keys from --trusted-keys")
     lines = ok.stdout.splitlines()  # the override line may wrap on a long temporary path
@@ -184,14 +186,14 @@ def test_keygen_check_with_key_and_verify(tmp_path):
     assert not any(line.startswith(("FAIL", "UNVERIFIED")) for line in lines)
 
     # The shipped trust root does not hold this throw-away key.
-    untrusted = cli("verify", record)
+    untrusted = cli_here("verify", record)
     assert untrusted.returncode == 1 and any(line.startswith("FAIL") for line in untrusted.stdout.splitlines())
 
     # A revoked key is refused.
     doc = json.loads(trusted.read_text())
     doc["keys"][0].update(revoked=True, revoked_reason="test")
     trusted.write_text(json.dumps(doc))
-    assert cli("verify", "--trusted-keys", trusted, record).returncode == 1
+    assert cli_here("verify", "--trusted-keys", trusted, record).returncode == 1
 
 
 @pytest.mark.slow
@@ -200,7 +202,7 @@ def test_check_cuda_on_a_machine_without_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    run = cli("check", PYTORCH, "--device", "cuda", "--no-evidence")
+    run = cli_here("check", PYTORCH, "--device", "cuda", "--no-evidence")
     assert run.returncode == 3
     _no_traceback(run)
     assert run.stderr.strip() == ("error: --device cuda: no CUDA device is available here (torch.cuda.is_available() "
@@ -236,7 +238,7 @@ def test_two_implementations_with_one_name_keep_two_records(tmp_path):
         (folder / "impl.py").write_text(f"# copy {i}\nimport grpo_conform_no_such_module\n")
         folders.append(folder)
     evidence = tmp_path / "evidence"
-    run = cli("check", *folders, "--device", "cpu", "--workload", "batch1-seq1", "--evidence-dir", evidence)
+    run = cli_here("check", *folders, "--device", "cpu", "--workload", "batch1-seq1", "--evidence-dir", evidence)
     assert run.returncode == 2
     assert run.stderr.count("is UNSIGNED") == 2  # two records announced
     assert len(list(evidence.glob("*.intoto.json"))) == 2
