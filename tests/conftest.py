@@ -17,6 +17,40 @@ def process_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return state in ("Z", "X")
+def cli_here(*args, cwd=ROOT, env_extra=None) -> "subprocess.CompletedProcess":
+    """A `grpo-conform` command through click's runner in this process, answered as a `python -m
+    grpo_conform` subprocess answers (exit code, stdout, stderr): for a test of what a command prints and
+    exits with, not of a process. A subprocess pays a new interpreter and, for most commands, torch and a
+    zygote (2-8 s CPU each; docs/timing.md, "Fourth pass"). The entry point and `check` as processes stay
+    tested (test_cli.test_version_and_help; test_gate_e2e, test_isolation_slots, test_sandbox). An
+    exception the command did not turn into an exit code comes back as the interpreter shows it: exit 1,
+    its traceback on stderr. Not for a test of line wrapping: the CLI's table width follows $COLUMNS as it
+    was when grpo_conform.cli was first imported here (200 columns without it), not `env_extra`."""
+    import os
+    import signal
+    import subprocess
+    import traceback
+
+    from click.testing import CliRunner
+
+    from grpo_conform.cli import main
+
+    env = {"COLUMNS": "1000", "GRPO_CONFORM_SIGNING_KEY": None, "GRPO_CONFORM_SIGNING_KEY_FILE": None,
+           **(env_extra or {})}
+    here, handlers = os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    os.chdir(cwd)
+    try:
+        result = CliRunner(env=env).invoke(main, [str(a) for a in args], prog_name="grpo-conform")
+    finally:  # `check` installs its Ctrl-C and SIGTERM handlers: this process's own come back
+        os.chdir(here)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)
+
+
 SPEC_FILE = ROOT / "specs" / "grpo-token-is.v1.json"
 GALLERY = Path(__file__).resolve().parent / "gallery"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cli_here
 from grpo_conform.evidence.dsse import parse_envelope
 from grpo_conform.gate.junit import WORKLOAD_CHECKS
 from grpo_conform.implementations import load_implementation
@@ -29,35 +29,6 @@ def cli(*args, cwd=ROOT, env_extra=None, timeout=300) -> subprocess.CompletedPro
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "grpo_conform", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def cli_here(*args, cwd=ROOT, env_extra=None) -> subprocess.CompletedProcess:
-    """The same command through click's runner in this process, answered as `cli` answers: for a test of
-    what a command prints and exits with, not of a process (`cli` pays a new interpreter and, for most
-    commands, torch: 2-5 s each; docs/timing.md, "Fourth pass"). The CLI's own entry point and process
-    stay tested by `cli` (test_version_and_help and the slow tests). An exception the command did not
-    turn into an exit code comes back as the interpreter would show it: exit 1, its traceback on stderr."""
-    import signal
-    import traceback
-
-    from click.testing import CliRunner
-
-    from grpo_conform.cli import main
-
-    env = {"COLUMNS": "1000", "GRPO_CONFORM_SIGNING_KEY": None, "GRPO_CONFORM_SIGNING_KEY_FILE": None,
-           **(env_extra or {})}
-    here, handlers = os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    os.chdir(cwd)
-    try:
-        result = CliRunner(env=env).invoke(main, [str(a) for a in args], prog_name="grpo-conform")
-    finally:  # `check` installs its Ctrl-C and SIGTERM handlers: this process's own come back
-        os.chdir(here)
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
-    stderr = result.stderr
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        stderr += "".join(traceback.format_exception(*result.exc_info))
-    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)
 
 
 def _no_traceback(run: subprocess.CompletedProcess) -> None:

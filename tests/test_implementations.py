@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cli_here
 from grpo_conform.implementations import MANIFEST, ManifestError, folder_listing, load_implementation
 
 MANIFEST_TEXT = """\
@@ -302,9 +302,7 @@ def test_a_long_load_error_stays_on_one_line(import_failures):
 @pytest.mark.slow
 def test_import_time_failure_in_json(tmp_path):
     folder = _folder(tmp_path, MANIFEST_TEXT, "raise RuntimeError('boom at import')\n", name="f")
-    run = subprocess.run([sys.executable, "-m", "grpo_conform", "check", str(folder), "--device", "cpu",
-                          "--workload", "batch1-seq1", "--no-evidence", "--format", "json"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = cli_here("check", folder, "--device", "cpu", "--workload", "batch1-seq1", "--no-evidence", "--format", "json")
     assert run.returncode == 2 and "Traceback" not in run.stderr
     report = json.loads(run.stdout)
     (impl,) = report["implementations"]
