@@ -24,8 +24,9 @@ def cli_here(*args, cwd=ROOT, env_extra=None) -> "subprocess.CompletedProcess":
     zygote (2-8 s CPU each; docs/timing.md, "Fourth pass"). The entry point and `check` as processes stay
     tested (test_cli.test_version_and_help; test_gate_e2e, test_isolation_slots, test_sandbox). An
     exception the command did not turn into an exit code comes back as the interpreter shows it: exit 1,
-    its traceback on stderr. Not for a test of line wrapping: the CLI's table width follows $COLUMNS as it
-    was when grpo_conform.cli was first imported here (200 columns without it), not `env_extra`."""
+    its traceback on stderr. The CLI's two consoles are sized to $COLUMNS for the call, as a new process
+    sizes them (without this they keep the width they took when this process first imported the CLI).
+    A test of the terminal itself (no $COLUMNS, a narrow one) stays a subprocess."""
     import os
     import signal
     import subprocess
@@ -33,18 +34,24 @@ def cli_here(*args, cwd=ROOT, env_extra=None) -> "subprocess.CompletedProcess":
 
     from click.testing import CliRunner
 
-    from grpo_conform.cli import main
+    from grpo_conform import cli
 
     env = {"COLUMNS": "1000", "GRPO_CONFORM_SIGNING_KEY": None, "GRPO_CONFORM_SIGNING_KEY_FILE": None,
            **(env_extra or {})}
     here, handlers = os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    # the CLI's consoles as a new process with this $COLUMNS sizes them (their width is fixed at import)
+    sizes = {c: (c._width, c._height) for c in (cli.out, cli.err)}
+    for c in sizes:
+        c.size = (int(env["COLUMNS"]), 25)
     os.chdir(cwd)
     try:
-        result = CliRunner(env=env).invoke(main, [str(a) for a in args], prog_name="grpo-conform")
+        result = CliRunner(env=env).invoke(cli.main, [str(a) for a in args], prog_name="grpo-conform")
     finally:  # `check` installs its Ctrl-C and SIGTERM handlers: this process's own come back
         os.chdir(here)
         for s, handler in handlers.items():
             signal.signal(s, handler)
+        for c, (width, height) in sizes.items():
+            c._width, c._height = width, height
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(*result.exc_info))
