@@ -17,6 +17,47 @@ def process_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return state in ("Z", "X")
+def cli_here(*args, cwd=ROOT, env_extra=None) -> "subprocess.CompletedProcess":
+    """A `grpo-conform` command through click's runner in this process, answered as a `python -m
+    grpo_conform` subprocess answers (exit code, stdout, stderr): for a test of what a command prints and
+    exits with, not of a process. A subprocess pays a new interpreter and, for most commands, torch and a
+    zygote (2-8 s CPU each; docs/timing.md, "Fourth pass"). The entry point and `check` as processes stay
+    tested (test_cli.test_version_and_help; test_gate_e2e, test_isolation_slots, test_sandbox). An
+    exception the command did not turn into an exit code comes back as the interpreter shows it: exit 1,
+    its traceback on stderr. The CLI's two consoles are sized to $COLUMNS for the call, as a new process
+    sizes them (without this they keep the width they took when this process first imported the CLI).
+    A test of the terminal itself (no $COLUMNS, a narrow one) stays a subprocess."""
+    import os
+    import signal
+    import subprocess
+    import traceback
+
+    from click.testing import CliRunner
+
+    from grpo_conform import cli
+
+    env = {"COLUMNS": "1000", "GRPO_CONFORM_SIGNING_KEY": None, "GRPO_CONFORM_SIGNING_KEY_FILE": None,
+           **(env_extra or {})}
+    here, handlers = os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    # the CLI's consoles as a new process with this $COLUMNS sizes them (their width is fixed at import)
+    sizes = {c: (c._width, c._height) for c in (cli.out, cli.err)}
+    for c in sizes:
+        c.size = (int(env["COLUMNS"]), 25)
+    os.chdir(cwd)
+    try:
+        result = CliRunner(env=env).invoke(cli.main, [str(a) for a in args], prog_name="grpo-conform")
+    finally:  # `check` installs its Ctrl-C and SIGTERM handlers: this process's own come back
+        os.chdir(here)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        for c, (width, height) in sizes.items():
+            c._width, c._height = width, height
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)
+
+
 SPEC_FILE = ROOT / "specs" / "grpo-token-is.v1.json"
 GALLERY = Path(__file__).resolve().parent / "gallery"
 
@@ -80,7 +121,8 @@ def _rename(item, nodeid: str) -> None:
 #: reorder: test_triton_members' fixture), then single tests in collection order: started first,
 #: the long ones do not end the lane alone on one worker while the other idles. A test that moved
 #: or was renamed only loses its place here.
-LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durations (2026-12-03; third pass: re-ranked)
+LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durations (2026-12-03; third pass: re-ranked;
+    # fourth: test_cli's keygen and twin-name runs left, 5-7 s -> ~1 s in-process)
     # the fast lane's one long test (21 s CPU: it verifies every committed record), then the slow lane's
     "tests/test_report.py::test_the_committed_page_is_what_report_builds_from_the_committed_evidence",
     "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
@@ -90,11 +132,9 @@ LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durati
     "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
     "tests/test_scale_out_slurm.py::test_slurm_array_and_afterok_merge_equal_the_serial_run",
     "tests/test_members.py::test_liger_matches_the_reference_for_every_member_it_declares",
-    "tests/test_cli.py::test_keygen_check_with_key_and_verify",
     "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
     "tests/test_fused_engine.py::test_the_peers_check_end_to_end",
     "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
-    "tests/test_cli.py::test_two_implementations_with_one_name_keep_two_records",
     "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
     "tests/test_gate_e2e.py::test_interrupt_exits_cleanly_and_leaves_nothing_behind",
     "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
@@ -103,14 +143,19 @@ LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durati
 
 
 def longest_first(items, grouped):
-    """Ungrouped tests named in LONGEST_FIRST to the front, in its order; the rest as collected (a
-    grouped test keeps its place: its module's tests stay together in a run without xdist)."""
+    """Ungrouped tests named in LONGEST_FIRST to the front, in its order; then the other ungrouped slow
+    tests, then the rest as collected (a grouped test keeps its place: its module's tests stay together
+    in a run without xdist). In a run of both lanes (.ci/run) the fast lane's ~1,250 short tests are
+    the last that xdist hands out, so both workers finish within a short test of each other; a run of
+    one lane keeps its order (every test slow, or none)."""
+    last = len(LONGEST_FIRST)
+
     def rank(item):
         if item.nodeid in grouped:
-            return len(LONGEST_FIRST)
-        return next((i for i, p in enumerate(LONGEST_FIRST)
-                     if item.nodeid == p or item.nodeid.startswith((p + "::", p + "["))),
-                    len(LONGEST_FIRST))
+            return last, 1
+        named = next((i for i, p in enumerate(LONGEST_FIRST)
+                      if item.nodeid == p or item.nodeid.startswith((p + "::", p + "["))), last)
+        return named, 0 if named < last or item.get_closest_marker("slow") is not None else 1
     return sorted(items, key=rank)  # stable
 
 

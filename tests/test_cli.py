@@ -1,5 +1,7 @@
-"""End to end through the command line (`python -m grpo_conform`): check (JSON and text, evidence
-records), floor, audit, bench, keygen, verify; exit codes and messages as documented."""
+"""End to end through the command line: check (JSON and text, evidence records), floor, audit, bench,
+keygen, verify; exit codes and messages as documented. The commands run through click's runner in this
+process (`cli_here`), the entry point `python -m grpo_conform` as a process (`cli`: test_version_and_help;
+`check` as a process, its interrupts and its slots: test_gate_e2e, test_isolation_slots, test_sandbox)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cli_here
 from grpo_conform.evidence.dsse import parse_envelope
 from grpo_conform.gate.junit import WORKLOAD_CHECKS
 from grpo_conform.implementations import load_implementation
@@ -36,14 +38,14 @@ def _no_traceback(run: subprocess.CompletedProcess) -> None:
 # -- check ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def json_run():
-    return cli("check", PYTORCH, "--device", "cpu", "--workload", "odd-vocab", "--member", "token-is", "--format", "json",
+    return cli_here("check", PYTORCH, "--device", "cpu", "--workload", "odd-vocab", "--member", "token-is", "--format", "json",
                "--no-evidence")
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
     evidence = tmp_path_factory.mktemp("evidence")
-    return cli("check", PYTORCH, "--device", "cpu", "--workload", "batch1-seq1", "--member", "token-is",
+    return cli_here("check", PYTORCH, "--device", "cpu", "--workload", "batch1-seq1", "--member", "token-is",
                "--evidence-dir", evidence), evidence
 
 
@@ -114,11 +116,11 @@ def test_check_text_output_and_unsigned_evidence_record(text_run):
 def test_verify_rejects_an_unsigned_record_unless_allowed(text_run):
     _, evidence = text_run
     (record,) = Path(evidence).glob("*.intoto.json")
-    strict = cli("verify", record)
+    strict = cli_here("verify", record)
     assert strict.returncode == 1, strict.stdout
     assert strict.stdout.splitlines()[1].startswith(f"FAIL       {record}") and "unsigned" in strict.stdout
     assert strict.stdout.rstrip().endswith("exit code 1")
-    lenient = cli("verify", "--allow-unsigned", record)
+    lenient = cli_here("verify", "--allow-unsigned", record)
     assert lenient.returncode == 0, lenient.stdout
     assert "UNSIGNED" in lenient.stdout and "accepted by --allow-unsigned" in lenient.stdout
     assert "identities pass" in " ".join(lenient.stdout.split())
@@ -127,16 +129,16 @@ def test_verify_rejects_an_unsigned_record_unless_allowed(text_run):
 @pytest.mark.slow
 def test_keygen_check_with_key_and_verify(tmp_path):
     private, public = tmp_path / "k.pem", tmp_path / "keys" / "k.pub.pem"
-    run = cli("keygen", "--private-key", private, "--public-key", public)
+    run = cli_here("keygen", "--private-key", private, "--public-key", public)
     assert run.returncode == 0, run.stderr
     keyid = next(line.split()[-1] for line in run.stdout.splitlines() if line.startswith("key id:"))
     assert len(keyid) == 64 and private.stat().st_mode & 0o777 == 0o600
-    again = cli("keygen", "--private-key", private, "--public-key", tmp_path / "other.pub.pem")
+    again = cli_here("keygen", "--private-key", private, "--public-key", tmp_path / "other.pub.pem")
     assert again.returncode == 2 and "never overwrites" in again.stderr
     _no_traceback(again)
 
     evidence = tmp_path / "evidence"
-    check = cli("check", PYTORCH, "--device", "cpu", "--workload", "batch1-seq1", "--member", "token-is",
+    check = cli_here("check", PYTORCH, "--device", "cpu", "--workload", "batch1-seq1", "--member", "token-is",
                 "--evidence-dir", evidence, "--key", private)
     assert check.returncode == 0, check.stdout + check.stderr
     (record,) = evidence.glob("*.intoto.json")
@@ -147,7 +149,7 @@ def test_keygen_check_with_key_and_verify(tmp_path):
     trusted.write_text(json.dumps({"format": "grpo-conform/trusted-keys/v1", "keys": [
         {"keyid": keyid, "public_key": "k.pub.pem", "owner": "tests", "valid_from": "2020-01-01T00:00:00Z",
          "valid_until": None, "revoked": False}]}))
-    ok = cli("verify", "--trusted-keys", trusted, record)
+    ok = cli_here("verify", "--trusted-keys", trusted, record)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.startswith("TRUST OVERRIDE: keys from --trusted-keys")
     lines = ok.stdout.splitlines()  # the override line may wrap on a long temporary path
@@ -155,14 +157,14 @@ def test_keygen_check_with_key_and_verify(tmp_path):
     assert not any(line.startswith(("FAIL", "UNVERIFIED")) for line in lines)
 
     # The shipped trust root does not hold this throw-away key.
-    untrusted = cli("verify", record)
+    untrusted = cli_here("verify", record)
     assert untrusted.returncode == 1 and any(line.startswith("FAIL") for line in untrusted.stdout.splitlines())
 
     # A revoked key is refused.
     doc = json.loads(trusted.read_text())
     doc["keys"][0].update(revoked=True, revoked_reason="test")
     trusted.write_text(json.dumps(doc))
-    assert cli("verify", "--trusted-keys", trusted, record).returncode == 1
+    assert cli_here("verify", "--trusted-keys", trusted, record).returncode == 1
 
 
 @pytest.mark.slow
@@ -171,7 +173,7 @@ def test_check_cuda_on_a_machine_without_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    run = cli("check", PYTORCH, "--device", "cuda", "--no-evidence")
+    run = cli_here("check", PYTORCH, "--device", "cuda", "--no-evidence")
     assert run.returncode == 3
     _no_traceback(run)
     assert run.stderr.strip() == ("error: --device cuda: no CUDA device is available here (torch.cuda.is_available() "
@@ -179,7 +181,7 @@ def test_check_cuda_on_a_machine_without_cuda():
 
 
 def test_check_unknown_workload_names_it_and_lists_the_known_ones():
-    run = cli("check", PYTORCH, "--device", "cpu", "--workload", "no-such-workload", "--no-evidence")
+    run = cli_here("check", PYTORCH, "--device", "cpu", "--workload", "no-such-workload", "--no-evidence")
     assert run.returncode == 2
     _no_traceback(run)
     err = run.stderr.strip()
@@ -189,7 +191,7 @@ def test_check_unknown_workload_names_it_and_lists_the_known_ones():
 
 
 def test_check_a_folder_without_manifest(tmp_path):
-    run = cli("check", tmp_path, "--device", "cpu", "--no-evidence")
+    run = cli_here("check", tmp_path, "--device", "cpu", "--no-evidence")
     assert run.returncode == 2
     _no_traceback(run)
     assert f"{tmp_path / 'implementation.toml'}: missing" in run.stderr
@@ -207,7 +209,7 @@ def test_two_implementations_with_one_name_keep_two_records(tmp_path):
         (folder / "impl.py").write_text(f"# copy {i}\nimport grpo_conform_no_such_module\n")
         folders.append(folder)
     evidence = tmp_path / "evidence"
-    run = cli("check", *folders, "--device", "cpu", "--workload", "batch1-seq1", "--evidence-dir", evidence)
+    run = cli_here("check", *folders, "--device", "cpu", "--workload", "batch1-seq1", "--evidence-dir", evidence)
     assert run.returncode == 2
     assert run.stderr.count("is UNSIGNED") == 2  # two records announced
     assert len(list(evidence.glob("*.intoto.json"))) == 2
@@ -215,7 +217,7 @@ def test_two_implementations_with_one_name_keep_two_records(tmp_path):
 
 # -- floor, audit, bench ---------------------------------------------------------------------------
 def test_floor_prints_the_seed_floor():
-    run = cli("floor", "--spec", "specs/grpo-token-is.v1.json", "--workload", "seed-b2", "--gpu", "A100 80GB",
+    run = cli_here("floor", "--spec", "specs/grpo-token-is.v1.json", "--workload", "seed-b2", "--gpu", "A100 80GB",
               "--protocol", "forward")
     assert run.returncode == 0, run.stderr
     assert "forward: floor 257.9 us (dram binds)" in run.stdout
@@ -223,10 +225,10 @@ def test_floor_prints_the_seed_floor():
 
 
 def test_floor_json_and_bad_gpu():
-    run = cli("floor", "--spec", "grpo-token-is", "--workload", "seed-b2", "--gpu", "A100 80GB", "--format", "json")
+    run = cli_here("floor", "--spec", "grpo-token-is", "--workload", "seed-b2", "--gpu", "A100 80GB", "--format", "json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)
-    bad = cli("floor", "--spec", "grpo-token-is", "--workload", "seed-b2", "--gpu", "Voodoo 3")
+    bad = cli_here("floor", "--spec", "grpo-token-is", "--workload", "seed-b2", "--gpu", "Voodoo 3")
     assert bad.returncode == 2 and "Voodoo 3" in bad.stderr
     _no_traceback(bad)
 
@@ -234,14 +236,14 @@ def test_floor_json_and_bad_gpu():
 def test_audit_finds_the_impossible_record():
     # the seed page's records as it presented them (the logits-level operation); its CSV form is judged as the
     # fused operation Liger's benchmark timed, where nothing is impossible (tests/test_audit_fused.py)
-    run = cli("audit", "tests/data/seed-records.json")
+    run = cli_here("audit", "tests/data/seed-records.json")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "impossible" in run.stdout
     assert "2 impossible" in run.stdout  # batch 8 and 16 under traffic-v1's full floor (docs/audit.md)
 
 
 def test_audit_of_a_missing_file():
-    run = cli("audit", "tests/data/no-such-file.csv")
+    run = cli_here("audit", "tests/data/no-such-file.csv")
     assert run.returncode == 2
     _no_traceback(run)
     assert "no-such-file.csv" in run.stderr
@@ -252,7 +254,7 @@ def test_bench_without_cuda_is_an_environment_problem():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    run = cli("bench", PYTORCH)
+    run = cli_here("bench", PYTORCH)
     assert run.returncode == 3
     _no_traceback(run)
     assert "no CUDA device" in " ".join(run.stderr.split())

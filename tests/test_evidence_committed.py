@@ -10,10 +10,10 @@ import base64
 import hashlib
 import json
 import subprocess
-import sys
 
 import pytest
 
+from conftest import cli_here
 from grpo_conform.evidence import VerifyRequest, run_verify, semantic_problems
 from grpo_conform.evidence.semantics import recompute_lists
 from grpo_conform.evidence.statement import PROJECT_ROOT
@@ -60,8 +60,7 @@ def test_committed_records_are_consistent(path) -> None:
 @needs_git
 def test_cli_verifies_the_committed_records_from_any_directory_given_the_project(tmp_path) -> None:
     """Outside the checkout, --project names it: the records' own folder never does (issue 29)."""
-    done = subprocess.run([sys.executable, "-m", "grpo_conform", "verify", *map(str, RECORDS), "--project",
-                           str(PROJECT_ROOT)], cwd=tmp_path, capture_output=True, text=True)
+    done = cli_here("verify", *RECORDS, "--project", PROJECT_ROOT, cwd=tmp_path)  # in this process (conftest.cli_here)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("trust: shipped trust root")

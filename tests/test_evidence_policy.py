@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from types import SimpleNamespace
 
 import pytest
 
+from conftest import cli_here
 from grpo_conform.evidence import Policy, PolicyError, builder_identity, load_policy
 from test_evidence_support import (
     make_project,
@@ -119,12 +119,11 @@ def test_policy_file_json_and_toml(tmp_path) -> None:
 def test_cli_flags_override_the_policy_file(env, tmp_path) -> None:
     project, _, trust, path = env
     (tmp_path / "p.json").write_text(json.dumps({"require_result": ["FAILED"]}))
-    base = [sys.executable, "-m", "grpo_conform", "verify", path, "--trust-root", str(trust.folder),
-            "--policy", str(tmp_path / "p.json"), "--project", str(project)]
-    done = subprocess.run(base, capture_output=True, text=True)
+    base = ["verify", path, "--trust-root", str(trust.folder), "--policy", str(tmp_path / "p.json"),
+            "--project", str(project)]
+    done = cli_here(*base, cwd=os.getcwd())  # in this process (conftest.cli_here)
     assert done.returncode == 1 and "result PASSED, the policy requires FAILED" in done.stdout
-    done = subprocess.run(base + ["--require-result", "PASSED", "--expect-subject", "implementations/pytorch"],
-                          capture_output=True, text=True)
+    done = cli_here(*base, "--require-result", "PASSED", "--expect-subject", "implementations/pytorch", cwd=os.getcwd())
     assert done.returncode == 0, done.stdout
     assert "\nOK " in "\n" + done.stdout.split("\n", 1)[1]
 

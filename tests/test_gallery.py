@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import GALLERY
+from conftest import GALLERY, cli_here
 from grpo_conform.check import CheckRequest, run_check
 from grpo_conform.checks.registry import CHECKS_BY_NAME
 from grpo_conform.gate.selection import report_partial
@@ -124,15 +124,10 @@ def test_gallery(folder):
 def test_a_k_run_of_a_passing_folder_never_reads_conformant(tmp_path):
     """`check -k`: only the selected checks' probes run, and the command line, the summary and the
     record say it is partial; an implementation with no failure in them is never shown CONFORMANT."""
-    import os
-    import subprocess
-
     from test_evidence_support import payload_of
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    base = [sys.executable, "-m", "grpo_conform", "check", str(GALLERY / "float64-eager"), "--device", "cpu",
-            "--workload", "odd-vocab", "-k", "forward-only", "--evidence-dir", str(tmp_path / "ev")]
-    run = subprocess.run(base, capture_output=True, text=True, env=env, timeout=600)
+    run = cli_here("check", GALLERY / "float64-eager", "--device", "cpu", "--workload", "odd-vocab", "-k",
+                   "forward-only", "--evidence-dir", tmp_path / "ev")
     assert run.returncode == 0, run.stderr
     assert "CONFORMANT" not in run.stdout and "PARTIAL" in run.stdout, run.stdout
     assert "not a full verdict" in run.stdout + run.stderr

@@ -16,20 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GALLERY, ROOT
+from conftest import GALLERY, ROOT, cli_here
 from grpo_conform.check import CheckRequest, run_check
 
 PASSING, FAILING, HANGS = GALLERY / "closed-form", GALLERY / "loss-offset", GALLERY / "hangs"  # loss-offset fails `loss` on any input
 SMALL = "batch1-seq1"
 pytestmark = pytest.mark.slow
-
-
-def cli(*args, timeout=600, **kw):
-    env = dict(os.environ, COLUMNS="200")
-    for k in ("GRPO_CONFORM_SIGNING_KEY", "GRPO_CONFORM_SIGNING_KEY_FILE"):
-        env.pop(k, None)
-    return subprocess.run([sys.executable, "-m", "grpo_conform", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def _verdicts(doc: dict) -> dict:
@@ -149,7 +141,7 @@ def serial():
 
 
 def test_jobs_2_gives_the_serial_verdicts_in_parallel(serial, tmp_path):
-    run = cli("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, "--jobs", "2", "--format", "json",
+    run = cli_here("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, "--jobs", "2", "--format", "json",
               "--evidence-dir", tmp_path / "ev", "--junit-xml", tmp_path / "j.xml")
     assert run.returncode == 1, run.stderr
     doc = json.loads(run.stdout)
@@ -164,26 +156,23 @@ def test_jobs_2_gives_the_serial_verdicts_in_parallel(serial, tmp_path):
 
 
 def test_shards_merged_equal_the_unsharded_run(serial, tmp_path):
-    procs = []
+    # each shard's `check --shard i/2` in this process, one after the other (what each shard machine runs;
+    # two `python -m grpo_conform` processes beside each other cost a python, torch and a zygote each)
     for i in (1, 2):
-        out = open(tmp_path / f"shard{i}.json", "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "grpo_conform", "check", str(PASSING), str(FAILING),
-                                        "--device", "cpu", "--workload", SMALL, "--shard", f"{i}/2", "--no-evidence",
-                                        "--format", "json"], cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True),
-                      out))
-    for proc, out in procs:
-        proc.wait(timeout=600)
-        out.close()
+        shard = cli_here("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, "--shard", f"{i}/2",
+                         "--no-evidence", "--format", "json")
+        assert "Traceback" not in shard.stderr, shard.stderr
+        (tmp_path / f"shard{i}.json").write_text(shard.stdout)
     docs = [json.loads((tmp_path / f"shard{i}.json").read_text()) for i in (1, 2)]
     assert [d["shard"] for d in docs] == ["1/2", "2/2"]
     assert sorted(len(d["implementations"]) for d in docs) == [1, 1]  # two units, one per shard
-    merged = cli("merge", tmp_path / "shard1.json", tmp_path / "shard2.json", "--format", "json",
+    merged = cli_here("merge", tmp_path / "shard1.json", tmp_path / "shard2.json", "--format", "json",
                  "--junit-xml", tmp_path / "merged.xml")
     assert merged.returncode == serial["exit_code"] == 1, merged.stderr
     doc = json.loads(merged.stdout)
     _same(_verdicts(doc), _verdicts(serial))
-    again = cli("merge", tmp_path / "shard1.json", tmp_path / "shard1.json")
+    again = cli_here("merge", tmp_path / "shard1.json", tmp_path / "shard1.json")
     assert again.returncode == 2 and "duplicate" in again.stderr
-    alone = cli("merge", tmp_path / "shard1.json")
+    alone = cli_here("merge", tmp_path / "shard1.json")
     assert alone.returncode == 2 and "shard 2/2 missing" in alone.stderr
     shutil.rmtree(tmp_path, ignore_errors=True)

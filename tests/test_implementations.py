@@ -8,13 +8,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cli_here
 from grpo_conform.implementations import MANIFEST, ManifestError, folder_listing, load_implementation
 
 MANIFEST_TEXT = """\
@@ -258,15 +257,16 @@ IMPORT_FAILURES = {
 
 
 def _check_cli(*folders: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_conform", "check", *map(str, folders), "--device", "cpu",
-                           "--workload", "batch1-seq1", "--no-evidence"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, COLUMNS="1000"))
+    """`check` in this process (conftest.cli_here: $COLUMNS 1000, the CLI's consoles sized to it as a new
+    process sizes them)."""
+    return cli_here("check", *folders, "--device", "cpu", "--workload", "batch1-seq1", "--no-evidence")
 
 
 @pytest.fixture(scope="module")
 def import_failures():
-    """One `check` of the five folders and a deep one together (one validator, one zygote: a CLI run per
-    folder cost ~7 s CPU, most of it starting python, torch and the zygote); each test reads its folder's line."""
+    """One `check` of the five folders and a deep one together (one validator: a CLI process per folder
+    cost ~7 s CPU, most of it starting python, torch and the zygote; in this process since 2026-12-03,
+    docs/timing.md "Fourth pass"); each test reads its folder's line."""
     path = Path(tempfile.mkdtemp(prefix="gc", dir="/tmp" if os.path.isdir("/tmp") else None))  # short: no wrap
     folders = {case: _folder(path, MANIFEST_TEXT.replace('"sample"', f'"{case}"'), source, name=case)
                for case, (source, _detail) in IMPORT_FAILURES.items()}
@@ -302,9 +302,7 @@ def test_a_long_load_error_stays_on_one_line(import_failures):
 @pytest.mark.slow
 def test_import_time_failure_in_json(tmp_path):
     folder = _folder(tmp_path, MANIFEST_TEXT, "raise RuntimeError('boom at import')\n", name="f")
-    run = subprocess.run([sys.executable, "-m", "grpo_conform", "check", str(folder), "--device", "cpu",
-                          "--workload", "batch1-seq1", "--no-evidence", "--format", "json"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = cli_here("check", folder, "--device", "cpu", "--workload", "batch1-seq1", "--no-evidence", "--format", "json")
     assert run.returncode == 2 and "Traceback" not in run.stderr
     report = json.loads(run.stdout)
     (impl,) = report["implementations"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import GALLERY, ROOT, process_gone
+from conftest import GALLERY, ROOT, cli_here, process_gone
 from worker_steps import call_once
 from grpo_conform.implementations import MANIFEST, load_implementation
 from grpo_conform.isolation import sandbox
@@ -63,8 +63,8 @@ def cli(*args, env_extra=None, timeout=300) -> subprocess.CompletedProcess:
 # -- no bwrap, or one that cannot start: exit 2, nothing runs --------------------------------------
 def test_a_missing_bwrap_is_a_clear_error_and_nothing_runs(tmp_path):
     missing = tmp_path / "no-such-bwrap"
-    run = cli("check", PYTORCH, "--device", "cpu", "--member", "token-is", "--workload", "small-bf16", "--no-evidence",
-              "--sandbox", "bwrap", env_extra={sandbox.ENV_BWRAP: str(missing)})
+    run = cli_here("check", PYTORCH, "--device", "cpu", "--member", "token-is", "--workload", "small-bf16", "--no-evidence",
+                   "--sandbox", "bwrap", env_extra={sandbox.ENV_BWRAP: str(missing)})
     assert run.returncode == 2, run.stderr[-2000:]
     assert "Traceback" not in run.stderr
     message = run.stderr
@@ -77,8 +77,8 @@ def test_a_bwrap_that_cannot_create_namespaces_is_a_clear_error(tmp_path):
     fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'bubblewrap 0.0-fake'; exit 0; }\n"
                     "echo 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
-    run = cli("check", PYTORCH, "--device", "cpu", "--member", "token-is", "--workload", "small-bf16", "--no-evidence",
-              "--sandbox", "bwrap", env_extra={sandbox.ENV_BWRAP: str(fake)})
+    run = cli_here("check", PYTORCH, "--device", "cpu", "--member", "token-is", "--workload", "small-bf16", "--no-evidence",
+                   "--sandbox", "bwrap", env_extra={sandbox.ENV_BWRAP: str(fake)})
     assert run.returncode == 2, run.stderr[-2000:]
     assert "cannot create its sandbox" in run.stderr and "No permissions to creating new namespace" in run.stderr
     assert "starting worker" not in run.stderr

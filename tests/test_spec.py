@@ -14,7 +14,7 @@ import sys
 import pytest
 import rfc8785
 
-from conftest import ROOT, SPEC_FILE
+from conftest import ROOT, SPEC_FILE, cli_here
 from grpo_conform.compare import compare_loss
 from grpo_conform.spec import ENV_SPEC_DIRS, SpecError, find_spec, load_spec, validate_document
 
@@ -45,9 +45,8 @@ def _shuffled(value, rng: random.Random):
 
 
 def _cli(*args, cwd=ROOT):
-    env = dict(os.environ, COLUMNS="1000")  # rich wraps stderr at 80 columns otherwise
-    return subprocess.run([sys.executable, "-m", "grpo_conform", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    """In this process (conftest.cli_here), $COLUMNS 1000: rich wraps stderr at 80 columns otherwise."""
+    return cli_here(*args, cwd=cwd)
 
 
 # -- the bundled spec -------------------------------------------------------------------------------

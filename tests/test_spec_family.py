@@ -7,14 +7,12 @@ import copy
 import hashlib
 import json
 import random
-import subprocess
-import sys
 
 import pytest
 import rfc8785
 import torch
 
-from conftest import ROOT, SPEC_FILE
+from conftest import ROOT, SPEC_FILE, cli_here
 from grpo_conform.compare import GradientComparator
 from grpo_conform.implementations import ManifestError, Manifest, load_implementation
 from grpo_conform.spec.draws import BUILTIN_DRAWS
@@ -239,7 +237,7 @@ def test_float16_tolerance_fails_a_kernel_wrong_on_small_elements_and_passes_fp1
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "grpo_conform", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return cli_here(*args)  # in this process (conftest.cli_here)
 
 
 def test_cli_spec_show_member_resolved_and_validate(family):

@@ -193,7 +193,10 @@ def full(tmp_path_factory):
     importing torch and triton again)."""
     script = tmp_path_factory.mktemp("triton_fused") / "run.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    # one intra-op thread: the run is the interpreter's Python, and torch's second thread only contended with
+    # the other xdist worker (the script alone, back to back: 48.6 and 51.2 s CPU with the default threads,
+    # 39.7 and 41.3 s with one; docs/timing.md "Fourth pass"). The same kernels, inputs and checks.
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, str(script), str(FOLDER)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
