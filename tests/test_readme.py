@@ -14,17 +14,15 @@ def _readme_commands() -> list[str]:
 
 
 def test_readme_test_commands_are_the_ci_commands():
-    """README's lanes are .ci/run's: either its two lane commands (`-m "not slow"`, `-m slow`), which
-    .ci/run runs together as one pytest run, the same command without `-m` (docs/timing.md, "Fourth
-    pass": one start and one collection, no idle tail), or that one command itself."""
+    """README's test command is .ci/run's: both lanes in one pytest run (docs/timing.md, "Fourth pass":
+    one start and one collection, no idle tail), and the peers lane's install and run."""
     ci = (ROOT / ".ci" / "run").read_text()
     commands = _readme_commands()
     pytest_lines = [c for c in commands if "pytest" in c and "-m peers" not in c]
     lanes = [m.group(1) if (m := re.search(r' -m "([^"]+)"', c)) else None for c in pytest_lines]
-    assert lanes in (["not slow", "slow"], [None]), pytest_lines  # both lanes, nothing else
-    for c in pytest_lines:  # without its marker expression, the lane's line is .ci/run's run of both
-        both = re.sub(r' -m "[^"]+"', "", c)
-        assert re.search(rf"^{re.escape(both)} \|\|", ci, re.M), (c, both)
+    assert lanes == [None], pytest_lines  # both lanes in one run, as .ci/run runs them
+    for c in pytest_lines:
+        assert re.search(rf"^{re.escape(c)} \|\|", ci, re.M), c
     install = [c for c in commands if c.startswith("python3 -m pip install -e '.[triton,liger,test]'")]
     assert install and install[0] in ci
     (peers,) = [c for c in commands if "-m peers" in c]
