@@ -181,9 +181,11 @@ def test_a_forward_whose_loss_reads_no_logprobs_has_no_gemm_and_reads_only_the_a
                          (["hidden", "weight", "bias", "completion_ids", "advantages", "completion_mask"],
                           {"advantages", "completion_mask"})):
         fspec, rw = _spec(names, spec)
-        assert OP.gemms(fspec, rw, "forward") == () and OP.arithmetic(fspec, rw, None, "forward").exponentials == 0
         fwd, _ = OP.traffic(fspec, rw, "forward", None, itemsize)
         assert {i.tensor for i in fwd if i.direction == "read"} == reads
+        read = {i.tensor: i.bytes for i in fwd if i.direction == "read"}  # what floors pass to arithmetic
+        assert OP.gemms(fspec, rw, "forward") == () and OP.arithmetic(fspec, rw, read, "forward").exponentials == 0
+        assert OP.arithmetic(fspec, rw, read, "forward").flops == 0
         assert len(OP.gemms(fspec, rw, "full")) == 3  # the gradient still needs every GEMM
     for extra in ("old_logprobs", "ref_logprobs"):  # the ratio or the KL term reads logp: the logits GEMM stays
         fspec, rw = _spec(["hidden", "weight", "completion_ids", "advantages", extra], spec)

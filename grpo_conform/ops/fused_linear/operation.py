@@ -25,7 +25,7 @@ from grpo_conform.ops.fused_linear import inputs as _inputs
 from grpo_conform.ops.fused_linear import reference as _reference
 from grpo_conform.ops.fused_linear.tolerance import gemm_allowance
 from grpo_conform.ops.grpo_logits.traffic import Counted
-from grpo_conform.ops.grpo_terms import GrpoParameters
+from grpo_conform.ops.grpo_terms import GrpoParameters, needs_logprobs
 from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
 from grpo_conform.ops.interface import Arithmetic, Gemm, GradientChunk, GradientGrouping, WorkloadSize
 
@@ -47,17 +47,12 @@ _VALUE_ONLY_INPUTS = ("advantages", "completion_mask")
 
 
 def value_reads_logprobs(spec) -> bool:
-    """Whether the loss value (not its gradient) depends on the log-probs: old log-probs (the ratio),
-    any KL or reference input, or a loss type that may be CISPO (its weight multiplies logp itself)."""
-    names = {t.name for t in spec.inputs}
-    if names & {"old_logprobs", "ref_logprobs", "ref_weight", "ref_hidden", "ref_bias"} or spec.terms.kl.present:
-        return True
-    if GrpoParameters.from_spec(spec).loss_type == "cispo":
-        return True
-    for p in spec.parameters:
-        if p.name == "loss_type" and (p.domain is None or p.domain.choices is None or "cispo" in p.domain.choices):
-            return True
-    return False
+    """Whether the loss value (not its gradient) depends on the log-probs at the spec's declared
+    parameters: the shared rule (`grpo_terms.needs_logprobs`: old log-probs, CISPO, a KL term over given
+    reference log-probs) plus this operation's reference lm_head, or any declared KL term."""
+    names = dict.fromkeys(t.name for t in spec.inputs)
+    return (needs_logprobs(names, GrpoParameters.from_spec(spec)) or "ref_weight" in names
+            or spec.terms.kl.present)
 
 
 def _dims(resolved) -> tuple[int, int, int]:
@@ -212,9 +207,9 @@ class GrpoFusedLinear:
         n, h, v = _dims(resolved)
         if protocol == "backward":
             return 0, "backward: no floor of its own (work can move into forward)"
-        if protocol == "forward" and not value_reads_logprobs(spec):
-            return 0, "forward: none (the ratio is exactly 1: the loss value reads no log-probs)"
         gemms = self.gemms(spec, resolved, protocol)
+        if not gemms:
+            return 0, f"{protocol}: none (the ratio is exactly 1: the loss value reads no log-probs)"
         what = ", ".join(g.what.split(" =")[0] for g in gemms)
         return sum(g.flops for g in gemms), f"{len(gemms)} GEMMs of 2NHV = 2 x {n} x {h} x {v} FLOPs ({what})"
 
@@ -223,7 +218,7 @@ class GrpoFusedLinear:
         n, _h, v = _dims(resolved)
         logits = n * v * (2 if any(t.name == "ref_weight" for t in spec.inputs) else 1)
         flops, flop_text = self.flops(spec, resolved, protocol)
-        if (protocol == "forward" and not value_reads_logprobs(spec)) or (read is not None and "weight" not in read):
+        if read is not None and "weight" not in read:
             # traffic-v1 reads no weight exactly when the loss value reads no log-probs (forward, ratio 1)
             return Arithmetic(0, "no exp (the loss value reads no log-probs)", flops, flop_text)
         return Arithmetic(logits, f"{logits:,} exp (one per logit: the log-sum-exp over the vocabulary)",
