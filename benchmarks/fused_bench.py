@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--member", choices=sorted(MEMBERS), default="offpolicy-mask")
     ap.add_argument("--chunks", type=int, nargs="+", default=[1024, 2048, 4096], help="ours: rows per chunk")
-    ap.add_argument("--strategies", nargs="+", default=["hold", "fp32"], choices=["auto", "hold", "fp32"])
+    ap.add_argument("--strategies", nargs="+", default=["hold", "fp32"], choices=["auto", "hold", "halves", "fp32"])
     ap.add_argument("--logits", nargs="+", default=["weight"], choices=["weight", "float32"])
     ap.add_argument("--split", type=int, nargs="+", default=[16384], help="ours: elements per program (0: a row each)")
     ap.add_argument("--extra", nargs="*", default=["chunk_rows=2048,weight_grad=auto,logits=float32",

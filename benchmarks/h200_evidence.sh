@@ -33,6 +33,8 @@
 #   bash benchmarks/h200_evidence.sh round18e   # bnpo, dapo, token-is-bias of ours at b2; fused_bench batch 16
 #   bash benchmarks/h200_evidence.sh round18f   # kl, dr-grpo, sequence members of ours at b2
 #   bash benchmarks/h200_evidence.sh round19a   # next: fused-trl b2-b16, fused-compile b8/b16, fused-liger b16 (then 17c, 15c)
+#   bash benchmarks/h200_evidence.sh round20a   # fifth session: fused_bench b16 (halves), triton-fused token-is b2-b16
+#   bash benchmarks/h200_evidence.sh round20b   # five masked members of triton-fused at seed-b16
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -329,6 +331,19 @@ case "${1:-probe}" in
       --workload seed-b16
     check_one fused-compile 230 --member token-is --workload seed-b8 --workload seed-b16
     check_one fused-liger 150 --member token-is --workload seed-b16
+    ;;
+  round20a)  # 2026-12-03 (fifth session): issue 32's batch 16 with the halves accumulator and one program per row
+              # (both new defaults: the folder's identity changed), then ours re-recorded at the seed batches
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 150 python3 benchmarks/fused_bench.py --batches 16 --chunks 2048 4096 --strategies halves fp32 \
+      --split 0 --no-liger --extra chunk_rows=2048,weight_grad=auto --out "$R/fb16.json" > "$R/fb16.log" 2>&1
+    status "fused_bench batch 16 (halves, fp32; chunks 2048, 4096): exit $?"; grep -E "^\| 16 \| full|check" "$R/fb16.log"
+    check_one triton-fused 220 --member token-is --workload seed-b2 --workload seed-b4 --workload seed-b8 \
+      --workload seed-b16 --profile-phases
+    ;;
+  round20b)  # the masked members of ours at batch 16 (where auto runs the halves accumulator)
+    check_one triton-fused 420 --member token-offpolicy-mask --member bnpo-mask --member dapo-mask \
+      --member token-offpolicy-mask-kl-ref-weight --member sequence-offpolicy-mask --workload seed-b16
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,

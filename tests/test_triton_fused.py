@@ -4,7 +4,8 @@ through autograd as a trainer calls it.
 
 Every member the folder declares, float32 and bfloat16, B 2, T 8, H 32, V 129: the loss and the
 gradients of hidden, weight and bias; chunks of 5 rows (they split sequences; sequence-level members
-round them to whole sequences) with the float32 weight-gradient accumulator, chunks of 5 rows holding
+round them to whole sequences) with a float32 weight-gradient accumulator (the halves one, or for the
+members of TRITON_GEMM the plain float32 buffer through the Triton GEMM), chunks of 5 rows holding
 d logits with float32 logits, and chunks of 5 rows holding d logits in the weight's dtype; an upstream
 scalar != 1 (0.37), and for token-offpolicy-mask-kl in float32 the scalars 1, 0.25, 0.25, 1 on one plan
 (the forward folds in the predicted scalar, backward rescales where it was wrong). The accumulator's
@@ -46,13 +47,13 @@ folder = sys.argv[1]
 pkg = types.ModuleType("grpo_impl_triton_fused"); pkg.__path__ = [folder]; sys.modules[pkg.__name__] = pkg
 impl = importlib.import_module(pkg.__name__ + ".impl")
 S = importlib.import_module(pkg.__name__ + ".semantics").FusedSettings
-plan = importlib.import_module(pkg.__name__ + ".plan")
-GEMMS = [0]  # launches of the accumulator's Triton GEMM (plan._triton_accumulate), counted per plan below
-_triton_accumulate = plan._triton_accumulate
+acc_mod = importlib.import_module(pkg.__name__ + ".accumulator")
+GEMMS = [0]  # launches of the accumulator's Triton GEMM (accumulator._triton_accumulate), counted per plan below
+_triton_accumulate = acc_mod._triton_accumulate
 def _counted(*a, **k):
     GEMMS[0] += 1
     return _triton_accumulate(*a, **k)
-plan._triton_accumulate = _counted
+acc_mod._triton_accumulate = _counted
 B, T, H, V = 2, 8, 32, 129  # V 2^7 + 1: a partial last tile in every kernel (V 257 until 2026-12-03: the CPU GEMM's 16-row tiles 17 -> 9)
 BASE = dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.8)
 MEMBERS = {
@@ -154,7 +155,7 @@ for m_i, (member, (kw, extra)) in enumerate(MEMBERS.items()):
         # (the scalars 1, 0.25, 0.25, 1 for SCALES); chunks of 5 rows holding d logits in the weight's dtype;
         # each call's last backward is followed by a second one (2.5) through the retained graph.
         gemm = "triton" if member in TRITON_GEMM else "auto"
-        runs = [(S(chunk_rows=5, weight_grad="fp32", accumulate=gemm), (0.37,)),
+        runs = [(S(chunk_rows=5, weight_grad="fp32" if gemm == "triton" else "halves", accumulate=gemm), (0.37,)),
                 (S(chunk_rows=5, weight_grad="hold", logits="float32"),
                  (1.0, 0.25, 0.25, 1.0) if (member, dtype) == (SCALES[0], getattr(torch, SCALES[1])) else (1.0,)),
                 (S(chunk_rows=5, weight_grad="hold"), (1.0,))]
@@ -288,18 +289,53 @@ def _package():
     return importlib.import_module(pkg.__name__ + ".plan"), importlib.import_module(pkg.__name__ + ".semantics")
 
 
-@pytest.mark.parametrize("batch, want", [(2, "hold"), (4, "hold"), (8, "hold"), (16, "fp32")])
+@pytest.mark.parametrize("batch, want", [(2, "hold"), (4, "hold"), (8, "hold"), (16, "halves"), (32, "halves")])
 def test_auto_weight_gradient_strategy_at_the_seed_shape(batch, want):
-    """docs/fused-kernel.md's table: hold d logits while N V 2 <= 4 V H + C V 2, else the float32 accumulator;
-    the extra bytes stay under 0.75 x Liger's ~3.95 GiB (issue 31) at every batch."""
+    """docs/fused-kernel.md's rule: hold d logits while N V 2 <= 4 V H (one float32 copy of the weight), else
+    the halves accumulator (2 V H + C V 2): the extra bytes never pass 4 V H, and stay under 0.75 x Liger's
+    2.95 GiB net (fused_bench, round18e) at every batch."""
     import torch
 
     plan, sem = _package()
     s = sem.semantics_of(batch, 1024, has_old=True, has_ref=False, has_mask=True, parameters={})
     p = plan.FusedPlan(batch, 1024, 4096, 128256, torch.bfloat16, torch.device("cpu"), s, sem.FusedSettings())
     assert p.weight_grad == want
-    assert p.extra_bytes() <= 0.75 * 3.95 * 2**30
-    assert p.extra_bytes() == min(p.extra_bytes("hold"), p.extra_bytes("fp32"))
+    assert p.extra_bytes() <= 4 * 128256 * 4096 <= 0.75 * 2.95 * 2**30
+    assert p.extra_bytes("halves") < p.extra_bytes("fp32") - 0.9 * 2**30  # half of the float32 buffer
+    odd = plan.FusedPlan(batch, 1024, 4095, 128255, torch.bfloat16, torch.device("cpu"), s, sem.FusedSettings())
+    assert odd.weight_grad == ("hold" if batch <= 8 else "fp32")  # V H odd: no halves; the float32 buffer
+
+
+def test_halves_narrow_float32_sums_in_place_and_own_exactly_the_gradients_bytes():
+    """accumulator.narrow_in_place rounds each float32 value once, whatever the length (blocks double from
+    n // 8), and the returned gradient of the halves accumulator is a plain [V, H] tensor over exactly
+    V H 2 bytes, equal to the float32 accumulator's rounding of the same sums."""
+    import importlib
+
+    import torch
+
+    _package()
+    acc = importlib.import_module("grpo_impl_triton_fused_t.accumulator")
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 2, 7, 8, 9, 1000, 4097, 70001):
+        for dtype in (torch.bfloat16, torch.float16):
+            values = torch.randn(n + n % 2, generator=g) * 3
+            flat = torch.empty(2 * values.numel(), dtype=dtype)
+            flat.view(torch.float32).copy_(values)
+            acc.narrow_in_place(flat, n)
+            assert torch.equal(flat[:n], values[:n].to(dtype)), (n, dtype)
+    for vocab, hidden in ((129, 32), (17, 6), (8, 3), (1, 2)):
+        a, b = acc.Halves(vocab, hidden, torch.bfloat16, "cpu"), acc.Fp32(vocab, hidden, torch.bfloat16, "cpu")
+        for rows in (5, 3):
+            d = torch.randn(rows, vocab, generator=g).to(torch.bfloat16)
+            h = torch.randn(rows, hidden, generator=g).to(torch.bfloat16)
+            a.add(d, h, "auto"), b.add(d, h, "auto")
+        got, want = a.finish(), b.finish()
+        assert got.shape == (vocab, hidden) and got.is_contiguous() and got.dtype == torch.bfloat16
+        assert got.untyped_storage().nbytes() == vocab * hidden * 2
+        assert torch.equal(got, want), (vocab, hidden)
+    with pytest.raises(ValueError, match="2-byte dtype and an even"):
+        acc.Halves(3, 5, torch.bfloat16, "cpu")
 
 
 def test_sequence_level_chunks_hold_whole_sequences_and_settings_are_checked():

@@ -222,7 +222,7 @@ def _rescale_kernel(x_ptr, n, c_used_ptr, dloss_ptr, BLOCK: tl.constexpr):
 def _acc_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn, BM: tl.constexpr,
                      BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr):
     """c[M, N] (float32) += a[M, K] @ b[K, N] (bf16/fp16 operands, float32 accumulation): d weight's
-    accumulator where cuBLAS cannot take a float32 C with bf16 operands (plan.accumulate_fp32). Tiles in
+    accumulator where cuBLAS cannot take a float32 C with bf16 operands (accumulator.accumulate_fp32). Tiles in
     groups of GROUP_M rows so that consecutive programs share b's tiles in L2. UPCAST (the interpreter only,
     whose tl.dot misreads bf16): the tiles in float32 (bf16 values are exact in float32)."""
     pid = tl.program_id(0)

@@ -7,8 +7,9 @@
       x = hidden_c @ weight.T (+ bias)                    cuBLAS, fp32 accumulation, x in the weight dtype
       loss terms; d loss / d logits written over x        Triton (kernels.py)
       d hidden_c = x @ weight                             cuBLAS
-      d weight += x.T @ hidden_c  (fp32 accumulator)      or, "hold": x stays, one GEMM after the loop
-                                                          ("hold" with logits in W's dtype: one chunk of all rows)
+      d weight += x.T @ hidden_c  (float32 sums)          "halves"/"fp32" (accumulator.py), or "hold": x stays,
+                                                          one GEMM after the loop (with logits in W's dtype:
+                                                          one chunk of all rows)
   loss = sum of the per-token terms (fixed order)
 
 Without gradients only the logits GEMM and the loss kernel run (members whose loss does not read the
@@ -19,7 +20,6 @@ real d loss differs (function.py).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,11 +27,8 @@ import torch
 import triton
 
 from . import kernels
+from .accumulator import accumulator, interpreting
 from .semantics import FusedSettings, Semantics
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -56,45 +53,6 @@ class Result:
     loss: torch.Tensor
     grads: tuple  # (d hidden [N, H] or None, d weight or None, d bias or None)
     c_used: Optional[torch.Tensor]  # the upstream scalar folded into the gradients (float32 [1])
-
-
-_CUBLAS_ACCUMULATES: dict = {}  # device -> whether torch's addmm takes a float32 C with bf16 operands
-
-
-def accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, path: str = "auto") -> str:
-    """acc += a @ b with float32 accumulation into the float32 acc; returns the path taken. cuBLAS where
-    torch's addmm(out_dtype=float32) accepts a float32 C with bf16 operands (some versions require C in
-    the operands' dtype), else the Triton GEMM `_acc_gemm_kernel`; on the CPU float32 copies of the
-    operands. `path` forces "cublas" or "triton" (the benchmark compares them)."""
-    if acc.dtype == a.dtype:
-        acc.addmm_(a, b)
-        return "same-dtype"
-    if not a.is_cuda:
-        if path == "triton":
-            return _triton_accumulate(acc, a, b, (16, 16, 16, 4, 1, 1))
-        acc.addmm_(a.float(), b.float())  # copies of both operands in float32
-        return "upcast"
-    if path in ("auto", "cublas") and _CUBLAS_ACCUMULATES.get(a.device, True):
-        try:
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)  # cuBLAS: bf16 operands, fp32 C
-            _CUBLAS_ACCUMULATES[a.device] = True
-            return "cublas"
-        except (RuntimeError, TypeError):
-            _CUBLAS_ACCUMULATES[a.device] = False
-            if path == "cublas":
-                raise
-    return _triton_accumulate(acc, a, b, (128, 256, 64, 8, 3, 8))
-
-
-def _triton_accumulate(acc, a, b, config) -> str:
-    bm, bn, bk, warps, stages, group = config
-    m, k = a.shape
-    n = b.shape[1]
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    kernels._acc_gemm_kernel[grid](a, b, acc, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                   acc.stride(0), acc.stride(1), BM=bm, BN=bn, BK=bk, GROUP_M=group, UPCAST=interpreting(),
-                                   num_warps=warps, num_stages=stages)
-    return "triton"
 
 
 class FusedPlan:
@@ -122,22 +80,35 @@ class FusedPlan:
         self.accumulate_path = None  # set by the first fp32 accumulation (the benchmark prints it)
 
     def _strategy(self) -> str:
+        """auto: hold every row's d logits while they take no more bytes than one float32 copy of the weight
+        (N V s <= 4 V H: N <= 2 H rows in bf16; the fastest path, no accumulator traffic), else the halves
+        accumulator (2 V H + C V s). So the gradient path never holds more than ~4 V H bytes, at any batch
+        (docs/fused-kernel.md, "Weight gradient")."""
         s = self.settings.weight_grad
         if self.dtype == torch.float32:
             return "fp32"  # the returned gradient is the accumulator: nothing extra
+        halves_ok = (self.vocab * self.hidden) % 2 == 0  # (always for 2-byte dtypes at even H or V)
         if s != "auto":
-            return s
-        size = torch.tensor([], dtype=self.dtype).element_size()
-        hold = self.tokens * self.vocab * size
-        acc = self.vocab * self.hidden * 4 + self.chunk * self.vocab * size
-        return "hold" if hold <= acc else "fp32"
+            return "fp32" if s == "halves" and not halves_ok else s
+        hold = self.tokens * self.vocab * self._size()
+        if hold <= 4 * self.vocab * self.hidden:
+            return "hold"
+        if halves_ok:
+            return "halves"
+        return "hold" if hold <= self.extra_bytes("fp32") else "fp32"
+
+    def _size(self) -> int:
+        return torch.tensor([], dtype=self.dtype).element_size()
 
     def extra_bytes(self, strategy: Optional[str] = None) -> int:
         """Bytes the gradient path holds beyond inputs and outputs (the dominant terms)."""
-        size = torch.tensor([], dtype=self.dtype).element_size()
-        if (strategy or self.weight_grad) == "hold":
+        size, strategy = self._size(), strategy or self.weight_grad
+        chunk = self.chunk * self.vocab * size
+        if strategy == "hold":
             return self.tokens * self.vocab * size
-        return self.vocab * self.hidden * 4 * (self.dtype != torch.float32) + self.chunk * self.vocab * size
+        if strategy == "halves":
+            return (self.vocab - (self.vocab // 2) // 8 * 8) * self.hidden * 4 + chunk
+        return self.vocab * self.hidden * 4 * (self.dtype != torch.float32) + chunk
 
     # -- small pieces ------------------------------------------------------------------------------------
     def _weights(self, x: Inputs) -> torch.Tensor:
@@ -223,9 +194,8 @@ class FusedPlan:
         if grads_needed or not wide:
             dlogits = torch.empty(max(1, n_tok) if hold else self.chunk, self.vocab, dtype=self.dtype, device=dev)
         gh = torch.empty_like(x.hidden) if need[0] else None
-        acc_w = acc_b = None
-        if need[1] and not hold:
-            acc_w = torch.zeros(self.vocab, self.hidden, dtype=torch.float32, device=dev)
+        acc_w = accumulator(strategy, self.vocab, self.hidden, self.dtype, dev) if need[1] and not hold else None
+        acc_b = None
         if need[2] and not hold:
             acc_b = torch.zeros(self.vocab, dtype=torch.float32, device=dev)
         h_all = x.hidden
@@ -248,12 +218,12 @@ class FusedPlan:
             if need[0]:
                 torch.mm(buf, x.weight, out=gh[r0:r1])
             if acc_w is not None:
-                self.accumulate_path = accumulate_fp32(acc_w, buf.t(), h, self.settings.accumulate)
+                self.accumulate_path = acc_w.add(buf, h, self.settings.accumulate)
             if acc_b is not None:
                 acc_b += buf.sum(0, dtype=torch.float32)
         gw = gb = None
         if need[1]:
-            gw = torch.mm(dlogits.t(), h_all) if hold else (acc_w if acc_w.dtype == self.dtype else acc_w.to(self.dtype))
+            gw = torch.mm(dlogits.t(), h_all) if hold else acc_w.finish()
         if need[2]:
             gb = (dlogits.sum(0, dtype=torch.float32) if hold else acc_b).to(self.dtype)
         return Result(loss_tok[:n_tok].sum(), (gh, gw, gb), c_used)

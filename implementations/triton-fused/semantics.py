@@ -108,7 +108,7 @@ def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask
                      eps_low=eps_low, eps_high=eps_high, delta=float(delta) if delta is not None else 0.0, beta=beta)
 
 
-WEIGHT_GRAD_STRATEGIES = ("auto", "hold", "fp32")
+WEIGHT_GRAD_STRATEGIES = ("auto", "hold", "halves", "fp32")
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,9 @@ class FusedSettings:
     chunk_rows: logits rows per chunk (sequence-level members: rounded down to whole sequences, at
     least one). weight_grad: "hold" keeps d logits of every row (N x V in the weight's dtype) and
     forms d weight in one GEMM at the end; "fp32" accumulates d weight chunk by chunk into a V x H
-    float32 buffer; "auto" picks the smaller in bytes (float32 weights always accumulate in place).
+    float32 buffer; "halves" accumulates the same float32 sums with rows [0, V/2) inside the returned
+    gradient's own bytes (half of "fp32"'s extra memory; accumulator.py); "auto" holds while d logits
+    take no more than 4 V H bytes, else "halves" (float32 weights always accumulate in place).
     split_elems / block / num_warps: the loss kernel's programs per row (a row is cut into pieces of
     split_elems, each a program that waits for its row's others; 0: one program per row), its loop
     step and warps. CPU and the interpreter always run one program per row. logits: "weight" (the
@@ -129,7 +131,7 @@ class FusedSettings:
 
     chunk_rows: int = 2048
     weight_grad: str = "auto"
-    split_elems: int = 16384
+    split_elems: int = 0  # one program per row: faster at every seed batch (docs/fused-kernel.md, "In place")
     block: int = 2048
     num_warps: int = 4
     logits: str = "weight"
