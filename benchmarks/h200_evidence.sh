@@ -34,6 +34,7 @@
 #   bash benchmarks/h200_evidence.sh round18f   # kl, dr-grpo, sequence members of ours at b2
 #   bash benchmarks/h200_evidence.sh round19a   # next: fused-trl b2-b16, fused-compile b8/b16, fused-liger b16 (then 17c, 15c)
 #   bash benchmarks/h200_evidence.sh round20a   # fifth session: fused_bench b16 (halves), triton-fused token-is b2-b16
+#   bash benchmarks/h200_evidence.sh round20c   # fused-liger seed-b16, then the logits sweep (full grid, 300 s)
 #   bash benchmarks/h200_evidence.sh round20b   # five masked members of triton-fused at seed-b16
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
@@ -344,6 +345,12 @@ case "${1:-probe}" in
   round20b)  # the masked members of ours at batch 16 (where auto runs the halves accumulator)
     check_one triton-fused 420 --member token-offpolicy-mask --member bnpo-mask --member dapo-mask \
       --member token-offpolicy-mask-kl-ref-weight --member sequence-offpolicy-mask --workload seed-b16
+    ;;
+  round20c)  # fused-liger at seed-b16 (round19a's 150 s killed it in timing: ~0.9 s a call), then issue 36's full
+              # sweep without --configs (101 jobs, ~310 s with the prewarm) under a 300 s budget
+    check_one fused-liger 245 --member token-is --workload seed-b16
+    timeout -s KILL 330 python3 benchmarks/sweep_logits.py --budget-s 300 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
+    status "sweep_logits (full grid, budget 300 s): exit $?"; tail -c 6000 "$R/sweep.log"
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
