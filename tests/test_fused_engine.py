@@ -152,3 +152,37 @@ def test_the_peers_check_end_to_end(folder):
         return
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "gradient of hidden" in run.stdout or "gradient" in run.stdout
+
+
+def test_a_failing_timed_recheck_shows_the_worst_elements_and_a_passing_one_its_summary():
+    """checks/timed.py `_recheck_units` (CUDA-only in a run; driven here on the CPU with the parent's own
+    state): a timed output off in one weight element records that element (index, actual, expected,
+    allowed); one that matches records counts only (the H200's kl-ref-weight b16 failure of 2026-12-03 had
+    6 mismatches and no element to look at)."""
+    import types
+
+    from grpo_conform.checks.timed import WorkloadTiming
+
+    spec = FAMILY.member("token-is")
+    op = operation_for(spec)
+    rw = spec.resolve(spec.workload("odd-bf16"))
+    model = ReferenceModel.defaults(spec)
+    x = op.generate(spec, rw, 7, "cpu", values=model.values, case=0).tensors
+    loss, grads = _eager(x, model.values)
+    dtype = rw.dtypes["hidden"]
+    em = op.error_model(spec, x, model.params, dtype)
+    for bad in (False, True):
+        g = {k: v.clone() for k, v in grads.items()}
+        if bad:
+            g["weight"][3, 5] += 1.0
+        fake = types.SimpleNamespace(spec=spec, op=op, rw=rw, tol=spec.tolerance(dtype), grad_dtype=dtype,
+                                     out=types.SimpleNamespace(loss=torch.tensor([loss]), grads=g),
+                                     upstream_for=lambda protocol: 1.0)
+        entry = WorkloadTiming._recheck_units(fake, {"iteration": 0}, x, model, "full", em)
+        weight = entry["gradient"]["by_name"]["weight"]
+        assert entry["passed"] is (not bad)
+        if bad:
+            assert weight["mismatches"] >= 1 and weight["worst"], weight
+            assert weight["worst"][0]["index"] == [3, 5], weight["worst"][0]
+        else:
+            assert set(weight) == {"frobenius_rel", "mismatches", "nan"}
