@@ -22,7 +22,8 @@ def cli_here(*args, cwd=ROOT, env_extra=None) -> "subprocess.CompletedProcess":
     grpo_conform` subprocess answers (exit code, stdout, stderr): for a test of what a command prints and
     exits with, not of a process. A subprocess pays a new interpreter and, for most commands, torch and a
     zygote (2-8 s CPU each; docs/timing.md, "Fourth pass"). The entry point and `check` as processes stay
-    tested (test_cli.test_version_and_help; test_gate_e2e, test_isolation_slots, test_sandbox). An
+    tested (test_cli.test_version_and_help; test_gate_e2e's interrupts, test_isolation_attacks' signals,
+    test_sandbox); `--jobs` slots are processes either way (test_isolation_slots, test_gate_e2e). An
     exception the command did not turn into an exit code comes back as the interpreter shows it: exit 1,
     its traceback on stderr. The CLI's two consoles are sized to $COLUMNS for the call, as a new process
     sizes them (without this they keep the width they took when this process first imported the CLI).
@@ -121,23 +122,24 @@ def _rename(item, nodeid: str) -> None:
 #: reorder: test_triton_members' fixture), then single tests in collection order: started first,
 #: the long ones do not end the lane alone on one worker while the other idles. A test that moved
 #: or was renamed only loses its place here.
-LONGEST_FIRST = (  # by CPU seconds in -n 2 runs of both lanes with --cpu-durations (2026-12-03; third pass: re-ranked;
-    # fourth: test_cli's keygen and twin-name runs left, 5-7 s -> ~1 s in-process)
-    # the fast lane's one long test (21 s CPU: it verifies every committed record), then the slow lane's
-    "tests/test_report.py::test_the_committed_page_is_what_report_builds_from_the_committed_evidence",
-    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
+LONGEST_FIRST = (  # by wall seconds in a -n 2 run of both lanes (2026-12-03, fifth pass: re-ranked from
+    # /usr/bin/time'd runs with --durations=0; a waiting test holds its worker as long as a busy one;
+    # fused_engine's two peers checks left, ~3 s each in-process; the headless browser came in)
     "tests/test_fp32_logprob.py::test_sampled_false_failure_rate_of_honest_fp32",
-    "tests/test_isolation_slots.py",
-    "tests/test_sweep_logits.py::test_sweep_jobs_end_to_end_on_the_cpu",
-    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
     "tests/test_scale_out_slurm.py::test_slurm_array_and_afterok_merge_equal_the_serial_run",
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
+    "tests/test_sweep_logits.py::test_sweep_jobs_end_to_end_on_the_cpu",
+    "tests/test_report.py::test_the_committed_page_is_what_report_builds_from_the_committed_evidence",
+    "tests/test_isolation_slots.py",
     "tests/test_members.py::test_liger_matches_the_reference_for_every_member_it_declares",
-    "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
-    "tests/test_fused_engine.py::test_the_peers_check_end_to_end",
-    "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
+    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
+    "tests/test_report.py::test_the_page_loads_in_headless_chromium",
     "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
     "tests/test_gate_e2e.py::test_interrupt_exits_cleanly_and_leaves_nothing_behind",
+    "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
+    "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
     "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
+    "tests/test_members.py::test_torch_compile_matches_the_reference",
     "tests/test_fp32_logprob.py::test_pinned_seeds_pass_through_run_check",
 )
 

@@ -23,6 +23,7 @@ import torch
 
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks import judging as J
+from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import (
     GradientComparator, LossComparison, describe_outputs, fp32_logp_error,
@@ -77,14 +78,23 @@ def _run(member: str, s0: int, s1: int, workload: str = "mask-fp32", old: bool =
 
 
 def _adversarial(run: WorkloadConformance, impl=None, upstream: float = 1.0) -> Call:
-    """Call I of the adversarial probe (seed seeds[-1] ^ 0xA5A5A5A5, the adversarial profiles), made here."""
+    """Call I of the adversarial probe (seed seeds[-1] ^ 0xA5A5A5A5, the adversarial profiles), made here.
+    Its inputs are an input slot of `run`, as a check's probe's are: the run's reference cache
+    (checks/reference_cache.py) computes their float64 log-probs once per judgment, not once per use
+    (three times before: a third of a judgment's CPU; the values are the same computation's)."""
     x = gen.generate(run.spec, run.rw, run.seeds[-1] ^ 0xA5A5A5A5, "cpu",
                      profiles=run.spec.validation.adversarial_profiles, values=run.model.values).tensors
     leaf = x["logits"].detach().clone().requires_grad_(True)
     loss = (impl or PYTORCH.grpo_loss)(leaf, **{k: v for k, v in x.items() if k != "logits"}, **run.model.call_values)
     (loss * upstream).backward()
-    return Call("I#1", types.SimpleNamespace(pristine=x), upstream, float(loss.detach()), {}, {"logits": {}},
-                {"logits": leaf.grad}, None)
+    slot = _slot(run, InputSlot("adversarial", x, x))
+    return Call("I#1", slot, upstream, float(loss.detach()), {}, {"logits": {}}, {"logits": leaf.grad}, None)
+
+
+def _slot(run: WorkloadConformance, slot: InputSlot) -> InputSlot:
+    """`slot` as one of `run`'s input slots (a run finds its slots among its attributes, `_slot_of`)."""
+    run.adversarial_slot = slot
+    return slot
 
 
 @pytest.fixture(autouse=True)
@@ -227,7 +237,7 @@ def test_sampled_false_failure_rate_of_honest_fp32(capsys):
             now += not (loss_cmp.passed and cmp.passed)
             if before == 0 or sum(c[1] for c in counts.values()) + before < enough:
                 old = _run(member, s0, s1, old=True)
-                loss_cmp, cmp = old.judge(call)
+                loss_cmp, cmp = old.judge(call, _slot(old, call.slot))
                 before += not (loss_cmp.passed and cmp.passed)
                 old_judged += 1
         counts[member] = (n, before, now, old_judged)

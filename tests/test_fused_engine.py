@@ -6,15 +6,14 @@ checks each)."""
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import cli_here
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.checks.probes import PROBES_BY_NAME
 from grpo_conform.checks.units import judge_units
@@ -127,12 +126,13 @@ def test_probes_that_need_given_logits_say_so_for_the_fused_operation(probe):
 
 
 def _check(folder: str, member: str, *checks: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + sys.path))
-    args = [sys.executable, "-m", "grpo_conform", "check", str(ROOT / folder), "--device", "cpu", "--member", member,
-            "--workload", "tiny-bf16", "--no-evidence"]
+    """`check` as the CLI runs it, in this process (tests/conftest.py `cli_here`: exit code, stdout and
+    stderr as a `python -m grpo_conform` subprocess gives them; the workers are processes either way):
+    a subprocess paid a python, torch and a zygote more, ~5 s CPU (docs/timing.md, "Fifth pass")."""
+    args = ["check", ROOT / folder, "--device", "cpu", "--member", member, "--workload", "tiny-bf16", "--no-evidence"]
     for c in checks:
         args += ["-k", c]
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    return cli_here(*args)
 
 
 @pytest.mark.slow

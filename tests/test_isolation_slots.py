@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -21,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, cli_here
 from worker_steps import call_once
 from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
 from grpo_conform.gate import parallel
@@ -191,11 +189,11 @@ KILLER = textwrap.dedent("""\
 def test_jobs_2_a_saboteur_cannot_take_down_the_honest_slot(tmp_path):
     honest = _folder(tmp_path, "honest", "from eager import grpo_loss\n")
     killer = _folder(tmp_path, "kills-others", KILLER)
-    env = {k: v for k, v in os.environ.items() if k not in (privilege.ENV_USER, uids.ENV_UIDS)}
-    env["COLUMNS"] = "1000"
-    run = subprocess.run([sys.executable, "-m", "grpo_conform", "check", str(killer), str(honest), "--device", "cpu",
-                          "--workload", "batch1-seq1", "--jobs", "2", "--no-evidence", "--format", "json"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # the parent in this process (cli_here), the two slots processes of their own as always: a parent
+    # process paid a python and torch more (docs/timing.md, "Fifth pass"); a killer that reached this
+    # process would end the test run itself, which fails it as loudly
+    run = cli_here("check", killer, honest, "--device", "cpu", "--workload", "batch1-seq1", "--jobs", "2",
+                   "--no-evidence", "--format", "json", env_extra={privilege.ENV_USER: None, uids.ENV_UIDS: None})
     import json
 
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -268,10 +266,8 @@ def test_a_run_whose_worker_is_killed_while_loading_stops_with_exit_3(tmp_path):
 def test_a_slot_whose_worker_is_killed_while_loading_fails_the_run_with_exit_3(tmp_path):
     killed = _folder(tmp_path, "killed-at-import", SIGKILLED_AT_IMPORT)
     honest = _folder(tmp_path, "honest", "from eager import grpo_loss\n")
-    env = dict(os.environ, COLUMNS="1000")
-    run = subprocess.run([sys.executable, "-m", "grpo_conform", "check", str(killed), str(honest), "--device", "cpu",
-                          "--workload", "batch1-seq1", "--jobs", "2", "--no-evidence"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    run = cli_here("check", killed, honest, "--device", "cpu", "--workload", "batch1-seq1", "--jobs", "2",
+                   "--no-evidence")  # the parent in this process, the slots processes (see the test above)
     assert run.returncode == EXIT_ENVIRONMENT, run.stdout[-2000:] + run.stderr[-2000:]
     assert "not of an implementation" in run.stderr and "killed by signal SIGKILL while loading" in run.stderr
     assert "Traceback" not in run.stderr

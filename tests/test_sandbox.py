@@ -51,15 +51,6 @@ def bwrap():
     return sandbox.bwrap_binary()
 
 
-def cli(*args, env_extra=None, timeout=300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="1000")
-    for k in ("GRPO_CONFORM_SIGNING_KEY", "GRPO_CONFORM_SIGNING_KEY_FILE"):
-        env.pop(k, None)
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "grpo_conform", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 # -- no bwrap, or one that cannot start: exit 2, nothing runs --------------------------------------
 def test_a_missing_bwrap_is_a_clear_error_and_nothing_runs(tmp_path):
     missing = tmp_path / "no-such-bwrap"
@@ -131,8 +122,9 @@ def test_an_honest_implementation_passes_under_the_sandbox(bwrap, tmp_path):
     from grpo_conform.evidence.dsse import parse_envelope
     from grpo_conform.evidence.statement import schema_problems
 
-    run = cli("check", PYTORCH, "--device", "cpu", "--member", "token-is", "--workload", "small-bf16",
-              "--sandbox", "bwrap", "--format", "json", "--evidence-dir", tmp_path / "ev")
+    # the validator in this process (cli_here; the sandboxed worker is bwrap's process either way)
+    run = cli_here("check", PYTORCH, "--device", "cpu", "--member", "token-is", "--workload", "small-bf16",
+                   "--sandbox", "bwrap", "--format", "json", "--evidence-dir", tmp_path / "ev")
     assert run.returncode == 0, run.stderr[-3000:]
     (impl,) = json.loads(run.stdout)["implementations"]
     assert impl["status"] == "conformant"
