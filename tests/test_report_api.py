@@ -106,3 +106,18 @@ def test_check_returns_the_report_object(loud_folder):
     (impl,) = report.implementations
     assert impl.status == "failed" and report.to_json()["implementations"][0]["name"] == "loud"
     assert callable(grpo_conform.check) and hasattr(grpo_conform.check, "run_check")  # module and function
+
+
+def test_the_tail_taken_right_after_a_write_holds_that_write():
+    # The worker prints its clue and replies at once; the tail taken on the reply must hold the clue.
+    import os
+
+    from grpo_conform.isolation.output_tail import OutputTail
+
+    tail = OutputTail(keep=1 << 16)
+    try:
+        for i in range(300):
+            os.write(tail.write_fd, b"." * 5000 + f"clue {i}\n".encode())
+            assert tail.tail(200).endswith(f"clue {i}\n")
+    finally:
+        tail.close()

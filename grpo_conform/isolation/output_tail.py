@@ -27,17 +27,22 @@ class OutputTail:
         self._thread.start()
 
     def _drain(self) -> None:
+        # Wait outside the lock, read and append inside it: a chunk is never held by this thread
+        # alone, so "the pipe is empty" (under the lock) means "everything written is in the buffer".
+        waiter = select.poll()  # poll, not select: a parent with many workers has descriptors past 1023
+        waiter.register(self._r, select.POLLIN)
         try:
             while True:
-                chunk = os.read(self._r, 1 << 16)
-                if not chunk:
-                    break
+                waiter.poll()
                 with self._lock:
+                    chunk = os.read(self._r, 1 << 16)
+                    if not chunk:
+                        break
                     self.total += len(chunk)
                     self._buf += chunk
                     if len(self._buf) > self.keep:
                         del self._buf[: len(self._buf) - self.keep]
-        except OSError:
+        except (OSError, ValueError):
             pass
         finally:
             os.close(self._r)
@@ -48,24 +53,29 @@ class OutputTail:
             os.close(self.write_fd)
             self.write_fd = -1
 
-    def _settle(self, limit_s: float = 0.5) -> None:
-        """Let the drain thread catch up with what is already in the pipe: the tail taken right after a
-        worker's error reply otherwise missed its last lines under load (the line printed just before
-        the exception, the usual clue)."""
+    def _drained(self) -> bool:
+        """Called with the lock held. The first version checked the pipe without the lock: the drain
+        thread could hold a chunk it had read but not yet appended, and the tail taken right after a
+        worker's error reply missed its last line (clean-clone CI, stop 41)."""
+        if not self._thread.is_alive():
+            return True
+        probe = select.poll()
+        try:
+            probe.register(self._r, select.POLLIN)
+            return not probe.poll(0)
+        except (OSError, ValueError):
+            return True
+
+    def _snapshot(self, n: int, limit_s: float = 0.5) -> tuple[bytes, int]:
         deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline and self._thread.is_alive():
-            try:
-                pending, _, _ = select.select([self._r], [], [], 0)
-            except (OSError, ValueError):
-                return
-            if not pending:
-                return
+        while True:
+            with self._lock:
+                if self._drained() or time.monotonic() >= deadline:
+                    return bytes(self._buf[-n:]), self.total
             time.sleep(0.002)
 
     def tail(self, n: int) -> str:
-        self._settle()
-        with self._lock:
-            data, total = bytes(self._buf[-n:]), self.total
+        data, total = self._snapshot(n)
         text = data.decode("utf-8", errors="replace")
         if total > len(data):
             text = f"[... {total - len(data):,} earlier bytes of output not shown]\n" + text
