@@ -330,6 +330,9 @@ def test_halves_narrow_float32_sums_in_place_and_own_exactly_the_gradients_bytes
             d = torch.randn(rows, vocab, generator=g).to(torch.bfloat16)
             h = torch.randn(rows, hidden, generator=g).to(torch.bfloat16)
             a.add(d, h, "auto"), b.add(d, h, "auto")
+        # the plan's memory rule (plan.extra_bytes) is the buffer the accumulator holds beside the gradient
+        assert a.high.numel() * 4 == acc.Halves.extra_bytes(vocab, hidden) and a.cut == acc.Halves.low_rows(vocab)
+        assert acc.Halves.fits(vocab, hidden, torch.bfloat16) and not acc.Halves.fits(vocab, hidden, torch.float32)
         got, want = a.finish(), b.finish()
         assert got.shape == (vocab, hidden) and got.is_contiguous() and got.dtype == torch.bfloat16
         assert got.untyped_storage().nbytes() == vocab * hidden * 2

@@ -89,6 +89,11 @@ def narrow_in_place(flat: torch.Tensor, n: int) -> None:
 class Fp32:
     """d weight in one V x H float32 buffer (a float32 weight's gradient is the buffer itself)."""
 
+    @staticmethod
+    def extra_bytes(vocab: int, hidden: int, dtype: torch.dtype) -> int:
+        """The float32 buffer, unless it is the returned gradient itself (float32 weights)."""
+        return 0 if dtype == torch.float32 else vocab * hidden * 4
+
     def __init__(self, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device):
         self.dtype = dtype
         self.acc = torch.zeros(vocab, hidden, dtype=torch.float32, device=device)
@@ -101,14 +106,33 @@ class Fp32:
 
 
 class Halves:
-    """d weight's float32 sums, rows [0, V/2) in the returned gradient's bytes (module docstring)."""
+    """d weight's float32 sums, rows [0, V/2) in the returned gradient's bytes (module docstring).
+
+    The static rules (`fits`, `low_rows`, `extra_bytes`) are the plan's too (plan.FusedPlan chooses the
+    strategy and counts its memory with them), so the rule and the buffers cannot drift apart."""
+
+    @staticmethod
+    def fits(vocab: int, hidden: int, dtype: torch.dtype) -> bool:
+        """Whether a V x H gradient of dtype has the bytes of V H / 2 float32 values (2-byte dtype, even V H)."""
+        return torch.tensor([], dtype=dtype).element_size() == 2 and (vocab * hidden) % 2 == 0
+
+    @staticmethod
+    def low_rows(vocab: int) -> int:
+        """Rows [0, low_rows) accumulate inside the gradient: V/2 rounded down to 8 rows, so that cuBLAS sees
+        16-byte aligned operand views."""
+        return (vocab // 2) // 8 * 8
+
+    @staticmethod
+    def extra_bytes(vocab: int, hidden: int) -> int:
+        """The float32 buffer of rows [low_rows, V): the only bytes beyond the returned gradient."""
+        return (vocab - Halves.low_rows(vocab)) * hidden * 4
 
     def __init__(self, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device):
-        if torch.tensor([], dtype=dtype).element_size() != 2 or (vocab * hidden) % 2:
+        if not Halves.fits(vocab, hidden, dtype):
             raise ValueError(f"the halves accumulator needs a 2-byte dtype and an even V x H; got {dtype}, {vocab} x {hidden}")
         self.vocab, self.hidden = vocab, hidden
         self.out = torch.empty(vocab * hidden, dtype=dtype, device=device)
-        self.cut = (vocab // 2) // 8 * 8  # 16-byte aligned operand views for cuBLAS
+        self.cut = Halves.low_rows(vocab)
         self.low = self.out.view(torch.float32)[: self.cut * hidden].view(self.cut, hidden).zero_()
         self.high = torch.zeros(vocab - self.cut, hidden, dtype=torch.float32, device=device)
 

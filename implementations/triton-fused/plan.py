@@ -27,7 +27,7 @@ import torch
 import triton
 
 from . import kernels
-from .accumulator import accumulator, interpreting
+from .accumulator import Fp32, Halves, accumulator, interpreting
 from .semantics import FusedSettings, Semantics
 
 
@@ -87,7 +87,7 @@ class FusedPlan:
         s = self.settings.weight_grad
         if self.dtype == torch.float32:
             return "fp32"  # the returned gradient is the accumulator: nothing extra
-        halves_ok = (self.vocab * self.hidden) % 2 == 0  # (always for 2-byte dtypes at even H or V)
+        halves_ok = Halves.fits(self.vocab, self.hidden, self.dtype)  # (2-byte dtypes at even H or V)
         if s != "auto":
             return "fp32" if s == "halves" and not halves_ok else s
         hold = self.tokens * self.vocab * self._size()
@@ -107,8 +107,8 @@ class FusedPlan:
         if strategy == "hold":
             return self.tokens * self.vocab * size
         if strategy == "halves":
-            return (self.vocab - (self.vocab // 2) // 8 * 8) * self.hidden * 4 + chunk
-        return self.vocab * self.hidden * 4 * (self.dtype != torch.float32) + chunk
+            return Halves.extra_bytes(self.vocab, self.hidden) + chunk
+        return Fp32.extra_bytes(self.vocab, self.hidden, self.dtype) + chunk
 
     # -- small pieces ------------------------------------------------------------------------------------
     def _weights(self, x: Inputs) -> torch.Tensor:
