@@ -122,20 +122,27 @@ def floor_fns(x):
     return forward, full
 
 
+INT_FIELDS = ("chunk_rows", "split_elems", "block", "num_warps", "forward_rows")
+BOOL_FIELDS = ()
+
+
 def settings_list(args, S):
     out = []
     for chunk, strategy, logits, split in itertools.product(args.chunks, args.strategies, args.logits, args.split):
         out.append(S(chunk_rows=chunk, weight_grad=strategy, logits=logits, split_elems=split))
     for spec in args.extra:  # e.g. chunk=2048,weight_grad=auto,logits=float32
         kw = dict(item.split("=") for item in spec.split(","))
-        kw = {k: (int(v) if k in ("chunk_rows", "split_elems", "block", "num_warps") else v) for k, v in kw.items()}
+        kw = {k: (int(v) if k in INT_FIELDS else v.lower() in ("1", "true") if k in BOOL_FIELDS else v)
+              for k, v in kw.items()}
         out.append(S(**kw))
     return list(dict.fromkeys(out))
 
 
 def label(s):
     acc = "" if s.accumulate == "auto" else f",{s.accumulate}"
-    return f"ours[c{s.chunk_rows},{s.weight_grad}{acc},{s.logits},split{s.split_elems}]"
+    rows = "auto" if s.chunk_rows is None else s.chunk_rows  # None: the plan's choice (4096 under halves)
+    fwd = "" if s.forward_rows is None else f",fwd{s.forward_rows}"
+    return f"ours[c{rows},{s.weight_grad}{acc},{s.logits},split{s.split_elems}{fwd}]"
 
 
 def relerr(a, b):
@@ -258,7 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--strategies", nargs="+", default=["hold", "fp32"], choices=["auto", "hold", "halves", "fp32"])
     ap.add_argument("--logits", nargs="+", default=["weight"], choices=["weight", "float32"])
     ap.add_argument("--split", type=int, nargs="+", default=[16384], help="ours: elements per program (0: a row each)")
-    ap.add_argument("--extra", nargs="*", default=["chunk_rows=2048,weight_grad=auto,logits=float32",
+    ap.add_argument("--extra", nargs="*", default=["weight_grad=auto",  # the shipped defaults
+                                                    "chunk_rows=2048,weight_grad=auto,logits=float32",
                                                     "chunk_rows=2048,weight_grad=auto,split_elems=0",
                                                     "chunk_rows=2048,weight_grad=fp32,accumulate=triton"],
                     help="more ours settings, key=value,...")

@@ -292,18 +292,43 @@ def _package():
 @pytest.mark.parametrize("batch, want", [(2, "hold"), (4, "hold"), (8, "hold"), (16, "halves"), (32, "halves")])
 def test_auto_weight_gradient_strategy_at_the_seed_shape(batch, want):
     """docs/fused-kernel.md's rule: hold d logits while N V 2 <= 4 V H (one float32 copy of the weight), else
-    the halves accumulator (2 V H + C V 2): the extra bytes never pass 4 V H, and stay under 0.75 x Liger's
-    2.95 GiB net (fused_bench, round18e) at every batch."""
+    the halves accumulator (2 V H + C V 2) in chunks of 4096 rows (C <= H): the extra bytes never pass
+    4 V H, and stay under 0.75 x Liger's 2.95 GiB net (fused_bench, round18e) at every batch. Forward-only
+    calls keep chunks of 2048 rows whatever the strategy."""
     import torch
 
     plan, sem = _package()
+    V, H = 128256, 4096
     s = sem.semantics_of(batch, 1024, has_old=True, has_ref=False, has_mask=True, parameters={})
-    p = plan.FusedPlan(batch, 1024, 4096, 128256, torch.bfloat16, torch.device("cpu"), s, sem.FusedSettings())
+    p = plan.FusedPlan(batch, 1024, H, V, torch.bfloat16, torch.device("cpu"), s, sem.FusedSettings())
     assert p.weight_grad == want
-    assert p.extra_bytes() <= 4 * 128256 * 4096 <= 0.75 * 2.95 * 2**30
-    assert p.extra_bytes("halves") < p.extra_bytes("fp32") - 0.9 * 2**30  # half of the float32 buffer
+    assert p.chunk == (4096 if want == "halves" else 2048) and p.forward_chunk == 2048, (p.chunk, p.forward_chunk)
+    assert p.extra_bytes() <= 4 * V * H <= 0.75 * 2.95 * 2**30
+    # the accounting follows the chunk: halves = its float32 half + 4096 rows of d logits, fp32 = 2048 rows
+    assert p.extra_bytes("halves") == V // 2 * H * 4 + min(4096, 1024 * batch) * V * 2
+    assert p.extra_bytes("fp32") == V * H * 4 + 2048 * V * 2
+    assert p.extra_bytes("halves") < p.extra_bytes("fp32") - 0.4 * 2**30
     odd = plan.FusedPlan(batch, 1024, 4095, 128255, torch.bfloat16, torch.device("cpu"), s, sem.FusedSettings())
     assert odd.weight_grad == ("hold" if batch <= 8 else "fp32")  # V H odd: no halves; the float32 buffer
+    assert odd.chunk == 2048
+    # an explicit chunk is every gradient call's, and the forward's unless forward_rows is given
+    fixed = plan.FusedPlan(batch, 1024, H, V, torch.bfloat16, torch.device("cpu"), s, sem.FusedSettings(chunk_rows=1024))
+    assert (fixed.weight_grad, fixed.chunk, fixed.forward_chunk) == (want, 1024, 1024)
+    wide = plan.FusedPlan(batch, 1024, H, V, torch.bfloat16, torch.device("cpu"), s,
+                          sem.FusedSettings(forward_rows=8192))
+    assert wide.forward_chunk == min(8192, 1024 * batch)
+
+
+def test_halves_chunk_stays_within_the_hidden_size():
+    """4096-row chunks only where C V 2 <= 2 V H (C <= H); never below the general 2048 rows."""
+    import torch
+
+    plan, sem = _package()
+    s = sem.semantics_of(16, 1024, has_old=True, has_ref=False, has_mask=True, parameters={})
+    for hidden, want in ((1024, 2048), (3000, 3000), (4096, 4096), (8192, 4096)):
+        p = plan.FusedPlan(16, 1024, hidden, 128256, torch.bfloat16, torch.device("cpu"), s,
+                           sem.FusedSettings(weight_grad="halves"))
+        assert p.chunk == want, (hidden, p.chunk)
 
 
 def test_halves_narrow_float32_sums_in_place_and_own_exactly_the_gradients_bytes():
@@ -352,6 +377,11 @@ def test_sequence_level_chunks_hold_whole_sequences_and_settings_are_checked():
         assert p.chunk == want, (rows, p.chunk)
     with pytest.raises(ValueError, match="weight_grad"):
         sem.FusedSettings(weight_grad="bf16")
+    with pytest.raises(ValueError, match="forward_rows"):
+        sem.FusedSettings(forward_rows=0)
+    for rows, want in ((5, 7), (20, 14)):  # forward-only chunks hold whole sequences too
+        p = plan.FusedPlan(4, 7, 8, 33, torch.float32, torch.device("cpu"), s, sem.FusedSettings(forward_rows=rows))
+        assert p.forward_chunk == want, (rows, p.forward_chunk)
     with pytest.raises(ValueError, match="not implemented at sequence level"):
         sem.semantics_of(2, 3, has_old=True, has_ref=False, has_mask=False,
                          parameters={"importance_sampling_level": "sequence", "loss_type": "cispo"})

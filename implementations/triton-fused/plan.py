@@ -61,10 +61,6 @@ class FusedPlan:
         self.batch, self.seq, self.hidden, self.vocab = batch, seq, hidden, vocab
         self.tokens = batch * seq
         self.dtype, self.device, self.sem, self.settings = dtype, device, sem, settings
-        rows = max(1, settings.chunk_rows)
-        if sem.sequence:  # a chunk holds whole sequences: a sequence's ratio needs all its tokens
-            rows = max(1, rows // max(1, seq)) * max(1, seq)
-        self.chunk = min(rows, max(1, self.tokens))
         cpu = device.type != "cuda" or interpreting()
         block = min(settings.block, triton.next_power_of_2(vocab))
         if cpu or settings.split_elems <= 0:
@@ -77,7 +73,18 @@ class FusedPlan:
         self.hints = not cpu
         self.c_pred = torch.ones(1, dtype=torch.float32, device=device)
         self.weight_grad = self._strategy()
+        # rows per chunk: of a call that forms gradients (per strategy: halves runs larger chunks), of a
+        # forward-only call (no gradient buffers; FusedSettings.rows_forward)
+        self.chunk = self._rows(settings.rows(self.weight_grad, hidden))
+        self.forward_chunk = self._rows(settings.rows_forward())
         self.accumulate_path = None  # set by the first fp32 accumulation (the benchmark prints it)
+
+    def _rows(self, rows: int) -> int:
+        """A chunk's rows: whole sequences for sequence-level members (a sequence's ratio needs all its
+        tokens), at least one, at most every row."""
+        if self.sem.sequence:
+            rows = max(1, rows // max(1, self.seq)) * max(1, self.seq)
+        return min(max(1, rows), max(1, self.tokens))
 
     def _strategy(self) -> str:
         """auto: hold every row's d logits while they take no more bytes than one float32 copy of the weight
@@ -103,7 +110,7 @@ class FusedPlan:
     def extra_bytes(self, strategy: Optional[str] = None) -> int:
         """Bytes the gradient path holds beyond inputs and outputs (the dominant terms)."""
         size, strategy = self._size(), strategy or self.weight_grad
-        chunk = self.chunk * self.vocab * size
+        chunk = self._rows(self.settings.rows(strategy, self.hidden)) * self.vocab * size  # that strategy's chunk
         if strategy == "hold":
             return self.tokens * self.vocab * size
         if strategy == "halves":
@@ -189,10 +196,11 @@ class FusedPlan:
         strategy = self.weight_grad if need[1] or need[2] else "fp32"
         hold = grads_needed and strategy == "hold"
         wide = self.settings.logits == "float32" and self.dtype != torch.float32
-        lbuf = torch.empty(self.chunk, self.vocab, dtype=torch.float32, device=dev) if wide else None
+        rows = self.chunk if grads_needed else self.forward_chunk
+        lbuf = torch.empty(rows, self.vocab, dtype=torch.float32, device=dev) if wide else None
         dlogits = None  # d logits (over the logits themselves unless they are float32)
         if grads_needed or not wide:
-            dlogits = torch.empty(max(1, n_tok) if hold else self.chunk, self.vocab, dtype=self.dtype, device=dev)
+            dlogits = torch.empty(max(1, n_tok) if hold else rows, self.vocab, dtype=self.dtype, device=dev)
         gh = torch.empty_like(x.hidden) if need[0] else None
         acc_w = accumulator(strategy, self.vocab, self.hidden, self.dtype, dev) if need[1] and not hold else None
         acc_b = None
@@ -204,7 +212,7 @@ class FusedPlan:
             h_all = x.hidden.masked_fill((x.mask == 0).unsqueeze(-1), 0)
         # holding every row's d logits anyway, one chunk: the three GEMMs at full size (float32 logits still
         # need their own buffer, so they stay chunked)
-        step = max(1, n_tok) if hold and lbuf is None else self.chunk
+        step = max(1, n_tok) if hold and lbuf is None else rows
         for r0 in range(0, n_tok, step):
             r1 = min(n_tok, r0 + step)
             zbuf = None if lbuf is None else lbuf[: r1 - r0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 TOKEN_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo")
 SEQUENCE_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
@@ -110,13 +110,29 @@ def semantics_of(batch: int, seq: int, *, has_old: bool, has_ref: bool, has_mask
 
 WEIGHT_GRAD_STRATEGIES = ("auto", "hold", "halves", "fp32")
 
+# Rows per chunk where FusedSettings leaves them to the plan (docs/fused-kernel.md, "Chunk sizes").
+# CHUNK_ROWS: calls that form gradients, hold or fp32 (round15s, round18e). HALVES_ROWS: the halves
+# accumulator reads and writes its 2 V H-byte float32 sums once per chunk, so fewer, larger chunks move
+# fewer bytes: fused_bench at batch 16 (device call round20a, fb16.log) measured 75.52 ms (0.970x the
+# GEMMs) at 4096 rows against 77.52 ms (0.995x) at 2048, 2.08 against 1.59 GiB net (0.70x and 0.54x of
+# Liger's 2.95). Capped at H rows: then one chunk of d logits (C V 2 bytes) is at most the float32 half
+# (2 V H), and the halves path holds at most 4 V H bytes, as hold does where auto picks it.
+# FORWARD_ROWS: forward-only calls hold no gradient buffers, but the same run timed the forward at
+# 4096 rows no faster (28.41 and 30.13 ms) than at 2048 (27.61, 28.19, 28.99), so it keeps 2048.
+CHUNK_ROWS = 2048
+HALVES_ROWS = 4096
+FORWARD_ROWS = 2048
+
 
 @dataclass(frozen=True)
 class FusedSettings:
     """How a call is run (docs/fused-kernel.md).
 
-    chunk_rows: logits rows per chunk (sequence-level members: rounded down to whole sequences, at
-    least one). weight_grad: "hold" keeps d logits of every row (N x V in the weight's dtype) and
+    chunk_rows: logits rows per chunk of a call that forms gradients (sequence-level members: rounded
+    down to whole sequences, at least one); None: the plan's choice (HALVES_ROWS under the halves
+    accumulator, capped at H and at least CHUNK_ROWS; CHUNK_ROWS otherwise). forward_rows: the same
+    for forward-only calls (no gradient); None: chunk_rows where it is given, else FORWARD_ROWS.
+    weight_grad: "hold" keeps d logits of every row (N x V in the weight's dtype) and
     forms d weight in one GEMM at the end; "fp32" accumulates d weight chunk by chunk into a V x H
     float32 buffer; "halves" accumulates the same float32 sums with rows [0, V/2) inside the returned
     gradient's own bytes (half of "fp32"'s extra memory; accumulator.py); "auto" holds while d logits
@@ -129,13 +145,14 @@ class FusedSettings:
     terms at |z| ~ 8 in bf16 is gone, for one more chunk buffer in float32 and twice the loss
     kernel's reads)."""
 
-    chunk_rows: int = 2048
+    chunk_rows: Optional[int] = None
     weight_grad: str = "auto"
     split_elems: int = 0  # one program per row: faster at every seed batch (docs/fused-kernel.md, "In place")
     block: int = 2048
     num_warps: int = 4
     logits: str = "weight"
     accumulate: str = "auto"  # the "fp32" strategy's GEMM: "auto" (cuBLAS where torch allows), "cublas", "triton"
+    forward_rows: Optional[int] = None
 
     def __post_init__(self):
         if self.weight_grad not in WEIGHT_GRAD_STRATEGIES:
@@ -144,5 +161,22 @@ class FusedSettings:
             raise ValueError(f"accumulate must be 'auto', 'cublas' or 'triton'; got {self.accumulate!r}")
         if self.logits not in ("weight", "float32"):
             raise ValueError(f"logits must be 'weight' or 'float32'; got {self.logits!r}")
-        if self.chunk_rows < 1 or self.block < 16 or self.block & (self.block - 1):
-            raise ValueError("chunk_rows must be >= 1 and block a power of two >= 16")
+        for rows in (self.chunk_rows, self.forward_rows):
+            if rows is not None and rows < 1:
+                raise ValueError(f"chunk_rows and forward_rows must be None or >= 1; got {rows}")
+        if self.block < 16 or self.block & (self.block - 1):
+            raise ValueError(f"block must be a power of two >= 16; got {self.block}")
+
+    def rows(self, strategy: str, hidden: int) -> int:
+        """Rows per chunk of a call that forms gradients with this weight-gradient strategy."""
+        if self.chunk_rows is not None:
+            return self.chunk_rows
+        if strategy == "halves":
+            return max(CHUNK_ROWS, min(HALVES_ROWS, hidden))
+        return CHUNK_ROWS
+
+    def rows_forward(self) -> int:
+        """Rows per chunk of a forward-only call."""
+        if self.forward_rows is not None:
+            return self.forward_rows
+        return self.chunk_rows if self.chunk_rows is not None else FORWARD_ROWS
