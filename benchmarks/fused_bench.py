@@ -122,8 +122,7 @@ def floor_fns(x):
     return forward, full
 
 
-INT_FIELDS = ("chunk_rows", "split_elems", "block", "num_warps", "forward_rows")
-BOOL_FIELDS = ()
+INT_FIELDS = ("chunk_rows", "split_elems", "block", "num_warps", "forward_rows", "forward_block", "forward_stages")
 
 
 def settings_list(args, S):
@@ -132,8 +131,7 @@ def settings_list(args, S):
         out.append(S(chunk_rows=chunk, weight_grad=strategy, logits=logits, split_elems=split))
     for spec in args.extra:  # e.g. chunk=2048,weight_grad=auto,logits=float32
         kw = dict(item.split("=") for item in spec.split(","))
-        kw = {k: (int(v) if k in INT_FIELDS else v.lower() in ("1", "true") if k in BOOL_FIELDS else v)
-              for k, v in kw.items()}
+        kw = {k: (int(v) if k in INT_FIELDS else v) for k, v in kw.items()}
         out.append(S(**kw))
     return list(dict.fromkeys(out))
 
@@ -142,6 +140,10 @@ def label(s):
     acc = "" if s.accumulate == "auto" else f",{s.accumulate}"
     rows = "auto" if s.chunk_rows is None else s.chunk_rows  # None: the plan's choice (4096 under halves)
     fwd = "" if s.forward_rows is None else f",fwd{s.forward_rows}"
+    if s.forward_sweep == "plain":  # the forward's sweep as every forward ran until 2026-12-03
+        fwd += ",plain"
+    elif (s.forward_block, s.forward_stages) != (1024, 3):
+        fwd += f",pipe{s.forward_block}x{s.forward_stages}"
     return f"ours[c{rows},{s.weight_grad}{acc},{s.logits},split{s.split_elems}{fwd}]"
 
 

@@ -1,6 +1,7 @@
 """Compile implementations/triton-fused's kernels for sm_90 offline (no GPU), for every switch set its
 launches use: each declared member's semantics (at the spec draft's defaults), bf16 and fp32 logits,
-WRITE_GRAD on and off, one program per row and the split rows of the default settings.
+WRITE_GRAD on and off (off: the default forward-only sweep), one program per row and the split rows of the
+default settings.
     python3 benchmarks/fused_compile.py                                   # the installed triton
     PYTHONPATH=/tmp/site36 python3 benchmarks/fused_compile.py            # the H200's triton 3.6
 (`python3 -m pip install --no-deps --target /tmp/site36 triton==3.6.0` first, as benchmarks/
@@ -72,8 +73,13 @@ def main() -> dict:
                 for split in (1, triton.cdiv(vocab, piece_split)):
                     piece = triton.cdiv(vocab, block) * block if split == 1 else piece_split
                     for write in (True, False):
-                        c = dict(CHUNK=piece, BLOCK=block, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
-                                 **s.switches(), NEEDS_LOGP=s.needs_logp or write, WRITE_GRAD=write, HINTS=True)
+                        # the plan's sweeps (plan.FusedPlan.grad_sweep / forward_sweep): forward-only pipelined
+                        sweep = dict(BLOCK=block, STAGES=1, VECTOR=False, HINTS=True)
+                        if not write and settings.forward_sweep == "pipelined":
+                            sweep = dict(BLOCK=settings.forward_block, STAGES=settings.forward_stages, VECTOR=True,
+                                         HINTS=False)
+                        c = dict(CHUNK=piece, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split), **sweep,
+                                 **s.switches(), NEEDS_LOGP=s.needs_logp or write, WRITE_GRAD=write)
                         case = f"rows-{name}-{logits[1:]}-split{split}-{'grad' if write else 'loss'}"
                         out[case] = compile_(case, kernels._rows_kernel, c, ptrs, settings.num_warps)
             for logp_only in (False, True):

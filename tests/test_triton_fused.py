@@ -13,8 +13,9 @@ bfloat16 GEMM runs through the Triton kernel (_acc_gemm_kernel, half of the inte
 members of TRITON_GEMM, which between them give it every shape it sees here (K 5 and 8 rows, with and
 without a bias, two weights), and through the CPU's float32 addmm for the others: the kernel does not
 depend on the member, the accumulator's plan runs for every member either way;
-the forward under torch.no_grad and the GEMMs it runs (the logits GEMM only; none where the loss does
-not read the logits); a second backward through a retained graph; masked rows of hidden, reference
+the forward under torch.no_grad and the GEMMs it runs (the logits GEMM only, per forward chunk; none
+where the loss does not read the logits), through the pipelined sweep (one step, and steps of 32 with a
+partial last one) and the plain one; a second backward through a retained graph; masked rows of hidden, reference
 hidden and old log-probs poisoned with NaN. One subprocess (the variable must be set before triton is
 imported). Fast lane: the auto strategy at the seed shape, GSPO chunking, the copies in vendored.py
 equal to their originals. Slow lane also: every kernel compiles for sm_90.
@@ -153,12 +154,14 @@ for m_i, (member, (kw, extra)) in enumerate(MEMBERS.items()):
         # chunks of 5 rows (they split sequences) with the float32 accumulator (its Triton GEMM for the
         # members of TRITON_GEMM), upstream 0.37; chunks of 5 rows holding d logits with float32 logits
         # (the scalars 1, 0.25, 0.25, 1 for SCALES); chunks of 5 rows holding d logits in the weight's dtype;
-        # each call's last backward is followed by a second one (2.5) through the retained graph.
+        # each call's last backward is followed by a second one (2.5) through the retained graph. The
+        # forward-only calls: the pipelined sweep in chunks of 5 (one step of 256 for V 129; steps of 32
+        # over float32 logits, a partial last one), then the plain sweep over one chunk of all 16 rows.
         gemm = "triton" if member in TRITON_GEMM else "auto"
         runs = [(S(chunk_rows=5, weight_grad="fp32" if gemm == "triton" else "halves", accumulate=gemm), (0.37,)),
-                (S(chunk_rows=5, weight_grad="hold", logits="float32"),
+                (S(chunk_rows=5, weight_grad="hold", logits="float32", forward_block=32),
                  (1.0, 0.25, 0.25, 1.0) if (member, dtype) == (SCALES[0], getattr(torch, SCALES[1])) else (1.0,)),
-                (S(chunk_rows=5, weight_grad="hold"), (1.0,))]
+                (S(chunk_rows=5, weight_grad="hold", forward_rows=16, forward_sweep="plain"), (1.0,))]
         r["accumulate"] = gemm
         r["triton_gemms"] = []
         for s_i, (settings, scales) in enumerate(runs):
@@ -210,12 +213,13 @@ def _check(key: str, r: dict) -> None:
     ref = r["ref_loss"]
     for f in r["forward"]:
         assert abs(f["loss"] - ref) <= loss_tol * max(1.0, abs(ref)), (key, "no_grad forward", f, ref)
-    # forward-only (always chunked): one logits GEMM per chunk (two with a reference weight): 16 rows in chunks
-    # of 5 (sequence level: whole sequences of 8); none where the loss does not read the logits (token-is)
+    # forward-only: one logits GEMM per chunk (two with a reference weight): 16 rows in chunks of 5 (sequence
+    # level: whole sequences of 8), then one chunk of 16 (forward_rows); none where the loss does not read
+    # the logits (token-is)
     per_chunk = 2 if member.endswith("ref-weight") else 1
     n_chunks = 2 if member.startswith("sequence") else 4
-    want = 0 if member.startswith("token-is") else per_chunk * n_chunks
-    assert [f["gemms"] for f in r["forward"]] == [want] * len(r["forward"]), (key, r["forward"])
+    want = [0, 0, 0] if member.startswith("token-is") else [per_chunk * n_chunks] * 2 + [per_chunk]
+    assert [f["gemms"] for f in r["forward"]] == want, (key, r["forward"])
     names = {"hidden", "weight", "bias"} if member == "token-is-bias" else {"hidden", "weight"}
     assert len(r["calls"]) == (6 if key == "token-offpolicy-mask-kl/float32" else 3)
     for c in r["calls"]:
@@ -379,6 +383,16 @@ def test_sequence_level_chunks_hold_whole_sequences_and_settings_are_checked():
         sem.FusedSettings(weight_grad="bf16")
     with pytest.raises(ValueError, match="forward_rows"):
         sem.FusedSettings(forward_rows=0)
+    with pytest.raises(ValueError, match="forward_sweep"):
+        sem.FusedSettings(forward_sweep="vector")
+    with pytest.raises(ValueError, match="forward_block"):
+        sem.FusedSettings(forward_block=1000)
+    # the forward-only sweep: pipelined by default (block capped at the row), the gradient sweep otherwise
+    p = plan.FusedPlan(4, 7, 8, 33, torch.float32, torch.device("cpu"), s, sem.FusedSettings())
+    assert p.forward_sweep == dict(BLOCK=64, STAGES=3, VECTOR=True, HINTS=False)
+    assert p.grad_sweep == dict(BLOCK=64, STAGES=1, VECTOR=False, HINTS=False)  # no L2 hint on the CPU
+    p = plan.FusedPlan(4, 7, 8, 33, torch.float32, torch.device("cpu"), s, sem.FusedSettings(forward_sweep="plain"))
+    assert p.forward_sweep == p.grad_sweep
     for rows, want in ((5, 7), (20, 14)):  # forward-only chunks hold whole sequences too
         p = plan.FusedPlan(4, 7, 8, 33, torch.float32, torch.device("cpu"), s, sem.FusedSettings(forward_rows=rows))
         assert p.forward_chunk == want, (rows, p.forward_chunk)

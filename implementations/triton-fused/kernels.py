@@ -62,8 +62,12 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
                  HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DELTA: tl.constexpr,
                  CISPO: tl.constexpr, KL_BC: tl.constexpr, SAPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
-                 NEEDS_LOGP: tl.constexpr, WRITE_GRAD: tl.constexpr, HINTS: tl.constexpr):
-    """HINTS (CUDA): the first sweep keeps the piece in L2 (evict_last) for the gradient's sweep."""
+                 NEEDS_LOGP: tl.constexpr, WRITE_GRAD: tl.constexpr, HINTS: tl.constexpr, STAGES: tl.constexpr,
+                 VECTOR: tl.constexpr):
+    """HINTS (CUDA): the first sweep keeps the piece in L2 (evict_last) for the gradient's sweep.
+    STAGES / VECTOR: the first sweep's software pipelining (blocks in flight per program) and per-lane
+    running (max, sum) with no block-wide reduction inside the loop (vendored._chunk_stats); the
+    forward-only sweep's settings (FusedSettings.forward_sweep), 1 / False where the gradient follows."""
     pid = tl.program_id(0)
     r = pid // SPLIT
     k = pid % SPLIT
@@ -78,7 +82,7 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
     if live:
         target = tl.load(ids_ptr + token)
         if NEEDS_LOGP or WRITE_GRAD:
-            m, s = _chunk_stats(row_ptr, start, start + CHUNK, vocab, inv_temp, BLOCK, 1, HINTS, False)
+            m, s = _chunk_stats(row_ptr, start, start + CHUNK, vocab, inv_temp, BLOCK, STAGES, HINTS, VECTOR)
             x_c = tl.load(row_ptr + target).to(tl.float32)  # before the arrival: its piece may be overwritten next
             if SPLIT > 1:
                 tl.store(part_ptr + r * SPLIT + k, m)

@@ -71,6 +71,18 @@ class FusedPlan:
         self.split = triton.cdiv(vocab, piece)
         self.warps = 4 if cpu else settings.num_warps
         self.hints = not cpu
+        # the token-level loss kernel's first sweep: where d logits follow, one block in flight and the
+        # piece kept in L2 for the gradient's sweep; forward-only (its one pass over the logits), blocks
+        # pipelined with per-lane sums and no L2 hint (FusedSettings.forward_sweep)
+        self.grad_sweep = dict(BLOCK=block, STAGES=1, VECTOR=False, HINTS=self.hints)
+        self.forward_sweep = self.grad_sweep
+        if settings.forward_sweep == "pipelined":
+            self.forward_sweep = dict(BLOCK=min(settings.forward_block, triton.next_power_of_2(vocab)),
+                                      STAGES=settings.forward_stages, VECTOR=True, HINTS=False)
+        # one program per row never touches the arrival counters or the partials: one pair for every call
+        # (no zeroing launch per chunk)
+        self.no_counts = torch.zeros(1, dtype=torch.int32, device=device)
+        self.no_part = torch.empty(1, dtype=torch.float32, device=device)
         self.c_pred = torch.ones(1, dtype=torch.float32, device=device)
         self.weight_grad = self._strategy()
         # rows per chunk: of a call that forms gradients (per strategy: halves runs larger chunks), of a
@@ -158,13 +170,16 @@ class FusedPlan:
         ref = ref if ref is not None else x.adv
         c = c if c is not None else x.adv  # read only when the gradient is written
         if not s.sequence:
-            counts = torch.zeros(n if self.split > 1 else 1, dtype=torch.int32, device=self.device)
-            part = torch.empty(2 * n * self.split if self.split > 1 else 1, dtype=torch.float32, device=self.device)
+            counts, part = self.no_counts, self.no_part
+            if self.split > 1:  # zeroed per launch: the row's pieces count their arrivals
+                counts = torch.zeros(n, dtype=torch.int32, device=self.device)
+                part = torch.empty(2 * n * self.split, dtype=torch.float32, device=self.device)
+            sweep = self.grad_sweep if write_grad else self.forward_sweep
             kernels._rows_kernel[(n * self.split,)](
                 buf, gbuf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
-                buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, BLOCK=self.block, SPLIT=self.split,
+                buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, SPLIT=self.split,
                 SPLIT_P2=triton.next_power_of_2(self.split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
-                WRITE_GRAD=write_grad, HINTS=self.hints, num_warps=self.warps)
+                WRITE_GRAD=write_grad, **sweep, num_warps=self.warps)
             return
         kernels._stats_kernel[(n,)](buf, x.ids, old, ref, mask, ws, r0, self.tokens, self.vocab, buf.stride(0),
                                     s.inv_temp, s.inv_lo, BLOCK=self.block, HAS_OLD=True, HAS_KL=s.has_kl,

@@ -143,7 +143,13 @@ class FusedSettings:
     GEMM rounds the logits to the weight's dtype, and d logits are written over them) or "float32"
     (cuBLAS writes float32 logits into a buffer of their own: half the rounding error of the loss
     terms at |z| ~ 8 in bf16 is gone, for one more chunk buffer in float32 and twice the loss
-    kernel's reads)."""
+    kernel's reads). forward_sweep: how the token-level loss kernel reads the logits in a forward-only
+    call (its one pass beyond the GEMM): "pipelined" (forward_block elements a step, forward_stages
+    steps in flight per program, a running (max, sum) per lane: no block-wide reduction inside the
+    loop, no L2 hint: nothing reads the logits again) or "plain" (the first sweep of a call that forms
+    gradients, as every forward ran until 2026-12-03: block elements a step, one in flight, each step
+    reduced block-wide). "pipelined" is chosen by arithmetic and unmeasured (docs/fused-kernel.md,
+    "Forward-only: where the time goes")."""
 
     chunk_rows: Optional[int] = None
     weight_grad: str = "auto"
@@ -153,6 +159,9 @@ class FusedSettings:
     logits: str = "weight"
     accumulate: str = "auto"  # the "fp32" strategy's GEMM: "auto" (cuBLAS where torch allows), "cublas", "triton"
     forward_rows: Optional[int] = None
+    forward_sweep: str = "pipelined"
+    forward_block: int = 1024
+    forward_stages: int = 3
 
     def __post_init__(self):
         if self.weight_grad not in WEIGHT_GRAD_STRATEGIES:
@@ -164,8 +173,13 @@ class FusedSettings:
         for rows in (self.chunk_rows, self.forward_rows):
             if rows is not None and rows < 1:
                 raise ValueError(f"chunk_rows and forward_rows must be None or >= 1; got {rows}")
-        if self.block < 16 or self.block & (self.block - 1):
-            raise ValueError(f"block must be a power of two >= 16; got {self.block}")
+        for name in ("block", "forward_block"):
+            b = getattr(self, name)
+            if b < 16 or b & (b - 1):
+                raise ValueError(f"{name} must be a power of two >= 16; got {b}")
+        if self.forward_sweep not in ("pipelined", "plain") or self.forward_stages < 1:
+            raise ValueError(f"forward_sweep must be 'pipelined' or 'plain' and forward_stages >= 1; got "
+                             f"{self.forward_sweep!r}, {self.forward_stages}")
 
     def rows(self, strategy: str, hidden: int) -> int:
         """Rows per chunk of a call that forms gradients with this weight-gradient strategy."""
