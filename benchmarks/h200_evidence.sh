@@ -36,6 +36,10 @@
 #   bash benchmarks/h200_evidence.sh round20a   # fifth session: fused_bench b16 (halves), triton-fused token-is b2-b16
 #   bash benchmarks/h200_evidence.sh round20c   # fused-liger seed-b16, then the logits sweep (full grid, 300 s)
 #   bash benchmarks/h200_evidence.sh round20b   # five masked members of triton-fused at seed-b16
+#   bash benchmarks/h200_evidence.sh round21a   # sixth session's branch h/fused32, 1 of 3 (~6.5 min): fused_bench b2/b16
+#                                               # (forward sweep, halves chunk), triton-fused token-is, -bias, -offpolicy-mask b2-b16
+#   bash benchmarks/h200_evidence.sh round21b   # 2 of 3 (~7 min): kl, kl-ref-weight, bnpo-mask at b2-b16
+#   bash benchmarks/h200_evidence.sh round21c   # 3 of 3 (~6 min): dr-grpo-mask, dapo-mask, sequence-offpolicy-mask at b2-b16
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -351,6 +355,30 @@ case "${1:-probe}" in
     check_one fused-liger 245 --member token-is --workload seed-b16
     timeout -s KILL 330 python3 benchmarks/sweep_logits.py --budget-s 300 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits (full grid, budget 300 s): exit $?"; tail -c 6000 "$R/sweep.log"
+    ;;
+  round21a)  # branch h/fused32 (halves in 4096-row chunks, the pipelined forward sweep; a new folder identity), 1 of 3.
+              # fused_bench at b2 and b16: the default (auto) against forward_sweep=plain (the old forward) and halves
+              # at 2048 / 4096 rows, forward and full (~40 s: round20a's b16 took 16 s); then every member of the fused
+              # spec at seed-b2..b16, three members a part, in the spec's order. Estimates from the logged check times
+              # (h200-2026-12-03c round18a/c-f, h200-2026-12-03d round20a, round20b-inline): a member's four
+              # workloads take ~105-125 s (b2 ~22-27, b4 ~13-16, b8 ~23-28, b16 ~44-57), kl-ref-weight ~160
+              # (b16 75 s); each limit leaves ~30% over its estimate, and --deadline (limit - 70) stops cleanly before.
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 120 python3 benchmarks/fused_bench.py --batches 2 16 --chunks 2048 4096 --strategies halves \
+      --split 0 --no-liger --extra weight_grad=auto weight_grad=auto,forward_sweep=plain --out "$R/fb21.json" \
+      > "$R/fb21.log" 2>&1
+    status "fused_bench b2 b16 (auto, auto+plain forward, halves c2048/c4096): exit $?"
+    grep -E "^\| (2|16) \| (full|forward) \||check" "$R/fb21.log"
+    check_one triton-fused 420 --member token-is --member token-is-bias --member token-offpolicy-mask \
+      --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases
+    ;;
+  round21b)  # 2 of 3 (~400 s estimated: 121 + 162 + 117)
+    check_one triton-fused 520 --member token-offpolicy-mask-kl --member token-offpolicy-mask-kl-ref-weight \
+      --member bnpo-mask --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases
+    ;;
+  round21c)  # 3 of 3 (~360 s estimated: 117 + 117 + 122)
+    check_one triton-fused 480 --member dr-grpo-mask --member dapo-mask --member sequence-offpolicy-mask \
+      --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
