@@ -112,8 +112,8 @@ WEIGHT_GRAD_STRATEGIES = ("auto", "hold", "halves", "fp32")
 
 # Rows per chunk where FusedSettings leaves them to the plan (docs/fused-kernel.md, "Chunk sizes").
 # CHUNK_ROWS: calls that form gradients, hold or fp32 (round15s, round18e). HALVES_ROWS: the halves
-# accumulator reads and writes its 2 V H-byte float32 sums once per chunk, so fewer, larger chunks move
-# fewer bytes: fused_bench at batch 16 (device call round20a, fb16.log) measured 75.52 ms (0.970x the
+# accumulator's GEMMs read and write all its float32 sums (4 V H bytes, both halves) once per chunk, so
+# fewer, larger chunks move fewer bytes: fused_bench at batch 16 (device call round20a, fb16.log) measured 75.52 ms (0.970x the
 # GEMMs) at 4096 rows against 77.52 ms (0.995x) at 2048, 2.08 against 1.59 GiB net (0.70x and 0.54x of
 # Liger's 2.95). Capped at H rows: then one chunk of d logits (C V 2 bytes) is at most the float32 half
 # (2 V H), and the halves path holds at most 4 V H bytes, as hold does where auto picks it.
