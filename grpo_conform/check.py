@@ -156,7 +156,7 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     sandbox_preflight(request.sandbox, device.type)
     say = Reporter(progress)
     if request.jobs == 0:
-        request = replace(request, jobs=auto_jobs(plan, device.type))
+        request = replace(request, jobs=auto_jobs(plan, device.type, request.fail_fast))
     if request.gpus is not None or request.jobs > 1:
         return run_slots(request, plan, device, say, stop, check_implementation)
     started = utc_now()

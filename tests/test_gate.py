@@ -493,6 +493,7 @@ def test_jobs_auto_is_one_slot_per_core_on_the_cpu_and_one_on_cuda(monkeypatch):
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1})
     assert parallel.auto_jobs(plan, "cpu") == 2
     assert parallel.auto_jobs(plan, "cuda") == 1  # timed runs never share a GPU
+    assert parallel.auto_jobs(plan, "cpu", fail_fast=True) == 1  # the first failure stops what comes after it
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: set(range(64)))
     assert parallel.auto_jobs(plan, "cpu") == parallel.AUTO_JOBS_CAP
     one = build_plan(CheckRequest((str(ROOT / "implementations" / "pytorch"),), members=("token-is",)), CPU)

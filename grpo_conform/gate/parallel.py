@@ -113,12 +113,14 @@ def with_uid_blocks(slots: list[Slot]) -> tuple[list[Slot], list[str]]:
 AUTO_JOBS_CAP = 4  # each CPU slot holds a parent and a worker (~1 GB at the CPU tiers' shapes)
 
 
-def auto_jobs(plan, device_type: str) -> int:
+def auto_jobs(plan, device_type: str, fail_fast: bool = False) -> int:
     """`--jobs auto` (the CLI's default): on the CPU one slot per usable core, at most one per member to
     run (a member split over slots repeats its per-member costs, `make_jobs`) and AUTO_JOBS_CAP; one
     on CUDA, where timed runs never share a GPU (`--gpus` spreads over GPUs). A single slot runs in
-    this process, as `--jobs 1` does. The README's main command, 20 members on 2 cores: docs/timing.md."""
-    if device_type != "cpu":
+    this process, as `--jobs 1` does. With `--fail-fast` one: a slot runs its job to the end, and the
+    first failure must stop everything after it. The README's main command, 20 members on 2 cores:
+    docs/timing.md."""
+    if device_type != "cpu" or fail_fast:
         return 1
     members = sum(1 for p in plan.implementations if not p.skip for m in p.members if m.workloads)
     return max(1, min(len(os.sched_getaffinity(0)), members, AUTO_JOBS_CAP))
