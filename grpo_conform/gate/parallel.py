@@ -110,7 +110,7 @@ def with_uid_blocks(slots: list[Slot]) -> tuple[list[Slot], list[str]]:
     return [replace(s, env={**s.env, uids.ENV_UIDS: f"{lo}-{hi}"}) for s, (lo, hi) in zip(slots, blocks)], []
 
 
-AUTO_JOBS_CAP = 4  # each CPU slot holds a parent and a worker (~1 GB at the CPU tiers' shapes)
+AUTO_JOBS_CAP = 4  # each CPU slot holds a parent, a zygote and a worker (the largest of them 0.6 GB in the main command)
 
 
 def auto_jobs(plan, device_type: str, fail_fast: bool = False) -> int:
