@@ -255,7 +255,7 @@ def test_every_member_matches_the_reference(full):
     assert gemm == {"token-is-bias", "token-offpolicy-mask-kl-ref-weight", "sequence-offpolicy-mask"}, gemm
     for key, r in full.items():  # it ran there (on the accumulator's plan only), and nowhere else
         want = key.endswith("/bfloat16") and key.split("/")[0] in gemm
-        assert (r["triton_gemms"][0] > 0) == want and r["triton_gemms"][1:] == [0, 0], (key, r["triton_gemms"])
+        assert (r["triton_gemms"][0] > 0) == want and not any(r["triton_gemms"][1:]), (key, r["triton_gemms"])
 
 
 def test_declared_members_are_the_tested_ones():
