@@ -223,7 +223,7 @@ def _shifts(x, p: GrpoParameters, logp: torch.Tensor, grid: torch.Tensor) -> lis
                 # Every token moved by the same fraction of its own d: the sequence's log-ratio (their mean)
                 # reaches the bound whenever the mean of d does. Clipping one shift to each token's d (as at
                 # token level) moved the mean less than it can move, and a sequence the implementation's
-                # arithmetic put across a bound failed (TRL's fused route, the peers lane, ~1 run in 16).
+                # arithmetic put across a bound was not covered (docs/operations.md: TRL's fused route, 1 run in 16).
                 scale = torch.where(reach > 0, to_bound / reach.clamp_min(1e-300), torch.zeros_like(reach))
                 out.append(grid * scale.clamp(-1.0, 1.0))
             else:
