@@ -248,13 +248,16 @@ class Plan:
         self.block_t = min(1024, triton.next_power_of_2(max(1, self.seq)))
         cuda = logits.is_cuda and not interpreting()
         self.staged = None
+        self.staged_head = False  # rows off 16-byte boundaries: the staged kernels' HEAD path (staged_rows.py)
         if cuda:  # this shape's launch configuration (configs.py: the shipped one unless a measured rule says otherwise)
             self.choice = configs.choose(vocab, self.rows, logits.dtype, "sequence" if sem.coupled else "token")
             self.tuning = tuning = self.choice.tuning_for(tuning, vocab)
         if cuda and tuning.staged:
             from . import launch
-            if launch.staged_ok(logits, launch.Problem.of(logits, 0.2, 0.2, 1.0)):
+            rows = launch.staged_rows(logits, launch.Problem.of(logits, 0.2, 0.2, 1.0))
+            if rows is not None:
                 self.staged = self.choice.settings(vocab, logits.dtype)
+                self.staged_head = rows == "head"
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count if cuda else 1
         # main (waiting split) kernel
         t = tuning
