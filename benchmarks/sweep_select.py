@@ -37,13 +37,13 @@ def select(run: list[dict], sel: Selection) -> list[dict]:
 
 
 def for_level(configs) -> dict:
-    """configs.FOR_LEVEL, plus "plain" second where the vocabulary is not a multiple of 16 elements
-    (sweep_plan.Shape.staged False): those rows ran the plain kernels until the staged HEAD path
-    (implementations/triton/staged_rows.py) took them, so "plain" beside "shipped" is that change's A/B in
-    one run, the gradients compared too."""
+    """configs.FOR_LEVEL, plus "no-head" second where the vocabulary is not a multiple of 16 elements
+    (sweep_plan.Shape.staged False): those rows ran the plain kernels, one element per access, until the
+    head/body/tail split (implementations/triton/staged_rows.py, grad.py) took them, so "no-head" beside
+    "shipped" is that change's A/B in one run, the gradients compared too."""
     out = dict(configs.FOR_LEVEL)
-    if "plain" in configs.CANDIDATES:
+    if "no-head" in configs.CANDIDATES:
         for key, names in out.items():
-            if not key[1] and "plain" not in names:
-                out[key] = names[:1] + ("plain",) + names[1:]
+            if not key[1] and "no-head" not in names:
+                out[key] = names[:1] + ("no-head",) + names[1:]
     return out

@@ -1,8 +1,8 @@
 """The bundled Triton implementation's GPU-only paths (the shared-memory staged kernels of
 implementations/triton/staged.py, Gluon) against the float64 reference: every logits dtype, vocabularies
 that take the staged path (multiples of 16: one chunk, several, a part-filled last chunk), vocabularies
-whose rows start off 16-byte boundaries (the HEAD path, staged_rows.py: also against the plain kernels it
-replaced, configs "plain") and rows neither path serves (the plain kernels). Skipped without CUDA (CI has
+whose rows start off 16-byte boundaries (the HEAD path, staged_rows.py and grad.py: also against the plain
+kernels it replaced, configs "no-head") and rows neither path serves (the plain kernels). Skipped without CUDA (CI has
 none); run on the device machine by benchmarks/h200_evidence.sh."""
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def test_staged_member_kernels_compiled(member):
     assert err < TOLERANCE[torch.bfloat16], f"relative Frobenius error {err:.2e}"
 
 
-@pytest.mark.parametrize("vocab,config", [(128256, "shipped"), (40001, "shipped"), (40001, "plain")], ids=str)
+@pytest.mark.parametrize("vocab,config", [(128256, "shipped"), (40001, "shipped"), (40001, "no-head")], ids=str)
 def test_token_is_backward_reads_d_loss(vocab, config):
     """token-is is deferred (plan.Plan.deferred): the forward reads no logits, and backward's one kernel
     computes the statistics and writes d loss * gradient; any d loss, twice through a retained graph.
@@ -295,7 +295,7 @@ def _run_member(x, params, config):
 @pytest.mark.parametrize("member,vocab,dtype", HEAD_CASES, ids=str)
 def test_head_path_matches_the_plain_kernels(member, vocab, dtype):
     """Every member the staged kernels serve, at vocabularies whose rows start off 16-byte boundaries: the
-    staged HEAD launch (shipped) and the plain kernels (configs "plain", what ran there before) give the
+    staged HEAD launch (shipped) and the plain kernels (configs "no-head", what ran there before) give the
     same loss and, element by element, the same gradient to one rounding of the dtype; both match the
     float64 reference."""
     from grpo_conform.ops.grpo_logits.reference import GrpoParameters as P
@@ -304,9 +304,9 @@ def test_head_path_matches_the_plain_kernels(member, vocab, dtype):
     x, params = _member_call(member, dtype, vocab)
     head_fwd, head, plans = _run_member(x, params, "shipped")
     assert staged_members.DISABLED == []
-    assert plans and all(p.staged is not None and p.staged_head for p in plans)
-    plain_fwd, plain, plans = _run_member(x, params, "plain")
-    assert plans and all(p.staged is None for p in plans)
+    assert plans and all(p.staged is not None and p.staged_head and p.grad_head for p in plans)
+    plain_fwd, plain, plans = _run_member(x, params, "no-head")
+    assert plans and all(p.staged is None and not p.grad_head for p in plans)
     cpu = {k: v.cpu() for k, v in x.items()}
     p = P.from_mapping({"importance_sampling_level": "token", **params})
     ref_loss, ref_grad = _ref_loss(cpu, p), reference_gradient_dense(cpu, p)

@@ -71,14 +71,16 @@ def _configs():
 
 
 def test_unaligned_shapes_time_the_plain_kernels_beside_the_head_path():
-    """Where V % 16 != 0, "shipped" is now the staged HEAD path; "plain" (second) is the launch those shapes
-    had before it, and the plain-* candidates switch staging off, or they would time the HEAD path again."""
+    """Where V % 16 != 0, "shipped" is now the head/body/tail split; "no-head" (second) is the launch those
+    shapes had before it, and the plain-* candidates switch staging off, or they would time the staged HEAD
+    path again."""
     configs = _configs()
     fl = ss.for_level(configs)
     for (level, staged), names in fl.items():
         assert names[0] == "shipped" and all(n in configs.CANDIDATES for n in names)
-        assert ("plain" in names) == (not staged), (level, staged)
+        assert ("no-head" in names) == (not staged), (level, staged)
         if not staged:
-            assert names[1] == "plain" and names[2:] == configs.FOR_LEVEL[(level, staged)][1:]
+            assert names[1] == "no-head" and names[2:] == configs.FOR_LEVEL[(level, staged)][1:]
     for name, choice in configs.CANDIDATES.items():
         assert (dict(choice.tuning).get("staged") is False) == name.startswith("plain"), name
+        assert (dict(choice.tuning).get("head") is False) == (name == "no-head"), name

@@ -157,11 +157,25 @@ for tag, dtype, vocab in (("bf16", torch.bfloat16, 50257), ("fp32", torch.float3
         out[f"{kind}-{tag}"] = {"copies": copies, "blocks": cx["CHUNK"] // cx["BLOCK"],
                                 "reps": cx["BLOCK"] // (32 * warps * cx["VEC"]),
                                 "v4_stores": len(re.findall(r"st\.global\S*\.v4\.b32", ptx))}
+# the backward's plain kernel (grad.py), HEAD on: its body's loads and stores 16 bytes wide
+from triton.compiler import ASTSource
+grad = __import__("gt_compile.grad", fromlist=["_grad_kernel"])
+fn, names = grad._grad_kernel, grad._grad_kernel.arg_names
+cx = dict(CHUNK=2048, NUM_CHUNKS=25, FORCE_STATS=True, UPDATE_FLAG=False, HINTS=True, HEAD=True, VEC=8)
+ptrs = {"logits_ptr": "*bf16", "grad_ptr": "*bf16", "ids_ptr": "*i64"}
+sig = {n: "constexpr" if n in cx else ptrs.get(n, "*fp32" if n.endswith("_ptr") else "fp32" if n == "inv_temp" else "i32")
+       for n in names}
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+ptx = triton.compile(ASTSource(fn, sig, {(names.index(k),): v for k, v in cx.items()}, attrs),
+                     target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+out["grad-bf16"] = {"ld_v4": len(re.findall(r"ld\.global\S*\.v4", ptx)),
+                    "st_v4": len(re.findall(r"st\.global\S*\.v4", ptx)),
+                    "ld_b16": len(re.findall(r"ld\.global(?!\S*\.v\d)\S*\.b16", ptx))}
 print(json.dumps(out))
 '''
 
 
-@pytest.mark.slow  # ~30 s on 2 cores: four Gluon compiles for sm_90, no GPU
+@pytest.mark.slow  # ~30 s on 2 cores: four Gluon compiles and one Triton compile for sm_90, no GPU
 def test_head_kernels_compile_to_16_byte_copies(tmp_path):
     """HEAD=True kernels, specialised as the JIT specialises them at V 50257 (vocabulary and strides not
     multiples of 16), compile for an H200 and keep cp.async at 16 bytes per copy, REPS per thread and block
@@ -175,6 +189,10 @@ def test_head_kernels_compile_to_16_byte_copies(tmp_path):
                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     assert run.returncode == 0, run.stderr[-4000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
+    # the backward kernel: 16 elements per thread and item (2048 / 128 threads) in two 16-byte loads and
+    # stores (the old kernel at V 50257: 16 two-byte loads, triton 3.6); head and tail one element per thread
+    grad = out.pop("grad-bf16")
+    assert grad["ld_v4"] >= 2 and grad["st_v4"] >= 2 and grad["ld_b16"] <= 2, grad
     for case, rec in out.items():
         sizes = {int(c, 0) for c in rec["copies"]}
         assert sizes == {16}, (case, sizes)
@@ -182,3 +200,91 @@ def test_head_kernels_compile_to_16_byte_copies(tmp_path):
         assert len(rec["copies"]) == pieces, (case, len(rec["copies"]), pieces)
         if case.startswith("member"):
             assert rec["v4_stores"] >= pieces, case
+
+
+def test_the_two_row_split_twins_agree():
+    """staged_rows._row_split (Gluon) and grad._row_split (Triton) are one formula in two dialects."""
+    gluon_split, triton_split = _load("staged_rows")._row_split.fn, _load("grad")._row_split.fn
+    for vec in (4, 8):
+        for vocab in (16, 37, 131, 50257):
+            for offset in range(0, 3 * vec * vocab, vocab):
+                assert gluon_split(offset, vocab, vec) == triton_split(offset, vocab, vec)
+
+
+INTERP = r'''
+import importlib, json, sys, types
+from dataclasses import replace
+import torch
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_loss
+
+pkg = types.ModuleType("grpo_impl_triton_head"); pkg.__path__ = [sys.argv[1]]; sys.modules[pkg.__name__] = pkg
+impl = importlib.import_module(pkg.__name__ + ".impl")
+base = impl.cpu_tuning
+MEMBERS = {"token-offpolicy-mask": dict(loss_type="grpo"),
+           "sequence-offpolicy-mask": dict(loss_type="grpo", importance_sampling_level="sequence")}
+B, S = 2, 4
+out = {}
+for vocab in (37, 51, 131):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        g = torch.Generator().manual_seed(vocab)
+        logits = (torch.randn(B, S + 1, vocab, generator=g) * 2).to(dtype)
+        ids = torch.randint(0, vocab, (B, S), generator=g)
+        ids[0, 0], ids[0, 1], ids[1, 0] = 0, vocab - 1, 3  # head, tail and body targets in every row split
+        with torch.no_grad():
+            lp = torch.log_softmax(logits[:, :S].double() / 0.8, -1).gather(-1, ids[..., None])[..., 0]
+        mask = torch.ones(B, S, dtype=torch.int64)
+        mask[1, 3:] = 0
+        x = {"logits": logits, "completion_ids": ids, "advantages": torch.tensor([-0.7, 1.2]),
+             "old_logprobs": (lp + 0.3 * torch.randn(B, S, generator=g, dtype=torch.float64)).float(),
+             "completion_mask": mask}
+        for member, cfg in MEMBERS.items():
+            params = dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.8, **cfg)
+            p = GrpoParameters.from_mapping({"importance_sampling_level": "token", **params})
+            ref_grad = reference_gradient_dense(x, p)[:, :S]
+            grads, heads = {}, {}
+            for head in (True, False):
+                # the plain kernels (not interp.py's twins), rows in several backward work items of 16
+                impl.cpu_tuning = lambda v, head=head: replace(base(v), interp_rows=False, grad_chunk=16,
+                                                               grad_programs_per_sm=0, head=head)
+                impl._PLANS.clear()
+                calls = []
+                for c in (1.0, 0.25):  # the token member's backward recomputes from the statistics at 0.25
+                    leaf = logits.clone().requires_grad_(True)
+                    loss = impl.grpo_loss(**{**x, "logits": leaf}, **params)
+                    (loss * c).backward()
+                    calls.append(leaf.grad.clone())
+                (plan,) = impl._PLANS.values()
+                heads[head] = plan.grad_head
+                grads[head] = calls
+            g1 = grads[True][1].double()
+            out[f"{member}/{vocab}/{str(dtype)[6:]}"] = {
+                "heads": [heads[True], heads[False]],
+                "equal": all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                             for a, b in zip(grads[True], grads[False])),
+                "frob": float((g1[:, :S] - 0.25 * ref_grad).norm() / (0.25 * ref_grad).norm()),
+                "last_zero": bool((g1[:, S] == 0).all()), "masked_zero": bool((g1[1, 3] == 0).all())}
+impl.cpu_tuning = base
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.slow  # ~60-120 s of interpreter: 18 cases, two launches each
+def test_head_split_of_the_backward_kernel_under_the_interpreter(tmp_path):
+    """grad._grad_kernel with HEAD (what the GPU runs at V 50257 for GSPO and mispredicted token calls) under
+    TRITON_INTERPRET=1 at V 37, 51, 131 in bf16, fp16 and fp32: the plan takes it (grad_head), the gradient
+    is bit for bit the one-element path's (Tuning.head False: the launch before the split) and matches the
+    float64 reference, masked and padding rows exactly zero."""
+    script = tmp_path / "head_interp.py"
+    script.write_text(INTERP)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, str(script), str(ROOT / "implementations" / "triton")], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(out) == 18
+    for case, rec in out.items():
+        assert rec["heads"] == [True, False], case
+        assert rec["equal"], case
+        tol = 1e-5 if case.endswith("float32") else 1e-2
+        assert rec["frob"] < tol, (case, rec["frob"])
+        assert rec["last_zero"] and rec["masked_zero"], case

@@ -18,9 +18,9 @@ Why these candidates (docs/triton-kernel-notes.md, round 6: 20 KB stages, 13 chu
   that holds a program slot (and its 20 KB) for the whole row while doing an eighth of the work;
   "balanced" stages keep the chunk count and even the chunks out (4 x 8192 there), "s32k" uses 2;
 - unaligned vocabularies (50257): rows off 16-byte boundaries are staged from their first boundary on
-  (staged_rows.py, the shipped launch there since issue 36's head path); "plain" and "plain-*" switch
-  staging off and time the plain kernels they ran before (the main kernel's 16384-element chunks leave
-  1105 elements in a 4th chunk: "plain-bal" evens them);
+  (staged_rows.py, the shipped launch there since issue 36's head path); "no-head" is the launch before
+  that path, "plain-*" switch staging off and time the plain kernels (the main kernel's 16384-element
+  chunks leave 1105 elements in a 4th chunk: "plain-bal" evens them);
 - the sequence level: its backward always has work (the flag never predicts it), and one program per
   work item measured 1.28 ms against 1.34 ms for the persistent grid (notes, round 9): "grad-item*".
 """
@@ -92,10 +92,11 @@ CANDIDATES: dict[str, Choice] = {
     "s32k": Choice(stage_bytes=32768),
     "s16k-b1024": Choice(stage_bytes=16384, block=1024),
     "balanced-s32k": Choice(stage_bytes=32768, balance=True),
-    # plain kernels (members.py), staging off: since rows off 16-byte boundaries are staged too (staged_rows.py),
-    # these are what the shapes FOR_LEVEL[(level, False)] names (V % 16 != 0) ran before, timed beside the
-    # shipped launch (now the staged HEAD path) by --configs: the A/B of the head path in one run
-    "plain": Choice(tuning=(("staged", False),)),
+    # the launch before the head/body/tail split of rows off 16-byte boundaries (staged_rows.py, grad.py): at
+    # V % 16 != 0 the plain kernels with one-element accesses; benchmarks/sweep_select.py times it beside the
+    # shipped launch there (the split's A/B in one run). Elsewhere it equals "shipped".
+    "no-head": Choice(tuning=(("head", False),)),
+    # plain kernels (members.py, grad.py), staging off: at V % 16 != 0 they ran there before the head path
     "plain-bal": Choice(tuning=(("staged", False),), plain_balance=True),
     "plain-c8k": Choice(tuning=(("main_chunk", 8192), ("staged", False)), plain_balance=True),
     "plain-c32k": Choice(tuning=(("main_chunk", 32768), ("main_warps", 8), ("staged", False)), plain_balance=True),

@@ -46,7 +46,7 @@ def _extra_offsets(h, body, vocab, mine, VEC: gl.constexpr, layout: gl.constexpr
     and belong to this program (`mine`: chunk 0)."""
     j = gl.arange(0, 2 * VEC, layout=layout)
     idx = gl.where(j < VEC, j, h + body + j - VEC)
-    valid = gl.where(j < VEC, j < h, idx < vocab) & mine
+    valid = ((j < VEC) & (j < h) | (j >= VEC) & (idx < vocab)) & mine
     return idx, valid
 
 
