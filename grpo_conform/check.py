@@ -39,7 +39,7 @@ from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_ti
 from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.exploration import explore_workload
 from grpo_conform.floors import compute_floor
-from grpo_conform.gate.parallel import run_slots
+from grpo_conform.gate.parallel import auto_jobs, run_slots
 from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, resolve_checks, select_outcomes, wants_timing
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform import gemm_ceiling
@@ -73,7 +73,7 @@ class CheckRequest:
     strict: bool = False  # a skipped implementation, member or workload fails the run
     changed_since: str | None = None  # only the implementation folders changed since this git ref
     shard: tuple[int, int] | None = None  # (I, N), 1 <= I <= N: this machine's part of the work
-    jobs: int = 1  # slot processes per device (GPU: capped at one when timing, see gate/parallel.py)
+    jobs: int = 1  # slot processes per device (GPU: capped at one when timing, see gate/parallel.py); 0: auto
     gpus: str | tuple[int, ...] | None = None  # "all" or GPU indices: one slot (or `jobs`) per GPU
     units: tuple[tuple[str, str, str], ...] = ()  # internal (slots): only these (path, member, workload)
     extended: bool = False  # --extended: also the spec's extended-tier workloads
@@ -155,6 +155,8 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     # --sandbox bwrap: bwrap present and able to start here, or nothing runs (never unsandboxed)
     sandbox_preflight(request.sandbox, device.type)
     say = Reporter(progress)
+    if request.jobs == 0:
+        request = replace(request, jobs=auto_jobs(plan, device.type, request.fail_fast))
     if request.gpus is not None or request.jobs > 1:
         return run_slots(request, plan, device, say, stop, check_implementation)
     started = utc_now()

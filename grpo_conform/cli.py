@@ -30,6 +30,26 @@ out = Console(soft_wrap=False, width=None if sys.stdout.isatty() or os.environ.g
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, also when stderr is not a terminal
 
 
+class JobsType(click.ParamType):
+    """`--jobs`: a count of 1 or more, or `auto` (0 in the request: resolved by the plan, gate/parallel.py)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif str(value).strip().lower() == "auto":
+            return 0
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r}: expected a whole number of slots (1 or more) or auto", param, ctx)
+        if number < 1:
+            self.fail(f"{number}: expected 1 or more slots, or auto", param, ctx)
+        return number
+
+
 def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -162,8 +182,10 @@ def spec_validate(files: tuple[str, ...]) -> None:
 @click.option("--deadline", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="start no workload after this many seconds; the rest is reported as not run (stopped) and "
                    "the records hold what completed (for a run under an outer time limit)")
-@click.option("--jobs", "-j", type=int, default=1, show_default=True,
-              help="slot processes run in parallel (per GPU with --gpus; one per GPU while timing)")
+@click.option("--jobs", "-j", type=JobsType(), default="auto", show_default=True, envvar="GRPO_CONFORM_JOBS",
+              help="slot processes run in parallel (per GPU with --gpus; one per GPU while timing); auto: one "
+                   "per usable CPU core on the CPU (at most one per member, at most 4), 1 on CUDA "
+                   "[env: GRPO_CONFORM_JOBS]")
 @click.option("--gpus", metavar="all|0,1", help="pin slots to these GPUs (CUDA_VISIBLE_DEVICES per slot)")
 @click.option("--junit-xml", type=click.Path(dir_okay=False), help="write a JUnit XML report here")
 @click.option("--summary", "summary_file", type=click.Path(dir_okay=False),

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# `check`'s default `--jobs auto` runs a multi-member CPU check in one slot process per core. The suite
+# already fills the cores (xdist -n 2): its checks run serially unless a test asks for slots (the
+# subprocesses it starts inherit this). tests/test_gate.py tests auto itself.
+os.environ.setdefault("GRPO_CONFORM_JOBS", "1")
 pytest_plugins = ["cpu_time"]  # --cpu-durations=N (tests/cpu_time.py)
 
 

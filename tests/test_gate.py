@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 import torch
 import yaml
@@ -458,9 +459,56 @@ def test_jobs_are_implementations_or_single_workloads_when_slots_are_spare(tmp_p
     plan = build_plan(CheckRequest(tuple(args), workloads=("odd-vocab", "batch1-seq1")), CPU)
     per_impl = make_jobs(plan, 2)
     assert sorted(sorted(j) for j in per_impl) == sorted(sorted(p.units()) for p in plan.implementations)
-    per_unit = make_jobs(plan, 3)  # more slots than implementations: one workload per job
+    # 3 slots, 2 one-member implementations: one of them gets two slots, its workloads one per job
+    split = make_jobs(plan, 3)
+    assert len(split) == 3 and sorted(len(j) for j in split) == [1, 1, 2]
+    assert sorted(u for j in split for u in j) == sorted(u for p in plan.implementations for u in p.units())
+    assert all(len({u[0] for u in j}) == 1 for j in split)  # a job never mixes implementations
+    per_unit = make_jobs(plan, 4)  # a slot for every workload
     assert all(len(j) == 1 for j in per_unit) and len(per_unit) == 4
     assert per_unit[0][0][2] == "odd-vocab"  # largest first (3x6x5003 logits before 1x2x4099)
+
+
+def test_spare_slots_take_whole_members_so_per_member_work_is_not_repeated():
+    from grpo_conform.gate.parallel import make_jobs
+
+    plan = build_plan(CheckRequest((str(ROOT / "implementations" / "pytorch"),)), CPU)
+    members = {m.label for m in plan.implementations[0].members if m.workloads}
+    assert len(members) > 3
+    for slots in (2, 3):
+        jobs = make_jobs(plan, slots)
+        assert len(jobs) == slots
+        owner: dict[str, int] = {}
+        for k, job in enumerate(jobs):
+            for _, member, _ in job:
+                assert owner.setdefault(member, k) == k, f"{member} split over two jobs"
+        assert set(owner) == members
+        assert sorted(u for j in jobs for u in j) == sorted(plan.implementations[0].units())
+
+
+def test_jobs_auto_is_one_slot_per_core_on_the_cpu_and_one_on_cuda(monkeypatch):
+    from grpo_conform.gate import parallel
+
+    plan = build_plan(CheckRequest((str(ROOT / "implementations" / "pytorch"),)), CPU)
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert parallel.auto_jobs(plan, "cpu") == 2
+    assert parallel.auto_jobs(plan, "cuda") == 1  # timed runs never share a GPU
+    assert parallel.auto_jobs(plan, "cpu", fail_fast=True) == 1  # the first failure stops what comes after it
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert parallel.auto_jobs(plan, "cpu") == parallel.AUTO_JOBS_CAP
+    one = build_plan(CheckRequest((str(ROOT / "implementations" / "pytorch"),), members=("token-is",)), CPU)
+    assert parallel.auto_jobs(one, "cpu") == 1  # one member: no slot process (it would repeat its costs)
+
+
+def test_jobs_option_takes_a_count_or_auto_and_refuses_the_rest():
+    from grpo_conform.cli import JobsType
+
+    jobs = JobsType()
+    assert jobs.convert("auto", None, None) == 0 and jobs.convert("AUTO", None, None) == 0
+    assert jobs.convert("3", None, None) == 3 and jobs.convert(2, None, None) == 2
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(click.BadParameter, match="1 or more"):
+            jobs.convert(bad, None, None)
 
 
 def test_stop_deadline_sets_its_reason_once_passed():

@@ -6,7 +6,8 @@ Every member the folder declares, float32 and bfloat16, B 2, T 8, H 32, V 129: t
 gradients of hidden, weight and bias; chunks of 5 rows (they split sequences; sequence-level members
 round them to whole sequences) with a float32 weight-gradient accumulator (the halves one, or for the
 members of TRITON_GEMM the plain float32 buffer through the Triton GEMM), chunks of 5 rows holding
-d logits with float32 logits, and chunks of 5 rows holding d logits in the weight's dtype; an upstream
+d logits with float32 logits, and chunks of 5 rows holding d logits in the weight's dtype (bfloat16 only,
+and the scalars' member: with float32 operands it is the plan before); an upstream
 scalar != 1 (0.37), and for token-offpolicy-mask-kl in float32 the scalars 1, 0.25, 0.25, 1 on one plan
 (the forward folds in the predicted scalar, backward rescales where it was wrong). The accumulator's
 bfloat16 GEMM runs through the Triton kernel (_acc_gemm_kernel, half of the interpreter's time) for the
@@ -159,6 +160,10 @@ for m_i, (member, (kw, extra)) in enumerate(MEMBERS.items()):
                 (S(chunk_rows=5, weight_grad="hold", logits="float32"),
                  (1.0, 0.25, 0.25, 1.0) if (member, dtype) == (SCALES[0], getattr(torch, SCALES[1])) else (1.0,)),
                 (S(chunk_rows=5, weight_grad="hold"), (1.0,))]
+        if dtype == torch.float32 and (member, "float32") != SCALES:
+            # float32 operands: "float32 logits" and "logits in the weight's dtype" are one path (plan.py's
+            # `wide`), run already by the plan before: ~15% of this script's interpreted time
+            runs = runs[:2]
         r["accumulate"] = gemm
         r["triton_gemms"] = []
         for s_i, (settings, scales) in enumerate(runs):
@@ -217,7 +222,9 @@ def _check(key: str, r: dict) -> None:
     want = 0 if member.startswith("token-is") else per_chunk * n_chunks
     assert [f["gemms"] for f in r["forward"]] == [want] * len(r["forward"]), (key, r["forward"])
     names = {"hidden", "weight", "bias"} if member == "token-is-bias" else {"hidden", "weight"}
-    assert len(r["calls"]) == (6 if key == "token-offpolicy-mask-kl/float32" else 3)
+    plans = 2 if dtype == "float32" and key != "token-offpolicy-mask-kl/float32" else 3  # see SCRIPT's `runs`
+    assert len(r["forward"]) == plans, (key, r["forward"])
+    assert len(r["calls"]) == (6 if key == "token-offpolicy-mask-kl/float32" else plans)
     for c in r["calls"]:
         assert set(c["names"]) == names, (key, c)
         assert abs(c["loss"] - ref) <= loss_tol * max(1.0, abs(ref)), (key, c)
@@ -251,7 +258,7 @@ def test_every_member_matches_the_reference(full):
     assert gemm == {"token-is-bias", "token-offpolicy-mask-kl-ref-weight", "sequence-offpolicy-mask"}, gemm
     for key, r in full.items():  # it ran there (on the accumulator's plan only), and nowhere else
         want = key.endswith("/bfloat16") and key.split("/")[0] in gemm
-        assert (r["triton_gemms"][0] > 0) == want and r["triton_gemms"][1:] == [0, 0], (key, r["triton_gemms"])
+        assert (r["triton_gemms"][0] > 0) == want and not any(r["triton_gemms"][1:]), (key, r["triton_gemms"])
 
 
 def test_declared_members_are_the_tested_ones():

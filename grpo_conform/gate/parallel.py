@@ -1,7 +1,8 @@
 """`--jobs N` and `--gpus all|0,1`: the plan's work handed to slot processes on one host.
 
 A slot is a process (`python -m grpo_conform.gate.slot`) that runs `run_check` on one job (one
-implementation, or single workloads when there are more slots than implementations) and writes
+implementation, or when there are more slots than implementations a part of one: whole members, or
+single workloads of an implementation with fewer members than its slots: `make_jobs`) and writes
 its JSON report; the parent relays its progress lines and merges the reports
 (grpo_conform.gate.merge). With `--gpus`, each GPU gets its own slots with CUDA_VISIBLE_DEVICES set
 to that GPU alone (so the slot's parent-side tensors and its worker's CUDA IPC handles agree on
@@ -109,15 +110,70 @@ def with_uid_blocks(slots: list[Slot]) -> tuple[list[Slot], list[str]]:
     return [replace(s, env={**s.env, uids.ENV_UIDS: f"{lo}-{hi}"}) for s, (lo, hi) in zip(slots, blocks)], []
 
 
+AUTO_JOBS_CAP = 4  # each CPU slot holds a parent, a zygote and a worker (the largest of them 0.6 GB in the main command)
+
+
+def auto_jobs(plan, device_type: str, fail_fast: bool = False) -> int:
+    """`--jobs auto` (the CLI's default): on the CPU one slot per usable core, at most one per member to
+    run (a member split over slots repeats its per-member costs, `make_jobs`) and AUTO_JOBS_CAP; one
+    on CUDA, where timed runs never share a GPU (`--gpus` spreads over GPUs). A single slot runs in
+    this process, as `--jobs 1` does. With `--fail-fast` one: a slot runs its job to the end, and the
+    first failure must stop everything after it. The README's main command, 20 members on 2 cores:
+    docs/timing.md."""
+    if device_type != "cpu" or fail_fast:
+        return 1
+    members = sum(1 for p in plan.implementations if not p.skip for m in p.members if m.workloads)
+    return max(1, min(len(os.sched_getaffinity(0)), members, AUTO_JOBS_CAP))
+
+
 def make_jobs(plan, slots: int) -> list[list[tuple[str, str, str]]]:
-    """One job per implementation; single workloads when there are more slots than implementations.
-    Largest first, so the long ones start early."""
+    """One job per implementation when there are at least as many implementations as slots. Otherwise
+    each implementation gets a share of the slots by its weight (at least one) and its units are packed
+    into that many jobs: whole members when it has enough of them, else single workloads. Members stay
+    whole because a worker process pays some costs once per member (`repeated-calls`' hundred calls, the
+    member's kernels compiled or interpreted the first time), and a job per unit started a slot process
+    and a worker per workload (~3 s of CPU each: 46 of them for the README's main command). Largest
+    first, so the long ones start early."""
     runnable = [p for p in plan.implementations if not p.skip]
     if len(runnable) >= slots:
         jobs = [p.units() for p in runnable]
     else:
-        jobs = [[u] for p in runnable for u in p.units()]
-    return sorted(jobs, key=lambda j: (-sum(unit_cost(plan, u) for u in j), j))
+        jobs = [g for p, k in zip(runnable, _shares(plan, runnable, slots)) for g in _pack(plan, p, k)]
+    return sorted(jobs, key=lambda j: (-_weight(plan, j), j))
+
+
+def _weight(plan, units) -> int:
+    return sum(unit_cost(plan, u) for u in units)
+
+
+def _shares(plan, runnable, slots: int) -> list[int]:
+    """Slots per implementation: one each, the rest one at a time to the heaviest per slot held (never
+    more slots than the implementation has units)."""
+    weights = [_weight(plan, p.units()) for p in runnable]
+    share = [1] * len(runnable)
+    for _ in range(slots - len(runnable)):
+        open_ = [i for i, p in enumerate(runnable) if share[i] < len(p.units())]
+        if not open_:
+            break
+        i = max(open_, key=lambda i: (weights[i] / share[i], -i))
+        share[i] += 1
+    return share
+
+
+def _pack(plan, p, k: int) -> list[list[tuple[str, str, str]]]:
+    """Units of implementation plan `p` in at most k jobs of about equal weight (greedy, heaviest first
+    to the lightest job): whole members when it has at least k of them, else single workloads."""
+    by_member: dict[str, list[tuple[str, str, str]]] = {}
+    for u in p.units():
+        by_member.setdefault(u[1], []).append(u)
+    items = list(by_member.values()) if len(by_member) >= k else [[u] for u in p.units()]
+    bins: list[list[tuple[str, str, str]]] = [[] for _ in range(min(k, len(items)))]
+    load = [0] * len(bins)
+    for item in sorted(items, key=lambda it: (-_weight(plan, it), it)):
+        i = min(range(len(bins)), key=lambda i: (load[i], i))
+        bins[i] += item
+        load[i] += _weight(plan, item)
+    return [sorted(b, key=p.units().index) for b in bins if b]
 
 
 def _slot_request(request, units, device: str) -> dict:
