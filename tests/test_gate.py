@@ -486,6 +486,24 @@ def test_spare_slots_take_whole_members_so_per_member_work_is_not_repeated():
         assert sorted(u for j in jobs for u in j) == sorted(plan.implementations[0].units())
 
 
+def test_a_member_heavier_than_a_slot_s_share_is_split_and_the_others_stay_whole():
+    from grpo_conform.gate.parallel import make_jobs
+    from grpo_conform.gate.shard import unit_cost
+
+    plan = build_plan(CheckRequest((str(ROOT / "implementations" / "pytorch"),),
+                                   members=("token-is", "dapo-mask", "bnpo-mask")), CPU)
+    units = plan.implementations[0].units()
+    weight = {m: sum(unit_cost(plan, u) for u in units if u[1] == m) for m in ("token-is", "dapo-mask", "bnpo-mask")}
+    assert weight["token-is"] > sum(weight.values()) / 2 > max(weight["dapo-mask"], weight["bnpo-mask"])
+    jobs = make_jobs(plan, 2)
+    assert len(jobs) == 2 and sorted(u for j in jobs for u in j) == sorted(units)
+    assert all(any(u[1] == "token-is" for u in j) for j in jobs)  # token-is's workloads in both slots
+    for member in ("dapo-mask", "bnpo-mask"):  # the light members whole, each in one slot
+        assert sum(any(u[1] == member for u in j) for j in jobs) == 1, (member, jobs)
+    loads = sorted(sum(unit_cost(plan, u) for u in j) for j in jobs)
+    assert loads[1] - loads[0] <= max(unit_cost(plan, u) for u in units)  # balanced within one unit
+
+
 def test_jobs_auto_is_one_slot_per_core_on_the_cpu_and_one_on_cuda(monkeypatch):
     from grpo_conform.gate import parallel
 

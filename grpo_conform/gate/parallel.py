@@ -1,8 +1,8 @@
 """`--jobs N` and `--gpus all|0,1`: the plan's work handed to slot processes on one host.
 
 A slot is a process (`python -m grpo_conform.gate.slot`) that runs `run_check` on one job (one
-implementation, or when there are more slots than implementations a part of one: whole members, or
-single workloads of an implementation with fewer members than its slots: `make_jobs`) and writes
+implementation, or when there are more slots than implementations a part of one: whole members, and
+single workloads of a member heavier than a job's share: `make_jobs`) and writes
 its JSON report; the parent relays its progress lines and merges the reports
 (grpo_conform.gate.merge). With `--gpus`, each GPU gets its own slots with CUDA_VISIBLE_DEVICES set
 to that GPU alone (so the slot's parent-side tensors and its worker's CUDA IPC handles agree on
@@ -129,8 +129,8 @@ def auto_jobs(plan, device_type: str, fail_fast: bool = False) -> int:
 def make_jobs(plan, slots: int) -> list[list[tuple[str, str, str]]]:
     """One job per implementation when there are at least as many implementations as slots. Otherwise
     each implementation gets a share of the slots by its weight (at least one) and its units are packed
-    into that many jobs: whole members when it has enough of them, else single workloads. Members stay
-    whole because a worker process pays some costs once per member (`repeated-calls`' hundred calls, the
+    into that many jobs: whole members, but the workloads of a member heavier than a job's share one by
+    one (`_pack`). Members stay whole because a worker process pays some costs once per member (`repeated-calls`' hundred calls, the
     member's kernels compiled or interpreted the first time), and a job per unit started a slot process
     and a worker per workload (~3 s of CPU each: 46 of them for the README's main command). Largest
     first, so the long ones start early."""
@@ -162,11 +162,17 @@ def _shares(plan, runnable, slots: int) -> list[int]:
 
 def _pack(plan, p, k: int) -> list[list[tuple[str, str, str]]]:
     """Units of implementation plan `p` in at most k jobs of about equal weight (greedy, heaviest first
-    to the lightest job): whole members when it has at least k of them, else single workloads."""
+    to the lightest job). A member stays whole unless it alone weighs more than a job's fair share
+    (the total over k): then its workloads go one by one, so that one large member (token-is's
+    thirteen CUDA workloads beside members of one or two) does not hold one slot while the others
+    idle. With fewer members than slots some member is always over the share."""
     by_member: dict[str, list[tuple[str, str, str]]] = {}
     for u in p.units():
         by_member.setdefault(u[1], []).append(u)
-    items = list(by_member.values()) if len(by_member) >= k else [[u] for u in p.units()]
+    share = _weight(plan, p.units()) / k
+    items: list[list[tuple[str, str, str]]] = []
+    for units in by_member.values():
+        items += [[u] for u in units] if _weight(plan, units) > share else [units]
     bins: list[list[tuple[str, str, str]]] = [[] for _ in range(min(k, len(items)))]
     load = [0] * len(bins)
     for item in sorted(items, key=lambda it: (-_weight(plan, it), it)):
