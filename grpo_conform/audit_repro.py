@@ -16,13 +16,14 @@ weight.grad is empty and autograd stores (or copies) the gradient instead of add
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from grpo_conform.audit_model import RecordAudit
-from grpo_conform.evidence import VerifyRequest, loads_strict, parse_envelope, run_verify
+from grpo_conform.evidence import VerifyRequest, parse_envelope, run_verify
 from grpo_conform.evidence.statement import PROJECT_ROOT
 
 DEFAULT_RECORDS = PROJECT_ROOT / "evidence" / "h200"
@@ -87,12 +88,16 @@ class Reproduction:
 
 
 def _candidate(path: Path) -> bool:
-    """A cheap look before verifying: does the (unverified) payload name the fused operation's family?"""
+    """A cheap look before verifying: does the (unverified) payload name the fused operation's family
+    anywhere? A byte search, not a parse: a false hit only costs a verification, and what is verified
+    is kept only when its statement's spec is of the family (`load_measurements`). Parsing all of
+    them strictly cost ~0.7 s of every audit's ~2 s with the committed records."""
     try:
-        statement = loads_strict(parse_envelope(path.read_bytes(), expected_type=None).payload)
-        return str(statement["predicate"]["spec"]["id"]).startswith(FUSED_FAMILY)
+        envelope = json.loads(path.read_bytes())
+        payload = base64.b64decode(envelope["payload"], validate=True)
     except Exception:  # unreadable or another kind of file: verification would reject it anyway
         return False
+    return FUSED_FAMILY.encode() in payload
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,8 @@ def load_measurements(folders: tuple[str, ...] = (), *, trusted_keys: Optional[s
             continue
         statement = json.loads(parse_envelope(Path(v.path).read_bytes(), expected_type=None).payload)
         p = statement["predicate"]
+        if not str(p["spec"]["id"]).startswith(FUSED_FAMILY):  # the cheap look's false hit
+            continue
         device = str((p.get("hardware", {}).get("device") or {}).get("name", ""))
         if gpu.lower() not in device.lower():
             continue

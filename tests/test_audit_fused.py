@@ -157,16 +157,16 @@ def test_written_precision():
 
 # -- 3. the reproduction from our records --------------------------------------------------------------
 def _record(project: Path, out: Path, name: str, timings: dict[str, int], workload: str = "seed-b2",
-            gpu: str = "NVIDIA H200") -> None:
+            gpu: str = "NVIDIA H200", spec_ref: str = "grpo-fused-linear/token-is", description: str = "") -> None:
     """An unsigned fused-linear record built with the project's record builder (build_statement)."""
-    spec = load_spec_ref("grpo-fused-linear/token-is")
+    spec = load_spec_ref(spec_ref)
     resolved = spec.resolve(spec.workload(workload))
     folder = project / "implementations" / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "impl.py").write_text(f"# {name}\n")
     w = WorkloadResult(workload, dict(resolved.axes), dict(resolved.dtypes), "cuda", (1, 2), (outcome("loss", "pass"),),
                        tuple({"protocol": p, "event": {"median_ns": ns}} for p, ns in timings.items()))
-    manifest = {"name": name, "language": "python", "license": "MIT", "source": None, "description": name}
+    manifest = {"name": name, "language": "python", "license": "MIT", "source": None, "description": description or name}
     member = MemberResult(spec, "conformant", "synthetic", (w,))
     impl = ImplementationResult(name, str(folder), identity_of(folder), manifest, "conformant", "synthetic",
                                 (w,), {"pid": 1}, (member,))
@@ -188,7 +188,19 @@ def records(tmp_path_factory):
     out.mkdir()
     _record(project, out, "fused-liger", {"forward": 58_100_000, "backward": 770_000, "full": 117_600_000})
     _record(project, out, "fused-torch", {"forward": 4_100_000, "full": 12_240_000}, gpu="NVIDIA A100-SXM4-80GB")
+    # a logits-level record whose text names the fused family: the candidates' byte search finds it
+    _record(project, out, "fused-lookalike", {"full": 1_000_000}, spec_ref="grpo-token-is",
+            description="not grpo-fused-linear, only its name")
     return out
+
+
+def test_a_record_of_another_spec_that_names_the_fused_family_is_not_a_measurement(records):
+    from grpo_conform.audit_repro import _candidate, load_measurements
+
+    lookalike = next(records.glob("fused-lookalike--*"))
+    assert _candidate(lookalike)  # found by the cheap look, then dropped by its verified spec id
+    measured = load_measurements((str(records),), accept_unsigned=True)
+    assert {k[0] for k in measured.table} == {"fused-liger"}  # fused-torch's record is of an A100
 
 
 def test_the_reproduction_block_shows_each_protocol_with_reported_over_measured(records):

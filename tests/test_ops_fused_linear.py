@@ -276,3 +276,27 @@ def test_a_catalogue_peak_needs_its_source():
     entry = load_catalogue().get("h200-sxm").model_dump()
     with pytest.raises(ValidationError, match="tensor_basis"):
         type(load_catalogue().get("h200-sxm"))(**{**entry, "tensor_basis": ""})
+
+
+@pytest.mark.parametrize("level", ["sequence", "token"])
+def test_the_allowance_moves_a_ratio_onto_a_clip_bound_whenever_the_log_prob_errors_can(level):
+    """A sequence's ratio is the mean of its tokens' log-ratios: with d = [0.1, 0.0001] it can move by
+    0.05 and so reach a bound 0.04 away. One shift clipped to each token's d moved it by 0.02 only, and
+    a sequence the implementation put across the bound was not covered (tolerance._shifts)."""
+    from grpo_conform.ops.fused_linear.tolerance import _shifts
+
+    p = GrpoParameters.from_mapping({"epsilon_low": 0.2, "epsilon_high": 0.2, "temperature": 1.0,
+                                    "importance_sampling_level": level})
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    grid = torch.tensor([[0.1, 0.0001]], dtype=torch.float64)
+    bound = math.log(1.2)
+    old = logp - (bound - 0.04)  # every token's log-ratio 0.04 below the upper bound
+    x = {"old_logprobs": old, "completion_mask": torch.ones(1, 2, dtype=torch.bool)}
+    shifts = _shifts(x, p, logp, grid)
+    assert all(bool((s.abs() <= grid + 1e-15).all()) for s in shifts)  # never past a token's own d
+    if level == "sequence":
+        means = [float((logp + s - old).mean()) for s in shifts]
+        assert any(abs(m - bound) < 1e-12 for m in means), means
+    else:  # a token reaches the bound only within its own d: the first can, the second cannot
+        assert any(abs(float((logp + s - old)[0, 0]) - bound) < 1e-12 for s in shifts)
+        assert not any(abs(float((logp + s - old)[0, 1]) - bound) < 1e-12 for s in shifts)

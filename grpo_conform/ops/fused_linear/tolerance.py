@@ -203,20 +203,31 @@ def _shifts(x, p: GrpoParameters, logp: torch.Tensor, grid: torch.Tensor) -> lis
     (the KL term and an active ratio term are monotone in logp) and, where a clip bound of the ratio lies
     inside, the shift that puts the ratio exactly on it (the active branch's largest value before
     the clipped branch's 0; ties are the unclipped branch's). At sequence level the sequence's ratio
-    moves with the mean shift of its tokens: the same shift for every token of the sequence."""
+    moves with the mean shift of its tokens: each token shifted by the same fraction of its own d, up
+    to the whole of it, so that the mean reaches the bound whenever the mean of d does."""
     out = [grid, -grid]
     if "old_logprobs" not in x:
         return out
     old = x["old_logprobs"].to(torch.float64)
     log_ratio = logp - old
-    if p.importance_sampling_level == "sequence":
+    sequence = p.importance_sampling_level == "sequence"
+    if sequence:
         m = (x["completion_mask"] != 0).to(torch.float64) if "completion_mask" in x else torch.ones_like(logp)
         n = m.sum(-1, keepdim=True).clamp_min(1.0)
         log_ratio = ((log_ratio * m).sum(-1, keepdim=True) / n).expand_as(logp)
+        reach = ((grid * m).sum(-1, keepdim=True) / n).expand_as(logp)  # the largest move of the mean
     for bound in (1.0 - p.epsilon_low, 1.0 + p.epsilon_high):
         if bound > 0:
             to_bound = math.log(bound) - log_ratio
-            out.append(torch.maximum(torch.minimum(to_bound, grid), -grid))
+            if sequence:
+                # Every token moved by the same fraction of its own d: the sequence's log-ratio (their mean)
+                # reaches the bound whenever the mean of d does. Clipping one shift to each token's d (as at
+                # token level) moved the mean less than it can move, and a sequence the implementation's
+                # arithmetic put across a bound was not covered (docs/operations.md: TRL's fused route, 1 run in 16).
+                scale = torch.where(reach > 0, to_bound / reach.clamp_min(1e-300), torch.zeros_like(reach))
+                out.append(grid * scale.clamp(-1.0, 1.0))
+            else:
+                out.append(torch.maximum(torch.minimum(to_bound, grid), -grid))
     return out
 
 
