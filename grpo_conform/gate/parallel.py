@@ -130,10 +130,10 @@ def make_jobs(plan, slots: int) -> list[list[tuple[str, str, str]]]:
     """One job per implementation when there are at least as many implementations as slots. Otherwise
     each implementation gets a share of the slots by its weight (at least one) and its units are packed
     into that many jobs: whole members, but the workloads of a member heavier than a job's share one by
-    one (`_pack`). Members stay whole because a worker process pays some costs once per member (`repeated-calls`' hundred calls, the
-    member's kernels compiled or interpreted the first time), and a job per unit started a slot process
-    and a worker per workload (~3 s of CPU each: 46 of them for the README's main command). Largest
-    first, so the long ones start early."""
+    one (`_pack`). Members stay whole because a worker process pays some costs once per member
+    (`repeated-calls`' hundred calls, the member's kernels compiled or interpreted the first time), and a
+    job per unit started a slot process and a worker per workload (~3 s of CPU each: 46 of them for the
+    README's main command). Largest first, so the long ones start early."""
     runnable = [p for p in plan.implementations if not p.skip]
     if len(runnable) >= slots:
         jobs = [p.units() for p in runnable]
