@@ -18,6 +18,9 @@
 #   bash benchmarks/h200_evidence.sh round13b   # 2 of 2: liger and pytorch seed records, liger on masked members
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min; JSON + log
 #                                               # under $OUT/reports, the summary and verdicts printed)
+#   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path (rows off 16-byte boundaries): its CUDA tests at
+#                                               # V 50257, then the sweep at V 32000 and 50257 (+ 128256 b8 as
+#                                               # control) with --configs at 32000 and 50257 (<= 5.7 min; carry .whl)
 #   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
 #   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
@@ -428,6 +431,18 @@ case "${1:-probe}" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     timeout -s KILL 450 python3 benchmarks/sweep_logits.py --configs --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits --configs: exit $?"; tail -c 9000 "$R/sweep.log"
+    ;;
+  sweep36b)  # issue 36 after the staged HEAD path (implementations/triton/staged_rows.py; docs/triton-kernel-notes.md,
+             # "Rows off 16-byte boundaries"): first its CUDA tests at V 50257 (HEAD against the plain kernels and the
+             # reference), then the sweep cut to V 32000 and 50257 plus the seed vocabulary at batch 8 as control, with
+             # --configs at 32000 (launch candidates) and 50257 (shipped = the split against "no-head", the launch before it)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 100 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py \
+      -k "head_path and 50257 or neither" > "$R/cuda-tests.txt" 2>&1
+    status "CUDA tests, HEAD path at V 50257: exit $? (0: passed)"; tail -5 "$R/cuda-tests.txt"
+    timeout -s KILL 240 python3 benchmarks/sweep_logits.py --configs --vocab 32000,50257 --control 128256:8 \
+      --configs-vocab 32000,50257 --no-launch --budget-s 200 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
+    status "sweep_logits V 32000/50257 (+128256 b8) --configs: exit $?"; tail -c 9000 "$R/sweep.log"
     ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw

@@ -15,6 +15,11 @@ would overrun it are skipped, named in the JSON) and rewrites the JSON after eve
 
     python3 benchmarks/sweep_logits.py --out $OUT/sweep.json [--quick] [--configs] [--no-liger]
     python3 benchmarks/sweep_logits.py --plan [--quick] [--configs]   # the job list and its estimate, no GPU
+
+A part of the grid (h200_evidence.sh sweep36b): --vocab 32000,50257 keeps the shapes at those vocabularies,
+--control 128256:8 adds back the shapes at one vocabulary and batch, --configs-vocab 32000 keeps --configs
+at those vocabularies, --no-launch leaves out the launch-bound call. The selection happens after the
+grid is enumerated, so the priority order, the budget and the estimate are the full sweep's.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 import sweep_plan as sp  # noqa: E402
+from sweep_select import Selection, for_level, select  # noqa: E402
 from sweep_cuda import (is_oom, liger_fn, load_impl, make_inputs, member_kwargs, prewarm,  # noqa: E402
                         staging_lost, timed_full)
 
@@ -115,7 +121,7 @@ def run_configs(job, impl, configs) -> None:
         level = sp.MEMBERS[member][0]
         kw = member_kwargs(member, ids, adv, old, mask)
         ref, seen = None, {}
-        for name in configs.FOR_LEVEL[(level, shape.staged)]:
+        for name in for_level(configs)[(level, shape.staged)]:
             rec = {"shape": shape.label(), "vocab": shape.vocab, "dtype": shape.dtype, "member": member,
                    "level": level, "config": name}
             c = configs.CANDIDATES[name]
@@ -217,10 +223,14 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=370.0, help="skip jobs that would end later than this")
     ap.add_argument("--plan", action="store_true", help="print the jobs and the estimate; no GPU")
     ap.add_argument("--prewarm", type=int, default=12, help="processes compiling our kernels ahead (0: none)")
+    ap.add_argument("--vocab", default="", help="only shapes at these vocabularies (comma-separated)")
+    ap.add_argument("--control", default="", help="and the shapes at VOCAB:BATCH (comma-separated pairs)")
+    ap.add_argument("--configs-vocab", default="", help="--configs only at these vocabularies")
+    ap.add_argument("--no-launch", action="store_true", help="leave out the launch-bound call")
     args = ap.parse_args()
-    run = sp.jobs(args.quick, args.configs, liger=not args.no_liger)
+    run = select(sp.jobs(args.quick, args.configs, liger=not args.no_liger), Selection.of(args))
     _impl, configs = load_impl()
-    items = sp.prewarm_items(run, configs.FOR_LEVEL) if args.prewarm else []
+    items = sp.prewarm_items(run, for_level(configs)) if args.prewarm else []
     estimate = sp.estimate_total_s(run, args.prewarm, items)
     if args.plan:
         for j in run:
@@ -244,7 +254,7 @@ def measure(args, run, estimate, impl, configs) -> int:
             total += sp.estimate_s(job, compiled, prewarmed=True)
             if total <= args.budget_s:
                 expected.append(job)
-        RUN["prewarm"] = prewarm(sp.prewarm_items(expected, configs.FOR_LEVEL), args.prewarm, timeout_s=150.0)
+        RUN["prewarm"] = prewarm(sp.prewarm_items(expected, for_level(configs)), args.prewarm, timeout_s=150.0)
         print(f"prewarm: {RUN['prewarm']}", flush=True)
     liger = None if args.no_liger else liger_fn()
     ceil = measure_ceilings("cuda")

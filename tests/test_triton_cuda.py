@@ -1,8 +1,9 @@
 """The bundled Triton implementation's GPU-only paths (the shared-memory staged kernels of
 implementations/triton/staged.py, Gluon) against the float64 reference: every logits dtype, vocabularies
-that take the staged path (multiples of 16: one chunk, several, a part-filled last chunk) and
-one that falls back to the plain kernels. Skipped without CUDA (CI has none); run on the device
-machine by benchmarks/h200_evidence.sh."""
+that take the staged path (multiples of 16: one chunk, several, a part-filled last chunk), vocabularies
+whose rows start off 16-byte boundaries (the HEAD path, staged_rows.py and grad.py: also against the plain
+kernels it replaced, configs "no-head") and rows neither path serves (the plain kernels). Skipped without CUDA (CI has
+none); run on the device machine by benchmarks/h200_evidence.sh."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ def _load():
     pkg = types.ModuleType(name)
     pkg.__path__ = [str(ROOT / "implementations" / "triton")]
     sys.modules[name] = pkg
-    return importlib.import_module(name + ".impl"), importlib.import_module(name + ".launch")
+    return (importlib.import_module(name + ".impl"), importlib.import_module(name + ".launch"),
+            importlib.import_module(name + ".configs"))
 
 
-impl, launch = _load()
+impl, launch, configs = _load()
 
 
 def _inputs(dtype, batch, seq, vocab, seed=0):
@@ -53,12 +55,13 @@ def _inputs(dtype, batch, seq, vocab, seed=0):
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
-@pytest.mark.parametrize("vocab", [1536, 5008, 20480, 32016, 128256, 4099])
+@pytest.mark.parametrize("vocab", [1536, 5008, 20480, 32016, 128256, 4099, 37, 51, 131, 50257])
 def test_loss_and_gradient_match_the_reference(dtype, vocab):
     logits, ids, adv = _inputs(dtype, 2, 5, vocab)
     params = GrpoParameters(0.2, 0.2, 0.7)
     p = launch.Problem.of(logits, 0.2, 0.2, 0.7)
     assert launch.staged_ok(logits, p) == (vocab % 16 == 0)
+    assert launch.staged_rows(logits, p) == ("aligned" if vocab % 16 == 0 else "head")
     ref_loss = reference_loss(logits.cpu(), ids.cpu(), adv.cpu(), params)
     ref_grad = reference_gradient_dense(logits.cpu(), ids.cpu(), adv.cpu(), params)
     before = logits.clone()
@@ -132,7 +135,7 @@ def _member_inputs(dtype, vocab, batch=3, seq=7, seed=3):
             "sampling_ratio": 0.5 + 1.5 * torch.rand(batch, seq, device="cuda", generator=g)}
 
 
-CASES = [(m, v, torch.bfloat16) for m in sorted(MEMBER_CALLS) for v in (128256, 40001)]  # 40001: plain, 3 chunks
+CASES = [(m, v, torch.bfloat16) for m in sorted(MEMBER_CALLS) for v in (128256, 40001)]  # 40001: HEAD, 4 chunks
 CASES += [("token-offpolicy-mask-kl", 5008, torch.float32), ("sequence-offpolicy-mask", 5008, torch.float16)]
 
 
@@ -217,10 +220,18 @@ def test_staged_member_kernels_compiled(member):
     assert err < TOLERANCE[torch.bfloat16], f"relative Frobenius error {err:.2e}"
 
 
-@pytest.mark.parametrize("vocab", [128256, 40001], ids=str)  # staged (13 chunks) and plain (3 chunks, waiting)
-def test_token_is_backward_reads_d_loss(vocab):
+@pytest.mark.parametrize("vocab,config", [(128256, "shipped"), (40001, "shipped"), (40001, "no-head")], ids=str)
+def test_token_is_backward_reads_d_loss(vocab, config):
     """token-is is deferred (plan.Plan.deferred): the forward reads no logits, and backward's one kernel
-    computes the statistics and writes d loss * gradient; any d loss, twice through a retained graph."""
+    computes the statistics and writes d loss * gradient; any d loss, twice through a retained graph.
+    Staged (13 chunks), staged HEAD (4 chunks) and the plain kernels (3 chunks, waiting)."""
+    with configs.forced(config):
+        impl._PLANS.clear()
+        _token_is_backward(vocab)
+    impl._PLANS.clear()
+
+
+def _token_is_backward(vocab):
     logits, ids, adv = _inputs(torch.bfloat16, 3, 6, vocab, seed=5)
     params = GrpoParameters(0.2, 0.28, 0.7)
     ref_grad = reference_gradient_dense(logits.cpu(), ids.cpu(), adv.cpu(), params)[:, :6]
@@ -239,3 +250,91 @@ def test_token_is_backward_reads_d_loss(vocab):
     loss.backward()
     err = float((leaf.grad.double().cpu()[:, :6] - 2 * ref_grad).norm() / (2 * ref_grad.norm()))
     assert err < TOLERANCE[torch.bfloat16], f"second backward: relative Frobenius error {err:.2e}"
+
+
+# ---- rows off 16-byte boundaries: the staged HEAD path against the plain kernels it replaced ---------------
+HEAD_CASES = [(m, 131, torch.bfloat16) for m in sorted(STAGED_CALLS)]
+HEAD_CASES += [(m, v, d) for m in ("token-is", "token-offpolicy-mask-kl", "sequence-offpolicy-mask", "dapo-mask")
+               if m in STAGED_CALLS for v in (37, 51) for d in (torch.float16, torch.float32)]
+HEAD_CASES += [(m, 50257, torch.bfloat16) for m in ("token-is", "token-offpolicy-mask", "sequence-offpolicy-mask")]
+
+
+def _member_call(member, dtype, vocab):
+    cfg = dict(STAGED_CALLS[member])
+    use_ref, use_rho = cfg.pop("ref", False), cfg.pop("rho", False)
+    params = {**dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.7), **cfg}
+    x = _member_inputs(dtype, vocab)
+    names = {"logits", "completion_ids", "advantages"}
+    names |= set() if member == "token-is" else {"old_logprobs", "completion_mask"}
+    names |= {"ref_logprobs"} if use_ref else set()
+    names |= {"sampling_ratio"} if use_rho else set()
+    x = {k: v for k, v in x.items() if k in names}
+    if str(params.get("vllm_importance_sampling_mode", "")).startswith("sequence"):
+        x = _sequence_ratios(x)
+    return x, params
+
+
+def _run_member(x, params, config):
+    """(forward loss, [(loss, gradient) at d loss 1, 0.25, 1]) under a forced launch configuration, and
+    the plans it built."""
+    with configs.forced(config):
+        impl._PLANS.clear()
+        with torch.no_grad():
+            forward = float(impl.grpo_loss(**x, **params))
+        calls = []
+        for c in (1.0, 0.25, 1.0):  # predicted, mispredicted (recomputed from the statistics), predicted
+            leaf = x["logits"].clone().requires_grad_(True)
+            loss = impl.grpo_loss(**{**x, "logits": leaf}, **params)
+            (loss * c).backward()
+            calls.append((float(loss.detach()), leaf.grad.double().cpu() / c))
+        plans = list(impl._PLANS.values())
+    impl._PLANS.clear()
+    return forward, calls, plans
+
+
+@pytest.mark.parametrize("member,vocab,dtype", HEAD_CASES, ids=str)
+def test_head_path_matches_the_plain_kernels(member, vocab, dtype):
+    """Every member the staged kernels serve, at vocabularies whose rows start off 16-byte boundaries: the
+    staged HEAD launch (shipped) and the plain kernels (configs "no-head", what ran there before) give the
+    same loss and, element by element, the same gradient to one rounding of the dtype; both match the
+    float64 reference."""
+    from grpo_conform.ops.grpo_logits.reference import GrpoParameters as P
+
+    staged_members = importlib.import_module("grpo_impl_triton_cuda_test.staged_members")
+    x, params = _member_call(member, dtype, vocab)
+    head_fwd, head, plans = _run_member(x, params, "shipped")
+    assert staged_members.DISABLED == []
+    assert plans and all(p.staged is not None and p.staged_head and p.grad_head for p in plans)
+    plain_fwd, plain, plans = _run_member(x, params, "no-head")
+    assert plans and all(p.staged is None and not p.grad_head for p in plans)
+    cpu = {k: v.cpu() for k, v in x.items()}
+    p = P.from_mapping({"importance_sampling_level": "token", **params})
+    ref_loss, ref_grad = _ref_loss(cpu, p), reference_gradient_dense(cpu, p)
+    seq = x["completion_ids"].shape[1]
+    assert head_fwd == pytest.approx(plain_fwd, rel=2e-5, abs=2e-6)
+    assert head_fwd == pytest.approx(ref_loss, rel=2e-5, abs=2e-6)
+    for (hl, hg), (pl, pg) in zip(head, plain):
+        assert hl == pytest.approx(pl, rel=2e-5, abs=2e-6)
+        assert torch.isfinite(hg).all() and (hg[:, seq] == 0).all()
+        scale = float(pg.abs().max())
+        worst = float((hg - pg).abs().max()) / scale
+        assert worst <= 2 * WORST[dtype], f"HEAD against plain: worst element off by {worst:.2e} of the largest"
+        err = float((hg[:, :seq] - ref_grad[:, :seq]).norm() / ref_grad[:, :seq].norm())
+        assert err < TOLERANCE[dtype], f"relative Frobenius error {err:.2e}"
+
+
+def test_rows_neither_path_serves_run_the_plain_kernels():
+    """A row no longer than its head could be (V < 16 elements: launch.row_layout) takes the plain kernels,
+    still right. (Strided views never reach a plan: impl.py copies them, so a fresh contiguous tensor always
+    has a 16-byte aligned base and rows whose logits and gradient offsets agree.)"""
+    logits, ids, adv = _inputs(torch.bfloat16, 2, 5, 12, seed=7)
+    p = launch.Problem.of(logits, 0.2, 0.2, 0.7)
+    assert launch.staged_rows(logits, p) is None
+    ref_grad = reference_gradient_dense(logits.cpu(), ids.cpu(), adv.cpu(), GrpoParameters(0.2, 0.2, 0.7))[:, :5]
+    impl._PLANS.clear()
+    leaf = logits.clone().requires_grad_(True)
+    impl.grpo_loss(leaf, ids, adv, 0.2, 0.2, 0.7).backward()
+    assert [(pl.staged, pl.grad_head) for pl in impl._PLANS.values()] == [(None, False)]
+    err = float((leaf.grad.double().cpu()[:, :5] - ref_grad).norm() / ref_grad.norm())
+    assert err < TOLERANCE[torch.bfloat16], f"relative Frobenius error {err:.2e}"
+    impl._PLANS.clear()

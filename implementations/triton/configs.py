@@ -17,8 +17,10 @@ Why these candidates (docs/triton-kernel-notes.md, round 6: 20 KB stages, 13 chu
 - small vocabularies: at 32000 a 20 KB stage leaves a row as 3 full chunks and one of 1280 elements
   that holds a program slot (and its 20 KB) for the whole row while doing an eighth of the work;
   "balanced" stages keep the chunk count and even the chunks out (4 x 8192 there), "s32k" uses 2;
-- unaligned vocabularies (50257: staging needs 16-byte row starts, plan keeps the plain kernels):
-  the plain main kernel's 16384-element chunks leave 1105 elements in a 4th chunk: "plain-bal";
+- unaligned vocabularies (50257): rows off 16-byte boundaries are staged from their first boundary on
+  (staged_rows.py, the shipped launch there since issue 36's head path); "no-head" is the launch before
+  that path, "plain-*" switch staging off and time the plain kernels (the main kernel's 16384-element
+  chunks leave 1105 elements in a 4th chunk: "plain-bal" evens them);
 - the sequence level: its backward always has work (the flag never predicts it), and one program per
   work item measured 1.28 ms against 1.34 ms for the persistent grid (notes, round 9): "grad-item*".
 """
@@ -90,10 +92,14 @@ CANDIDATES: dict[str, Choice] = {
     "s32k": Choice(stage_bytes=32768),
     "s16k-b1024": Choice(stage_bytes=16384, block=1024),
     "balanced-s32k": Choice(stage_bytes=32768, balance=True),
-    # plain kernels (vocabularies staging cannot run: not a multiple of 16 elements)
-    "plain-bal": Choice(plain_balance=True),
-    "plain-c8k": Choice(tuning=(("main_chunk", 8192),), plain_balance=True),
-    "plain-c32k": Choice(tuning=(("main_chunk", 32768), ("main_warps", 8)), plain_balance=True),
+    # the launch before the head/body/tail split of rows off 16-byte boundaries (staged_rows.py, grad.py): at
+    # V % 16 != 0 the plain kernels with one-element accesses; benchmarks/sweep_select.py times it beside the
+    # shipped launch there (the split's A/B in one run). Elsewhere it equals "shipped".
+    "no-head": Choice(tuning=(("head", False),)),
+    # plain kernels (members.py, grad.py), staging off: at V % 16 != 0 they ran there before the head path
+    "plain-bal": Choice(tuning=(("staged", False),), plain_balance=True),
+    "plain-c8k": Choice(tuning=(("main_chunk", 8192), ("staged", False)), plain_balance=True),
+    "plain-c32k": Choice(tuning=(("main_chunk", 32768), ("main_warps", 8), ("staged", False)), plain_balance=True),
     # sequence level: statistics pass (staged) and the backward's grid (plain _grad_kernel)
     "grad-item": Choice(tuning=(("grad_programs_per_sm", 0),)),
     "grad-item4k": Choice(tuning=(("grad_chunk", 4096), ("grad_programs_per_sm", 0))),
@@ -105,7 +111,7 @@ CANDIDATES: dict[str, Choice] = {
 # Which candidates can change anything for a level and path (staged or plain): what --configs times.
 FOR_LEVEL = {
     ("token", True): ("shipped", "balanced", "s16k", "s24k", "s32k", "s16k-b1024", "balanced-s32k"),
-    ("token", False): ("shipped", "plain-bal", "plain-c8k", "plain-c32k"),
+    ("token", False): ("shipped", "plain-bal", "plain-c8k", "plain-c32k"),  # False: V % 16 != 0 (sweep_plan)
     ("sequence", True): ("shipped", "grad-item", "grad-item4k", "grad-item8k", "grad-p8-4k", "stats16k-item"),
     ("sequence", False): ("shipped", "grad-item", "grad-item4k", "grad-item8k", "plain-bal"),
 }

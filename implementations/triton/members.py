@@ -36,7 +36,7 @@ is far above its target) one fp32 rounding of logp is 0.03, i.e. 3% of exp(logp 
                  logits unread). IN_BACKWARD: the backward of a member whose loss does not read
                  the logits (token-is): always the gradient, times d loss read from the device.
   _finalize_kernel  one program: loss = sum of the weighted token losses, fixed order.
-  _grad_kernel   backward: mode 1, forced, or d loss != c_pred: the gradient from the saved
+  _grad_kernel   (grad.py) backward: mode 1, forced, or d loss != c_pred: the gradient from the saved
                  statistics times d loss in one read and one write; mode 0 with d loss == c_pred:
                  nothing (the forward's gradient is already right). Program 0 updates `flag`.
 """
@@ -430,53 +430,3 @@ def _finalize_kernel(ws_ptr, loss_ptr, tokens, BLOCK: tl.constexpr):
         i = i0 + tl.arange(0, BLOCK)
         total += tl.load(ws_ptr + 4 * tokens + i, mask=i < tokens, other=0.0)
     tl.store(loss_ptr, tl.sum(total, axis=0))
-
-
-@triton.jit
-def _grad_kernel(logits_ptr, ids_ptr, grad_ptr, ws_ptr, flag_ptr, dloss_ptr, tokens, n_items,
-                 stride_b, stride_t, seq, vocab, inv_temp,
-                 CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr, FORCE_STATS: tl.constexpr,
-                 UPDATE_FLAG: tl.constexpr, HINTS: tl.constexpr):
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    c = tl.load(dloss_ptr).to(tl.float32)
-    if UPDATE_FLAG:
-        if pid == 0:  # what the next forward of this plan should expect: mode 0 predicting c if c repeats
-            tl.store(flag_ptr, tl.where(c == tl.load(flag_ptr + 1), 0.0, 1.0))
-            tl.store(flag_ptr + 1, c)
-    if FORCE_STATS:
-        from_stats = True
-    else:
-        # A forward that predicted another d loss wrote a rounded gradient; rescaling it would round
-        # twice (up to two steps of the logits dtype: the validator's upstream-gradient check saw
-        # 1.2% in bf16). A mispredicted call recomputes from the statistics instead: one more pass
-        # on that call, exact to one rounding on every call.
-        from_stats = (tl.load(ws_ptr + 7 * tokens) > 0.5) | (c != tl.load(ws_ptr + 7 * tokens + 1))
-    if from_stats:
-        for item in range(pid, n_items, step):
-            row = item // NUM_CHUNKS
-            k = item % NUM_CHUNKS
-            b = row // (seq + 1)
-            t = row % (seq + 1)
-            token = b * seq + t
-            scored = t < seq
-            offs = k * CHUNK + tl.arange(0, CHUNK)
-            inside = offs < vocab
-            grad_row = grad_ptr + tl.cast(row, tl.int64) * vocab
-            coef = tl.load(ws_ptr + 3 * tokens + token, mask=scored, other=0.0) * c
-            if coef != 0.0:  # masked, clipped and last rows: zeros, logits unread
-                row_ptr = logits_ptr + tl.cast(b, tl.int64) * stride_b + tl.cast(t, tl.int64) * stride_t
-                m = tl.load(ws_ptr + token)
-                log_s = tl.load(ws_ptr + tokens + token)
-                target = tl.load(ids_ptr + token)
-                if HINTS:
-                    x = tl.load(row_ptr + offs, mask=inside, other=0.0, eviction_policy="evict_first")
-                else:
-                    x = tl.load(row_ptr + offs, mask=inside, other=0.0)
-                p = tl.exp((x.to(tl.float32) - m) * inv_temp - log_s)
-                g = coef * (p - tl.where(offs == target, 1.0, 0.0))
-                tl.store(grad_row + offs, g.to(grad_ptr.dtype.element_ty), mask=inside)
-            else:
-                tl.store(grad_row + offs, tl.zeros([CHUNK], dtype=grad_ptr.dtype.element_ty), mask=inside)
-    else:
-        pass  # d loss = 1 on the forward's gradient: nothing to do

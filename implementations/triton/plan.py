@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from . import configs, fastlaunch, members
+from . import configs, fastlaunch, grad, launch, members
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 
@@ -177,6 +177,7 @@ class Tuning:
     grad_warps: int = 4
     grad_programs_per_sm: int = 32
     staged: bool = True  # use staged.py where it can run
+    head: bool = True  # rows off 16-byte boundaries: the head/body/tail split (staged_rows.py, grad.py)
     interp_rows: bool = False  # interpreter only: the row-blocked twins of interp.py (ROWS rows per program)
 
 
@@ -248,13 +249,20 @@ class Plan:
         self.block_t = min(1024, triton.next_power_of_2(max(1, self.seq)))
         cuda = logits.is_cuda and not interpreting()
         self.staged = None
+        self.staged_head = False  # rows off 16-byte boundaries: the staged kernels' HEAD path (staged_rows.py)
         if cuda:  # this shape's launch configuration (configs.py: the shipped one unless a measured rule says otherwise)
             self.choice = configs.choose(vocab, self.rows, logits.dtype, "sequence" if sem.coupled else "token")
             self.tuning = tuning = self.choice.tuning_for(tuning, vocab)
+        # Rows off 16-byte boundaries (launch.row_layout "head"): the backward's plain kernel splits them on any
+        # device (the interpreter runs that path too); the staged kernels where they can run (CUDA, sm_80+).
+        layout = launch.row_layout(logits.data_ptr(), logits.element_size(), vocab, seq_next, self.stride_b,
+                                   self.stride_t)
+        self.grad_head = layout == "head" and tuning.head
         if cuda and tuning.staged:
-            from . import launch
-            if launch.staged_ok(logits, launch.Problem.of(logits, 0.2, 0.2, 1.0)):
+            rows = launch.staged_rows(logits, launch.Problem.of(logits, 0.2, 0.2, 1.0))
+            if rows == "aligned" or (rows == "head" and tuning.head):
                 self.staged = self.choice.settings(vocab, logits.dtype)
+                self.staged_head = rows == "head"
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count if cuda else 1
         # main (waiting split) kernel
         t = tuning
@@ -275,10 +283,10 @@ class Plan:
         self.grad_items = self.rows * self.grad_n
         programs = self.grad_items if not t.grad_programs_per_sm else min(self.grad_items, t.grad_programs_per_sm * sms)
         self.grad_grid = (max(1, min(programs, 8) if not cuda else programs),)
-        self.grad_cfg = dict(CHUNK=t.grad_chunk, NUM_CHUNKS=self.grad_n, HINTS=cuda, num_warps=t.grad_warps)
+        self.grad_cfg = dict(CHUNK=t.grad_chunk, NUM_CHUNKS=self.grad_n, HINTS=cuda, HEAD=self.grad_head,
+                             VEC=16 // logits.element_size(), num_warps=t.grad_warps)
         self.chunks = {"main": self.main_n, "stats": self.stats_n}
         if self.staged is not None:
-            from . import launch
             prob, g = launch.Problem.of(logits, 0.2, 0.2, 1.0), self.staged
             for kind, stage, block, warps in (("staged-main", g.stage_bytes, g.block, g.num_warps),
                                               ("staged-stats", g.forward_stage_bytes, g.forward_block,
@@ -319,7 +327,7 @@ class Plan:
                          *cfg(self.main_cfg, **sw, PER_SEQ_W=s.norm != 0, IN_BACKWARD=bwd), self.fast)
                        for bwd in (False, True)]
         self.l_finalize = L(members._finalize_kernel, (1,), dict(BLOCK=1024), {"num_warps": 4}, self.fast)
-        self.l_grad = [L(members._grad_kernel, self.grad_grid, {**cfg(self.grad_cfg)[0], "FORCE_STATS": f or s.coupled,
+        self.l_grad = [L(grad._grad_kernel, self.grad_grid, {**cfg(self.grad_cfg)[0], "FORCE_STATS": f or s.coupled,
                                                                  "UPDATE_FLAG": not s.coupled},
                          {"num_warps": self.grad_cfg["num_warps"]}, self.fast) for f in (False, True)]
         self.l_staged = {}  # staged_members fills it

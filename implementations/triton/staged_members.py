@@ -41,16 +41,18 @@ INTERLEAVE_MASKED = False
 
 def member_constexprs(sem) -> dict:
     """The switches _staged_member_kernel is launched with for these semantics (plan.Semantics): in
-    backward for members whose loss does not read the logits (plan.Plan.deferred), else in forward."""
+    backward for members whose loss does not read the logits (plan.Plan.deferred), else in forward.
+    HEAD (rows off 16-byte boundaries, staged_rows.py) is the shape's, not the member's: the launchers
+    set it from plan.staged_head; False here is the aligned kernel every record so far ran."""
     from .plan import kernel_switches
 
     return dict(kernel_switches(sem), PER_SEQ_W=sem.norm != 0, IN_BACKWARD=not sem.needs_logp and not sem.sequence,
-                INTERLEAVE=bool(sem.has_mask and INTERLEAVE_MASKED))
+                INTERLEAVE=bool(sem.has_mask and INTERLEAVE_MASKED), HEAD=False)
 
 
 def stats_constexprs(sem) -> dict:
     """The switches _staged_stats_kernel is launched with."""
-    return dict(HAS_MASK=sem.has_mask, HAS_OLD=sem.has_old, HAS_KL=sem.has_kl)
+    return dict(HAS_MASK=sem.has_mask, HAS_OLD=sem.has_old, HAS_KL=sem.has_kl, HEAD=False)
 
 
 def _mask_bytes(mask):
@@ -79,7 +81,7 @@ def main(plan, x, wb, rb, grad, ws, flag, in_backward: bool) -> bool:
             launch_ = plan.l_staged[key] = fastlaunch.Launch(
                 staged._staged_member_kernel, (plan.rows * shape["NUM_CHUNKS"],),
                 dict(**shape, THREAD_STATS=plan.staged.thread_stats,
-                     **dict(member_constexprs(plan.sem), IN_BACKWARD=in_backward)),
+                     **dict(member_constexprs(plan.sem), IN_BACKWARD=in_backward, HEAD=plan.staged_head)),
                 {"num_warps": plan.staged.num_warps}, plan.fast)
         launch_(
             plan.stream, logits, ids, adv, old, ref, _mask_bytes(mask), rho, wb, rb, grad, m_part, s_part,
@@ -104,7 +106,8 @@ def stats(plan, x, ws) -> bool:
         if launch_ is None:
             launch_ = plan.l_staged["stats"] = fastlaunch.Launch(
                 staged._staged_stats_kernel, (plan.tokens * shape["NUM_CHUNKS"],),
-                dict(**shape, THREAD_STATS=plan.staged.thread_stats, **stats_constexprs(plan.sem)),
+                dict(**shape, THREAD_STATS=plan.staged.thread_stats,
+                     **dict(stats_constexprs(plan.sem), HEAD=plan.staged_head)),
                 {"num_warps": plan.staged.forward_stage_warps}, plan.fast)
         launch_(
             plan.stream, logits, ids, _mask_bytes(mask), old, ref, m_part, s_part, plan.counters("staged-stats"), ws,
