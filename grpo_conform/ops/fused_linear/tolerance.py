@@ -28,8 +28,8 @@ by (absolute, per unit):
   d hidden[r, :]  a_r * (wmax[c_r] + sum_v p_rv wmax_v)        (wmax_v = max_k |weight[v, k]|)
   d weight[v, :]  sum_r a_r (onehot_rv + p_rv) hmax_r          (hmax_r = max_k |hidden[r, k]|)
   d bias[v]       sum_r a_r (onehot_rv + p_rv)
-plus 2u of the unit's reference scale (the implementation rounds d logits and the gradients to the
-operands' dtype). With a reference lm_head (ref_weight) the reference log-probs carry the same kind
+plus 2u of the unit's reference scale and of that allowance (the implementation rounds d logits and the
+gradients to the operands' dtype: values up to the reference's plus the allowed move). With a reference lm_head (ref_weight) the reference log-probs carry the same kind
 of error, d_ref, independent of the policy's: d = d_pol + d_ref bounds the KL gap's move, and dg adds
 the KL term's bound at d to the largest move of the terms that read the policy's log-probs alone
 (one shift moving both would hold the KL gap to the ratio's move at a clip crossing).
@@ -64,11 +64,13 @@ class GemmAllowance:
     max_logit_error: float
 
     def allowance(self, name: str, start: int, stop: int, scale: torch.Tensor) -> torch.Tensor:
-        """Absolute allowance of units [start, stop) whose reference scale (at the call's upstream) is `scale`;
-        the caller multiplies the first part by |upstream| through `scale_of_upstream`."""
+        """Absolute allowance of units [start, stop) whose reference scale (at upstream 1) is `scale`; the
+        caller multiplies it by |upstream|. The implementation's own rounding (`rel`) applies to values
+        as large as the reference's scale plus the allowed move itself: at a clip crossing d logits of a
+        token whose reference gradient is ~0 are as large as its whole allowance."""
         units = self.units
-        part = units.part(name, start, stop) if isinstance(units, UnitSums) else units[name][start:stop]
-        return part.to(scale.device) + self.rel * scale
+        part = (units.part(name, start, stop) if isinstance(units, UnitSums) else units[name][start:stop]).to(scale.device)
+        return part * (1.0 + self.rel) + self.rel * scale
 
 
 class UnitSums(Mapping):
