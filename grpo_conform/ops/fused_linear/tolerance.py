@@ -17,8 +17,10 @@ the implementation's own fp32 log-softmax error, 2 u32 (1 + max|z|/T + ln V), ad
     part of z_c and the log-sum-exp cancels: a near one-hot row moves by almost nothing);
   - g_r = dL/dlogp / T by dg_r: the larger of the shared terms' smooth bound (`token_terms`'
     coef_error at logp_error = d) and the change of g when every log-prob sits at logp + d or at
-    logp - d, which covers a clip branch or a cap crossed (a ratio within d of a bound may fall on
-    either side in the implementation's arithmetic); the loss's move likewise.
+    logp - d, or a hair to either side of a clip bound within d, which covers a clip branch or a cap
+    crossed (a ratio within d of a bound may fall on either side in the implementation's arithmetic;
+    the hair, because a shift computed to land on the bound rounds to either side of it); the
+    loss's move likewise (`moves.py`).
 
 d logits[r, v] = g_r (onehot - p_v) then moves by at most |g_r| x p_v + dg_r (onehot_v + p_v (1 + x)) <=
 a_r (onehot_v + p_v), x = expm1(2 E_r), a_r = |g_r| x + dg_r (1 + x), so a unit of each gradient may move
@@ -26,9 +28,11 @@ by (absolute, per unit):
   d hidden[r, :]  a_r * (wmax[c_r] + sum_v p_rv wmax_v)        (wmax_v = max_k |weight[v, k]|)
   d weight[v, :]  sum_r a_r (onehot_rv + p_rv) hmax_r          (hmax_r = max_k |hidden[r, k]|)
   d bias[v]       sum_r a_r (onehot_rv + p_rv)
-plus 2u of the unit's reference scale (the implementation rounds d logits and the gradients to the
-operands' dtype). With a reference lm_head (ref_weight) the reference log-probs carry the same kind
-of error; it is added to d (the KL term moves with the difference ref - logp).
+plus 2u of the unit's reference scale and of that allowance (the implementation rounds d logits and the
+gradients to the operands' dtype: values up to the reference's plus the allowed move). With a reference lm_head (ref_weight) the reference log-probs carry the same kind
+of error, d_ref, independent of the policy's: d = d_pol + d_ref bounds the KL gap's move, and dg adds
+the KL term's bound at d to the largest move of the terms that read the policy's log-probs alone
+(one shift moving both would hold the KL gap to the ratio's move at a clip crossing).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ from collections.abc import Mapping
 import torch
 
 from grpo_conform.ops.fused_linear import memo
+from grpo_conform.ops.fused_linear.moves import coefficient_moves
 from grpo_conform.ops.fused_linear.reference import Blocks, _blocks, _flat, _logits, _spans, logprobs_and_lse
-from grpo_conform.ops.grpo_terms import GrpoParameters, token_terms
+from grpo_conform.ops.grpo_terms import GrpoParameters
 
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24}
 FP32_U = 2.0**-24
@@ -59,11 +64,13 @@ class GemmAllowance:
     max_logit_error: float
 
     def allowance(self, name: str, start: int, stop: int, scale: torch.Tensor) -> torch.Tensor:
-        """Absolute allowance of units [start, stop) whose reference scale (at the call's upstream) is `scale`;
-        the caller multiplies the first part by |upstream| through `scale_of_upstream`."""
+        """Absolute allowance of units [start, stop) whose reference scale (at upstream 1) is `scale`; the
+        caller multiplies it by |upstream|. The implementation's own rounding (`rel`) applies to values
+        as large as the reference's scale plus the allowed move itself: at a clip crossing d logits of a
+        token whose reference gradient is ~0 are as large as its whole allowance."""
         units = self.units
-        part = units.part(name, start, stop) if isinstance(units, UnitSums) else units[name][start:stop]
-        return part.to(scale.device) + self.rel * scale
+        part = (units.part(name, start, stop) if isinstance(units, UnitSums) else units[name][start:stop]).to(scale.device)
+        return part * (1.0 + self.rel) + self.rel * scale
 
 
 class UnitSums(Mapping):
@@ -198,39 +205,6 @@ def _unit_sums(x, p: GrpoParameters, blocks: Blocks, lse: torch.Tensor, a: torch
     return hid, wt, bs
 
 
-def _shifts(x, p: GrpoParameters, logp: torch.Tensor, grid: torch.Tensor) -> list[torch.Tensor]:
-    """Log-prob shifts within [-d, d] where dL/dlogp is most apart from its value at logp: the two ends
-    (the KL term and an active ratio term are monotone in logp) and, where a clip bound of the ratio lies
-    inside, the shift that puts the ratio exactly on it (the active branch's largest value before
-    the clipped branch's 0; ties are the unclipped branch's). At sequence level the sequence's ratio
-    moves with the mean shift of its tokens: each token shifted by the same fraction of its own d, up
-    to the whole of it, so that the mean reaches the bound whenever the mean of d does."""
-    out = [grid, -grid]
-    if "old_logprobs" not in x:
-        return out
-    old = x["old_logprobs"].to(torch.float64)
-    log_ratio = logp - old
-    sequence = p.importance_sampling_level == "sequence"
-    if sequence:
-        m = (x["completion_mask"] != 0).to(torch.float64) if "completion_mask" in x else torch.ones_like(logp)
-        n = m.sum(-1, keepdim=True).clamp_min(1.0)
-        log_ratio = ((log_ratio * m).sum(-1, keepdim=True) / n).expand_as(logp)
-        reach = ((grid * m).sum(-1, keepdim=True) / n).expand_as(logp)  # the largest move of the mean
-    for bound in (1.0 - p.epsilon_low, 1.0 + p.epsilon_high):
-        if bound > 0:
-            to_bound = math.log(bound) - log_ratio
-            if sequence:
-                # Every token moved by the same fraction of its own d: the sequence's log-ratio (their mean)
-                # reaches the bound whenever the mean of d does. Clipping one shift to each token's d (as at
-                # token level) moved the mean less than it can move, and a sequence the implementation's
-                # arithmetic put across a bound was not covered (docs/operations.md: TRL's fused route, 1 run in 16).
-                scale = torch.where(reach > 0, to_bound / reach.clamp_min(1e-300), torch.zeros_like(reach))
-                out.append(grid * scale.clamp(-1.0, 1.0))
-            else:
-                out.append(torch.maximum(torch.minimum(to_bound, grid), -grid))
-    return out
-
-
 def gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str,
                    blocks: Blocks | None = None) -> GemmAllowance:
     """The allowance of input set `x` at parameters `p` for operands in `dtype`: computed once per input
@@ -255,14 +229,7 @@ def _gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str
         d = d + d_ref
         terms_x["ref_logprobs"] = ref
     grid = d.view(batch, seq)
-    tt = token_terms(terms_x, p, logp, logp_error=grid)
-    g, dg = tt.dlogp, torch.zeros_like(tt.dlogp) if tt.coef_error is None else tt.coef_error.clone()
-    loss_move = torch.zeros_like(tt.loss) if tt.loss_error is None else tt.loss_error.clone()
-    if tt.coef_error is not None:  # log-probs matter: a bound crossed within d
-        for shift in _shifts(terms_x, p, logp, grid):
-            moved = token_terms(terms_x, p, logp + shift)
-            dg = torch.maximum(dg, (moved.dlogp - g).abs())
-            loss_move = torch.maximum(loss_move, (moved.loss - tt.loss).abs())
+    g, dg, loss_move = coefficient_moves(terms_x, p, logp, grid, own_reference="ref_weight" in x)
     x2 = torch.expm1(2.0 * emax.view(batch, seq))  # the relative move of every probability
     # d logits moves by |g| x2 p + dg (onehot + p (1 + x2)) <= a (onehot + p)
     a = ((g.abs() * x2 + dg * (1.0 + x2)) / p.temperature).reshape(-1)
