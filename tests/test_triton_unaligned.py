@@ -96,8 +96,8 @@ def _target_owner(target, h, body, chunk, n):
     return [k for k in range(n) if (not outside and k * chunk <= rel < (k + 1) * chunk) or (outside and k == 0)]
 
 
-@pytest.mark.parametrize("vocab", [37, 51, 131, 5003, 50257])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("dtype,vocab", [(torch.bfloat16, v) for v in (37, 51, 131, 5003, 50257)]
+                         + [(torch.float32, v) for v in (37, 51, 131, 5003)], ids=str)  # fp32 at 50257: 4 s, no new residue
 def test_head_body_tail_cover_every_element_once(vocab, dtype):
     """For every row start modulo VEC (rows r * V of a contiguous tensor, and odd offsets), at the launch
     shapes of both staged kernels: each element of the row is read and written by exactly one program, the
@@ -224,8 +224,10 @@ MEMBERS = {"token-offpolicy-mask": dict(loss_type="grpo"),
            "sequence-offpolicy-mask": dict(loss_type="grpo", importance_sampling_level="sequence")}
 B, S = 2, 4
 out = {}
-for vocab in (37, 51, 131):
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+# one dtype a vocabulary: 10 rows of V 37, 51 or 131 start at every residue modulo VEC of each dtype, so the
+# diagonal reaches every head length of every dtype (the full 3 x 3 grid took 29 s of CI's suite for no case more)
+for vocab, dtype in ((37, torch.bfloat16), (51, torch.float16), (131, torch.float32)):
+    if True:
         g = torch.Generator().manual_seed(vocab)
         logits = (torch.randn(B, S + 1, vocab, generator=g) * 2).to(dtype)
         ids = torch.randint(0, vocab, (B, S), generator=g)
@@ -268,10 +270,10 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.slow  # ~60-120 s of interpreter: 18 cases, two launches each
+@pytest.mark.slow  # ~10 s of interpreter: 6 cases, two launches each
 def test_head_split_of_the_backward_kernel_under_the_interpreter(tmp_path):
     """grad._grad_kernel with HEAD (what the GPU runs at V 50257 for GSPO and mispredicted token calls) under
-    TRITON_INTERPRET=1 at V 37, 51, 131 in bf16, fp16 and fp32: the plan takes it (grad_head), the gradient
+    TRITON_INTERPRET=1 at V 37 in bf16, 51 in fp16, 131 in fp32: the plan takes it (grad_head), the gradient
     is bit for bit the one-element path's (Tuning.head False: the launch before the split) and matches the
     float64 reference, masked and padding rows exactly zero."""
     script = tmp_path / "head_interp.py"
@@ -281,7 +283,7 @@ def test_head_split_of_the_backward_kernel_under_the_interpreter(tmp_path):
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(out) == 18
+    assert len(out) == 6
     for case, rec in out.items():
         assert rec["heads"] == [True, False], case
         assert rec["equal"], case
