@@ -43,6 +43,7 @@
 #                                               # (forward sweep, halves chunk), triton-fused token-is, -bias, -offpolicy-mask b2-b16
 #   bash benchmarks/h200_evidence.sh round21b   # 2 of 3 (~7 min): kl, kl-ref-weight, bnpo-mask at b2-b16
 #   bash benchmarks/h200_evidence.sh round21c   # 3 of 3 (~6 min): dr-grpo-mask, dapo-mask, sequence-offpolicy-mask at b2-b16
+#   bash benchmarks/h200_evidence.sh round25a   # next: triton-fused kl-ref-weight b2-b16 under the fixed allowance, token-is-bias b16
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -384,6 +385,16 @@ case "${1:-probe}" in
       --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases
     ;;
   # call 4: round15c (issue 36's sweep, --quick --configs)
+  round25a)  # next session, first (~5 min): the reference-weight member of triton-fused at seed-b2..b16 again, under the
+              # fused allowance fixed in the seventh session (moves.bound_shifts: its b16 records failed on the allowance,
+              # docs/fused-kernel.md "Round 21"; the folder is unchanged, identity 7e7e6fbb8f6f), then token-is-bias
+              # at b16 (1.033x the GEMMs in round21a: a second sample against the 1.03x line)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    check_one triton-fused 260 --member token-offpolicy-mask-kl-ref-weight --workload seed-b2 --workload seed-b4 \
+      --workload seed-b8 --workload seed-b16 --profile-phases
+    mv "$R/triton-fused.json" "$R/triton-fused-klref.json"; mv "$R/triton-fused.log" "$R/triton-fused-klref.log"
+    check_one triton-fused 120 --member token-is-bias --workload seed-b16
+    ;;
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
               # ours per chunk and strategy), then the fused spec's seed member timed through the validator
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
