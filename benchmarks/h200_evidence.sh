@@ -394,6 +394,15 @@ case "${1:-probe}" in
       --workload seed-b8 --workload seed-b16 --profile-phases
     mv "$R/triton-fused.json" "$R/triton-fused-klref.json"; mv "$R/triton-fused.log" "$R/triton-fused-klref.log"
     check_one triton-fused 120 --member token-is-bias --workload seed-b16
+    # the forward-only sweep's launch at b2 (issue 32's last speed target: 1.07-1.10x there, compose's staged
+    # sweep 1.02-1.04x): bytes in flight per program (forward_block x forward_stages) and warps, no code change
+    # (FusedSettings fields); ~2 s a variant after its compile
+    timeout -s KILL 150 python3 benchmarks/fused_bench.py --batches 2 --chunks 2048 --strategies hold --split 0 \
+      --no-liger --extra weight_grad=auto weight_grad=auto,forward_block=2048 weight_grad=auto,forward_block=4096 \
+      weight_grad=auto,forward_block=2048,forward_stages=4 weight_grad=auto,forward_block=4096,forward_stages=4 \
+      weight_grad=auto,forward_block=1024,forward_stages=6 weight_grad=auto,num_warps=8 \
+      weight_grad=auto,forward_block=4096,num_warps=8 --out "$R/fb25.json" > "$R/fb25.log" 2>&1
+    status "fused_bench b2, forward sweep launches: exit $?"; grep -E "^\| 2 \| forward \|" "$R/fb25.log"
     ;;
   round15b)  # issues 31/32: benchmarks/fused_bench.py at the seed shape (batch 2-16; GEMM floor, eager, Liger, compose,
               # ours per chunk and strategy), then the fused spec's seed member timed through the validator
