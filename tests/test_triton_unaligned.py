@@ -227,44 +227,43 @@ out = {}
 # one dtype a vocabulary: 10 rows of V 37, 51 or 131 start at every residue modulo VEC of each dtype, so the
 # diagonal reaches every head length of every dtype (the full 3 x 3 grid took 29 s of CI's suite for no case more)
 for vocab, dtype in ((37, torch.bfloat16), (51, torch.float16), (131, torch.float32)):
-    if True:
-        g = torch.Generator().manual_seed(vocab)
-        logits = (torch.randn(B, S + 1, vocab, generator=g) * 2).to(dtype)
-        ids = torch.randint(0, vocab, (B, S), generator=g)
-        ids[0, 0], ids[0, 1], ids[1, 0] = 0, vocab - 1, 3  # head, tail and body targets in every row split
-        with torch.no_grad():
-            lp = torch.log_softmax(logits[:, :S].double() / 0.8, -1).gather(-1, ids[..., None])[..., 0]
-        mask = torch.ones(B, S, dtype=torch.int64)
-        mask[1, 3:] = 0
-        x = {"logits": logits, "completion_ids": ids, "advantages": torch.tensor([-0.7, 1.2]),
-             "old_logprobs": (lp + 0.3 * torch.randn(B, S, generator=g, dtype=torch.float64)).float(),
-             "completion_mask": mask}
-        for member, cfg in MEMBERS.items():
-            params = dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.8, **cfg)
-            p = GrpoParameters.from_mapping({"importance_sampling_level": "token", **params})
-            ref_grad = reference_gradient_dense(x, p)[:, :S]
-            grads, heads = {}, {}
-            for head in (True, False):
-                # the plain kernels (not interp.py's twins), rows in several backward work items of 16
-                impl.cpu_tuning = lambda v, head=head: replace(base(v), interp_rows=False, grad_chunk=16,
-                                                               grad_programs_per_sm=0, head=head)
-                impl._PLANS.clear()
-                calls = []
-                for c in (1.0, 0.25):  # the token member's backward recomputes from the statistics at 0.25
-                    leaf = logits.clone().requires_grad_(True)
-                    loss = impl.grpo_loss(**{**x, "logits": leaf}, **params)
-                    (loss * c).backward()
-                    calls.append(leaf.grad.clone())
-                (plan,) = impl._PLANS.values()
-                heads[head] = plan.grad_head
-                grads[head] = calls
-            g1 = grads[True][1].double()
-            out[f"{member}/{vocab}/{str(dtype)[6:]}"] = {
-                "heads": [heads[True], heads[False]],
-                "equal": all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-                             for a, b in zip(grads[True], grads[False])),
-                "frob": float((g1[:, :S] - 0.25 * ref_grad).norm() / (0.25 * ref_grad).norm()),
-                "last_zero": bool((g1[:, S] == 0).all()), "masked_zero": bool((g1[1, 3] == 0).all())}
+    g = torch.Generator().manual_seed(vocab)
+    logits = (torch.randn(B, S + 1, vocab, generator=g) * 2).to(dtype)
+    ids = torch.randint(0, vocab, (B, S), generator=g)
+    ids[0, 0], ids[0, 1], ids[1, 0] = 0, vocab - 1, 3  # head, tail and body targets in every row split
+    with torch.no_grad():
+        lp = torch.log_softmax(logits[:, :S].double() / 0.8, -1).gather(-1, ids[..., None])[..., 0]
+    mask = torch.ones(B, S, dtype=torch.int64)
+    mask[1, 3:] = 0
+    x = {"logits": logits, "completion_ids": ids, "advantages": torch.tensor([-0.7, 1.2]),
+         "old_logprobs": (lp + 0.3 * torch.randn(B, S, generator=g, dtype=torch.float64)).float(),
+         "completion_mask": mask}
+    for member, cfg in MEMBERS.items():
+        params = dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.8, **cfg)
+        p = GrpoParameters.from_mapping({"importance_sampling_level": "token", **params})
+        ref_grad = reference_gradient_dense(x, p)[:, :S]
+        grads, heads = {}, {}
+        for head in (True, False):
+            # the plain kernels (not interp.py's twins), rows in several backward work items of 16
+            impl.cpu_tuning = lambda v, head=head: replace(base(v), interp_rows=False, grad_chunk=16,
+                                                           grad_programs_per_sm=0, head=head)
+            impl._PLANS.clear()
+            calls = []
+            for c in (1.0, 0.25):  # the token member's backward recomputes from the statistics at 0.25
+                leaf = logits.clone().requires_grad_(True)
+                loss = impl.grpo_loss(**{**x, "logits": leaf}, **params)
+                (loss * c).backward()
+                calls.append(leaf.grad.clone())
+            (plan,) = impl._PLANS.values()
+            heads[head] = plan.grad_head
+            grads[head] = calls
+        g1 = grads[True][1].double()
+        out[f"{member}/{vocab}/{str(dtype)[6:]}"] = {
+            "heads": [heads[True], heads[False]],
+            "equal": all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                         for a, b in zip(grads[True], grads[False])),
+            "frob": float((g1[:, :S] - 0.25 * ref_grad).norm() / (0.25 * ref_grad).norm()),
+            "last_zero": bool((g1[:, S] == 0).all()), "masked_zero": bool((g1[1, 3] == 0).all())}
 impl.cpu_tuning = base
 print(json.dumps(out))
 '''
