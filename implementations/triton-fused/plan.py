@@ -27,7 +27,7 @@ import torch
 import triton
 
 from . import kernels
-from .accumulator import Fp32, Halves, accumulator, interpreting
+from .accumulator import Fp32, Halves, accumulate_fp32, accumulator, interpreting
 from .semantics import FusedSettings, Semantics
 
 
@@ -218,9 +218,13 @@ class FusedPlan:
             dlogits = torch.empty(max(1, n_tok) if hold else rows, self.vocab, dtype=self.dtype, device=dev)
         gh = torch.empty_like(x.hidden) if need[0] else None
         acc_w = accumulator(strategy, self.vocab, self.hidden, self.dtype, dev) if need[1] and not hold else None
-        acc_b = None
-        if need[2] and not hold:
-            acc_b = torch.zeros(self.vocab, dtype=torch.float32, device=dev)
+        acc_b = ones = None
+        if need[2]:
+            # d bias = column sums of d logits, as a [1, rows] x [rows, V] product into float32: torch's
+            # sum(0, dtype=float32) of a tall bf16 matrix staged float32 partials of (rows / 8) x V
+            # (0.49 GiB at b8 holding d logits, round21a's token-is-bias record; docs/fused-kernel.md)
+            acc_b = torch.zeros(1, self.vocab, dtype=torch.float32, device=dev)
+            ones = torch.ones(1, max(1, n_tok) if hold else rows, dtype=self.dtype, device=dev)
         h_all = x.hidden
         if grads_needed and s.has_mask and (need[1] or need[2]):
             # d weight reads hidden: masked rows (whose d logits are 0) must add exactly 0, even when non-finite
@@ -242,13 +246,15 @@ class FusedPlan:
                 torch.mm(buf, x.weight, out=gh[r0:r1])
             if acc_w is not None:
                 self.accumulate_path = acc_w.add(buf, h, self.settings.accumulate)
-            if acc_b is not None:
-                acc_b += buf.sum(0, dtype=torch.float32)
+            if acc_b is not None and not hold:
+                accumulate_fp32(acc_b, ones[:, : r1 - r0], buf, self.settings.accumulate)
         gw = gb = None
         if need[1]:
             gw = torch.mm(dlogits.t(), h_all) if hold else acc_w.finish()
         if need[2]:
-            gb = (dlogits.sum(0, dtype=torch.float32) if hold else acc_b).to(self.dtype)
+            if hold:
+                accumulate_fp32(acc_b, ones[:, :n_tok], dlogits[:n_tok], self.settings.accumulate)
+            gb = acc_b.view(-1).to(self.dtype)
         return Result(loss_tok[:n_tok].sum(), (gh, gw, gb), c_used)
 
     def observe(self, dloss: torch.Tensor) -> None:
