@@ -49,6 +49,7 @@
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
 #   bash benchmarks/h200_evidence.sh round14b   # the seed member at seed-b2 and seed-b8 (60 s)
+#   bash benchmarks/h200_evidence.sh round24v   # branch h/v32k: the rest of the HEAD tests, triton seed cells, the V 32000 sweep
 #   bash benchmarks/h200_evidence.sh sandbox    # --sandbox bwrap on CUDA: triton passes, escapes-sandbox is stopped
 #                                               # (carry .debs/ holding bubblewrap_*.deb: no bwrap, no network there)
 # `grpo-conform check` of each implementation writes unsigned records under $OUT/h200 (signed
@@ -463,6 +464,18 @@ case "${1:-probe}" in
     timeout -s KILL 240 python3 benchmarks/sweep_logits.py --configs --vocab 32000,50257 --control 128256:8 \
       --configs-vocab 32000,50257 --no-launch --budget-s 200 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits V 32000/50257 (+128256 b8) --configs: exit $?"; tail -c 9000 "$R/sweep.log"
+    ;;
+  round24v)  # branch h/v32k (configs.TABLE: V 32000 bf16 off "shipped"; a new triton identity): the rest of the HEAD
+              # path's CUDA tests (V 37/51/131, every staged member; round22 ran only V 50257), triton's seed cells at
+              # the new identity, then the sweep at V 32000 (+ 128256 b8 as control) to confirm the rules (~8 min)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py \
+      -k "head_path or neither or reference" > "$R/cuda-tests.txt" 2>&1
+    status "CUDA tests, HEAD path and references: exit $? (0: passed)"; tail -5 "$R/cuda-tests.txt"
+    triton_seed
+    timeout -s KILL 150 python3 benchmarks/sweep_logits.py --vocab 32000 --control 128256:8 --no-launch \
+      --budget-s 110 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
+    status "sweep_logits V 32000 (+128256 b8): exit $?"; tail -c 5000 "$R/sweep.log"
     ;;
   sandbox)  # issue 11 item 9, well under 90 s: the worker inside bubblewrap, unpacked from the carried .deb
     rm -rf /tmp/bw && mkdir -p /tmp/bw
