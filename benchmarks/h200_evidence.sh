@@ -43,7 +43,8 @@
 #                                               # (forward sweep, halves chunk), triton-fused token-is, -bias, -offpolicy-mask b2-b16
 #   bash benchmarks/h200_evidence.sh round21b   # 2 of 3 (~7 min): kl, kl-ref-weight, bnpo-mask at b2-b16
 #   bash benchmarks/h200_evidence.sh round21c   # 3 of 3 (~6 min): dr-grpo-mask, dapo-mask, sequence-offpolicy-mask at b2-b16
-#   bash benchmarks/h200_evidence.sh round25a   # next: triton-fused kl-ref-weight b2-b16 under the fixed allowance, token-is-bias b16
+#   bash benchmarks/h200_evidence.sh round25a   # superseded: the eighth session ran its launch search inline (round26a), then every
+#                                               # fused member again at e54f3b05 (round26b-d: round21a-c's checks without fused_bench)
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
