@@ -17,6 +17,7 @@ of the allowance scales with it (`GradientComparator.update`'s `logp`, docs/chec
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from grpo_conform.spec import GradientTolerance, LossTolerance
 
 TOP_K = 5
+FUSED_ENV = "GRPO_CONFORM_FUSED_COMPARE"  # "1": the fused comparison on CUDA (compare_fused.py), default off
 
 
 def json_float(x: float) -> float | str:
@@ -130,6 +132,19 @@ class GradientComparator:
     def update(self, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor,
                floor: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
                logp: tuple[torch.Tensor, torch.Tensor] | None = None, model: torch.Tensor | None = None) -> None:
+        """`_update_torch` below, or, on CUDA with GRPO_CONFORM_FUSED_COMPARE=1, the same accumulation
+        from one fused pass over the chunk (grpo_conform/compare_fused.py; opt-in, docs/checks.md)."""
+        if actual.is_cuda and os.environ.get(FUSED_ENV) == "1":
+            from grpo_conform.compare_fused import update_fused
+
+            update_fused(self, start, actual, expected, scale, floor, target, logp, model, top_k=TOP_K)
+            return
+        self._update_torch(start, actual, expected, scale, floor, target, logp, model)
+
+    def _update_torch(self, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor,
+                      floor: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      logp: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      model: torch.Tensor | None = None) -> None:
         """Compare rows [start, start + len) of the flattened gradient: actual and expected are
         [rows, vocab], scale is each row's gradient scale s_row [rows]; `floor` [rows] is an
         absolute per-element allowance below which no fp32 computation can resolve the row (see
@@ -220,14 +235,7 @@ class GradientComparator:
     def _row_sums(self, rows: torch.Tensor, a: torch.Tensor, scale: torch.Tensor,
                   floor: torch.Tensor | None = None) -> None:
         sums = a.sum(dim=1)
-        allowed = self.tol.row_sum_fraction * scale + self.tol.row_sum_atol * a.shape[1]
-        if floor is not None:
-            # A log-sum-exp rounded at the size of max|z|/T scales every p of the row alike, so the
-            # row's sum inherits one element floor (not vocab of them): Liger's fp32 softmax missed
-            # by 2.7x the plain allowance on a Student-t row at T = 0.51 (H200, 2026-12-01) while
-            # every element was inside its floor.
-            allowed = torch.maximum(allowed, floor)
-        allowed = allowed * self.slack
+        allowed = self.row_sum_allowed(scale, floor, a.shape[1])
         bad = ~(sums.abs() <= allowed)
         self.row_sum_failures += int(bad.sum())
         if bool(bad.any()):
@@ -237,6 +245,17 @@ class GradientComparator:
             off = Offender(self._index(int(rows[i]), -1)[:2], float(sums[i]), 0.0, float(allowed[i]))
             if self.worst_row_sum is None or float(v) > self.worst_row_sum[0]:
                 self.worst_row_sum = (float(v), off)
+
+    def row_sum_allowed(self, scale: torch.Tensor, floor: torch.Tensor | None, width: int) -> torch.Tensor:
+        """Each row's allowance of |sum of the row| (float64 [rows]), for `_row_sums`."""
+        allowed = self.tol.row_sum_fraction * scale + self.tol.row_sum_atol * width
+        if floor is not None:
+            # A log-sum-exp rounded at the size of max|z|/T scales every p of the row alike, so the
+            # row's sum inherits one element floor (not vocab of them): Liger's fp32 softmax missed
+            # by 2.7x the plain allowance on a Student-t row at T = 0.51 (H200, 2026-12-01) while
+            # every element was inside its floor.
+            allowed = torch.maximum(allowed, floor)
+        return allowed * self.slack
 
     def _last_rows(self, rows: torch.Tensor, a: torch.Tensor) -> None:
         if a.numel() == 0:

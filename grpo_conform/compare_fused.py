@@ -1,0 +1,243 @@
+"""`GradientComparator.update` from one fused pass over the chunk (issue 35): a Triton kernel reads
+`actual` (any float dtype) and `expected` (float64) once per element and leaves per-row results;
+a few host steps turn them into the comparator's counts, sums, worst offenders and row sums.
+
+Why: the torch path (`GradientComparator._update_torch`) makes ~25 full-size float64 passes per
+chunk, ~250 bytes of memory traffic per element: 72 ms a judged call at logits [8, 1025, 128256]
+on the H200, 50.8 s of the default check's 161 s (docs/timing.md, round26f). This path moves
+2-4 bytes (actual) + 8 (expected) per element once, plus one float64 output row per row.
+
+Decision: OFF by default. `update` takes it only for CUDA tensors with GRPO_CONFORM_FUSED_COMPARE=1
+(`compare.FUSED_ENV`) until it has been measured on the H200 (benchmarks/compare_bench.py) and the
+default check's records have been seen unchanged with it; the torch path stays the reference
+behaviour. Tests call `update_fused` directly on CPU tensors under TRITON_INTERPRET=1.
+
+Identity with the torch path (docs/checks.md, "Fused comparison on CUDA (opt-in)"):
+- element allowances are computed with the torch path's operations in its order, in float64, with
+  the per-row terms made by the same torch expressions on the host, float constants handed over as
+  float64 tensors (a Python float argument would reach the kernel as float32) and the compiler's
+  fusion of a*b+c into one FMA turned off (`enable_fp_fusion=False`): every element gets the same
+  `allowed`, so mismatch, NaN and Inf counts and each element's score err/allowed are the same bits;
+- the worst offenders: the kernel keeps each row's largest score (first column on ties); the K
+  rows with the largest (row order on ties) are judged again by the torch path, one row at a time,
+  and merged as the torch path merges. The global top K elements lie in those rows unless scores
+  tie at the K-th place; then which tied element is kept, and the order of tied offenders, may
+  differ from the torch path's (torch's topk does not specify ties either);
+- row sums: the kernel sums each row in its own order. A row whose kernel sum is inside its
+  allowance by more than the worst rounding of two float64 sums, 2 n u sum|a| (u = 2^-53), passes
+  in any order; every other row is summed again by the torch path (`_row_sums` on those rows), so
+  failures and the worst row sum are computed by the same code as before;
+- diff_sq, ref_sq, logp_sq and model_sq are sums of the same float64 terms in another order: they
+  differ by float64 rounding (relative ~1e-13 at 1e9 terms), far below the Frobenius allowances
+  (frobenius_rtol >= 1e-6). max |expected| is a max: exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024  # columns per step of a row's loop
+NUM_WARPS = 8
+_F = 8  # float64 results per row: diff_sq, ref_sq, logp_sq, max|e|, sum a, sum |a|, worst score, spare
+_I = 4  # int32 results per row: mismatches, nan, inf, worst column
+
+
+@triton.jit
+def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
+                  base_ptr, tbase_ptr, tcol_ptr, coef_ptr, den_ptr, moved_ptr, model_ptr, const_ptr,
+                  fout_ptr, iout_ptr,
+                  HAS_TARGET: tl.constexpr, HAS_LOGP: tl.constexpr, HAS_MODEL: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    r = tl.load(rows_ptr + pid).to(tl.int64)  # the row inside the chunk (last rows are not handed over)
+    rtol = tl.load(const_ptr)
+    slack = tl.load(const_ptr + 1)
+    base = tl.load(base_ptr + pid)  # max(atol_row_scale * s + atol, floor)
+    if HAS_TARGET:
+        tbase = tl.load(tbase_ptr + pid)  # max(base, target extra)
+        tcol = tl.load(tcol_ptr + pid)
+    if HAS_LOGP:
+        coef_nz = tl.load(coef_ptr + pid) != 0
+        den = tl.load(den_ptr + pid)  # |coef| clamped at 1e-300
+        moved = tl.load(moved_ptr + pid)
+    if HAS_MODEL:
+        model = tl.load(model_ptr + pid)
+    offs = tl.arange(0, BLOCK)
+    zero = tl.zeros([BLOCK], dtype=tl.float64)
+    izero = tl.zeros([BLOCK], dtype=tl.int32)
+    acc_diff, acc_ref, acc_logp, acc_max, acc_sum, acc_abs = zero, zero, zero, zero, zero, zero
+    best = zero - 1.0
+    best_col = izero
+    n_bad, n_nan, n_inf = izero, izero, izero
+    for c0 in range(0, width, BLOCK):
+        cols = c0 + offs
+        m = cols < width
+        a = tl.load(a_ptr + r * a_stride + cols, mask=m, other=0.0).to(tl.float64)
+        e = tl.load(e_ptr + r * e_stride + cols, mask=m, other=0.0).to(tl.float64)
+        e_abs = tl.abs(e)
+        element_abs = zero + base
+        if HAS_TARGET:
+            element_abs = tl.where(cols == tcol, tbase, element_abs)
+        if HAS_LOGP:
+            q = e_abs / den
+            share = tl.where(coef_nz, tl.where(q > 1.0, 1.0, q), 1.0)  # clamp_max(1): NaN stays NaN
+            extra = moved * share
+            element_abs = element_abs + extra
+            acc_logp += tl.where(m, extra * extra, 0.0)
+        if HAS_MODEL:
+            element_abs = element_abs + model
+        allowed = (rtol * e_abs + element_abs) * slack
+        diff = a - e
+        err = tl.abs(diff)
+        is_nan = a != a
+        is_inf = tl.abs(a) == float("inf")
+        finite = (~is_nan) & (~is_inf)
+        bad = (~(err <= allowed)) & m
+        n_bad += bad.to(tl.int32)
+        n_nan += (is_nan & m).to(tl.int32)
+        n_inf += (is_inf & m).to(tl.int32)
+        d = tl.where(finite & m, diff, 0.0)
+        acc_diff += d * d
+        acc_ref += e * e
+        acc_max = tl.maximum(acc_max, e_abs)
+        acc_sum += a
+        acc_abs += tl.abs(a)
+        den_allowed = tl.where(allowed < 1e-300, 1e-300, allowed)  # clamp_min: NaN stays NaN
+        score = tl.where(finite, err / den_allowed, float("inf"))
+        score = tl.where(bad, tl.where(score != score, float("inf"), score), -1.0)  # NaN ranks first, as in topk
+        better = score > best  # strict: a lane keeps its first column on ties
+        best = tl.where(better, score, best)
+        best_col = tl.where(better, cols, best_col)
+    worst = tl.max(best, axis=0)
+    worst_col = tl.min(tl.where(best == worst, best_col, 2147483647), axis=0)
+    fo = fout_ptr + pid * 8
+    tl.store(fo, tl.sum(acc_diff, axis=0))
+    tl.store(fo + 1, tl.sum(acc_ref, axis=0))
+    tl.store(fo + 2, tl.sum(acc_logp, axis=0))
+    tl.store(fo + 3, tl.max(acc_max, axis=0))
+    tl.store(fo + 4, tl.sum(acc_sum, axis=0))
+    tl.store(fo + 5, tl.sum(acc_abs, axis=0))
+    tl.store(fo + 6, worst)
+    io = iout_ptr + pid * 4
+    tl.store(io, tl.sum(n_bad, axis=0))
+    tl.store(io + 1, tl.sum(n_nan, axis=0))
+    tl.store(io + 2, tl.sum(n_inf, axis=0))
+    tl.store(io + 3, worst_col)
+
+
+def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, base: torch.Tensor,
+              rtol: float, slack: float, target: tuple[torch.Tensor, torch.Tensor] | None = None,
+              logp: tuple[torch.Tensor, torch.Tensor] | None = None, model: torch.Tensor | None = None,
+              block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel over rows `keep` (int indices into the chunk) of actual [rows, width] and expected.
+    Per-row arguments are float64 [len(keep)]: base = the element allowance before the log-prob and
+    model terms; target = (column, max(base, extra)), -1 where none; logp = (coef, moved); model.
+    Returns (float64 [len(keep), 8], int32 [len(keep), 4]) in the order the kernel writes them."""
+    if actual.dim() != 2 or expected.shape != actual.shape:
+        raise ValueError(f"fused comparison: actual {tuple(actual.shape)} and expected {tuple(expected.shape)}"
+                         " must be the same [rows, width]")
+    if actual.stride(1) != 1 or expected.stride(1) != 1:
+        raise ValueError("fused comparison: rows must be contiguous (stride 1 along the width)")
+    n, dev = keep.numel(), actual.device
+    f64 = dict(dtype=torch.float64, device=dev)
+    fout = torch.empty((n, _F), **f64)
+    iout = torch.empty((n, _I), dtype=torch.int32, device=dev)
+    if n == 0:
+        return fout, iout
+    dummy = torch.zeros(1, **f64)
+    tcol, tbase = (dummy.to(torch.int32), dummy) if target is None else (target[0].to(torch.int32).contiguous(),
+                                                                        target[1].contiguous())
+    coef, moved = (dummy, dummy) if logp is None else (logp[0].contiguous(), logp[1].contiguous())
+    den = coef.abs().clamp_min(1e-300)  # as the torch path clamps |coef|
+    consts = torch.tensor([rtol, slack], **f64)
+    _compare_rows[(n,)](actual, expected, actual.stride(0), expected.stride(0), actual.shape[1],
+                        keep.to(torch.int32).contiguous(), base.contiguous(), tbase, tcol, coef, den, moved,
+                        dummy if model is None else model.contiguous(), consts, fout, iout,
+                        HAS_TARGET=target is not None, HAS_LOGP=logp is not None, HAS_MODEL=model is not None,
+                        BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return fout, iout
+
+
+def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor,
+                 floor: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 logp: tuple[torch.Tensor, torch.Tensor] | None = None, model: torch.Tensor | None = None,
+                 *, top_k: int, block: int = BLOCK) -> None:
+    """`cmp.update(...)` (a `GradientComparator`; same arguments) from the fused kernel; `top_k` is
+    compare.TOP_K (handed over: this module does not import compare, tests/test_import_graph.py)."""
+    f64 = torch.float64
+    n, width = actual.shape
+    rows = torch.arange(start, start + n, device=actual.device)
+    last = (rows % cmp.seq_next == cmp.seq_next - 1) if cmp.seq_next is not None else \
+        torch.zeros_like(rows, dtype=torch.bool)
+    if bool(last.any()):  # 1/seq_next of the rows: the torch path's own code
+        cmp._last_rows(rows[last], actual[last].to(f64))
+    keep = ~last
+    if not bool(keep.any()):
+        return
+    idx = torch.nonzero(keep).squeeze(1)
+    t = cmp.tol
+    s = scale.to(f64)[keep]
+    absolute = t.element_atol_row_scale * s + t.element_atol  # the torch path's per-row terms, same ops
+    fl = None if floor is None else floor.to(f64)[keep]
+    base = absolute if fl is None else torch.maximum(absolute, fl)
+    tgt = None
+    if target is not None:
+        cols = target[0][keep]
+        tbase = torch.maximum(base, target[1].to(f64)[keep])
+        tgt = (torch.where(cols >= 0, cols, torch.full_like(cols, -1)), tbase)
+    lp = None
+    if logp is not None:
+        coef, moved = logp[0].to(f64)[keep], logp[1].to(f64)[keep]
+        if bool((moved > 0).any()):  # as the torch path: no log-prob term unless a row moves
+            lp = (coef, moved)
+    md = None if model is None else model.to(f64)[keep]
+    fout, iout = row_stats(actual, expected, idx, base, t.element_rtol, cmp.slack, tgt, lp, md, block)
+    counts = [int(x) for x in iout[:, :3].to(torch.int64).sum(dim=0).tolist()]
+    sums = fout[:, :3].sum(dim=0).tolist()
+    cmp.elements += idx.numel() * width
+    cmp.mismatches += counts[0]
+    cmp.nan += counts[1]
+    cmp.inf += counts[2]
+    cmp.diff_sq += sums[0]
+    cmp.ref_sq += sums[1]
+    cmp.atol_sq += float(absolute.unsqueeze(1).pow(2).sum()) * width
+    if lp is not None:
+        cmp.logp_sq += sums[2]
+    if md is not None:
+        cmp.model_sq += float((md * md).sum()) * width  # width equal terms per row
+    cmp.max_abs_ref = max(cmp.max_abs_ref, float(fout[:, 3].max()))
+    if counts[0]:
+        _worst_rows(cmp, start, idx, fout[:, 6], iout[:, 0], actual, expected, scale, floor, target, logp, model,
+                    top_k)
+    if cmp.row_sums:
+        allowed = cmp.row_sum_allowed(s, fl, width)
+        margin = 2.0 * width * 2.0**-53 * fout[:, 5]  # two float64 sums of the row, any order
+        sure = (fout[:, 4].abs() + 2.0 * margin) < allowed  # False for NaN/Inf sums and allowances
+        again = torch.nonzero(~sure).squeeze(1)
+        if again.numel():
+            r = idx[again]
+            cmp._row_sums(rows[r], actual[r].to(f64), s[again], None if fl is None else fl[again])
+
+
+def _worst_rows(cmp, start, idx, worst, bad, actual, expected, scale, floor, target, logp, model, top_k) -> None:
+    """The offenders: the rows with the top_k largest row scores (row order on ties), each judged again
+    by the torch path alone (a scratch comparator), merged into cmp.worst as the torch path merges."""
+    order = torch.argsort(-worst, stable=True)
+    order = order[bad[order] > 0][:top_k]
+    chosen = sorted(int(i) for i in idx[order].tolist())
+    scratch = dataclasses.replace(cmp, worst=[], row_sums=False)
+    found = []
+    for r in chosen:
+        one = slice(r, r + 1)
+        scratch.worst = []
+        scratch._update_torch(start + r, actual[one], expected[one], scale[one],
+                              None if floor is None else floor[one],
+                              None if target is None else (target[0][one], target[1][one]),
+                              None if logp is None else (logp[0][one], logp[1][one]),
+                              None if model is None else model[one])
+        found.extend(scratch.worst)
+    cmp.worst = sorted(cmp.worst + sorted(found, key=lambda p: -p[0])[:top_k], key=lambda p: -p[0])[:top_k]
