@@ -25,7 +25,7 @@ Identity with the torch path (docs/checks.md, "Fused comparison on CUDA (opt-in)
   differ from the torch path's (torch's topk does not specify ties either);
 - row sums: the kernel sums each row in its own order. A row whose kernel sum is inside its
   allowance by more than the worst rounding of two float64 sums, 2 n u sum|a| (u = 2^-53), passes
-  in any order; every other row is summed again by the torch path (`_row_sums` on those rows), so
+  in any order (ROW_SUM_ROUNDING); every other row is summed again by the torch path (`_row_sums` on those rows), so
   failures and the worst row sum are computed by the same code as before;
 - diff_sq, ref_sq, logp_sq and model_sq are sums of the same float64 terms in another order: they
   differ by float64 rounding (relative ~1e-13 at 1e9 terms), far below the Frobenius allowances
@@ -43,6 +43,9 @@ import triton.language as tl
 BLOCK = 1024  # columns per step of a row's loop
 NUM_WARPS = 8
 _F = 8  # float64 results per row: diff_sq, ref_sq, logp_sq, max|e|, sum a, sum |a|, worst score, spare
+# Any order of summing n float64 terms errs by at most (n - 1) u sum|a| (u = 2^-53): two sums differ by
+# less than 2 n u sum|a|; twice that, for the rounding of sum|a| itself and a margin.
+ROW_SUM_ROUNDING = 4 * 2.0**-53
 _I = 4  # int32 results per row: mismatches, nan, inf, worst column
 
 
@@ -215,8 +218,8 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
                     top_k)
     if cmp.row_sums:
         allowed = cmp.row_sum_allowed(s, fl, width)
-        margin = 2.0 * width * 2.0**-53 * fout[:, 5]  # two float64 sums of the row, any order
-        sure = (fout[:, 4].abs() + 2.0 * margin) < allowed  # False for NaN/Inf sums and allowances
+        margin = ROW_SUM_ROUNDING * width * fout[:, 5]  # how far two float64 sums of the row may differ
+        sure = (fout[:, 4].abs() + margin) < allowed  # False for NaN/Inf sums and allowances
         again = torch.nonzero(~sure).squeeze(1)
         if again.numel():
             r = idx[again]

@@ -1,0 +1,249 @@
+"""The fused comparison (grpo_conform/compare_fused.py) against the torch path it replaces on CUDA:
+the same counts, offenders, row sums and verdicts, float sums within 1e-12 relative, on random small
+chunks (widths not multiples of the kernel's block). Triton runs under its interpreter on CPU tensors:
+the module is loaded afresh with TRITON_INTERPRET=1 set while its kernel is decorated. The last tests
+break the fused path on purpose (a kernel with a wrong allowance, a wrong patch, a wrong log-prob term,
+changed results) and show that the comparison of the two paths notices each."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from grpo_conform.compare import FUSED_ENV, TOP_K, GradientComparator, json_float  # noqa: E402
+from grpo_conform.spec import GradientTolerance  # noqa: E402
+
+SOURCE = Path(__file__).resolve().parent.parent / "grpo_conform" / "compare_fused.py"
+F64 = torch.float64
+TOL = GradientTolerance(element_rtol=1e-2, element_atol_row_scale=1e-4, element_atol=1e-12, frobenius_rtol=1e-2,
+                        row_sum_fraction=1e-3, row_sum_atol=1e-12)
+BLOCK = 64  # small, so that rows take several steps of the kernel's loop
+
+
+def load_interpreted(path: Path = SOURCE, name: str = "compare_fused_interpreted"):
+    """compare_fused (or an edited copy of it) with its kernel made by Triton's interpreter."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}):
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        finally:
+            del sys.modules[name]
+    return mod
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return load_interpreted()
+
+
+def chunk(seed: int, rows: int, width: int, *, noise: float = 1e-4, dtype=torch.float32, floor=True, target=True,
+          logp=True, model=False, bad=(), miss=True) -> dict:
+    """A gradient-like chunk: expected = coef (onehot - softmax) per row, actual = expected plus noise of
+    `noise` times the row scale, in `dtype` (and, with `miss`, target elements that only the target patch
+    admits and a row whose sum fails); `bad` lists values written into actual at random places."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(rows, width, generator=g, dtype=F64) * 3
+    cols = torch.randint(0, width, (rows,), generator=g)
+    coef = torch.randn(rows, generator=g, dtype=F64)
+    coef[::4] = 0.0  # rows whose coefficient is 0 (logp's share is 1 there)
+    e = coef[:, None] * (torch.nn.functional.one_hot(cols, width).to(F64) - torch.softmax(z, dim=1))
+    s = coef.abs() + 1e-3
+    a = e + noise * s[:, None] * torch.randn(rows, width, generator=g, dtype=F64)
+    if miss:
+        a[torch.arange(rows), cols] += 4e-4 * s  # inside the target patch (extra 1e-3 s), outside the plain allowance
+        a[1] += 3e-3 * s[1] / width  # a row whose sum misses
+    a = a.to(dtype)
+    for r, v in zip((0, 2, 3), bad):  # rows that are not last rows in CASES
+        a[r, int(torch.randint(0, width, (1,), generator=g))] = v
+    out = {"actual": a, "expected": e, "scale": s.float()}
+    if floor:
+        out["floor"] = (torch.rand(rows, generator=g, dtype=F64) * 2e-4 * s).float()
+    if target:
+        tc = cols.clone()
+        tc[::3] = -1
+        out["target"] = (tc, torch.where(tc >= 0, 1e-3 * s, torch.zeros_like(s)))
+    if logp:
+        moved = torch.rand(rows, generator=g, dtype=F64) * 3e-4 * (coef.abs() + 1e-3)
+        moved[::2] = 0.0
+        out["logp"] = (coef, moved if logp != "still" else torch.zeros_like(moved))
+    if model:
+        out["model"] = torch.rand(rows, generator=g, dtype=F64) * 1e-4 * s
+    return out
+
+
+def run_both(fused_mod, chunks: list[tuple[int, dict]], *, seq_next: int | None, slack: float = 1.0,
+             row_sums: bool = True):
+    width = chunks[0][1]["actual"].shape[1]
+    ref = GradientComparator(TOL, seq_next, width, slack=slack, row_sums=row_sums)
+    new = GradientComparator(TOL, seq_next, width, slack=slack, row_sums=row_sums)
+    for start, c in chunks:
+        args = (start, c["actual"], c["expected"], c["scale"], c.get("floor"), c.get("target"), c.get("logp"),
+                c.get("model"))
+        ref.update(*args)  # CPU tensors: the torch path, whatever FUSED_ENV says
+        fused_mod.update_fused(new, *args, top_k=TOP_K, block=BLOCK)
+    return ref, new
+
+
+def offenders(worst: list) -> list:
+    """(score, evidence) of each offender, those of equal score in index order. Where the list is full
+    (TOP_K), offenders that tie with its last score are compared by score only: which of several
+    elements of that score are kept is not the torch path's to promise (its topk does not order
+    ties), nor the fused path's (compare_fused's docstring)."""
+    rows = [(json_float(v), o.to_json()) for v, o in worst]
+    rows = sorted(rows, key=lambda p: (-float(p[0]), p[1]["index"]))
+    if len(rows) == TOP_K:
+        rows = [p if p[0] != rows[-1][0] else (p[0], "tied at the last place") for p in rows]
+    return rows
+
+
+def differences(ref: GradientComparator, new: GradientComparator) -> list[str]:
+    """The names of what differs between two comparators' results."""
+    out = [f for f in ("elements", "mismatches", "nan", "inf", "row_sum_failures", "last_rows_nonzero")
+           if getattr(ref, f) != getattr(new, f)]
+    for f in ("diff_sq", "ref_sq", "atol_sq", "logp_sq", "model_sq", "max_abs_ref"):
+        x, y = getattr(ref, f), getattr(new, f)
+        if not (x == y or abs(x - y) <= 1e-12 * max(abs(x), abs(y))):
+            out.append(f)
+    if offenders(ref.worst) != offenders(new.worst):
+        out.append("worst")
+    wr = [None if w is None else (json_float(w[0]), w[1].to_json()) for w in (ref.worst_row_sum, new.worst_row_sum)]
+    if wr[0] != wr[1]:
+        out.append("worst_row_sum")
+    lr = [None if w is None else w.to_json() for w in (ref.last_row_worst, new.last_row_worst)]
+    if lr[0] != lr[1]:
+        out.append("last_row_worst")
+    if (ref.passed, ref.elements_ok, ref.frobenius_ok) != (new.passed, new.elements_ok, new.frobenius_ok):
+        out.append("verdict")
+    return out
+
+
+CASES = {  # name: (chunk keywords, comparator keywords, the starts and rows of the chunks)
+    "all-pass": (dict(noise=1e-7, miss=False), dict(seq_next=None), [(0, 9), (9, 7)]),
+    "mismatches": (dict(), dict(seq_next=5), [(3, 13), (16, 11)]),
+    "nan-inf": (dict(bad=(math.nan, math.inf, -math.inf)), dict(seq_next=6), [(0, 20)]),
+    "no-floor-no-target": (dict(floor=False, target=False), dict(seq_next=None), [(5, 17)]),
+    "logp-still": (dict(logp="still"), dict(seq_next=4), [(2, 14)]),
+    "model": (dict(model=True, dtype=torch.bfloat16, noise=1e-3), dict(seq_next=None), [(0, 12)]),
+    "slack2-no-row-sums": (dict(dtype=F64, noise=3e-4), dict(seq_next=3, slack=2.0, row_sums=False), [(1, 10), (11, 8)]),
+}
+WIDTHS = {"all-pass": 7, "mismatches": 131, "nan-inf": 77, "no-floor-no-target": 300, "logp-still": 65,
+          "model": 100, "slack2-no-row-sums": 129}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_matches_torch(fused, name):
+    kw, ckw, parts = CASES[name]
+    chunks = [(start, chunk(17 * i + len(name), rows, WIDTHS[name], **kw)) for i, (start, rows) in enumerate(parts)]
+    ref, new = run_both(fused, chunks, **ckw)
+    assert differences(ref, new) == []
+    # the case exercises what its name says
+    if name == "all-pass":
+        assert ref.passed and ref.mismatches == 0 and ref.row_sum_failures == 0
+    else:
+        assert ref.mismatches > 0 and len(ref.worst) == TOP_K
+    if name == "nan-inf":
+        assert ref.nan == 1 and ref.inf == 2 and [v for v, _ in ref.worst[:3]] == [math.inf] * 3
+    if name == "logp-still":
+        assert ref.logp_sq == 0.0
+    if name == "model":
+        assert ref.model_sq > 0 and ref.logp_sq > 0
+    if ckw.get("seq_next"):
+        assert ref.last_rows_nonzero > 0
+    if ckw.get("row_sums", True) and name != "all-pass":
+        assert ref.row_sum_failures > 0 and ref.worst_row_sum is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_fused_matches_torch_random(fused, seed):
+    """Random shapes, dtypes and arguments: rows 3-40, widths 7-300."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    pick = lambda n: int(torch.randint(0, n, (1,), generator=g))  # noqa: E731
+    width = 7 + pick(294)
+    kw = dict(noise=[1e-7, 3e-5, 3e-4][pick(3)], dtype=[torch.float32, torch.bfloat16, torch.float16, F64][pick(4)],
+              floor=bool(pick(2)), target=bool(pick(2)), logp=[False, True, "still"][pick(3)], model=bool(pick(2)),
+              bad=[(), (math.nan,), (math.inf, -math.inf)][pick(3)])
+    seq_next = [None, 2 + pick(6)][pick(2)]
+    starts, chunks = pick(9), []
+    for i in range(1 + pick(2)):
+        rows = 3 + pick(38)
+        chunks.append((starts, chunk(seed * 31 + i, rows, width, **kw)))
+        starts += rows
+    ref, new = run_both(fused, chunks, seq_next=seq_next, slack=[1.0, 2.0][pick(2)], row_sums=bool(pick(2)))
+    assert differences(ref, new) == []
+
+
+def test_update_takes_the_torch_path_on_cpu(monkeypatch):
+    """FUSED_ENV selects the fused path for CUDA tensors only: CPU tensors never reach it."""
+    monkeypatch.setenv(FUSED_ENV, "1")
+    monkeypatch.setitem(sys.modules, "grpo_conform.compare_fused", None)  # importing it would raise
+    c = chunk(3, 6, 20)
+    cmp = GradientComparator(TOL, None, 20)
+    cmp.update(0, c["actual"], c["expected"], c["scale"], c["floor"], c["target"], c["logp"])
+    assert cmp.elements == 120
+
+
+# -- the comparison of the two paths fails when the fused path is wrong ------------------------------
+
+def broken_copy(tmp_path: Path, old: str, new: str):
+    text = SOURCE.read_text()
+    assert text.count(old) == 1, old
+    path = tmp_path / "compare_fused_broken.py"
+    path.write_text(text.replace(old, new))
+    return load_interpreted(path, "compare_fused_broken")
+
+
+@pytest.mark.parametrize("old, new, kw, ckw, expect", [
+    ("allowed = (rtol * e_abs + element_abs) * slack", "allowed = rtol * e_abs + element_abs",
+     dict(), dict(seq_next=None, slack=2.0), {"mismatches"}),
+    ("element_abs = tl.where(cols == tcol, tbase, element_abs)", "element_abs = element_abs",
+     dict(), dict(seq_next=None), {"mismatches", "worst"}),
+    ("extra = moved * share", "extra = moved", dict(), dict(seq_next=None), {"mismatches", "logp_sq"}),
+    ("acc_sum += a", "acc_sum += a * 0.0", dict(), dict(seq_next=None), {"row_sum_failures"}),
+    ("better = score > best", "better = score < best", dict(noise=3e-4), dict(seq_next=None), {"worst"}),
+])
+def test_a_broken_kernel_is_noticed(tmp_path, old, new, kw, ckw, expect):
+    mod = broken_copy(tmp_path, old, new)
+    chunks = [(0, chunk(5, 24, 90, **kw))]
+    assert differences(*run_both(load_interpreted(), chunks, **ckw)) == []  # the intact module agrees
+    assert expect <= set(differences(*run_both(mod, chunks, **ckw)))
+
+
+@pytest.mark.parametrize("column, factor, expect", [
+    ("f0", 1 + 1e-11, "diff_sq"), ("f1", 1 - 1e-11, "ref_sq"), ("f3", 2.0, "max_abs_ref"),
+    ("i1", 0, "nan"), ("i2", 0, "inf"), ("i0", 2, "mismatches"),
+])
+def test_changed_results_are_noticed(fused, monkeypatch, column, factor, expect):
+    """Each compared quantity, changed alone in the kernel's results, makes the comparison fail
+    (float sums by 1e-11 relative: the 1e-12 bound is not loose enough to hide it)."""
+    inner = fused.row_stats
+
+    def changed(*args, **kwargs):
+        fout, iout = inner(*args, **kwargs)
+        out = fout if column[0] == "f" else iout
+        out[:, int(column[1])] = (out[:, int(column[1])] * factor).to(out.dtype)
+        return fout, iout
+
+    monkeypatch.setattr(fused, "row_stats", changed)
+    chunks = [(0, chunk(9, 12, 50, bad=(math.nan, math.inf)))]
+    assert expect in differences(*run_both(fused, chunks, seq_next=None))
+
+
+def test_row_sums_near_the_allowance_are_summed_again(fused, monkeypatch):
+    """Rows whose kernel sum is not surely inside the allowance go back to the torch path's `_row_sums`;
+    with the rounding margin made negative (every row 'sure'), the failing rows go unnoticed."""
+    chunks = [(0, chunk(11, 15, 60))]
+    assert differences(*run_both(fused, chunks, seq_next=None)) == []
+    monkeypatch.setattr(fused, "ROW_SUM_ROUNDING", -math.inf)
+    assert "row_sum_failures" in differences(*run_both(fused, chunks, seq_next=None))
