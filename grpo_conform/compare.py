@@ -135,7 +135,7 @@ class GradientComparator:
         """`_update_torch` below, or, on CUDA with GRPO_CONFORM_FUSED_COMPARE=1, the same accumulation
         from one fused pass over the chunk (grpo_conform/compare_fused.py; opt-in, docs/checks.md)."""
         if actual.is_cuda and os.environ.get(FUSED_ENV) == "1":
-            from grpo_conform.compare_fused import update_fused
+            from grpo_conform.compare_fused import update_fused  # imports triton: only when asked for
 
             update_fused(self, start, actual, expected, scale, floor, target, logp, model, top_k=TOP_K)
             return
