@@ -194,6 +194,33 @@ def test_update_takes_the_torch_path_on_cpu(monkeypatch):
     assert cmp.elements == 120
 
 
+def on(device: str, c: dict) -> dict:
+    move = lambda v: tuple(move(x) for x in v) if isinstance(v, tuple) else v.to(device)  # noqa: E731
+    return {k: move(v) for k, v in c.items()}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a CUDA device and compiled Triton")
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_matches_torch_on_cuda(monkeypatch, name):
+    """On a GPU: `update` with FUSED_ENV=1 (the gate, the compiled kernel) against the torch path on the
+    same CUDA tensors. Not run on this project's CPU machines; the first GPU session runs it."""
+    kw, ckw, parts = CASES[name]
+    chunks = [(start, on("cuda", chunk(17 * i + len(name), rows, WIDTHS[name], **kw)))
+              for i, (start, rows) in enumerate(parts)]
+    width = chunks[0][1]["actual"].shape[1]
+    ref, new = (GradientComparator(TOL, ckw["seq_next"], width, slack=ckw.get("slack", 1.0),
+                                   row_sums=ckw.get("row_sums", True)) for _ in range(2))
+    for start, c in chunks:
+        args = (start, c["actual"], c["expected"], c["scale"], c.get("floor"), c.get("target"), c.get("logp"),
+                c.get("model"))
+        ref._update_torch(*args)
+        with monkeypatch.context() as m:
+            m.setenv(FUSED_ENV, "1")
+            new.update(*args)
+    assert differences(ref, new) == []
+
+
 # -- the comparison of the two paths fails when the fused path is wrong ------------------------------
 
 def broken_copy(tmp_path: Path, old: str, new: str):
