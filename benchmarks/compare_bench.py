@@ -3,6 +3,8 @@ on one CUDA GPU, per chunk of the judge (docs/checks.md, "Fused comparison on CU
 
     PYTHONPATH=$PWD python3 benchmarks/compare_bench.py                      # the H200's judge chunks
     PYTHONPATH=$PWD python3 benchmarks/compare_bench.py --shapes 523x128256 --dtypes bfloat16 --reps 20
+    for b in 256 512 1024; do for w in 4 8 16; do PYTHONPATH=$PWD python3 benchmarks/compare_bench.py \
+        --shapes 523x128256 --dtypes bfloat16 --block $b --warps $w; done; done       # the kernel's launch
     PYTHONPATH=$PWD TRITON_INTERPRET=1 python3 benchmarks/compare_bench.py --device cpu --shapes 12x300 --reps 1
 
 Default shapes: [523, 128256] (the reference's chunk on a GPU with a 2 GiB budget: 2^31 / (32 V) rows;
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_conform import compare_fused
 from grpo_conform.compare import TOP_K, GradientComparator
 from grpo_conform.compare_fused import update_fused
 from grpo_conform.spec import load_spec
@@ -80,10 +83,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seq-next", type=int, default=1025, help="positions per sequence (last rows are skipped)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--block", type=int, default=compare_fused.BLOCK, help="columns per step of the kernel")
+    ap.add_argument("--warps", type=int, default=compare_fused.NUM_WARPS, help="warps per row")
     args = ap.parse_args()
+    compare_fused.BLOCK, compare_fused.NUM_WARPS = args.block, args.warps
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("compare_bench: no CUDA device (use --device cpu with TRITON_INTERPRET=1 for a smoke run)")
     tol = load_spec(SPEC).tolerance("bfloat16").gradient
+    print(f"block {args.block}, {args.warps} warps per row")
     print(f"{'chunk':>14} {'actual':>9} {'torch ms':>9} {'fused ms':>9} {'speedup':>8} {'agree':>6}  "
           f"{'torch GB/s':>10} {'fused GB/s':>10}")
     for shape in args.shapes:

@@ -40,9 +40,12 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024  # columns per step of a row's loop
+# Columns per step of a row's loop and warps per row: 2 columns per thread. Compiled for sm_90a here (no
+# GPU: ptxas only), BLOCK 512 / 8 warps uses 98 registers and spills nothing (1024 / 8: 158 registers,
+# 1 block per SM); not timed. benchmarks/compare_bench.py --block/--warps sweeps them on a GPU.
+BLOCK = 512
 NUM_WARPS = 8
-_F = 8  # float64 results per row: diff_sq, ref_sq, logp_sq, max|e|, sum a, sum |a|, worst score, spare
+_F = 8  # float64 results per row: diff_sq, ref_sq, logp_sq, max|e|, sum a, sum |a|, worst score, unused
 # Any order of summing n float64 terms errs by at most (n - 1) u sum|a| (u = 2^-53): two sums differ by
 # less than 2 n u sum|a|; twice that, for the rounding of sum|a| itself and a margin.
 ROW_SUM_ROUNDING = 4 * 2.0**-53
@@ -135,7 +138,7 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
 def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, base: torch.Tensor,
               rtol: float, slack: float, target: tuple[torch.Tensor, torch.Tensor] | None = None,
               logp: tuple[torch.Tensor, torch.Tensor] | None = None, model: torch.Tensor | None = None,
-              block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+              block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel over rows `keep` (int indices into the chunk) of actual [rows, width] and expected.
     Per-row arguments are float64 [len(keep)]: base = the element allowance before the log-prob and
     model terms; target = (column, max(base, extra)), -1 where none; logp = (coef, moved); model.
@@ -161,14 +164,14 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
                         keep.to(torch.int32).contiguous(), base.contiguous(), tbase, tcol, coef, den, moved,
                         dummy if model is None else model.contiguous(), consts, fout, iout,
                         HAS_TARGET=target is not None, HAS_LOGP=logp is not None, HAS_MODEL=model is not None,
-                        BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False)
+                        BLOCK=block or BLOCK, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return fout, iout
 
 
 def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor,
                  floor: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
                  logp: tuple[torch.Tensor, torch.Tensor] | None = None, model: torch.Tensor | None = None,
-                 *, top_k: int, block: int = BLOCK) -> None:
+                 *, top_k: int, block: int | None = None) -> None:
     """`cmp.update(...)` (a `GradientComparator`; same arguments) from the fused kernel; `top_k` is
     compare.TOP_K (handed over: this module does not import compare, tests/test_import_graph.py)."""
     f64 = torch.float64
