@@ -8,8 +8,10 @@ changed results) and show that the comparison of the two paths notices each."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
@@ -29,11 +31,12 @@ TOL = GradientTolerance(element_rtol=1e-2, element_atol_row_scale=1e-4, element_
 BLOCK = 64  # small, so that rows take several steps of the kernel's loop
 
 
-def load_interpreted(path: Path = SOURCE, name: str = "compare_fused_interpreted"):
-    """compare_fused (or an edited copy of it) with its kernel made by Triton's interpreter."""
+def load_interpreted(path: Path = SOURCE, name: str = "compare_fused_interpreted", interpret: str = "1"):
+    """compare_fused (or an edited copy of it) with its kernel made by Triton's interpreter
+    (interpret="0": a kernel to compile)."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}):
+    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": interpret}):
         sys.modules[name] = mod
         try:
             spec.loader.exec_module(mod)
@@ -192,6 +195,49 @@ def test_update_takes_the_torch_path_on_cpu(monkeypatch):
     cmp = GradientComparator(TOL, None, 20)
     cmp.update(0, c["actual"], c["expected"], c["scale"], c["floor"], c["target"], c["logp"])
     assert cmp.elements == 120
+
+
+COMPILE = """
+import json, sys
+from triton.backends import backends
+if "nvidia" not in backends:
+    print(json.dumps(None)); sys.exit()
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from grpo_conform import compare_fused as mod
+types = {"a_stride": "i32", "e_stride": "i32", "width": "i32", "rows_ptr": "*i32", "tcol_ptr": "*i32", "iout_ptr": "*i32"}
+const = dict(HAS_TARGET=True, HAS_LOGP=True, HAS_MODEL=True, BLOCK=mod.BLOCK)
+out = {}
+for dtype in ("bf16", "fp16", "fp32", "fp64"):
+    sig = {n: "constexpr" if n in const else {**types, "a_ptr": "*" + dtype}.get(n, "*fp64")
+           for n in mod._compare_rows.arg_names}
+    for fusion in (False, True):
+        options = {**mod.launch_options(), **({"enable_fp_fusion": True} if fusion else {})}
+        ptx = triton.compile(ASTSource(mod._compare_rows, sig, const), target=GPUTarget("cuda", 90, 32),
+                             options=options).asm["ptx"]
+        out[dtype + ("-fused" if fusion else "")] = [ptx.count("fma.rn.f64"), ptx.count("div.rn.f64")]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_compiled_kernel_rounds_as_torch():
+    """The kernel compiled for an H200 (sm_90a: Triton's compiler, no GPU needed; in a process of its own,
+    since this suite's Triton runs as the interpreter) with `row_stats`'s launch options: float64 multiply
+    and add round apart (no fma.rn.f64; Triton's default options emit some: the check can fail) and
+    float64 division is IEEE (div.rn.f64), for every dtype of `actual`."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(SOURCE.parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    if counts is None:
+        pytest.skip("this Triton build has no CUDA backend")
+    for dtype in ("bf16", "fp16", "fp32", "fp64"):
+        fma, div = counts[dtype]
+        assert fma == 0 and div >= 2, (dtype, counts)  # the log-prob share and the score
+        assert counts[dtype + "-fused"][0] > 0, counts
 
 
 def on(device: str, c: dict) -> dict:
