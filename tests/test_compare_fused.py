@@ -286,10 +286,10 @@ def broken_copy(tmp_path: Path, old: str, new: str):
     ("acc_sum += a", "acc_sum += a * 0.0", dict(), dict(seq_next=None), {"row_sum_failures"}),
     ("better = score > best", "better = score < best", dict(noise=3e-4), dict(seq_next=None), {"worst"}),
 ])
-def test_a_broken_kernel_is_noticed(tmp_path, old, new, kw, ckw, expect):
+def test_a_broken_kernel_is_noticed(fused, tmp_path, old, new, kw, ckw, expect):
     mod = broken_copy(tmp_path, old, new)
     chunks = [(0, chunk(5, 24, 90, **kw))]
-    assert differences(*run_both(load_interpreted(), chunks, **ckw)) == []  # the intact module agrees
+    assert differences(*run_both(fused, chunks, **ckw)) == []  # the intact module agrees
     assert expect <= set(differences(*run_both(mod, chunks, **ckw)))
 
 
