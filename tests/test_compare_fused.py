@@ -187,6 +187,12 @@ def test_fused_matches_torch_random(fused, seed):
     assert differences(ref, new) == []
 
 
+def test_chunks_of_last_rows_only(fused):
+    """seq_next 1: every row is a last row, kept by the torch path's `_last_rows`; the kernel gets none."""
+    ref, new = run_both(fused, [(0, chunk(4, 5, 33)), (5, chunk(6, 3, 33))], seq_next=1)
+    assert differences(ref, new) == [] and new.elements == 0 and new.last_rows_nonzero == 8 * 33
+
+
 def test_update_takes_the_torch_path_on_cpu(monkeypatch):
     """FUSED_ENV selects the fused path for CUDA tensors only: CPU tensors never reach it."""
     monkeypatch.setenv(FUSED_ENV, "1")
