@@ -138,7 +138,8 @@ CASES = {  # name: (chunk keywords, comparator keywords, the starts and rows of 
     "no-floor-no-target": (dict(floor=False, target=False), dict(seq_next=None), [(5, 17)]),
     "logp-still": (dict(logp="still"), dict(seq_next=4), [(2, 14)]),
     "model": (dict(model=True, dtype=torch.bfloat16, noise=1e-3), dict(seq_next=None), [(0, 12)]),
-    "slack2-no-row-sums": (dict(dtype=F64, noise=3e-4), dict(seq_next=3, slack=2.0, row_sums=False), [(1, 10), (11, 8)]),
+    "slack2-no-row-sums": (dict(dtype=F64, noise=3e-4), dict(seq_next=3, slack=2.0, row_sums=False),
+                           [(1, 10), (11, 8)]),
 }
 WIDTHS = {"all-pass": 7, "mismatches": 131, "nan-inf": 77, "no-floor-no-target": 300, "logp-still": 65,
           "model": 100, "slack2-no-row-sums": 129}
@@ -212,7 +213,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from grpo_conform import compare_fused as mod
-types = {"a_stride": "i32", "e_stride": "i32", "width": "i32", "rows_ptr": "*i32", "tcol_ptr": "*i32", "iout_ptr": "*i32"}
+types = {"a_stride": "i32", "e_stride": "i32", "width": "i32", "rows_ptr": "*i32", "tcol_ptr": "*i32",
+         "iout_ptr": "*i32"}
 const = dict(HAS_TARGET=True, HAS_LOGP=True, HAS_MODEL=True, BLOCK=mod.BLOCK)
 out = {}
 for dtype in ("bf16", "fp16", "fp32", "fp64"):
