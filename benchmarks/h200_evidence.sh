@@ -46,6 +46,7 @@
 #   bash benchmarks/h200_evidence.sh round25a   # superseded: the eighth session ran its launch search inline (round26a), then every
 #                                               # fused member again at e54f3b05 (round26b-d: round21a-c's checks without fused_bench)
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
+#   bash benchmarks/h200_evidence.sh round27c   # the opt-in fused comparison: CUDA tests, speed, the default check with it (~6 min)
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
@@ -361,6 +362,22 @@ case "${1:-probe}" in
     check_one fused-liger 245 --member token-is --workload seed-b16
     timeout -s KILL 330 python3 benchmarks/sweep_logits.py --budget-s 300 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits (full grid, budget 300 s): exit $?"; tail -c 6000 "$R/sweep.log"
+    ;;
+  round27c)  # issue 35 (the default check's 120 s budget): the opt-in fused comparison (grpo_conform/compare_fused.py,
+              # GRPO_CONFORM_FUSED_COMPARE=1, docs/checks.md "Fused comparison on CUDA"), never run on a GPU before: its CUDA
+              # differential tests, its speed per judge chunk against the torch path (launch settings swept), then the
+              # default check of triton with it on, cut by --deadline 150 like round26f (whose judge took 50.8 s) (~6 min)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_compare_fused.py > "$R/compare-tests.txt" 2>&1
+    status "compare_fused tests (CUDA included): exit $?"; tail -3 "$R/compare-tests.txt"
+    for b in 256 512 1024; do for w in 4 8 16; do
+      timeout -s KILL 40 python3 benchmarks/compare_bench.py --shapes 523x128256 --dtypes bfloat16 --block $b --warps $w
+    done; done > "$R/compare-bench.txt" 2>&1
+    status "compare_bench sweep: exit $?"; tail -30 "$R/compare-bench.txt"
+    GRPO_CONFORM_FUSED_COMPARE=1 timeout -s KILL 205 python3 -m grpo_conform check implementations/triton --no-evidence \
+      --profile-phases --deadline 150 --format json > "$R/triton-default-fused.json" 2> "$R/triton-default-fused.log"
+    status "triton default check, fused comparison on, --deadline 150: exit $? (3: stopped by the deadline)"
+    grep -vE "^\[" "$R/triton-default-fused.log" | head -40
     ;;
   round21a)  # branch h/fused32 (halves in 4096-row chunks, the pipelined forward sweep; a new folder identity), 1 of 3.
               # fused_bench at b2 and b16: the default (auto) against forward_sweep=plain (the old forward) and halves
