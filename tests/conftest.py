@@ -140,7 +140,6 @@ LONGEST_FIRST = (  # by wall seconds in a -n 2 run of both lanes (2026-12-03, fi
     "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
     "tests/test_report.py::test_the_page_loads_in_headless_chromium",
     "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
-    "tests/test_gate_e2e.py::test_interrupt_exits_cleanly_and_leaves_nothing_behind",
     "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
     "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
     "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
