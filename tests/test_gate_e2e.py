@@ -6,6 +6,7 @@ merged equal to the unsharded run. SIGINT/SIGTERM to `check` with nothing left b
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 
@@ -74,18 +75,25 @@ def test_fail_fast_stops_and_check_selection_reports_only_what_was_asked(tmp_pat
     assert [n.kind for n in stopped.members[0].coverage.not_run if n.workload == SMALL] == ["stopped"]
 
 
+# What the two tests below are about is how the work is split (units to slots, to shards) and joined
+# again, not the probes: they run the root checks only (`-k`), ~0.3 s of work per implementation
+# instead of ~1 s (docs/timing.md, "Eighth pass"). Every probe on these folders: test_gallery.
+CHECKS = ("loss", "gradient")
+K = [arg for c in CHECKS for arg in ("-k", c)]
+
+
 @pytest.fixture(scope="module")
 def serial():
     """The serial run both tests below compare with, in this process (the JSON document `check --format
     json` prints is the report's to_json): a CLI subprocess cost a python, torch and a zygote more."""
-    report = run_check(CheckRequest((str(PASSING), str(FAILING)), device="cpu", workloads=(SMALL,)))
+    report = run_check(CheckRequest((str(PASSING), str(FAILING)), device="cpu", workloads=(SMALL,), checks=CHECKS))
     assert report.exit_code == 1, [i.message for i in report.implementations]
     return json.loads(json.dumps(report.to_json()))
 
 
 def test_jobs_2_gives_the_serial_verdicts_in_parallel(serial, tmp_path):
-    run = cli_here("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, "--jobs", "2", "--format", "json",
-              "--evidence-dir", tmp_path / "ev", "--junit-xml", tmp_path / "j.xml")
+    run = cli_here("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, *K, "--jobs", "2", "--format",
+                   "json", "--evidence-dir", tmp_path / "ev", "--junit-xml", tmp_path / "j.xml")
     assert run.returncode == 1, run.stderr
     doc = json.loads(run.stdout)
     _same(_verdicts(doc), _verdicts(serial))
@@ -95,14 +103,19 @@ def test_jobs_2_gives_the_serial_verdicts_in_parallel(serial, tmp_path):
     (a0, a1), (b0, b1) = sorted((p["started"], p["finished"]) for p in parts)
     assert b0 <= a1, f"the slots did not overlap: {parts}"
     assert len(list((tmp_path / "ev").glob("*.intoto.json"))) == len(doc["implementations"])
-    assert (tmp_path / "j.xml").read_text().count("<testcase") >= 40
+    # one JUnit case per reported check (and one per member saying that the run was a -k selection)
+    reported = sorted(f'{i["name"]} {w["workload"]}::{c["check"]}' for i in doc["implementations"] for m in i["members"]
+                      for w in m["workloads"] for c in w["checks"])
+    cases = re.findall(r'<testcase classname="grpo_conform\.([^".]+)\.[^"]*" name="([^"]+)"', (tmp_path / "j.xml").read_text())
+    assert sorted(f"{impl} {name}" for impl, name in cases if name != "selection") == reported, cases
+    assert len(reported) >= 2 * (1 + len(CHECKS)) and [n for _, n in cases].count("selection") == 2, cases
 
 
 def test_shards_merged_equal_the_unsharded_run(serial, tmp_path):
     # each shard's `check --shard i/2` in this process, one after the other (what each shard machine runs;
     # two `python -m grpo_conform` processes beside each other cost a python, torch and a zygote each)
     for i in (1, 2):
-        shard = cli_here("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, "--shard", f"{i}/2",
+        shard = cli_here("check", PASSING, FAILING, "--device", "cpu", "--workload", SMALL, *K, "--shard", f"{i}/2",
                          "--no-evidence", "--format", "json")
         assert "Traceback" not in shard.stderr, shard.stderr
         (tmp_path / f"shard{i}.json").write_text(shard.stdout)
