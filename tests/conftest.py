@@ -27,7 +27,7 @@ def cli_here(*args, cwd=ROOT, env_extra=None) -> "subprocess.CompletedProcess":
     grpo_conform` subprocess answers (exit code, stdout, stderr): for a test of what a command prints and
     exits with, not of a process. A subprocess pays a new interpreter and, for most commands, torch and a
     zygote (2-8 s CPU each; docs/timing.md, "Fourth pass"). The entry point and `check` as processes stay
-    tested (test_cli.test_version_and_help; test_gate_e2e's interrupts, test_isolation_attacks' signals,
+    tested (test_cli.test_version_and_help; test_isolation_attacks' SIGINT/SIGTERM to `check`,
     test_sandbox); `--jobs` slots are processes either way (test_isolation_slots, test_gate_e2e). An
     exception the command did not turn into an exit code comes back as the interpreter shows it: exit 1,
     its traceback on stderr. The CLI's two consoles are sized to $COLUMNS for the call, as a new process
