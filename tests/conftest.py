@@ -27,7 +27,7 @@ def cli_here(*args, cwd=ROOT, env_extra=None) -> "subprocess.CompletedProcess":
     grpo_conform` subprocess answers (exit code, stdout, stderr): for a test of what a command prints and
     exits with, not of a process. A subprocess pays a new interpreter and, for most commands, torch and a
     zygote (2-8 s CPU each; docs/timing.md, "Fourth pass"). The entry point and `check` as processes stay
-    tested (test_cli.test_version_and_help; test_gate_e2e's interrupts, test_isolation_attacks' signals,
+    tested (test_cli.test_version_and_help; test_isolation_attacks' SIGINT/SIGTERM to `check`,
     test_sandbox); `--jobs` slots are processes either way (test_isolation_slots, test_gate_e2e). An
     exception the command did not turn into an exit code comes back as the interpreter shows it: exit 1,
     its traceback on stderr. The CLI's two consoles are sized to $COLUMNS for the call, as a new process
@@ -140,7 +140,6 @@ LONGEST_FIRST = (  # by wall seconds in a -n 2 run of both lanes (2026-12-03, fi
     "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
     "tests/test_report.py::test_the_page_loads_in_headless_chromium",
     "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
-    "tests/test_gate_e2e.py::test_interrupt_exits_cleanly_and_leaves_nothing_behind",
     "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
     "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
     "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",

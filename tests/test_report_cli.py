@@ -20,8 +20,15 @@ def _run(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
+# The audit tests below are about its lines and files, not the fused rows' reproduction from our records:
+# `--no-reproduction`, or each audit verified the committed evidence/h200 again (~2-3 s CPU per file;
+# docs/timing.md, "Eighth pass"). The reproduction: tests/test_audit_fused.py; from the committed
+# records: tests/test_report.py's committed page (its reported rows) and test_cli's audit.
+NO_REPRO = "--no-reproduction"
+
+
 def test_audit_takes_several_files_one_compact_line_per_record():
-    r = _run("audit", str(CSV), str(JSON))
+    r = _run("audit", NO_REPRO, str(CSV), str(JSON))
     lines = r.output.splitlines()
     assert r.exit_code == 1  # some record is impossible
     assert lines[0].startswith("verdicts: IMPOSSIBLE = ") and "NOT COMPARABLE = " in lines[0]  # words defined first
@@ -31,7 +38,7 @@ def test_audit_takes_several_files_one_compact_line_per_record():
         if "IMPOSSIBLE" in ln and "not comparable" in ln:  # both words: each with its reason
             assert "impossible: " in ln and "x the floor" in ln and "and not comparable: " in ln
     assert lines[-1].startswith("20 record(s) in 2 file(s): ")
-    verbose = _run("audit", "-v", str(CSV))
+    verbose = _run("audit", NO_REPRO, "-v", str(CSV))
     assert "    physics: " in verbose.output or "      physics: " in verbose.output
 
 
@@ -40,15 +47,15 @@ def test_audit_lists_memory_rows_instead_of_dropping_them(tmp_path):
     memory = rows[1].replace(",speed,ms,", ",memory,MB,").replace(",1.81,", ",4096.5,")
     f = tmp_path / "with-memory.csv"
     f.write_text("\n".join([rows[0], rows[1], memory]) + "\n")
-    r = _run("audit", str(f))
+    r = _run("audit", NO_REPRO, str(f))
     assert re.search(r"with-memory.csv:3\s+NOT AUDITED\s+metric 'memory' \(MB\) is not a timing", r.output), r.output
     assert "1 non-timing row(s) (e.g. memory) not audited" in r.output
-    doc = json.loads(_run("audit", "--format", "json", str(f)).output)
+    doc = json.loads(_run("audit", NO_REPRO, "--format", "json", str(f)).output)
     assert len(doc["records"]) == 1 and len(doc["ignored"]) == 1
 
 
 def test_audit_json_of_several_files():
-    doc = json.loads(_run("audit", "--format", "json", str(CSV), str(JSON)).output)
+    doc = json.loads(_run("audit", NO_REPRO, "--format", "json", str(CSV), str(JSON)).output)
     assert [Path(f["file"]).name for f in doc["files"]] == ["seed-records.csv", "seed-records.json"]
     assert doc["exit_code"] == 1
 
