@@ -3,7 +3,7 @@
 a few host steps turn them into the comparator's counts, sums, worst offenders and row sums.
 
 Why: the torch path (`GradientComparator._update_torch`) makes ~25 full-size float64 passes per
-chunk, ~250 bytes of memory traffic per element: 72 ms a judged call at logits [8, 1025, 128256]
+chunk, ~250 bytes of memory traffic per element: 72 ms a judged call on a [8, 1025, 128256] gradient
 on the H200, 50.8 s of the default check's 161 s (docs/timing.md, round26f). This path moves
 2-4 bytes (actual) + 8 (expected) per element once, plus one float64 output row per row.
 
