@@ -72,7 +72,7 @@ def test_the_interpreted_cases_in_a_process_of_their_own():
     tail = done.stdout[-4000:]
     assert done.returncode == 0, tail + done.stderr[-2000:]
     passed = re.search(r"(\d+) passed", tail)
-    assert passed and int(passed.group(1)) >= 25 and " failed" not in tail, tail
+    assert passed and int(passed.group(1)) >= 26 and " failed" not in tail, tail
 
 
 def chunk(seed: int, rows: int, width: int, *, noise: float = 1e-4, dtype=torch.float32, floor=True, target=True,
@@ -255,6 +255,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(INTERPRETING, reason="run by the suite's own process (it compiles in a process of its own)")
 def test_compiled_kernel_rounds_as_torch():
     """The kernel compiled for an H200 (sm_90a: Triton's compiler, no GPU needed; in a process of its own,
     since this suite's Triton runs as the interpreter) with `row_stats`'s launch options: float64 multiply
