@@ -46,8 +46,8 @@
 #   bash benchmarks/h200_evidence.sh round25a   # superseded: the eighth session ran its launch search inline (round26a), then every
 #                                               # fused member again at e54f3b05 (round26b-d: round21a-c's checks without fused_bench)
 #   bash benchmarks/h200_evidence.sh round17c   # the default check of triton (issue 35's 120 s budget), phases
-#   bash benchmarks/h200_evidence.sh round26b   # every fused member at b2-b16 in three parts (26b, 26c, 26d: ~6-7 min each),
-#                                               # round21a-c without fused_bench: the re-recording after a triton-fused change
+#   bash benchmarks/h200_evidence.sh round26b   # every fused member at b2-b16 in three parts (26b, then 21b and 21c: ~6-7 min
+#                                               # each): the re-recording after a triton-fused change
 #   bash benchmarks/h200_evidence.sh round27c   # the opt-in fused comparison: CUDA tests, speed, the default check with it (~6 min)
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
@@ -365,18 +365,10 @@ case "${1:-probe}" in
     timeout -s KILL 330 python3 benchmarks/sweep_logits.py --budget-s 300 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits (full grid, budget 300 s): exit $?"; tail -c 6000 "$R/sweep.log"
     ;;
-  round26b)  # eighth session (run inline then, the same commands): every fused member at seed-b2..b16 without round21a's
-              # fused_bench, 1 of 3 (341 s at 4a8410f); the next re-recording of triton-fused after a folder change
+  round26b)  # eighth session (run inline then, the same command): round21a's three members at seed-b2..b16 without its
+              # fused_bench (341 s at 4a8410f); then round21b and round21c (408 s and 360 s) re-record the other six
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     check_one triton-fused 430 --member token-is --member token-is-bias --member token-offpolicy-mask \
-      --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases
-    ;;
-  round26c)  # 2 of 3 (408 s at 4a8410f)
-    check_one triton-fused 520 --member token-offpolicy-mask-kl --member token-offpolicy-mask-kl-ref-weight \
-      --member bnpo-mask --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases
-    ;;
-  round26d)  # 3 of 3 (360 s at 4a8410f)
-    check_one triton-fused 480 --member dr-grpo-mask --member dapo-mask --member sequence-offpolicy-mask \
       --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases
     ;;
   round27c)  # issue 35 (the default check's 120 s budget): the opt-in fused comparison (grpo_conform/compare_fused.py,
