@@ -54,7 +54,7 @@ _I = 4  # int32 results per row: mismatches, nan, inf, worst column
 
 @triton.jit
 def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
-                  base_ptr, tbase_ptr, tcol_ptr, coef_ptr, den_ptr, moved_ptr, model_ptr, const_ptr,
+                  base_ptr, tbase_ptr, tcol_ptr, coef_ptr, den_ptr, moved_ptr, on_ptr, model_ptr, const_ptr,
                   fout_ptr, iout_ptr,
                   HAS_TARGET: tl.constexpr, HAS_LOGP: tl.constexpr, HAS_MODEL: tl.constexpr,
                   BLOCK: tl.constexpr):
@@ -70,6 +70,7 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
         coef_nz = tl.load(coef_ptr + pid) != 0
         den = tl.load(den_ptr + pid)  # |coef| clamped at 1e-300
         moved = tl.load(moved_ptr + pid)
+        logp_on = tl.load(on_ptr) != 0  # some row of the chunk moves (decided on the device: no sync)
     if HAS_MODEL:
         model = tl.load(model_ptr + pid)
     offs = tl.arange(0, BLOCK)
@@ -92,6 +93,7 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
             q = e_abs / den
             share = tl.where(coef_nz, tl.where(q > 1.0, 1.0, q), 1.0)  # clamp_max(1): NaN stays NaN
             extra = moved * share
+            extra = tl.where(logp_on, extra, 0.0)  # off: + 0.0 leaves every allowance's bits as they were
             element_abs = element_abs + extra
             acc_logp += tl.where(m, extra * extra, 0.0)
         if HAS_MODEL:
@@ -143,10 +145,11 @@ def launch_options() -> dict:
 def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, base: torch.Tensor,
               rtol: float, slack: float, target: tuple[torch.Tensor, torch.Tensor] | None = None,
               logp: tuple[torch.Tensor, torch.Tensor] | None = None, model: torch.Tensor | None = None,
-              block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              block: int | None = None, logp_on: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel over rows `keep` (int indices into the chunk) of actual [rows, width] and expected.
     Per-row arguments are float64 [len(keep)]: base = the element allowance before the log-prob and
     model terms; target = (column, max(base, extra)), -1 where none; logp = (coef, moved); model.
+    logp_on: a one-element tensor, nonzero where the log-prob term applies (default: it does).
     Returns (float64 [len(keep), 8], int32 [len(keep), 4]) in the order the kernel writes them."""
     if actual.dim() != 2 or expected.shape != actual.shape:
         raise ValueError(f"fused comparison: actual {tuple(actual.shape)} and expected {tuple(expected.shape)}"
@@ -165,12 +168,31 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
     coef, moved = (dummy, dummy) if logp is None else (logp[0].contiguous(), logp[1].contiguous())
     den = coef.abs().clamp_min(1e-300)  # as the torch path clamps |coef|
     consts = torch.tensor([rtol, slack], **f64)
+    on = torch.ones(1, dtype=torch.int32, device=dev) if logp_on is None else logp_on.to(torch.int32).reshape(1)
     _compare_rows[(n,)](actual, expected, actual.stride(0), expected.stride(0), actual.shape[1],
-                        keep.to(torch.int32).contiguous(), base.contiguous(), tbase, tcol, coef, den, moved,
+                        keep.to(torch.int32).contiguous(), base.contiguous(), tbase, tcol, coef, den, moved, on,
                         dummy if model is None else model.contiguous(), consts, fout, iout,
                         HAS_TARGET=target is not None, HAS_LOGP=logp is not None, HAS_MODEL=model is not None,
                         BLOCK=block or BLOCK, **launch_options())
     return fout, iout
+
+
+def kept_rows(start: int, n: int, seq_next: int | None, device) -> torch.Tensor:
+    """Indices into a chunk of rows [start, start + n) of the rows that are not last rows (row % seq_next
+    == seq_next - 1), formed on the device from host integers: no nonzero(), which waits for the GPU."""
+    j = torch.arange(n - last_count(start, n, seq_next), device=device)
+    if seq_next is None or seq_next < 2:
+        return j  # (seq_next 1: every row is last, and n - count is 0)
+    first = (seq_next - 1 - start % seq_next) % seq_next  # the chunk's first last row
+    past = torch.clamp(j - first, min=0)  # kept rows after it skip one last row per seq_next - 1 of them
+    return torch.where(j < first, j, first + 1 + past + past // (seq_next - 1))
+
+
+def last_count(start: int, n: int, seq_next: int | None) -> int:
+    """How many of rows [start, start + n) are last rows."""
+    if seq_next is None or n <= 0:
+        return 0
+    return (start + n) // seq_next - start // seq_next
 
 
 def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor,
@@ -178,60 +200,87 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
                  logp: tuple[torch.Tensor, torch.Tensor] | None = None, model: torch.Tensor | None = None,
                  *, top_k: int, block: int | None = None) -> None:
     """`cmp.update(...)` (a `GradientComparator`; same arguments) from the fused kernel; `top_k` is
-    compare.TOP_K (handed over: this module does not import compare, tests/test_import_graph.py)."""
+    compare.TOP_K (handed over: this module does not import compare, tests/test_import_graph.py).
+
+    One read of the device per chunk (the torch path and this function's first version waited on it
+    ~10 times: 51 ms a judged call on the H200 with the kernel at 0.47 ms, docs/timing.md): which rows
+    are last rows is arithmetic on host integers, whether the log-prob term applies is decided on the
+    device, and every count and sum comes back in one `.tolist()`. What stays conditional on that read
+    is the rare work: offenders, rows to sum again, a last row that is not zero."""
     f64 = torch.float64
     n, width = actual.shape
-    rows = torch.arange(start, start + n, device=actual.device)
-    last = (rows % cmp.seq_next == cmp.seq_next - 1) if cmp.seq_next is not None else \
-        torch.zeros_like(rows, dtype=torch.bool)
-    if bool(last.any()):  # 1/seq_next of the rows: the torch path's own code
-        cmp._last_rows(rows[last], actual[last].to(f64))
-    keep = ~last
-    if not bool(keep.any()):
-        return
-    idx = torch.nonzero(keep).squeeze(1)
+    dev = actual.device
+    rows = torch.arange(start, start + n, device=dev)
+    n_last = last_count(start, n, cmp.seq_next)
+    last = None
+    if n_last:  # 1/seq_next of the rows: counted here, handed to the torch path's code only when not zero
+        last = (rows % cmp.seq_next == cmp.seq_next - 1)
+    idx = kept_rows(start, n, cmp.seq_next, dev)
+    n_keep = n - n_last
     t = cmp.tol
-    s = scale.to(f64)[keep]
-    absolute = t.element_atol_row_scale * s + t.element_atol  # the torch path's per-row terms, same ops
-    fl = None if floor is None else floor.to(f64)[keep]
-    base = absolute if fl is None else torch.maximum(absolute, fl)
-    tgt = None
-    if target is not None:
-        cols = target[0][keep]
-        tbase = torch.maximum(base, target[1].to(f64)[keep])
-        tgt = (torch.where(cols >= 0, cols, torch.full_like(cols, -1)), tbase)
-    lp = None
-    if logp is not None:
-        coef, moved = logp[0].to(f64)[keep], logp[1].to(f64)[keep]
-        if bool((moved > 0).any()):  # as the torch path: no log-prob term unless a row moves
+    tgt = lp = md = fl = s = absolute = None
+    if n_keep:
+        s = scale.to(f64)[idx]
+        absolute = t.element_atol_row_scale * s + t.element_atol  # the torch path's per-row terms, same ops
+        fl = None if floor is None else floor.to(f64)[idx]
+        base = absolute if fl is None else torch.maximum(absolute, fl)
+        if target is not None:
+            cols = target[0][idx]
+            tbase = torch.maximum(base, target[1].to(f64)[idx])
+            tgt = (torch.where(cols >= 0, cols, torch.full_like(cols, -1)), tbase)
+        on = None
+        if logp is not None:
+            coef, moved = logp[0].to(f64)[idx], logp[1].to(f64)[idx]
             lp = (coef, moved)
-    md = None if model is None else model.to(f64)[keep]
-    fout, iout = row_stats(actual, expected, idx, base, t.element_rtol, cmp.slack, tgt, lp, md, block)
-    counts = [int(x) for x in iout[:, :3].to(torch.int64).sum(dim=0).tolist()]
-    sums = fout[:, :3].sum(dim=0).tolist()
-    cmp.elements += idx.numel() * width
-    cmp.mismatches += counts[0]
-    cmp.nan += counts[1]
-    cmp.inf += counts[2]
-    cmp.diff_sq += sums[0]
-    cmp.ref_sq += sums[1]
-    cmp.atol_sq += float(absolute.unsqueeze(1).pow(2).sum()) * width
-    if lp is not None:
-        cmp.logp_sq += sums[2]
-    if md is not None:
-        cmp.model_sq += float((md * md).sum()) * width  # width equal terms per row
-    cmp.max_abs_ref = max(cmp.max_abs_ref, float(fout[:, 3].max()))
-    if counts[0]:
-        _worst_rows(cmp, start, idx, fout[:, 6], iout[:, 0], actual, expected, scale, floor, target, logp, model,
-                    top_k)
-    if cmp.row_sums:
-        allowed = cmp.row_sum_allowed(s, fl, width)
-        margin = ROW_SUM_ROUNDING * width * fout[:, 5]  # how far two float64 sums of the row may differ
-        sure = (fout[:, 4].abs() + margin) < allowed  # False for NaN/Inf sums and allowances
-        again = torch.nonzero(~sure).squeeze(1)
-        if again.numel():
-            r = idx[again]
-            cmp._row_sums(rows[r], actual[r].to(f64), s[again], None if fl is None else fl[again])
+            on = (moved > 0).any()  # as the torch path: no log-prob term unless a row moves
+        md = None if model is None else model.to(f64)[idx]
+        fout, iout = row_stats(actual, expected, idx, base, t.element_rtol, cmp.slack, tgt, lp, md, block,
+                               logp_on=on)
+    # everything the comparator adds, in one float64 vector (counts are exact below 2^53)
+    parts = []
+    if n_keep:
+        parts += [iout[:, :3].to(torch.int64).sum(dim=0).to(f64), fout[:, :3].sum(dim=0),
+                  (absolute * absolute).sum().reshape(1), fout[:, 3].max().reshape(1)]
+        if md is not None:
+            parts.append((md * md).sum().reshape(1))
+        again = None
+        if cmp.row_sums:
+            allowed = cmp.row_sum_allowed(s, fl, width)
+            margin = ROW_SUM_ROUNDING * width * fout[:, 5]  # how far two float64 sums of the row may differ
+            again = ~((fout[:, 4].abs() + margin) < allowed)  # True for NaN/Inf sums and allowances
+            parts.append(again.sum().to(f64).reshape(1))
+    if last is not None:
+        parts.append((actual[last] != 0).sum().to(f64).reshape(1))  # NaN != 0: garbage of any kind counts
+    if not parts:
+        return
+    got = torch.cat(parts).tolist()  # the one wait for the device
+    if n_keep:
+        counts, sums, atol_sum, max_ref = got[0:3], got[3:6], got[6], got[7]
+        k = 8
+        cmp.elements += n_keep * width
+        cmp.mismatches += int(counts[0])
+        cmp.nan += int(counts[1])
+        cmp.inf += int(counts[2])
+        cmp.diff_sq += sums[0]
+        cmp.ref_sq += sums[1]
+        cmp.atol_sq += atol_sum * width
+        if lp is not None:
+            cmp.logp_sq += sums[2]  # 0.0 where no row moves: the torch path adds nothing then
+        if md is not None:
+            cmp.model_sq += got[k] * width  # width equal terms per row
+            k += 1
+        cmp.max_abs_ref = max(cmp.max_abs_ref, max_ref)
+        if counts[0]:
+            _worst_rows(cmp, start, idx, fout[:, 6], iout[:, 0], actual, expected, scale, floor, target, logp,
+                        model, top_k)
+        if again is not None:
+            if got[k]:
+                r_again = torch.nonzero(again).squeeze(1)
+                r = idx[r_again]
+                cmp._row_sums(rows[r], actual[r].to(f64), s[r_again], None if fl is None else fl[r_again])
+            k += 1
+    if last is not None and got[-1]:
+        cmp._last_rows(rows[last], actual[last].to(f64))  # the torch path's code: it counts them itself
 
 
 def _worst_rows(cmp, start, idx, worst, bad, actual, expected, scale, floor, target, logp, model, top_k) -> None:
