@@ -62,8 +62,12 @@ class RowJudge:
         flat = grad.view(-1, run.width)
         z = x["logits"].reshape(-1, run.width)
         targets = self._targets(x["completion_ids"])
-        loss_floor = 0.0  # d loss / d logp times each row's fp32 log-prob resolution (chunk.scale is / T)
-        loss_logp = 0.0  # the loss's move under the derived log-prob error bound, weights included
+        # accumulated on the device and read once at the end (a float() per chunk made the host wait for the
+        # GPU twice a chunk); the same float64 additions in the same order, so the same bits
+        f64 = dict(dtype=torch.float64, device=z.device)
+        # d loss / d logp times each row's fp32 log-prob resolution (chunk.scale is / T); the loss's move
+        # under the derived log-prob error bound, weights included
+        loss_floor, loss_logp = torch.zeros((), **f64), torch.zeros((), **f64)
         T = run.model.temperature
         with PHASES("reference"):  # the chunks are computed lazily: their float64 work counts in `reference`
             chunks = iter(chunked_gradient(x, run.model.params, logp_error=self.logp_error(x), logp=run._logp(x)))
@@ -75,16 +79,17 @@ class RowJudge:
             scale = chunk.scale * abs(c)
             tc = targets[chunk.start : chunk.stop]
             m, rest = self._row_floors(x, chunk, z, targets)
-            loss_floor += T * float((FP32_RESOLUTION * (1.0 + m) * chunk.scale.to(torch.float64)).sum())
+            loss_floor += T * (FP32_RESOLUTION * (1.0 + m) * chunk.scale.to(torch.float64)).sum()
             floor = (FP32_RESOLUTION * (1.0 + m) * scale.to(torch.float64)).clamp_min(run.subnormal)
             target = (tc, torch.where(tc >= 0, rest * scale.to(torch.float64), torch.zeros_like(rest)))
             logp = None
             if chunk.coef_error is not None:  # rows with a ratio: its fp32 log-prob error moves the whole row
                 logp = (chunk.coef * c, chunk.coef_error * abs(c))
-                loss_logp += float(chunk.loss_error.sum())
+                loss_logp += chunk.loss_error.sum().to(torch.float64)
             expected = chunk.values if c == 1.0 else chunk.values * c  # x * 1.0 is x: one float64 pass less
             cmp.update(chunk.start, flat[chunk.start : chunk.stop], expected, scale, floor, target, logp)
-        return compare_loss(loss, ref_loss, run.tol.loss, max(loss_floor, loss_logp)), cmp
+        floor_sum, logp_sum = torch.stack([loss_floor, loss_logp]).tolist()
+        return compare_loss(loss, ref_loss, run.tol.loss, max(floor_sum, logp_sum)), cmp
 
     def logp_error(self, x: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """[B, S]: the bound of an fp32 implementation's error in each log-prob (`fp32_logp_error`),
