@@ -198,6 +198,19 @@ def test_fused_matches_torch(fused, name):
 
 
 
+
+def test_kept_rows_are_the_rows_that_are_not_last_rows():
+    """`kept_rows` and `last_count` (host arithmetic instead of a nonzero that waits for the GPU) against
+    the plain definition: row % seq_next == seq_next - 1 is a last row; chunks starting anywhere."""
+    from grpo_conform.compare_fused import kept_rows, last_count
+
+    for seq_next in (None, 1, 2, 3, 5, 7, 1025):
+        for start in range(0, 2 * (seq_next or 4) + 3):
+            for n in (0, 1, 2, 3, 6, 13, 40):
+                want = [i for i in range(n) if seq_next is None or (start + i) % seq_next != seq_next - 1]
+                assert kept_rows(start, n, seq_next, "cpu").tolist() == want, (seq_next, start, n)
+                assert last_count(start, n, seq_next) == n - len(want), (seq_next, start, n)
+
 class DeviceReads(TorchDispatchMode):
     """Counts the operations that make the host wait for a CUDA device: scalar reads (int/float/bool of a
     tensor) and nonzero (its size depends on the values)."""
@@ -282,7 +295,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from grpo_conform import compare_fused as mod
 types = {"a_stride": "i32", "e_stride": "i32", "width": "i32", "rows_ptr": "*i32", "tcol_ptr": "*i32",
-         "iout_ptr": "*i32"}
+         "on_ptr": "*i32", "iout_ptr": "*i32"}
 const = dict(HAS_TARGET=True, HAS_LOGP=True, HAS_MODEL=True, BLOCK=mod.BLOCK)
 out = {}
 for dtype in ("bf16", "fp16", "fp32", "fp64"):
