@@ -49,6 +49,8 @@
 #   bash benchmarks/h200_evidence.sh round26b   # every fused member at b2-b16 in three parts (26b, then 21b and 21c: ~6-7 min
 #                                               # each): the re-recording after a triton-fused change
 #   bash benchmarks/h200_evidence.sh round27c   # the opt-in fused comparison: CUDA tests, speed, the default check with it (~6 min)
+#   bash benchmarks/h200_evidence.sh round29j   # the one-read fused comparison (ninth session): its CUDA tests, then the default
+#                                               # check with it on and with it off, each cut at 150 s (~6.5 min): judge phases
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
@@ -402,6 +404,20 @@ case "${1:-probe}" in
     grep -E "^\| (2|16) \| (full|forward) \||check" "$R/fb21.log"
     check_one triton-fused 420 --member token-is --member token-is-bias --member token-offpolicy-mask \
       --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases
+    ;;
+  round29j)  # issue 35: the fused comparison after the ninth session's read cuts (one read of the device a chunk; the
+              # judge's loss allowances summed on the device): its CUDA differential tests, then the default check of
+              # triton with it on and off (judge phase against round27c's 35.7 s and round26f's 50.8 s; verdicts compared)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 100 python3 -m pytest -q -p no:cacheprovider tests/test_compare_fused.py > "$R/compare-tests.txt" 2>&1
+    status "compare_fused tests (CUDA): exit $?"; tail -2 "$R/compare-tests.txt"
+    for on in 1 0; do
+      GRPO_CONFORM_FUSED_COMPARE=$on timeout -s KILL 190 python3 -m grpo_conform check implementations/triton \
+        --no-evidence --profile-phases --deadline 150 --format json > "$R/triton-default-fused$on.json" \
+        2> "$R/triton-default-fused$on.log"
+      status "triton default check, GRPO_CONFORM_FUSED_COMPARE=$on, --deadline 150: exit $? (3: stopped by the deadline)"
+      grep -E "^  (judge|worker|reference|inputs) " "$R/triton-default-fused$on.log"
+    done
     ;;
   round21b)  # 2 of 3 (~400 s estimated: 121 + 162 + 117)
     check_one triton-fused 520 --member token-offpolicy-mask-kl --member token-offpolicy-mask-kl-ref-weight \
