@@ -214,7 +214,9 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
     n_last = last_count(start, n, cmp.seq_next)
     last = None
     if n_last:  # 1/seq_next of the rows: counted here, handed to the torch path's code only when not zero
-        last = (rows % cmp.seq_next == cmp.seq_next - 1)
+        # their indices by arithmetic: a boolean mask index would count its True entries on the host
+        first = (cmp.seq_next - 1 - start % cmp.seq_next) % cmp.seq_next
+        last = torch.arange(n_last, device=dev) * cmp.seq_next + first
     idx = kept_rows(start, n, cmp.seq_next, dev)
     n_keep = n - n_last
     t = cmp.tol
@@ -250,7 +252,7 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
             again = ~((fout[:, 4].abs() + margin) < allowed)  # True for NaN/Inf sums and allowances
             parts.append(again.sum().to(f64).reshape(1))
     if last is not None:
-        parts.append((actual[last] != 0).sum().to(f64).reshape(1))  # NaN != 0: garbage of any kind counts
+        parts.append((actual.index_select(0, last) != 0).sum().to(f64).reshape(1))  # NaN != 0 counts too
     if not parts:
         return
     got = torch.cat(parts).tolist()  # the one wait for the device
