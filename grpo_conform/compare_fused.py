@@ -202,9 +202,9 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
     """`cmp.update(...)` (a `GradientComparator`; same arguments) from the fused kernel; `top_k` is
     compare.TOP_K (handed over: this module does not import compare, tests/test_import_graph.py).
 
-    One read of the device per chunk (the torch path and this function's first version waited on it
-    ~10 times: 51 ms a judged call on the H200 with the kernel at 0.47 ms, docs/timing.md): which rows
-    are last rows is arithmetic on host integers, whether the log-prob term applies is decided on the
+    One read of the device per chunk (this function's first version waited on it 19 times: 51 ms a judged
+    call on the H200 with the kernel at 0.47 ms, docs/timing.md): which rows are last rows, and which
+    are kept, is index arithmetic on host integers, whether the log-prob term applies is decided on the
     device, and every count and sum comes back in one `.tolist()`. What stays conditional on that read
     is the rare work: offenders, rows to sum again, a last row that is not zero."""
     f64 = torch.float64
