@@ -173,9 +173,8 @@ class GradientComparator:
         t = self.tol
         e_abs = e.abs()  # once: every full-size float64 temporary is a pass over the chunk (docs/timing.md)
         row_max = e_abs.amax(dim=1, keepdim=True)
-        absolute = t.element_atol_row_scale * s + t.element_atol
-        element_abs = absolute if floor is None else torch.maximum(
-            absolute, floor.to(torch.float64)[keep].unsqueeze(1))  # [rows, 1]: one allowance per row
+        fl = None if floor is None else floor.to(torch.float64)[keep].unsqueeze(1)
+        absolute, element_abs = self.element_base(s, fl)  # [rows, 1]: one allowance per row
         patch = None  # the target elements' own allowance, written into `allowed` below (no full-size copy)
         if target is not None:  # (column [rows], allowance [rows]) of each row's target element
             cols, extra = target[0][keep], target[1].to(torch.float64)[keep]
@@ -245,6 +244,13 @@ class GradientComparator:
             off = Offender(self._index(int(rows[i]), -1)[:2], float(sums[i]), 0.0, float(allowed[i]))
             if self.worst_row_sum is None or float(v) > self.worst_row_sum[0]:
                 self.worst_row_sum = (float(v), off)
+
+    def element_base(self, scale: torch.Tensor, floor: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(absolute, element_abs) of each row from its float64 scale and floor (any matching shape): the
+        element allowance before the target, log-prob and model terms, one per row. Shared with
+        compare_fused, whose kernel must see the same bits."""
+        absolute = self.tol.element_atol_row_scale * scale + self.tol.element_atol
+        return absolute, absolute if floor is None else torch.maximum(absolute, floor)
 
     def row_sum_allowed(self, scale: torch.Tensor, floor: torch.Tensor | None, width: int) -> torch.Tensor:
         """Each row's allowance of |sum of the row| (float64 [rows]), for `_row_sums`."""

@@ -177,13 +177,18 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
     return fout, iout
 
 
+def _first_last(start: int, seq_next: int) -> int:
+    """The index inside a chunk starting at row `start` of its first last row (row % seq_next == seq_next - 1)."""
+    return (seq_next - 1 - start % seq_next) % seq_next
+
+
 def kept_rows(start: int, n: int, seq_next: int | None, device) -> torch.Tensor:
     """Indices into a chunk of rows [start, start + n) of the rows that are not last rows (row % seq_next
     == seq_next - 1), formed on the device from host integers: no nonzero(), which waits for the GPU."""
     j = torch.arange(n - last_count(start, n, seq_next), device=device)
     if seq_next is None or seq_next < 2:
         return j  # (seq_next 1: every row is last, and n - count is 0)
-    first = (seq_next - 1 - start % seq_next) % seq_next  # the chunk's first last row
+    first = _first_last(start, seq_next)
     past = torch.clamp(j - first, min=0)  # kept rows after it skip one last row per seq_next - 1 of them
     return torch.where(j < first, j, first + 1 + past + past // (seq_next - 1))
 
@@ -210,22 +215,18 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
     f64 = torch.float64
     n, width = actual.shape
     dev = actual.device
-    rows = torch.arange(start, start + n, device=dev)
     n_last = last_count(start, n, cmp.seq_next)
     last = None
     if n_last:  # 1/seq_next of the rows: counted here, handed to the torch path's code only when not zero
         # their indices by arithmetic: a boolean mask index would count its True entries on the host
-        first = (cmp.seq_next - 1 - start % cmp.seq_next) % cmp.seq_next
-        last = torch.arange(n_last, device=dev) * cmp.seq_next + first
+        last = torch.arange(n_last, device=dev) * cmp.seq_next + _first_last(start, cmp.seq_next)
     idx = kept_rows(start, n, cmp.seq_next, dev)
     n_keep = n - n_last
-    t = cmp.tol
     tgt = lp = md = fl = s = absolute = None
     if n_keep:
         s = scale.to(f64)[idx]
-        absolute = t.element_atol_row_scale * s + t.element_atol  # the torch path's per-row terms, same ops
         fl = None if floor is None else floor.to(f64)[idx]
-        base = absolute if fl is None else torch.maximum(absolute, fl)
+        absolute, base = cmp.element_base(s, fl)  # the torch path's per-row terms, its own code
         if target is not None:
             cols = target[0][idx]
             tbase = torch.maximum(base, target[1].to(f64)[idx])
@@ -236,7 +237,7 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
             lp = (coef, moved)
             on = (moved > 0).any()  # as the torch path: no log-prob term unless a row moves
         md = None if model is None else model.to(f64)[idx]
-        fout, iout = row_stats(actual, expected, idx, base, t.element_rtol, cmp.slack, tgt, lp, md, block,
+        fout, iout = row_stats(actual, expected, idx, base, cmp.tol.element_rtol, cmp.slack, tgt, lp, md, block,
                                logp_on=on)
     # everything the comparator adds, in one float64 vector (counts are exact below 2^53)
     parts = []
@@ -279,10 +280,10 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
             if got[k]:
                 r_again = torch.nonzero(again).squeeze(1)
                 r = idx[r_again]
-                cmp._row_sums(rows[r], actual[r].to(f64), s[r_again], None if fl is None else fl[r_again])
+                cmp._row_sums(start + r, actual[r].to(f64), s[r_again], None if fl is None else fl[r_again])
             k += 1
     if last is not None and got[-1]:
-        cmp._last_rows(rows[last], actual[last].to(f64))  # the torch path's code: it counts them itself
+        cmp._last_rows(start + last, actual[last].to(f64))  # the torch path's code: it counts them itself
 
 
 def _worst_rows(cmp, start, idx, worst, bad, actual, expected, scale, floor, target, logp, model, top_k) -> None:
