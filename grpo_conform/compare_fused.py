@@ -14,7 +14,7 @@ behaviour. Tests call `update_fused` directly on CPU tensors under TRITON_INTERP
 
 Identity with the torch path (docs/checks.md, "Fused comparison on CUDA (opt-in)"):
 - element allowances are computed with the torch path's operations in its order, in float64, with
-  the per-row terms made by the same torch expressions on the host, float constants handed over as
+  the per-row terms made on the host by the torch path's own code (`element_base`), float constants handed over as
   float64 tensors (a Python float argument would reach the kernel as float32) and the compiler's
   fusion of a*b+c into one FMA turned off (`enable_fp_fusion=False`): every element gets the same
   `allowed`, so mismatch, NaN and Inf counts and each element's score err/allowed are the same bits;
