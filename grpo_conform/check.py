@@ -42,7 +42,7 @@ from grpo_conform.floors import compute_floor
 from grpo_conform.gate.parallel import auto_jobs, run_slots
 from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, resolve_checks, select_outcomes, wants_timing
 from grpo_conform.gate.progress import Progress, Reporter
-from grpo_conform import gemm_ceiling
+from grpo_conform import gemm_ceiling, gpu_share
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
 from grpo_conform.ops import operation_for
@@ -116,7 +116,8 @@ def prepare_context(device: torch.device, timing: TimingSettings | None, say: Pr
     if device.type != "cuda":
         return RunContext(device, None), {}
     say("measuring copy and read bandwidth")
-    ceilings = measure_ceilings(device)
+    with gpu_share.exclusive():  # a measurement: alone on the GPU where slots share it
+        ceilings = measure_ceilings(device)
     running = describe_running_gpu(device, ceilings)
     return RunContext(device, timing, running.gpu, ceilings), running.to_json()
 
@@ -160,8 +161,15 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     if request.gpus is not None or request.jobs > 1:
         return run_slots(request, plan, device, say, stop, check_implementation)
     started = utc_now()
-    ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
-    results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
+    share = gpu_share.start(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    if share is not None:  # a slot sharing its GPU: it yields to timed slots as each phase starts
+        PHASES.on_enter = share.point
+    try:
+        ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
+        results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
+    finally:
+        PHASES.on_enter = None
+        gpu_share.stop()
     return CheckReport(device_info(device), device.type == "cpu", results, plan.specs, started, utc_now(), software(),
                        hardware, request.strict, plan.notes, request.shard, phases=PHASES.to_json())
 

@@ -7,10 +7,15 @@ chunk, ~250 bytes of memory traffic per element: 72 ms a judged call on a [8, 10
 on the H200, 50.8 s of the default check's 161 s (docs/timing.md, round26f). This path moves
 2-4 bytes (actual) + 8 (expected) per element once, plus one float64 output row per row.
 
-Decision: OFF by default. `update` takes it only for CUDA tensors with GRPO_CONFORM_FUSED_COMPARE=1
-(`compare.FUSED_ENV`) until it has been measured on the H200 (benchmarks/compare_bench.py) and the
-default check's records have been seen unchanged with it; the torch path stays the reference
-behaviour. Tests call `update_fused` directly on CPU tensors under TRITON_INTERPRET=1.
+Decision: ON by default for CUDA tensors since the H200 run round29j (the default check of triton with it
+on and off: the same 771 check outcomes, judge phase 29 s against 63 s; docs/timing.md);
+GRPO_CONFORM_FUSED_COMPARE=0 (`compare.FUSED_ENV`) takes the torch path, which stays the reference
+behaviour and the CPU's. Tests call `update_fused` directly on CPU tensors under TRITON_INTERPRET=1.
+
+The reference values: float64 values (8 bytes an element, after the reference's ~8 float64 passes to
+make them), or `FormedRows` (the judge's path on CUDA): the kernel forms coef (onehot - softmax(z / T))
+itself from the logits, each row's max and sum of exp in two passes over the row first, so the judging
+reads the logits (2 bytes in bf16) and the gradient, nothing else at full size.
 
 Identity with the torch path (docs/checks.md, "Fused comparison on CUDA (opt-in)"):
 - element allowances are computed with the torch path's operations in its order, in float64, with
@@ -40,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
+from grpo_conform.formed_rows import FormedRows
+
 # Columns per step of a row's loop and warps per row: 2 columns per thread. Compiled for sm_90a here (no
 # GPU: ptxas only), BLOCK 512 / 8 warps uses 98 registers and spills nothing (1024 / 8: 158 registers,
 # 1 block per SM); not timed. benchmarks/compare_bench.py --block/--warps sweeps them on a GPU.
@@ -53,15 +60,39 @@ _I = 4  # int32 results per row: mismatches, nan, inf, worst column
 
 
 @triton.jit
+def _row_softmax_terms(z_ptr, width, temperature, BLOCK: tl.constexpr):
+    """(max, sum of exp(x - max)) of x = z / T over one row, in float64: torch's softmax in two passes."""
+    offs = tl.arange(0, BLOCK)
+    top = tl.full([BLOCK], float("-inf"), tl.float64)
+    for c0 in range(0, width, BLOCK):
+        cols = c0 + offs
+        x = tl.load(z_ptr + cols, mask=cols < width, other=float("-inf")).to(tl.float64) / temperature
+        top = tl.maximum(top, x)
+    row_max = tl.max(top, axis=0)
+    acc = tl.zeros([BLOCK], dtype=tl.float64)
+    for c0 in range(0, width, BLOCK):
+        cols = c0 + offs
+        m = cols < width
+        x = tl.load(z_ptr + cols, mask=m, other=0.0).to(tl.float64) / temperature
+        acc += tl.where(m, tl.exp(x - row_max), 0.0)
+    return row_max, tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
                   base_ptr, tbase_ptr, tcol_ptr, coef_ptr, den_ptr, moved_ptr, on_ptr, model_ptr, const_ptr,
-                  fout_ptr, iout_ptr,
+                  fcoef_ptr, fcol_ptr, fout_ptr, iout_ptr,
                   HAS_TARGET: tl.constexpr, HAS_LOGP: tl.constexpr, HAS_MODEL: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  FORMED: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     r = tl.load(rows_ptr + pid).to(tl.int64)  # the row inside the chunk (last rows are not handed over)
     rtol = tl.load(const_ptr)
     slack = tl.load(const_ptr + 1)
+    if FORMED:  # e_ptr holds the logits: expected = coef * (onehot(target) - softmax(z / T)), formed here
+        temperature = tl.load(const_ptr + 2)
+        f_coef = tl.load(fcoef_ptr + pid)
+        f_col = tl.load(fcol_ptr + pid)
+        row_max, row_sum = _row_softmax_terms(e_ptr + r * e_stride, width, temperature, BLOCK)
     base = tl.load(base_ptr + pid)  # max(atol_row_scale * s + atol, floor)
     if HAS_TARGET:
         tbase = tl.load(tbase_ptr + pid)  # max(base, target extra)
@@ -84,7 +115,12 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
         cols = c0 + offs
         m = cols < width
         a = tl.load(a_ptr + r * a_stride + cols, mask=m, other=0.0).to(tl.float64)
-        e = tl.load(e_ptr + r * e_stride + cols, mask=m, other=0.0).to(tl.float64)
+        if FORMED:
+            x = tl.load(e_ptr + r * e_stride + cols, mask=m, other=0.0).to(tl.float64) / temperature
+            p = tl.exp(x - row_max) / row_sum
+            e = tl.where(m, (tl.where(cols == f_col, 1.0, 0.0) - p) * f_coef, 0.0)  # (1 - p), (0 - p): as -p + 1, -p
+        else:
+            e = tl.load(e_ptr + r * e_stride + cols, mask=m, other=0.0).to(tl.float64)
         e_abs = tl.abs(e)
         element_abs = zero + base
         if HAS_TARGET:
@@ -150,12 +186,15 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
     Per-row arguments are float64 [len(keep)]: base = the element allowance before the log-prob and
     model terms; target = (column, max(base, extra)), -1 where none; logp = (coef, moved); model.
     logp_on: a one-element tensor, nonzero where the log-prob term applies (default: it does).
+    `expected`: float64 values, or FormedRows (the kernel forms the values from the logits).
     Returns (float64 [len(keep), 8], int32 [len(keep), 4]) in the order the kernel writes them."""
     if actual.dim() != 2 or expected.shape != actual.shape:
         raise ValueError(f"fused comparison: actual {tuple(actual.shape)} and expected {tuple(expected.shape)}"
                          " must be the same [rows, width]")
     actual = actual if actual.stride(1) == 1 else actual.contiguous()  # the kernel steps along a row by 1
-    expected = expected if expected.stride(1) == 1 else expected.contiguous()
+    formed = expected if isinstance(expected, FormedRows) else None
+    values = formed.z if formed is not None else expected
+    values = values if values.stride(1) == 1 else values.contiguous()
     n, dev = keep.numel(), actual.device
     f64 = dict(dtype=torch.float64, device=dev)
     fout = torch.empty((n, _F), **f64)
@@ -167,13 +206,15 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
                                                                         target[1].contiguous())
     coef, moved = (dummy, dummy) if logp is None else (logp[0].contiguous(), logp[1].contiguous())
     den = coef.abs().clamp_min(1e-300)  # as the torch path clamps |coef|
-    consts = torch.tensor([rtol, slack], **f64)
+    consts = torch.tensor([rtol, slack, formed.temperature if formed is not None else 1.0], **f64)
     on = torch.ones(1, dtype=torch.int32, device=dev) if logp_on is None else logp_on.to(torch.int32).reshape(1)
-    _compare_rows[(n,)](actual, expected, actual.stride(0), expected.stride(0), actual.shape[1],
+    fcoef, fcol = (dummy, dummy.to(torch.int32)) if formed is None else (
+        formed.coef.to(torch.float64)[keep].contiguous(), formed.target[keep].to(torch.int32).contiguous())
+    _compare_rows[(n,)](actual, values, actual.stride(0), values.stride(0), actual.shape[1],
                         keep.to(torch.int32).contiguous(), base.contiguous(), tbase, tcol, coef, den, moved, on,
-                        dummy if model is None else model.contiguous(), consts, fout, iout,
+                        dummy if model is None else model.contiguous(), consts, fcoef, fcol, fout, iout,
                         HAS_TARGET=target is not None, HAS_LOGP=logp is not None, HAS_MODEL=model is not None,
-                        BLOCK=block or BLOCK, **launch_options())
+                        FORMED=formed is not None, BLOCK=block or BLOCK, **launch_options())
     return fout, iout
 
 
@@ -297,7 +338,8 @@ def _worst_rows(cmp, start, idx, worst, bad, actual, expected, scale, floor, tar
     for r in chosen:
         one = slice(r, r + 1)
         scratch.worst = []
-        scratch._update_torch(start + r, actual[one], expected[one], scale[one],
+        rows = expected.rows(one).dense() if isinstance(expected, FormedRows) else expected[one]
+        scratch._update_torch(start + r, actual[one], rows, scale[one],
                               None if floor is None else floor[one],
                               None if target is None else (target[0][one], target[1][one]),
                               None if logp is None else (logp[0][one], logp[1][one]),

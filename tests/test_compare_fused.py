@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton")
 
 from grpo_conform.compare import FUSED_ENV, TOP_K, GradientComparator, json_float  # noqa: E402
+from grpo_conform.formed_rows import FormedRows  # noqa: E402
 from grpo_conform.spec import GradientTolerance  # noqa: E402
 
 SOURCE = Path(__file__).resolve().parent.parent / "grpo_conform" / "compare_fused.py"
@@ -80,16 +81,22 @@ def test_the_interpreted_cases_in_a_process_of_their_own():
 
 
 def chunk(seed: int, rows: int, width: int, *, noise: float = 1e-4, dtype=torch.float32, floor=True, target=True,
-          logp=True, model=False, bad=(), miss=True) -> dict:
+          logp=True, model=False, bad=(), miss=True, formed=None) -> dict:
     """A gradient-like chunk: expected = coef (onehot - softmax) per row, actual = expected plus noise of
     `noise` times the row scale, in `dtype` (and, with `miss`, target elements that only the target patch
-    admits and a row whose sum fails); `bad` lists values written into actual at random places."""
+    admits and a row whose sum fails); `bad` lists values written into actual at random places.
+    `formed` = (logits dtype, temperature): expected is also given as FormedRows (key "formed") of logits
+    in that dtype, and its values are the reference's (`FormedRows.dense`)."""
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(rows, width, generator=g, dtype=F64) * 3
     cols = torch.randint(0, width, (rows,), generator=g)
     coef = torch.randn(rows, generator=g, dtype=F64)
     coef[::4] = 0.0  # rows whose coefficient is 0 (logp's share is 1 there)
-    e = coef[:, None] * (torch.nn.functional.one_hot(cols, width).to(F64) - torch.softmax(z, dim=1))
+    if formed is not None:
+        rows_formed = FormedRows((z * 10).to(formed[0]), cols, coef, formed[1])
+        e = rows_formed.dense()
+    else:
+        e = coef[:, None] * (torch.nn.functional.one_hot(cols, width).to(F64) - torch.softmax(z, dim=1))
     s = coef.abs() + 1e-3
     a = e + noise * s[:, None] * torch.randn(rows, width, generator=g, dtype=F64)
     if miss:
@@ -111,19 +118,23 @@ def chunk(seed: int, rows: int, width: int, *, noise: float = 1e-4, dtype=torch.
         out["logp"] = (coef, moved if logp != "still" else torch.zeros_like(moved))
     if model:
         out["model"] = torch.rand(rows, generator=g, dtype=F64) * 1e-4 * s
+    if formed is not None:
+        out["formed"] = rows_formed
     return out
 
 
 def run_both(fused_mod, chunks: list[tuple[int, dict]], *, seq_next: int | None, slack: float = 1.0,
              row_sums: bool = True):
+    """The torch path with the reference's float64 values, the fused path with `formed` where the chunk
+    has it (the kernel forms the values), else with the same values."""
     width = chunks[0][1]["actual"].shape[1]
     ref = GradientComparator(TOL, seq_next, width, slack=slack, row_sums=row_sums)
     new = GradientComparator(TOL, seq_next, width, slack=slack, row_sums=row_sums)
     for start, c in chunks:
-        args = (start, c["actual"], c["expected"], c["scale"], c.get("floor"), c.get("target"), c.get("logp"),
-                c.get("model"))
-        ref.update(*args)  # CPU tensors: the torch path, whatever FUSED_ENV says
-        fused_mod.update_fused(new, *args, top_k=TOP_K, block=BLOCK)
+        rest = (c["scale"], c.get("floor"), c.get("target"), c.get("logp"), c.get("model"))
+        ref.update(start, c["actual"], c["expected"], *rest)  # CPU tensors: the torch path, whatever FUSED_ENV says
+        fused_mod.update_fused(new, start, c["actual"], c.get("formed", c["expected"]), *rest, top_k=TOP_K,
+                               block=BLOCK)
     return ref, new
 
 
@@ -170,8 +181,16 @@ CASES = {  # name: (chunk keywords, comparator keywords, the starts and rows of 
     "slack2-no-row-sums": (dict(dtype=F64, noise=3e-4), dict(seq_next=3, slack=2.0, row_sums=False),
                            [(1, 10), (11, 8)]),
 }
+# The same cases with the reference values formed by the kernel from logits (FormedRows: bf16, fp16 or
+# fp32 logits, temperatures other than 1): what the judge hands the fused comparison on CUDA.
+for _name, _logits in (("all-pass", (torch.float32, 0.7)), ("mismatches", (torch.bfloat16, 1.0)),
+                       ("nan-inf", (torch.float16, 1.3)), ("logp-still", (torch.bfloat16, 0.45)),
+                       ("model", (torch.bfloat16, 2.0))):
+    _kw, _ckw, _parts = CASES[_name]
+    CASES["formed-" + _name] = (dict(_kw, formed=_logits), _ckw, _parts)
 WIDTHS = {"all-pass": 7, "mismatches": 131, "nan-inf": 77, "no-floor-no-target": 300, "logp-still": 65,
           "model": 100, "slack2-no-row-sums": 129}
+WIDTHS |= {"formed-" + k: v + 3 for k, v in WIDTHS.items()}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -180,6 +199,7 @@ def test_fused_matches_torch(fused, name):
     chunks = [(start, chunk(17 * i + len(name), rows, WIDTHS[name], **kw)) for i, (start, rows) in enumerate(parts)]
     ref, new = run_both(fused, chunks, **ckw)
     assert differences(ref, new) == []
+    name = name.removeprefix("formed-")
     # the case exercises what its name says
     if name == "all-pass":
         assert ref.passed and ref.mismatches == 0 and ref.row_sum_failures == 0
@@ -299,17 +319,20 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from grpo_conform import compare_fused as mod
 types = {"a_stride": "i32", "e_stride": "i32", "width": "i32", "rows_ptr": "*i32", "tcol_ptr": "*i32",
-         "on_ptr": "*i32", "iout_ptr": "*i32"}
-const = dict(HAS_TARGET=True, HAS_LOGP=True, HAS_MODEL=True, BLOCK=mod.BLOCK)
+         "on_ptr": "*i32", "iout_ptr": "*i32", "fcol_ptr": "*i32"}
 out = {}
-for dtype in ("bf16", "fp16", "fp32", "fp64"):
-    sig = {n: "constexpr" if n in const else {**types, "a_ptr": "*" + dtype}.get(n, "*fp64")
-           for n in mod._compare_rows.arg_names}
-    for fusion in (False, True):
-        options = {**mod.launch_options(), **({"enable_fp_fusion": True} if fusion else {})}
-        ptx = triton.compile(ASTSource(mod._compare_rows, sig, const), target=GPUTarget("cuda", 90, 32),
-                             options=options).asm["ptx"]
-        out[dtype + ("-fused" if fusion else "")] = [ptx.count("fma.rn.f64"), ptx.count("div.rn.f64")]
+for formed in (False, True):  # formed: e_ptr holds bf16 logits, the reference values are formed in the kernel
+    const = dict(HAS_TARGET=True, HAS_LOGP=True, HAS_MODEL=True, FORMED=formed, BLOCK=mod.BLOCK)
+    for dtype in ("bf16", "fp16", "fp32", "fp64"):
+        sig = {n: "constexpr" if n in const else
+               {**types, "a_ptr": "*" + dtype, "e_ptr": "*bf16" if formed else "*fp64"}.get(n, "*fp64")
+               for n in mod._compare_rows.arg_names}
+        for fusion in (False, True):
+            options = {**mod.launch_options(), **({"enable_fp_fusion": True} if fusion else {})}
+            ptx = triton.compile(ASTSource(mod._compare_rows, sig, const), target=GPUTarget("cuda", 90, 32),
+                                 options=options).asm["ptx"]
+            key = ("formed-" if formed else "") + dtype + ("-fused" if fusion else "")
+            out[key] = [ptx.count("fma.rn.f64"), ptx.count("div.rn.f64"), ptx.count("ex2.approx")]
 print(json.dumps(out))
 """
 
@@ -329,9 +352,13 @@ def test_compiled_kernel_rounds_as_torch():
     if counts is None:
         pytest.skip("this Triton build has no CUDA backend")
     for dtype in ("bf16", "fp16", "fp32", "fp64"):
-        fma, div = counts[dtype]
+        fma, div, _ = counts[dtype]
         assert fma == 0 and div >= 2, (dtype, counts)  # the log-prob share and the score
         assert counts[dtype + "-fused"][0] > 0, counts
+        # formed: float64 exp is libdevice's (its own FMAs; never the float32 ex2.approx), x / T IEEE,
+        # and the kernel's own multiply-adds still round apart (fewer FMAs than with fusion on)
+        fma, div, approx = counts["formed-" + dtype]
+        assert approx == 0 and div >= 4 and fma < counts["formed-" + dtype + "-fused"][0], (dtype, counts)
 
 
 def on(device: str, c: dict) -> dict:
@@ -352,12 +379,11 @@ def test_fused_matches_torch_on_cuda(monkeypatch, name):
     ref, new = (GradientComparator(TOL, ckw["seq_next"], width, slack=ckw.get("slack", 1.0),
                                    row_sums=ckw.get("row_sums", True)) for _ in range(2))
     for start, c in chunks:
-        args = (start, c["actual"], c["expected"], c["scale"], c.get("floor"), c.get("target"), c.get("logp"),
-                c.get("model"))
-        ref._update_torch(*args)
+        rest = (c["scale"], c.get("floor"), c.get("target"), c.get("logp"), c.get("model"))
+        ref._update_torch(start, c["actual"], c["expected"], *rest)
         with monkeypatch.context() as m:
             m.setenv(FUSED_ENV, "1")
-            new.update(*args)
+            new.update(start, c["actual"], c.get("formed", c["expected"]), *rest)
     assert differences(ref, new) == []
 
 
@@ -379,6 +405,13 @@ def broken_copy(tmp_path: Path, old: str, new: str):
     ("extra = moved * share", "extra = moved", dict(), dict(seq_next=None), {"mismatches", "logp_sq"}),
     ("acc_sum += a", "acc_sum += a * 0.0", dict(), dict(seq_next=None), {"row_sum_failures"}),
     ("better = score > best", "better = score < best", dict(noise=3e-4), dict(seq_next=None), {"worst"}),
+    # the formed reference: each of its terms wrong alone
+    ("p = tl.exp(x - row_max) / row_sum", "p = tl.exp(x - row_max) / (row_sum * 1.0000001)",
+     dict(formed=(torch.bfloat16, 0.7)), dict(seq_next=None), {"ref_sq"}),
+    ("/ temperature\n            p = tl.exp", "\n            p = tl.exp", dict(formed=(torch.bfloat16, 0.7)),
+     dict(seq_next=None), {"mismatches", "ref_sq"}),
+    ("tl.where(cols == f_col, 1.0, 0.0)", "tl.where(cols == f_col + 1, 1.0, 0.0)", dict(formed=(torch.float32, 1.0)),
+     dict(seq_next=None), {"mismatches", "ref_sq"}),
 ])
 def test_a_broken_kernel_is_noticed(fused, tmp_path, old, new, kw, ckw, expect):
     mod = broken_copy(tmp_path, old, new)

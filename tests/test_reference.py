@@ -209,3 +209,28 @@ def test_off_policy_clip_branch_is_not_reached_on_policy():
     tight = GrpoParameters(0.0, 0.0, 1.0)
     assert torch.equal(reference_gradient_dense(logits, ids, adv, tight),
                        reference_gradient_dense(logits, ids, adv, SPEC_PARAMS))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_chunks_without_values_carry_what_forms_them(temperature):
+    """form=False (the fused comparison's path on CUDA): no values, and FormedRows of each chunk's logits,
+    targets and row_coef gives the values form=True makes, bit for bit, on every row but the last
+    positions (which `where` sets to 0: the comparison never reads them as expected values)."""
+    from grpo_conform.formed_rows import FormedRows
+
+    p = GrpoParameters(0.2, 0.28, temperature)
+    logits, ids, adv = _inputs(3, 5, 97, seed=5)
+    x = _x(logits, ids, adv)
+    flat = logits.reshape(-1, 97)
+    targets = torch.full((3, 6), -1, dtype=torch.long)
+    targets[:, :5] = ids
+    targets = targets.view(-1)
+    valued = list(chunked_gradient(x, p, 8 * 4 * 97 * 4))
+    bare = list(chunked_gradient(x, p, 8 * 4 * 97 * 4, form=False))
+    assert len(bare) == len(valued) > 1
+    for a, b in zip(valued, bare):
+        assert b.values is None and torch.equal(a.scale, b.scale) and torch.equal(a.row_coef, b.row_coef)
+        formed = FormedRows(flat[b.start : b.stop], targets[b.start : b.stop], b.row_coef, temperature).dense()
+        keep = targets[b.start : b.stop] >= 0
+        assert torch.equal(formed[keep], a.values[keep])
+        assert (b.row_coef[~keep] == 0).all()

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from grpo_conform.compare import (FP32_RESOLUTION, GradientComparator, compare_loss, fp32_floor, fp32_logp_error,
-                                  fp32_target_floor)
+                                  fp32_target_floor, fused_comparison)
+from grpo_conform.formed_rows import FormedRows
 from grpo_conform.ops.grpo_logits.reference import chunked_gradient, rows_per_chunk
 from grpo_conform.ops.grpo_terms import token_terms
 from grpo_conform.phases import PHASES
@@ -69,8 +70,12 @@ class RowJudge:
         # under the derived log-prob error bound, weights included
         loss_floor, loss_logp = torch.zeros((), **f64), torch.zeros((), **f64)
         T = run.model.temperature
+        # The fused comparison forms the reference values itself from the logits (FormedRows): no float64
+        # chunk is materialised (docs/checks.md, "Fused comparison")
+        formed = fused_comparison(flat)
         with PHASES("reference"):  # the chunks are computed lazily: their float64 work counts in `reference`
-            chunks = iter(chunked_gradient(x, run.model.params, logp_error=self.logp_error(x), logp=run._logp(x)))
+            chunks = iter(chunked_gradient(x, run.model.params, logp_error=self.logp_error(x), logp=run._logp(x),
+                                           form=not formed))
         while True:
             with PHASES("reference"):
                 chunk = next(chunks, None)
@@ -86,7 +91,10 @@ class RowJudge:
             if chunk.coef_error is not None:  # rows with a ratio: its fp32 log-prob error moves the whole row
                 logp = (chunk.coef * c, chunk.coef_error * abs(c))
                 loss_logp += chunk.loss_error.sum().to(torch.float64)
-            expected = chunk.values if c == 1.0 else chunk.values * c  # x * 1.0 is x: one float64 pass less
+            if formed:
+                expected = FormedRows(z[chunk.start : chunk.stop], tc, chunk.row_coef if c == 1.0 else chunk.row_coef * c, T)
+            else:
+                expected = chunk.values if c == 1.0 else chunk.values * c  # x * 1.0 is x: one float64 pass less
             cmp.update(chunk.start, flat[chunk.start : chunk.stop], expected, scale, floor, target, logp)
         floor_sum, logp_sum = torch.stack([loss_floor, loss_logp]).tolist()
         return compare_loss(loss, ref_loss, run.tol.loss, max(floor_sum, logp_sum)), cmp

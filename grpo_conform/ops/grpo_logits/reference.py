@@ -28,6 +28,7 @@ from typing import Iterator, Mapping, Optional
 
 import torch
 
+from grpo_conform.formed_rows import FormedRows
 from grpo_conform.ops.grpo_terms import GrpoParameters, needs_logprobs, token_terms
 
 DEFAULT_BUDGET_BYTES = 256 * 2**20
@@ -39,12 +40,15 @@ class GradientChunk:
 
     start: int
     stop: int
-    values: torch.Tensor  # float64 [stop - start, vocab]
+    values: Optional[torch.Tensor]  # float64 [stop - start, vocab]; None when asked with form=False
     scale: torch.Tensor  # float64 [stop - start]: s = (sum of |terms of dL/dlogp|) / T >= any |element| of the row
     # Only when the gradient is asked with `logp_error` (see `TokenTerms`), else None; float64 [stop - start]:
     coef: Optional[torch.Tensor] = None  # dL/dlogp / T of the row (signed): values = coef * (onehot - softmax)
     coef_error: Optional[torch.Tensor] = None  # bound of |change of coef| under the log-prob errors
     loss_error: Optional[torch.Tensor] = None  # bound of |change of the row's weighted loss term| under them
+    # float64 [stop - start], always: dL/dlogp / T of the row (signed; 0 on the last position), what
+    # `values` is formed from (FormedRows); with form=False the only description of the chunk (values None)
+    row_coef: Optional[torch.Tensor] = None
 
 
 CUDA_BUDGET_MAX = 2 * 2**30
@@ -76,17 +80,23 @@ def chunk_bounds(batch: int, seq_next: int, vocab: int, budget_bytes: int | None
     return [(s, min(s + step, rows)) for s in range(0, rows, step)]
 
 
-def _rows(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
+def _index(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
+    """(b, t, valid, target) of flattened rows [start, stop): valid = not the last position."""
     batch, seq_next, vocab = logits.shape
     seq = seq_next - 1
     rows = torch.arange(start, stop, device=logits.device)
     b, t = rows // seq_next, rows % seq_next
-    z = logits.reshape(batch * seq_next, vocab)[start:stop].to(torch.float64)
     valid = t < seq
     target = torch.zeros_like(rows)
     if seq > 0:
         target[valid] = ids[b[valid], t[valid]].to(torch.int64)
-    return z, b, t, valid, target
+    return b, t, valid, target
+
+
+def _rows(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
+    batch, seq_next, vocab = logits.shape
+    z = logits.reshape(batch * seq_next, vocab)[start:stop].to(torch.float64)
+    return (z, *_index(logits, ids, start, stop))
 
 
 def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int | None = None) -> torch.Tensor:
@@ -119,10 +129,11 @@ def chunked_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes:
 def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
                      budget_bytes: int | None = None,
                      logp_error: torch.Tensor | None = None,
-                     logp: torch.Tensor | None = None) -> Iterator[GradientChunk]:
+                     logp: torch.Tensor | None = None, form: bool = True) -> Iterator[GradientChunk]:
     """`logp_error` [B, S]: bounds of an implementation's log-prob errors; with it every chunk also
     carries each row's coefficient and the bounds of how far it and the row's loss term move
-    (`token_terms`). `logp`: the inputs' log-probs if already computed (`_terms`)."""
+    (`token_terms`). `logp`: the inputs' log-probs if already computed (`_terms`). `form=False`: the
+    chunks carry `row_coef` and no values (the fused comparison forms them itself: FormedRows)."""
     logits, ids = x["logits"], x["completion_ids"]
     batch, seq_next, vocab = logits.shape
     terms = _terms(x, p, budget_bytes, logp_error, logp)
@@ -130,28 +141,30 @@ def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
     extra = logp_error is not None
     if extra:
         coef_err, loss_err = terms.coef_error / p.temperature, terms.loss_error
+    flat = logits.reshape(batch * seq_next, vocab)
     for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
-        z, b, t, valid, target = _rows(logits, ids, start, stop)
+        b, t, valid, target = _index(logits, ids, start, stop)
         scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
+        c = torch.zeros_like(scale)
         rows = [torch.zeros_like(scale) for _ in range(3)] if extra else None
-        if bool(valid.any()):
+        any_valid = bool(valid.any())
+        if any_valid:
             bv, tv = b[valid], t[valid]
-            c = torch.zeros_like(scale)
             c[valid] = coef[bv, tv]
-            # Every row of the chunk at once (the softmax is per row), the last position's rows then
-            # set to 0 by `where` (they may hold NaN: the last-row probe poisons them): the same values
-            # as computing the valid rows alone, without copying them out and back (each copy is a
-            # pass over a float64 chunk).
-            g = torch.softmax(z / p.temperature, dim=-1).neg_()  # (z may be a view of float64 inputs: no div_)
-            g.scatter_add_(-1, target.unsqueeze(-1), torch.ones_like(g[:, :1]))
-            grad = torch.where(valid.unsqueeze(-1), g.mul_(c.unsqueeze(-1)), 0.0)
             scale[valid] = row_scale[bv, tv]
             if extra:
                 for out, grid in zip(rows, (coef, coef_err, loss_err)):
                     out[valid] = grid[bv, tv]
-        else:
-            grad = torch.zeros_like(z)
-        yield GradientChunk(start, stop, grad, scale, *(rows or ()))
+        grad = None
+        if form:
+            z = flat[start:stop].to(torch.float64)
+            # Every row of the chunk at once (the softmax is per row), the last position's rows then
+            # set to 0 by `where` (they may hold NaN: the last-row probe poisons them): the same values
+            # as computing the valid rows alone, without copying them out and back (each copy is a
+            # pass over a float64 chunk).
+            grad = (torch.where(valid.unsqueeze(-1), FormedRows(z, target, c, p.temperature).dense(), 0.0)
+                    if any_valid else torch.zeros_like(z))
+        yield GradientChunk(start, stop, grad, scale, *(rows or (None, None, None)), row_coef=c)
 
 
 def loss_logprob_error(x: Mapping[str, torch.Tensor], p: GrpoParameters, logp_error: torch.Tensor,
