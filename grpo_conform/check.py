@@ -161,7 +161,8 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     if request.gpus is not None or request.jobs > 1:
         return run_slots(request, plan, device, say, stop, check_implementation)
     started = utc_now()
-    share = gpu_share.start(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    share = (gpu_share.start(lambda: torch.cuda.synchronize(device), torch.cuda.mem_get_info(device)[1])
+             if device.type == "cuda" else None)
     if share is not None:  # a slot sharing its GPU: it yields to timed slots as each phase starts
         PHASES.on_enter = share.point
     try:
@@ -344,7 +345,19 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
     resolved = spec.resolve(w, ScaleDraw(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
-    say(name, member, w.name, f"conformance {operation_for(spec).describe_workload(spec, resolved)}")
+    op = operation_for(spec)
+    say(name, member, w.name, f"conformance {op.describe_workload(spec, resolved)}")
+    # a slot sharing its GPU holds the memory this workload may take (gpu_share.py; a no-op otherwise)
+    with gpu_share.reserved(op.memory_bytes(spec, resolved), lambda: PHASES("gpu-memory")):
+        try:
+            return _judge_workload(session, spec, w, resolved, seeds, probes, draws, ctx, request, say, name, member)
+        finally:
+            if gpu_share.sharing_slots() > 1:
+                torch.cuda.empty_cache()  # what this workload cached is the next reservation's to use
+
+
+def _judge_workload(session: WorkerSession, spec: Spec, w, resolved, seeds, probes, draws, ctx: RunContext,
+                    request: CheckRequest, say: Reporter, name: str, member: str) -> WorkloadResult:
     outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
     with PHASES("scan"):
         outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload

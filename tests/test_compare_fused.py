@@ -362,7 +362,13 @@ def test_compiled_kernel_rounds_as_torch():
 
 
 def on(device: str, c: dict) -> dict:
-    move = lambda v: tuple(move(x) for x in v) if isinstance(v, tuple) else v.to(device)  # noqa: E731
+    def move(v):
+        if isinstance(v, tuple):
+            return tuple(move(x) for x in v)
+        if isinstance(v, FormedRows):
+            return FormedRows(v.z.to(device), v.target.to(device), v.coef.to(device), v.temperature)
+        return v.to(device)
+
     return {k: move(v) for k, v in c.items()}
 
 

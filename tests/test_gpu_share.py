@@ -145,3 +145,51 @@ def test_jobs_auto_on_cuda_is_a_slot_per_four_cores_for_one_implementation(monke
     assert parallel.auto_jobs(plan, "cuda", fail_fast=True) == 1
     two = build_plan(CheckRequest((str(ROOT / "implementations" / "pytorch"), str(GALLERY / "float64-eager"))), CPU)
     assert parallel.auto_jobs(two, "cuda") == 1  # two implementations: their workers never share a GPU
+
+
+def _holder(prefix, nbytes, hold, log, ready=None, release=True):
+    share = gpu_share.GpuShare(prefix, lambda: None, capacity=100)
+    share.acquire(nbytes)
+    log.append(("in", nbytes, time.monotonic()))
+    if ready is not None:
+        ready.set()
+    time.sleep(hold)
+    log.append(("out", nbytes, time.monotonic()))
+    if release:
+        share.release()
+    share.close() if release else None  # a slot that dies holding its reservation: the process just ends
+
+
+def test_workloads_wait_for_memory_the_others_hold(tmp_path):
+    prefix = str(tmp_path / "gpu0")
+    with CTX.Manager() as m:
+        log, ready = m.list(), m.Event()
+        a = CTX.Process(target=_holder, args=(prefix, 60, 0.5, log, ready))
+        a.start()
+        assert ready.wait(10)
+        b = CTX.Process(target=_holder, args=(prefix, 50, 0.1, log))  # 60 + 50 > 100: waits for a
+        c = CTX.Process(target=_holder, args=(prefix, 30, 0.1, log))  # 60 + 30 fits: runs beside a
+        for p in (b, c):
+            p.start()
+        for p in (a, b, c):
+            p.join(20)
+            assert p.exitcode == 0
+        events = {(kind, n): t for kind, n, t in log}
+    assert events[("in", 50)] >= events[("out", 60)]
+    assert events[("in", 30)] < events[("out", 60)]
+
+
+def test_a_dead_slots_reservation_is_ignored_and_a_lone_workload_always_runs(tmp_path):
+    prefix = str(tmp_path / "gpu0")
+    with CTX.Manager() as m:
+        log = m.list()
+        dead = CTX.Process(target=_holder, args=(prefix, 90, 0.0, log, None, False))  # exits holding 90
+        dead.start()
+        dead.join(10)
+    share = gpu_share.GpuShare(prefix, lambda: None, capacity=100)
+    t0 = time.monotonic()
+    assert share.acquire(80) is False and time.monotonic() - t0 < 1.0  # 90 + 80 > 100, but its slot is gone
+    share.release()
+    assert share.acquire(500) is False  # more than the capacity, alone: it runs
+    share.release()
+    share.close()
