@@ -42,7 +42,7 @@ from grpo_conform.floors import compute_floor
 from grpo_conform.gate.parallel import auto_jobs, run_slots
 from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, resolve_checks, select_outcomes, wants_timing
 from grpo_conform.gate.progress import Progress, Reporter
-from grpo_conform import gemm_ceiling, gpu_share
+from grpo_conform import gemm_ceiling
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
 from grpo_conform.isolation.sandbox import preflight as sandbox_preflight
 from grpo_conform.ops import operation_for
@@ -116,8 +116,7 @@ def prepare_context(device: torch.device, timing: TimingSettings | None, say: Pr
     if device.type != "cuda":
         return RunContext(device, None), {}
     say("measuring copy and read bandwidth")
-    with gpu_share.exclusive():  # a measurement: alone on the GPU where slots share it
-        ceilings = measure_ceilings(device)
+    ceilings = measure_ceilings(device)
     running = describe_running_gpu(device, ceilings)
     return RunContext(device, timing, running.gpu, ceilings), running.to_json()
 
@@ -161,16 +160,8 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     if request.gpus is not None or request.jobs > 1:
         return run_slots(request, plan, device, say, stop, check_implementation)
     started = utc_now()
-    share = (gpu_share.start(lambda: torch.cuda.synchronize(device), torch.cuda.mem_get_info(device)[1])
-             if device.type == "cuda" else None)
-    if share is not None:  # a slot sharing its GPU: it yields to timed slots as each phase starts
-        PHASES.on_enter = share.point
-    try:
-        ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
-        results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
-    finally:
-        PHASES.on_enter = None
-        gpu_share.stop()
+    ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
+    results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
     return CheckReport(device_info(device), device.type == "cpu", results, plan.specs, started, utc_now(), software(),
                        hardware, request.strict, plan.notes, request.shard, phases=PHASES.to_json())
 
@@ -345,19 +336,7 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
     resolved = spec.resolve(w, ScaleDraw(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
-    op = operation_for(spec)
-    say(name, member, w.name, f"conformance {op.describe_workload(spec, resolved)}")
-    # a slot sharing its GPU holds the memory this workload may take (gpu_share.py; a no-op otherwise)
-    with gpu_share.reserved(op.memory_bytes(spec, resolved), lambda: PHASES("gpu-memory")):
-        try:
-            return _judge_workload(session, spec, w, resolved, seeds, probes, draws, ctx, request, say, name, member)
-        finally:
-            if gpu_share.sharing_slots() > 1:
-                torch.cuda.empty_cache()  # what this workload cached is the next reservation's to use
-
-
-def _judge_workload(session: WorkerSession, spec: Spec, w, resolved, seeds, probes, draws, ctx: RunContext,
-                    request: CheckRequest, say: Reporter, name: str, member: str) -> WorkloadResult:
+    say(name, member, w.name, f"conformance {operation_for(spec).describe_workload(spec, resolved)}")
     outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
     with PHASES("scan"):
         outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload

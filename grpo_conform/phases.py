@@ -14,15 +14,14 @@ Phase names: `worker-start` (a worker process started and the implementation imp
 IPC), `inputs` (input sets generated, written and their pristine copies made), `judge` (the float64
 reference and the comparison with it), `input-checks` (inputs compared with their pristine copies,
 fingerprints of kept outputs), `timing` (the timed protocols' parent side), `scan` (the static source
-scan), `gpu-wait` (a slot sharing its GPU waiting while another slot's calls are timed:
-gpu_share.py). Anything else the parent does is `other`.
+scan). Anything else the parent does is `other`.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 
 class PhaseClock:
@@ -37,22 +36,12 @@ class PhaseClock:
         self._stack: list[list[Any]] = []  # [name, time the innermost phase last resumed]
         self._started = time.perf_counter()
 
-    #: Called as every phase starts (a slot sharing its GPU yields there to a waiting timed slot:
-    #: grpo_conform/gpu_share.py); True when it waited, which counts as `gpu-wait`. Set by the engine
-    #: for one run, None otherwise.
-    on_enter: Callable[[], bool] | None = None
-
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         now = time.perf_counter()
         if self._stack:  # pause the enclosing phase
             outer = self._stack[-1]
             self.exclusive[outer[0]] = self.exclusive.get(outer[0], 0.0) + now - outer[1]
-        if self.on_enter is not None and self.on_enter():  # it waited for another slot's timed calls
-            waited = time.perf_counter()
-            self.exclusive["gpu-wait"] = self.exclusive.get("gpu-wait", 0.0) + waited - now
-            self.counts["gpu-wait"] = self.counts.get("gpu-wait", 0) + 1
-            now = waited
         self._stack.append([name, now])
         self.counts[name] = self.counts.get(name, 0) + 1
         try:

@@ -150,13 +150,18 @@ def offenders(worst: list) -> list:
     return rows
 
 
-def differences(ref: GradientComparator, new: GradientComparator) -> list[str]:
-    """The names of what differs between two comparators' results."""
+def differences(ref: GradientComparator, new: GradientComparator, formed: bool = False) -> list[str]:
+    """The names of what differs between two comparators' results. `formed`: the fused side formed the
+    reference values itself with the GPU's float64 exp and its own row sums, so each value may differ
+    from torch's by a few units in the last place (k u |e|, u = 2^-53): diff_sq then moves by at most
+    2 k u sqrt(diff_sq ref_sq) (Cauchy-Schwarz), allowed here for k = 32, beside the 1e-12 of summation
+    order. Every other quantity is compared as without it."""
     out = [f for f in ("elements", "mismatches", "nan", "inf", "row_sum_failures", "last_rows_nonzero")
            if getattr(ref, f) != getattr(new, f)]
     for f in ("diff_sq", "ref_sq", "atol_sq", "logp_sq", "model_sq", "max_abs_ref"):
         x, y = getattr(ref, f), getattr(new, f)
-        if not (x == y or abs(x - y) <= 1e-12 * max(abs(x), abs(y))):
+        ulps = 64 * 2.0**-53 * math.sqrt(abs(ref.diff_sq * ref.ref_sq)) if formed and f == "diff_sq" else 0.0
+        if not (x == y or abs(x - y) <= 1e-12 * max(abs(x), abs(y)) + ulps):
             out.append(f)
     if offenders(ref.worst) != offenders(new.worst):
         out.append("worst")
@@ -381,6 +386,9 @@ def test_fused_matches_torch_on_cuda(monkeypatch, name):
     kw, ckw, parts = CASES[name]
     chunks = [(start, on("cuda", chunk(17 * i + len(name), rows, WIDTHS[name], **kw)))
               for i, (start, rows) in enumerate(parts)]
+    for _, c in chunks:  # the reference values the judge would have on this device: torch's CUDA softmax
+        if "formed" in c:
+            c["expected"] = c["formed"].dense()
     width = chunks[0][1]["actual"].shape[1]
     ref, new = (GradientComparator(TOL, ckw["seq_next"], width, slack=ckw.get("slack", 1.0),
                                    row_sums=ckw.get("row_sums", True)) for _ in range(2))
@@ -390,7 +398,7 @@ def test_fused_matches_torch_on_cuda(monkeypatch, name):
         with monkeypatch.context() as m:
             m.setenv(FUSED_ENV, "1")
             new.update(start, c["actual"], c.get("formed", c["expected"]), *rest)
-    assert differences(ref, new) == []
+    assert differences(ref, new, formed=name.startswith("formed-")) == []
 
 
 # -- the comparison of the two paths fails when the fused path is wrong ------------------------------

@@ -28,7 +28,6 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_conform import gpu_share
 from grpo_conform.checks import internal
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, overlap_text, storage_overlaps
@@ -163,8 +162,7 @@ class WorkloadConformance:
             # Kept outputs, the parent's buffers (4 input/output sets, 2 pristine copies, 2 saved
             # gradients, the judged outputs' copy of reference_cache.Memo) and the implementation's
             # own working set all share the GPU.
-            # (slots sharing the GPU split the kept outputs' share: each one's free memory is the others' too)
-            budget = max(0.0, KEEP_FRACTION_CUDA / gpu_share.sharing_slots() * free - 9 * grad_bytes)
+            budget = max(0.0, KEEP_FRACTION_CUDA * free - 9 * grad_bytes)
         else:
             budget = 2 * 2**30
         # At least one kept output where the GPU holds a dozen gradients; none for huge workloads

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from grpo_conform import gemm_ceiling, gpu_share
+from grpo_conform import gemm_ceiling
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient
 from grpo_conform.compare import compare_loss, json_float
 from grpo_conform.dtypes import torch_dtype
@@ -138,14 +138,12 @@ class WorkloadTiming:
     def _batch(self, names: list[str], protocol: str, copy_from: str | None = None,
                warm: str | None = None) -> tuple[list[dict], int]:
         self.out.clear()
-        with gpu_share.exclusive():  # slots sharing this GPU wait at their next phase (gpu_share.py)
-            wall0 = time.perf_counter_ns()
-            reply = self.session.request(op="time", sets=names, protocol=protocol, warm=warm or self.warm.name,
-                                         copy_from=copy_from, outputs=self.out.name if copy_from else None,
-                                         gradients=[g.input for g in self.spec.gradients],
-                                         upstream=self.upstream_for(protocol))
-            wall = time.perf_counter_ns() - wall0
-        return reply["results"], wall
+        wall0 = time.perf_counter_ns()
+        reply = self.session.request(op="time", sets=names, protocol=protocol, warm=warm or self.warm.name,
+                                     copy_from=copy_from, outputs=self.out.name if copy_from else None,
+                                     gradients=[g.input for g in self.spec.gradients],
+                                     upstream=self.upstream_for(protocol))
+        return reply["results"], time.perf_counter_ns() - wall0
 
     def _identical(self, protocol: str) -> list[dict]:
         """The same values again and again, under the conditions of a fresh call: rewritten in place
@@ -226,7 +224,7 @@ class WorkloadTiming:
                 result[key] = json_float(median / getattr(floor, field))
         result["below_floor"] = below_floor(median, floor) or bool(per_call and per_call["below_floor"])
         if self.ceiling_of is not None:  # after the implementation's calls: no worker call in flight
-            with PHASES("timing"), gpu_share.exclusive():
+            with PHASES("timing"):
                 gemm_ceiling.attach(result, self.ceiling_of(protocol))
         result["summary"] = _summary(result)
         result["_findings"] = self._findings(result, fresh_d, ident_d, host_d, batch_walls, floor, rechecks,

@@ -6,10 +6,8 @@ single workloads of a member heavier than a job's share: `make_jobs`) and writes
 its JSON report; the parent relays its progress lines and merges the reports
 (grpo_conform.gate.merge). With `--gpus`, each GPU gets its own slots with CUDA_VISIBLE_DEVICES set
 to that GPU alone (so the slot's parent-side tensors and its worker's CUDA IPC handles agree on
-device 0). Timed calls never share a GPU: when timing on CUDA with several implementations, a GPU
-has one slot whatever `--jobs` says; with one implementation its slots share the GPU and every timed
-call runs alone on it (grpo_conform/gpu_share.py: the others wait at their next phase). Untimed
-(`--no-timing`, or the CPU) a GPU or the CPU takes `--jobs` slots.
+device 0). Timed runs never share a GPU: when timing on CUDA, a GPU has one slot whatever
+`--jobs` says; untimed (`--no-timing`, or the CPU) a GPU or the CPU takes `--jobs` slots.
 
 Slots cannot reach each other's workers: each slot draws its workers' uids from its own block of
 the worker uid range (`with_uid_blocks`, isolation/uids.py), so no worker can signal, ptrace or
@@ -33,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from grpo_conform import gpu_share
 from grpo_conform.phases import add as add_phases
 from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
 from grpo_conform.gate.merge import Piece, impl_from_json, merge_implementations, pieces_from_report
@@ -49,7 +46,6 @@ from grpo_conform.results import (CheckReport, Coverage, ImplementationResult, M
 class Slot:
     name: str  # "cpu1", "gpu0", "gpu0.2"
     env: dict[str, str]  # added to the slot's environment
-    share: str | None = None  # the lock name of the GPU it shares with timed slots (gpu_share.py)
 
 
 def parse_gpus(text: str) -> str | tuple[int, ...]:
@@ -73,10 +69,8 @@ def visible_gpus(count: int) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def plan_slots(device_type: str, gpus, jobs: int, timing: bool, gpu_count: int,
-               share: bool = False) -> tuple[list[Slot], list[str]]:
-    """The slots of a run and notes on how they were chosen. Pure: tested on the CPU. `share`: timed
-    slots may share a GPU (one implementation runs; gpu_share.py keeps every timed call alone)."""
+def plan_slots(device_type: str, gpus, jobs: int, timing: bool, gpu_count: int) -> tuple[list[Slot], list[str]]:
+    """The slots of a run and notes on how they were chosen. Pure: tested on the CPU."""
     notes: list[str] = []
     if jobs < 1:
         raise SelectionError(f"--jobs {jobs}: expected 1 or more")
@@ -92,18 +86,14 @@ def plan_slots(device_type: str, gpus, jobs: int, timing: bool, gpu_count: int,
         raise EnvironmentProblem(f"--gpus: GPU {bad[0] if bad else '?'} does not exist here ({gpu_count} visible)")
     names = visible_gpus(gpu_count)
     per_gpu = jobs
-    shared = timing and jobs > 1 and share
-    if timing and jobs > 1 and not share:
+    if timing and jobs > 1:
         per_gpu = 1
-        notes.append(f"--jobs {jobs}: one slot per GPU, because the workers of different implementations never "
-                     "share a GPU while calls are timed (use --no-timing to run several untimed slots per GPU)")
-    if shared:
-        notes.append(f"{jobs} slots share each GPU; every timed call runs alone on it (the others wait)")
+        notes.append(f"--jobs {jobs}: one slot per GPU, because timed runs never share a GPU (use --no-timing "
+                     "to run several untimed slots per GPU)")
     slots = []
     for i in ids:
         for k in range(per_gpu):
-            env = {"CUDA_VISIBLE_DEVICES": names[i]} | ({gpu_share.ENV_SLOTS: str(per_gpu)} if shared else {})
-            slots.append(Slot(f"gpu{i}" + (f".{k + 1}" if per_gpu > 1 else ""), env, f"gpu{i}" if shared else None))
+            slots.append(Slot(f"gpu{i}" + (f".{k + 1}" if per_gpu > 1 else ""), {"CUDA_VISIBLE_DEVICES": names[i]}))
     return slots, notes
 
 
@@ -121,26 +111,19 @@ def with_uid_blocks(slots: list[Slot]) -> tuple[list[Slot], list[str]]:
 
 
 AUTO_JOBS_CAP = 4  # each CPU slot holds a parent, a zygote and a worker (the largest of them 0.6 GB in the main command)
-CORES_PER_GPU_SLOT = 4  # a GPU slot's parent and worker each keep a core busy between short GPU bursts
 
 
 def auto_jobs(plan, device_type: str, fail_fast: bool = False) -> int:
     """`--jobs auto` (the CLI's default): on the CPU one slot per usable core, at most one per member to
-    run (a member split over slots repeats its per-member costs, `make_jobs`) and AUTO_JOBS_CAP. On CUDA
-    (slots per GPU) the same cap and one slot per CORES_PER_GPU_SLOT cores when one implementation runs,
-    its slots sharing the GPU with every timed call alone on it (gpu_share.py); one where several run,
-    whose workers never share a GPU while calls are timed (`--gpus` spreads them over GPUs). A single
-    slot runs in this process, as `--jobs 1` does. With `--fail-fast` one: a slot runs its job to the
-    end, and the first failure must stop everything after it. Times: docs/timing.md."""
-    if fail_fast:
+    run (a member split over slots repeats its per-member costs, `make_jobs`) and AUTO_JOBS_CAP; one
+    on CUDA, where timed runs never share a GPU (`--gpus` spreads over GPUs). A single slot runs in
+    this process, as `--jobs 1` does. With `--fail-fast` one: a slot runs its job to the end, and the
+    first failure must stop everything after it. The README's main command, 20 members on 2 cores:
+    docs/timing.md."""
+    if device_type != "cpu" or fail_fast:
         return 1
     members = sum(1 for p in plan.implementations if not p.skip for m in p.members if m.workloads)
-    cores = len(os.sched_getaffinity(0))
-    if device_type != "cpu":
-        if sum(1 for p in plan.implementations if not p.skip) != 1:
-            return 1
-        cores //= CORES_PER_GPU_SLOT
-    return max(1, min(cores, members, AUTO_JOBS_CAP))
+    return max(1, min(len(os.sched_getaffinity(0)), members, AUTO_JOBS_CAP))
 
 
 def make_jobs(plan, slots: int) -> list[list[tuple[str, str, str]]]:
@@ -226,8 +209,6 @@ class _Runner:
             fields["deadline"] = self.stop.remaining()
         req.write_text(json.dumps(fields))
         env = dict(os.environ, **slot.env)
-        if slot.share:  # the GPU's lock files, in this run's private folder (0700: no worker opens them)
-            env[gpu_share.ENV_SHARE] = str(self.folder / slot.share)
         proc = subprocess.Popen([sys.executable, "-m", "grpo_conform.gate.slot", str(req), str(out)], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)  # a Ctrl-C reaches only us; we pass a SIGTERM on
@@ -313,8 +294,7 @@ def run_slots(request, plan, device, say, stop: Stop, check_one) -> CheckReport:
     check_implementation (handed in: the gate does not import the engine that calls it), used for
     implementations the plan skips and jobs a stop left unstarted."""
     gpu_count = torch.cuda.device_count() if device.type == "cuda" else 0
-    one = sum(1 for p in plan.implementations if not p.skip) == 1  # only then may timed slots share a GPU
-    slots, notes = plan_slots(device.type, request.gpus, request.jobs, request.timing, gpu_count, share=one)
+    slots, notes = plan_slots(device.type, request.gpus, request.jobs, request.timing, gpu_count)
     slots, uid_notes = with_uid_blocks(slots)
     notes += uid_notes
     started = utc_now()

@@ -21,14 +21,6 @@ if TYPE_CHECKING:  # annotations only
     from grpo_conform.spec import ResolvedWorkload, Spec
 
 
-def set_bytes(spec: "Spec", resolved: "ResolvedWorkload") -> int:
-    """Bytes of one input set of a resolved workload (every declared input at its resolved dtype)."""
-    from grpo_conform.dtypes import torch_dtype  # torch: only where an operation needs the size
-
-    return sum(resolved.numel(t.name) * torch_dtype(resolved.dtypes.get(t.name, t.dtypes[0])).itemsize
-               for t in spec.inputs)
-
-
 def fresh_seed() -> int:
     """A seed no implementation can derive: drawn from the OS, never passed to a worker."""
     return secrets.randbits(62)
@@ -118,11 +110,6 @@ class Operation(Protocol):
 
     def describe_workload(self, spec: "Spec", resolved: "ResolvedWorkload") -> str:
         """One line naming the workload's shape, as progress lines print it."""
-        ...
-
-    def memory_bytes(self, spec: "Spec", resolved: "ResolvedWorkload") -> int:
-        """An upper estimate of the GPU memory one workload takes, the validator's buffers and the
-        implementation's working set together: what a slot sharing its GPU reserves (gpu_share.py)."""
         ...
 
     # -- inputs ------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from grpo_conform.ops.fused_linear.tolerance import gemm_allowance
 from grpo_conform.ops.grpo_logits.traffic import Counted
 from grpo_conform.ops.grpo_terms import GrpoParameters, needs_logprobs
 from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
-from grpo_conform.ops.interface import Arithmetic, Gemm, GradientChunk, GradientGrouping, WorkloadSize, set_bytes
+from grpo_conform.ops.interface import Arithmetic, Gemm, GradientChunk, GradientGrouping, WorkloadSize
 
 INPUT_KINDS = {
     "hidden": "hidden-states", "ref_hidden": "hidden-states", "weight": "lm-head-weight",
@@ -72,13 +72,6 @@ class GrpoFusedLinear:
         # the larger of the two GEMM operands sizes buffers and timeouts (the weight at every seed shape)
         name = max(("hidden", "weight"), key=resolved.numel)
         return WorkloadSize(name, resolved.numel(name))
-
-    def memory_bytes(self, spec, resolved) -> int:
-        # grpo-logits' count over the inputs (hidden, weight: the input sets, gradients, kept outputs), plus
-        # what implementations and the reference hold at the size of the logits: eager torch keeps bf16
-        # logits, their float32 softmax and gradient (~12 bytes an element of N x V)
-        n, _h, v = _dims(resolved)
-        return 18 * set_bytes(spec, resolved) + 12 * n * v + (4 << 30)
 
     def describe_workload(self, spec, resolved) -> str:
         n, h, v = _dims(resolved)

@@ -15,7 +15,7 @@ from grpo_conform.ops.grpo_logits.inputs import generate, refresh_in_place
 from grpo_conform.ops.grpo_logits.judge import RowJudge, recheck_gradient
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_loss
 from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
-from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize, set_bytes
+from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
 
 #: Spec families with an arithmetic floor: what costs one exponential per element read.
 EXP_FAMILIES = {"grpo": "the log-sum-exp over the vocabulary needs exp() of every logit the loss reads"}
@@ -35,14 +35,6 @@ class GrpoLogits:
 
     def describe_workload(self, spec, resolved) -> str:
         return str(list(resolved.shapes[spec.differentiable_input.name]))
-
-    def memory_bytes(self, spec, resolved) -> int:
-        # In logits-sized buffers L: the parent's three input sets and their pristine copies (6), two
-        # output slots, two saved gradients, a judged output's copy and a kept output (6), or a timed
-        # workload's five sets and copies (10); the worker's poisoned allocator block (3) and the
-        # implementation's gradient and saved tensors (~3); plus the reference's float64 chunks and
-        # the CUDA contexts' own (4 GiB).
-        return 18 * set_bytes(spec, resolved) + (4 << 30)
 
     # -- inputs ------------------------------------------------------------------------------------
     def input_kind(self, name: str) -> str:
