@@ -19,6 +19,7 @@ exactly what `grpo-conform check` runs and returns the `CheckReport`, printing a
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import secrets
@@ -347,19 +348,32 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
             timed = list(internal.outcomes(TIMING_CHECKS, draws[INTERNAL_ERROR]))
     elif wants_timing(request.checks):
         try:
-            timings, timed = _time_workload(session, spec, w, resolved, ctx, say, name, member)
+            timings, timed = _time_workload(session, spec, w, resolved, ctx, say, name, member, draws)
         except Exception as exc:  # the timed protocols' own judging (timed-outputs) raised: see run_workload
             if not internal.is_internal(exc):
                 raise
             draws[INTERNAL_ERROR] = info = internal.describe(exc, "the timed protocols")
             timings, timed = [], list(internal.outcomes(TIMING_CHECKS, info))
     kept = select_outcomes(outcomes + tuple(timed), request.checks)
+    if ctx.device.type == "cuda":
+        draws["cuda_allocated_after"] = _release_cuda(ctx.device)
     return WorkloadResult(w.name, resolved.axes, dict(resolved.dtypes), ctx.device.type, tuple(seeds), kept,
                           tuple(timings), draws)
 
 
+def _release_cuda(device: torch.device) -> int:
+    """Frees what this workload left in this process and returns the bytes still allocated. Buffers the
+    worker opened through CUDA IPC wait in torch's limbo until it lets go; `ipc_collect` frees those it
+    has. A count that grows from workload to workload is a leak: round30a on the H200 ran out of memory
+    at the tenth member, 122 GiB allocated here (docs/timing.md)."""
+    gc.collect()  # cyclic garbage holding CUDA tensors is freed only by a full collection
+    torch.cuda.ipc_collect()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.memory_allocated(device))
+
+
 def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunContext, say: Reporter, name: str,
-                   member: str):
+                   member: str, draws: dict[str, Any]):
     # Timing checks are not applicable (so not listed) on the CPU or on workloads the spec does not time.
     if ctx.device.type != "cuda" or not w.timed:
         return [], []
@@ -368,12 +382,16 @@ def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunCont
     if not session.alive:
         return [], skipped_timing("the worker was lost before timing")
     say(name, member, w.name, f"timing {', '.join(ctx.timing.protocols)}")
+    timing = WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved),
+                            ctx.gemm_ceiling_fn(spec, resolved))
     try:
         with PHASES("timing"), PHASES.inclusive("probes", "timing"):
-            return WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved),
-                                  ctx.gemm_ceiling_fn(spec, resolved)).run()
+            return timing.run()
     except WorkerFailure as failure:
         return [], timing_failure_outcomes(failure)
+    finally:
+        if getattr(timing, "held", None):  # the timed sets' storages the worker still holds (worker.op_unbind)
+            draws["held_after_unbind_timed"] = timing.held
 
 
 # -- the Python API ------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ behaviour and the CPU's. Tests call `update_fused` directly on CPU tensors under
 
 The reference values: float64 values (8 bytes an element, after the reference's ~8 float64 passes to
 make them), or `FormedRows` (the judge's path on CUDA): the kernel forms coef (onehot - softmax(z / T))
-itself from the logits, each row's max and sum of exp in two passes over the row first, so the judging
-reads the logits (2 bytes in bf16) and the gradient, nothing else at full size.
+itself from the scores z it is a softmax of (the operation's input rows), each row's max and sum of exp in
+two passes over the row first, so the judging reads z (2 bytes in bf16) and the gradient, nothing else at
+full size.
 
 Identity with the torch path (docs/checks.md, "Fused comparison on CUDA (opt-in)"):
 - element allowances are computed with the torch path's operations in its order, in float64, with
@@ -88,7 +89,7 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
     r = tl.load(rows_ptr + pid).to(tl.int64)  # the row inside the chunk (last rows are not handed over)
     rtol = tl.load(const_ptr)
     slack = tl.load(const_ptr + 1)
-    if FORMED:  # e_ptr holds the logits: expected = coef * (onehot(target) - softmax(z / T)), formed here
+    if FORMED:  # e_ptr holds the scores z: expected = coef * (onehot(target) - softmax(z / T)), formed here
         temperature = tl.load(const_ptr + 2)
         f_coef = tl.load(fcoef_ptr + pid)
         f_col = tl.load(fcol_ptr + pid)
@@ -186,7 +187,7 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
     Per-row arguments are float64 [len(keep)]: base = the element allowance before the log-prob and
     model terms; target = (column, max(base, extra)), -1 where none; logp = (coef, moved); model.
     logp_on: a one-element tensor, nonzero where the log-prob term applies (default: it does).
-    `expected`: float64 values, or FormedRows (the kernel forms the values from the logits).
+    `expected`: float64 values, or FormedRows (the kernel forms the values from its scores z).
     Returns (float64 [len(keep), 8], int32 [len(keep), 4]) in the order the kernel writes them."""
     if actual.dim() != 2 or expected.shape != actual.shape:
         raise ValueError(f"fused comparison: actual {tuple(actual.shape)} and expected {tuple(expected.shape)}"

@@ -204,3 +204,59 @@ def test_today_s_reference_is_compared_under_the_spec_s_one_gradient_and_refuses
     two = spec.model_copy(update={"gradients": (g, g.model_copy(update={"input": "advantages"}))})
     with pytest.raises(ValueError, match=r"lists 2 gradients \(logits, advantages\).*reference per gradient"):
         only_gradient(two)
+
+
+# -- memory the parent shares: released when a slot is unbound ------------------------------------------
+
+def test_unbind_collects_garbage_and_names_storages_still_held():
+    """CUDA IPC buffers are the parent's, freed only when the worker lets go (round30a on the H200: the
+    parent reached 122 GiB at the tenth member). Unbinding collects the worker's cyclic garbage (a graph
+    kept alive by a cycle is the common case) and names what is still held by a live reference."""
+    w = worker._Worker.__new__(worker._Worker)
+    replies = []
+    w.send = lambda **msg: replies.append(msg)
+    w.device = "cuda"  # the check runs where storages are IPC-shared; CPU tensors stand in for them here
+    logits, ids, other = torch.zeros(1000), torch.zeros(10, dtype=torch.long), torch.zeros(3)
+    w.slots = {"P": {"logits": logits, "ids": ids}, "Q": {"x": other}}
+
+    class Node:
+        pass
+
+    cycle = Node()
+    cycle.self, cycle.tensor = cycle, logits  # garbage once the names below are gone, freed only by gc
+    kept = ids  # what an implementation's cache would do
+    del cycle, logits, ids, other
+    w.op_unbind(slots=["P"])
+    assert replies[-1] == {"status": "ok", "held": ["P.ids"]}
+    assert set(w.slots) == {"Q"} and kept is not None
+    w.op_unbind(slot="Q")
+    assert replies[-1]["held"] == []
+    assert messages.REPLIES["unbind"].model_validate(replies[-1])  # the parent's strict model accepts it
+
+
+def test_a_view_slot_sends_one_descriptor_per_buffer(monkeypatch):
+    """Each CUDA descriptor made is a reference torch waits for the worker to release: the view slot
+    (the layouts probe) must not describe the base buffer as well as the view it sends."""
+    from grpo_conform.checks import buffers
+
+    made, flags = [], []
+
+    class Allocator:
+        def empty(self, shape, dtype, describe=True):
+            flags.append(describe)
+            return torch.zeros(shape, dtype=dtype), ({"kind": "cuda_ipc"} if not describe else {"kind": "cuda_ipc", "x": 1})
+
+    class Session:
+        allocator = Allocator()
+
+        def bind(self, name, descs):
+            self.bound = descs
+
+    monkeypatch.setattr(buffers, "cuda_descriptor", lambda t: made.append(t) or {"kind": "cuda_ipc", "view": True})
+    import random
+
+    session = Session()
+    slot = buffers.InputSlot.create_views(session, "V", {"logits": (2, 3, 5), "ids": (2, 2)},
+                                          {"logits": torch.bfloat16, "ids": torch.long}, random.Random(1))
+    assert flags == [False, False] and len(made) == 2  # one descriptor each: the views'
+    assert set(session.bound) == {"logits", "ids"} and slot.tensors["logits"].shape == (2, 3, 5)

@@ -230,8 +230,9 @@ class WorkloadConformance:
             if s.alive:  # the worker's mappings pin CUDA IPC memory in this process until dropped
                 try:
                     s.request(op="drop")
-                    for slot in ("P", "O1", *self.extra_slots):
-                        s.request(op="unbind", slot=slot)
+                    held = s.request(op="unbind", slots=["P", "O1", *self.extra_slots]).get("held")
+                    if held:  # storages the worker still holds: this process cannot free them (worker.op_unbind)
+                        self.draws["held_after_unbind"] = held
                 except WorkerFailure:
                     pass
         return self.book.outcomes()

@@ -105,10 +105,9 @@ class WorkloadTiming:
                 for name, finding in result.pop("_findings").items():
                     findings[name].append(finding)
         finally:
-            if self.session.alive:
-                for slot in [*self.sets, self.warm]:
-                    self.session.request(op="unbind", slot=slot.name)
-                self.session.request(op="unbind", slot="TO")
+            if self.session.alive:  # one unbind: the worker collects its garbage once (worker.op_unbind)
+                self.held = self.session.request(op="unbind", slots=[*(s.name for s in self.sets), self.warm.name,
+                                                                     "TO"]).get("held") or []
                 self.session.request(op="time_setup", flush_bytes=0)
         return timings, [_outcome(name, found) for name, found in findings.items()]
 

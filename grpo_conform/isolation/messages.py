@@ -129,11 +129,15 @@ class TimeReply(Ok):
     results: Annotated[list[TimedCall], Field(max_length=100_000)]
 
 
+class UnbindReply(Ok):
+    held: Annotated[list[ShortText], Field(max_length=256)] = []  # "<slot>.<input>" storages still alive
+
+
 #: The reply each worker op must get (docs/architecture.md, "Worker protocol").
 REPLIES: dict[str, type[_Strict]] = {
     "load": LoadReply,
     "bind": Ok,
-    "unbind": Ok,
+    "unbind": UnbindReply,
     "forward": ForwardReply,
     "backward": BackwardReply,
     "export": ExportReply,

@@ -106,18 +106,21 @@ class SharedAllocator:
     _fds: dict[int, int] = field(default_factory=dict)
     _count: int = 0
 
-    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, dict[str, Any]]:
-        return self.empty_view(shape, dtype, "contiguous")
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, describe: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
+        return self.empty_view(shape, dtype, "contiguous", describe)
 
-    def empty_view(self, shape: tuple[int, ...], dtype: torch.dtype,
-                   view_kind: str = "contiguous") -> tuple[torch.Tensor, dict[str, Any]]:
-        """A `view_kind` view of a larger base buffer (its padding holds PAD_BYTE), and its descriptor."""
+    def empty_view(self, shape: tuple[int, ...], dtype: torch.dtype, view_kind: str = "contiguous",
+                   describe: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
+        """A `view_kind` view of a larger base buffer (its padding holds PAD_BYTE), and its descriptor.
+        `describe=False` on CUDA: no IPC descriptor (the caller sends one of a view of it). Every CUDA
+        descriptor made must reach the worker: torch counts each one as a reference the worker will
+        let go of, and frees the buffer only then (an unsent one pinned it for the rest of the run)."""
         shape = tuple(int(d) for d in shape)
         offset, strides, base_numel = view_layout(shape, view_kind)
         view = {"storage_offset": offset, "shape": list(shape), "stride": list(strides)}
         if self.device.type == "cuda":
             base = torch.empty(base_numel, dtype=dtype, device=self.device)
-            desc = cuda_descriptor(base)
+            desc = cuda_descriptor(base) if describe else {"kind": "cuda_ipc"}
         else:
             nbytes = base_numel * torch.empty((), dtype=dtype).element_size()
             fd = _sealed_memfd(nbytes)
