@@ -18,7 +18,7 @@ itself from the scores z it is a softmax of (the operation's input rows), each r
 two passes over the row first, so the judging reads z (2 bytes in bf16) and the gradient, nothing else at
 full size.
 
-Identity with the torch path (docs/checks.md, "Fused comparison on CUDA (opt-in)"):
+Identity with the torch path (docs/checks.md, "Fused comparison on CUDA (the default there)"):
 - element allowances are computed with the torch path's operations in its order, in float64, with
   the per-row terms made on the host by the torch path's own code (`element_base`), float constants handed over as
   float64 tensors (a Python float argument would reach the kernel as float32) and the compiler's

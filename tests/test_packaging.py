@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import zipfile
 from pathlib import Path
@@ -155,13 +156,19 @@ def test_installed_wheel_checks_implementations_in_another_repository(wheel, tmp
 
 
 def _make_venv(venv: Path) -> None:
-    """A fresh venv that sees the base interpreter's packages (torch: the wheel is installed --no-deps).
-    Without ensurepip where the venv's python already finds a pip through --system-site-packages (the
-    base's own): ensurepip's install of pip into the venv was 5-7 s of this test's ~28 s, and which copy
-    of pip installs the wheel into the venv is not what the test is about. Where the base has no pip,
-    ensurepip runs as before."""
+    """A fresh venv that sees the packages of the environment running the tests (torch, rich, ...: the
+    wheel is installed --no-deps). `--system-site-packages` alone gives the base interpreter's packages,
+    not a venv's: CI runs the suite in a venv, and on a machine whose base Python has none of them the
+    installed CLI could not import rich. So the running environment's site-packages are added by a .pth
+    file (a plain path: .pth files inside it, the editable install of this checkout among them, are not
+    read, so the package still comes from the wheel). Without ensurepip where the venv's python already
+    finds a pip that way: ensurepip's install of pip into the venv was 5-7 s of this test's ~28 s, and
+    which copy of pip installs the wheel into the venv is not what the test is about."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
                    timeout=120)
+    running = list(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
+    site_packages = next((venv / "lib").glob("python*/site-packages"))
+    (site_packages / "running-environment.pth").write_text("".join(p + "\n" for p in running))
     python = str(venv / "bin" / "python")
     if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0:
         subprocess.run([python, "-m", "ensurepip", "--default-pip"], check=True, capture_output=True, timeout=300)

@@ -204,3 +204,21 @@ def test_the_committed_page_shows_the_seed_member_once_with_triton_first_where_i
                 assert first["implementation"] == "triton", (workload, protocol, first)
             else:  # its records name an older folder: no cell, and the page says why
                 assert all(r["implementation"] != "triton" for r in rows)
+
+
+def test_plot_ids_depend_on_what_is_drawn_not_on_numpy_s_float_repr():
+    """matplotlib hashes a clip rectangle's repr into its id (numpy 2 writes np.float64(...)): CI's numpy
+    moved and the committed page's ids with it. Ids are renamed by order of first appearance under a
+    prefix of the figure, so two figures of one page never share one."""
+    from grpo_conform.report.plot import _stable_ids
+
+    def svg(clip, mark):
+        return (f'<svg><defs><clipPath id="{clip}"><rect/></clipPath><path id="{mark}" d="M0 0"/></defs>'
+                f'<g clip-path="url(#{clip})"><use xlink:href="#{mark}"/><use xlink:href="#{mark}"/></g>'
+                f'<g style="fill: #1f77b4"/></svg>')
+
+    one, two = svg("p2435a5c03b", "m0123456789"), svg("pcbacb085a0", "mabcdef0123")
+    assert one != two and _stable_ids(one, "a") == _stable_ids(two, "a")
+    out = _stable_ids(one, "a")
+    assert "p2435a5c03b" not in out and "#1f77b4" in out and out.count('url(#') == 1
+    assert set(re.findall(r'id="([^"]+)"', out)).isdisjoint(re.findall(r'id="([^"]+)"', _stable_ids(one, "b")))

@@ -8,6 +8,7 @@ kept as text (svg.fonttype none) so the page stays small and searchable.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 
@@ -96,4 +97,27 @@ def scaling_svg(section: Section, protocol: str) -> str | None:
             plt.close(fig)
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]  # inline: drop the XML prolog and doctype
-    return re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    return _stable_ids(svg, f"{section.spec_identity[:12]}-{section.member or ''}-{section.gpu}-{protocol}")
+
+
+_HASHED_ID = re.compile(r"\b([mp])([0-9a-f]{10})\b")
+
+
+def _stable_ids(svg: str, figure: str) -> str:
+    """matplotlib names clip paths and markers by a hash of their content's repr, which changes with
+    numpy's float repr (numpy 2 writes np.float64(...)): the same plot got other ids from one numpy to the
+    next. Each becomes the figure's prefix and its order of first appearance, so the page depends on
+    what is drawn, and ids stay unique across the figures of one page (an SVG inlined in HTML shares
+    the document's ids)."""
+    prefix = "f" + hashlib.sha256(figure.encode()).hexdigest()[:8]
+    names: dict[str, str] = {}
+
+    def rename(m: re.Match) -> str:
+        key = m.group(0)
+        if key not in names:
+            names[key] = f"{prefix}{m.group(1)}{len(names)}"
+        return names[key]
+
+    return re.sub(r'(id="|#)([mp][0-9a-f]{10})(?=["\)])', lambda m: m.group(1) + rename(_HASHED_ID.fullmatch(m.group(2))),
+                  svg)
