@@ -238,6 +238,10 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
                     result = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
                 results.append(result)
+                held = memory_stop(result.draws, f"{name} {mp.label} {w.name}")
+                if held and not stop.reason:
+                    stop.reason = held
+                    say(name, mp.label, w.name, held)
                 hung = next((o for o in result.outcomes if o.status == "timeout"), None)
                 bad = sorted({o.check for o in result.outcomes if o.failed})
                 broke = internal_error(result)
@@ -359,6 +363,25 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
         draws["cuda_allocated_after"] = _release_cuda(ctx.device)
     return WorkloadResult(w.name, resolved.axes, dict(resolved.dtypes), ctx.device.type, tuple(seeds), kept,
                           tuple(timings), draws)
+
+
+#: GPU memory grpo-conform's own process may still hold after a workload (it should hold next to none:
+#: every buffer of a workload is its own). Past it the run stops (memory_stop).
+LEAK_LIMIT = 4 << 30
+
+
+def memory_stop(draws: dict[str, Any], where: str) -> str | None:
+    """The run's stop reason when this process still holds more than LEAK_LIMIT after a workload. Past
+    that, later workloads run out of memory in the worker, and an honest implementation fails `runs` for
+    memory it never held (round30a on the H200: two members failed that way, docs/timing.md)."""
+    after = draws.get("cuda_allocated_after")
+    if after is None or after <= LEAK_LIMIT:
+        return None
+    held = draws.get("held_after_unbind", []) + draws.get("held_after_unbind_timed", [])
+    why = (f"the worker still held {', '.join(held[:6])} after they were unbound" if held else
+           "a leak of grpo-conform's own")
+    return (f"not run: grpo-conform's process still held {after / 2**30:.1f} GiB of GPU memory after {where} ({why}); "
+            "the rest is not run, so that no verdict blames an implementation for memory it never held: please report it")
 
 
 def _release_cuda(device: torch.device) -> int:
