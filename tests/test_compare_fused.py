@@ -24,12 +24,12 @@ from unittest import mock
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton")
 
 from grpo_conform.compare import FUSED_ENV, TOP_K, GradientComparator, json_float  # noqa: E402
 from grpo_conform.formed_rows import FormedRows  # noqa: E402
+from device_reads import DeviceReads  # noqa: E402
 from grpo_conform.spec import GradientTolerance  # noqa: E402
 
 SOURCE = Path(__file__).resolve().parent.parent / "grpo_conform" / "compare_fused.py"
@@ -235,24 +235,6 @@ def test_kept_rows_are_the_rows_that_are_not_last_rows():
                 want = [i for i in range(n) if seq_next is None or (start + i) % seq_next != seq_next - 1]
                 assert kept_rows(start, n, seq_next, "cpu").tolist() == want, (seq_next, start, n)
                 assert last_count(start, n, seq_next) == n - len(want), (seq_next, start, n)
-
-class DeviceReads(TorchDispatchMode):
-    """Counts the operations that make the host wait for a CUDA device: scalar reads (int/float/bool of a
-    tensor), nonzero and indexing by a boolean mask (their sizes depend on the values)."""
-
-    def __init__(self):
-        super().__init__()
-        self.reads = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if name in ("_local_scalar_dense", "nonzero", "is_nonzero", "masked_select"):
-            self.reads.append(func.__name__)
-        elif name in ("index", "index_put", "index_put_") and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ())):
-            self.reads.append(func.__name__ + "[bool]")
-        return func(*args, **(kwargs or {}))
-
 
 def test_a_passing_chunk_is_read_back_once(fused, monkeypatch):
     """The fused path's host side waits for the device once per chunk where nothing fails (one

@@ -12,6 +12,7 @@ from grpo_conform.ops.grpo_logits.reference import (
     reference_gradient_dense,
     reference_loss,
     chunked_gradient,
+    reference_logprobs,
     chunked_loss,
     row_scales,
     rows_per_chunk,
@@ -234,3 +235,23 @@ def test_chunks_without_values_carry_what_forms_them(temperature):
         keep = targets[b.start : b.stop] >= 0
         assert torch.equal(formed[keep], a.values[keep])
         assert (b.row_coef[~keep] == 0).all()
+
+
+def test_chunks_are_cut_without_waiting_for_the_device():
+    """Each chunk's per-row coefficients, scales, bounds and targets are slices of padded [B, S] grids:
+    no scalar read, nonzero or boolean-mask index per chunk (each makes the host wait for the GPU; the
+    boolean-mask version waited ~8 times a chunk). Only the terms, once per call, may read."""
+    from device_reads import DeviceReads
+
+    p = GrpoParameters(0.2, 0.28, 0.8)
+    logits, ids, adv = _inputs(3, 5, 41, seed=9)
+    chunks = chunked_gradient(_x(logits, ids, adv), p, 8 * 4 * 41 * 2, logp_error=torch.full((3, 5), 1e-7,
+                                                                                                 dtype=torch.float64))
+    first = next(chunks)  # the terms are computed as the first chunk is asked for
+    with DeviceReads() as reads:
+        rest = list(chunks)
+    assert len(rest) >= 8 and reads.reads == []
+    assert first.values is not None and all(c.values is not None for c in rest)
+    with DeviceReads() as reads:  # the log-probs of an input set (off-policy members), chunk by chunk
+        logp = reference_logprobs(_x(logits, ids, adv), p, 8 * 4 * 41 * 2)
+    assert reads.reads == [] and logp.shape == (3, 5)

@@ -80,23 +80,10 @@ def chunk_bounds(batch: int, seq_next: int, vocab: int, budget_bytes: int | None
     return [(s, min(s + step, rows)) for s in range(0, rows, step)]
 
 
-def _index(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
-    """(b, t, valid, target) of flattened rows [start, stop): valid = not the last position."""
-    batch, seq_next, vocab = logits.shape
-    seq = seq_next - 1
-    rows = torch.arange(start, stop, device=logits.device)
-    b, t = rows // seq_next, rows % seq_next
-    valid = t < seq
-    target = torch.zeros_like(rows)
-    if seq > 0:
-        target[valid] = ids[b[valid], t[valid]].to(torch.int64)
-    return b, t, valid, target
-
-
-def _rows(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int):
-    batch, seq_next, vocab = logits.shape
-    z = logits.reshape(batch * seq_next, vocab)[start:stop].to(torch.float64)
-    return (z, *_index(logits, ids, start, stop))
+def _per_row(grid: torch.Tensor) -> torch.Tensor:
+    """A [B, S] grid as one value per flattened logits row [B * (S + 1)], 0 on the last positions."""
+    dtype = torch.int64 if not grid.is_floating_point() else torch.float64
+    return torch.nn.functional.pad(grid.to(dtype), (0, 1)).reshape(-1)
 
 
 def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int | None = None) -> torch.Tensor:
@@ -104,14 +91,15 @@ def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_
     logits, ids = x["logits"], x["completion_ids"]
     batch, seq_next, vocab = logits.shape
     seq = seq_next - 1
-    out = torch.zeros(batch, max(seq, 0), dtype=torch.float64, device=logits.device)
+    # every row, the last positions too (their values are dropped at the end: they may be poisoned, and a
+    # NaN stays in its row), so that no boolean-mask index makes the host wait for the device per chunk
+    out = torch.zeros(batch * seq_next, dtype=torch.float64, device=logits.device)
+    flat, targets = logits.reshape(batch * seq_next, vocab), _per_row(ids)
     for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
-        z, b, t, valid, target = _rows(logits, ids, start, stop)
-        if bool(valid.any()):
-            scaled = z[valid] / p.temperature
-            lp = scaled.gather(-1, target[valid].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-            out[b[valid], t[valid]] = lp
-    return out
+        scaled = flat[start:stop].to(torch.float64) / p.temperature
+        out[start:stop] = (scaled.gather(-1, targets[start:stop].unsqueeze(-1)).squeeze(-1)
+                           - torch.logsumexp(scaled, dim=-1))
+    return out.view(batch, seq_next)[:, : max(seq, 0)].contiguous()
 
 
 def _terms(x, p, budget_bytes, logp_error=None, logp=None):
@@ -142,19 +130,18 @@ def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
     if extra:
         coef_err, loss_err = terms.coef_error / p.temperature, terms.loss_error
     flat = logits.reshape(batch * seq_next, vocab)
+    # Per flattened row, by padding each [B, S] grid with a zero column (the last position) and slicing
+    # its rows: no boolean-mask indexing, which makes the host wait for the device (several times a
+    # chunk on the H200, docs/timing.md); the same values as assigning the valid rows one by one.
+    by_row = {name: _per_row(grid) for name, grid in (("coef", coef), ("scale", row_scale), ("ids", ids))}
+    if extra:
+        by_row |= {"coef_err": _per_row(coef_err), "loss_err": _per_row(loss_err)}
+    seq = seq_next - 1
     for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
-        b, t, valid, target = _index(logits, ids, start, stop)
-        scale = torch.zeros(stop - start, dtype=torch.float64, device=logits.device)
-        c = torch.zeros_like(scale)
-        rows = [torch.zeros_like(scale) for _ in range(3)] if extra else None
-        any_valid = bool(valid.any())
-        if any_valid:
-            bv, tv = b[valid], t[valid]
-            c[valid] = coef[bv, tv]
-            scale[valid] = row_scale[bv, tv]
-            if extra:
-                for out, grid in zip(rows, (coef, coef_err, loss_err)):
-                    out[valid] = grid[bv, tv]
+        c, scale, target = (by_row[k][start:stop] for k in ("coef", "scale", "ids"))
+        rows = [by_row[k][start:stop] for k in ("coef", "coef_err", "loss_err")] if extra else None
+        # a chunk of two or more rows holds a row that is not a last position (seq >= 1)
+        any_valid = seq > 0 and (stop - start >= 2 or start % seq_next < seq)
         grad = None
         if form:
             z = flat[start:stop].to(torch.float64)
@@ -162,6 +149,7 @@ def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
             # set to 0 by `where` (they may hold NaN: the last-row probe poisons them): the same values
             # as computing the valid rows alone, without copying them out and back (each copy is a
             # pass over a float64 chunk).
+            valid = torch.arange(start, stop, device=logits.device) % seq_next < seq
             grad = (torch.where(valid.unsqueeze(-1), FormedRows(z, target, c, p.temperature).dense(), 0.0)
                     if any_valid else torch.zeros_like(z))
         yield GradientChunk(start, stop, grad, scale, *(rows or (None, None, None)), row_coef=c)
