@@ -511,16 +511,34 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    fa, fb = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
-    if a.dtype.is_floating_point:
-        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        fa, fb = fa.view(width), fb.view(width)
-    # every slice compared on the device, one read for all (torch.equal per slice waited for the GPU 16
-    # times a batch-8 tensor, for every input after every call: the mutation check)
-    differ = [(fa[i : i + CHUNK_ELEMENTS] != fb[i : i + CHUNK_ELEMENTS]).any() for i in range(0, fa.numel(), CHUNK_ELEMENTS)]
-    return not bool(torch.stack(differ).any()) if differ else True
+    return bitwise_equal_all([(a, b)])[0]
+
+
+def bitwise_equal_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """Whether each pair holds the same bytes (NaN payloads and signed zeros included). Every slice of
+    every pair is compared on its device and the answers come back in one read: torch.equal per 64M-element
+    slice waited for the GPU 16 times a batch-8 tensor, for every input after every call (the mutation
+    check, `InputSlot.changes`)."""
+    flags: list[torch.Tensor | bool] = []
+    for a, b in pairs:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            flags.append(False)
+            continue
+        fa, fb = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
+        if a.dtype.is_floating_point:
+            width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+            fa, fb = fa.view(width), fb.view(width)
+        differ = [(fa[i : i + CHUNK_ELEMENTS] != fb[i : i + CHUNK_ELEMENTS]).any()
+                  for i in range(0, fa.numel(), CHUNK_ELEMENTS)]
+        flags.append(~torch.stack(differ).any() if differ else True)
+    answers: dict[int, bool] = {}
+    by_device: dict[torch.device, list[int]] = {}
+    for i, f in enumerate(flags):
+        if isinstance(f, torch.Tensor):
+            by_device.setdefault(f.device, []).append(i)
+    for where in by_device.values():  # one read per device (a slot's inputs share one)
+        answers |= dict(zip(where, torch.stack([flags[i] for i in where]).tolist()))
+    return [bool(answers[i]) if i in answers else f for i, f in enumerate(flags)]
 
 
 def count_where(t: torch.Tensor, predicate) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grpo_conform.compare import first_difference
+from grpo_conform.compare import bitwise_equal_all, first_difference
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.isolation.sharing import cuda_descriptor
 from grpo_conform.isolation.worker import GRAD_PREFIX
@@ -90,8 +90,10 @@ class InputSlot:
         """Inputs whose bytes differ from the pristine copy, with where and how."""
         found = {}
         with PHASES("input-checks"):
-            for k, v in self.tensors.items():
-                diff = first_difference(v, self.pristine[k])
+            names = list(self.tensors)
+            same = bitwise_equal_all([(self.tensors[k], self.pristine[k]) for k in names])  # one read for all
+            for k, unchanged in zip(names, same):
+                diff = None if unchanged else first_difference(self.tensors[k], self.pristine[k])
                 if diff is not None:
                     found[k] = diff
         return found
