@@ -439,6 +439,13 @@ d = json.load(open(sys.argv[1]))
 for i in d["implementations"]:
     st = [m["status"] for m in i["members"]]
     print(i["name"], i["status"], {s: st.count(s) for s in set(st)})
+    # grpo-conform's own GPU memory after each workload (the leak round30a found) and storages the worker kept
+    for m in i["members"]:
+        for w in m.get("workloads", []):
+            dr = w.get("draws") or {}
+            held = dr.get("held_after_unbind", []) + dr.get("held_after_unbind_timed", [])
+            if dr.get("cuda_allocated_after", 0) > 1 << 30 or held:
+                print("  memory", m["spec"].get("member"), w.get("workload"), dr.get("cuda_allocated_after"), held[:4])
 print("wall_s", d.get("phases", {}).get("wall_s"))
 PY
     ;;
