@@ -202,8 +202,8 @@ class _Worker:
 
             refs = [(f"{name}.{key}", StorageWeakRef(t.untyped_storage())) for name, key, t in gone]
         del gone
-        held = []
-        if refs:
+        held = [label for label, ref in refs if not ref.expired()]
+        if held:  # a full collection only when something is still alive (~0.1 s with torch loaded)
             gc.collect()
             held = [label for label, ref in refs if not ref.expired()]
         self.send(status="ok", held=held)
