@@ -152,6 +152,18 @@ class GradientComparator:
             expected = expected.dense()
         self._update_torch(start, actual, expected, scale, floor, target, logp, model)
 
+    def update_many(self, chunks: list[tuple]) -> None:
+        """`update` for each chunk (tuples of its positional arguments, in row order). On the fused path
+        every chunk's kernel is queued before any result is read, and all come back in one read
+        (`compare_fused.update_fused_many`); the torch path takes them one by one."""
+        if chunks and fused_comparison(chunks[0][1]):
+            from grpo_conform.compare_fused import update_fused_many  # imports triton: only when asked for
+
+            update_fused_many(self, chunks, top_k=TOP_K)
+            return
+        for chunk in chunks:
+            self.update(*chunk)
+
     def _update_torch(self, start: int, actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor,
                       floor: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
                       logp: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -254,21 +254,63 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
     are kept, is index arithmetic on host integers, whether the log-prob term applies is decided on the
     device, and every count and sum comes back in one `.tolist()`. What stays conditional on that read
     is the rare work: offenders, rows to sum again, a last row that is not zero."""
+    update_fused_many(cmp, [(start, actual, expected, scale, floor, target, logp, model)], top_k=top_k, block=block)
+
+
+def update_fused_many(cmp, chunks, *, top_k: int, block: int | None = None) -> None:
+    """`update_fused` for several chunks (tuples of its positional arguments, in row order): every
+    chunk's kernel is queued first and all their results come back in one read, then each chunk is
+    settled in order, as one call per chunk would (the GPU is not left idle while the host handles a
+    chunk). Each chunk's tensors are held until then: chunks with formed reference values (FormedRows)
+    hold views only."""
+    pending = [_launch(cmp, *chunk, block=block) for chunk in chunks]
+    vectors = [p.parts for p in pending if p.parts is not None]
+    if not vectors:
+        return
+    got = torch.cat(vectors).tolist()  # the one wait for the device
+    at = 0
+    for p in pending:
+        if p.parts is not None:
+            _settle(cmp, p, got[at : at + p.parts.numel()], top_k)
+            at += p.parts.numel()
+
+
+@dataclasses.dataclass
+class _Pending:
+    """One chunk whose kernel is queued: what `_settle` needs once its results are read."""
+
+    args: tuple  # (start, actual, expected, scale, floor, target, logp, model)
+    idx: torch.Tensor
+    n_keep: int
+    s: torch.Tensor | None = None
+    fl: torch.Tensor | None = None
+    lp: tuple | None = None
+    md: torch.Tensor | None = None
+    fout: torch.Tensor | None = None
+    iout: torch.Tensor | None = None
+    again: torch.Tensor | None = None
+    last: torch.Tensor | None = None
+    parts: torch.Tensor | None = None  # everything the comparator adds, one float64 vector
+
+
+def _launch(cmp, start, actual, expected, scale, floor=None, target=None, logp=None, model=None, *,
+            block: int | None = None) -> _Pending:
     f64 = torch.float64
     n, width = actual.shape
     dev = actual.device
     n_last = last_count(start, n, cmp.seq_next)
-    last = None
+    p = _Pending((start, actual, expected, scale, floor, target, logp, model), kept_rows(start, n, cmp.seq_next, dev),
+                 n - n_last)
     if n_last:  # 1/seq_next of the rows: counted here, handed to the torch path's code only when not zero
         # their indices by arithmetic: a boolean mask index would count its True entries on the host
-        last = torch.arange(n_last, device=dev) * cmp.seq_next + _first_last(start, cmp.seq_next)
-    idx = kept_rows(start, n, cmp.seq_next, dev)
-    n_keep = n - n_last
-    tgt = lp = md = fl = s = absolute = None
-    if n_keep:
-        s = scale.to(f64)[idx]
-        fl = None if floor is None else floor.to(f64)[idx]
-        absolute, base = cmp.element_base(s, fl)  # the torch path's per-row terms, its own code
+        p.last = torch.arange(n_last, device=dev) * cmp.seq_next + _first_last(start, cmp.seq_next)
+    parts = []  # everything the comparator adds, in one float64 vector (counts are exact below 2^53)
+    if p.n_keep:
+        idx = p.idx
+        p.s = scale.to(f64)[idx]
+        p.fl = None if floor is None else floor.to(f64)[idx]
+        absolute, base = cmp.element_base(p.s, p.fl)  # the torch path's per-row terms, its own code
+        tgt = None
         if target is not None:
             cols = target[0][idx]
             tbase = torch.maximum(base, target[1].to(f64)[idx])
@@ -276,56 +318,59 @@ def update_fused(cmp, start: int, actual: torch.Tensor, expected: torch.Tensor, 
         on = None
         if logp is not None:
             coef, moved = logp[0].to(f64)[idx], logp[1].to(f64)[idx]
-            lp = (coef, moved)
+            p.lp = (coef, moved)
             on = (moved > 0).any()  # as the torch path: no log-prob term unless a row moves
-        md = None if model is None else model.to(f64)[idx]
-        fout, iout = row_stats(actual, expected, idx, base, cmp.tol.element_rtol, cmp.slack, tgt, lp, md, block,
-                               logp_on=on)
-    # everything the comparator adds, in one float64 vector (counts are exact below 2^53)
-    parts = []
-    if n_keep:
-        parts += [iout[:, :3].to(torch.int64).sum(dim=0).to(f64), fout[:, :3].sum(dim=0),
-                  (absolute * absolute).sum().reshape(1), fout[:, 3].max().reshape(1)]
-        if md is not None:
-            parts.append((md * md).sum().reshape(1))
-        again = None
+        p.md = None if model is None else model.to(f64)[idx]
+        p.fout, p.iout = row_stats(actual, expected, idx, base, cmp.tol.element_rtol, cmp.slack, tgt, p.lp, p.md,
+                                   block, logp_on=on)
+        parts += [p.iout[:, :3].to(torch.int64).sum(dim=0).to(f64), p.fout[:, :3].sum(dim=0),
+                  (absolute * absolute).sum().reshape(1), p.fout[:, 3].max().reshape(1)]
+        if p.md is not None:
+            parts.append((p.md * p.md).sum().reshape(1))
         if cmp.row_sums:
-            allowed = cmp.row_sum_allowed(s, fl, width)
-            margin = ROW_SUM_ROUNDING * width * fout[:, 5]  # how far two float64 sums of the row may differ
-            again = ~((fout[:, 4].abs() + margin) < allowed)  # True for NaN/Inf sums and allowances
-            parts.append(again.sum().to(f64).reshape(1))
-    if last is not None:
-        parts.append((actual.index_select(0, last) != 0).sum().to(f64).reshape(1))  # NaN != 0 counts too
-    if not parts:
-        return
-    got = torch.cat(parts).tolist()  # the one wait for the device
-    if n_keep:
+            allowed = cmp.row_sum_allowed(p.s, p.fl, width)
+            margin = ROW_SUM_ROUNDING * width * p.fout[:, 5]  # how far two float64 sums of the row may differ
+            p.again = ~((p.fout[:, 4].abs() + margin) < allowed)  # True for NaN/Inf sums and allowances
+            parts.append(p.again.sum().to(f64).reshape(1))
+    if p.last is not None:
+        parts.append((actual.index_select(0, p.last) != 0).sum().to(f64).reshape(1))  # NaN != 0 counts too
+    p.parts = torch.cat(parts) if parts else None
+    return p
+
+
+def _settle(cmp, p: _Pending, got: list[float], top_k: int) -> None:
+    """Adds one chunk's read results to the comparator; the rare work (offenders, rows to sum again, a
+    last row that is not zero) by the torch path's own code."""
+    f64 = torch.float64
+    start, actual, expected, scale, floor, target, logp, model = p.args
+    width = actual.shape[1]
+    if p.n_keep:
         counts, sums, atol_sum, max_ref = got[0:3], got[3:6], got[6], got[7]
         k = 8
-        cmp.elements += n_keep * width
+        cmp.elements += p.n_keep * width
         cmp.mismatches += int(counts[0])
         cmp.nan += int(counts[1])
         cmp.inf += int(counts[2])
         cmp.diff_sq += sums[0]
         cmp.ref_sq += sums[1]
         cmp.atol_sq += atol_sum * width
-        if lp is not None:
+        if p.lp is not None:
             cmp.logp_sq += sums[2]  # 0.0 where no row moves: the torch path adds nothing then
-        if md is not None:
+        if p.md is not None:
             cmp.model_sq += got[k] * width  # width equal terms per row
             k += 1
         cmp.max_abs_ref = max(cmp.max_abs_ref, max_ref)
         if counts[0]:
-            _worst_rows(cmp, start, idx, fout[:, 6], iout[:, 0], actual, expected, scale, floor, target, logp,
+            _worst_rows(cmp, start, p.idx, p.fout[:, 6], p.iout[:, 0], actual, expected, scale, floor, target, logp,
                         model, top_k)
-        if again is not None:
+        if p.again is not None:
             if got[k]:
-                r_again = torch.nonzero(again).squeeze(1)
-                r = idx[r_again]
-                cmp._row_sums(start + r, actual[r].to(f64), s[r_again], None if fl is None else fl[r_again])
+                r_again = torch.nonzero(p.again).squeeze(1)
+                r = p.idx[r_again]
+                cmp._row_sums(start + r, actual[r].to(f64), p.s[r_again], None if p.fl is None else p.fl[r_again])
             k += 1
-    if last is not None and got[-1]:
-        cmp._last_rows(start + last, actual[last].to(f64))  # the torch path's code: it counts them itself
+    if p.last is not None and got[-1]:
+        cmp._last_rows(start + p.last, actual[p.last].to(f64))  # the torch path's code: it counts them itself
 
 
 def _worst_rows(cmp, start, idx, worst, bad, actual, expected, scale, floor, target, logp, model, top_k) -> None:

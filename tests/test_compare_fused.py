@@ -443,3 +443,52 @@ def test_row_sums_near_the_allowance_are_summed_again(fused, monkeypatch):
     assert differences(*run_both(fused, chunks, seq_next=None)) == []
     monkeypatch.setattr(fused, "ROW_SUM_ROUNDING", -math.inf)
     assert "row_sum_failures" in differences(*run_both(fused, chunks, seq_next=None))
+
+
+def test_chunks_queued_together_settle_as_one_by_one(fused, monkeypatch):
+    """`update_fused_many` (the judge's path on CUDA: every chunk's kernel queued, one read for all) leaves
+    the comparator exactly as one `update_fused` per chunk does, offenders, row sums and last rows
+    included, and reads the device once."""
+    parts = [(3, chunk(7, 13, 131, bad=(math.nan,), formed=(torch.bfloat16, 0.7))),
+             (16, chunk(8, 11, 131, formed=(torch.bfloat16, 0.7))), (27, chunk(9, 5, 131, noise=1e-7, miss=False))]
+    one, many = (GradientComparator(TOL, 5, 131) for _ in range(2))
+    args = [(start, c["actual"], c.get("formed", c["expected"]), c["scale"], c.get("floor"), c.get("target"),
+             c.get("logp"), c.get("model")) for start, c in parts]
+    tolist, reads = torch.Tensor.tolist, []
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.numel()) or tolist(self))
+    for a in args:
+        fused.update_fused(one, *a, top_k=TOP_K, block=BLOCK)
+    one_by_one, reads[:] = list(reads), []
+    fused.update_fused_many(many, args, top_k=TOP_K, block=BLOCK)
+    # the three chunks' result vectors in one read, not three; the failing chunks' rare paths read as before
+    assert len(reads) == len(one_by_one) - 2 and differences(one, many) == []
+    assert one.mismatches > 0 and one.nan == 1 and one.last_rows_nonzero > 0 and one.row_sum_failures > 0
+
+
+def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch):
+    """The logits judge as CUDA runs it (reference chunks without values, FormedRows queued for the fused
+    comparison, one read per judged call), here with the interpreted kernel on the CPU: an honest member
+    passes loss and gradient, and a kernel that ignores the mask (gallery mask-ignored) and one that drops
+    the advantage sign (sign-dropped) still fail gradient."""
+    from conftest import GALLERY, ROOT
+    from grpo_conform import compare
+    from grpo_conform.check import CheckRequest, run_check
+    from grpo_conform.ops.grpo_logits import judge
+
+    queued = []
+    many = compare.GradientComparator.update_many
+    monkeypatch.setattr(compare, "fused_comparison", lambda actual: True)
+    monkeypatch.setattr(judge, "fused_comparison", lambda actual: True)
+    monkeypatch.setattr(compare.GradientComparator, "update_many",
+                        lambda self, chunks: queued.append(len(chunks)) or many(self, chunks))
+
+    def gradient(path, member, workload):
+        report = run_check(CheckRequest((str(path),), device="cpu", members=(member,), workloads=(workload,),
+                                        checks=("loss", "gradient"), jobs=1))
+        return {o.check: o.status for w in report.implementations[0].members[0].workloads for o in w.outcomes}
+
+    honest = gradient(ROOT / "implementations" / "pytorch", "token-offpolicy-mask", "mask-fp32")
+    assert honest["loss"] == honest["gradient"] == "pass"
+    assert queued and all(n >= 1 for n in queued)  # the formed path judged them
+    assert gradient(GALLERY / "mask-ignored", "token-offpolicy-mask", "mask-fp32")["gradient"] == "fail"
+    assert gradient(GALLERY / "sign-dropped", "token-is", "small-bf16")["gradient"] == "fail"

@@ -73,6 +73,7 @@ class RowJudge:
         # The fused comparison forms the reference values itself from the logits (FormedRows): no float64
         # chunk is materialised (docs/checks.md, "Fused comparison")
         formed = fused_comparison(flat)
+        queued: list[tuple] = []
         with PHASES("reference"):  # the chunks are computed lazily: their float64 work counts in `reference`
             chunks = iter(chunked_gradient(x, run.model.params, logp_error=self.logp_error(x), logp=run._logp(x),
                                            form=not formed))
@@ -91,11 +92,13 @@ class RowJudge:
             if chunk.coef_error is not None:  # rows with a ratio: its fp32 log-prob error moves the whole row
                 logp = (chunk.coef * c, chunk.coef_error * abs(c))
                 loss_logp += chunk.loss_error.sum().to(torch.float64)
-            if formed:
+            if formed:  # views and per-row vectors only: held until every chunk's kernel is queued
                 expected = FormedRows(z[chunk.start : chunk.stop], tc, chunk.row_coef if c == 1.0 else chunk.row_coef * c, T)
+                queued.append((chunk.start, flat[chunk.start : chunk.stop], expected, scale, floor, target, logp))
             else:
                 expected = chunk.values if c == 1.0 else chunk.values * c  # x * 1.0 is x: one float64 pass less
-            cmp.update(chunk.start, flat[chunk.start : chunk.stop], expected, scale, floor, target, logp)
+                cmp.update(chunk.start, flat[chunk.start : chunk.stop], expected, scale, floor, target, logp)
+        cmp.update_many(queued)  # one read of the device for all of them (formed: the fused comparison)
         floor_sum, logp_sum = torch.stack([loss_floor, loss_logp]).tolist()
         return compare_loss(loss, ref_loss, run.tol.loss, max(floor_sum, logp_sum)), cmp
 
