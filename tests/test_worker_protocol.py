@@ -260,3 +260,22 @@ def test_a_view_slot_sends_one_descriptor_per_buffer(monkeypatch):
                                           {"logits": torch.bfloat16, "ids": torch.long}, random.Random(1))
     assert flags == [False, False] and len(made) == 2  # one descriptor each: the views'
     assert set(session.bound) == {"logits", "ids"} and slot.tensors["logits"].shape == (2, 3, 5)
+
+
+def test_a_plain_call_is_two_round_trips(monkeypatch):
+    """forward, then backward and export in one request (a worker request costs ~10 ms on the H200's host):
+    the plain calls of the gradient probes send no `export` of their own, and their verdicts stand."""
+    from grpo_conform.check import CheckRequest, run_check
+
+    ops = []
+    request = WorkerSession.request
+    monkeypatch.setattr(WorkerSession, "request",
+                        lambda self, timeout=None, **msg: ops.append((msg.get("op"), "export" in msg)) or
+                        request(self, timeout, **msg))
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu", members=("token-is",),
+                                    workloads=("small-bf16",), checks=("gradient",), jobs=1))
+    outcomes = {o.check: o.status for w in report.implementations[0].members[0].workloads for o in w.outcomes}
+    assert outcomes["gradient"] == "pass"
+    forwards = sum(1 for op, _ in ops if op == "forward")
+    assert forwards >= 3 and ("export", False) not in ops
+    assert sum(1 for op, merged in ops if op == "backward" and merged) == forwards

@@ -103,14 +103,15 @@ class ForwardReply(Ok):
     loss: Optional[Described]
 
 
-class BackwardReply(Ok):
-    skipped: Annotated[dict[ShortText, LongText], Field(max_length=64)] = {}
-
-
 class ExportReport(_Strict):
     loss: Optional[Described]
     grads: Annotated[dict[ShortText, Optional[Described]], Field(max_length=16)]  # by differentiable input
     storage: Annotated[dict[ShortText, Optional[StorageRange]], Field(max_length=64)]  # inputs, loss, "grad:<name>"
+
+
+class BackwardReply(Ok):
+    skipped: Annotated[dict[ShortText, LongText], Field(max_length=64)] = {}
+    report: Optional[ExportReport] = None  # with `export`: that call's export report
 
 
 class ExportReply(Ok):

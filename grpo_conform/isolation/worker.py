@@ -253,7 +253,9 @@ class _Worker:
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
-                    poison: str | None = None, retain: bool = False) -> None:
+                    poison: str | None = None, retain: bool = False, export: dict | None = None) -> None:
+        """`export` ({call, outputs, keep}): that call exported right after, in the same round trip (the
+        parent's plain call: forward, then backward and export; an error of the export says phase export)."""
         import torch  # lazily, as op_load
 
         skipped: dict[str, str] = {}
@@ -295,9 +297,20 @@ class _Worker:
                 self.calls[name]["grads"][key] = g
             for name in names:
                 self.calls[name]["retained"] = retain  # a second backward through this graph follows
-        self.send(status="ok", skipped=skipped)
+        reply: dict[str, Any] = {"status": "ok", "skipped": skipped}
+        if export is not None:
+            try:
+                reply["report"] = self._export(str(export["call"]), str(export["outputs"]), bool(export["keep"]))
+            except _CallError:
+                raise
+            except Exception as exc:  # as the dispatcher reports an export op's own error
+                raise _CallError(_error_info(exc, self.folder, phase="export")) from None
+        self.send(**reply)
 
     def op_export(self, call: str, outputs: str, keep: bool = True) -> None:
+        self.send(status="ok", report=self._export(call, outputs, keep))
+
+    def _export(self, call: str, outputs: str, keep: bool) -> dict[str, Any]:
         entry = self.calls[call]
         loss, grads = entry["loss"], entry["grads"]
         shared = self.slots[entry["inputs"]]
@@ -316,7 +329,7 @@ class _Worker:
                 entry.pop("backprop", None)
         else:
             del self.calls[call]
-        self.send(status="ok", report=report)
+        return report
 
     @staticmethod
     def _model_slices(leaves: dict, args: dict) -> list[str]:
