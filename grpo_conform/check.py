@@ -415,7 +415,7 @@ def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunCont
     except WorkerFailure as failure:
         return [], timing_failure_outcomes(failure)
     finally:
-        if getattr(timing, "held", None):  # the timed sets' storages the worker still holds (worker.op_unbind)
+        if timing.held:  # the timed sets' storages the worker still holds (worker.op_unbind)
             draws["held_after_unbind_timed"] = timing.held
 
 

@@ -229,7 +229,7 @@ def test_unbind_collects_garbage_and_names_storages_still_held():
     w.op_unbind(slots=["P"])
     assert replies[-1] == {"status": "ok", "held": ["P.ids"]}
     assert set(w.slots) == {"Q"} and kept is not None
-    w.op_unbind(slot="Q")
+    w.op_unbind(slots=["Q"])
     assert replies[-1]["held"] == []
     assert messages.REPLIES["unbind"].model_validate(replies[-1])  # the parent's strict model accepts it
 

@@ -73,6 +73,7 @@ class WorkloadTiming:
         self.rng = random.Random(secrets.randbits(64))
         self.op = operation_for(spec)
         self.device = session.device
+        self.held: list[str] = []  # the timed sets' storages the worker still held once unbound (worker.op_unbind)
 
     def _count_mask(self, slot: InputSlot) -> None:
         counted = self.op.work_counts(slot.tensors)  # the operation's counts of the values (a mask's rows)

@@ -188,14 +188,13 @@ class _Worker:
                 os.close(fd)
         self.send(status="ok")
 
-    def op_unbind(self, slot: str | None = None, slots: list[str] | None = None) -> None:
+    def op_unbind(self, slots: list[str]) -> None:
         """Forget input or output slots. CUDA buffers belong to the parent (CUDA IPC): it can free one
         only after every process that opened it has let go of its storage, so a storage kept alive here
         (cyclic garbage of a call's graph, a reference the implementation kept) pins the parent's memory
         for the rest of the run. Garbage is collected here, and the reply names every slot tensor whose
         storage is still alive (`held`): the parent records it (docs/timing.md, round30a)."""
-        names = ([slot] if slot is not None else []) + list(slots or [])
-        gone = [(name, key, t) for name in names for key, t in (self.slots.pop(name, None) or {}).items()]
+        gone = [(name, key, t) for name in slots for key, t in (self.slots.pop(name, None) or {}).items()]
         refs = []
         if self.device == "cuda":
             from torch.multiprocessing.reductions import StorageWeakRef  # lazily, as op_load

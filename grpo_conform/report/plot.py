@@ -101,7 +101,7 @@ def scaling_svg(section: Section, protocol: str) -> str | None:
     return _stable_ids(svg, f"{section.spec_identity[:12]}-{section.member or ''}-{section.gpu}-{protocol}")
 
 
-_HASHED_ID = re.compile(r"\b([mp])([0-9a-f]{10})\b")
+_HASHED_ID = re.compile(r'(id="|#)([mp])([0-9a-f]{10})(?=["\)])')  # a definition or a reference to it
 
 
 def _stable_ids(svg: str, figure: str) -> str:
@@ -114,10 +114,9 @@ def _stable_ids(svg: str, figure: str) -> str:
     names: dict[str, str] = {}
 
     def rename(m: re.Match) -> str:
-        key = m.group(0)
+        key = m.group(2) + m.group(3)
         if key not in names:
-            names[key] = f"{prefix}{m.group(1)}{len(names)}"
-        return names[key]
+            names[key] = f"{prefix}{m.group(2)}{len(names)}"
+        return m.group(1) + names[key]
 
-    return re.sub(r'(id="|#)([mp][0-9a-f]{10})(?=["\)])', lambda m: m.group(1) + rename(_HASHED_ID.fullmatch(m.group(2))),
-                  svg)
+    return _HASHED_ID.sub(rename, svg)
