@@ -1,0 +1,41 @@
+"""Summarise a `check --profile-phases --format json` report: member verdicts, seconds per member,
+the validator's own GPU memory after each workload (the leak round30a found) and storages the worker kept.
+
+    python3 benchmarks/phase_summary.py report.json[.gz]
+"""
+import gzip
+import json
+import sys
+from collections import defaultdict
+
+
+def load(path: str) -> dict:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        return json.load(handle)
+
+
+def main(path: str) -> None:
+    report = load(path)
+    phases = report.get("phases", {})
+    per_member: dict[str, float] = defaultdict(float)
+    for key, seconds in phases.get("workloads_s", {}).items():
+        _, member, _ = key.split(" ")
+        per_member[member] += seconds
+    for impl in report["implementations"]:
+        statuses = [m["status"] for m in impl["members"]]
+        print(impl["name"], impl["status"], {s: statuses.count(s) for s in sorted(set(statuses))})
+        for m in impl["members"]:
+            name = m["spec"].get("member")
+            print(f"  {name:34s} {m['status']:11s} {per_member.get(name, 0.0):6.1f} s")
+            for w in m.get("workloads", []):
+                draws = w.get("draws") or {}
+                held = draws.get("held_after_unbind", []) + draws.get("held_after_unbind_timed", [])
+                if draws.get("cuda_allocated_after", 0) > 1 << 30 or held:
+                    print("    memory", w.get("workload"), draws.get("cuda_allocated_after"), held[:4])
+    print("wall_s", phases.get("wall_s"), "counts", phases.get("counts"))
+    print("probes_s", {k: round(v, 1) for k, v in list(phases.get("probes_s", {}).items())[:10]})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
