@@ -15,10 +15,19 @@ IPC), `inputs` (input sets generated, written and their pristine copies made), `
 reference and the comparison with it), `input-checks` (inputs compared with their pristine copies,
 fingerprints of kept outputs), `timing` (the timed protocols' parent side), `scan` (the static source
 scan). Anything else the parent does is `other`.
+
+Two opt-in environment switches, for finding where a phase's time goes (they change what is measured:
+never on for a timed record's run):
+- `GRPO_CONFORM_PHASE_OPS=1`: the worker phase is split by the request's op (`worker:forward`,
+  `worker:bind`, ...);
+- `GRPO_CONFORM_PHASE_SYNC=1`: on CUDA, the parent waits for its queued GPU work at every phase
+  boundary, so that work is counted in the phase that queued it instead of the next phase that reads
+  a value (the host-side waits then show where they come from; the run is slower).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -29,6 +38,8 @@ class PhaseClock:
         self.reset()
 
     def reset(self) -> None:
+        self.split_ops = os.environ.get("GRPO_CONFORM_PHASE_OPS") == "1"
+        self._sync = _device_sync() if os.environ.get("GRPO_CONFORM_PHASE_SYNC") == "1" else None
         self.exclusive: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.probes: dict[str, float] = {}
@@ -38,6 +49,8 @@ class PhaseClock:
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
+        if self._sync is not None:
+            self._sync()
         now = time.perf_counter()
         if self._stack:  # pause the enclosing phase
             outer = self._stack[-1]
@@ -47,11 +60,17 @@ class PhaseClock:
         try:
             yield
         finally:
+            if self._sync is not None:
+                self._sync()
             end = time.perf_counter()
             inner = self._stack.pop()
             self.exclusive[name] = self.exclusive.get(name, 0.0) + end - inner[1]
             if self._stack:
                 self._stack[-1][1] = end  # the enclosing phase resumes
+
+    def worker_phase(self, op: str) -> str:
+        """The phase a worker request counts in: `worker`, or `worker:<op>` under GRPO_CONFORM_PHASE_OPS."""
+        return f"worker:{op}" if self.split_ops else "worker"
 
     def tally(self, name: str) -> None:
         """Count an event that takes no time of its own (a reused reference, a reused judgment)."""
@@ -73,6 +92,18 @@ class PhaseClock:
         return {"wall_s": round(wall, 3), "exclusive_s": exclusive, "counts": dict(self.counts),
                 "probes_s": {k: round(v, 3) for k, v in sorted(self.probes.items(), key=lambda kv: -kv[1])},
                 "workloads_s": {k: round(v, 3) for k, v in self.workloads.items()}}
+
+
+def _device_sync():
+    """torch.cuda.synchronize when CUDA is initialised in this process, else nothing (a CPU run or
+    a run that has not touched the GPU yet must not initialise CUDA for a profile)."""
+    def sync() -> None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    return sync
 
 
 #: The process's clock: one check run at a time per process (slots are processes of their own).

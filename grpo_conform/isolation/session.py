@@ -479,7 +479,7 @@ class WorkerSession:
 
     def request(self, timeout: float | None = None, **msg: Any) -> dict[str, Any]:
         # docs/timing.md, "Validator time"; the load is inside the caller's `worker-start`
-        with (contextlib.nullcontext() if self._loading else PHASES("worker")):
+        with (contextlib.nullcontext() if self._loading else PHASES(PHASES.worker_phase(str(msg.get("op", "?"))))):
             self._send(msg)
             return self.receive(timeout, op=msg.get("op", "?"))
 
@@ -492,6 +492,6 @@ class WorkerSession:
                 counter = d.get("ref_counter") if d.get("kind") == "cuda_ipc" else None
                 if isinstance(counter, str) and "/" not in counter[1:] and os.path.exists("/dev/shm" + counter):
                     os.chown("/dev/shm" + counter, self.identity.uid, self.identity.gid)
-        with PHASES("worker"):
+        with PHASES(PHASES.worker_phase("bind")):
             self._send({"op": "bind", "slot": slot, "tensors": tensors, "nfds": len(fds)}, fds)
             self.receive(op="bind")
