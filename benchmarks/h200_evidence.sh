@@ -459,6 +459,18 @@ PY
     grep -E "^  (judge|worker|reference|inputs|input-checks|timing|other|worker-start) " "$R/triton-default.log"
     python3 benchmarks/phase_summary.py "$R/triton-default.json"
     ;;
+  round31c)  # round31a after two host waits went (the comparison's constants made once; kept outputs' checksum in one
+              # Triton pass): the CUDA tests of both, then the same default check
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider tests/test_checksum.py tests/test_compare_fused.py > "$R/cuda-tests.txt" 2>&1
+    status "checksum + compare_fused tests (CUDA): exit $?"; tail -2 "$R/cuda-tests.txt"
+    start=$SECONDS
+    timeout -s KILL 470 python3 -m grpo_conform check implementations/triton --no-evidence --profile-phases \
+      --deadline 430 --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
+    status "triton default check (--deadline 430): exit $?, $((SECONDS - start)) s wall"
+    grep -E "^  (judge|worker|reference|inputs|input-checks|timing|other|worker-start) " "$R/triton-default.log"
+    python3 benchmarks/phase_summary.py "$R/triton-default.json"
+    ;;
   round21b)  # 2 of 3 (~400 s estimated: 121 + 162 + 117)
     check_one triton-fused 520 --member token-offpolicy-mask-kl --member token-offpolicy-mask-kl-ref-weight \
       --member bnpo-mask --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --profile-phases

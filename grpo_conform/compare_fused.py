@@ -207,7 +207,7 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
                                                                         target[1].contiguous())
     coef, moved = (dummy, dummy) if logp is None else (logp[0].contiguous(), logp[1].contiguous())
     den = coef.abs().clamp_min(1e-300)  # as the torch path clamps |coef|
-    consts = torch.tensor([rtol, slack, formed.temperature if formed is not None else 1.0], **f64)
+    consts = _constants((rtol, slack, formed.temperature if formed is not None else 1.0), dev)
     on = torch.ones(1, dtype=torch.int32, device=dev) if logp_on is None else logp_on.to(torch.int32).reshape(1)
     fcoef, fcol = (dummy, dummy.to(torch.int32)) if formed is None else (
         formed.coef.to(torch.float64)[keep].contiguous(), formed.target[keep].to(torch.int32).contiguous())
@@ -217,6 +217,22 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
                         HAS_TARGET=target is not None, HAS_LOGP=logp is not None, HAS_MODEL=model is not None,
                         FORMED=formed is not None, BLOCK=block or BLOCK, **launch_options())
     return fout, iout
+
+
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _constants(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """The kernel's float64 constants as a device tensor, made once per value and device: torch.tensor(...,
+    device=cuda) copies from pageable host memory and waits for the stream, which made the host wait for the
+    GPU at every chunk (763 of a mask-b8 workload's waits on the H200, round31b's profile)."""
+    key = (values, str(device))
+    found = _CONSTANTS.get(key)
+    if found is None:
+        if len(_CONSTANTS) > 256:  # tolerances and temperatures of one run: a handful; bound it anyway
+            _CONSTANTS.clear()
+        found = _CONSTANTS[key] = torch.tensor(values, dtype=torch.float64, device=device)
+    return found
 
 
 def _first_last(start: int, seq_next: int) -> int:

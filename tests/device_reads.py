@@ -9,7 +9,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 class DeviceReads(TorchDispatchMode):
     """Counts the operations that make the host wait for a CUDA device: scalar reads (int/float/bool of a
-    tensor), nonzero and indexing by a boolean mask (their sizes depend on the values)."""
+    tensor), nonzero and indexing by a boolean mask (their sizes depend on the values), and tensors made
+    from host data (`torch.tensor(...)`, "lift_fresh": with device=cuda a copy from pageable memory,
+    which waits for the stream)."""
 
     def __init__(self):
         super().__init__()
@@ -17,7 +19,7 @@ class DeviceReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
-        if name in ("_local_scalar_dense", "nonzero", "is_nonzero", "masked_select"):
+        if name in ("_local_scalar_dense", "nonzero", "is_nonzero", "masked_select", "lift_fresh"):
             self.reads.append(func.__name__)
         elif name in ("index", "index_put", "index_put_") and any(
                 isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ())):

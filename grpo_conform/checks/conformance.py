@@ -20,7 +20,6 @@ are recorded in `draws`; the worker never sees a seed.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,6 +33,7 @@ from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, ov
 from grpo_conform.checks.reference_cache import ReferenceCache
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.checks.units import judge_units
+from grpo_conform.checksum import keyed_checksum
 from grpo_conform.dtypes import dtype_name, torch_dtype
 from grpo_conform.compare import GradientComparisons, LossComparison
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
@@ -122,7 +122,7 @@ class Call:
 @dataclass
 class Kept:
     label: str
-    fingerprint: tuple[float, float]
+    fingerprint: tuple[int, int]  # (the loss's float64 bits, the gradients' keyed checksum)
 
 
 @dataclass
@@ -508,27 +508,16 @@ class WorkloadConformance:
             return model.loss
         return self.rows.loss_floor(x)
 
-    def fingerprint(self, out: OutputSlot) -> tuple[float, float]:
+    def fingerprint(self, out: OutputSlot) -> tuple[int, int]:
         """A keyed checksum of the loss and the gradients' bytes, the gradients in the spec's order
         as one byte string (the key never leaves the parent)."""
         with PHASES("input-checks"):
             return self._fingerprint(out)
 
-    def _fingerprint(self, out: OutputSlot) -> tuple[float, float]:
-        k1, k2 = self._key
-        # the slices' sums added on the device in slice order, read once with the loss (a read per slice
-        # made the host wait for the GPU 32 times a 2 GB gradient): the same float64 additions as before
-        total = torch.zeros((), dtype=torch.float64, device=out.loss.device)
-        offset = 0
-        for g in self.spec.gradients:
-            raw = out.grads[g.input].contiguous().view(-1).view(torch.uint8)
-            step = 1 << (26 if raw.is_cuda else 24)  # bytes a slice: 32 slices, not 128, for a 2 GB gradient on a GPU
-            for start in range(0, raw.numel(), step):
-                part = raw[start : start + step].to(torch.float64)
-                idx = torch.arange(offset + start, offset + start + part.numel(), device=part.device,
-                                   dtype=torch.float64)
-                weights = torch.remainder(idx * k1 + k2, 65521.0) + 1.0
-                total += (part * weights).sum().to(total.device)
-            offset += raw.numel()
-        loss, total = torch.stack([out.loss[0].to(torch.float64).to(total.device), total]).tolist()
-        return (loss if not math.isnan(loss) else -1e300, total)
+    def _fingerprint(self, out: OutputSlot) -> tuple[int, int]:
+        # (the loss's float64 bits, a keyed int64 sum of the gradients' bytes in the spec's order:
+        # grpo_conform.checksum), read together: one wait for the device. Bits, so a NaN loss equals itself.
+        total = keyed_checksum([out.grads[g.input] for g in self.spec.gradients], *self._key)
+        bits = out.loss[0].to(torch.float64).reshape(1).view(torch.int64)
+        loss_bits, total = torch.cat([bits, total.to(bits.device).reshape(1)]).tolist()
+        return (loss_bits, total)
