@@ -449,13 +449,13 @@ for i in d["implementations"]:
 print("wall_s", d.get("phases", {}).get("wall_s"))
 PY
     ;;
-  round31a)  # eleventh session: round30a's default check with room to finish (--deadline 540): whether the leak
+  round31a)  # eleventh session: round30a's default check with room to finish (--deadline $DEADLINE, default 540): whether the leak
               # fixes hold to the twentieth member, and the host-wait cuts' effect on every phase; per-member seconds
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     start=$SECONDS
-    timeout -s KILL 585 python3 -m grpo_conform check implementations/triton --no-evidence --profile-phases \
-      --deadline 540 --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
-    status "triton default check (--deadline 540): exit $?, $((SECONDS - start)) s wall"
+    timeout -s KILL $((${DEADLINE:-540} + 45)) python3 -m grpo_conform check implementations/triton --no-evidence \
+      --profile-phases --deadline ${DEADLINE:-540} --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
+    status "triton default check (--deadline ${DEADLINE:-540}): exit $?, $((SECONDS - start)) s wall"
     grep -E "^  (judge|worker|reference|inputs|input-checks|timing|other|worker-start) " "$R/triton-default.log"
     python3 benchmarks/phase_summary.py "$R/triton-default.json"
     ;;

@@ -2,8 +2,9 @@
 (`WorkloadConformance.fingerprint`, the `no-output-reuse` check).
 
 checksum = sum over every byte b at position i (the tensors' bytes one after another) of
-b * (((i * k1 + k2) mod 65521) + 1), in int64. With k1, k2 < 2^31 and fewer than 2^32 bytes nothing
-overflows: the sum is exact, so the same bytes give the same integer in any order of summation, on the
+b * (((i * k1 + k2) mod 65521) + 1), in int64, computed as ((i mod 65521) * k1 + k2) mod 65521 so that
+no product passes 2^47 (k1, k2 < 2^31). Each term is below 2^24, so with fewer than 2^39 bytes the sum
+is exact, so the same bytes give the same integer in any order of summation, on the
 CPU (torch, in slices) and on CUDA (one Triton pass). Every weight is 1..65521, never 0: any one changed
 byte changes the sum; a change that keeps it needs the key, which never leaves the parent.
 
@@ -24,8 +25,8 @@ BLOCK = 4096
 def _check_key(k1: int, k2: int, nbytes: int) -> None:
     if not (0 < k1 < 2**31 and 0 <= k2 < 2**31):
         raise ValueError(f"checksum key ({k1}, {k2}): expected 0 < k1 < 2^31 and 0 <= k2 < 2^31")
-    if nbytes >= 2**32:
-        raise ValueError(f"checksum of {nbytes} bytes: at most 2^32 - 1 (the int64 sum would not be exact)")
+    if nbytes >= 2**39:
+        raise ValueError(f"checksum of {nbytes} bytes: at most 2^39 - 1 (the int64 sum would not be exact)")
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -53,7 +54,7 @@ def torch_sum(raw: torch.Tensor, offset: int, k1: int, k2: int) -> torch.Tensor:
     for start in range(0, raw.numel(), _CPU_SLICE):
         part = raw[start : start + _CPU_SLICE].to(torch.int64)
         pos = torch.arange(offset + start, offset + start + part.numel(), dtype=torch.int64, device=raw.device)
-        total += (part * (torch.remainder(pos * k1 + k2, MODULUS) + 1)).sum()
+        total += (part * (torch.remainder(torch.remainder(pos, MODULUS) * k1 + k2, MODULUS) + 1)).sum()
     return total
 
 

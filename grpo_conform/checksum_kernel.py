@@ -17,7 +17,7 @@ def _block_sums_kernel(raw_ptr, n, offset, k1, k2, out_ptr, MOD: tl.constexpr, B
     inside = local < n
     b = tl.load(raw_ptr + local, mask=inside, other=0).to(tl.int64)
     pos = local + offset
-    weight = (pos * k1 + k2) % MOD + 1  # non-negative operands: the remainder is torch's
+    weight = ((pos % MOD) * k1 + k2) % MOD + 1  # non-negative operands: the remainder is torch's
     tl.store(out_ptr + pid, tl.sum(b * weight, axis=0))
 
 

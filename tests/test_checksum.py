@@ -52,6 +52,13 @@ def test_one_changed_byte_changes_it(monkeypatch, where):
     assert int(keyed_checksum(ts, *KEY)) != before
 
 
+def test_positions_past_four_gigabytes_do_not_overflow():
+    """A gradient of 17 x 1025 x 128256 bf16 has 4.5e9 bytes (CUDA run round31c: the first version refused it)."""
+    raw = torch.arange(64, dtype=torch.uint8)
+    for offset in (2**32 - 7, 5 * 2**32 + 3, 2**39 - 64):
+        assert int(torch_sum(raw, offset, *KEY)) == python_sum(bytes(range(64)), offset, *KEY)
+
+
 def test_a_key_out_of_range_is_refused():
     with pytest.raises(ValueError, match="k1"):
         keyed_checksum([torch.zeros(3)], 0, 5)
@@ -73,7 +80,8 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_the_interpreted_kernel_gives_the_torch_path_s_integer():
     pytest.importorskip("triton")
-    cases = [(1, 0, 16), (100, 7, 16), (4096, 0, 4096), (5000, 3_000_000_000, 1024), (4097, 2**31 + 5, 64)]
+    cases = [(1, 0, 16), (100, 7, 16), (4096, 0, 4096), (5000, 3_000_000_000, 1024), (4097, 2**31 + 5, 64),
+             (300, 2**38, 128)]  # positions past 2^32: a 17 x 1025 x 128256 bf16 gradient has 4.5e9 bytes
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", INTERPRETED, json.dumps(cases)], env=env, capture_output=True, text=True,
                           timeout=300, cwd=ROOT)

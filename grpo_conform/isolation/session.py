@@ -59,7 +59,8 @@ LOAD_TIMEOUT_MIN = 30.0
 _ALLOWED = re.compile(
     r"^(PATH|HOME|USER|LOGNAME|LANG|LC_[A-Z]+|TMPDIR|TZ|LD_LIBRARY_PATH|VIRTUAL_ENV|CONDA_PREFIX|"
     r"CUDA_[A-Z_]+|NVIDIA_[A-Z_]+|TRITON_[A-Z_]+|TORCH_[A-Z_]+|TORCHINDUCTOR_[A-Z_]+|PYTORCH_[A-Z_]+|"
-    r"NCCL_[A-Z_]+|NVSHMEM_[A-Z_]+|XDG_CACHE_HOME|CC|CXX|OMP_NUM_THREADS|MKL_[A-Z_]+|SSL_CERT_FILE)$"
+    r"NCCL_[A-Z_]+|NVSHMEM_[A-Z_]+|XDG_CACHE_HOME|CC|CXX|OMP_NUM_THREADS|MKL_[A-Z_]+|SSL_CERT_FILE|"
+    r"GRPO_CONFORM_WORKER_PROFILE)$"  # the last: a profiling switch (worker.PROFILE_ENV), a directory name
 )
 _SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|SEED", re.IGNORECASE)
 #: Cache locations pointed into the worker's private home when it runs as another user: the

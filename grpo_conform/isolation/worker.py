@@ -43,6 +43,7 @@ def spin_cycles_for(enqueue_ns: int) -> int:
     return int(min(MAX_SPIN_CYCLES, max(PRE_SPIN_CYCLES, enqueue_ns * SPIN_CYCLES_PER_NS)))
 
 
+PROFILE_ENV = "GRPO_CONFORM_WORKER_PROFILE"
 GRAD_PREFIX = "grad:"  # an output slot's buffer for the gradient of input `name` is "grad:<name>"
 
 
@@ -629,14 +630,33 @@ def run(fd: int, malloc: bool) -> None:
     harden_worker(malloc)
     sock = socket.socket(fileno=fd)
     worker = _Worker(Connection(os.dup(fd)), sock)
+    profile = _profiler()
     try:
         worker.serve()
     except (EOFError, ConnectionError):
         pass
     finally:
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(os.path.join(os.environ[PROFILE_ENV], f"worker-{os.getpid()}.prof"))
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: an implementation's threads must not hang the exit
+
+
+def _profiler():
+    """`GRPO_CONFORM_WORKER_PROFILE=DIR` (the validator's own switch, for finding where a worker round
+    trip's time goes; never for a record): the worker runs under cProfile and writes
+    DIR/worker-PID.prof when it leaves. DIR must be writable by the worker's user and not under /tmp or
+    another world-writable place the worker gets a private, empty copy of (isolation/namespaces.py)."""
+    folder = os.environ.get(PROFILE_ENV)
+    if not folder:
+        return None
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
 
 
 def main() -> None:
