@@ -12,6 +12,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # already fills the cores (xdist -n 2): its checks run serially unless a test asks for slots (the
 # subprocesses it starts inherit this). tests/test_gate.py tests auto itself.
 os.environ.setdefault("GRPO_CONFORM_JOBS", "1")
+# The workers' compile-cache stores (grpo_conform/isolation/compile_cache.py) of this test run: in a
+# directory of its own, not the user's ~/.cache (xdist's workers inherit it from the controller).
+if "GRPO_CONFORM_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["GRPO_CONFORM_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo-conform-test-cache-")
 pytest_plugins = ["cpu_time"]  # --cpu-durations=N (tests/cpu_time.py)
 
 

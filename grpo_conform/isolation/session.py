@@ -45,7 +45,7 @@ import torch
 import grpo_conform
 from grpo_conform.errors import EnvironmentProblem, GrpoConformError
 from grpo_conform.implementations import Implementation, ManifestError
-from grpo_conform.isolation import messages, namespaces, privilege, sandbox as sandboxes, uids, zygote
+from grpo_conform.isolation import compile_cache, messages, namespaces, privilege, sandbox as sandboxes, uids, zygote
 from grpo_conform.isolation.reaper import LIVE, LOCK, end_tree, register_helper, unregister_helper  # noqa: F401
 from grpo_conform.isolation.start import SPAWN_ARGV, Start as _Start
 from grpo_conform.isolation.output_tail import OutputTail
@@ -177,6 +177,8 @@ class WorkerSession:
     _loading: bool = False
     _started_at: float = 0.0
     _isolation: dict[str, Any] = field(default_factory=dict)  # namespaces.describe's block
+    _cache_store: Path | None = None  # this implementation's compile cache store (compile_cache.py)
+    _cache_info: dict[str, Any] | None = None  # what the report says of it (info["compile_cache"])
 
     def __post_init__(self) -> None:
         self.allocator = SharedAllocator(self.device)
@@ -214,6 +216,21 @@ class WorkerSession:
                 os.chown(p, self.identity.uid, self.identity.gid)
         return self.directory, src, home
 
+    def _seed_compile_cache(self, home: Path, drops: bool) -> None:
+        """The worker's compile caches from this implementation's store (isolation/compile_cache.py); what
+        the record says about it: `compile_cache` {"reused_files": N} or {"off": why}."""
+        try:
+            self._cache_store = compile_cache.store_for(self.impl.identity, self.device.type)
+            if self._cache_store is None:
+                self._cache_info = {"off": f"{compile_cache.ENV_SWITCH}=0"}
+                return
+            reused = compile_cache.seed(self._cache_store, home, self.identity.uid if drops else None,
+                                        self.identity.gid if drops else None)
+            self._cache_info = {"reused_files": reused}
+        except OSError as exc:
+            self._cache_store = None
+            self._cache_info = {"off": f"the store could not be used: {exc.strerror or exc}"}
+
     def start(self) -> None:
         # Before anything is created: a sandbox that cannot start raises SandboxUnavailable (never
         # a worker run without the sandbox that was asked for).
@@ -223,6 +240,8 @@ class WorkerSession:
             LIVE[id(self)] = self
         root, src, home = self._prepare_tree()
         drops = self.identity.drops
+        if drops or self.sandboxed:  # a private HOME: its compile caches start from this implementation's store
+            self._seed_compile_cache(home, drops)
         # Under the sandbox the file system is read-only but for the scratch tree, so the worker's
         # HOME and caches are its private ones also when it keeps the validator's user (CUDA).
         env = worker_environment(self.device.type, self.interpret, home if drops or self.sandboxed else None,
@@ -287,6 +306,8 @@ class WorkerSession:
         self.info["user"] = self.identity.to_json()
         self.info["isolation"] = self._isolation  # the same dict: close() adds what the fallback removed
         self.info["sandbox"] = sandbox_info
+        if self._cache_info is not None:
+            self.info["compile_cache"] = self._cache_info
         self.info["privileges"] = (privilege.observed_privileges(self.worker_pid) if self.worker_pid is not None
                                    else {"error": "the sandboxed worker process was not found"})
 
@@ -306,15 +327,21 @@ class WorkerSession:
         return privilege.mount_plan(self.identity) if self.identity.drops else []
 
     def close(self, graceful: bool = True) -> None:
+        left_normally = False
         if graceful and self.proc is not None and self.proc.poll() is None and self.conn is not None:
             try:
                 self._send({"op": "exit"})
-                self.proc.wait(timeout=10)
+                left_normally = self.proc.wait(timeout=10) == 0
             except (OSError, subprocess.TimeoutExpired, WorkerFailure):
                 pass
         self._kill()
         if self.proc is not None:  # every process of the worker has ended: sweep what it left outside
             namespaces.clean_up(self._isolation, self.identity, self._started_at)
+        if left_normally and self._cache_store is not None and self.directory is not None:
+            try:  # after every process of the worker has ended: nothing under HOME changes any more
+                compile_cache.harvest(self.directory / "home", self._cache_store)
+            except OSError:
+                pass  # a full disk or a removed store costs the next run its compile time, nothing else
         if self.identity.drawn:
             uids.release(self.identity.uid)
         for c in (self.conn, self._sock, self._log):

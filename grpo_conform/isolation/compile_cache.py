@@ -1,0 +1,148 @@
+"""The worker's compile caches (Triton's, TorchInductor's), kept between runs for one implementation.
+
+Why: a worker that runs as another user gets a private, empty HOME per session, caches included
+(session._PRIVATE_CACHES), so every run compiled every kernel of the implementation again. On the H200
+that was most of a worker round trip's time at each member's first calls (docs/timing.md, "Eleventh
+session"): a mask-b8 workload's worker was busy ~10 s, mostly in Triton's compiler, while the kernels
+themselves ran for well under a second.
+
+How: the validator keeps one store per implementation identity (the folder's file listing with its
+hashes), torch and triton version and device type, under GRPO_CONFORM_CACHE_DIR (default
+$XDG_CACHE_HOME/grpo-conform or ~/.cache/grpo-conform), readable by the validator's user only. At a
+worker's start the store is copied into its private HOME (owned by the worker's user); when the worker
+has left normally, the files it added are copied back (regular files only, no links, bounded in size
+and count; a file already in the store is never replaced).
+
+What an implementation can do with it: only its own identity's store is ever read, so one implementation
+cannot plant compiled code that another loads (the reason the caches are private). An implementation
+can leave files for its own next run, which its own code could then act on; its next run is judged in
+full like any run, so nothing it leaves can make a wrong result pass, and every report says whether the
+worker started with reused files (`worker.compile_cache`). GRPO_CONFORM_WORKER_CACHE=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+ENV_SWITCH = "GRPO_CONFORM_WORKER_CACHE"
+ENV_DIR = "GRPO_CONFORM_CACHE_DIR"
+CACHES = (".triton", ".inductor")  # under the worker's HOME (session._PRIVATE_CACHES)
+MAX_FILE_BYTES = 256 << 20
+MAX_STORE_BYTES = 2 << 30
+MAX_FILES = 20_000
+
+
+class _NotRegular(Exception):
+    pass
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip() != "0"
+
+
+def base_dir() -> Path:
+    explicit = os.environ.get(ENV_DIR, "").strip()
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "grpo-conform"
+
+
+def store_key(identity: str, device_type: str) -> str:
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    text = "\n".join([identity, torch.__version__, triton_version, device_type])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def store_for(identity: str, device_type: str) -> Path | None:
+    """The store's directory (made 0700 when missing), or None when the cache is off."""
+    if not enabled():
+        return None
+    store = base_dir() / "worker-compile" / store_key(identity, device_type)
+    store.mkdir(parents=True, exist_ok=True)
+    for p in (store.parent.parent, store.parent, store):
+        if p.stat().st_uid == os.getuid():
+            p.chmod(0o700)
+    return store
+
+
+def _files(root: Path) -> list[Path]:
+    """Regular files under root, never following a link (a link is left out, as is what it points into)."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode):
+                out.append(path)
+    return out
+
+
+def seed(store: Path, home: Path, uid: int | None, gid: int | None) -> int:
+    """Copy the store into the worker's HOME; the copies belong to the worker's user. Returns the number
+    of files copied."""
+    count = 0
+    for cache in CACHES:
+        source = store / cache
+        if not source.is_dir():
+            continue
+        for path in _files(source):
+            target = home / cache / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            count += 1
+        if uid is not None:
+            for dirpath, _, filenames in os.walk(home / cache):
+                os.chown(dirpath, uid, gid)
+                for name in filenames:
+                    os.chown(os.path.join(dirpath, name), uid, gid)
+    return count
+
+
+def harvest(home: Path, store: Path) -> int:
+    """Copy the files the worker added under its caches into the store (never replacing one there), within
+    MAX_FILE_BYTES a file, MAX_STORE_BYTES and MAX_FILES a store. Returns the number of files added."""
+    have = _files(store)
+    total, count, added = sum(p.stat().st_size for p in have), len(have), 0
+    for cache in CACHES:
+        source = home / cache
+        if not source.is_dir() or source.is_symlink():
+            continue
+        for path in _files(source):
+            size = path.lstat().st_size
+            target = store / cache / path.relative_to(source)
+            if target.exists() or size > MAX_FILE_BYTES or total + size > MAX_STORE_BYTES or count >= MAX_FILES:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:  # harvest runs once every process of the worker has ended; no link is followed all the same
+                src_fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
+            try:
+                with os.fdopen(src_fd, "rb") as src, os.fdopen(fd, "wb") as out:
+                    if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+                        raise _NotRegular
+                    shutil.copyfileobj(src, out)
+                os.replace(tmp, target)
+            except _NotRegular:
+                Path(tmp).unlink(missing_ok=True)
+                continue
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            total, count, added = total + size, count + 1, added + 1
+    return added

@@ -1,0 +1,99 @@
+"""The workers' compile caches kept per implementation between runs (grpo_conform/isolation/compile_cache.py):
+what a worker leaves in its Triton cache reaches the next worker of the same implementation and no other;
+links, oversized files and files already stored are never taken; the switch turns it off."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_conform.implementations import load_implementation
+from grpo_conform.isolation import compile_cache
+from grpo_conform.isolation.session import WorkerSession
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WRITER = '''
+import os
+
+# at import: what a JIT compiler does at a kernel's first call
+_folder = os.path.join(os.environ["TRITON_CACHE_DIR"], "ab12")
+os.makedirs(_folder, exist_ok=True)
+with open(os.path.join(_folder, "kernel.cubin"), "w") as _f:
+    _f.write("compiled")
+
+
+def grpo_loss(logits, **kw):
+    return logits.float().sum() * 0.0
+'''
+
+
+def _impl(tmp_path: Path, name: str, extra: str = "") -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "impl.py").write_text(WRITER + extra)
+    (folder / "implementation.toml").write_text(
+        f'name = "{name}"\nspec = "grpo"\nmembers = ["token-is"]\nentry = "impl:grpo_loss"\n'
+        'language = "torch"\nlicense = "MIT"\ndevices = ["cpu"]\ndescription = "writes into its Triton cache"\n')
+    return folder
+
+
+def _run_once(folder: Path) -> dict:
+    impl = load_implementation(folder)
+    with WorkerSession(impl, {}, torch.device("cpu"), 60.0, interpret=True) as session:
+        info = dict(session.info)
+        session.request(op="drop")
+    return info
+
+
+def test_the_store_reaches_the_next_worker_of_the_same_implementation_only(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    if os.getuid() != 0:
+        pytest.skip("workers keep the validator's user (not root): no private HOME, its own caches are used")
+    a = _impl(tmp_path, "writer-a")
+    first = _run_once(a)
+    assert first["compile_cache"] == {"reused_files": 0}
+    stores = list((tmp_path / "cache" / "worker-compile").iterdir())
+    assert len(stores) == 1 and (stores[0] / ".triton" / "ab12" / "kernel.cubin").read_text() == "compiled"
+    assert _run_once(a)["compile_cache"] == {"reused_files": 1}
+    b = _impl(tmp_path, "writer-b", extra="\n# another folder, another identity\n")
+    assert _run_once(b)["compile_cache"] == {"reused_files": 0}
+    monkeypatch.setenv(compile_cache.ENV_SWITCH, "0")
+    assert "off" in _run_once(a)["compile_cache"]
+
+
+def test_harvest_takes_regular_files_only_and_never_replaces(tmp_path, monkeypatch):
+    home, store = tmp_path / "home", tmp_path / "store"
+    (home / ".triton" / "k").mkdir(parents=True)
+    (home / ".triton" / "k" / "a.cubin").write_bytes(b"new")
+    (home / ".triton" / "k" / "big.bin").write_bytes(b"x" * 64)
+    secret = tmp_path / "signing-key.pem"
+    secret.write_text("PRIVATE")
+    (home / ".triton" / "k" / "key.pem").symlink_to(secret)
+    (home / ".triton" / "linked").symlink_to(tmp_path, target_is_directory=True)
+    (store / ".triton" / "k").mkdir(parents=True)
+    (store / ".triton" / "k" / "a.cubin").write_bytes(b"old")
+    monkeypatch.setattr(compile_cache, "MAX_FILE_BYTES", 32)
+    assert compile_cache.harvest(home, store) == 0
+    assert (store / ".triton" / "k" / "a.cubin").read_bytes() == b"old"
+    assert sorted(p.name for p in (store / ".triton").rglob("*")) == ["a.cubin", "k"]
+    monkeypatch.setattr(compile_cache, "MAX_FILE_BYTES", 1 << 20)
+    assert compile_cache.harvest(home, store) == 1  # big.bin now; never the link's target
+    assert not any("PRIVATE" in p.read_text() for p in store.rglob("*") if p.is_file())
+
+
+def test_seed_copies_the_store_and_a_missing_store_seeds_nothing(tmp_path):
+    store, home = tmp_path / "store", tmp_path / "home"
+    assert compile_cache.seed(store, home, None, None) == 0
+    (store / ".inductor" / "x").mkdir(parents=True)
+    (store / ".inductor" / "x" / "graph.py").write_text("code")
+    assert compile_cache.seed(store, home, None, None) == 1
+    assert (home / ".inductor" / "x" / "graph.py").read_text() == "code"
+
+
+def test_the_key_depends_on_identity_and_device():
+    keys = {compile_cache.store_key(i, d) for i in ("a" * 64, "b" * 64) for d in ("cpu", "cuda")}
+    assert len(keys) == 4
