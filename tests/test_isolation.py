@@ -123,6 +123,18 @@ def test_a_dropped_worker_gets_a_private_home_and_caches(monkeypatch, tmp_path):
     assert env["OMP_NUM_THREADS"] == "1"
 
 
+def test_a_worker_that_keeps_the_validator_s_user_still_gets_private_caches(monkeypatch, tmp_path):
+    """On CUDA the worker keeps the validator's user (only it can open the parent's buffers): its HOME is
+    the validator's, but no cache is one another implementation's worker wrote (the H200 runs: /root/.triton
+    was every implementation's before)."""
+    monkeypatch.setenv("HOME", "/home/validator")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/home/validator/.triton")
+    env = worker_environment("cuda", interpret=False, caches=tmp_path)
+    assert env["HOME"] == "/home/validator"
+    for key in ("TRITON_CACHE_DIR", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "TMPDIR"):
+        assert Path(env[key]).parent == tmp_path, key
+
+
 @pytest.mark.slow
 def test_the_worker_process_sees_no_secret(tmp_path, monkeypatch):
     for k, v in {**SECRETS, **KEPT}.items():

@@ -63,9 +63,10 @@ _ALLOWED = re.compile(
     r"GRPO_CONFORM_WORKER_PROFILE)$"  # the last: a profiling switch (worker.PROFILE_ENV), a directory name
 )
 _SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|SEED", re.IGNORECASE)
-#: Cache locations pointed into the worker's private home when it runs as another user: the
-#: validator's own caches are not writable by it, and a shared cache would let one implementation
-#: plant compiled code that another (or the next run) loads.
+#: Cache locations pointed into the worker's scratch home, whatever user it runs as: the validator's
+#: own caches are not writable by another user, and a shared cache would let one implementation plant
+#: compiled code that another loads. Each starts from the implementation's own store and what the
+#: worker adds goes back there (isolation/compile_cache.py).
 _PRIVATE_CACHES = {"XDG_CACHE_HOME": ".cache", "TRITON_CACHE_DIR": ".triton", "TORCHINDUCTOR_CACHE_DIR": ".inductor",
                    "TORCH_HOME": ".torch", "TMPDIR": "tmp"}
 #: What differs between two workers' environments in one validator: left out of the zygote's (zygote.py).
@@ -108,9 +109,12 @@ class WorkerKilled(EnvironmentProblem):
 
 
 def worker_environment(device: str, interpret: bool, home: Path | None = None,
-                       user: str | None = None) -> dict[str, str]:
+                       user: str | None = None, caches: Path | None = None) -> dict[str, str]:
     """The worker's environment. `home`: a private directory that becomes HOME and the root of
-    every cache (when the worker runs as another user)."""
+    every cache (when the worker runs as another user). `caches`: without `home`, the root of every
+    cache all the same (a worker that keeps the validator's user, as on CUDA where only it can open the
+    parent's buffers: it reads no cache that another implementation's worker wrote; its own compiled
+    kernels come back from its store, isolation/compile_cache.py)."""
     env = {k: v for k, v in os.environ.items() if _ALLOWED.match(k) and not _SECRET.search(k)}
     package_root = str(Path(grpo_conform.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in sys.path if p and os.path.isdir(p)])
@@ -118,8 +122,9 @@ def worker_environment(device: str, interpret: bool, home: Path | None = None,
     env["PYTHONUNBUFFERED"] = "1"
     if home is not None:
         env["HOME"] = str(home)
+    if home is not None or caches is not None:
         for key, sub in _PRIVATE_CACHES.items():
-            env[key] = str(home / sub)
+            env[key] = str((home if home is not None else caches) / sub)
     if user is not None:
         env["USER"] = env["LOGNAME"] = user
     # The CPU allocator settings (keep freed heap memory for reuse, so the poison reaches fresh
@@ -240,12 +245,11 @@ class WorkerSession:
             LIVE[id(self)] = self
         root, src, home = self._prepare_tree()
         drops = self.identity.drops
-        if drops or self.sandboxed:  # a private HOME: its compile caches start from this implementation's store
-            self._seed_compile_cache(home, drops)
+        self._seed_compile_cache(home, drops)  # the worker's caches are private: they start from its store
         # Under the sandbox the file system is read-only but for the scratch tree, so the worker's
         # HOME and caches are its private ones also when it keeps the validator's user (CUDA).
         env = worker_environment(self.device.type, self.interpret, home if drops or self.sandboxed else None,
-                                 self.identity.name if drops else None)
+                                 self.identity.name if drops else None, caches=home)
         parent_sock, child_sock = socket.socketpair()
         boot_r, boot_w = os.pipe()
         tracker = os.open(os.devnull, os.O_WRONLY)
