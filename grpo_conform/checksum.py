@@ -61,4 +61,4 @@ def torch_sum(raw: torch.Tensor, offset: int, k1: int, k2: int) -> torch.Tensor:
 def _cuda_sum(raw: torch.Tensor, offset: int, k1: int, k2: int) -> torch.Tensor:
     from grpo_conform.checksum_kernel import block_sums  # Triton only where a GPU (or the interpreter) runs it
 
-    return block_sums(raw, offset, k1, k2, BLOCK).sum()
+    return block_sums(raw, offset, k1, k2, BLOCK, MODULUS).sum()

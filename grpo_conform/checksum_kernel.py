@@ -7,8 +7,6 @@ import torch
 import triton
 import triton.language as tl
 
-from grpo_conform.checksum import MODULUS
-
 
 @triton.jit
 def _block_sums_kernel(raw_ptr, n, offset, k1, k2, out_ptr, MOD: tl.constexpr, BLOCK: tl.constexpr):
@@ -21,10 +19,10 @@ def _block_sums_kernel(raw_ptr, n, offset, k1, k2, out_ptr, MOD: tl.constexpr, B
     tl.store(out_ptr + pid, tl.sum(b * weight, axis=0))
 
 
-def block_sums(raw: torch.Tensor, offset: int, k1: int, k2: int, block: int) -> torch.Tensor:
+def block_sums(raw: torch.Tensor, offset: int, k1: int, k2: int, block: int, modulus: int) -> torch.Tensor:
     """int64 [ceil(n / block)]: the weighted sum of each block of uint8 `raw` (first byte at `offset`)."""
     n = raw.numel()
     out = torch.empty(triton.cdiv(n, block), dtype=torch.int64, device=raw.device)
     # the arithmetic is int64 whatever type Triton gives the int arguments: `local` is int64
-    _block_sums_kernel[(out.numel(),)](raw, n, offset, k1, k2, out, MOD=MODULUS, BLOCK=block)
+    _block_sums_kernel[(out.numel(),)](raw, n, offset, k1, k2, out, MOD=modulus, BLOCK=block)
     return out

@@ -28,6 +28,7 @@ never on for a timed record's run):
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -98,9 +99,7 @@ def _device_sync():
     """torch.cuda.synchronize when CUDA is initialised in this process, else nothing (a CPU run or
     a run that has not touched the GPU yet must not initialise CUDA for a profile)."""
     def sync() -> None:
-        import sys
-
-        torch = sys.modules.get("torch")
+        torch = sys.modules.get("torch")  # never imported here: a run that has not loaded torch has no GPU work
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.synchronize()
     return sync

@@ -72,7 +72,7 @@ from grpo_conform.checksum_kernel import block_sums
 out = []
 for n, offset, block in json.loads(sys.argv[1]):
     raw = torch.arange(n, dtype=torch.int64).mul(2654435761).remainder(256).to(torch.uint8)
-    out.append(int(block_sums(raw, offset, %d, %d, block).sum()))
+    out.append(int(block_sums(raw, offset, %d, %d, block, 65521).sum()))
 print(json.dumps(out))
 """ % KEY
 

@@ -54,10 +54,10 @@ def base_dir() -> Path:
 
 
 def store_key(identity: str, device_type: str) -> str:
-    import torch
+    import torch  # lazily: the session imports this module; torch is loaded by then anyway
 
     try:
-        import triton
+        import triton  # an optional dependency
 
         triton_version = triton.__version__
     except ImportError:

@@ -652,7 +652,7 @@ def _profiler():
     folder = os.environ.get(PROFILE_ENV)
     if not folder:
         return None
-    import cProfile
+    import cProfile  # only with the switch set: nothing more in a worker's modules otherwise
 
     profile = cProfile.Profile()
     profile.enable()
