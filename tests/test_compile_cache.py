@@ -4,6 +4,7 @@ links, oversized files and files already stored are never taken; the switch turn
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,16 @@ def test_seed_copies_the_store_and_a_missing_store_seeds_nothing(tmp_path):
 def test_the_key_depends_on_identity_and_device():
     keys = {compile_cache.store_key(i, d) for i in ("a" * 64, "b" * 64) for d in ("cpu", "cuda")}
     assert len(keys) == 4
+
+
+def test_stores_unused_for_a_month_are_pruned(tmp_path):
+    stores = tmp_path / "worker-compile"
+    old, recent, kept = stores / "old", stores / "recent", stores / "kept"
+    for d in (old, recent, kept):
+        (d / ".triton").mkdir(parents=True)
+    now = 1_000_000_000.0
+    os.utime(old, (now - 31 * 86400, now - 31 * 86400))
+    os.utime(kept, (now - 90 * 86400, now - 90 * 86400))  # the store in use is never removed
+    os.utime(recent, (now - 2 * 86400, now - 2 * 86400))
+    assert compile_cache.prune(stores, keep=kept, now=now) == ["old"]
+    assert sorted(p.name for p in stores.iterdir()) == ["kept", "recent"]

@@ -27,6 +27,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 ENV_SWITCH = "GRPO_CONFORM_WORKER_CACHE"
@@ -35,6 +36,7 @@ CACHES = (".triton", ".inductor")  # under the worker's HOME (session._PRIVATE_C
 MAX_FILE_BYTES = 256 << 20
 MAX_STORE_BYTES = 2 << 30
 MAX_FILES = 20_000
+STALE_DAYS = 30
 
 
 class _NotRegular(Exception):
@@ -75,7 +77,21 @@ def store_for(identity: str, device_type: str) -> Path | None:
     for p in (store.parent.parent, store.parent, store):
         if p.stat().st_uid == os.getuid():
             p.chmod(0o700)
+    os.utime(store)  # last used now: stores of identities nobody checks any more go (prune)
+    prune(store.parent, keep=store)
     return store
+
+
+def prune(stores: Path, keep: Path, now: float | None = None) -> list[str]:
+    """Remove the stores not used for STALE_DAYS (an implementation edited since has a new identity: its
+    old store would only grow the directory). Returns the names removed."""
+    limit = (time.time() if now is None else now) - STALE_DAYS * 86400
+    gone = []
+    for entry in stores.iterdir():
+        if entry != keep and entry.is_dir() and not entry.is_symlink() and entry.stat().st_mtime < limit:
+            shutil.rmtree(entry, ignore_errors=True)
+            gone.append(entry.name)
+    return gone
 
 
 def _files(root: Path) -> list[Path]:
