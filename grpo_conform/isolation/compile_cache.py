@@ -116,6 +116,8 @@ def seed(store: Path, home: Path, uid: int | None, gid: int | None) -> int:
         if not source.is_dir():
             continue
         for path in _files(source):
+            if path.name.startswith(".part-"):  # another validator's harvest still writing it
+                continue
             target = home / cache / path.relative_to(source)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
