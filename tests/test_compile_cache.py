@@ -71,6 +71,7 @@ def test_harvest_takes_regular_files_only_and_never_replaces(tmp_path, monkeypat
     secret = tmp_path / "signing-key.pem"
     secret.write_text("PRIVATE")
     (home / ".triton" / "k" / "key.pem").symlink_to(secret)
+    os.link(secret, home / ".triton" / "k" / "hard.pem")  # a hard link: the same file, another name
     (home / ".triton" / "linked").symlink_to(tmp_path, target_is_directory=True)
     (store / ".triton" / "k").mkdir(parents=True)
     (store / ".triton" / "k" / "a.cubin").write_bytes(b"old")

@@ -10,8 +10,8 @@ How: the validator keeps one store per implementation identity (the folder's fil
 hashes), torch and triton version and device type, under GRPO_CONFORM_CACHE_DIR (default
 $XDG_CACHE_HOME/grpo-conform or ~/.cache/grpo-conform), readable by the validator's user only. At a
 worker's start the store is copied into its private HOME (owned by the worker's user); when the worker
-has left normally, the files it added are copied back (regular files only, no links, bounded in size
-and count; a file already in the store is never replaced).
+has left normally, the files it added are copied back (regular files with one link only: no symbolic
+or hard link; bounded in size and count; a file already in the store is never replaced).
 
 What an implementation can do with it: only its own identity's store is ever read, so one implementation
 cannot plant compiled code that another loads (the reason the caches are private). An implementation
@@ -152,7 +152,9 @@ def harvest(home: Path, store: Path) -> int:
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
             try:
                 with os.fdopen(src_fd, "rb") as src, os.fdopen(fd, "wb") as out:
-                    if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+                    st = os.fstat(src.fileno())
+                    # a hard link may name a file the worker could not read (a key the validator holds)
+                    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                         raise _NotRegular
                     shutil.copyfileobj(src, out)
                 os.replace(tmp, target)
