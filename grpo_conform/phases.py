@@ -16,8 +16,9 @@ reference and the comparison with it), `input-checks` (inputs compared with thei
 fingerprints of kept outputs), `timing` (the timed protocols' parent side), `scan` (the static source
 scan). Anything else the parent does is `other`.
 
-Two opt-in environment switches, for finding where a phase's time goes (they change what is measured:
-never on for a timed record's run):
+Two opt-in environment switches, for finding where a phase's time goes (the second changes the run:
+`check` writes no record under it, provenance.check_environment; nor under the worker's
+GRPO_CONFORM_WORKER_PROFILE):
 - `GRPO_CONFORM_PHASE_OPS=1`: the worker phase is split by the request's op (`worker:forward`,
   `worker:bind`, ...);
 - `GRPO_CONFORM_PHASE_SYNC=1`: on CUDA, the parent waits for its queued GPU work at every phase

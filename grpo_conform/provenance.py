@@ -40,6 +40,10 @@ class ProvenanceError(GrpoConformError):
     """$GRPO_CONFORM_GIT_COMMIT / $GRPO_CONFORM_GIT_DIRTY say something a record cannot carry."""
 
 
+#: The validator's own profiling switches (phases.py, isolation/worker.py): set, they change the run.
+PROFILING_SWITCHES = ("GRPO_CONFORM_PHASE_SYNC", "GRPO_CONFORM_WORKER_PROFILE")
+
+
 def check_environment() -> None:
     """Fail before anything runs when the commit said in the environment could not go into a record
     (an abbreviated hash once cost a whole GPU run: every workload passed, then no record was written)."""
@@ -50,6 +54,10 @@ def check_environment() -> None:
     dirty = os.environ.get(ENV_DIRTY)
     if commit and dirty not in (None, "0", "1"):
         raise ProvenanceError(f"${ENV_DIRTY}={dirty!r}: expected 0 (the tree is the commit) or 1 (it differs)")
+    profiling = [name for name in PROFILING_SWITCHES if os.environ.get(name, "").strip() not in ("", "0")]
+    if profiling:  # a profiled worker or a parent waiting at every phase: not the run a record describes
+        raise ProvenanceError(f"{', '.join(profiling)} set: a profiled run writes no evidence record; "
+                              "add --no-evidence, or unset it")
 
 
 def git_state() -> dict[str, Any]:

@@ -40,3 +40,24 @@ def test_an_abbreviated_commit_is_refused_before_anything_runs(monkeypatch, tmp_
         provenance.check_environment()
     monkeypatch.setenv(provenance.ENV_DIRTY, "1")
     provenance.check_environment()  # a full hash and 0/1: accepted
+
+
+def test_a_profiled_run_writes_no_record(monkeypatch, tmp_path):
+    """The profiling switches change the run (a parent that waits at every phase, a worker under cProfile):
+    `check` refuses to write records under them, before anything runs; with --no-evidence they are fine."""
+    from click.testing import CliRunner
+
+    from grpo_conform.cli import main
+
+    monkeypatch.delenv(provenance.ENV_COMMIT, raising=False)
+    monkeypatch.setenv("GRPO_CONFORM_WORKER_PROFILE", str(tmp_path))
+    started = []
+    monkeypatch.setattr("grpo_conform.check.run_check", lambda *a, **k: started.append(1))
+    result = CliRunner().invoke(main, ["check", "implementations/pytorch", "--evidence-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "GRPO_CONFORM_WORKER_PROFILE" in result.output and not started, result.output
+    monkeypatch.setenv("GRPO_CONFORM_WORKER_PROFILE", "")
+    monkeypatch.setenv("GRPO_CONFORM_PHASE_SYNC", "1")
+    result = CliRunner().invoke(main, ["check", "implementations/pytorch", "--evidence-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "GRPO_CONFORM_PHASE_SYNC" in result.output, result.output
+    monkeypatch.setenv("GRPO_CONFORM_PHASE_SYNC", "0")
+    provenance.check_environment()
