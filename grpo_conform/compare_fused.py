@@ -58,6 +58,7 @@ _F = 8  # float64 results per row: diff_sq, ref_sq, logp_sq, max|e|, sum a, sum 
 # less than 2 n u sum|a|; twice that, for the rounding of sum|a| itself and a margin.
 ROW_SUM_ROUNDING = 4 * 2.0**-53
 _I = 4  # int32 results per row: mismatches, nan, inf, worst column
+RESUM_BYTES = 256 << 20  # float64 bytes of the rows summed again at once by the torch path (`_settle`)
 
 
 @triton.jit
@@ -382,8 +383,11 @@ def _settle(cmp, p: _Pending, got: list[float], top_k: int) -> None:
         if p.again is not None:
             if got[k]:
                 r_again = torch.nonzero(p.again).squeeze(1)
-                r = p.idx[r_again]
-                cmp._row_sums(start + r, actual[r].to(f64), p.s[r_again], None if p.fl is None else p.fl[r_again])
+                per = max(1, RESUM_BYTES // (8 * width))  # a chunk without values can span 2^15 rows
+                for lo in range(0, r_again.numel(), per):
+                    ra = r_again[lo : lo + per]
+                    r = p.idx[ra]
+                    cmp._row_sums(start + r, actual[r].to(f64), p.s[ra], None if p.fl is None else p.fl[ra])
             k += 1
     if p.last is not None and got[-1]:
         cmp._last_rows(start + p.last, actual[p.last].to(f64))  # the torch path's code: it counts them itself

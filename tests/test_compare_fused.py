@@ -466,6 +466,32 @@ def test_chunks_queued_together_settle_as_one_by_one(fused, monkeypatch):
     assert one.mismatches > 0 and one.nan == 1 and one.last_rows_nonzero > 0 and one.row_sum_failures > 0
 
 
+def test_one_large_chunk_settles_as_smaller_chunks_do(fused, monkeypatch):
+    """The judge's chunks without values span up to 2^15 rows (reference.FORMED_CHUNK_ROWS), where the float64
+    budget made 16 chunks of a mask-b8 gradient: one chunk of 24 rows leaves the comparator as three of 8
+    do, and its rows summed again by the torch path (`_settle`, in pieces of RESUM_BYTES) as one piece does."""
+    width, rows = 131, 24
+    c = chunk(11, rows, width, formed=(torch.bfloat16, 0.7))
+    a = c["actual"].to(F64)
+    for r in (6, 12, 17):  # more rows whose sums miss (row 1 already does); none is a last row at seq_next 5
+        a[r] += 3e-3 * c["scale"].to(F64)[r] / width
+    c["actual"] = a.float()
+
+    def args(lo, hi):
+        cut = slice(lo, hi)
+        pair = lambda t: None if t is None else (t[0][cut], t[1][cut])  # noqa: E731
+        return (lo, c["actual"][cut], c["formed"].rows(cut), c["scale"][cut], c["floor"][cut], pair(c["target"]),
+                pair(c["logp"]), None)
+
+    whole, split, pieces = (GradientComparator(TOL, 5, width) for _ in range(3))
+    fused.update_fused_many(whole, [args(0, rows)], top_k=TOP_K, block=BLOCK)
+    fused.update_fused_many(split, [args(0, 8), args(8, 16), args(16, 24)], top_k=TOP_K, block=BLOCK)
+    monkeypatch.setattr(fused, "RESUM_BYTES", 8 * width)  # one row a piece
+    fused.update_fused_many(pieces, [args(0, rows)], top_k=TOP_K, block=BLOCK)
+    assert whole.row_sum_failures >= 4 and whole.mismatches > 0
+    assert differences(split, whole) == [] and differences(whole, pieces) == []
+
+
 def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch):
     """The logits judge as CUDA runs it (reference chunks without values, FormedRows queued for the fused
     comparison, one read per judged call), here with the interpreted kernel on the CPU: an honest member

@@ -228,13 +228,26 @@ def test_chunks_without_values_carry_what_forms_them(temperature):
     targets = targets.view(-1)
     valued = list(chunked_gradient(x, p, 8 * 4 * 97 * 4))
     bare = list(chunked_gradient(x, p, 8 * 4 * 97 * 4, form=False))
-    assert len(bare) == len(valued) > 1
-    for a, b in zip(valued, bare):
-        assert b.values is None and torch.equal(a.scale, b.scale) and torch.equal(a.row_coef, b.row_coef)
-        formed = FormedRows(flat[b.start : b.stop], targets[b.start : b.stop], b.row_coef, temperature).dense()
-        keep = targets[b.start : b.stop] >= 0
-        assert torch.equal(formed[keep], a.values[keep])
-        assert (b.row_coef[~keep] == 0).all()
+    # without values the float64 budget does not cut the rows (reference.FORMED_CHUNK_ROWS a chunk)
+    assert len(valued) > 1 and [(b.start, b.stop) for b in bare] == [(0, 18)]
+    (b,) = bare
+    assert b.values is None
+    assert torch.equal(torch.cat([a.scale for a in valued]), b.scale)
+    assert torch.equal(torch.cat([a.row_coef for a in valued]), b.row_coef)
+    formed = FormedRows(flat, targets, b.row_coef, temperature).dense()
+    keep = targets >= 0
+    assert torch.equal(formed[keep], torch.cat([a.values for a in valued])[keep])
+    assert (b.row_coef[~keep] == 0).all()
+
+
+def test_chunks_without_values_stay_within_their_row_limit(monkeypatch):
+    """A chunk without values spans at most FORMED_CHUNK_ROWS rows, whole sequences."""
+    from grpo_conform.ops.grpo_logits import reference as ref
+
+    monkeypatch.setattr(ref, "FORMED_CHUNK_ROWS", 12)
+    logits, ids, adv = _inputs(3, 5, 97, seed=5)
+    bare = list(ref.chunked_gradient(_x(logits, ids, adv), GrpoParameters(0.2, 0.28, 1.0), form=False))
+    assert [(b.start, b.stop) for b in bare] == [(0, 12), (12, 18)]
 
 
 def test_chunks_are_cut_without_waiting_for_the_device():

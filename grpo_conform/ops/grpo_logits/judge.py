@@ -47,10 +47,17 @@ class RowJudge:
         if entry is not None and key in entry.rows:
             return entry.rows[key]
         T = run.model.temperature
-        zc, tc = z[chunk.start : chunk.stop], targets[chunk.start : chunk.stop]
+        # in pieces within the float64 budget: a chunk without values (the fused path) spans up to
+        # FORMED_CHUNK_ROWS rows, and fp32_target_floor holds a few float64 copies of its rows
+        step = rows_per_chunk(run.width, device=run.device)
+        ms, rests = [], []
         with PHASES("reference"):
-            m = zc.abs().amax(dim=-1).to(torch.float64) / T
-            rest = fp32_target_floor(zc, tc, T, torch.ones(zc.shape[0], dtype=torch.float64, device=zc.device))
+            for lo in range(chunk.start, chunk.stop, step):
+                zc, tc = z[lo : min(lo + step, chunk.stop)], targets[lo : min(lo + step, chunk.stop)]
+                ms.append(zc.abs().amax(dim=-1).to(torch.float64) / T)
+                rests.append(fp32_target_floor(zc, tc, T, torch.ones(zc.shape[0], dtype=torch.float64,
+                                                                     device=zc.device)))
+            m, rest = (ms[0], rests[0]) if len(ms) == 1 else (torch.cat(ms), torch.cat(rests))
         if entry is not None:
             entry.rows[key] = (m, rest)
         return m, rest

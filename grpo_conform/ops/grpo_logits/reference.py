@@ -52,6 +52,7 @@ class GradientChunk:
 
 
 CUDA_BUDGET_MAX = 2 * 2**30
+FORMED_CHUNK_ROWS = 1 << 15  # rows of a chunk without values (chunked_gradient's form=False)
 
 
 def budget_for(device: torch.device | str | None) -> int:
@@ -126,6 +127,10 @@ def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
     batch, seq_next, vocab = logits.shape
     terms = _terms(x, p, budget_bytes, logp_error, logp)
     coef, row_scale = terms.dlogp / p.temperature, terms.scale / p.temperature
+    # Without values a chunk is per-row vectors only: the float64 budget does not bound it, and each chunk
+    # costs the judging two kernel launches and ~25 small torch calls on the host (~1.3 ms on the H200
+    # host, round31b's profile: 16 chunks a judged call at mask-b8). At most FORMED_CHUNK_ROWS rows.
+    bounds_budget = budget_bytes if form else 4 * 8 * vocab * FORMED_CHUNK_ROWS
     extra = logp_error is not None
     if extra:
         coef_err, loss_err = terms.coef_error / p.temperature, terms.loss_error
@@ -137,7 +142,7 @@ def chunked_gradient(x: Mapping[str, torch.Tensor], p: GrpoParameters,
     if extra:
         by_row |= {"coef_err": _per_row(coef_err), "loss_err": _per_row(loss_err)}
     seq = seq_next - 1
-    for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
+    for start, stop in chunk_bounds(batch, seq_next, vocab, bounds_budget, logits.device):
         c, scale, target = (by_row[k][start:stop] for k in ("coef", "scale", "ids"))
         rows = [by_row[k][start:stop] for k in ("coef", "coef_err", "loss_err")] if extra else None
         # a chunk of two or more rows holds a row that is not a last position (seq >= 1)
