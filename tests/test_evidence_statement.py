@@ -78,6 +78,7 @@ def test_real_report_statement(real_report) -> None:
     assert p["spec"]["member"] == "token-is" and p["spec"]["id"] == member.spec.id
     assert p["hardware"]["device"] == real_report.device and p["software"] == real_report.software
     assert p["run"]["started"].endswith("Z") and p["run"]["finished"].endswith("Z")
+    assert p["run"]["compile_cache"] in ("fresh", "reused")  # the worker's stores (isolation/compile_cache.py)
     data = statement_bytes(st)  # the whole real report serializes under RFC 8785
     # read back as `verify` reads it: RFC 8785 prints an integral double below 1e21 without an exponent (an
     # allowance of 4.2e19 came out of one run), so a plain json.loads gives an int and a flaky inequality
@@ -132,6 +133,17 @@ def test_hardware_section_is_embedded(proj) -> None:
     hw = st["predicate"]["hardware"]
     assert hw["device"] == {"kind": "cpu", "name": "x86_64"} and hw["reported_device"] == {"x": 1}
     assert hw["measured"]["fraction"] == 0.854 and hw["gpu"] == "NVIDIA H200"
+
+
+@pytest.mark.parametrize("cache, said", [({"reused_files": 3}, "reused"), ({"reused_files": 0}, "fresh"),
+                                         ({"off": "GRPO_CONFORM_WORKER_CACHE=0"}, "off"), (None, None)])
+def test_the_record_says_whether_compiled_kernels_were_reused(proj, cache, said) -> None:
+    import dataclasses
+
+    impl = _impl(proj)
+    impl = dataclasses.replace(impl, worker={"pid": 1, **({"compile_cache": cache} if cache else {})})
+    st = build_statement(synthetic_report(proj, impl), impl)
+    assert st["predicate"]["run"].get("compile_cache") == said and schema_problems(st) == []
 
 
 def test_json_ready_makes_reports_serializable() -> None:

@@ -296,6 +296,12 @@ def build_statement(report: Any, impl: Any, member: Any = None) -> dict[str, Any
     sandbox = (getattr(impl, "worker", None) or {}).get("sandbox")
     if isinstance(sandbox, dict) and sandbox.get("kind") in ("none", "bwrap"):
         predicate["run"]["sandbox"] = sandbox["kind"]
+    # Whether the worker started with compiled kernels its implementation's earlier run left
+    # (isolation/compile_cache.py): "reused", "fresh" (an empty store) or "off"; absent when no worker ran.
+    cache = (getattr(impl, "worker", None) or {}).get("compile_cache")
+    if isinstance(cache, dict):
+        predicate["run"]["compile_cache"] = ("off" if "off" in cache else
+                                             "reused" if cache.get("reused_files") else "fresh")
     statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": impl_path, "digest": {"dirHash": impl.identity}}],
