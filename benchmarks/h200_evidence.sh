@@ -91,6 +91,15 @@ triton_seed() {  # triton's token-is at every seed batch (the leaderboard's rank
   status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
 }
 
+default_check() {  # DEADLINE: the default check of triton (every member, timing), phases and per-member seconds
+  local start=$SECONDS
+  timeout -s KILL $(($1 + 45)) python3 -m grpo_conform check implementations/triton --no-evidence --profile-phases \
+    --deadline "$1" --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
+  status "triton default check (--deadline $1): exit $?, $((SECONDS - start)) s wall"
+  grep -E "^  (judge|worker|reference|inputs|input-checks|timing|other|worker-start) " "$R/triton-default.log"
+  python3 benchmarks/phase_summary.py "$R/triton-default.json"
+}
+
 check_one() {  # NAME LIMIT ARGS...
   # --deadline leaves 70 s under the kill for the last workload and the records (a killed run writes none)
   local name=$1 limit=$2; shift 2
@@ -452,24 +461,14 @@ PY
   round31a)  # eleventh session: round30a's default check with room to finish (--deadline $DEADLINE, default 540): whether the leak
               # fixes hold to the twentieth member, and the host-wait cuts' effect on every phase; per-member seconds
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    start=$SECONDS
-    timeout -s KILL $((${DEADLINE:-540} + 45)) python3 -m grpo_conform check implementations/triton --no-evidence \
-      --profile-phases --deadline ${DEADLINE:-540} --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
-    status "triton default check (--deadline ${DEADLINE:-540}): exit $?, $((SECONDS - start)) s wall"
-    grep -E "^  (judge|worker|reference|inputs|input-checks|timing|other|worker-start) " "$R/triton-default.log"
-    python3 benchmarks/phase_summary.py "$R/triton-default.json"
+    default_check "${DEADLINE:-540}"
     ;;
   round31c)  # round31a after two host waits went (the comparison's constants made once; kept outputs' checksum in one
               # Triton pass): the CUDA tests of both, then the same default check
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider tests/test_checksum.py tests/test_compare_fused.py > "$R/cuda-tests.txt" 2>&1
     status "checksum + compare_fused tests (CUDA): exit $?"; tail -2 "$R/cuda-tests.txt"
-    start=$SECONDS
-    timeout -s KILL 470 python3 -m grpo_conform check implementations/triton --no-evidence --profile-phases \
-      --deadline 430 --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
-    status "triton default check (--deadline 430): exit $?, $((SECONDS - start)) s wall"
-    grep -E "^  (judge|worker|reference|inputs|input-checks|timing|other|worker-start) " "$R/triton-default.log"
-    python3 benchmarks/phase_summary.py "$R/triton-default.json"
+    default_check 430
     ;;
   round21b)  # 2 of 3 (~400 s estimated: 121 + 162 + 117)
     check_one triton-fused 520 --member token-offpolicy-mask-kl --member token-offpolicy-mask-kl-ref-weight \
