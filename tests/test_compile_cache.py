@@ -109,3 +109,17 @@ def test_stores_unused_for_a_month_are_pruned(tmp_path):
     os.utime(recent, (now - 2 * 86400, now - 2 * 86400))
     assert compile_cache.prune(stores, keep=kept, now=now) == ["old"]
     assert sorted(p.name for p in stores.iterdir()) == ["kept", "recent"]
+
+
+def test_the_least_recently_used_stores_go_when_all_of_them_hold_too_much(tmp_path, monkeypatch):
+    """A hostile implementation edited once per commit makes a new store each time: together they stay
+    within MAX_TOTAL_BYTES, the oldest going first and the store in use never."""
+    stores = tmp_path / "worker-compile"
+    now = 1_000_000_000.0
+    for age, name in ((5, "a"), (4, "b"), (3, "c"), (9, "kept")):
+        (stores / name / ".triton").mkdir(parents=True)
+        (stores / name / ".triton" / "k.bin").write_bytes(b"x" * 100)
+        os.utime(stores / name, (now - age * 86400, now - age * 86400))
+    monkeypatch.setattr(compile_cache, "MAX_TOTAL_BYTES", 250)
+    assert compile_cache.prune(stores, keep=stores / "kept", now=now) == ["a", "b"]
+    assert sorted(p.name for p in stores.iterdir()) == ["c", "kept"]

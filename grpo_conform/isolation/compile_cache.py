@@ -35,6 +35,7 @@ ENV_DIR = "GRPO_CONFORM_CACHE_DIR"
 CACHES = (".triton", ".inductor")  # under the worker's HOME (session._PRIVATE_CACHES)
 MAX_FILE_BYTES = 256 << 20
 MAX_STORE_BYTES = 2 << 30
+MAX_TOTAL_BYTES = 8 << 30  # every store together (prune)
 MAX_FILES = 20_000
 STALE_DAYS = 30
 
@@ -84,12 +85,19 @@ def store_for(identity: str, device_type: str) -> Path | None:
 
 def prune(stores: Path, keep: Path, now: float | None = None) -> list[str]:
     """Remove the stores not used for STALE_DAYS (an implementation edited since has a new identity: its
-    old store would only grow the directory). Returns the names removed."""
+    old store would only grow the directory), then the least recently used others while all of them hold
+    more than MAX_TOTAL_BYTES (each edit of a hostile implementation makes a new store of up to
+    MAX_STORE_BYTES: a pull request's commits must not fill the runner's disk). Returns the names removed."""
     limit = (time.time() if now is None else now) - STALE_DAYS * 86400
+    others = sorted((e for e in stores.iterdir() if e != keep and e.is_dir() and not e.is_symlink()),
+                    key=lambda e: e.stat().st_mtime)
+    sizes = {e: sum(p.stat().st_size for p in _files(e)) for e in others}
+    total = sum(sizes.values()) + sum(p.stat().st_size for p in _files(keep))
     gone = []
-    for entry in stores.iterdir():
-        if entry != keep and entry.is_dir() and not entry.is_symlink() and entry.stat().st_mtime < limit:
+    for entry in others:  # oldest first
+        if entry.stat().st_mtime < limit or total > MAX_TOTAL_BYTES:
             shutil.rmtree(entry, ignore_errors=True)
+            total -= sizes[entry]
             gone.append(entry.name)
     return gone
 
