@@ -15,9 +15,12 @@ os.environ.setdefault("GRPO_CONFORM_JOBS", "1")
 # The workers' compile-cache stores (grpo_conform/isolation/compile_cache.py) of this test run: in a
 # directory of its own, not the user's ~/.cache (xdist's workers inherit it from the controller).
 if "GRPO_CONFORM_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["GRPO_CONFORM_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo-conform-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["GRPO_CONFORM_CACHE_DIR"], True)  # by the process that made it
 pytest_plugins = ["cpu_time"]  # --cpu-durations=N (tests/cpu_time.py)
 
 

@@ -638,7 +638,10 @@ def run(fd: int, malloc: bool) -> None:
     finally:
         if profile is not None:
             profile.disable()
-            profile.dump_stats(os.path.join(os.environ[PROFILE_ENV], f"worker-{os.getpid()}.prof"))
+            try:
+                profile.dump_stats(os.path.join(os.environ[PROFILE_ENV], f"worker-{os.getpid()}.prof"))
+            except OSError as exc:  # an unwritable DIR loses the profile, not the worker's clean exit
+                print(f"grpo-conform worker: profile not written: {exc}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: an implementation's threads must not hang the exit
