@@ -54,6 +54,8 @@
 #   bash benchmarks/h200_evidence.sh round30a   # issue 35, tenth session: the reference formed inside the fused comparison:
 #                                               # its CUDA tests, then the default check of triton (every member, timing),
 #                                               # phases (~6.5 min)
+#   bash benchmarks/h200_evidence.sh round32a   # issue 35, twelfth session: the default check with 4 slots sharing the GPU
+#                                               # (cold, then warm compile stores; JOBS6=1 adds --jobs 6), memory sampled
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
@@ -469,6 +471,24 @@ PY
     timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider tests/test_checksum.py tests/test_compare_fused.py > "$R/cuda-tests.txt" 2>&1
     status "checksum + compare_fused tests (CUDA): exit $?"; tail -2 "$R/cuda-tests.txt"
     default_check 430
+    ;;
+  round32a)  # twelfth session (issue 35): the default check with its slots sharing the GPU (gate/gpu_share.py:
+              # --jobs auto = 4 on the H200's 16 cores), twice (the second run starts from the compile stores the
+              # first left), the GPU's used memory sampled every 200 ms; then --jobs 6 once
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
+    sampler=$!
+    for run in cold warm; do
+      default_check "${DEADLINE:-240}"
+      mv "$R/triton-default.json" "$R/triton-default-$run.json"; mv "$R/triton-default.log" "$R/triton-default-$run.log"
+      status "$run: GPU memory used at most $(sort -n "$R/memory-used.csv" | cut -d, -f2 | sort -n | tail -1) MiB so far"
+    done
+    if [ -n "${JOBS6:-}" ]; then
+      GRPO_CONFORM_JOBS=6 default_check "${DEADLINE:-240}"
+      mv "$R/triton-default.json" "$R/triton-default-jobs6.json"; mv "$R/triton-default.log" "$R/triton-default-jobs6.log"
+    fi
+    kill $sampler
+    status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
     ;;
   round21b)  # 2 of 3 (~400 s estimated: 121 + 162 + 117)
     check_one triton-fused 520 --member token-offpolicy-mask-kl --member token-offpolicy-mask-kl-ref-weight \

@@ -19,15 +19,15 @@ exactly what `grpo-conform check` runs and returns the `CheckReport`, printing a
 
 from __future__ import annotations
 
-import gc
 import math
 import random
 import secrets
 import sys
 import time
 import types
-from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -36,10 +36,12 @@ from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.checks.probes import select as select_probes
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS, TIMING_CHECKS
 from grpo_conform.checks.tamper import tamper_scan
-from grpo_conform.checks.timed import TimingSettings, WorkloadTiming, skipped_timing, timing_failure_outcomes
+from grpo_conform.checks.timed import TimingSettings
+from grpo_conform import device_memory
 from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.exploration import explore_workload
 from grpo_conform.floors import compute_floor
+from grpo_conform.gate.gpu_share import GateClient, GateError
 from grpo_conform.gate.parallel import auto_jobs, run_slots
 from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, resolve_checks, select_outcomes, wants_timing
 from grpo_conform.gate.progress import Progress, Reporter
@@ -56,6 +58,7 @@ from grpo_conform.results import (INTERNAL_ERROR, CheckOutcome, CheckReport, Imp
 from grpo_conform.results import implementation_result as _result  # short names of the run loop below
 from grpo_conform.results import member_result as _member
 from grpo_conform.spec import Spec
+from grpo_conform.timed_phase import Deferred, judged_timing, release_cuda, run_deferred
 
 __all__ = ["CheckRequest", "CheckReport", "run_check", "resolve_device", "default_timeout"]
 
@@ -81,6 +84,7 @@ class CheckRequest:
     sandbox: str = "none"  # --sandbox: "bwrap" runs every worker inside bubblewrap (isolation/sandbox.py)
     deadline: float | None = None  # --deadline: seconds from the start after which no workload starts
     explore: int = 0  # --explore N: N property-based cases per member after its workloads (explore.py)
+    shared_gpu: bool = False  # internal (slots): the GPU is shared through the run's gate (gate/gpu_share.py)
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,10 @@ class RunContext:
     timing: TimingSettings | None  # None: no timed protocols (CPU, or --no-timing)
     gpu: GpuSpec | None = None
     ceilings: Ceilings | None = None
+    # Slots sharing the GPU (gate/gpu_share.py): conformance under memory grants, timing deferred to
+    # the slot's exclusive turn, where the ceilings are measured (into `hardware`).
+    gate: GateClient | None = None
+    hardware: dict = field(default_factory=dict)
 
     def floor_fn(self, spec: Spec, resolved):
         # traffic-v1 (docs/floors.md); `unmasked`: the mask (or its count) of the timed inputs
@@ -161,10 +169,31 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     if request.gpus is not None or request.jobs > 1:
         return run_slots(request, plan, device, say, stop, check_implementation)
     started = utc_now()
-    ctx, hardware = prepare_context(device, TimingSettings() if request.timing else None, say.line)
-    results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
+    timing = TimingSettings() if request.timing else None
+    if request.shared_gpu and device.type == "cuda":
+        ctx = shared_context(device, timing)
+        results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
+        hardware = ctx.hardware
+    else:
+        ctx, hardware = prepare_context(device, timing, say.line)
+        results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
     return CheckReport(device_info(device), device.type == "cpu", results, plan.specs, started, utc_now(), software(),
                        hardware, request.strict, plan.notes, request.shard, phases=PHASES.to_json())
+
+
+def shared_context(device: torch.device, timing: TimingSettings | None) -> RunContext:
+    """A slot's context on a GPU it shares through the run's gate: no ceilings yet (they are measured
+    in the slot's exclusive turn, timed_phase.run_deferred)."""
+    try:
+        gate = GateClient.from_environment()
+    except GateError as exc:
+        raise EnvironmentProblem(f"this slot's GPU gate: {exc}") from None
+    if gate is None:
+        raise EnvironmentProblem("a slot sharing the GPU was started without the run's GPU gate (internal: "
+                                 "the runner sets it; run `grpo-conform check` rather than the slot module)")
+    _free, total = torch.cuda.mem_get_info(device)
+    gate.report_total(total)
+    return RunContext(device, timing, gate=gate)
 
 
 def run_stop(request: CheckRequest) -> Stop:
@@ -186,18 +215,49 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
     # per implementation before. Conformance calls pass their parameters with every call; the timed
     # protocols get the member's declared values with `time_setup` (checks/timed.py).
     shared: list[WorkerSession] = []
+    deferred: list[Deferred] | None = [] if ctx.gate is not None else None
+    present = ctx.gate.acquire("present") if ctx.gate is not None else None
     try:
-        return _check_members(p, ctx, request, say, stop, shared)
+        built = _check_members(p, ctx, request, say, stop, shared, deferred)
     finally:
         for s in shared:
-            s.close()
+            s.close()  # before the exclusive turn: no worker of this slot is left on the GPU
+        if present is not None:
+            torch.cuda.synchronize(ctx.device)
+            ctx.gate.release(present)
+    if deferred:
+        _timed_turn(p, ctx, request, say, deferred)
+    return _built_result(p, *built)
+
+
+def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter,
+                deferred: list[Deferred]) -> None:
+    """The slot's deferred timing, with the GPU to itself (timed_phase.py)."""
+    assert ctx.gate is not None
+    say.line(f"{p.impl.name}: waiting for the GPU to itself to time {len(deferred)} workloads")
+
+    def start_worker(mp) -> WorkerSession:
+        session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device,
+                                request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device), False,
+                                sandbox=request.sandbox)
+        with PHASES("worker-start"):
+            session.start()
+        return session
+
+    with ctx.gate.hold("exclusive"):
+        timed_ctx, hardware = prepare_context(ctx.device, ctx.timing, say.line)
+        ctx.hardware.update(hardware)
+        run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker)
+        torch.cuda.synchronize(ctx.device)
 
 
 def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, stop: Stop,
-                   shared: list[WorkerSession]) -> ImplementationResult:
+                   shared: list[WorkerSession], deferred: list[Deferred] | None):
+    """Every member's workloads; returns what _built_result makes the implementation's result of (the
+    members' workload lists stay open until then: deferred timing fills them in)."""
     name = p.impl.name
     worker_info: dict[str, Any] = {"triton_interpreter": ctx.device.type == "cpu"}
-    done: list[MemberResult] = []
+    done: list[MemberResult | tuple] = []  # a MemberResult, or (member plan, workload results, not run)
     ended: str | None = None  # why the rest of this implementation does not run (hang, load error)
     load_error: str | None = None
     for mp in p.members:
@@ -236,8 +296,10 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                     worker_info.update(session.info)
                 started = time.monotonic()
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
-                    result = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
+                    result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
                 results.append(result)
+                if deferred is not None and resolved is not None and w.timed and wants_timing(request.checks):
+                    deferred.append(Deferred(mp, results, len(results) - 1, w, resolved, request.checks))
                 held = memory_stop(result.draws, f"{name} {mp.label} {w.name}")
                 if held and not stop.reason:
                     stop.reason = held
@@ -279,11 +341,16 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
         if load_error and not results:
             done.append(_member(mp, "load-error", load_error, not_run=tuple(not_run)))
         else:
-            done.append(_member(mp, "", "", results, tuple(not_run), p.checks))
+            done.append((mp, results, tuple(not_run)))
     worker_info.setdefault("timeout_s", request.timeout)
-    if load_error and all(m.status in ("load-error", "skipped") for m in done):
-        return _result(p, done, worker_info, "load-error", load_error)
-    return _result(p, done, worker_info)
+    return done, worker_info, load_error
+
+
+def _built_result(p: ImplPlan, done: list, worker_info: dict[str, Any], load_error: str | None) -> ImplementationResult:
+    members = [m if isinstance(m, MemberResult) else _member(m[0], "", "", m[1], m[2], p.checks) for m in done]
+    if load_error and all(m.status in ("load-error", "skipped") for m in members):
+        return _result(p, members, worker_info, "load-error", load_error)
+    return _result(p, members, worker_info)
 
 
 def _first_line(text: str) -> str:
@@ -312,8 +379,9 @@ class ScaleDraw(random.Random):
 
 
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
-                 name: str, member: str) -> WorkloadResult:
-    """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA).
+                 name: str, member: str) -> tuple[WorkloadResult, Any]:
+    """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA; deferred
+    where slots share the GPU). Returns the result and the resolved workload (None if it raised before).
 
     An exception of grpo-conform's own code (checks/internal.py) ends this workload only: the
     conformance run keeps what it judged before (WorkloadConformance.run), the timed protocols and
@@ -324,7 +392,7 @@ def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request
         if not internal.is_internal(exc):
             raise
         checks = CONFORMANCE_CHECKS + (() if ctx.device.type != "cuda" or not w.timed else TIMING_CHECKS)
-        return _internal_result(w.name, ctx, request, exc, checks)
+        return _internal_result(w.name, ctx, request, exc, checks), None
 
 
 def _internal_result(workload: str, ctx: RunContext, request: CheckRequest, exc: Exception,
@@ -336,33 +404,44 @@ def _internal_result(workload: str, ctx: RunContext, request: CheckRequest, exc:
 
 
 def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
-                  name: str, member: str) -> WorkloadResult:
+                  name: str, member: str) -> tuple[WorkloadResult, Any]:
     probes = select_probes(w.probes, resolve_checks(request.checks))  # -k narrows what runs, not only what shows
     resolved = spec.resolve(w, ScaleDraw(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
     draws: dict[str, Any] = {}
-    say(name, member, w.name, f"conformance {operation_for(spec).describe_workload(spec, resolved)}")
-    outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
-    with PHASES("scan"):
-        outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
-    timings: list = []
-    timed: list[CheckOutcome] = []
-    if wants_timing(request.checks) and INTERNAL_ERROR in draws:  # conformance raised: nothing timed either
-        if ctx.device.type == "cuda" and w.timed:
-            timed = list(internal.outcomes(TIMING_CHECKS, draws[INTERNAL_ERROR]))
-    elif wants_timing(request.checks):
-        try:
-            timings, timed = _time_workload(session, spec, w, resolved, ctx, say, name, member, draws)
-        except Exception as exc:  # the timed protocols' own judging (timed-outputs) raised: see run_workload
-            if not internal.is_internal(exc):
-                raise
-            draws[INTERNAL_ERROR] = info = internal.describe(exc, "the timed protocols")
-            timings, timed = [], list(internal.outcomes(TIMING_CHECKS, info))
-    kept = select_outcomes(outcomes + tuple(timed), request.checks)
-    if ctx.device.type == "cuda":
-        draws["cuda_allocated_after"] = _release_cuda(ctx.device)
+    op = operation_for(spec)
+    say(name, member, w.name, f"conformance {op.describe_workload(spec, resolved)}")
+    grant = op.device_bytes(spec, resolved) if ctx.gate is not None else None
+    with _memory_hold(ctx, grant):
+        if grant is not None:
+            draws["gpu_grant_bytes"] = grant
+        outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
+        with PHASES("scan"):
+            outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
+        timings: list = []
+        timed: list[CheckOutcome] = []
+        if ctx.gate is not None:
+            pass  # timed in the slot's exclusive turn (timed_phase.run_deferred)
+        elif wants_timing(request.checks) and INTERNAL_ERROR in draws:  # conformance raised: nothing timed either
+            if ctx.device.type == "cuda" and w.timed:
+                timed = list(internal.outcomes(TIMING_CHECKS, draws[INTERNAL_ERROR]))
+        elif wants_timing(request.checks):
+            timings, timed = judged_timing(session, spec, w, resolved, ctx, say, name, member, draws)
+        kept = select_outcomes(outcomes + tuple(timed), request.checks)
+        if ctx.device.type == "cuda":
+            draws["cuda_allocated_after"] = release_cuda(ctx.device)
     return WorkloadResult(w.name, resolved.axes, dict(resolved.dtypes), ctx.device.type, tuple(seeds), kept,
-                          tuple(timings), draws)
+                          tuple(timings), draws), resolved
+
+
+@contextmanager
+def _memory_hold(ctx: RunContext, grant: int | None) -> Iterator[None]:
+    """Where slots share the GPU: the workload's grant held at the gate, and what it sizes by."""
+    if ctx.gate is None or grant is None:
+        yield
+        return
+    with ctx.gate.hold("memory", grant), device_memory.granted(grant):
+        yield
 
 
 #: GPU memory grpo-conform's own process may still hold after a workload (it should hold next to none:
@@ -382,41 +461,6 @@ def memory_stop(draws: dict[str, Any], where: str) -> str | None:
            "a leak of grpo-conform's own")
     return (f"not run: grpo-conform's process still held {after / 2**30:.1f} GiB of GPU memory after {where} ({why}); "
             "the rest is not run, so that no verdict blames an implementation for memory it never held: please report it")
-
-
-def _release_cuda(device: torch.device) -> int:
-    """Frees what this workload left in this process and returns the bytes still allocated. Buffers the
-    worker opened through CUDA IPC wait in torch's limbo until it lets go; `ipc_collect` frees those it
-    has. A count that grows from workload to workload is a leak: round30a on the H200 ran out of memory
-    at the tenth member, 122 GiB allocated here (docs/timing.md)."""
-    torch.cuda.ipc_collect()
-    if torch.cuda.memory_allocated(device) > (256 << 20):
-        gc.collect()  # cyclic garbage holding CUDA tensors is freed only by a full collection (~0.1 s: when needed)
-        torch.cuda.ipc_collect()
-    torch.cuda.empty_cache()
-    return int(torch.cuda.memory_allocated(device))
-
-
-def _time_workload(session: WorkerSession, spec: Spec, w, resolved, ctx: RunContext, say: Reporter, name: str,
-                   member: str, draws: dict[str, Any]):
-    # Timing checks are not applicable (so not listed) on the CPU or on workloads the spec does not time.
-    if ctx.device.type != "cuda" or not w.timed:
-        return [], []
-    if ctx.timing is None:
-        return [], skipped_timing("timing not requested (--no-timing)")
-    if not session.alive:
-        return [], skipped_timing("the worker was lost before timing")
-    say(name, member, w.name, f"timing {', '.join(ctx.timing.protocols)}")
-    timing = WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved),
-                            ctx.gemm_ceiling_fn(spec, resolved))
-    try:
-        with PHASES("timing"), PHASES.inclusive("probes", "timing"):
-            return timing.run()
-    except WorkerFailure as failure:
-        return [], timing_failure_outcomes(failure)
-    finally:
-        if timing.held:  # the timed sets' storages the worker still holds (worker.op_unbind)
-            draws["held_after_unbind_timed"] = timing.held
 
 
 # -- the Python API ------------------------------------------------------------------------------

@@ -188,13 +188,17 @@ def test_shards_are_deterministic_balanced_and_cover_every_unit_once(tmp_path):
 
 
 # -- --jobs / --gpus slot planning ---------------------------------------------------------------------
-def test_slots_timed_runs_never_share_a_gpu(monkeypatch):
+def test_slots_on_one_gpu_share_it_through_its_gate(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     slots, notes = plan_slots("cuda", "all", 3, True, 2)
-    assert [s.name for s in slots] == ["gpu0", "gpu1"] and notes  # timing: one slot per GPU
+    assert [s.name for s in slots] == ["gpu0.1", "gpu0.2", "gpu0.3", "gpu1.1", "gpu1.2", "gpu1.3"]
+    assert "to itself" in notes[0]  # timed: each slot times alone
+    assert [s.gpu for s in slots] == ["0"] * 3 + ["1"] * 3  # one gate per GPU
+    slots, notes = plan_slots("cuda", "all", 1, True, 2)
+    assert [s.name for s in slots] == ["gpu0", "gpu1"] and [s.gpu for s in slots] == [None, None]  # no gate alone
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0", "1"]
-    slots, notes = plan_slots("cuda", (0,), 2, False, 2)  # untimed: two slots on GPU 0
-    assert [s.name for s in slots] == ["gpu0.1", "gpu0.2"] and not notes
+    slots, notes = plan_slots("cuda", (0,), 2, False, 2)  # untimed: two slots on GPU 0, memory still gated
+    assert [s.name for s in slots] == ["gpu0.1", "gpu0.2"] and not notes and {s.gpu for s in slots} == {"0"}
     assert all(s.env == {"CUDA_VISIBLE_DEVICES": "0"} for s in slots)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")  # indices are of the GPUs this process sees
     slots, _ = plan_slots("cuda", (1,), 1, True, 2)
@@ -504,13 +508,16 @@ def test_a_member_heavier_than_a_slot_s_share_is_split_and_the_others_stay_whole
     assert loads[1] - loads[0] <= max(unit_cost(plan, u) for u in units)  # balanced within one unit
 
 
-def test_jobs_auto_is_one_slot_per_core_on_the_cpu_and_one_on_cuda(monkeypatch):
+def test_jobs_auto_is_one_slot_per_core_on_the_cpu_and_per_three_on_cuda(monkeypatch):
     from grpo_conform.gate import parallel
 
     plan = build_plan(CheckRequest((str(ROOT / "implementations" / "pytorch"),)), CPU)
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1})
     assert parallel.auto_jobs(plan, "cpu") == 2
-    assert parallel.auto_jobs(plan, "cuda") == 1  # timed runs never share a GPU
+    assert parallel.auto_jobs(plan, "cuda") == 1  # two cores: no second slot for the GPU
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: set(range(16)))  # the H200 host
+    assert parallel.auto_jobs(plan, "cuda") == parallel.AUTO_GPU_SLOTS
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1})
     assert parallel.auto_jobs(plan, "cpu", fail_fast=True) == 1  # the first failure stops what comes after it
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: set(range(64)))
     assert parallel.auto_jobs(plan, "cpu") == parallel.AUTO_JOBS_CAP

@@ -34,6 +34,7 @@ from grpo_conform.checks.reference_cache import ReferenceCache
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.checks.units import judge_units
 from grpo_conform.checksum import keyed_checksum
+from grpo_conform import device_memory
 from grpo_conform.dtypes import dtype_name, torch_dtype
 from grpo_conform.compare import GradientComparisons, LossComparison
 from grpo_conform.isolation.session import WorkerFailure, WorkerSession
@@ -158,7 +159,7 @@ class WorkloadConformance:
             self.rw.dtypes.get(g.input, self.spec.input(g.input).dtypes[0]))).element_size() for g in self.spec.gradients)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # what earlier workloads left cached here is the worker's to use
-            free, _total = torch.cuda.mem_get_info(self.device)
+            free = device_memory.free_bytes(self.device)  # the workload's grant where slots share the GPU
             # Kept outputs, the parent's buffers (4 input/output sets, 2 pristine copies, 2 saved
             # gradients, the judged outputs' copy of reference_cache.Memo) and the implementation's
             # own working set all share the GPU.

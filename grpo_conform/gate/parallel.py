@@ -6,8 +6,9 @@ single workloads of a member heavier than a job's share: `make_jobs`) and writes
 its JSON report; the parent relays its progress lines and merges the reports
 (grpo_conform.gate.merge). With `--gpus`, each GPU gets its own slots with CUDA_VISIBLE_DEVICES set
 to that GPU alone (so the slot's parent-side tensors and its worker's CUDA IPC handles agree on
-device 0). Timed runs never share a GPU: when timing on CUDA, a GPU has one slot whatever
-`--jobs` says; untimed (`--no-timing`, or the CPU) a GPU or the CPU takes `--jobs` slots.
+device 0). Slots on one GPU share it through the run's gate (gpu_share.py): their conformance runs side
+by side within memory grants, each slot's timing waits until the GPU is its own. On CUDA `--jobs auto`
+(the default) is up to AUTO_GPU_SLOTS slots per GPU.
 
 Slots cannot reach each other's workers: each slot draws its workers' uids from its own block of
 the worker uid range (`with_uid_blocks`, isolation/uids.py), so no worker can signal, ptrace or
@@ -33,6 +34,7 @@ import torch
 
 from grpo_conform.phases import add as add_phases
 from grpo_conform.errors import EXIT_ENVIRONMENT, EnvironmentProblem
+from grpo_conform.gate.gpu_share import ENV_FDS as ENV_GATE_FDS, GpuArbiter, serve
 from grpo_conform.gate.merge import Piece, impl_from_json, merge_implementations, pieces_from_report
 from grpo_conform.gate.plan import SelectionError, Stop
 from grpo_conform.gate.shard import apply_units, unit_cost
@@ -46,6 +48,7 @@ from grpo_conform.results import (CheckReport, Coverage, ImplementationResult, M
 class Slot:
     name: str  # "cpu1", "gpu0", "gpu0.2"
     env: dict[str, str]  # added to the slot's environment
+    gpu: str | None = None  # the GPU (CUDA_VISIBLE_DEVICES name) it shares with the run's other slots on it
 
 
 def parse_gpus(text: str) -> str | tuple[int, ...]:
@@ -87,13 +90,13 @@ def plan_slots(device_type: str, gpus, jobs: int, timing: bool, gpu_count: int) 
     names = visible_gpus(gpu_count)
     per_gpu = jobs
     if timing and jobs > 1:
-        per_gpu = 1
-        notes.append(f"--jobs {jobs}: one slot per GPU, because timed runs never share a GPU (use --no-timing "
-                     "to run several untimed slots per GPU)")
+        notes.append(f"--jobs {jobs}: {jobs} slots per GPU; their conformance runs side by side, and each slot "
+                     "times its workloads with the GPU to itself, once no other slot has work on it")
     slots = []
     for i in ids:
         for k in range(per_gpu):
-            slots.append(Slot(f"gpu{i}" + (f".{k + 1}" if per_gpu > 1 else ""), {"CUDA_VISIBLE_DEVICES": names[i]}))
+            slots.append(Slot(f"gpu{i}" + (f".{k + 1}" if per_gpu > 1 else ""), {"CUDA_VISIBLE_DEVICES": names[i]},
+                              names[i] if per_gpu > 1 else None))
     return slots, notes
 
 
@@ -111,19 +114,24 @@ def with_uid_blocks(slots: list[Slot]) -> tuple[list[Slot], list[str]]:
 
 
 AUTO_JOBS_CAP = 4  # each CPU slot holds a parent, a zygote and a worker (the largest of them 0.6 GB in the main command)
+AUTO_GPU_SLOTS = 4  # per GPU: the H200's default check, docs/timing.md ("Twelfth session")
+CORES_PER_GPU_SLOT = 3  # a slot's parent, its worker, and the Triton compiles of a cold cache
 
 
 def auto_jobs(plan, device_type: str, fail_fast: bool = False) -> int:
     """`--jobs auto` (the CLI's default): on the CPU one slot per usable core, at most one per member to
-    run (a member split over slots repeats its per-member costs, `make_jobs`) and AUTO_JOBS_CAP; one
-    on CUDA, where timed runs never share a GPU (`--gpus` spreads over GPUs). A single slot runs in
-    this process, as `--jobs 1` does. With `--fail-fast` one: a slot runs its job to the end, and the
-    first failure must stop everything after it. The README's main command, 20 members on 2 cores:
-    docs/timing.md."""
-    if device_type != "cpu" or fail_fast:
+    run (a member split over slots repeats its per-member costs, `make_jobs`) and AUTO_JOBS_CAP; on
+    CUDA up to AUTO_GPU_SLOTS per GPU, sharing it through the gate (gpu_share.py), one per
+    CORES_PER_GPU_SLOT cores. A single slot runs in this process, as `--jobs 1` does. With
+    `--fail-fast` one: a slot runs its job to the end, and the first failure must stop everything
+    after it. The README's main command, 20 members on 2 cores: docs/timing.md."""
+    if fail_fast:
         return 1
     members = sum(1 for p in plan.implementations if not p.skip for m in p.members if m.workloads)
-    return max(1, min(len(os.sched_getaffinity(0)), members, AUTO_JOBS_CAP))
+    cores = len(os.sched_getaffinity(0))
+    if device_type == "cuda":
+        return max(1, min(cores // CORES_PER_GPU_SLOT, members, AUTO_GPU_SLOTS))
+    return max(1, min(cores, members, AUTO_JOBS_CAP))
 
 
 def make_jobs(plan, slots: int) -> list[list[tuple[str, str, str]]]:
@@ -182,10 +190,10 @@ def _pack(plan, p, k: int) -> list[list[tuple[str, str, str]]]:
     return [sorted(b, key=p.units().index) for b in bins if b]
 
 
-def _slot_request(request, units, device: str) -> dict:
+def _slot_request(request, units, device: str, shared_gpu: bool = False) -> dict:
     fields = asdict(request)
     fields.update(paths=[units[0][0]], device=device, units=[list(u) for u in units], jobs=1, gpus=None, shard=None,
-                  changed_since=None, strict=False)  # --workload/--member kept: same deselections
+                  changed_since=None, strict=False, shared_gpu=shared_gpu)  # --workload/--member kept
     return fields
 
 
@@ -201,17 +209,41 @@ class _Runner:
         self.parts: list[dict] = []
         self.environment: list[str] = []  # slots that stopped on an environment problem (exit 3)
         self.folder = Path(tempfile.mkdtemp(prefix="grpo-conform-slots-"))
+        shared = {s.gpu for s in slots if s.gpu is not None and device.type == "cuda"}
+        self.gates = {g: GpuArbiter(sum(1 for s in slots if s.gpu == g)) for g in shared}
 
     def run_job(self, slot: Slot, n: int, units) -> None:
         req, out = self.folder / f"job{n}.request.json", self.folder / f"job{n}.report.json"
-        fields = _slot_request(self.request, units, self.device.type)
+        arbiter = self.gates.get(slot.gpu) if slot.gpu is not None else None
+        fields = _slot_request(self.request, units, self.device.type, shared_gpu=arbiter is not None)
         if self.stop.deadline is not None:  # what is left of the run's --deadline, counted again in the slot
             fields["deadline"] = self.stop.remaining()
         req.write_text(json.dumps(fields))
         env = dict(os.environ, **slot.env)
-        proc = subprocess.Popen([sys.executable, "-m", "grpo_conform.gate.slot", str(req), str(out)], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # a Ctrl-C reaches only us; we pass a SIGTERM on
+        fds: tuple[int, ...] = ()
+        if arbiter is not None:  # the slot's two pipe ends: grants in, requests out (gpu_share.py)
+            grant_r, grant_w = os.pipe()
+            request_r, request_w = os.pipe()
+            fds = (grant_r, request_w)
+            env[ENV_GATE_FDS] = f"{grant_r},{request_w}"
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "grpo_conform.gate.slot", str(req), str(out)], env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True,  # a Ctrl-C reaches only us; we pass a SIGTERM on
+                                    pass_fds=fds)
+        except BaseException:
+            if arbiter is not None:
+                os.close(request_r)
+                os.close(grant_w)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        server = None
+        if arbiter is not None:
+            server = threading.Thread(target=serve, args=(arbiter, f"{slot.name}#{n}", os.fdopen(request_r, "r"),
+                                                          os.fdopen(grant_w, "w")), daemon=True)
+            server.start()
         with self.lock:
             self.running[slot.name] = proc
         assert proc.stdout is not None
@@ -221,6 +253,8 @@ class _Runner:
             tail = (tail + [line])[-20:]
             self.say.line(f"[{slot.name}] {line.split('] ', 1)[-1] if line.startswith('[') else line}")
         code = proc.wait()
+        if server is not None:
+            server.join()  # its holds dropped before this slot's next job asks for any
         with self.lock:
             self.running.pop(slot.name, None)
         self._collect(slot, units, out, code, tail)

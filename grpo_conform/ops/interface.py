@@ -108,6 +108,11 @@ class Operation(Protocol):
     # -- workloads ---------------------------------------------------------------------------------
     def workload_size(self, spec: "Spec", resolved: "ResolvedWorkload") -> WorkloadSize: ...
 
+    def device_bytes(self, spec: "Spec", resolved: "ResolvedWorkload") -> int:
+        """At most what one workload's conformance run holds on the GPU, the validator's and the
+        implementation's together: what it asks for where slots share a GPU (gate/gpu_share.py)."""
+        ...
+
     def describe_workload(self, spec: "Spec", resolved: "ResolvedWorkload") -> str:
         """One line naming the workload's shape, as progress lines print it."""
         ...

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from grpo_conform import device_memory
 from grpo_conform.ops.fused_linear import inputs as _inputs
 from grpo_conform.ops.fused_linear import reference as _reference
 from grpo_conform.ops.fused_linear.tolerance import gemm_allowance
@@ -72,6 +73,12 @@ class GrpoFusedLinear:
         # the larger of the two GEMM operands sizes buffers and timeouts (the weight at every seed shape)
         name = max(("hidden", "weight"), key=resolved.numel)
         return WorkloadSize(name, resolved.numel(name))
+
+    def device_bytes(self, spec, resolved) -> int:
+        # beside the sets: the logits no input holds, [N, V] in fp32, and their gradient, twice over (an
+        # eager implementation's and the float64 reference's chunks stay within the fixed part)
+        n, _h, v = _dims(resolved)
+        return device_memory.estimate(*device_memory.set_and_gradient_bytes(spec, resolved)) + 4 * n * v * 4
 
     def describe_workload(self, spec, resolved) -> str:
         n, h, v = _dims(resolved)

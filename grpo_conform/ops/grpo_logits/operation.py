@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from grpo_conform import device_memory
 from grpo_conform.ops.grpo_logits import traffic as _traffic
 from grpo_conform.ops.grpo_logits.generators import kind_of
 from grpo_conform.ops.grpo_logits.inputs import generate, refresh_in_place
@@ -32,6 +33,9 @@ class GrpoLogits:
     def workload_size(self, spec, resolved) -> WorkloadSize:
         x = spec.differentiable_input.name
         return WorkloadSize(x, resolved.numel(x))
+
+    def device_bytes(self, spec, resolved) -> int:
+        return device_memory.estimate(*device_memory.set_and_gradient_bytes(spec, resolved))
 
     def describe_workload(self, spec, resolved) -> str:
         return str(list(resolved.shapes[spec.differentiable_input.name]))

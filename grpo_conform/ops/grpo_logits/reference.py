@@ -28,6 +28,7 @@ from typing import Iterator, Mapping, Optional
 
 import torch
 
+from grpo_conform import device_memory
 from grpo_conform.formed_rows import FormedRows
 from grpo_conform.ops.grpo_terms import GrpoParameters, needs_logprobs, token_terms
 
@@ -63,7 +64,7 @@ def budget_for(device: torch.device | str | None) -> int:
     there: docs/timing.md, "Validator time"). Chunks change no value, only how rows are grouped."""
     if device is None or torch.device(device).type != "cuda":
         return DEFAULT_BUDGET_BYTES
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    free = device_memory.free_bytes(device)
     return int(min(CUDA_BUDGET_MAX, max(DEFAULT_BUDGET_BYTES, free // 64)))
 
 

@@ -1,0 +1,59 @@
+"""How much GPU memory this process may size its work by: the device's free memory, or, where the GPU
+is shared by slots (gate/gpu_share.py), the current workload's grant.
+
+The validator sizes three things by free memory: the kept outputs of `no-output-reuse`
+(checks/conformance.py), the reference's float64 chunks (ops/grpo_logits/reference.py) and the timed
+buffer sets (checks/timed.py, run with the GPU to itself). Beside other slots, free memory is whatever
+they left, which changes from moment to moment: sized by it, what a workload checks would depend on
+what ran beside it. Sized by the grant, it does not.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from grpo_conform.dtypes import torch_dtype
+
+_grant: int | None = None  # bytes granted to the running workload; None: the GPU is this run's alone
+
+# What a workload's conformance holds on the GPU, in units of its largest tensor set (inputs, or the
+# gradients): the parent's four input/output sets, two pristine copies and two saved gradients, the
+# judged outputs' copy, the implementation's own outputs and working set, and one kept output.
+# Plus a fixed part: the reference's float64 chunks (their budget is a 64th of the grant,
+# reference.budget_for), the kept outputs of small workloads, the worker's poisoned blocks.
+SETS_PER_WORKLOAD = 16
+FIXED_BYTES = 6 << 30
+
+
+def estimate(set_bytes: int, grad_bytes: int) -> int:
+    """Bytes to ask the gate for, for one workload's conformance (gate/gpu_share.py's "memory")."""
+    return SETS_PER_WORKLOAD * max(set_bytes, grad_bytes) + FIXED_BYTES
+
+
+def set_and_gradient_bytes(spec, resolved) -> tuple[int, int]:
+    """Bytes of one input set and of one call's gradients, at the workload's dtypes."""
+    def size(name: str) -> int:
+        dtype = torch_dtype(resolved.dtypes.get(name, spec.input(name).dtypes[0]))
+        return resolved.numel(name) * torch.empty((), dtype=dtype).element_size()
+
+    return sum(size(t.name) for t in spec.inputs), sum(size(g.input) for g in spec.gradients)
+
+
+def free_bytes(device: torch.device | str) -> int:
+    """The device's free memory, capped by the running workload's grant where there is one."""
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free if _grant is None else min(free, _grant))
+
+
+@contextmanager
+def granted(nbytes: int | None) -> Iterator[None]:
+    """Within: free_bytes() is at most `nbytes` (None: no cap)."""
+    global _grant
+    before, _grant = _grant, nbytes
+    try:
+        yield
+    finally:
+        _grant = before

@@ -1,0 +1,207 @@
+"""One GPU shared by the slots of a run: conformance side by side, timing alone.
+
+The validator's own host work between short GPU bursts is what a check spends its time on (docs/timing.md,
+"Eleventh session"), so several slots on one GPU finish sooner, but a timed protocol must have the GPU to
+itself. The runner (parallel.py) holds one `GpuArbiter` per GPU; a slot reaches it through a
+`GateClient` over two pipes the runner hands it. Never through stdout: progress lines carry text an
+implementation chose (its error messages), which must not be able to speak for the slot.
+
+A slot holds, in order:
+- "present", from before its first CUDA work until it has closed its workers and waited for its own
+  queued work: while any slot is present, no timing runs, since a present slot's worker may launch work;
+- "memory" (N bytes), around each workload's conformance: the workloads running side by side together fit
+  in the GPU (`capacity`); each sizes its kept outputs and chunks by its grant (grpo_conform/device_memory.py),
+  so what a workload checks does not depend on what runs beside it;
+- "exclusive", around its bandwidth probe and timed protocols: granted only when no slot holds anything.
+
+Grants: memory requests in arrival order (a large one is never passed by smaller ones, so it is not
+starved), one larger than the capacity when it is alone; exclusive requests in arrival order once
+nothing is held; a new "present" waits while an exclusive is held or asked for, so that timing is not
+postponed by every job still to start. A slot that exits loses what it held or asked for (`drop`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+ENV_FDS = "GRPO_CONFORM_GPU_GATE"  # "READ,WRITE": the slot's ends of its two pipes (set by parallel.py)
+KINDS = ("present", "memory", "exclusive")
+USABLE_FRACTION = 0.9  # of the GPU's memory, for the workloads' grants; the rest: CUDA contexts, fragmentation
+CONTEXT_BYTES = 1 << 30  # per slot: its own and its worker's CUDA context and allocator slack
+
+
+class GateError(Exception):
+    """The gate's channel broke: the runner is gone or answered something else."""
+
+
+@dataclass
+class Request:
+    slot: str
+    kind: str
+    nbytes: int
+    token: int
+    grant: Callable[[int], None]
+
+
+class GpuArbiter:
+    """Runner side: who holds what of one GPU. Thread-safe; `grant` callbacks run under the lock."""
+
+    def __init__(self, slots: int, capacity: int | None = None):
+        self.slots = slots
+        self.capacity = capacity  # None until a slot reports the GPU's total memory
+        self.lock = threading.Lock()
+        self.holds: dict[int, Request] = {}
+        self.pending: list[Request] = []
+        self._tokens = 0
+        self.log: list[tuple[str, str, str, int]] = []  # (event, slot, kind, bytes): for tests and the report
+
+    def set_total(self, total: int) -> None:
+        with self.lock:
+            if self.capacity is None:
+                self.capacity = max(0, int(total * USABLE_FRACTION) - self.slots * CONTEXT_BYTES)
+
+    def request(self, slot: str, kind: str, nbytes: int, grant: Callable[[int], None]) -> int:
+        if kind not in KINDS:
+            raise GateError(f"unknown hold {kind!r}: expected one of {', '.join(KINDS)}")
+        with self.lock:
+            self._tokens += 1
+            self.pending.append(Request(slot, kind, max(0, int(nbytes)), self._tokens, grant))
+            self._grant()
+            return self._tokens
+
+    def release(self, slot: str, token: int) -> None:
+        with self.lock:
+            held = self.holds.get(token)
+            if held is None or held.slot != slot:
+                raise GateError(f"slot {slot} released hold {token}, which it does not hold")
+            del self.holds[token]
+            self.log.append(("release", slot, held.kind, held.nbytes))
+            self._grant()
+
+    def drop(self, slot: str) -> None:
+        with self.lock:
+            self.pending = [r for r in self.pending if r.slot != slot]
+            for token in [t for t, r in self.holds.items() if r.slot == slot]:
+                del self.holds[token]
+            self._grant()
+
+    def used(self) -> int:
+        return sum(r.nbytes for r in self.holds.values() if r.kind == "memory")
+
+    def _grantable(self, r: Request, first_memory: bool, exclusive_waits: bool) -> bool:
+        exclusive_held = any(h.kind == "exclusive" for h in self.holds.values())
+        if r.kind == "exclusive":
+            return not self.holds
+        if exclusive_held:
+            return False
+        if r.kind == "present":
+            return not exclusive_waits
+        if not first_memory:
+            return False
+        memory_held = any(h.kind == "memory" for h in self.holds.values())
+        return not memory_held or self.used() + r.nbytes <= (self.capacity or 0)
+
+    def _grant(self) -> None:
+        while True:
+            exclusive_waits = any(r.kind == "exclusive" for r in self.pending)
+            first_memory = next((r for r in self.pending if r.kind == "memory"), None)
+            first_exclusive = next((r for r in self.pending if r.kind == "exclusive"), None)
+            ready = next((r for r in self.pending
+                          if (r.kind != "exclusive" or r is first_exclusive)
+                          and self._grantable(r, r is first_memory, exclusive_waits)), None)
+            if ready is None:
+                return
+            self.pending.remove(ready)
+            self.holds[ready.token] = ready
+            self.log.append(("grant", ready.slot, ready.kind, ready.nbytes))
+            ready.grant(ready.token)
+
+
+def serve(arbiter: GpuArbiter, slot: str, requests, grants) -> None:
+    """Runner side, one thread per slot process: answer its requests until its pipe closes, then drop
+    what it held (a slot that died holds nothing). `requests`/`grants`: text files of the two pipes."""
+    lock = threading.Lock()
+
+    def answer(token: int) -> None:
+        with lock:
+            try:
+                grants.write(json.dumps({"token": token}) + "\n")
+                grants.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass  # the slot is gone: its reader thread drops its holds
+
+    try:
+        for line in requests:
+            try:
+                msg = json.loads(line)
+                if msg.get("op") == "total":
+                    arbiter.set_total(int(msg["bytes"]))
+                elif msg.get("op") == "acquire":
+                    arbiter.request(slot, str(msg["kind"]), int(msg.get("bytes", 0)), answer)
+                elif msg.get("op") == "release":
+                    arbiter.release(slot, int(msg["token"]))
+                else:
+                    raise GateError(f"unknown message {line.strip()[:80]!r}")
+            except (ValueError, KeyError, TypeError, GateError):
+                break  # a slot that speaks nonsense loses its holds; its own acquire then fails
+    finally:
+        arbiter.drop(slot)
+        for f in (requests, grants):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class GateClient:
+    """Slot side: blocking acquire/release over the pipes the runner handed this process."""
+
+    def __init__(self, read_fd: int, write_fd: int):
+        for fd in (read_fd, write_fd):
+            os.set_inheritable(fd, False)  # the slot's workers never get them
+        self._in = os.fdopen(read_fd, "r", buffering=1)
+        self._out = os.fdopen(write_fd, "w", buffering=1)
+
+    @classmethod
+    def from_environment(cls) -> "GateClient | None":
+        value = os.environ.pop(ENV_FDS, "").strip()
+        if not value:
+            return None
+        try:
+            read_fd, write_fd = (int(x) for x in value.split(","))
+        except ValueError:
+            raise GateError(f"{ENV_FDS}={value!r}: expected two descriptors, READ,WRITE") from None
+        return cls(read_fd, write_fd)
+
+    def _send(self, **msg) -> None:
+        try:
+            self._out.write(json.dumps(msg) + "\n")
+            self._out.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise GateError(f"the run's GPU gate is gone ({exc})") from None
+
+    def report_total(self, total: int) -> None:
+        self._send(op="total", bytes=int(total))
+
+    def acquire(self, kind: str, nbytes: int = 0) -> int:
+        self._send(op="acquire", kind=kind, bytes=int(nbytes))
+        line = self._in.readline()
+        if not line:
+            raise GateError("the run's GPU gate closed before granting")
+        return int(json.loads(line)["token"])
+
+    def release(self, token: int) -> None:
+        self._send(op="release", token=token)
+
+    @contextmanager
+    def hold(self, kind: str, nbytes: int = 0) -> Iterator[int]:
+        token = self.acquire(kind, nbytes)
+        try:
+            yield token
+        finally:
+            self.release(token)

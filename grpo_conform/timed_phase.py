@@ -1,0 +1,116 @@
+"""The timed protocols of a workload: right after its conformance (the GPU is this run's alone), or,
+where slots share the GPU (gate/gpu_share.py), all of a slot's at the end, with the GPU to itself.
+
+Deferred timing runs after the slot has closed its conformance workers and given up its "present"
+hold: under the "exclusive" hold no other slot has a worker or queued work on the GPU. It measures
+the bandwidth ceilings there too (they size every floor), starts one worker for the implementation,
+and times each deferred workload at the inputs its conformance ran (`resolved`: the same shapes,
+dtypes and axes the workload's record names).
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+
+from grpo_conform.checks import internal
+from grpo_conform.checks.registry import TIMING_CHECKS
+from grpo_conform.checks.timed import WorkloadTiming, skipped_timing, timing_failure_outcomes
+from grpo_conform.gate.plan import select_outcomes
+from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
+from grpo_conform.phases import PHASES
+from grpo_conform.results import INTERNAL_ERROR, WorkloadResult
+
+
+def time_workload(session: WorkerSession, spec, w, resolved, ctx, say, name: str, member: str,
+                  draws: dict[str, Any]):
+    """(timings, timed outcomes) of one workload; none where timing does not apply (CPU, untimed workloads)."""
+    if ctx.device.type != "cuda" or not w.timed:
+        return [], []
+    if ctx.timing is None:
+        return [], skipped_timing("timing not requested (--no-timing)")
+    if session is None or not session.alive:
+        return [], skipped_timing("the worker was lost before timing")
+    say(name, member, w.name, f"timing {', '.join(ctx.timing.protocols)}")
+    timing = WorkloadTiming(session, spec, resolved, ctx.timing, ctx.floor_fn(spec, resolved),
+                            ctx.gemm_ceiling_fn(spec, resolved))
+    try:
+        with PHASES("timing"), PHASES.inclusive("probes", "timing"):
+            return timing.run()
+    except WorkerFailure as failure:
+        return [], timing_failure_outcomes(failure)
+    finally:
+        if timing.held:  # the timed sets' storages the worker still holds (worker.op_unbind)
+            draws["held_after_unbind_timed"] = timing.held
+
+
+def judged_timing(session, spec, w, resolved, ctx, say, name: str, member: str, draws: dict[str, Any]):
+    """time_workload, with grpo-conform's own exceptions in the timed judging reported as not judged."""
+    try:
+        return time_workload(session, spec, w, resolved, ctx, say, name, member, draws)
+    except Exception as exc:  # the timed protocols' own judging (timed-outputs) raised: see check.run_workload
+        if not internal.is_internal(exc):
+            raise
+        draws[INTERNAL_ERROR] = info = internal.describe(exc, "the timed protocols")
+        return [], list(internal.outcomes(TIMING_CHECKS, info))
+
+
+def release_cuda(device: torch.device) -> int:
+    """Frees what this workload left in this process and returns the bytes still allocated. Buffers the
+    worker opened through CUDA IPC wait in torch's limbo until it lets go; `ipc_collect` frees those it
+    has. A count that grows from workload to workload is a leak: round30a on the H200 ran out of memory
+    at the tenth member, 122 GiB allocated here (docs/timing.md)."""
+    torch.cuda.ipc_collect()
+    if torch.cuda.memory_allocated(device) > (256 << 20):
+        gc.collect()  # cyclic garbage holding CUDA tensors is freed only by a full collection (~0.1 s: when needed)
+        torch.cuda.ipc_collect()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.memory_allocated(device))
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A workload whose timing waits for the slot's exclusive turn: where its result lies
+    (`results[index]` of member plan `mp`) and what its conformance ran."""
+
+    mp: Any  # gate.plan.MemberPlan
+    results: list  # the member's WorkloadResults, patched in place
+    index: int
+    w: Any
+    resolved: Any
+    checks: tuple[str, ...]  # -k
+
+
+def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker: Callable) -> None:
+    """Times every deferred workload with one worker (a new one after a loss) and puts the timings and
+    timed outcomes into their results. `ctx` is the run's context with the ceilings measured under
+    the exclusive hold; `start_worker(mp)` returns a started WorkerSession or raises."""
+    session: WorkerSession | None = None
+    try:
+        for d in deferred:
+            result: WorkloadResult = d.results[d.index]
+            draws = dict(result.draws)
+            timed: list = []
+            timings: list = []
+            if INTERNAL_ERROR in draws:  # conformance raised: nothing timed either
+                timed = list(internal.outcomes(TIMING_CHECKS, draws[INTERNAL_ERROR]))
+            else:
+                if session is None or not session.alive:
+                    if session is not None:
+                        session.close()
+                    try:
+                        session = start_worker(d.mp)
+                    except (ImplementationLoadError, WorkerFailure) as exc:
+                        session = None
+                        say(impl.name, d.mp.label, d.w.name, f"timing: the worker did not start ({exc})")
+                timings, timed = judged_timing(session, d.mp.spec, d.w, d.resolved, ctx, say, impl.name,
+                                               d.mp.label, draws)
+                draws["cuda_allocated_after_timing"] = release_cuda(ctx.device)
+            outcomes = result.outcomes + tuple(select_outcomes(tuple(timed), d.checks))
+            d.results[d.index] = replace(result, outcomes=outcomes, timings=tuple(timings), draws=draws)
+    finally:
+        if session is not None:
+            session.close()

@@ -1,0 +1,178 @@
+"""The GPU gate of slots sharing one GPU (grpo_conform/gate/gpu_share.py): who may hold what, when.
+
+Timing honesty rests on one rule, that an exclusive hold is granted only while no slot holds anything
+(a present slot's worker may have work on the GPU); memory grants keep side-by-side workloads within
+the GPU. Each test breaks one of them in a way a wrong arbiter would let through."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from grpo_conform import device_memory
+from grpo_conform.gate.gpu_share import ENV_FDS, GateClient, GateError, GpuArbiter, serve
+
+GB = 1 << 30
+
+
+class Recorder:
+    def __init__(self):
+        self.granted: list[str] = []
+        self.tokens: dict[str, int] = {}
+
+    def __call__(self, name):
+        def grant(token):
+            self.granted.append(name)
+            self.tokens[name] = token
+        return grant
+
+
+def test_memory_grants_stay_within_capacity_in_arrival_order():
+    a, got = GpuArbiter(slots=3, capacity=100 * GB), Recorder()
+    a.request("s1", "present", 0, got("p1"))
+    a.request("s2", "present", 0, got("p2"))
+    a.request("s3", "present", 0, got("p3"))
+    a.request("s1", "memory", 60 * GB, got("m1"))
+    a.request("s2", "memory", 50 * GB, got("m2"))  # 110 > 100: waits
+    a.request("s3", "memory", 10 * GB, got("m3"))  # would fit, but must not pass m2 (m2 would starve)
+    assert got.granted == ["p1", "p2", "p3", "m1"]
+    a.release("s1", got.tokens["m1"])
+    assert got.granted[-2:] == ["m2", "m3"] and a.used() == 60 * GB
+
+
+def test_a_request_larger_than_the_gpu_runs_alone():
+    a, got = GpuArbiter(slots=2, capacity=10 * GB), Recorder()
+    a.request("s1", "memory", 4 * GB, got("small"))
+    a.request("s2", "memory", 30 * GB, got("huge"))
+    assert got.granted == ["small"]
+    a.release("s1", got.tokens["small"])
+    assert got.granted == ["small", "huge"]
+
+
+def test_exclusive_waits_until_no_slot_holds_anything():
+    a, got = GpuArbiter(slots=2, capacity=100 * GB), Recorder()
+    a.request("s1", "present", 0, got("p1"))
+    a.request("s2", "present", 0, got("p2"))
+    a.request("s1", "memory", GB, got("m1"))
+    a.release("s1", got.tokens["m1"])
+    a.release("s1", got.tokens["p1"])
+    a.request("s1", "exclusive", 0, got("x1"))
+    assert "x1" not in got.granted  # s2 is still present: its worker may have work on the GPU
+    a.request("s2", "memory", GB, got("m2"))  # a present slot's workloads go on: no deadlock
+    assert got.granted[-1] == "m2"
+    a.request("s3", "present", 0, got("p3"))  # a new job waits behind the timing asked for
+    a.release("s2", got.tokens["m2"])
+    assert "x1" not in got.granted
+    a.release("s2", got.tokens["p2"])
+    assert got.granted[-1] == "x1" and "p3" not in got.granted
+    a.request("s2", "exclusive", 0, got("x2"))
+    assert got.granted[-1] == "x1"  # one exclusive at a time
+    a.release("s1", got.tokens["x1"])
+    assert got.granted[-1] == "x2" and "p3" not in got.granted  # timing first, in arrival order
+    a.release("s2", got.tokens["x2"])
+    assert got.granted[-1] == "p3"
+
+
+def test_nothing_but_an_exclusive_is_granted_beside_an_exclusive():
+    a, got = GpuArbiter(slots=2, capacity=100 * GB), Recorder()
+    a.request("s1", "exclusive", 0, got("x1"))
+    a.request("s2", "memory", GB, got("m2"))
+    assert got.granted == ["x1"]
+    a.release("s1", got.tokens["x1"])
+    assert got.granted == ["x1", "m2"]
+
+
+def test_a_slot_that_exits_loses_what_it_held_and_asked_for():
+    a, got = GpuArbiter(slots=2, capacity=10 * GB), Recorder()
+    a.request("s1", "present", 0, got("p1"))
+    a.request("s1", "memory", 8 * GB, got("m1"))
+    a.request("s2", "memory", 8 * GB, got("m2"))
+    a.request("s1", "memory", GB, got("late"))
+    a.drop("s1")
+    assert got.granted == ["p1", "m1", "m2"] and not a.pending  # s1's pending request went with it
+    with pytest.raises(GateError):
+        a.release("s2", got.tokens["m1"])  # nobody releases another slot's hold
+
+
+def test_capacity_comes_from_the_first_slot_s_report():
+    a = GpuArbiter(slots=4)
+    a.set_total(100 * GB)
+    a.set_total(1 * GB)  # a later report does not shrink it mid-run
+    assert a.capacity == int(100 * GB * 0.9) - 4 * GB
+
+
+def _served(arbiter, name):
+    grant_r, grant_w = os.pipe()
+    request_r, request_w = os.pipe()
+    thread = threading.Thread(target=serve, args=(arbiter, name, os.fdopen(request_r, "r"), os.fdopen(grant_w, "w")),
+                              daemon=True)
+    thread.start()
+    return GateClient(grant_r, request_w), thread
+
+
+def test_client_and_server_over_pipes_and_a_closed_client_drops_its_holds():
+    arbiter = GpuArbiter(slots=2, capacity=10 * GB)
+    one, t1 = _served(arbiter, "one")
+    two, t2 = _served(arbiter, "two")
+    one.report_total(20 * GB)
+    token = one.acquire("memory", 9 * GB)
+    waiter: list[int] = []
+    thread = threading.Thread(target=lambda: waiter.append(two.acquire("memory", 9 * GB)))
+    thread.start()
+    thread.join(0.3)
+    assert not waiter  # blocked: 18 GB do not fit in 10
+    one._out.close()  # the slot exits holding its grant
+    t1.join(5)
+    thread.join(5)
+    assert waiter and not t1.is_alive()
+    two.release(waiter[0])
+    with two.hold("exclusive"):
+        assert [h.kind for h in arbiter.holds.values()] == ["exclusive"]
+    assert token  # the dead slot's token is gone with it
+    two._out.close()
+    t2.join(5)
+
+
+def test_a_slot_speaking_nonsense_loses_its_holds():
+    arbiter = GpuArbiter(slots=1, capacity=10 * GB)
+    client, thread = _served(arbiter, "bad")
+    client.acquire("memory", GB)
+    client._send(op="release", token=12345)  # a hold it never had: the server stops serving it
+    thread.join(5)
+    assert not thread.is_alive() and not arbiter.holds
+    with pytest.raises(GateError):
+        client.acquire("memory", GB)
+
+
+def test_the_gate_s_descriptors_never_reach_the_slot_s_children(monkeypatch):
+    grant_r, grant_w = os.pipe()
+    request_r, request_w = os.pipe()
+    for fd in (grant_r, request_w):
+        os.set_inheritable(fd, True)  # as pass_fds leaves them in the slot
+    monkeypatch.setenv(ENV_FDS, f"{grant_r},{request_w}")
+    client = GateClient.from_environment()
+    assert client is not None and ENV_FDS not in os.environ  # a worker's environment never names them
+    assert not os.get_inheritable(grant_r) and not os.get_inheritable(request_w)
+    child = subprocess.run([sys.executable, "-c", f"import os; os.fstat({request_w})"], close_fds=False,
+                           capture_output=True)
+    assert child.returncode != 0  # not open in a child, even one that keeps every inheritable descriptor
+    for fd in (grant_w, request_r):
+        os.close(fd)
+    monkeypatch.setenv(ENV_FDS, "seven")
+    with pytest.raises(GateError):
+        GateClient.from_environment()
+
+
+def test_a_grant_caps_the_free_memory_a_workload_sizes_by(monkeypatch):
+    monkeypatch.setattr(device_memory.torch.cuda, "mem_get_info", lambda device=None: (80 * GB, 140 * GB))
+    assert device_memory.free_bytes("cuda") == 80 * GB
+    with device_memory.granted(30 * GB):
+        assert device_memory.free_bytes("cuda") == 30 * GB
+        with device_memory.granted(None):
+            assert device_memory.free_bytes("cuda") == 80 * GB
+    assert device_memory.free_bytes("cuda") == 80 * GB
+    assert device_memory.estimate(2 * GB, 2 * GB) == 16 * 2 * GB + device_memory.FIXED_BYTES
