@@ -216,7 +216,10 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
     # protocols get the member's declared values with `time_setup` (checks/timed.py).
     shared: list[WorkerSession] = []
     deferred: list[Deferred] | None = [] if ctx.gate is not None else None
-    present = ctx.gate.acquire("present") if ctx.gate is not None else None
+    present = None
+    if ctx.gate is not None:
+        with PHASES("gate-wait"):
+            present = ctx.gate.acquire("present", tag=p.impl.identity)
     try:
         built = _check_members(p, ctx, request, say, stop, shared, deferred)
     finally:
@@ -226,12 +229,12 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
             torch.cuda.synchronize(ctx.device)
             ctx.gate.release(present)
     if deferred:
-        _timed_turn(p, ctx, request, say, deferred)
+        _timed_turn(p, ctx, request, say, deferred, stop)
     return _built_result(p, *built)
 
 
 def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter,
-                deferred: list[Deferred]) -> None:
+                deferred: list[Deferred], stop: Stop) -> None:
     """The slot's deferred timing, with the GPU to itself (timed_phase.py)."""
     assert ctx.gate is not None
     say.line(f"{p.impl.name}: waiting for the GPU to itself to time {len(deferred)} workloads")
@@ -244,11 +247,15 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
             session.start()
         return session
 
-    with ctx.gate.hold("exclusive"):
+    with PHASES("gate-wait"):
+        token = ctx.gate.acquire("exclusive")
+    try:
         timed_ctx, hardware = prepare_context(ctx.device, ctx.timing, say.line)
         ctx.hardware.update(hardware)
-        run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker)
+        run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker, stop)
         torch.cuda.synchronize(ctx.device)
+    finally:
+        ctx.gate.release(token)
 
 
 def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, stop: Stop,
@@ -412,9 +419,7 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
     op = operation_for(spec)
     say(name, member, w.name, f"conformance {op.describe_workload(spec, resolved)}")
     grant = op.device_bytes(spec, resolved) if ctx.gate is not None else None
-    with _memory_hold(ctx, grant):
-        if grant is not None:
-            draws["gpu_grant_bytes"] = grant
+    with _memory_hold(ctx, grant, draws):
         outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
         with PHASES("scan"):
             outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
@@ -435,13 +440,20 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
 
 
 @contextmanager
-def _memory_hold(ctx: RunContext, grant: int | None) -> Iterator[None]:
+def _memory_hold(ctx: RunContext, grant: int | None, draws: dict[str, Any]) -> Iterator[None]:
     """Where slots share the GPU: the workload's grant held at the gate, and what it sizes by."""
     if ctx.gate is None or grant is None:
         yield
         return
-    with ctx.gate.hold("memory", grant), device_memory.granted(grant):
-        yield
+    asked = time.monotonic()
+    with PHASES("gate-wait"):
+        token = ctx.gate.acquire("memory", grant)
+    draws["gpu_grant"] = {"bytes": grant, "waited_s": round(time.monotonic() - asked, 3)}
+    try:
+        with device_memory.granted(grant):
+            yield
+    finally:
+        ctx.gate.release(token)
 
 
 #: GPU memory grpo-conform's own process may still hold after a workload (it should hold next to none:

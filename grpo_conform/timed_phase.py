@@ -84,10 +84,11 @@ class Deferred:
     checks: tuple[str, ...]  # -k
 
 
-def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker: Callable) -> None:
+def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker: Callable, stop) -> None:
     """Times every deferred workload with one worker (a new one after a loss) and puts the timings and
     timed outcomes into their results. `ctx` is the run's context with the ceilings measured under
-    the exclusive hold; `start_worker(mp)` returns a started WorkerSession or raises."""
+    the exclusive hold; `start_worker(mp)` returns a started WorkerSession or raises; after `stop`
+    (--deadline, --fail-fast) the rest is reported not timed, with its reason."""
     session: WorkerSession | None = None
     try:
         for d in deferred:
@@ -97,6 +98,8 @@ def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker
             timings: list = []
             if INTERNAL_ERROR in draws:  # conformance raised: nothing timed either
                 timed = list(internal.outcomes(TIMING_CHECKS, draws[INTERNAL_ERROR]))
+            elif stop.reason:
+                timed = skipped_timing(f"{stop.reason} (its conformance ran; its timing waited for the GPU)")
             else:
                 if session is None or not session.alive:
                     if session is not None:

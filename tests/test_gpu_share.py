@@ -141,7 +141,7 @@ def test_a_slot_speaking_nonsense_loses_its_holds():
     arbiter = GpuArbiter(slots=1, capacity=10 * GB)
     client, thread = _served(arbiter, "bad")
     client.acquire("memory", GB)
-    client._send(op="release", token=12345)  # a hold it never had: the server stops serving it
+    client._send(gate="release", token=12345)  # a hold it never had: the server stops serving it
     thread.join(5)
     assert not thread.is_alive() and not arbiter.holds
     with pytest.raises(GateError):
@@ -176,3 +176,15 @@ def test_a_grant_caps_the_free_memory_a_workload_sizes_by(monkeypatch):
             assert device_memory.free_bytes("cuda") == 80 * GB
     assert device_memory.free_bytes("cuda") == 80 * GB
     assert device_memory.estimate(2 * GB, 2 * GB) == 16 * 2 * GB + device_memory.FIXED_BYTES
+
+
+def test_two_implementations_are_never_present_together():
+    a, got = GpuArbiter(slots=3, capacity=100 * GB), Recorder()
+    a.request("s1", "present", 0, got("a1"), tag="impl-a")
+    a.request("s2", "present", 0, got("b1"), tag="impl-b")  # another implementation: waits
+    a.request("s3", "present", 0, got("a2"), tag="impl-a")  # not before b1, which asked first (no starvation)
+    assert got.granted == ["a1"]
+    a.release("s1", got.tokens["a1"])
+    assert got.granted == ["a1", "b1"]
+    a.release("s2", got.tokens["b1"])
+    assert got.granted == ["a1", "b1", "a2"]

@@ -8,7 +8,10 @@ implementation chose (its error messages), which must not be able to speak for t
 
 A slot holds, in order:
 - "present", from before its first CUDA work until it has closed its workers and waited for its own
-  queued work: while any slot is present, no timing runs, since a present slot's worker may launch work;
+  queued work: while any slot is present, no timing runs, since a present slot's worker may launch work.
+  A present hold names the implementation (its identity): slots of different implementations are never
+  present together, so an implementation that hoards memory or loads the GPU can hurt only its own
+  verdicts, never another's;
 - "memory" (N bytes), around each workload's conformance: the workloads running side by side together fit
   in the GPU (`capacity`); each sizes its kept outputs and chunks by its grant (grpo_conform/device_memory.py),
   so what a workload checks does not depend on what runs beside it;
@@ -17,7 +20,8 @@ A slot holds, in order:
 Grants: memory requests in arrival order (a large one is never passed by smaller ones, so it is not
 starved), one larger than the capacity when it is alone; exclusive requests in arrival order once
 nothing is held; a new "present" waits while an exclusive is held or asked for, so that timing is not
-postponed by every job still to start. A slot that exits loses what it held or asked for (`drop`).
+postponed by every job still to start, and while another implementation is present or asked first. A
+slot that exits loses what it held or asked for (`drop`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Request:
     nbytes: int
     token: int
     grant: Callable[[int], None]
+    tag: str = ""  # a present hold's implementation identity
 
 
 class GpuArbiter:
@@ -65,12 +70,12 @@ class GpuArbiter:
             if self.capacity is None:
                 self.capacity = max(0, int(total * USABLE_FRACTION) - self.slots * CONTEXT_BYTES)
 
-    def request(self, slot: str, kind: str, nbytes: int, grant: Callable[[int], None]) -> int:
+    def request(self, slot: str, kind: str, nbytes: int, grant: Callable[[int], None], tag: str = "") -> int:
         if kind not in KINDS:
             raise GateError(f"unknown hold {kind!r}: expected one of {', '.join(KINDS)}")
         with self.lock:
             self._tokens += 1
-            self.pending.append(Request(slot, kind, max(0, int(nbytes)), self._tokens, grant))
+            self.pending.append(Request(slot, kind, max(0, int(nbytes)), self._tokens, grant, tag))
             self._grant()
             return self._tokens
 
@@ -100,7 +105,9 @@ class GpuArbiter:
         if exclusive_held:
             return False
         if r.kind == "present":
-            return not exclusive_waits
+            others = {h.tag for h in self.holds.values() if h.kind == "present"}
+            earlier = {p.tag for p in self.pending[:self.pending.index(r)] if p.kind == "present"}
+            return not exclusive_waits and others | earlier <= {r.tag}
         if not first_memory:
             return False
         memory_held = any(h.kind == "memory" for h in self.holds.values())
@@ -139,11 +146,11 @@ def serve(arbiter: GpuArbiter, slot: str, requests, grants) -> None:
         for line in requests:
             try:
                 msg = json.loads(line)
-                if msg.get("op") == "total":
+                if msg.get("gate") == "total":
                     arbiter.set_total(int(msg["bytes"]))
-                elif msg.get("op") == "acquire":
-                    arbiter.request(slot, str(msg["kind"]), int(msg.get("bytes", 0)), answer)
-                elif msg.get("op") == "release":
+                elif msg.get("gate") == "acquire":
+                    arbiter.request(slot, str(msg["kind"]), int(msg.get("bytes", 0)), answer, str(msg.get("tag", "")))
+                elif msg.get("gate") == "release":
                     arbiter.release(slot, int(msg["token"]))
                 else:
                     raise GateError(f"unknown message {line.strip()[:80]!r}")
@@ -186,17 +193,17 @@ class GateClient:
             raise GateError(f"the run's GPU gate is gone ({exc})") from None
 
     def report_total(self, total: int) -> None:
-        self._send(op="total", bytes=int(total))
+        self._send(gate="total", bytes=int(total))
 
-    def acquire(self, kind: str, nbytes: int = 0) -> int:
-        self._send(op="acquire", kind=kind, bytes=int(nbytes))
+    def acquire(self, kind: str, nbytes: int = 0, tag: str = "") -> int:
+        self._send(gate="acquire", kind=kind, bytes=int(nbytes), tag=tag)
         line = self._in.readline()
         if not line:
             raise GateError("the run's GPU gate closed before granting")
         return int(json.loads(line)["token"])
 
     def release(self, token: int) -> None:
-        self._send(op="release", token=token)
+        self._send(gate="release", token=token)
 
     @contextmanager
     def hold(self, kind: str, nbytes: int = 0) -> Iterator[int]:

@@ -206,6 +206,12 @@ class _Worker:
         if held:  # a full collection only when something is still alive (~0.1 s with torch loaded)
             gc.collect()
             held = [label for label, ref in refs if not ref.expired()]
+        if self.device == "cuda":
+            import torch  # lazily, as op_load
+
+            # what the workload's calls left in this process's allocator goes back to the GPU: beside
+            # other slots (gate/gpu_share.py) it is theirs to use (round32a: 139 GB of 140 in use at once)
+            torch.cuda.empty_cache()
         self.send(status="ok", held=held)
 
     # -- a call: forward, backward and export as separate steps ------------------------------
