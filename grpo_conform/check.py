@@ -58,7 +58,7 @@ from grpo_conform.results import (INTERNAL_ERROR, CheckOutcome, CheckReport, Imp
 from grpo_conform.results import implementation_result as _result  # short names of the run loop below
 from grpo_conform.results import member_result as _member
 from grpo_conform.spec import Spec
-from grpo_conform.timed_phase import Deferred, judged_timing, release_cuda, run_deferred
+from grpo_conform.timed_phase import Deferred, judged_timing, ran_out_of_memory, release_cuda, run_deferred
 
 __all__ = ["CheckRequest", "CheckReport", "run_check", "resolve_device", "default_timeout"]
 
@@ -237,7 +237,9 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
                 deferred: list[Deferred], stop: Stop) -> None:
     """The slot's deferred timing, with the GPU to itself (timed_phase.py)."""
     assert ctx.gate is not None
-    say.line(f"{p.impl.name}: waiting for the GPU to itself to time {len(deferred)} workloads")
+    reruns = sum(1 for d in deferred if d.rerun)
+    say.line(f"{p.impl.name}: waiting for the GPU to itself to time {len(deferred) - reruns} workloads"
+             + (f" and run {reruns} again alone (out of memory beside other slots)" if reruns else ""))
 
     def start_worker(mp) -> WorkerSession:
         session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device,
@@ -252,7 +254,12 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
     try:
         timed_ctx, hardware = prepare_context(ctx.device, ctx.timing, say.line)
         ctx.hardware.update(hardware)
-        run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker, stop)
+        def rerun(session: WorkerSession, d: Deferred) -> WorkloadResult:
+            session.timeout = request.timeout or default_timeout(d.mp.spec, d.mp.workloads, ctx.device)
+            with PHASES.inclusive("workloads", f"{p.impl.name} {d.mp.label} {d.w.name} (alone)"):
+                return run_workload(session, d.mp.spec, d.w, timed_ctx, request, say, p.impl.name, d.mp.label)[0]
+
+        run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker, stop, rerun)
         torch.cuda.synchronize(ctx.device)
     finally:
         ctx.gate.release(token)
@@ -305,7 +312,10 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
                     result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
                 results.append(result)
-                if deferred is not None and resolved is not None and w.timed and wants_timing(request.checks):
+                short = ran_out_of_memory(result) if deferred is not None else ""
+                if short:  # beside other slots: run it again alone in this slot's exclusive turn
+                    deferred.append(Deferred(mp, results, len(results) - 1, w, resolved, request.checks, short))
+                elif deferred is not None and resolved is not None and w.timed and wants_timing(request.checks):
                     deferred.append(Deferred(mp, results, len(results) - 1, w, resolved, request.checks))
                 held = memory_stop(result.draws, f"{name} {mp.label} {w.name}")
                 if held and not stop.reason:

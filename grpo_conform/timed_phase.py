@@ -1,6 +1,10 @@
 """The timed protocols of a workload: right after its conformance (the GPU is this run's alone), or,
 where slots share the GPU (gate/gpu_share.py), all of a slot's at the end, with the GPU to itself.
 
+The same turn runs again, alone, every workload that ran out of GPU memory beside other slots
+(`ran_out_of_memory`): a verdict never rests on memory that other slots held. An implementation that
+fakes the message gains only a run alone, as a serial run would give it.
+
 Deferred timing runs after the slot has closed its conformance workers and given up its "present"
 hold: under the "exclusive" hold no other slot has a worker or queued work on the GPU. It measures
 the bandwidth ceilings there too (they size every floor), starts one worker for the implementation,
@@ -22,7 +26,7 @@ from grpo_conform.checks.timed import WorkloadTiming, skipped_timing, timing_fai
 from grpo_conform.gate.plan import select_outcomes
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.phases import PHASES
-from grpo_conform.results import INTERNAL_ERROR, WorkloadResult
+from grpo_conform.results import INTERNAL_ERROR, CheckOutcome, WorkloadResult
 
 
 def time_workload(session: WorkerSession, spec, w, resolved, ctx, say, name: str, member: str,
@@ -73,8 +77,8 @@ def release_cuda(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class Deferred:
-    """A workload whose timing waits for the slot's exclusive turn: where its result lies
-    (`results[index]` of member plan `mp`) and what its conformance ran."""
+    """A workload whose timing (or, `rerun`, whole run) waits for the slot's exclusive turn: where its
+    result lies (`results[index]` of member plan `mp`) and what its conformance ran."""
 
     mp: Any  # gate.plan.MemberPlan
     results: list  # the member's WorkloadResults, patched in place
@@ -82,16 +86,49 @@ class Deferred:
     w: Any
     resolved: Any
     checks: tuple[str, ...]  # -k
+    rerun: str = ""  # why it runs again alone (conformance and timing); "" = timing only
 
 
-def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker: Callable, stop) -> None:
+OUT_OF_MEMORY = ("out of memory", "outofmemoryerror")
+
+
+def ran_out_of_memory(result: WorkloadResult) -> str:
+    """The message of the first outcome that failed or was skipped for lack of GPU memory, or ""."""
+    for o in result.outcomes:
+        if o.status != "passed" and any(m in (o.message or "").lower() for m in OUT_OF_MEMORY):
+            return f"{o.check}: {(o.message or '').splitlines()[0][:200]}"
+    info = result.draws.get(INTERNAL_ERROR) or {}
+    text = f"{info.get('type', '')} {info.get('message', '')}".lower()
+    return f"internal error: {info.get('type')}" if any(m in text for m in OUT_OF_MEMORY) else ""
+
+
+def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker: Callable, stop,
+                 rerun: Callable) -> None:
     """Times every deferred workload with one worker (a new one after a loss) and puts the timings and
     timed outcomes into their results. `ctx` is the run's context with the ceilings measured under
     the exclusive hold; `start_worker(mp)` returns a started WorkerSession or raises; after `stop`
-    (--deadline, --fail-fast) the rest is reported not timed, with its reason."""
+    (--deadline, --fail-fast) the rest is reported not timed, with its reason. A `rerun` entry runs
+    whole again: `rerun(session, d)` returns its new WorkloadResult (check.run_workload, timed inline)."""
     session: WorkerSession | None = None
     try:
         for d in deferred:
+            if d.rerun:
+                why = stop.reason
+                if not why:
+                    if session is None or not session.alive:
+                        if session is not None:
+                            session.close()
+                        try:
+                            session = start_worker(d.mp)
+                        except (ImplementationLoadError, WorkerFailure) as exc:
+                            session, why = None, f"its worker did not start ({_first(str(exc))})"
+                if why:  # never the out-of-memory verdict of a run beside other slots
+                    d.results[d.index] = _not_judged(d.results[d.index], d.rerun, why)
+                    continue
+                say(impl.name, d.mp.label, d.w.name, f"again, alone on the GPU ({d.rerun})")
+                result = rerun(session, d)
+                d.results[d.index] = replace(result, draws={**result.draws, "rerun_alone": d.rerun})
+                continue
             result: WorkloadResult = d.results[d.index]
             draws = dict(result.draws)
             timed: list = []
@@ -117,3 +154,15 @@ def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker
     finally:
         if session is not None:
             session.close()
+
+
+def _first(text: str) -> str:
+    return text.splitlines()[0][:200] if text else text
+
+
+def _not_judged(result: WorkloadResult, short: str, why: str) -> WorkloadResult:
+    """A workload that ran out of memory beside other slots and could not run again alone: nothing of
+    it is judged (its failures may be the other slots' doing)."""
+    reason = f"not judged: out of GPU memory beside other slots ({short}); not run again alone: {why}"
+    outcomes = tuple(CheckOutcome(o.check, "skipped", reason, {}) for o in result.outcomes)
+    return replace(result, outcomes=outcomes, draws={**result.draws, "rerun_alone": short, "not_rerun": why})
