@@ -95,7 +95,7 @@ OUT_OF_MEMORY = ("out of memory", "outofmemoryerror")
 def ran_out_of_memory(result: WorkloadResult) -> str:
     """The message of the first outcome that failed or was skipped for lack of GPU memory, or ""."""
     for o in result.outcomes:
-        if o.status != "passed" and any(m in (o.message or "").lower() for m in OUT_OF_MEMORY):
+        if o.status != "pass" and any(m in (o.message or "").lower() for m in OUT_OF_MEMORY):
             return f"{o.check}: {(o.message or '').splitlines()[0][:200]}"
     info = result.draws.get(INTERNAL_ERROR) or {}
     text = f"{info.get('type', '')} {info.get('message', '')}".lower()

@@ -26,6 +26,6 @@ def test_two_slots_share_the_gpu_and_each_times_alone():
     assert all(w.draws.get("gpu_grant_bytes", 0) > 0 for w in workloads.values())  # every one under a grant
     seed = workloads["seed-b2"]
     assert {t["protocol"] for t in seed.timings} >= {"forward", "full"}  # timed, in the exclusive turn
-    assert any(o.check == "timing-floor" and o.status == "passed" for o in seed.outcomes)
+    assert any(o.check == "timing-floor" and o.status == "pass" for o in seed.outcomes)
     timed_part = next(p for p in report.parts if any(w.timings for i in p.implementations for w in i.workloads))
     assert timed_part.hardware.get("ceilings")  # the ceilings its floors used, measured in its turn
