@@ -55,7 +55,8 @@
 #                                               # its CUDA tests, then the default check of triton (every member, timing),
 #                                               # phases (~6.5 min)
 #   bash benchmarks/h200_evidence.sh round32a   # issue 35, twelfth session: the default check with 4 slots sharing the GPU
-#                                               # (cold, then warm compile stores; JOBS6=1 adds --jobs 6), memory sampled
+#                                               # (cold, then warm compile stores; RUNS=cold: one; JOBS6=1 adds --jobs 6),
+#                                               # the GPU's used memory sampled
 #   bash benchmarks/h200_evidence.sh round15b   # fused_bench (batch 2-16), triton-fused and fused-torch seed records
 #   bash benchmarks/h200_evidence.sh round15s   # round15b cut to ~6 minutes (batch 2 and 8)
 #   bash benchmarks/h200_evidence.sh round15c   # the logits sweep (--quick --configs), fused-liger at seed-b2
@@ -478,7 +479,7 @@ PY
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
     sampler=$!
-    for run in cold warm; do
+    for run in ${RUNS:-cold warm}; do
       default_check "${DEADLINE:-240}"
       mv "$R/triton-default.json" "$R/triton-default-$run.json"; mv "$R/triton-default.log" "$R/triton-default-$run.log"
       status "$run: GPU memory used at most $(sort -n "$R/memory-used.csv" | cut -d, -f2 | sort -n | tail -1) MiB so far"
