@@ -23,7 +23,7 @@ def test_two_slots_share_the_gpu_and_each_times_alone():
                                    for i in report.implementations for w in i.workloads]
     assert len(report.parts) == 2 and any("to itself" in n for n in report.notes)
     workloads = {w.workload: w for i in report.implementations for w in i.workloads}
-    assert all(w.draws.get("gpu_grant_bytes", 0) > 0 for w in workloads.values())  # every one under a grant
+    assert all(w.draws["gpu_grant"]["bytes"] > 0 for w in workloads.values())  # every one under a grant
     seed = workloads["seed-b2"]
     assert {t["protocol"] for t in seed.timings} >= {"forward", "full"}  # timed, in the exclusive turn
     assert any(o.check == "timing-floor" and o.status == "pass" for o in seed.outcomes)
