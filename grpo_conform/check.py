@@ -193,7 +193,8 @@ def shared_context(device: torch.device, timing: TimingSettings | None) -> RunCo
                                  "the runner sets it; run `grpo-conform check` rather than the slot module)")
     _free, total = torch.cuda.mem_get_info(device)
     gate.report_total(total)
-    return RunContext(device, timing, gate=gate)
+    # the GPU as the catalogue knows it; its measured ceilings replace this in the slot's timed turn
+    return RunContext(device, timing, gate=gate, hardware=describe_running_gpu(device, None).to_json())
 
 
 def run_stop(request: CheckRequest) -> Stop:
@@ -226,7 +227,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         for s in shared:
             s.close()  # before the exclusive turn: no worker of this slot is left on the GPU
         if present is not None:
-            torch.cuda.synchronize(ctx.device)
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
             ctx.gate.release(present)
     if deferred:
         _timed_turn(p, ctx, request, say, deferred, stop)
@@ -260,7 +262,8 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
                 return run_workload(session, d.mp.spec, d.w, timed_ctx, request, say, p.impl.name, d.mp.label)[0]
 
         run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker, stop, rerun)
-        torch.cuda.synchronize(ctx.device)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
     finally:
         ctx.gate.release(token)
 
@@ -315,7 +318,8 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                 short = ran_out_of_memory(result) if deferred is not None else ""
                 if short:  # beside other slots: run it again alone in this slot's exclusive turn
                     deferred.append(Deferred(mp, results, len(results) - 1, w, resolved, request.checks, short))
-                elif deferred is not None and resolved is not None and w.timed and wants_timing(request.checks):
+                elif (deferred is not None and resolved is not None and w.timed and ctx.timing is not None
+                      and wants_timing(request.checks)):
                     deferred.append(Deferred(mp, results, len(results) - 1, w, resolved, request.checks))
                 held = memory_stop(result.draws, f"{name} {mp.label} {w.name}")
                 if held and not stop.reason:
@@ -435,7 +439,7 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
             outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
         timings: list = []
         timed: list[CheckOutcome] = []
-        if ctx.gate is not None:
+        if ctx.gate is not None and ctx.timing is not None:
             pass  # timed in the slot's exclusive turn (timed_phase.run_deferred)
         elif wants_timing(request.checks) and INTERNAL_ERROR in draws:  # conformance raised: nothing timed either
             if ctx.device.type == "cuda" and w.timed:

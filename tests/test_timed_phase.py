@@ -14,8 +14,8 @@ from grpo_conform.timed_phase import Deferred, ran_out_of_memory, run_deferred
 OOM = "call c1: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 
-def _result(*outcomes, draws=None) -> WorkloadResult:
-    return WorkloadResult("mask-b8", {}, {}, "cuda", (), tuple(outcomes), (), dict(draws or {}))
+def _result(*outcomes, draws=None, name="mask-b8") -> WorkloadResult:
+    return WorkloadResult(name, {}, {}, "cuda", (), tuple(outcomes), (), dict(draws or {}))
 
 
 def _entry(result, rerun=""):
@@ -66,3 +66,76 @@ def test_a_workload_that_cannot_run_again_alone_is_not_judged_rather_than_failed
     _run([lost], lambda session, d: None, start=no_worker)
     assert {o.status for o in lost.results[0].outcomes} == {"skipped"}
     assert "did not start" in lost.results[0].draws["not_rerun"]
+
+
+# -- the engine's side of the gate (check.check_implementation), without a GPU -------------------------
+class FakeGate:
+    """Records what a slot asks the gate for, in order; grants at once."""
+
+    def __init__(self):
+        self.log: list[tuple[str, str, int, str]] = []
+        self.held: set[int] = set()
+        self._n = 0
+
+    def acquire(self, kind, nbytes=0, tag=""):
+        self._n += 1
+        self.held.add(self._n)
+        self.log.append(("acquire", kind, nbytes, tag))
+        return self._n
+
+    def release(self, token):
+        self.held.remove(token)
+        self.log.append(("release", "", 0, ""))
+
+
+class FakeSession:
+    def __init__(self, impl, *args, **kwargs):
+        self.impl, self.alive, self.info, self.timeout = impl, True, {}, None
+
+    def start(self):
+        pass
+
+    def close(self):
+        self.alive = False
+
+
+def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload_again_alone(monkeypatch):
+    from pathlib import Path
+
+    import torch
+
+    from grpo_conform import check
+    from grpo_conform.checks.timed import TimingSettings
+    from grpo_conform.gate.plan import build_plan
+    from grpo_conform.gate.progress import Reporter
+
+    root = Path(__file__).resolve().parents[1]
+    request = check.CheckRequest((str(root / "implementations" / "pytorch"),), device="cpu", members=("token-is",),
+                                 workloads=("small-bf16", "odd-vocab"))
+    plan = build_plan(request, torch.device("cpu"))
+    ran: list[str] = []
+
+    def fake_run(session, spec, w, ctx, req, say, name, member):
+        ran.append(w.name + (" alone" if ctx.gate is None else ""))
+        short = w.name == "odd-vocab" and ctx.gate is not None  # out of memory beside others, once
+        outcome = CheckOutcome("runs", "error", OOM) if short else CheckOutcome("runs", "pass", "every call returned")
+        draws = {}
+        with check._memory_hold(ctx, 123, draws):
+            pass
+        return _result(outcome, draws=draws, name=w.name), object()
+
+    monkeypatch.setattr(check, "run_workload", fake_run)
+    monkeypatch.setattr(check, "WorkerSession", FakeSession)
+    gate = FakeGate()
+    ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
+    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    kinds = [(event, kind) for event, kind, _, _ in gate.log]
+    assert kinds[0] == ("acquire", "present") and gate.log[0][3] == plan.implementations[0].impl.identity
+    present_released = kinds.index(("release", ""), kinds.index(("acquire", "memory"), 2) + 2)
+    assert kinds[1:present_released + 1] == [("acquire", "memory"), ("release", ""), ("acquire", "memory"),
+                                             ("release", ""), ("release", "")]  # two grants, then present let go
+    assert kinds[present_released + 1] == ("acquire", "exclusive") and not gate.held  # the turn, then nothing held
+    assert ran == ["small-bf16", "odd-vocab", "odd-vocab alone"]
+    odd = next(w for w in result.workloads if w.workload == "odd-vocab")
+    assert odd.draws["rerun_alone"].startswith("runs") and [o.status for o in odd.outcomes] == ["pass"]
+    assert result.status == "conformant"
