@@ -184,8 +184,9 @@ def spec_validate(files: tuple[str, ...]) -> None:
                    "the records hold what completed (for a run under an outer time limit)")
 @click.option("--jobs", "-j", type=JobsType(), default="auto", show_default=True, envvar="GRPO_CONFORM_JOBS",
               show_envvar=True,
-              help="slot processes run in parallel (per GPU with --gpus; one per GPU while timing); auto: one "
-                   "per usable CPU core on the CPU (at most one per member, at most 4), 1 on CUDA")
+              help="slot processes run in parallel (per GPU with --gpus; slots on one GPU share it, each timing "
+                   "with the GPU to itself); auto: one per usable CPU core on the CPU (at most one per member, at "
+                   "most 4), on CUDA one per 3 cores, at most 4 per GPU")
 @click.option("--gpus", metavar="all|0,1", help="pin slots to these GPUs (CUDA_VISIBLE_DEVICES per slot)")
 @click.option("--junit-xml", type=click.Path(dir_okay=False), help="write a JUnit XML report here")
 @click.option("--summary", "summary_file", type=click.Path(dir_okay=False),
