@@ -191,10 +191,18 @@ def shared_context(device: torch.device, timing: TimingSettings | None) -> RunCo
     if gate is None:
         raise EnvironmentProblem("a slot sharing the GPU was started without the run's GPU gate (internal: "
                                  "the runner sets it; run `grpo-conform check` rather than the slot module)")
-    _free, total = torch.cuda.mem_get_info(device)
-    gate.report_total(total)
-    # the GPU as the catalogue knows it; its measured ceilings replace this in the slot's timed turn
-    return RunContext(device, timing, gate=gate, hardware=describe_running_gpu(device, None).to_json())
+    return RunContext(device, timing, gate=gate)
+
+
+def _first_cuda_work(ctx: RunContext) -> None:
+    """A sharing slot's first CUDA work, once present: its CUDA context (made while another slot times,
+    it would disturb the timing), the GPU's total memory for the gate, the GPU as the catalogue knows it
+    (the ceilings measured in the slot's timed turn replace it)."""
+    _free, total = torch.cuda.mem_get_info(ctx.device)
+    assert ctx.gate is not None
+    ctx.gate.report_total(total)
+    if not ctx.hardware:
+        ctx.hardware.update(describe_running_gpu(ctx.device, None).to_json())
 
 
 def run_stop(request: CheckRequest) -> Stop:
@@ -222,6 +230,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         with PHASES("gate-wait"):
             present = ctx.gate.acquire("present", tag=p.impl.identity)
     try:
+        if present is not None and ctx.device.type == "cuda":
+            _first_cuda_work(ctx)
         built = _check_members(p, ctx, request, say, stop, shared, deferred)
     finally:
         for s in shared:
