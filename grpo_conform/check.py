@@ -266,6 +266,7 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
     try:
         timed_ctx, hardware = prepare_context(ctx.device, ctx.timing, say.line)
         ctx.hardware.update(hardware)
+
         def rerun(session: WorkerSession, d: Deferred) -> WorkloadResult:
             session.timeout = request.timeout or default_timeout(d.mp.spec, d.mp.workloads, ctx.device)
             with PHASES.inclusive("workloads", f"{p.impl.name} {d.mp.label} {d.w.name} (alone)"):

@@ -108,25 +108,18 @@ def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker
     timed outcomes into their results. `ctx` is the run's context with the ceilings measured under
     the exclusive hold; `start_worker(mp)` returns a started WorkerSession or raises; after `stop`
     (--deadline, --fail-fast) the rest is reported not timed, with its reason. A `rerun` entry runs
-    whole again: `rerun(session, d)` returns its new WorkloadResult (check.run_workload, timed inline)."""
-    session: WorkerSession | None = None
+    whole again: `rerun(session, d)` returns its new WorkloadResult (check.run_workload, timed inline).
+    A worker that does not start is not started again: a hang at load costs one timeout, as in one slot."""
+    turn = _Turn(start_worker)
     try:
         for d in deferred:
             if d.rerun:
-                why = stop.reason
-                if not why:
-                    if session is None or not session.alive:
-                        if session is not None:
-                            session.close()
-                        try:
-                            session = start_worker(d.mp)
-                        except (ImplementationLoadError, WorkerFailure) as exc:
-                            session, why = None, f"its worker did not start ({_first(str(exc))})"
+                why = stop.reason or turn.worker(d.mp)[1]
                 if why:  # never the out-of-memory verdict of a run beside other slots
                     d.results[d.index] = _not_judged(d.results[d.index], d.rerun, why)
                     continue
                 say(impl.name, d.mp.label, d.w.name, f"again, alone on the GPU ({d.rerun})")
-                result = rerun(session, d)
+                result = rerun(turn.session, d)
                 d.results[d.index] = replace(result, draws={**result.draws, "rerun_alone": d.rerun})
                 continue
             result: WorkloadResult = d.results[d.index]
@@ -138,22 +131,44 @@ def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker
             elif stop.reason:
                 timed = skipped_timing(f"{stop.reason} (its conformance ran; its timing waited for the GPU)")
             else:
-                if session is None or not session.alive:
-                    if session is not None:
-                        session.close()
-                    try:
-                        session = start_worker(d.mp)
-                    except (ImplementationLoadError, WorkerFailure) as exc:
-                        session = None
-                        say(impl.name, d.mp.label, d.w.name, f"timing: the worker did not start ({exc})")
-                timings, timed = judged_timing(session, d.mp.spec, d.w, d.resolved, ctx, say, impl.name,
-                                               d.mp.label, draws)
-                draws["cuda_allocated_after_timing"] = release_cuda(ctx.device)
+                session, why = turn.worker(d.mp)
+                if why:
+                    timed = skipped_timing(f"not timed: {why}")
+                else:
+                    timings, timed = judged_timing(session, d.mp.spec, d.w, d.resolved, ctx, say, impl.name,
+                                                   d.mp.label, draws)
+                if getattr(ctx.device, "type", None) == "cuda":
+                    draws["cuda_allocated_after_timing"] = release_cuda(ctx.device)
             outcomes = result.outcomes + tuple(select_outcomes(tuple(timed), d.checks))
             d.results[d.index] = replace(result, outcomes=outcomes, timings=tuple(timings), draws=draws)
     finally:
-        if session is not None:
-            session.close()
+        turn.close()
+
+
+class _Turn:
+    """The turn's worker: started when first needed, again after a loss, never after a failed start."""
+
+    def __init__(self, start_worker: Callable):
+        self.start_worker = start_worker
+        self.session: WorkerSession | None = None
+        self.lost = ""  # why no worker could be started
+
+    def worker(self, mp) -> tuple[WorkerSession | None, str]:
+        if self.lost:
+            return None, self.lost
+        if self.session is None or not self.session.alive:
+            self.close()
+            try:
+                self.session = self.start_worker(mp)
+            except (ImplementationLoadError, WorkerFailure) as exc:
+                self.lost = f"its worker did not start ({_first(str(exc))})"
+                return None, self.lost
+        return self.session, ""
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
 
 def _first(text: str) -> str:

@@ -139,3 +139,20 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
     odd = next(w for w in result.workloads if w.workload == "odd-vocab")
     assert odd.draws["rerun_alone"].startswith("runs") and [o.status for o in odd.outcomes] == ["pass"]
     assert result.status == "conformant"
+
+
+def test_a_worker_that_does_not_start_in_the_turn_is_not_started_again():
+    starts = []
+
+    def no_worker(mp):
+        starts.append(mp)
+        raise ImplementationLoadError("impl/implementation.toml", "entry", "no answer within 120 s")
+
+    timed = [_entry(_result(CheckOutcome("runs", "pass", "every call returned"))) for _ in range(3)]
+    short = _entry(_result(CheckOutcome("runs", "error", OOM)), rerun="runs")
+    _run(timed + [short], lambda session, d: None, start=no_worker)
+    assert len(starts) == 1  # a hang at load costs one timeout, not one per deferred workload
+    for entry in timed:
+        timing = [o for o in entry.results[0].outcomes if o.check == "timing-floor"]
+        assert timing and timing[0].status == "skipped" and "did not start" in timing[0].message
+    assert {o.status for o in short.results[0].outcomes} == {"skipped"}
