@@ -188,3 +188,12 @@ def test_two_implementations_are_never_present_together():
     assert got.granted == ["a1", "b1"]
     a.release("s2", got.tokens["b1"])
     assert got.granted == ["a1", "b1", "a2"]
+
+
+def test_nothing_is_heard_in_the_name_of_a_slot_that_exited():
+    a, got = GpuArbiter(slots=2, capacity=100 * GB), Recorder()
+    a.request("s1", "present", 0, got("p1"))
+    a.retire("s1")  # its process exited; a child of it may still hold its pipe
+    a.request("s1", "exclusive", 0, got("x-forged"))
+    a.request("s2", "present", 0, got("p2"))
+    assert got.granted == ["p1", "p2"] and not any(r.slot == "s1" for r in a.pending)

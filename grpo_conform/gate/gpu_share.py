@@ -63,6 +63,7 @@ class GpuArbiter:
         self.holds: dict[int, Request] = {}
         self.pending: list[Request] = []
         self._tokens = 0
+        self.retired: set[str] = set()  # slots that exited: whatever still speaks for them is not heard
         self.log: list[tuple[str, str, str, int]] = []  # (event, slot, kind, bytes): for tests and the report
 
     def set_total(self, total: int) -> None:
@@ -75,6 +76,8 @@ class GpuArbiter:
             raise GateError(f"unknown hold {kind!r}: expected one of {', '.join(KINDS)}")
         with self.lock:
             self._tokens += 1
+            if slot in self.retired:
+                return self._tokens  # never granted: the slot is gone
             self.pending.append(Request(slot, kind, max(0, int(nbytes)), self._tokens, grant, tag))
             self._grant()
             return self._tokens
@@ -87,6 +90,13 @@ class GpuArbiter:
             del self.holds[token]
             self.log.append(("release", slot, held.kind, held.nbytes))
             self._grant()
+
+    def retire(self, slot: str) -> None:
+        """The slot's process has exited: drop what it held, and hear nothing more in its name (a child
+        that kept its pipe open cannot hold the GPU for it)."""
+        with self.lock:
+            self.retired.add(slot)
+        self.drop(slot)
 
     def drop(self, slot: str) -> None:
         with self.lock:

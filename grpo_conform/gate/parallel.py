@@ -253,8 +253,10 @@ class _Runner:
             tail = (tail + [line])[-20:]
             self.say.line(f"[{slot.name}] {line.split('] ', 1)[-1] if line.startswith('[') else line}")
         code = proc.wait()
-        if server is not None:
-            server.join()  # its holds dropped before this slot's next job asks for any
+        if arbiter is not None:
+            arbiter.retire(f"{slot.name}#{n}")  # its holds dropped before this slot's next job asks for any
+            if server is not None:
+                server.join(5)  # ends at the pipe's end of file (a child still holding it: retired above)
         with self.lock:
             self.running.pop(slot.name, None)
         self._collect(slot, units, out, code, tail)
