@@ -172,11 +172,10 @@ def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckR
     timing = TimingSettings() if request.timing else None
     if request.shared_gpu and device.type == "cuda":
         ctx = shared_context(device, timing)
-        results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
-        hardware = ctx.hardware
+        hardware = ctx.hardware  # filled once present, and by the slot's timed turn
     else:
         ctx, hardware = prepare_context(device, timing, say.line)
-        results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
+    results = tuple(check_implementation(p, ctx, request, say, stop) for p in plan.implementations)
     return CheckReport(device_info(device), device.type == "cpu", results, plan.specs, started, utc_now(), software(),
                        hardware, request.strict, plan.notes, request.shard, phases=PHASES.to_json())
 

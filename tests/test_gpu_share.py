@@ -130,8 +130,9 @@ def test_client_and_server_over_pipes_and_a_closed_client_drops_its_holds():
     thread.join(5)
     assert waiter and not t1.is_alive()
     two.release(waiter[0])
-    with two.hold("exclusive"):
-        assert [h.kind for h in arbiter.holds.values()] == ["exclusive"]
+    exclusive = two.acquire("exclusive")
+    assert [h.kind for h in arbiter.holds.values()] == ["exclusive"]
+    two.release(exclusive)
     assert token  # the dead slot's token is gone with it
     two._out.close()
     t2.join(5)

@@ -155,8 +155,7 @@ class WorkloadConformance:
         self.device = self.session.device
         self.kept: list[Kept] = []
         self._key = (self.rng.getrandbits(31) | 1, self.rng.getrandbits(31))
-        grad_bytes = sum(self.rw.numel(g.input) * torch.empty((), dtype=torch_dtype(
-            self.rw.dtypes.get(g.input, self.spec.input(g.input).dtypes[0]))).element_size() for g in self.spec.gradients)
+        _, grad_bytes = device_memory.set_and_gradient_bytes(self.spec, self.rw)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # what earlier workloads left cached here is the worker's to use
             free = device_memory.free_bytes(self.device)  # the workload's grant where slots share the GPU

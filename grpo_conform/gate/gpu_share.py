@@ -29,9 +29,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 ENV_FDS = "GRPO_CONFORM_GPU_GATE"  # "READ,WRITE": the slot's ends of its two pipes (set by parallel.py)
 KINDS = ("present", "memory", "exclusive")
@@ -64,7 +63,6 @@ class GpuArbiter:
         self.pending: list[Request] = []
         self._tokens = 0
         self.retired: set[str] = set()  # slots that exited: whatever still speaks for them is not heard
-        self.log: list[tuple[str, str, str, int]] = []  # (event, slot, kind, bytes): for tests and the report
 
     def set_total(self, total: int) -> None:
         with self.lock:
@@ -88,7 +86,6 @@ class GpuArbiter:
             if held is None or held.slot != slot:
                 raise GateError(f"slot {slot} released hold {token}, which it does not hold")
             del self.holds[token]
-            self.log.append(("release", slot, held.kind, held.nbytes))
             self._grant()
 
     def retire(self, slot: str) -> None:
@@ -135,7 +132,6 @@ class GpuArbiter:
                 return
             self.pending.remove(ready)
             self.holds[ready.token] = ready
-            self.log.append(("grant", ready.slot, ready.kind, ready.nbytes))
             ready.grant(ready.token)
 
 
@@ -214,11 +210,3 @@ class GateClient:
 
     def release(self, token: int) -> None:
         self._send(gate="release", token=token)
-
-    @contextmanager
-    def hold(self, kind: str, nbytes: int = 0) -> Iterator[int]:
-        token = self.acquire(kind, nbytes)
-        try:
-            yield token
-        finally:
-            self.release(token)
