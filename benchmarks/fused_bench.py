@@ -122,8 +122,7 @@ def floor_fns(x):
     return forward, full
 
 
-INT_FIELDS = ("chunk_rows", "split_elems", "block", "num_warps", "forward_rows", "forward_block", "forward_stages",
-              "forward_split_elems")
+INT_FIELDS = ("chunk_rows", "split_elems", "block", "num_warps", "forward_rows", "forward_block", "forward_stages")
 
 
 def settings_list(args, S):
@@ -143,12 +142,8 @@ def label(s):
     fwd = "" if s.forward_rows is None else f",fwd{s.forward_rows}"
     if s.forward_sweep == "plain":  # the forward's sweep as every forward ran until 2026-12-03
         fwd += ",plain"
-    elif s.forward_sweep == "wide":
-        fwd += f",wide{s.forward_block}x{s.forward_stages}"
     elif (s.forward_block, s.forward_stages) != (1024, 3):
         fwd += f",pipe{s.forward_block}x{s.forward_stages}"
-    if s.forward_split_elems:
-        fwd += f",fsplit{s.forward_split_elems}"
     return f"ours[c{rows},{s.weight_grad}{acc},{s.logits},split{s.split_elems}{fwd}]"
 
 

@@ -15,9 +15,7 @@ implementations/triton (vendored.py holds exact copies).
                      launch), combines, and writes c * coef * (p - onehot) over its own piece: its
                      piece is read twice, the second time from L2. The target logit is read before
                      the arrival, so the piece that holds it may be overwritten afterwards. Masked
-                     rows: loss 0, gradient row 0, logits never read. WRITE_GRAD False: the loss only;
-                     with SPLIT > 1 nobody waits: the row's last piece to arrive combines and stores
-                     the loss (the forward-only split, FusedSettings.forward_split_elems).
+                     rows: loss 0, gradient row 0, logits never read. WRITE_GRAD False: the loss only.
                      NEEDS_LOGP False (forward-only members whose loss does not read the logits,
                      token-is: the ratio is exactly 1): no logits at all.
   _stats_kernel      one program per row: (max, ln S), logp and its two float64-formed differences
@@ -81,7 +79,6 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
     live = True
     if HAS_MASK:
         live = tl.load(mask_ptr + token) != 0
-    owner = k == 0  # the program that stores the row's loss (the last to arrive, in a split forward)
     if live:
         target = tl.load(ids_ptr + token)
         if NEEDS_LOGP or WRITE_GRAD:
@@ -90,12 +87,9 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
             if SPLIT > 1:
                 tl.store(part_ptr + r * SPLIT + k, m)
                 tl.store(part_ptr + (rows + r) * SPLIT + k, s)
-                if WRITE_GRAD:  # every piece needs the row's (max, ln S): wait for the others
-                    tl.atomic_add(count_ptr + r, 1, sem="release")
-                    while tl.atomic_add(count_ptr + r, 0, sem="acquire") < SPLIT:
-                        pass
-                else:  # the loss alone: the row's last piece to arrive combines, the others leave
-                    owner = tl.atomic_add(count_ptr + r, 1, sem="acq_rel") == SPLIT - 1
+                tl.atomic_add(count_ptr + r, 1, sem="release")
+                while tl.atomic_add(count_ptr + r, 0, sem="acquire") < SPLIT:
+                    pass
                 m, log_s = _combine(part_ptr + r * SPLIT, part_ptr + (rows + r) * SPLIT, inv_temp, SPLIT, SPLIT_P2)
             else:
                 log_s = tl.log(s)
@@ -113,7 +107,7 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
         loss, dlogp = _token_terms(logp, lr, dref, token, tl.load(adv_ptr + b).to(tl.float32), w, adv_ptr,
                                    eps_low, eps_high, delta, beta, 0.0, HAS_KL, False, HAS_DELTA, False, CISPO,
                                    KL_BC, False, SAPO)
-        if owner:
+        if k == 0:
             tl.store(loss_ptr + token, loss)
         if WRITE_GRAD:
             coef = -dlogp * inv_temp * tl.load(c_ptr)

@@ -79,16 +79,6 @@ class FusedPlan:
         if settings.forward_sweep == "pipelined":
             self.forward_sweep = dict(BLOCK=min(settings.forward_block, triton.next_power_of_2(vocab)),
                                       STAGES=settings.forward_stages, VECTOR=True, HINTS=False)
-        elif settings.forward_sweep == "wide":
-            self.forward_sweep = dict(BLOCK=min(settings.forward_block, triton.next_power_of_2(vocab)),
-                                      STAGES=settings.forward_stages, VECTOR=False, HINTS=False)
-        # a forward-only call's programs per row (FusedSettings.forward_split_elems): nobody waits, the
-        # row's last piece combines, so a split costs no idle program (the gradient's split does)
-        self.forward_piece, self.forward_split = piece, self.split
-        if not cpu and settings.forward_split_elems > 0:
-            fb = self.forward_sweep["BLOCK"]
-            self.forward_piece = min(triton.cdiv(settings.forward_split_elems, fb) * fb, triton.cdiv(vocab, fb) * fb)
-            self.forward_split = triton.cdiv(vocab, self.forward_piece)
         # one program per row never touches the arrival counters or the partials: one pair for every call
         # (no zeroing launch per chunk)
         self.no_counts = torch.zeros(1, dtype=torch.int32, device=device)
@@ -181,17 +171,14 @@ class FusedPlan:
         c = c if c is not None else x.adv  # read only when the gradient is written
         if not s.sequence:
             counts, part = self.no_counts, self.no_part
-            piece, split = (self.piece, self.split) if write_grad else (self.forward_piece, self.forward_split)
-            if not (write_grad or s.needs_logp):  # the logits are not read: one program a row, nothing to split
-                piece, split = self.piece, 1
-            if split > 1:  # zeroed per launch: the row's pieces count their arrivals
+            if self.split > 1:  # zeroed per launch: the row's pieces count their arrivals
                 counts = torch.zeros(n, dtype=torch.int32, device=self.device)
-                part = torch.empty(2 * n * split, dtype=torch.float32, device=self.device)
+                part = torch.empty(2 * n * self.split, dtype=torch.float32, device=self.device)
             sweep = self.grad_sweep if write_grad else self.forward_sweep
-            kernels._rows_kernel[(n * split,)](
+            kernels._rows_kernel[(n * self.split,)](
                 buf, gbuf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
-                buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=piece, SPLIT=split,
-                SPLIT_P2=triton.next_power_of_2(split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
+                buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, SPLIT=self.split,
+                SPLIT_P2=triton.next_power_of_2(self.split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
                 WRITE_GRAD=write_grad, **sweep, num_warps=self.warps)
             return
         kernels._stats_kernel[(n,)](buf, x.ids, old, ref, mask, ws, r0, self.tokens, self.vocab, buf.stride(0),

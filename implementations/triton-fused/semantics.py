@@ -149,9 +149,7 @@ class FusedSettings:
     loop, no L2 hint: nothing reads the logits again) or "plain" (the first sweep of a call that forms
     gradients, as every forward ran until 2026-12-03: block elements a step, one in flight, each step
     reduced block-wide). "pipelined" is chosen by arithmetic and unmeasured (docs/fused-kernel.md,
-    "Forward-only: where the time goes"). forward_split_elems: the forward-only sweep's programs per row
-    (0: one; else pieces of that many elements, the row's last piece to finish combining the others'
-    (max, sum) and storing the loss: no program waits). CPU and the interpreter: one program per row."""
+    "Forward-only: where the time goes")."""
 
     chunk_rows: Optional[int] = None
     weight_grad: str = "auto"
@@ -164,7 +162,6 @@ class FusedSettings:
     forward_sweep: str = "pipelined"
     forward_block: int = 1024
     forward_stages: int = 3
-    forward_split_elems: int = 0
 
     def __post_init__(self):
         if self.weight_grad not in WEIGHT_GRAD_STRATEGIES:
@@ -180,10 +177,8 @@ class FusedSettings:
             b = getattr(self, name)
             if b < 16 or b & (b - 1):
                 raise ValueError(f"{name} must be a power of two >= 16; got {b}")
-        if self.forward_split_elems < 0:
-            raise ValueError(f"forward_split_elems must be >= 0 (0: one program per row); got {self.forward_split_elems}")
-        if self.forward_sweep not in ("pipelined", "plain", "wide") or self.forward_stages < 1:
-            raise ValueError(f"forward_sweep must be 'pipelined', 'plain' or 'wide' and forward_stages >= 1; got "
+        if self.forward_sweep not in ("pipelined", "plain") or self.forward_stages < 1:
+            raise ValueError(f"forward_sweep must be 'pipelined' or 'plain' and forward_stages >= 1; got "
                              f"{self.forward_sweep!r}, {self.forward_stages}")
 
     def rows(self, strategy: str, hidden: int) -> int:
