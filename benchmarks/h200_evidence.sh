@@ -477,7 +477,7 @@ PY
               # --jobs auto = 4 on the H200's 16 cores), twice (the second run starts from the compile stores the
               # first left), the GPU's used memory sampled every 200 ms; then --jobs 6 once
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
     sampler=$!
     for run in ${RUNS:-cold warm}; do
       default_check "${DEADLINE:-240}"

@@ -29,9 +29,17 @@ from grpo_conform.phases import PHASES
 from grpo_conform.results import INTERNAL_ERROR, CheckOutcome, WorkloadResult
 
 
+#: Where a workload's timed protocols ran, as each timing says (`timed_in`): inline, right after its
+#: conformance in the same worker (one slot on the GPU); or in the slot's exclusive turn, a fresh worker
+#: alone on the GPU once every slot's conformance is done (slots sharing a GPU).
+INLINE = {"where": "inline", "worker": "the workload's conformance worker"}
+EXCLUSIVE_TURN = {"where": "exclusive-turn", "worker": "a fresh worker, alone on the GPU"}
+
+
 def time_workload(session: WorkerSession, spec, w, resolved, ctx, say, name: str, member: str,
-                  draws: dict[str, Any]):
-    """(timings, timed outcomes) of one workload; none where timing does not apply (CPU, untimed workloads)."""
+                  draws: dict[str, Any], turn: dict[str, str] = INLINE):
+    """(timings, timed outcomes) of one workload; none where timing does not apply (CPU, untimed workloads).
+    Every timing says where it ran (`turn`: INLINE or EXCLUSIVE_TURN)."""
     if ctx.device.type != "cuda" or not w.timed:
         return [], []
     if ctx.timing is None:
@@ -43,7 +51,8 @@ def time_workload(session: WorkerSession, spec, w, resolved, ctx, say, name: str
                             ctx.gemm_ceiling_fn(spec, resolved))
     try:
         with PHASES("timing"), PHASES.inclusive("probes", "timing"):
-            return timing.run()
+            timings, outcomes = timing.run()
+        return [{**t, "timed_in": dict(turn)} for t in timings], outcomes
     except WorkerFailure as failure:
         return [], timing_failure_outcomes(failure)
     finally:
@@ -51,10 +60,11 @@ def time_workload(session: WorkerSession, spec, w, resolved, ctx, say, name: str
             draws["held_after_unbind_timed"] = timing.held
 
 
-def judged_timing(session, spec, w, resolved, ctx, say, name: str, member: str, draws: dict[str, Any]):
+def judged_timing(session, spec, w, resolved, ctx, say, name: str, member: str, draws: dict[str, Any],
+                  turn: dict[str, str] = INLINE):
     """time_workload, with grpo-conform's own exceptions in the timed judging reported as not judged."""
     try:
-        return time_workload(session, spec, w, resolved, ctx, say, name, member, draws)
+        return time_workload(session, spec, w, resolved, ctx, say, name, member, draws, turn)
     except Exception as exc:  # the timed protocols' own judging (timed-outputs) raised: see check.run_workload
         if not internal.is_internal(exc):
             raise
@@ -136,7 +146,7 @@ def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker
                     timed = skipped_timing(f"not timed: {why}")
                 else:
                     timings, timed = judged_timing(session, d.mp.spec, d.w, d.resolved, ctx, say, impl.name,
-                                                   d.mp.label, draws)
+                                                   d.mp.label, draws, EXCLUSIVE_TURN)
                 if getattr(ctx.device, "type", None) == "cuda":
                     draws["cuda_allocated_after_timing"] = release_cuda(ctx.device)
             outcomes = result.outcomes + tuple(select_outcomes(tuple(timed), d.checks))

@@ -30,9 +30,19 @@ def _setup(member: str, workload: str):
     return spec, rw, op, x, model, grad
 
 
+@pytest.mark.parametrize("formed", [False, True], ids=["values", "formed"])
+@pytest.mark.parametrize("member, workload", [("grpo/token-is", "odd-vocab"),
+                                              ("grpo/token-offpolicy-mask", "mask-small-bf16")])
 @pytest.mark.parametrize("c", [1.0, 0.25])
-def test_the_timed_recheck_passes_the_reference_and_catches_one_wrong_element(c):
-    spec, rw, op, x, model, grad = _setup("grpo/token-is", "odd-vocab")
+def test_the_timed_recheck_passes_the_reference_and_catches_one_wrong_element(c, member, workload, formed,
+                                                                                  monkeypatch):
+    """`formed`: the CUDA path's reference rows, FormedRows built from the logits, targets and row
+    coefficients (here formed by the torch comparator: the fused kernel itself is tested in
+    test_compare_fused.py); `values`: float64 chunks. A masked member's rows carry a ratio."""
+    from grpo_conform.ops.grpo_logits import judge
+
+    monkeypatch.setattr(judge, "fused_comparison", lambda t: formed)
+    spec, rw, op, x, model, grad = _setup(member, workload)
     tol = spec.tolerance(rw.dtypes.get("logits", "float32"))
     good = op.recheck_gradient(spec, rw, tol, grad * c, x, model, c)
     assert good.passed and good.mismatches == 0 and good.last_rows_nonzero == 0

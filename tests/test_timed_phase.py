@@ -156,3 +156,36 @@ def test_a_worker_that_does_not_start_in_the_turn_is_not_started_again():
         timing = [o for o in entry.results[0].outcomes if o.check == "timing-floor"]
         assert timing and timing[0].status == "skipped" and "did not start" in timing[0].message
     assert {o.status for o in short.results[0].outcomes} == {"skipped"}
+
+
+def test_every_timing_says_whether_it_ran_inline_or_in_the_exclusive_turn(monkeypatch):
+    """A record's timings carry `timed_in`: a verifier can tell an exclusive turn's fresh worker from
+    timing right after conformance. A wrong label (inline for a deferred workload) fails here."""
+    from grpo_conform import timed_phase
+    from grpo_conform.checks.timed import TimingSettings
+
+    class StubTiming:
+        held: list = []
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self):
+            return [{"protocol": "forward"}, {"protocol": "full"}], [CheckOutcome("timing-floor", "pass", "above")]
+
+    monkeypatch.setattr(timed_phase, "WorkloadTiming", StubTiming)
+    monkeypatch.setattr(timed_phase, "release_cuda", lambda device: 0)  # no GPU here
+    ctx = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"), timing=TimingSettings(),
+                                floor_fn=lambda spec, rw: None, gemm_ceiling_fn=lambda spec, rw: None)
+    session = types.SimpleNamespace(alive=True, close=lambda: None)
+    w = types.SimpleNamespace(name="mask-b8", timed=True)
+    said = lambda *a: None  # noqa: E731
+    inline, _ = timed_phase.time_workload(session, None, w, None, ctx, said, "impl", "bnpo-mask", {})
+    assert [t["timed_in"]["where"] for t in inline] == ["inline", "inline"]
+
+    entry = _entry(_result(CheckOutcome("runs", "pass", "every call returned")))
+    run_deferred(types.SimpleNamespace(name="impl"), [entry], ctx, None, said, lambda mp: session, Stop(),
+                 lambda session, d: None)
+    timings = entry.results[0].timings
+    assert [t["timed_in"] for t in timings] == [timed_phase.EXCLUSIVE_TURN] * 2
+    assert [o.check for o in entry.results[0].outcomes][-1] == "timing-floor"
