@@ -15,6 +15,7 @@ no more than a chunk of float32 scratch beside the logits.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -27,6 +28,14 @@ from grpo_conform.ops.interface import fresh_seed  # noqa: F401  (re-exported: a
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
 CHUNK_ELEMENTS = 1 << 26
+KERNEL_SALT = 0x2545F4914F6CDD1D  # the kernel draw's Philox seed: the device generator's seed, salted
+KERNEL_DRAW_ENV = "GRPO_CONFORM_KERNEL_DRAW"  # "0": torch's draw on CUDA too (what the kernel replaced)
+
+
+def kernel_draw(logits: torch.Tensor) -> bool:
+    """Whether the logits are drawn by generators/logits_kernel.py: contiguous CUDA logits, unless
+    GRPO_CONFORM_KERNEL_DRAW=0. The CPU keeps torch's draw (and never imports Triton for it)."""
+    return logits.is_cuda and logits.is_contiguous() and os.environ.get(KERNEL_DRAW_ENV, "1") != "0"
 #: What an input set's `covered` holds, by key, and the workload's `draws` key it accumulates into
 #: (`checks/conformance.WorkloadConformance.cover`; the coverage list reads the draws). Every GRPO
 #: operation's inputs report these keys (grpo-fused-linear's too).
@@ -91,12 +100,22 @@ def fill_logits(
     if unpeaked is not None and seq > 0:
         _unpeak(order.view(batch, seq_next), unpeaked.to(device), spec, profiles, gen)
     limit = torch.finfo(logits.dtype).max / 4
+    targets = torch.nn.functional.pad(ids.to(torch.int64), (0, 1)).reshape(-1)  # each row's target (0 on the last)
+    if kernel_draw(logits):
+        # one Triton pass on CUDA (generators/logits_kernel.py): the same profiles, no host round trip
+        from grpo_conform.ops.grpo_logits.generators import logits_kernel
+
+        drawn = torch.randint(0, vocab, (n_rows,), generator=gen, device=device)  # the last positions' spike
+        if seq > 0:
+            drawn = torch.where(torch.arange(n_rows, device=device) % seq_next < seq, targets, drawn)
+        table = logits_kernel.profile_table([spec.validation.profile(n) for n in profiles], device)
+        logits_kernel.fill_rows(flat, order, drawn, table, gen.initial_seed() ^ KERNEL_SALT, limit)
+        return
     step = max(1, CHUNK_ELEMENTS // vocab)
     # Which rows each draw fills, worked out on the host from one copy of `order`, then sent in one copy:
     # a boolean-mask index per chunk and profile made the host wait for the GPU ~200 times a batch-8 set.
     spans, picked = _row_selections(order.cpu(), step, len(profiles))
     selected = _to_device(picked, device)
-    targets = torch.nn.functional.pad(ids.to(torch.int64), (0, 1)).reshape(-1)  # each row's target (0 on the last)
     for (k, a, b) in spans:
         sel, n = selected[a:b], b - a
         profile = spec.validation.profile(profiles[k])

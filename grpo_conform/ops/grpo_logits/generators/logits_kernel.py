@@ -1,0 +1,77 @@
+"""The logits' draw on CUDA in one Triton pass (`inputs.fill_logits`): every row written once, from its
+profile's parameters, with Philox normals (`tl.randn`) keyed by the draw's seed and the row.
+
+Why: the torch draw (randn per chunk and profile, Student-t's extra normals, the scale, the clamps, the
+spike and a row scatter into the logits) took ~21 ms of GPU time per [8, 1025, 128256] set on the H200,
+about half of a full generation (41 ms, thirteenth session), and a batch-8 masked workload draws ~40
+sets (conformance and timing). One pass writes the 2 GB once: ~0.5 ms at the copy ceiling.
+
+The same distributions as the torch draw (`inputs._sample`), row by row: N(0, 1) x scale, clamped to
++-clamp where the profile has one; `peaked` adds its spike at the row's target column; Student-t divides a
+normal by sqrt(chi2_df / df) (at least 1e-6) with chi2_df the sum of df squared normals; every value then
+clamped to the dtype's max / 4. Not the same values: the CPU keeps torch's draw (its tests and gallery
+expectations), and a seed gives the same logits on every CUDA run (Philox is counter-based).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: Profile kinds as the kernel's table codes them.
+KINDS = {"normal": 0, "peaked": 1, "student_t": 2}
+BLOCK = 2048
+ROW_KEY = tl.constexpr(0x9E3779B1)  # a row's Philox key: the seed plus the row times this (odd)
+SEED_BITS = (1 << 62) - 1
+SEED_TOP = 1 << 61  # always set: the seed is an int64 argument at every draw (one compiled kernel)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _fill_rows_kernel(out_ptr, order_ptr, target_ptr, table_ptr, seed, vocab, limit, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.load(order_ptr + row).to(tl.int64)  # the row's profile
+    scale = tl.load(table_ptr + k * 4 + 0)
+    clamp = tl.load(table_ptr + k * 4 + 1)  # +inf without a clamp
+    df = tl.load(table_ptr + k * 4 + 2).to(tl.int32)  # 0 unless Student-t
+    spike = tl.load(table_ptr + k * 4 + 3)  # 0 unless peaked
+    target = tl.load(target_ptr + row)  # -1: no spike
+    key = seed + row * ROW_KEY
+    base = out_ptr + row * vocab
+    for v0 in range(0, vocab, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        inside = offs < vocab
+        x = tl.randn(key, offs)
+        chi2 = tl.zeros([BLOCK], tl.float32)
+        for d in range(0, df):  # Student-t's chi-square: df more normals per element
+            z = tl.randn(key, offs + (d + 1) * vocab)
+            chi2 += z * z
+        denom = tl.where(df > 0, tl.maximum(tl.sqrt(chi2 / tl.maximum(df, 1).to(tl.float32)), 1e-6), 1.0)
+        x = x / denom * scale
+        x = tl.minimum(tl.maximum(x, -clamp), clamp)
+        x = tl.where(offs == target, x + spike, x)
+        x = tl.minimum(tl.maximum(x, -limit), limit)
+        tl.store(base + offs, x.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def profile_table(profiles, device) -> torch.Tensor:
+    """float32 [P, 4]: (scale, clamp or +inf, df (0 unless Student-t), spike (0 unless peaked)) per profile."""
+    rows = []
+    for p in profiles:
+        if p.kind not in KINDS:
+            raise ValueError(f"profile {p.name!r}: kind {p.kind!r} has no kernel draw (expected one of {sorted(KINDS)})")
+        df = max(1, round(p.df)) if p.kind == "student_t" else 0
+        rows.append([p.scale, p.clamp if p.clamp is not None else float("inf"), float(df),
+                     p.spike if p.kind == "peaked" else 0.0])
+    return torch.tensor(rows, dtype=torch.float32).to(device, non_blocking=True)
+
+
+def fill_rows(flat: torch.Tensor, order: torch.Tensor, target: torch.Tensor, table: torch.Tensor, seed: int,
+              limit: float) -> None:
+    """Writes every row of `flat` [rows, vocab] (contiguous) from its profile `order[row]` (an index into
+    `table`), with the spike of a peaked profile at `target[row]` (-1: none)."""
+    rows, vocab = flat.shape
+    if rows == 0 or vocab == 0:
+        return
+    _fill_rows_kernel[(rows,)](flat, order.to(torch.int32), target.to(torch.int64), table, (seed & SEED_BITS) | SEED_TOP,
+                               vocab, float(limit), BLOCK=min(BLOCK, triton.next_power_of_2(vocab)))
