@@ -70,3 +70,26 @@ def test_the_engine_makes_a_row_judge_only_for_an_operation_without_an_error_mod
     floor = frun.loss_floor(fx)  # the operation's error model answers: no row judge is made
     assert floor == frun.op.error_model(fused, fx, frun.model.params, frun.grad_dtype).loss
     assert "rows" not in frun.__dict__
+
+
+def test_a_timed_loss_gets_conformance_s_fp32_allowance_and_no_more():
+    """checks/timed.py `_recheck` (CUDA-only in a run; driven here on the CPU): a loss off by more than the
+    relative tolerance but within the fp32 log-prob allowance conformance gives passes (the H200's vespo-mask
+    timed call, thirteenth session); off by more than that allowance it fails."""
+    from grpo_conform.checks.timed import WorkloadTiming
+
+    spec = find_spec("grpo/token-offpolicy-mask")
+    rw = spec.resolve(spec.workload("mask-small-bf16"), random.Random(0))
+    op = operation_for(spec)
+    model = ReferenceModel.defaults(spec)
+    x = op.generate(spec, rw, 3, "cpu", profiles=spec.validation.adversarial_profiles).tensors
+    tol = spec.tolerance(rw.dtypes["logits"])
+    expected = model.loss(x)
+    floor = op.recheck_loss_floor(spec, rw, x, model)
+    assert floor > 4 * tol.loss.allowed(expected)  # rows near +-1e4: the allowance is the fp32 one
+    for off, passed in ((0.5 * floor, True), (1.5 * floor, False), (-1.5 * floor, False)):
+        fake = types.SimpleNamespace(spec=spec, op=op, rw=rw, tol=tol, grad_dtype=rw.dtypes["logits"],
+                                     out=types.SimpleNamespace(loss=torch.tensor([expected + off])))
+        entry = WorkloadTiming._recheck(fake, 0, types.SimpleNamespace(pristine=x), "forward")
+        assert entry["passed"] is passed, (off, entry["loss"])
+        assert entry["loss"]["allowed"] == pytest.approx(floor)

@@ -294,12 +294,17 @@ class WorkloadTiming:
     def _recheck(self, i: int, slot: InputSlot, protocol: str) -> dict[str, Any]:
         x = slot.pristine
         model = ReferenceModel.defaults(self.spec)  # timed calls run at the declared defaults
-        loss_cmp = compare_loss(float(self.out.loss[0]), model.loss(x), self.tol.loss)
-        entry: dict[str, Any] = {"iteration": i, "loss": loss_cmp.to_json()}
-        ok = loss_cmp.passed
         error_model = self.op.error_model(self.spec, x, model.params, self.grad_dtype)
         if error_model is not None:  # an operation with its own error model: every gradient by name
-            return self._recheck_units(entry, x, model, protocol, error_model)
+            return self._recheck_units({"iteration": i}, x, model, protocol, error_model)
+        actual, expected = float(self.out.loss[0]), model.loss(x)
+        loss_cmp = compare_loss(actual, expected, self.tol.loss)
+        if not loss_cmp.passed:  # conformance's fp32 allowance, derived only where it can change the verdict
+            with PHASES("reference"):
+                floor = self.op.recheck_loss_floor(self.spec, self.rw, x, model)
+            loss_cmp = compare_loss(actual, expected, self.tol.loss, floor)
+        entry: dict[str, Any] = {"iteration": i, "loss": loss_cmp.to_json()}
+        ok = loss_cmp.passed
         if protocol != "forward":
             c = self.upstream_for(protocol)
             # No error model: the operation's one gradient, re-checked row by row by the operation (grpo-logits).

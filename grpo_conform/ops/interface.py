@@ -166,6 +166,13 @@ class Operation(Protocol):
         `mismatches`, `nan`, `last_rows_nonzero`)."""
         ...
 
+    def recheck_loss_floor(self, spec: "Spec", resolved: "ResolvedWorkload", x: Mapping[str, "torch.Tensor"],
+                           model: Any) -> float:
+        """Asked only where `error_model` gives None, and only when a timed call's loss misses the relative
+        tolerance: the absolute allowance conformance would give that loss at `model`'s parameters (fp32's
+        log-sum-exp floors and log-prob errors)."""
+        ...
+
     def gradient_groupings(self, spec: "Spec") -> dict[str, GradientGrouping]:
         """One per gradient the spec lists, keyed by its input's name."""
         ...

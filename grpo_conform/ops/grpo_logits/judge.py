@@ -21,8 +21,8 @@ import torch
 from grpo_conform.compare import (FP32_RESOLUTION, GradientComparator, compare_loss, fp32_floor, fp32_logp_error,
                                   fp32_target_floor, fused_comparison)
 from grpo_conform.formed_rows import FormedRows
-from grpo_conform.ops.grpo_logits.reference import chunked_gradient, rows_per_chunk
-from grpo_conform.ops.grpo_terms import token_terms
+from grpo_conform.ops.grpo_logits.reference import chunked_gradient, reference_logprobs, rows_per_chunk
+from grpo_conform.ops.grpo_terms import needs_logprobs, token_terms
 from grpo_conform.phases import PHASES
 
 
@@ -184,7 +184,19 @@ def recheck_gradient(spec, resolved, tol, grad: torch.Tensor, x: dict[str, torch
     defaults), row by row with the fp32 floors (`checks/timed.py`, `_recheck`). On CUDA the reference rows
     are formed inside the fused comparison (FormedRows), as `RowJudge.judge` does: no float64 chunk is
     materialised, and every chunk's result comes back in one read (95 ms a re-check at mask-b8 on the
-    H200 with float64 chunks, round32c)."""
+    H200 with float64 chunks, round32c). Where the rows carry a ratio and the gradient misses, it is
+    judged again with conformance's allowance for fp32 log-prob errors through the ratio (the bounds cost
+    a float64 pass: derived only where they can change the verdict)."""
+    cmp = _recheck_rows(resolved, tol, grad, x, model, c, None)
+    if cmp.passed or not needs_logprobs(x, model.params):
+        return cmp
+    z = x["logits"].reshape(-1, cmp.width)
+    step = rows_per_chunk(cmp.width, device=z.device)
+    rows = torch.cat([fp32_logp_error(z[i : i + step], model.temperature) for i in range(0, z.shape[0], step)])
+    return _recheck_rows(resolved, tol, grad, x, model, c, rows.view(-1, cmp.seq_next)[:, :-1])
+
+
+def _recheck_rows(resolved, tol, grad, x, model, c: float, logp_error) -> GradientComparator:
     cmp = GradientComparator(tol.gradient, resolved.axes["seq_next"], resolved.shapes["logits"][-1])
     flat = grad.view(-1, cmp.width)
     z = x["logits"].reshape(-1, cmp.width)
@@ -192,15 +204,16 @@ def recheck_gradient(spec, resolved, tol, grad: torch.Tensor, x: dict[str, torch
     params, T = model.params, model.temperature
     targets = torch.nn.functional.pad(x["completion_ids"].long(), (0, 1), value=-1).reshape(-1)
     queued: list[tuple] = []
-    for chunk in chunked_gradient(x, params, form=not formed):
+    for chunk in chunked_gradient(x, params, logp_error=logp_error, form=not formed):
         scale = chunk.scale * abs(c)
         rows = slice(chunk.start, chunk.stop)
         floor = _fp32_floor_in_pieces(z[rows], T, scale, cmp.width, z.device)
+        logp = None if chunk.coef_error is None else (chunk.coef * c, chunk.coef_error * abs(c))
         if formed:
             expected = FormedRows(z[rows], targets[rows], chunk.row_coef if c == 1.0 else chunk.row_coef * c, T)
-            queued.append((chunk.start, flat[rows], expected, scale, floor))
+            queued.append((chunk.start, flat[rows], expected, scale, floor, None, logp))
         else:
-            cmp.update(chunk.start, flat[rows], chunk.values * c, scale, floor)
+            cmp.update(chunk.start, flat[rows], chunk.values * c, scale, floor, None, logp)
     cmp.update_many(queued)
     return cmp
 
@@ -212,3 +225,25 @@ def _fp32_floor_in_pieces(z: torch.Tensor, temperature: float, scale: torch.Tens
     if z.shape[0] <= step:
         return fp32_floor(z, temperature, scale)
     return torch.cat([fp32_floor(z[i : i + step], temperature, scale[i : i + step]) for i in range(0, z.shape[0], step)])
+
+
+def recheck_loss_floor(resolved, x: dict[str, torch.Tensor], model: Any) -> float:
+    """The absolute loss allowance conformance gives (`RowJudge.loss_floor`), at `model`'s parameters, for a
+    timed call's re-check: the larger of T * the rows' fp32 floors of |dL/dlogp| and how far the loss moves
+    under the fp32 log-prob error bounds. A timed call of vespo-mask at mask-b8 (H200, thirteenth session)
+    left its loss 7.7e-4 from the reference against 2.3e-4 relative: its weight is exp of a sequence's sum
+    of log-ratios, and rows near +-1e4 carry fp32 log-prob errors of ~1e-3."""
+    params, T = model.params, model.temperature
+    width, seq_next = resolved.shapes["logits"][-1], resolved.axes["seq_next"]
+    z = x["logits"].reshape(-1, width)
+    step = rows_per_chunk(width, device=z.device)
+    logp = reference_logprobs(x, params) if needs_logprobs(x, params) else None
+    scales = torch.nn.functional.pad(token_terms(x, params, logp).scale / T, (0, 1)).reshape(-1)
+    direct = torch.zeros((), dtype=torch.float64, device=z.device)
+    for i in range(0, z.shape[0], step):
+        direct += T * fp32_floor(z[i : i + step], T, scales[i : i + step]).sum()
+    if logp is None:
+        return float(direct)
+    rows = torch.cat([fp32_logp_error(z[i : i + step], T) for i in range(0, z.shape[0], step)])
+    moved = token_terms(x, params, logp, rows.view(-1, seq_next)[:, :-1]).loss_error.sum()
+    return float(torch.maximum(direct, moved.to(torch.float64)))

@@ -13,7 +13,7 @@ from grpo_conform import device_memory
 from grpo_conform.ops.grpo_logits import traffic as _traffic
 from grpo_conform.ops.grpo_logits.generators import kind_of
 from grpo_conform.ops.grpo_logits.inputs import generate, refresh_in_place
-from grpo_conform.ops.grpo_logits.judge import RowJudge, recheck_gradient
+from grpo_conform.ops.grpo_logits.judge import RowJudge, recheck_gradient, recheck_loss_floor
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_loss
 from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
 from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
@@ -79,6 +79,10 @@ class GrpoLogits:
     def recheck_gradient(self, spec, resolved, tol, grad, x: Mapping[str, Any], model, c: float):
         """A timed call's d logits re-checked row by row at the declared defaults (`judge.recheck_gradient`)."""
         return recheck_gradient(spec, resolved, tol, grad, x, model, c)
+
+    def recheck_loss_floor(self, spec, resolved, x: Mapping[str, Any], model) -> float:
+        """A timed call's loss allowance beyond the relative tolerance (`judge.recheck_loss_floor`)."""
+        return recheck_loss_floor(resolved, x, model)
 
     def gradient_groupings(self, spec) -> dict[str, GradientGrouping]:
         # a unit is one logits row (b, t): the softmax couples the vocabulary, never two positions

@@ -1,5 +1,6 @@
 """The logits' draw on CUDA in one Triton pass (`inputs.fill_logits`): every row written once, from its
-profile's parameters, with Philox normals (`tl.randn`) keyed by the draw's seed and the row.
+profile's parameters, with Philox normals (`tl.randn4x`: four a counter) keyed by the draw's seed and
+the row.
 
 Why: the torch draw (randn per chunk and profile, Student-t's extra normals, the scale, the clamps, the
 spike and a row scatter into the logits) took ~21 ms of GPU time per [8, 1025, 128256] set on the H200,
@@ -21,14 +22,27 @@ import triton.language as tl
 
 #: Profile kinds as the kernel's table codes them.
 KINDS = {"normal": 0, "peaked": 1, "student_t": 2}
-BLOCK = 2048
+BLOCK = 4096
 ROW_KEY = tl.constexpr(0x9E3779B1)  # a row's Philox key: the seed plus the row times this (odd)
 SEED_BITS = (1 << 62) - 1
 SEED_TOP = 1 << 61  # always set: the seed is an int64 argument at every draw (one compiled kernel)
 
 
+@triton.jit
+def _finish(base, offs, x, chi2, df, scale, clamp, spike, target, limit, vocab):
+    """One quarter of a block: the profile's transform of its normals, clamps, spike, store."""
+    denom = tl.where(df > 0, tl.maximum(tl.sqrt(chi2 / tl.maximum(df, 1).to(tl.float32)), 1e-6), 1.0)
+    x = x / denom * scale
+    x = tl.minimum(tl.maximum(x, -clamp), clamp)
+    x = tl.where(offs == target, x + spike, x)
+    x = tl.minimum(tl.maximum(x, -limit), limit)
+    tl.store(base + offs, x.to(base.dtype.element_ty), mask=offs < vocab)
+
+
 @triton.jit(do_not_specialize=["seed"])
 def _fill_rows_kernel(out_ptr, order_ptr, target_ptr, table_ptr, seed, vocab, limit, BLOCK: tl.constexpr):
+    """One program a row; each Philox call gives four normals (`tl.randn4x`), for four quarters of a block."""
+    Q: tl.constexpr = BLOCK // 4
     row = tl.program_id(0).to(tl.int64)
     k = tl.load(order_ptr + row).to(tl.int64)  # the row's profile
     scale = tl.load(table_ptr + k * 4 + 0)
@@ -38,20 +52,25 @@ def _fill_rows_kernel(out_ptr, order_ptr, target_ptr, table_ptr, seed, vocab, li
     target = tl.load(target_ptr + row)  # -1: no spike
     key = seed + row * ROW_KEY
     base = out_ptr + row * vocab
+    stride = vocab // 4 + Q  # counters of one draw of the row: past every block's
     for v0 in range(0, vocab, BLOCK):
-        offs = v0 + tl.arange(0, BLOCK)
-        inside = offs < vocab
-        x = tl.randn(key, offs)
-        chi2 = tl.zeros([BLOCK], tl.float32)
+        c = v0 // 4 + tl.arange(0, Q)
+        x0, x1, x2, x3 = tl.randn4x(key, c)
+        q0 = tl.zeros([Q], tl.float32)
+        q1 = tl.zeros([Q], tl.float32)
+        q2 = tl.zeros([Q], tl.float32)
+        q3 = tl.zeros([Q], tl.float32)
         for d in range(0, df):  # Student-t's chi-square: df more normals per element
-            z = tl.randn(key, offs + (d + 1) * vocab)
-            chi2 += z * z
-        denom = tl.where(df > 0, tl.maximum(tl.sqrt(chi2 / tl.maximum(df, 1).to(tl.float32)), 1e-6), 1.0)
-        x = x / denom * scale
-        x = tl.minimum(tl.maximum(x, -clamp), clamp)
-        x = tl.where(offs == target, x + spike, x)
-        x = tl.minimum(tl.maximum(x, -limit), limit)
-        tl.store(base + offs, x.to(out_ptr.dtype.element_ty), mask=inside)
+            z0, z1, z2, z3 = tl.randn4x(key, c + (d + 1) * stride)
+            q0 += z0 * z0
+            q1 += z1 * z1
+            q2 += z2 * z2
+            q3 += z3 * z3
+        offs = v0 + tl.arange(0, Q)
+        _finish(base, offs, x0, q0, df, scale, clamp, spike, target, limit, vocab)
+        _finish(base, offs + Q, x1, q1, df, scale, clamp, spike, target, limit, vocab)
+        _finish(base, offs + 2 * Q, x2, q2, df, scale, clamp, spike, target, limit, vocab)
+        _finish(base, offs + 3 * Q, x3, q3, df, scale, clamp, spike, target, limit, vocab)
 
 
 def profile_table(profiles, device) -> torch.Tensor:
@@ -74,4 +93,4 @@ def fill_rows(flat: torch.Tensor, order: torch.Tensor, target: torch.Tensor, tab
     if rows == 0 or vocab == 0:
         return
     _fill_rows_kernel[(rows,)](flat, order.to(torch.int32), target.to(torch.int64), table, (seed & SEED_BITS) | SEED_TOP,
-                               vocab, float(limit), BLOCK=min(BLOCK, triton.next_power_of_2(vocab)))
+                               vocab, float(limit), BLOCK=max(16, min(BLOCK, triton.next_power_of_2(vocab))))
