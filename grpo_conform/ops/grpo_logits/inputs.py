@@ -102,7 +102,8 @@ def fill_logits(
     limit = torch.finfo(logits.dtype).max / 4
     targets = torch.nn.functional.pad(ids.to(torch.int64), (0, 1)).reshape(-1)  # each row's target (0 on the last)
     if kernel_draw(logits):
-        # one Triton pass on CUDA (generators/logits_kernel.py): the same profiles, no host round trip
+        # one Triton pass on CUDA (generators/logits_kernel.py): the same profiles, no host round trip;
+        # local: Triton is imported only where a GPU runs it (optional on the CPU)
         from grpo_conform.ops.grpo_logits.generators import logits_kernel
 
         drawn = torch.randint(0, vocab, (n_rows,), generator=gen, device=device)  # the last positions' spike

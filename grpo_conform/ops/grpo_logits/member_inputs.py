@@ -76,22 +76,31 @@ def draw_log_ratios(n: int, intervals: list[tuple[float, float]], gen: torch.Gen
     return lo + u * (hi - lo)
 
 
+def host_to(t: torch.Tensor, device) -> torch.Tensor:
+    """A tensor drawn on the host, on `device` without waiting for its queue (a copy from pinned memory:
+    a pageable copy waits for the GPU to finish the generation queued before it)."""
+    if torch.device(device).type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, cfg: MemberInputs,
                      gen: torch.Generator) -> torch.Tensor:
-    """float64 old log-probs on the CPU: logp - log r with r in every region, away from the boundaries."""
+    """float64 old log-probs on logp's device: logp - log r with r in every region, away from the
+    boundaries (r drawn on the host from `gen`: the same draws on every device)."""
     batch, seq = logp.shape
     intervals = ratio_intervals(p, cfg)
     if p.loss_type == "vespo":  # the weight depends on the sequence's *sum* of log-ratios: draw the sum
-        return logp.cpu() - vespo_log_ratios(keep, cfg, gen)
+        return logp - host_to(vespo_log_ratios(keep.cpu(), cfg, gen), logp.device)
     if p.importance_sampling_level == "sequence":
         per_seq = draw_log_ratios(batch, intervals, gen)
         noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
-        kf = keep.to(torch.float64)
+        kf = keep.cpu().to(torch.float64)
         noise = noise - (noise * kf).sum(-1, keepdim=True) / kf.sum(-1, keepdim=True).clamp_min(1.0) * kf
         log_r = per_seq[:, None] + noise
     else:
         log_r = draw_log_ratios(batch * seq, intervals, gen).view(batch, seq)
-    return logp.cpu() - log_r
+    return logp - host_to(log_r, logp.device)
 
 
 VESPO_SUM = (math.log(0.2), math.log(4.0))  # w_b = exp(sum of log-ratios): where phi(w) is far from 0 and 1
@@ -158,17 +167,17 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
         covered["mask_dtypes"] = [dtype_name(tensors["completion_mask"].dtype)]
     logp = None
     if "old_logprobs" in tensors or "ref_logprobs" in tensors:
-        logp = reference_logprobs(tensors, p)
+        logp = reference_logprobs(tensors, p)  # on the logits' device: nothing here waits for it
         if found is not None:
             found["logp"] = logp
-        logp = logp.cpu()
     if "old_logprobs" in tensors:
         tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen).to(tensors["old_logprobs"].dtype))
     if "ref_logprobs" in tensors:
-        sign = torch.sign(tensors["advantages"].detach().to("cpu", torch.float64))
-        sign = torch.where(sign == 0, torch.where(torch.rand(batch, generator=gen) < 0.5, -1.0, 1.0).double(), sign)
+        sign = torch.sign(tensors["advantages"].detach().to(logp.device, torch.float64))
+        coin = host_to(torch.where(torch.rand(batch, generator=gen) < 0.5, -1.0, 1.0).double(), logp.device)
+        sign = torch.where(sign == 0, coin, sign)
         gap = cfg.ref_gap_min + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (cfg.ref_gap_max - cfg.ref_gap_min)
-        ref = logp + sign[:, None] * gap
+        ref = logp + sign[:, None] * host_to(gap, logp.device)
         tensors["ref_logprobs"].copy_(ref.to(tensors["ref_logprobs"].dtype))
     if "sampling_ratio" in tensors:
         cap = p.sampling_ratio_cap if p.sampling_ratio_cap is not None else 3.0

@@ -23,6 +23,8 @@ still works for existing callers.
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
@@ -88,6 +90,15 @@ def _per_row(grid: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(grid.to(dtype), (0, 1)).reshape(-1)
 
 
+KERNEL_REFERENCE_ENV = "GRPO_CONFORM_KERNEL_REFERENCE"  # "0": torch's chunked float64 log-softmax on CUDA too
+
+
+def kernel_reference(logits: torch.Tensor) -> bool:
+    """Whether `reference_logprobs` runs reference_kernel.py: contiguous CUDA logits, unless
+    GRPO_CONFORM_KERNEL_REFERENCE=0. The CPU keeps torch's formula (and never imports Triton for it)."""
+    return logits.is_cuda and logits.is_contiguous() and os.environ.get(KERNEL_REFERENCE_ENV, "1") != "0"
+
+
 def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_bytes: int | None = None) -> torch.Tensor:
     """float64 logp[b, t] = z[c]/T - logsumexp(z/T) for t < S (row S is never read)."""
     logits, ids = x["logits"], x["completion_ids"]
@@ -95,8 +106,14 @@ def reference_logprobs(x: Mapping[str, torch.Tensor], p: GrpoParameters, budget_
     seq = seq_next - 1
     # every row, the last positions too (their values are dropped at the end: they may be poisoned, and a
     # NaN stays in its row), so that no boolean-mask index makes the host wait for the device per chunk
-    out = torch.zeros(batch * seq_next, dtype=torch.float64, device=logits.device)
     flat, targets = logits.reshape(batch * seq_next, vocab), _per_row(ids)
+    if kernel_reference(logits):  # one Triton pass in float64 (reference_kernel.py)
+        # local: Triton is imported only where a GPU runs it (optional on the CPU)
+        from grpo_conform.ops.grpo_logits.reference_kernel import row_logprobs
+
+        out = row_logprobs(flat, targets, p.temperature)
+        return out.view(batch, seq_next)[:, : max(seq, 0)].contiguous()
+    out = torch.zeros(batch * seq_next, dtype=torch.float64, device=logits.device)
     for start, stop in chunk_bounds(batch, seq_next, vocab, budget_bytes, logits.device):
         scaled = flat[start:stop].to(torch.float64) / p.temperature
         out[start:stop] = (scaled.gather(-1, targets[start:stop].unsqueeze(-1)).squeeze(-1)
