@@ -23,7 +23,7 @@ import torch
 
 from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
-from grpo_conform.ops.grpo_logits.member_inputs import fill_member_inputs
+from grpo_conform.ops.grpo_logits.member_inputs import fill_member_inputs, host_to
 from grpo_conform.ops.interface import fresh_seed  # noqa: F401  (re-exported: an operation-independent seed)
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
@@ -116,7 +116,7 @@ def fill_logits(
     # Which rows each draw fills, worked out on the host from one copy of `order`, then sent in one copy:
     # a boolean-mask index per chunk and profile made the host wait for the GPU ~200 times a batch-8 set.
     spans, picked = _row_selections(order.cpu(), step, len(profiles))
-    selected = _to_device(picked, device)
+    selected = host_to(picked, device)
     for (k, a, b) in spans:
         sel, n = selected[a:b], b - a
         profile = spec.validation.profile(profiles[k])
@@ -143,13 +143,6 @@ def _row_selections(order: torch.Tensor, step: int, profiles: int) -> tuple[list
                 parts.append(sel)
                 at += sel.numel()
     return spans, torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
-
-
-def _to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """A host tensor on `device` without waiting for the GPU's queue (a copy from pinned memory)."""
-    if torch.device(device).type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _unpeak(order: torch.Tensor, unpeaked: torch.Tensor, spec: Spec, profiles: Sequence[str],

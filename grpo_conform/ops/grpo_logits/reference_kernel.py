@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 2048
+_TEMPERATURES: dict = {}  # (T, device) -> a float64 [1] tensor there: made once (a copy from the host waits)
 
 
 @triton.jit
@@ -43,7 +44,14 @@ def row_logprobs(flat: torch.Tensor, targets: torch.Tensor, temperature: float) 
     out = torch.empty(rows, dtype=torch.float64, device=flat.device)
     if rows == 0:
         return out
-    t = torch.full((1,), float(temperature), dtype=torch.float64).to(flat.device, non_blocking=True)
+    t = _temperature(float(temperature), flat.device)
     _row_logp_kernel[(rows,)](flat, targets.to(torch.int64), t, out, vocab,
                               BLOCK=max(16, min(BLOCK, triton.next_power_of_2(vocab))))
     return out
+
+
+def _temperature(value: float, device) -> torch.Tensor:
+    key = (value, str(device))
+    if key not in _TEMPERATURES:
+        _TEMPERATURES[key] = torch.full((1,), value, dtype=torch.float64).to(device)
+    return _TEMPERATURES[key]

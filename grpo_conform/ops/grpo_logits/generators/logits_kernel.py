@@ -23,6 +23,7 @@ import triton.language as tl
 #: Profile kinds as the kernel's table codes them.
 KINDS = {"normal": 0, "peaked": 1, "student_t": 2}
 BLOCK = 4096
+_TABLES: dict = {}  # (the profiles' parameters, device) -> their table there
 ROW_KEY = tl.constexpr(0x9E3779B1)  # a row's Philox key: the seed plus the row times this (odd)
 SEED_BITS = (1 << 62) - 1
 SEED_TOP = 1 << 61  # always set: the seed is an int64 argument at every draw (one compiled kernel)
@@ -74,15 +75,19 @@ def _fill_rows_kernel(out_ptr, order_ptr, target_ptr, table_ptr, seed, vocab, li
 
 
 def profile_table(profiles, device) -> torch.Tensor:
-    """float32 [P, 4]: (scale, clamp or +inf, df (0 unless Student-t), spike (0 unless peaked)) per profile."""
+    """float32 [P, 4]: (scale, clamp or +inf, df (0 unless Student-t), spike (0 unless peaked)) per profile;
+    made once per profile list and device (a copy from the host waits for the device's queue)."""
     rows = []
     for p in profiles:
         if p.kind not in KINDS:
             raise ValueError(f"profile {p.name!r}: kind {p.kind!r} has no kernel draw (expected one of {sorted(KINDS)})")
         df = max(1, round(p.df)) if p.kind == "student_t" else 0
-        rows.append([p.scale, p.clamp if p.clamp is not None else float("inf"), float(df),
-                     p.spike if p.kind == "peaked" else 0.0])
-    return torch.tensor(rows, dtype=torch.float32).to(device, non_blocking=True)
+        rows.append((p.scale, p.clamp if p.clamp is not None else float("inf"), float(df),
+                     p.spike if p.kind == "peaked" else 0.0))
+    key = (tuple(rows), str(device))
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(rows, dtype=torch.float32).to(device)
+    return _TABLES[key]
 
 
 def fill_rows(flat: torch.Tensor, order: torch.Tensor, target: torch.Tensor, table: torch.Tensor, seed: int,
