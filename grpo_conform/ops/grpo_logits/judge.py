@@ -122,11 +122,7 @@ class RowJudge:
         if entry is not None and entry.logp_error_known:
             return entry.logp_error
         with PHASES("reference"):
-            z = x["logits"].reshape(-1, run.width)
-            step = rows_per_chunk(run.width, device=run.device)
-            rows = torch.cat([fp32_logp_error(z[i : i + step], run.model.temperature)
-                              for i in range(0, z.shape[0], step)])
-            grid = rows.view(-1, run.seq_next)[:, :-1]
+            grid = logp_error_grid(x["logits"].reshape(-1, run.width), run.model.temperature, run.seq_next)
         if entry is not None:
             entry.logp_error, entry.logp_error_known = grid, True
         return grid
@@ -135,28 +131,17 @@ class RowJudge:
         """The absolute loss allowance `judge` gives for fp32 log-probs, without the gradient (forward-only
         calls): the larger of T * the rows' fp32 floors of |dL/dlogp| and the derived move of the loss."""
         run = self.run
-        T = run.model.temperature
-        scales = self.row_scales(x)
-        z = x["logits"].reshape(-1, run.width)
-        step = rows_per_chunk(run.width, device=run.device)
-        direct = sum(T * float(fp32_floor(z[i : i + step], T, scales[i : i + step]).sum())
-                     for i in range(0, z.shape[0], step))
         grid = self.logp_error(x)
-        if grid is None:
-            return direct
+        logp = run._logp(x)
         with PHASES("reference"):
-            moved = float(token_terms(x, run.model.params, run._logp(x), grid).loss_error.sum())
-        return max(direct, moved)
+            return loss_allowance(x, run.model.params, run.model.temperature, self.row_scales(x), logp, grid)
 
     def row_scales(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per flattened logits row, |dL/dlogp| / T (`reference.row_scales`), from the cached log-probs."""
         run = self.run
         logp = run._logp(x)
         with PHASES("reference"):
-            coef = token_terms(x, run.model.params, logp).scale / run.model.temperature
-            out = torch.zeros(coef.shape[0], run.seq_next, dtype=torch.float64, device=coef.device)
-            out[:, : run.seq_next - 1] = coef
-        return out.reshape(-1)
+            return row_scales(x, run.model.params, logp, run.model.temperature)
 
     def _targets(self, ids: torch.Tensor) -> torch.Tensor:
         """The target column of every flattened logits row, -1 at the last position of a sequence."""
@@ -187,16 +172,14 @@ def recheck_gradient(spec, resolved, tol, grad: torch.Tensor, x: dict[str, torch
     H200 with float64 chunks, round32c). Where the rows carry a ratio and the gradient misses, it is
     judged again with conformance's allowance for fp32 log-prob errors through the ratio (the bounds cost
     a float64 pass: derived only where they can change the verdict)."""
-    cmp = _recheck_rows(resolved, tol, grad, x, model, c, None)
+    cmp = _recheck_rows(resolved, tol, grad, x, model, c)
     if cmp.passed or not needs_logprobs(x, model.params):
         return cmp
-    z = x["logits"].reshape(-1, cmp.width)
-    step = rows_per_chunk(cmp.width, device=z.device)
-    rows = torch.cat([fp32_logp_error(z[i : i + step], model.temperature) for i in range(0, z.shape[0], step)])
-    return _recheck_rows(resolved, tol, grad, x, model, c, rows.view(-1, cmp.seq_next)[:, :-1])
+    grid = logp_error_grid(x["logits"].reshape(-1, cmp.width), model.temperature, cmp.seq_next)
+    return _recheck_rows(resolved, tol, grad, x, model, c, grid)
 
 
-def _recheck_rows(resolved, tol, grad, x, model, c: float, logp_error) -> GradientComparator:
+def _recheck_rows(resolved, tol, grad, x, model, c: float, logp_error=None) -> GradientComparator:
     cmp = GradientComparator(tol.gradient, resolved.axes["seq_next"], resolved.shapes["logits"][-1])
     flat = grad.view(-1, cmp.width)
     z = x["logits"].reshape(-1, cmp.width)
@@ -235,15 +218,35 @@ def recheck_loss_floor(resolved, x: dict[str, torch.Tensor], model: Any) -> floa
     of log-ratios, and rows near +-1e4 carry fp32 log-prob errors of ~1e-3."""
     params, T = model.params, model.temperature
     width, seq_next = resolved.shapes["logits"][-1], resolved.axes["seq_next"]
-    z = x["logits"].reshape(-1, width)
-    step = rows_per_chunk(width, device=z.device)
     logp = reference_logprobs(x, params) if needs_logprobs(x, params) else None
-    scales = torch.nn.functional.pad(token_terms(x, params, logp).scale / T, (0, 1)).reshape(-1)
-    direct = torch.zeros((), dtype=torch.float64, device=z.device)
+    grid = None if logp is None else logp_error_grid(x["logits"].reshape(-1, width), T, seq_next)
+    return loss_allowance(x, params, T, row_scales(x, params, logp, T), logp, grid)
+
+
+def logp_error_grid(z: torch.Tensor, temperature: float, seq_next: int) -> torch.Tensor:
+    """[B, S]: `fp32_logp_error` of every scored row of the flattened logits `z`, a float64 budget's rows at a
+    time (the left-over last positions dropped)."""
+    step = rows_per_chunk(z.shape[-1], device=z.device)
+    rows = torch.cat([fp32_logp_error(z[i : i + step], temperature) for i in range(0, z.shape[0], step)])
+    return rows.view(-1, seq_next)[:, :-1]
+
+
+def row_scales(x: dict[str, torch.Tensor], params, logp: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """Per flattened logits row, |dL/dlogp| / T (`reference.row_scales`; 0 on the last positions)."""
+    scale = token_terms(x, params, logp).scale / temperature
+    return torch.nn.functional.pad(scale.to(torch.float64), (0, 1)).reshape(-1)
+
+
+def loss_allowance(x: dict[str, torch.Tensor], params, temperature: float, scales: torch.Tensor,
+                   logp: torch.Tensor | None, grid: torch.Tensor | None) -> float:
+    """The absolute loss allowance for fp32 log-probs: the larger of T * the rows' fp32 floors of |dL/dlogp|
+    (`scales`) and how far the loss moves under the log-prob error bounds `grid` (None: no log-probs)."""
+    z = x["logits"].reshape(-1, x["logits"].shape[-1])
+    step = rows_per_chunk(z.shape[-1], device=z.device)
+    direct = torch.zeros((), dtype=torch.float64, device=z.device)  # summed on the device, read once
     for i in range(0, z.shape[0], step):
-        direct += T * fp32_floor(z[i : i + step], T, scales[i : i + step]).sum()
-    if logp is None:
+        direct += temperature * fp32_floor(z[i : i + step], temperature, scales[i : i + step]).sum()
+    if grid is None:
         return float(direct)
-    rows = torch.cat([fp32_logp_error(z[i : i + step], T) for i in range(0, z.shape[0], step)])
-    moved = token_terms(x, params, logp, rows.view(-1, seq_next)[:, :-1]).loss_error.sum()
-    return float(torch.maximum(direct, moved.to(torch.float64)))
+    moved = token_terms(x, params, logp, grid).loss_error.sum().to(torch.float64)
+    return float(torch.maximum(direct, moved))

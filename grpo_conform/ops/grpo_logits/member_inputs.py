@@ -91,11 +91,11 @@ def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, 
     batch, seq = logp.shape
     intervals = ratio_intervals(p, cfg)
     if p.loss_type == "vespo":  # the weight depends on the sequence's *sum* of log-ratios: draw the sum
-        return logp - host_to(vespo_log_ratios(keep.cpu(), cfg, gen), logp.device)
+        return logp - host_to(vespo_log_ratios(keep, cfg, gen), logp.device)
     if p.importance_sampling_level == "sequence":
         per_seq = draw_log_ratios(batch, intervals, gen)
         noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
-        kf = keep.cpu().to(torch.float64)
+        kf = keep.to(torch.float64)
         noise = noise - (noise * kf).sum(-1, keepdim=True) / kf.sum(-1, keepdim=True).clamp_min(1.0) * kf
         log_r = per_seq[:, None] + noise
     else:
