@@ -5,3 +5,20 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG=$OUT/explore.log; R=$OUT/explore.json
+# The device image sets PYTHONDONTWRITEBYTECODE=1 and ships torch, sympy and numpy without bytecode, so every
+# worker compiled ~1,340 modules from source at its start (2.3 s of CPU each; docs/timing.md, "Fourteenth
+# session"); a pip-installed torch has its bytecode. Once per machine: the modules a worker imports, compiled.
+if [ ! -e /tmp/.grpo-conform-bytecode ]; then
+  python3 - <<'PY' && touch /tmp/.grpo-conform-bytecode
+import py_compile, sys
+import torch, torch.fx.experimental.symbolic_shapes, triton, numpy  # what a worker imports before `load`
+import grpo_conform.isolation.worker, grpo_conform.check  # and the validator's own
+for m in list(sys.modules.values()):
+    f = getattr(m, "__file__", None) or ""
+    if f.endswith(".py"):
+        try:
+            py_compile.compile(f, doraise=True)
+        except Exception:
+            pass  # an unwritable folder: that module compiles at import, as before
+PY
+fi

@@ -62,20 +62,30 @@ RESUM_BYTES = 256 << 20  # float64 bytes of the rows summed again at once by the
 
 
 @triton.jit
-def _row_softmax_terms(z_ptr, width, temperature, BLOCK: tl.constexpr):
-    """(max, sum of exp(x - max)) of x = z / T over one row, in float64: torch's softmax in two passes."""
+def _scaled(z, temperature, DIVIDE_T: tl.constexpr):
+    """z / T as torch divides (IEEE float64 division); at T = 1 (DIVIDE_T off) z itself, the same bits."""
+    if DIVIDE_T:
+        return z / temperature
+    else:
+        return z
+
+
+@triton.jit
+def _row_softmax_terms(z_ptr, width, temperature, DIVIDE_T: tl.constexpr, BLOCK: tl.constexpr):
+    """(max, sum of exp(x - max)) of x = z / T over one row, in float64: torch's softmax in two passes.
+    The maximum is taken over z and divided once: rounding is monotone, so for T > 0 (FormedRows checks
+    it) max(z) / T is max(z / T), bit for bit, at one division a row instead of one an element."""
     offs = tl.arange(0, BLOCK)
     top = tl.full([BLOCK], float("-inf"), tl.float64)
     for c0 in range(0, width, BLOCK):
         cols = c0 + offs
-        x = tl.load(z_ptr + cols, mask=cols < width, other=float("-inf")).to(tl.float64) / temperature
-        top = tl.maximum(top, x)
-    row_max = tl.max(top, axis=0)
+        top = tl.maximum(top, tl.load(z_ptr + cols, mask=cols < width, other=float("-inf")).to(tl.float64))
+    row_max = _scaled(tl.max(top, axis=0), temperature, DIVIDE_T)
     acc = tl.zeros([BLOCK], dtype=tl.float64)
     for c0 in range(0, width, BLOCK):
         cols = c0 + offs
         m = cols < width
-        x = tl.load(z_ptr + cols, mask=m, other=0.0).to(tl.float64) / temperature
+        x = _scaled(tl.load(z_ptr + cols, mask=m, other=0.0).to(tl.float64), temperature, DIVIDE_T)
         acc += tl.where(m, tl.exp(x - row_max), 0.0)
     return row_max, tl.sum(acc, axis=0)
 
@@ -85,7 +95,7 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
                   base_ptr, tbase_ptr, tcol_ptr, coef_ptr, den_ptr, moved_ptr, on_ptr, model_ptr, const_ptr,
                   fcoef_ptr, fcol_ptr, fout_ptr, iout_ptr,
                   HAS_TARGET: tl.constexpr, HAS_LOGP: tl.constexpr, HAS_MODEL: tl.constexpr,
-                  FORMED: tl.constexpr, BLOCK: tl.constexpr):
+                  FORMED: tl.constexpr, DIVIDE_T: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     r = tl.load(rows_ptr + pid).to(tl.int64)  # the row inside the chunk (last rows are not handed over)
     rtol = tl.load(const_ptr)
@@ -94,7 +104,8 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
         temperature = tl.load(const_ptr + 2)
         f_coef = tl.load(fcoef_ptr + pid)
         f_col = tl.load(fcol_ptr + pid)
-        row_max, row_sum = _row_softmax_terms(e_ptr + r * e_stride, width, temperature, BLOCK)
+        row_max, row_sum = _row_softmax_terms(e_ptr + r * e_stride, width, temperature, DIVIDE_T, BLOCK)
+        inv_sum = 1.0 / row_sum  # one division a row: p = exp(x - max) * (1 / sum), within an ulp of torch's quotient
     base = tl.load(base_ptr + pid)  # max(atol_row_scale * s + atol, floor)
     if HAS_TARGET:
         tbase = tl.load(tbase_ptr + pid)  # max(base, target extra)
@@ -118,8 +129,9 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
         m = cols < width
         a = tl.load(a_ptr + r * a_stride + cols, mask=m, other=0.0).to(tl.float64)
         if FORMED:
-            x = tl.load(e_ptr + r * e_stride + cols, mask=m, other=0.0).to(tl.float64) / temperature
-            p = tl.exp(x - row_max) / row_sum
+            x = _scaled(tl.load(e_ptr + r * e_stride + cols, mask=m, other=0.0).to(tl.float64), temperature,
+                        DIVIDE_T)
+            p = tl.exp(x - row_max) * inv_sum
             e = tl.where(m, (tl.where(cols == f_col, 1.0, 0.0) - p) * f_coef, 0.0)  # (1 - p), (0 - p): as -p + 1, -p
         else:
             e = tl.load(e_ptr + r * e_stride + cols, mask=m, other=0.0).to(tl.float64)
@@ -152,12 +164,13 @@ def _compare_rows(a_ptr, e_ptr, a_stride, e_stride, width, rows_ptr,
         acc_max = tl.maximum(acc_max, e_abs)
         acc_sum += a
         acc_abs += tl.abs(a)
-        den_allowed = tl.where(allowed < 1e-300, 1e-300, allowed)  # clamp_min: NaN stays NaN
-        score = tl.where(finite, err / den_allowed, float("inf"))
-        score = tl.where(bad, tl.where(score != score, float("inf"), score), -1.0)  # NaN ranks first, as in topk
-        better = score > best  # strict: a lane keeps its first column on ties
-        best = tl.where(better, score, best)
-        best_col = tl.where(better, cols, best_col)
+        if tl.max(bad.to(tl.int32), axis=0) > 0:  # the scores (a division each) only in a step with a mismatch
+            den_allowed = tl.where(allowed < 1e-300, 1e-300, allowed)  # clamp_min: NaN stays NaN
+            score = tl.where(finite, err / den_allowed, float("inf"))
+            score = tl.where(bad, tl.where(score != score, float("inf"), score), -1.0)  # NaN ranks first, as in topk
+            better = score > best  # strict: a lane keeps its first column on ties
+            best = tl.where(better, score, best)
+            best_col = tl.where(better, cols, best_col)
     worst = tl.max(best, axis=0)
     worst_col = tl.min(tl.where(best == worst, best_col, 2147483647), axis=0)
     fo = fout_ptr + pid * 8
@@ -195,6 +208,8 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
                          " must be the same [rows, width]")
     actual = actual if actual.stride(1) == 1 else actual.contiguous()  # the kernel steps along a row by 1
     formed = expected if isinstance(expected, FormedRows) else None
+    if formed is not None and not formed.temperature > 0:  # the row maximum's one division assumes it
+        raise ValueError(f"fused comparison: the formed rows' temperature is {formed.temperature}, expected > 0")
     values = formed.z if formed is not None else expected
     values = values if values.stride(1) == 1 else values.contiguous()
     n, dev = keep.numel(), actual.device
@@ -216,7 +231,8 @@ def row_stats(actual: torch.Tensor, expected: torch.Tensor, keep: torch.Tensor, 
                         keep.to(torch.int32).contiguous(), base.contiguous(), tbase, tcol, coef, den, moved, on,
                         dummy if model is None else model.contiguous(), consts, fcoef, fcol, fout, iout,
                         HAS_TARGET=target is not None, HAS_LOGP=logp is not None, HAS_MODEL=model is not None,
-                        FORMED=formed is not None, BLOCK=block or BLOCK, **launch_options())
+                        FORMED=formed is not None, DIVIDE_T=formed is not None and formed.temperature != 1.0,
+                        BLOCK=block or BLOCK, **launch_options())
     return fout, iout
 
 

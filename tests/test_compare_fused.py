@@ -310,7 +310,7 @@ types = {"a_stride": "i32", "e_stride": "i32", "width": "i32", "rows_ptr": "*i32
          "on_ptr": "*i32", "iout_ptr": "*i32", "fcol_ptr": "*i32"}
 out = {}
 for formed in (False, True):  # formed: e_ptr holds bf16 logits, the reference values are formed in the kernel
-    const = dict(HAS_TARGET=True, HAS_LOGP=True, HAS_MODEL=True, FORMED=formed, BLOCK=mod.BLOCK)
+    const = dict(HAS_TARGET=True, HAS_LOGP=True, HAS_MODEL=True, FORMED=formed, DIVIDE_T=True, BLOCK=mod.BLOCK)
     for dtype in ("bf16", "fp16", "fp32", "fp64"):
         sig = {n: "constexpr" if n in const else
                {**types, "a_ptr": "*" + dtype, "e_ptr": "*bf16" if formed else "*fp64"}.get(n, "*fp64")
@@ -403,10 +403,13 @@ def broken_copy(tmp_path: Path, old: str, new: str):
     ("acc_sum += a", "acc_sum += a * 0.0", dict(), dict(seq_next=None), {"row_sum_failures"}),
     ("better = score > best", "better = score < best", dict(noise=3e-4), dict(seq_next=None), {"worst"}),
     # the formed reference: each of its terms wrong alone
-    ("p = tl.exp(x - row_max) / row_sum", "p = tl.exp(x - row_max) / (row_sum * 1.0000001)",
+    ("p = tl.exp(x - row_max) * inv_sum", "p = tl.exp(x - row_max) * inv_sum * 1.0000001",
      dict(formed=(torch.bfloat16, 0.7)), dict(seq_next=None), {"ref_sq"}),
-    ("/ temperature\n            p = tl.exp", "\n            p = tl.exp", dict(formed=(torch.bfloat16, 0.7)),
-     dict(seq_next=None), {"mismatches", "ref_sq"}),
+    ("temperature,\n                        DIVIDE_T)", "temperature,\n                        False)",
+     dict(formed=(torch.bfloat16, 0.7)), dict(seq_next=None), {"mismatches", "ref_sq"}),
+    # a step's scores skipped although it holds a mismatch: the worst offenders go missing
+    ("if tl.max(bad.to(tl.int32), axis=0) > 0:", "if tl.max(bad.to(tl.int32), axis=0) > 1:",
+     dict(), dict(seq_next=None), {"worst"}),
     ("tl.where(cols == f_col, 1.0, 0.0)", "tl.where(cols == f_col + 1, 1.0, 0.0)", dict(formed=(torch.float32, 1.0)),
      dict(seq_next=None), {"mismatches", "ref_sq"}),
 ])

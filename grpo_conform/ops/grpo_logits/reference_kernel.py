@@ -21,19 +21,23 @@ _TEMPERATURES: dict = {}  # (T, device) -> a float64 [1] tensor there: made once
 
 
 @triton.jit
-def _row_logp_kernel(z_ptr, target_ptr, t_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+def _row_logp_kernel(z_ptr, target_ptr, t_ptr, out_ptr, vocab, DIVIDE_T: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    temperature = tl.load(t_ptr)  # float64: the division is torch's, z / T
+    temperature = tl.load(t_ptr)  # float64: the division is torch's, z / T (at T = 1, z itself: the same bits)
     base = z_ptr + row * vocab
     m = tl.full([], float("-inf"), tl.float64)
     s = tl.full([], 0.0, tl.float64)
     for v0 in range(0, vocab, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
-        x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float64) / temperature
+        x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float64)
+        if DIVIDE_T:
+            x = x / temperature
         m_new = tl.maximum(m, tl.max(x, axis=0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
         m = m_new
-    z_t = tl.load(base + tl.load(target_ptr + row)).to(tl.float64) / temperature
+    z_t = tl.load(base + tl.load(target_ptr + row)).to(tl.float64)
+    if DIVIDE_T:
+        z_t = z_t / temperature
     tl.store(out_ptr + row, z_t - (m + tl.log(s)))
 
 
@@ -45,7 +49,7 @@ def row_logprobs(flat: torch.Tensor, targets: torch.Tensor, temperature: float) 
     if rows == 0:
         return out
     t = _temperature(float(temperature), flat.device)
-    _row_logp_kernel[(rows,)](flat, targets.to(torch.int64), t, out, vocab,
+    _row_logp_kernel[(rows,)](flat, targets.to(torch.int64), t, out, vocab, DIVIDE_T=float(temperature) != 1.0,
                               BLOCK=max(16, min(BLOCK, triton.next_power_of_2(vocab))))
     return out
 
