@@ -490,6 +490,32 @@ def test_spare_slots_take_whole_members_so_per_member_work_is_not_repeated():
         assert sorted(u for j in jobs for u in j) == sorted(plan.implementations[0].units())
 
 
+def test_gpu_jobs_weigh_each_workload_and_member_not_only_its_bytes():
+    """On CUDA a unit costs CUDA_UNIT_COST and its share of CUDA_MEMBER_COST beyond its bytes (the H200
+    fit, shard.py): token-is (thirteen workloads, the largest bytes) no longer fills a slot of four alone,
+    as it did by bytes (its slot ended conformance 30-40 s before the others). By bytes alone the same
+    plan keeps the old split, so the test fails if the device is not handed down."""
+    from grpo_conform.gate.parallel import make_jobs
+    from grpo_conform.gate.shard import CUDA_MEMBER_COST, CUDA_UNIT_COST, unit_cost, workload_bytes
+
+    plan = build_plan(CheckRequest((str(ROOT / "implementations" / "triton"),), device="cuda"), torch.device("cuda"))
+    impl = plan.implementations[0]
+    token_is = next(m for m in impl.members if m.label == "token-is")
+    units = [u for u in impl.units() if u[1] == "token-is"]
+    assert sum(unit_cost(plan, u, "cuda") for u in units) == pytest.approx(
+        CUDA_MEMBER_COST + len(units) * CUDA_UNIT_COST + sum(workload_bytes(token_is.spec, w) for w in token_is.workloads),
+        abs=len(units))
+    def members_with(jobs):
+        return next({u[1] for u in j} for j in jobs if any(u[1] == "token-is" for u in j))
+
+    assert members_with(make_jobs(plan, 4)) <= {"token-is", "vespo-mask"}  # by bytes: token-is and one small member
+    gpu = make_jobs(plan, 4, "cuda")
+    assert len(members_with(gpu)) >= 3
+    loads = [sum(unit_cost(plan, u, "cuda") for u in j) for j in gpu]
+    assert max(loads) <= 1.25 * min(loads)
+    assert sorted(u for j in gpu for u in j) == sorted(impl.units())
+
+
 def test_a_member_heavier_than_a_slot_s_share_is_split_and_the_others_stay_whole():
     from grpo_conform.gate.parallel import make_jobs
     from grpo_conform.gate.shard import unit_cost

@@ -134,30 +134,30 @@ def auto_jobs(plan, device_type: str, fail_fast: bool = False) -> int:
     return max(1, min(cores, members, AUTO_JOBS_CAP))
 
 
-def make_jobs(plan, slots: int) -> list[list[tuple[str, str, str]]]:
+def make_jobs(plan, slots: int, device_type: str = "cpu") -> list[list[tuple[str, str, str]]]:
     """One job per implementation when there are at least as many implementations as slots. Otherwise
     each implementation gets a share of the slots by its weight (at least one) and its units are packed
     into that many jobs: whole members, but the workloads of a member heavier than a job's share one by
     one (`_pack`). Members stay whole because a worker process pays some costs once per member
     (`repeated-calls`' hundred calls, the member's kernels compiled or interpreted the first time), and a
     job per unit started a slot process and a worker per workload (~3 s of CPU each: 46 of them for the
-    README's main command). Largest first, so the long ones start early."""
+    README's main command). Largest first, so the long ones start early. Weights are shard.unit_cost's
+    for the run's device."""
+    def weight(units) -> int:
+        return sum(unit_cost(plan, u, device_type) for u in units)
+
     runnable = [p for p in plan.implementations if not p.skip]
     if len(runnable) >= slots:
         jobs = [p.units() for p in runnable]
     else:
-        jobs = [g for p, k in zip(runnable, _shares(plan, runnable, slots)) for g in _pack(plan, p, k)]
-    return sorted(jobs, key=lambda j: (-_weight(plan, j), j))
+        jobs = [g for p, k in zip(runnable, _shares(runnable, slots, weight)) for g in _pack(p, k, weight)]
+    return sorted(jobs, key=lambda j: (-weight(j), j))
 
 
-def _weight(plan, units) -> int:
-    return sum(unit_cost(plan, u) for u in units)
-
-
-def _shares(plan, runnable, slots: int) -> list[int]:
+def _shares(runnable, slots: int, weight) -> list[int]:
     """Slots per implementation: one each, the rest one at a time to the heaviest per slot held (never
     more slots than the implementation has units)."""
-    weights = [_weight(plan, p.units()) for p in runnable]
+    weights = [weight(p.units()) for p in runnable]
     share = [1] * len(runnable)
     for _ in range(slots - len(runnable)):
         open_ = [i for i, p in enumerate(runnable) if share[i] < len(p.units())]
@@ -168,7 +168,7 @@ def _shares(plan, runnable, slots: int) -> list[int]:
     return share
 
 
-def _pack(plan, p, k: int) -> list[list[tuple[str, str, str]]]:
+def _pack(p, k: int, weight) -> list[list[tuple[str, str, str]]]:
     """Units of implementation plan `p` in at most k jobs of about equal weight (greedy, heaviest first
     to the lightest job). A member stays whole unless it alone weighs more than a job's fair share
     (the total over k): then its workloads go one by one, so that one large member (token-is's
@@ -177,16 +177,16 @@ def _pack(plan, p, k: int) -> list[list[tuple[str, str, str]]]:
     by_member: dict[str, list[tuple[str, str, str]]] = {}
     for u in p.units():
         by_member.setdefault(u[1], []).append(u)
-    share = _weight(plan, p.units()) / k
+    share = weight(p.units()) / k
     items: list[list[tuple[str, str, str]]] = []
     for units in by_member.values():
-        items += [[u] for u in units] if _weight(plan, units) > share else [units]
+        items += [[u] for u in units] if weight(units) > share else [units]
     bins: list[list[tuple[str, str, str]]] = [[] for _ in range(min(k, len(items)))]
     load = [0] * len(bins)
-    for item in sorted(items, key=lambda it: (-_weight(plan, it), it)):
+    for item in sorted(items, key=lambda it: (-weight(it), it)):
         i = min(range(len(bins)), key=lambda i: (load[i], i))
         bins[i] += item
-        load[i] += _weight(plan, item)
+        load[i] += weight(item)
     return [sorted(b, key=p.units().index) for b in bins if b]
 
 
@@ -335,7 +335,7 @@ def run_slots(request, plan, device, say, stop: Stop, check_one) -> CheckReport:
     notes += uid_notes
     started = utc_now()
     runner = _Runner(request, plan, device, say, slots, stop, check_one)
-    for n, units in enumerate(make_jobs(plan, len(slots))):
+    for n, units in enumerate(make_jobs(plan, len(slots), device.type)):
         runner.queue.put((n, units))
     say.line(f"{len(slots)} slots ({', '.join(s.name for s in slots)}), {runner.queue.qsize()} jobs")
     for p in plan.implementations:

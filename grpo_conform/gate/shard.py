@@ -25,6 +25,14 @@ from grpo_conform.results import NotRun
 # of the smallest workloads (tens of kB) takes ~10 s, nearly all of it fixed, as does a bf16
 # workload of ~2M logits (the previous element-count weighing used 2M elements: 8 MB of traffic).
 UNIT_BASE_COST = 8_000_000
+# On a GPU the fixed costs dominate: a least-squares fit of the H200 default check's 46 conformance
+# workloads (docs/timing.md, "Fourteenth session") gave 4.8 s for a member's first workload (its kernels
+# compiled, its worker's first calls), 2.35 s per workload and 1.27 s per GB of traffic-v1. In bytes at
+# that rate: a workload costs 1.85 GB and a member 3.8 GB beyond their traffic. Weighed by bytes alone,
+# token-is's thirteen workloads (25 GB) filled one of four slots, which ended its conformance at 78 s
+# while the others, with six masked members each, ran to 109-117 s.
+CUDA_UNIT_COST = 1_850_000_000
+CUDA_MEMBER_COST = 3_800_000_000
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -51,12 +59,16 @@ def workload_bytes(spec, workload) -> int:
         return 4 * sum(resolved.numel(t.name) for t in spec.inputs)
 
 
-def unit_cost(plan, unit: tuple[str, str, str]) -> int:
+def unit_cost(plan, unit: tuple[str, str, str], device_type: str = "cpu") -> int:
+    """The unit's weight in bytes of traffic: its traffic-v1 bytes and a fixed cost (UNIT_BASE_COST; on
+    CUDA, CUDA_UNIT_COST and the member's CUDA_MEMBER_COST shared by its workloads)."""
     arg, member, workload = unit
     p = next(p for p in plan.implementations if p.arg == arg)
     for m in p.members:
         if m.label == member:
             w = next(w for w in m.workloads if w.name == workload)
+            if device_type == "cuda":
+                return CUDA_UNIT_COST + CUDA_MEMBER_COST // len(m.workloads) + workload_bytes(m.spec, w)
             return UNIT_BASE_COST + workload_bytes(m.spec, w)
     return UNIT_BASE_COST
 
