@@ -297,6 +297,16 @@ def test_update_takes_the_torch_path_on_cpu(monkeypatch):
     assert cmp.elements == 120
 
 
+def test_formed_rows_need_a_positive_temperature(fused):
+    """The row maximum is divided once (max(z) / T is max(z / T) only for T > 0): a formed chunk at T <= 0
+    is refused by name, never compared."""
+    c = chunk(4, 6, 20, formed=(torch.bfloat16, 1.0))
+    for t in (0.0, -0.7):
+        bad = FormedRows(c["formed"].z, c["formed"].target, c["formed"].coef, t)
+        with pytest.raises(ValueError, match="temperature"):
+            fused.row_stats(c["actual"], bad, torch.arange(6), torch.zeros(6, dtype=F64), 1e-2, 1.0)
+
+
 COMPILE = """
 import json, sys
 from triton.backends import backends
