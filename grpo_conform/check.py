@@ -52,6 +52,7 @@ from grpo_conform.ops import operation_for
 from grpo_conform.ops.interface import fresh_seed
 from grpo_conform.isolation.session import ImplementationLoadError, WorkerFailure, WorkerSession
 from grpo_conform.phases import PHASES
+from grpo_conform.sampler import sampling
 from grpo_conform.provenance import device_info, software, utc_now
 from grpo_conform.results import (INTERNAL_ERROR, CheckOutcome, CheckReport, ImplementationResult, MemberResult,
                                   NotRun, WorkloadResult, internal_error)
@@ -152,6 +153,11 @@ def default_timeout(spec: Spec, workloads, device: torch.device) -> float:
 
 
 def run_check(request: CheckRequest, progress: Progress | None = None) -> CheckReport:
+    with sampling(PHASES):  # GRPO_CONFORM_SAMPLE=DIR: where this process's time goes (sampler.py)
+        return _run_check(request, progress)
+
+
+def _run_check(request: CheckRequest, progress: Progress | None) -> CheckReport:
     stop = run_stop(request)  # --deadline counts from here: the planning and the bandwidth probe included
     PHASES.reset()
     device = resolve_device(request.device)

@@ -24,6 +24,8 @@ GRPO_CONFORM_WORKER_PROFILE):
 - `GRPO_CONFORM_PHASE_SYNC=1`: on CUDA, the parent waits for its queued GPU work at every phase
   boundary, so that work is counted in the phase that queued it instead of the next phase that reads
   a value (the host-side waits then show where they come from; the run is slower).
+`GRPO_CONFORM_SAMPLE=DIR` (sampler.py) goes one level down: which functions each phase's time is spent
+in, from a stack sampler in every process that runs the check (each slot too).
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ class PhaseClock:
             self.exclusive[name] = self.exclusive.get(name, 0.0) + end - inner[1]
             if self._stack:
                 self._stack[-1][1] = end  # the enclosing phase resumes
+
+    def current(self) -> str | None:
+        """The innermost open phase, or None (read by sampler.py from another thread: one read of the list)."""
+        stack = self._stack
+        try:
+            return stack[-1][0]
+        except IndexError:
+            return None
 
     def worker_phase(self, op: str) -> str:
         """The phase a worker request counts in: `worker`, or `worker:<op>` under GRPO_CONFORM_PHASE_OPS."""

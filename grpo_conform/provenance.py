@@ -40,8 +40,8 @@ class ProvenanceError(GrpoConformError):
     """$GRPO_CONFORM_GIT_COMMIT / $GRPO_CONFORM_GIT_DIRTY say something a record cannot carry."""
 
 
-#: The validator's own profiling switches (phases.py, isolation/worker.py): set, they change the run.
-PROFILING_SWITCHES = ("GRPO_CONFORM_PHASE_SYNC", "GRPO_CONFORM_WORKER_PROFILE")
+#: The validator's own profiling switches (phases.py, isolation/worker.py, sampler.py): set, they change the run.
+PROFILING_SWITCHES = ("GRPO_CONFORM_PHASE_SYNC", "GRPO_CONFORM_WORKER_PROFILE", "GRPO_CONFORM_SAMPLE")
 
 
 def check_environment() -> None:

@@ -60,4 +60,8 @@ def test_a_profiled_run_writes_no_record(monkeypatch, tmp_path):
     result = CliRunner().invoke(main, ["check", "implementations/pytorch", "--evidence-dir", str(tmp_path)])
     assert result.exit_code == 2 and "GRPO_CONFORM_PHASE_SYNC" in result.output, result.output
     monkeypatch.setenv("GRPO_CONFORM_PHASE_SYNC", "0")
+    monkeypatch.setenv("GRPO_CONFORM_SAMPLE", str(tmp_path))  # the stack sampler (sampler.py)
+    result = CliRunner().invoke(main, ["check", "implementations/pytorch", "--evidence-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "GRPO_CONFORM_SAMPLE" in result.output, result.output
+    monkeypatch.setenv("GRPO_CONFORM_SAMPLE", "")
     provenance.check_environment()
