@@ -503,8 +503,14 @@ def fp32_target_floor(z_rows: torch.Tensor, targets: torch.Tensor, temperature: 
     z = z_rows.to(torch.float64) / temperature
     cols = targets.clamp_min(0).to(torch.long)
     logp = z.gather(1, cols[:, None]).squeeze(1) - torch.logsumexp(z, dim=1)
+    return target_floor_from_logp(logp, targets, z_rows.shape[-1], scale)
+
+
+def target_floor_from_logp(logp: torch.Tensor, targets: torch.Tensor, vocab: int, scale: torch.Tensor) -> torch.Tensor:
+    """`fp32_target_floor` from each row's float64 log-prob of its target (however it was computed: torch
+    above, or one kernel pass on CUDA, ops/grpo_logits/reference_kernel.row_floor_terms)."""
     rest = -torch.expm1(logp)  # 1 - p_t without cancellation
-    cap = z_rows.shape[-1] * 2.0**-24
+    cap = vocab * 2.0**-24
     out = torch.minimum(rest, torch.full_like(rest, cap)) * scale.to(torch.float64)
     return torch.where(targets >= 0, out, torch.zeros_like(out))
 

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from grpo_conform.compare import (FP32_RESOLUTION, GradientComparator, compare_loss, fp32_floor, fp32_logp_error,
-                                  fp32_target_floor, fused_comparison)
+                                  fp32_target_floor, fused_comparison, target_floor_from_logp)
 from grpo_conform.formed_rows import FormedRows
-from grpo_conform.ops.grpo_logits.reference import chunked_gradient, reference_logprobs, rows_per_chunk
+from grpo_conform.ops.grpo_logits.reference import (chunked_gradient, kernel_reference, reference_logprobs,
+                                                    rows_per_chunk)
 from grpo_conform.ops.grpo_terms import needs_logprobs, token_terms
 from grpo_conform.phases import PHASES
 
@@ -54,9 +55,9 @@ class RowJudge:
         with PHASES("reference"):
             for lo in range(chunk.start, chunk.stop, step):
                 zc, tc = z[lo : min(lo + step, chunk.stop)], targets[lo : min(lo + step, chunk.stop)]
-                ms.append(zc.abs().amax(dim=-1).to(torch.float64) / T)
-                rests.append(fp32_target_floor(zc, tc, T, torch.ones(zc.shape[0], dtype=torch.float64,
-                                                                     device=zc.device)))
+                mc, rc = row_floor_parts(zc, tc, T, kernel_reference(zc))
+                ms.append(mc)
+                rests.append(rc)
             m, rest = (ms[0], rests[0]) if len(ms) == 1 else (torch.cat(ms), torch.cat(rests))
         if entry is not None:
             entry.rows[key] = (m, rest)
@@ -199,6 +200,23 @@ def _recheck_rows(resolved, tol, grad, x, model, c: float, logp_error=None) -> G
             cmp.update(chunk.start, flat[rows], chunk.values * c, scale, floor, None, logp)
     cmp.update_many(queued)
     return cmp
+
+
+def row_floor_parts(z: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max|z|/T, min(1 - p_t, V 2^-24)) of rows z [rows, V] with target columns `targets` (-1: none):
+    `fp32_floor`'s and `fp32_target_floor`'s terms without their row scale. `kernel` (CUDA, contiguous rows:
+    `reference.kernel_reference`): both from one read of the rows (`reference_kernel.row_floor_terms`), where
+    torch makes a float64 copy of the rows and ~8 passes over it, and one more pass for the maximum. The
+    maximum is the same value either way; the target's log-prob differs in its last bits (1e-13 relative)."""
+    ones = torch.ones(z.shape[0], dtype=torch.float64, device=z.device)
+    if not kernel:
+        return z.abs().amax(dim=-1).to(torch.float64) / temperature, fp32_target_floor(z, targets, temperature, ones)
+    # local: Triton is imported only where a GPU runs it (optional on the CPU)
+    from grpo_conform.ops.grpo_logits.reference_kernel import row_floor_terms
+
+    amax, logp = row_floor_terms(z, targets.clamp_min(0), temperature)
+    return amax / temperature, target_floor_from_logp(logp, targets, z.shape[-1], ones)
 
 
 def _fp32_floor_in_pieces(z: torch.Tensor, temperature: float, scale: torch.Tensor, width: int, device) -> torch.Tensor:
