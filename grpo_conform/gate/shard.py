@@ -31,7 +31,7 @@ UNIT_BASE_COST = 8_000_000
 # that rate: a workload costs 1.85 GB and a member 3.8 GB beyond their traffic. Weighed by bytes alone,
 # token-is's thirteen workloads (25 GB) filled one of four slots, which ended its conformance at 78 s
 # while the others, with six masked members each, ran to 109-117 s. (The default check did not end sooner
-# by it: its heaviest slot holds six masked members under either weighing. Other mixes of members do gain.)
+# by it: its heaviest slot holds six masked members under either weighing.)
 CUDA_UNIT_COST = 1_850_000_000
 CUDA_MEMBER_COST = 3_800_000_000
 
