@@ -54,6 +54,8 @@
 #   bash benchmarks/h200_evidence.sh round30a   # issue 35, tenth session: the reference formed inside the fused comparison:
 #                                               # its CUDA tests, then the default check of triton (every member, timing),
 #                                               # phases (~6.5 min)
+#   bash benchmarks/h200_evidence.sh round35a   # issue 35, next: the CUDA tests of the fourteenth session's code, then the
+#                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
 #   bash benchmarks/h200_evidence.sh round32a   # issue 35, twelfth session: the default check with 4 slots sharing the GPU
 #                                               # (cold, then warm compile stores; RUNS=cold: one; JOBS6=1 adds --jobs 6),
 #                                               # the GPU's used memory sampled
@@ -472,6 +474,19 @@ PY
     timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider tests/test_checksum.py tests/test_compare_fused.py > "$R/cuda-tests.txt" 2>&1
     status "checksum + compare_fused tests (CUDA): exit $?"; tail -2 "$R/cuda-tests.txt"
     default_check 430
+    ;;
+  round35a)  # next session, first (issue 35): the CUDA tests of the fourteenth session's unmeasured code (the
+              # judge's row floors from the float64 log-probs kernel, the comparison's divisions), then the
+              # default check with GRPO_CONFORM_SAMPLE (grpo_conform/sampler.py: where each slot's time goes) and
+              # the GPU's memory and utilisation sampled (~5 min; move benchmarks/results aside first: its README)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -n 0 tests/test_reference_kernel.py tests/test_compare_fused.py \
+      tests/test_row_judge.py -k "cuda or compiled or floors" > "$R/cuda-tests.txt" 2>&1
+    status "CUDA tests: $(tail -1 "$R/cuda-tests.txt")"
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
+    sampler=$!
+    GRPO_CONFORM_SAMPLE="$R/samples" default_check "${DEADLINE:-300}"
+    kill $sampler
     ;;
   round32a)  # twelfth session (issue 35): the default check with its slots sharing the GPU (gate/gpu_share.py:
               # --jobs auto = 4 on the H200's 16 cores), twice (the second run starts from the compile stores the
