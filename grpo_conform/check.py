@@ -234,40 +234,57 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
     if ctx.gate is not None:
         with PHASES("gate-wait"):
             present = ctx.gate.acquire("present", tag=p.impl.identity)
+    timed = False
     try:
         if present is not None and ctx.device.type == "cuda":
             _first_cuda_work(ctx)
         built = _check_members(p, ctx, request, say, stop, shared, deferred)
+        live = next((s for s in shared if s.alive), None)
+        if deferred and present is not None and live is not None:
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)  # none of this slot's own work queued when it asks
+            # The last slot to finish conformance (no other slot holds anything) times at once, in its
+            # conformance worker: no worker start, its kernels loaded (gate/gpu_share.py, `try`)
+            token = ctx.gate.try_exclusive()
+            if token:
+                timed = True
+                _timed_turn(p, ctx, request, say, deferred, stop, reuse=live, token=token)
     finally:
         for s in shared:
-            s.close()  # before the exclusive turn: no worker of this slot is left on the GPU
+            s.close()  # before a turn asked for in the queue: no worker of this slot is left on the GPU
         if present is not None:
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize(ctx.device)
             ctx.gate.release(present)
-    if deferred:
+    if deferred and not timed:
         _timed_turn(p, ctx, request, say, deferred, stop)
     return _built_result(p, *built)
 
 
 def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter,
-                deferred: list[Deferred], stop: Stop) -> None:
-    """The slot's deferred timing, with the GPU to itself (timed_phase.py)."""
+                deferred: list[Deferred], stop: Stop, reuse: WorkerSession | None = None,
+                token: int | None = None) -> None:
+    """The slot's deferred timing, with the GPU to itself (timed_phase.py). `token`: the exclusive hold
+    already granted (`try_exclusive`), with `reuse` the slot's conformance worker to time in while it lives."""
     assert ctx.gate is not None
     reruns = sum(1 for d in deferred if d.rerun)
-    say.line(f"{p.impl.name}: waiting for the GPU to itself to time {len(deferred) - reruns} workloads"
+    say.line(f"{p.impl.name}: {'the GPU to itself at once' if token else 'waiting for the GPU to itself'} to time "
+             f"{len(deferred) - reruns} workloads"
              + (f" and run {reruns} again alone (out of memory beside other slots)" if reruns else ""))
 
     def start_worker(mp) -> WorkerSession:
-        session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device,
-                                request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device), False,
-                                sandbox=request.sandbox)
+        timeout = request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
+        if reuse is not None and reuse.alive:
+            reuse.timeout = timeout
+            return reuse
+        session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout, False, sandbox=request.sandbox)
         with PHASES("worker-start"):
             session.start()
         return session
 
-    with PHASES("gate-wait"):
-        token = ctx.gate.acquire("exclusive")
+    if token is None:
+        with PHASES("gate-wait"):
+            token = ctx.gate.acquire("exclusive")
     try:
         timed_ctx, hardware = prepare_context(ctx.device, ctx.timing, say.line)
         ctx.hardware.update(hardware)
@@ -277,7 +294,7 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
             with PHASES.inclusive("workloads", f"{p.impl.name} {d.mp.label} {d.w.name} (alone)"):
                 return run_workload(session, d.mp.spec, d.w, timed_ctx, request, say, p.impl.name, d.mp.label)[0]
 
-        run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker, stop, rerun)
+        run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker, stop, rerun, reuse)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
     finally:

@@ -5,11 +5,12 @@ The same turn runs again, alone, every workload that ran out of GPU memory besid
 (`ran_out_of_memory`): a verdict never rests on memory that other slots held. An implementation that
 fakes the message gains only a run alone, as a serial run would give it.
 
-Deferred timing runs after the slot has closed its conformance workers and given up its "present"
-hold: under the "exclusive" hold no other slot has a worker or queued work on the GPU. It measures
-the bandwidth ceilings there too (they size every floor), starts one worker for the implementation,
-and times each deferred workload at the inputs its conformance ran (`resolved`: the same shapes,
-dtypes and axes the workload's record names).
+Deferred timing runs under the "exclusive" hold, when no other slot has a worker or queued work on the
+GPU: after the slot has closed its conformance worker and given up its "present" hold, in a fresh worker;
+or, for the last slot to finish conformance (the gate's `try`: no other slot holds anything), at once in
+its conformance worker. It measures the bandwidth ceilings there too (they size every floor) and times
+each deferred workload at the inputs its conformance ran (`resolved`: the same shapes, dtypes and axes the
+workload's record names).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from grpo_conform.results import INTERNAL_ERROR, CheckOutcome, WorkloadResult
 #: alone on the GPU once every slot's conformance is done (slots sharing a GPU).
 INLINE = {"where": "inline", "worker": "the workload's conformance worker"}
 EXCLUSIVE_TURN = {"where": "exclusive-turn", "worker": "a fresh worker, alone on the GPU"}
+#: The turn of the last slot to finish conformance, in its conformance worker (check.py, gate `try`).
+EXCLUSIVE_TURN_CONFORMANCE_WORKER = {"where": "exclusive-turn",
+                                     "worker": "the slot's conformance worker, alone on the GPU"}
 
 
 def time_workload(session: WorkerSession, spec, w, resolved, ctx, say, name: str, member: str,
@@ -113,14 +117,16 @@ def ran_out_of_memory(result: WorkloadResult) -> str:
 
 
 def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker: Callable, stop,
-                 rerun: Callable) -> None:
+                 rerun: Callable, reuse=None) -> None:
     """Times every deferred workload with one worker (a new one after a loss) and puts the timings and
     timed outcomes into their results. `ctx` is the run's context with the ceilings measured under
     the exclusive hold; `start_worker(mp)` returns a started WorkerSession or raises; after `stop`
     (--deadline, --fail-fast) the rest is reported not timed, with its reason. A `rerun` entry runs
     whole again: `rerun(session, d)` returns its new WorkloadResult (check.run_workload, timed inline).
-    A worker that does not start is not started again: a hang at load costs one timeout, as in one slot."""
-    turn = _Turn(start_worker)
+    A worker that does not start is not started again: a hang at load costs one timeout, as in one slot.
+    `reuse`: the slot's conformance worker, which `start_worker` hands back while it lives; the turn never
+    closes it (its owner, check.py, does)."""
+    turn = _Turn(start_worker, reuse)
     try:
         for d in deferred:
             if d.rerun:
@@ -145,8 +151,10 @@ def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker
                 if why:
                     timed = skipped_timing(f"not timed: {why}")
                 else:
+                    reused = reuse is not None and session is reuse
+                    where = EXCLUSIVE_TURN_CONFORMANCE_WORKER if reused else EXCLUSIVE_TURN
                     timings, timed = judged_timing(session, d.mp.spec, d.w, d.resolved, ctx, say, impl.name,
-                                                   d.mp.label, draws, EXCLUSIVE_TURN)
+                                                   d.mp.label, draws, where)
                 if getattr(ctx.device, "type", None) == "cuda":
                     draws["cuda_allocated_after_timing"] = release_cuda(ctx.device)
             outcomes = result.outcomes + tuple(select_outcomes(tuple(timed), d.checks))
@@ -158,8 +166,9 @@ def run_deferred(impl, deferred: list[Deferred], ctx, request, say, start_worker
 class _Turn:
     """The turn's worker: started when first needed, again after a loss, never after a failed start."""
 
-    def __init__(self, start_worker: Callable):
+    def __init__(self, start_worker: Callable, reuse: WorkerSession | None = None):
         self.start_worker = start_worker
+        self.reuse = reuse  # not this turn's to close
         self.session: WorkerSession | None = None
         self.lost = ""  # why no worker could be started
 
@@ -176,9 +185,9 @@ class _Turn:
         return self.session, ""
 
     def close(self) -> None:
-        if self.session is not None:
+        if self.session is not None and self.session is not self.reuse:
             self.session.close()
-            self.session = None
+        self.session = None
 
 
 def _first(text: str) -> str:

@@ -77,6 +77,32 @@ def test_exclusive_waits_until_no_slot_holds_anything():
     assert got.granted[-1] == "p3"
 
 
+def test_try_grants_the_turn_at_once_only_to_a_slot_alone_with_its_presence():
+    """`try_exclusive`: the last slot to finish conformance times at once in its worker. Granted only when
+    every hold is its own: never while another slot is present (its worker may have work queued), holds
+    memory, or times; never queued; and what it grants blocks everything else as any exclusive does."""
+    a, got = GpuArbiter(slots=3, capacity=100 * GB), Recorder()
+    a.request("s1", "present", 0, got("p1"))
+    a.request("s2", "present", 0, got("p2"))
+    assert a.try_exclusive("s1") == 0 and not a.pending  # s2 is present
+    a.release("s2", got.tokens["p2"])
+    a.request("s2", "exclusive", 0, got("x2"))  # s2 finished first: it waits in the queue, holding nothing
+    a.request("s3", "memory", GB, got("m3"))  # a slot that holds memory (no presence: a hostile or broken one)
+    assert got.granted[-1] == "m3" and a.try_exclusive("s1") == 0
+    a.release("s3", got.tokens["m3"])
+    token = a.try_exclusive("s1")
+    assert token and "x2" not in got.granted
+    a.request("s3", "present", 0, got("p3"))
+    assert got.granted[-1] == "m3"  # nothing beside it
+    assert a.try_exclusive("s2") == 0  # nor a second one
+    a.release("s1", token)
+    assert "x2" not in got.granted  # s1 is still present: its worker is open until it lets go
+    a.release("s1", got.tokens["p1"])
+    assert got.granted[-1] == "x2" and "p3" not in got.granted
+    a.retire("s3")
+    assert a.try_exclusive("s3") == 0
+
+
 def test_nothing_but_an_exclusive_is_granted_beside_an_exclusive():
     a, got = GpuArbiter(slots=2, capacity=100 * GB), Recorder()
     a.request("s1", "exclusive", 0, got("x1"))
@@ -132,6 +158,12 @@ def test_client_and_server_over_pipes_and_a_closed_client_drops_its_holds():
     two.release(waiter[0])
     exclusive = two.acquire("exclusive")
     assert [h.kind for h in arbiter.holds.values()] == ["exclusive"]
+    two.release(exclusive)
+    arbiter.request("three", "present", 0, lambda token: None)
+    assert two.try_exclusive() == 0  # answered at once, over the same pipes: refused beside another's hold
+    arbiter.drop("three")
+    exclusive = two.try_exclusive()
+    assert exclusive and [h.kind for h in arbiter.holds.values()] == ["exclusive"]
     two.release(exclusive)
     assert token  # the dead slot's token is gone with it
     two._out.close()

@@ -70,12 +70,22 @@ def test_a_workload_that_cannot_run_again_alone_is_not_judged_rather_than_failed
 
 # -- the engine's side of the gate (check.check_implementation), without a GPU -------------------------
 class FakeGate:
-    """Records what a slot asks the gate for, in order; grants at once."""
+    """Records what a slot asks the gate for, in order; grants at once (`try_exclusive` only with `last`:
+    the slot is the last to finish its conformance)."""
 
-    def __init__(self):
+    def __init__(self, last: bool = False):
         self.log: list[tuple[str, str, int, str]] = []
         self.held: set[int] = set()
         self._n = 0
+        self.last = last
+
+    def try_exclusive(self):
+        self.log.append(("try", "exclusive", 0, ""))
+        if not self.last:
+            return 0
+        self._n += 1
+        self.held.add(self._n)
+        return self._n
 
     def acquire(self, kind, nbytes=0, tag=""):
         self._n += 1
@@ -89,14 +99,18 @@ class FakeGate:
 
 
 class FakeSession:
+    made: list["FakeSession"] = []
+
     def __init__(self, impl, *args, **kwargs):
-        self.impl, self.alive, self.info, self.timeout = impl, True, {}, None
+        self.impl, self.alive, self.info, self.timeout, self.closed = impl, True, {}, None, 0
+        FakeSession.made.append(self)
 
     def start(self):
         pass
 
     def close(self):
         self.alive = False
+        self.closed += 1
 
 
 def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload_again_alone(monkeypatch):
@@ -131,14 +145,59 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
     result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
     kinds = [(event, kind) for event, kind, _, _ in gate.log]
     assert kinds[0] == ("acquire", "present") and gate.log[0][3] == plan.implementations[0].impl.identity
-    present_released = kinds.index(("release", ""), kinds.index(("acquire", "memory"), 2) + 2)
-    assert kinds[1:present_released + 1] == [("acquire", "memory"), ("release", ""), ("acquire", "memory"),
-                                             ("release", ""), ("release", "")]  # two grants, then present let go
-    assert kinds[present_released + 1] == ("acquire", "exclusive") and not gate.held  # the turn, then nothing held
+    # two grants; the turn at once refused (another slot holds something); the worker closed, present let go;
+    # the turn asked for in the queue; then nothing held
+    assert kinds[1:] == [("acquire", "memory"), ("release", ""), ("acquire", "memory"), ("release", ""),
+                         ("try", "exclusive"), ("release", ""), ("acquire", "exclusive"), ("release", "")]
+    assert not gate.held
     assert ran == ["small-bf16", "odd-vocab", "odd-vocab alone"]
     odd = next(w for w in result.workloads if w.workload == "odd-vocab")
     assert odd.draws["rerun_alone"].startswith("runs") and [o.status for o in odd.outcomes] == ["pass"]
     assert result.status == "conformant"
+
+
+def test_the_last_slot_to_finish_times_at_once_in_its_conformance_worker(monkeypatch):
+    """The gate's `try` granted (no other slot holds anything): the turn runs before the slot lets its
+    presence go, in the worker its conformance ran in (no second start), which is closed once, by its owner."""
+    from pathlib import Path
+
+    import torch
+
+    from grpo_conform import check
+    from grpo_conform.checks.timed import TimingSettings
+    from grpo_conform.gate.plan import build_plan
+    from grpo_conform.gate.progress import Reporter
+
+    root = Path(__file__).resolve().parents[1]
+    request = check.CheckRequest((str(root / "implementations" / "pytorch"),), device="cpu", members=("token-is",),
+                                 workloads=("small-bf16", "odd-vocab"))
+    plan = build_plan(request, torch.device("cpu"))
+    sessions_in_turn = []
+
+    def fake_run(session, spec, w, ctx, req, say, name, member):
+        if ctx.gate is None:
+            sessions_in_turn.append(session)
+        short = w.name == "odd-vocab" and ctx.gate is not None
+        outcome = CheckOutcome("runs", "error", OOM) if short else CheckOutcome("runs", "pass", "every call returned")
+        draws = {}
+        with check._memory_hold(ctx, 123, draws):
+            pass
+        return _result(outcome, draws=draws, name=w.name), object()
+
+    monkeypatch.setattr(check, "run_workload", fake_run)
+    monkeypatch.setattr(check, "WorkerSession", FakeSession)
+    FakeSession.made = []
+    gate = FakeGate(last=True)
+    ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
+    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    kinds = [(event, kind) for event, kind, _, _ in gate.log]
+    assert kinds[1:] == [("acquire", "memory"), ("release", ""), ("acquire", "memory"), ("release", ""),
+                         ("try", "exclusive"), ("release", ""), ("release", "")]  # the turn, then presence let go
+    assert not gate.held
+    assert len(FakeSession.made) == 1 and FakeSession.made[0].closed == 1
+    assert sessions_in_turn == [FakeSession.made[0]]  # the run alone was in the conformance worker
+    odd = next(w for w in result.workloads if w.workload == "odd-vocab")
+    assert odd.draws["rerun_alone"].startswith("runs") and result.status == "conformant"
 
 
 def test_a_worker_that_does_not_start_in_the_turn_is_not_started_again():
@@ -189,3 +248,20 @@ def test_every_timing_says_whether_it_ran_inline_or_in_the_exclusive_turn(monkey
     timings = entry.results[0].timings
     assert [t["timed_in"] for t in timings] == [timed_phase.EXCLUSIVE_TURN] * 2
     assert [o.check for o in entry.results[0].outcomes][-1] == "timing-floor"
+
+    # the last slot's conformance worker handed over (check.py): labelled so, and left open for its owner
+    closed = []
+    kept = types.SimpleNamespace(alive=True, close=lambda: closed.append("kept"))
+    entry = _entry(_result(CheckOutcome("runs", "pass", "every call returned")))
+    run_deferred(types.SimpleNamespace(name="impl"), [entry], ctx, None, said, lambda mp: kept, Stop(),
+                 lambda session, d: None, reuse=kept)
+    assert [t["timed_in"] for t in entry.results[0].timings] == [timed_phase.EXCLUSIVE_TURN_CONFORMANCE_WORKER] * 2
+    assert closed == []
+    # one that died: a fresh worker, labelled so and closed by the turn
+    dead = types.SimpleNamespace(alive=False, close=lambda: closed.append("dead"))
+    fresh = types.SimpleNamespace(alive=True, close=lambda: closed.append("fresh"))
+    entry = _entry(_result(CheckOutcome("runs", "pass", "every call returned")))
+    run_deferred(types.SimpleNamespace(name="impl"), [entry], ctx, None, said, lambda mp: fresh, Stop(),
+                 lambda session, d: None, reuse=dead)
+    assert [t["timed_in"] for t in entry.results[0].timings] == [timed_phase.EXCLUSIVE_TURN] * 2
+    assert closed == ["fresh"]

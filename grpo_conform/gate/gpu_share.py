@@ -16,6 +16,9 @@ A slot holds, in order:
   in the GPU (`capacity`); each sizes its kept outputs and chunks by its grant (grpo_conform/device_memory.py),
   so what a workload checks does not depend on what runs beside it;
 - "exclusive", around its bandwidth probe and timed protocols: granted only when no slot holds anything.
+  One exception, asked with `try` (answered at once, never queued): a slot that holds nothing but its own
+  "present" gets it when no other slot holds anything, i.e. the last slot to finish its conformance times at
+  once, in its conformance worker (its kernels loaded), since no other slot has a worker then.
 
 Grants: memory requests in arrival order (a large one is never passed by smaller ones, so it is not
 starved), one larger than the capacity when it is alone; exclusive requests in arrival order once
@@ -78,6 +81,16 @@ class GpuArbiter:
                 return self._tokens  # never granted: the slot is gone
             self.pending.append(Request(slot, kind, max(0, int(nbytes)), self._tokens, grant, tag))
             self._grant()
+            return self._tokens
+
+    def try_exclusive(self, slot: str) -> int:
+        """An exclusive hold now, or 0: granted when every hold is `slot`'s own (its presence; it has no
+        request in flight to its worker when it asks) and the slot is not retired. Never queued."""
+        with self.lock:
+            if slot in self.retired or any(h.slot != slot for h in self.holds.values()):
+                return 0
+            self._tokens += 1
+            self.holds[self._tokens] = Request(slot, "exclusive", 0, self._tokens, lambda token: None)
             return self._tokens
 
     def release(self, slot: str, token: int) -> None:
@@ -156,6 +169,8 @@ def serve(arbiter: GpuArbiter, slot: str, requests, grants) -> None:
                     arbiter.set_total(int(msg["bytes"]))
                 elif msg.get("gate") == "acquire":
                     arbiter.request(slot, str(msg["kind"]), int(msg.get("bytes", 0)), answer, str(msg.get("tag", "")))
+                elif msg.get("gate") == "try" and msg.get("kind") == "exclusive":
+                    answer(arbiter.try_exclusive(slot))
                 elif msg.get("gate") == "release":
                     arbiter.release(slot, int(msg["token"]))
                 else:
@@ -206,6 +221,14 @@ class GateClient:
         line = self._in.readline()
         if not line:
             raise GateError("the run's GPU gate closed before granting")
+        return int(json.loads(line)["token"])
+
+    def try_exclusive(self) -> int:
+        """The exclusive hold at once, or 0 where another slot holds something (GpuArbiter.try_exclusive)."""
+        self._send(gate="try", kind="exclusive")
+        line = self._in.readline()
+        if not line:
+            raise GateError("the run's GPU gate closed before answering")
         return int(json.loads(line)["token"])
 
     def release(self, token: int) -> None:
