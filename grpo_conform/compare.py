@@ -506,11 +506,12 @@ def fp32_target_floor(z_rows: torch.Tensor, targets: torch.Tensor, temperature: 
     return target_floor_from_logp(logp, targets, z_rows.shape[-1], scale)
 
 
-def target_floor_from_logp(logp: torch.Tensor, targets: torch.Tensor, vocab: int, scale: torch.Tensor) -> torch.Tensor:
+def target_floor_from_logp(logp: torch.Tensor, targets: torch.Tensor, width: int, scale: torch.Tensor) -> torch.Tensor:
     """`fp32_target_floor` from each row's float64 log-prob of its target (however it was computed: torch
-    above, or one kernel pass on CUDA, ops/grpo_logits/reference_kernel.row_floor_terms)."""
+    above, or one kernel pass on CUDA, ops/grpo_logits/reference_kernel.row_floor_terms); `width`: the
+    rows' length."""
     rest = -torch.expm1(logp)  # 1 - p_t without cancellation
-    cap = vocab * 2.0**-24
+    cap = width * 2.0**-24
     out = torch.minimum(rest, torch.full_like(rest, cap)) * scale.to(torch.float64)
     return torch.where(targets >= 0, out, torch.zeros_like(out))
 
