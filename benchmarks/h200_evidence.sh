@@ -485,7 +485,9 @@ PY
     status "CUDA tests: $(tail -1 "$R/cuda-tests.txt")"
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
     sampler=$!
-    GRPO_CONFORM_SAMPLE="$R/samples" default_check "${DEADLINE:-300}"
+    export GRPO_CONFORM_SAMPLE="$R/samples"  # every slot's sample-PID.txt (grpo_conform/sampler.py)
+    default_check "${DEADLINE:-300}"
+    unset GRPO_CONFORM_SAMPLE
     kill $sampler
     ;;
   round32a)  # twelfth session (issue 35): the default check with its slots sharing the GPU (gate/gpu_share.py:
