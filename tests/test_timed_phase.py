@@ -113,7 +113,10 @@ class FakeSession:
         self.closed += 1
 
 
-def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload_again_alone(monkeypatch):
+def _slot_with_a_short_workload(monkeypatch, gate):
+    """check_implementation of pytorch's token-is (two workloads) as a slot beside others, through `gate`, with
+    run_workload faked: odd-vocab runs out of memory beside the others, once. Returns (result, what ran, the
+    sessions the runs alone were handed)."""
     from pathlib import Path
 
     import torch
@@ -128,9 +131,12 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
                                  workloads=("small-bf16", "odd-vocab"))
     plan = build_plan(request, torch.device("cpu"))
     ran: list[str] = []
+    alone: list = []
 
     def fake_run(session, spec, w, ctx, req, say, name, member):
         ran.append(w.name + (" alone" if ctx.gate is None else ""))
+        if ctx.gate is None:
+            alone.append(session)
         short = w.name == "odd-vocab" and ctx.gate is not None  # out of memory beside others, once
         outcome = CheckOutcome("runs", "error", OOM) if short else CheckOutcome("runs", "pass", "every call returned")
         draws = {}
@@ -140,11 +146,18 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
 
     monkeypatch.setattr(check, "run_workload", fake_run)
     monkeypatch.setattr(check, "WorkerSession", FakeSession)
-    gate = FakeGate()
+    FakeSession.made = []
     ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
     result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    assert gate.log[0][:2] == ("acquire", "present") and gate.log[0][3] == plan.implementations[0].impl.identity
+    return result, ran, alone
+
+
+def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload_again_alone(monkeypatch):
+    gate = FakeGate()
+    result, ran, _ = _slot_with_a_short_workload(monkeypatch, gate)
     kinds = [(event, kind) for event, kind, _, _ in gate.log]
-    assert kinds[0] == ("acquire", "present") and gate.log[0][3] == plan.implementations[0].impl.identity
+    assert kinds[0] == ("acquire", "present")
     # two grants; the turn at once refused (another slot holds something); the worker closed, present let go;
     # the turn asked for in the queue; then nothing held
     assert kinds[1:] == [("acquire", "memory"), ("release", ""), ("acquire", "memory"), ("release", ""),
@@ -159,43 +172,14 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
 def test_the_last_slot_to_finish_times_at_once_in_its_conformance_worker(monkeypatch):
     """The gate's `try` granted (no other slot holds anything): the turn runs before the slot lets its
     presence go, in the worker its conformance ran in (no second start), which is closed once, by its owner."""
-    from pathlib import Path
-
-    import torch
-
-    from grpo_conform import check
-    from grpo_conform.checks.timed import TimingSettings
-    from grpo_conform.gate.plan import build_plan
-    from grpo_conform.gate.progress import Reporter
-
-    root = Path(__file__).resolve().parents[1]
-    request = check.CheckRequest((str(root / "implementations" / "pytorch"),), device="cpu", members=("token-is",),
-                                 workloads=("small-bf16", "odd-vocab"))
-    plan = build_plan(request, torch.device("cpu"))
-    sessions_in_turn = []
-
-    def fake_run(session, spec, w, ctx, req, say, name, member):
-        if ctx.gate is None:
-            sessions_in_turn.append(session)
-        short = w.name == "odd-vocab" and ctx.gate is not None
-        outcome = CheckOutcome("runs", "error", OOM) if short else CheckOutcome("runs", "pass", "every call returned")
-        draws = {}
-        with check._memory_hold(ctx, 123, draws):
-            pass
-        return _result(outcome, draws=draws, name=w.name), object()
-
-    monkeypatch.setattr(check, "run_workload", fake_run)
-    monkeypatch.setattr(check, "WorkerSession", FakeSession)
-    FakeSession.made = []
     gate = FakeGate(last=True)
-    ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
-    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    result, ran, alone = _slot_with_a_short_workload(monkeypatch, gate)
     kinds = [(event, kind) for event, kind, _, _ in gate.log]
     assert kinds[1:] == [("acquire", "memory"), ("release", ""), ("acquire", "memory"), ("release", ""),
                          ("try", "exclusive"), ("release", ""), ("release", "")]  # the turn, then presence let go
     assert not gate.held
     assert len(FakeSession.made) == 1 and FakeSession.made[0].closed == 1
-    assert sessions_in_turn == [FakeSession.made[0]]  # the run alone was in the conformance worker
+    assert alone == [FakeSession.made[0]]  # the run alone was in the conformance worker
     odd = next(w for w in result.workloads if w.workload == "odd-vocab")
     assert odd.draws["rerun_alone"].startswith("runs") and result.status == "conformant"
 
