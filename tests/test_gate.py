@@ -514,6 +514,19 @@ def test_gpu_jobs_weigh_each_workload_and_member_not_only_its_bytes():
     loads = [sum(unit_cost(plan, u, "cuda") for u in j) for j in gpu]
     assert max(loads) <= 1.25 * min(loads)
     assert sorted(u for j in gpu for u in j) == sorted(impl.units())
+    # --shard weighs the same way for the run's device: by bytes alone one of four shards took 52 of the 70
+    # units (every small one), by the GPU's fixed costs each takes 17 or 18
+    import re
+
+    from grpo_conform.gate.shard import assign
+
+    counts = sorted(list(assign(plan, 4).values()).count(k) for k in range(1, 5))
+    assert counts[-1] > 40
+    for k in range(1, 5):
+        part = build_plan(CheckRequest((str(ROOT / "implementations" / "triton"),), device="cuda", shard=(k, 4)),
+                          torch.device("cuda"))
+        mine = int(re.search(r"(\d+) of (\d+) work units", part.notes[-1]).group(1))
+        assert 14 <= mine <= 21, part.notes[-1]
 
 
 def test_a_member_heavier_than_a_slot_s_share_is_split_and_the_others_stay_whole():

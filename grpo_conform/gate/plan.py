@@ -211,7 +211,7 @@ def build_plan(request, device) -> Plan:
             specs_of(impl, request.spec_path, cache, tuple(request.members))[0].workload(missing[0])  # the spec's error, naming the known
     plan = Plan(tuple(plans), specs, tuple(notes))
     if request.shard:
-        plan = shard_units(plan, request.shard)
+        plan = shard_units(plan, request.shard, device.type)
     if request.units:
         plan = apply_units(plan, set(map(tuple, request.units)), "run in another slot")
     return plan

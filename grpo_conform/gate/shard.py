@@ -5,10 +5,11 @@ Units are weighed by the spec's size model: traffic-v1 (grpo_conform.floors, doc
 bytes of every declared input read and every output and gradient written, so a float32 workload
 weighs twice a bfloat16 one of the same shape, and a member with more tensors weighs more. Ranged
 axes count at their midpoint (what a run draws on average). A fixed cost is added for a worker start
-and the per-workload checks that do not scale with size. Units are dealt heaviest first to the least
-loaded shard, ties to the lowest index (greedy LPT: no shard ends more than one unit above the
-lightest), the same on every machine. An implementation that runs nothing (skipped) is one
-pseudo-unit, so exactly one shard reports it.
+and the per-workload checks that do not scale with size (on CUDA a larger one, and one per member:
+`CUDA_UNIT_COST`, `CUDA_MEMBER_COST`). Units are dealt heaviest first to the least loaded shard, ties
+to the lowest index (greedy LPT: no shard ends more than one unit above the lightest), the same on
+every machine. An implementation that runs nothing (skipped) is one pseudo-unit, so exactly one shard
+reports it.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ def unit_cost(plan, unit: tuple[str, str, str], device_type: str = "cpu") -> int
     return UNIT_BASE_COST
 
 
-def assign(plan, count: int) -> dict[tuple[str, str, str], int]:
-    """Unit -> shard index (1-based)."""
+def assign(plan, count: int, device_type: str = "cpu") -> dict[tuple[str, str, str], int]:
+    """Unit -> shard index (1-based), units weighed for the run's device (`unit_cost`)."""
     units = [u for p in plan.implementations for u in p.units()]
-    weighted = sorted(((unit_cost(plan, u), u) for u in units), key=lambda cu: (-cu[0], cu[1]))
+    weighted = sorted(((unit_cost(plan, u, device_type), u) for u in units), key=lambda cu: (-cu[0], cu[1]))
     load = [0] * count
     out: dict[tuple[str, str, str], int] = {}
     for cost, u in weighted:
@@ -87,9 +88,9 @@ def assign(plan, count: int) -> dict[tuple[str, str, str], int]:
     return out
 
 
-def shard_units(plan, shard: tuple[int, int]):
+def shard_units(plan, shard: tuple[int, int], device_type: str = "cpu"):
     index, count = shard
-    where = assign(plan, count)
+    where = assign(plan, count, device_type)
     mine = {u for u, k in where.items() if k == index}
     kept = apply_units(plan, mine, "run in another shard", where=where, count=count)
     note = f"--shard {index}/{count}: {len(mine)} of {len(where)} work units"
