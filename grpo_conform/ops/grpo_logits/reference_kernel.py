@@ -69,10 +69,11 @@ def row_floor_terms(flat: torch.Tensor, targets: torch.Tensor, temperature: floa
 
 
 def _launch(flat: torch.Tensor, targets: torch.Tensor, temperature: float, absmax: bool):
-    """(log-probs, max |z| per row or a 1-element placeholder) from one launch of the kernel."""
+    """(log-probs, max |z| per row) from one launch of the kernel; without `absmax` the second is the first
+    (the kernel never writes it then)."""
     rows, vocab = flat.shape
     out = torch.empty(rows, dtype=torch.float64, device=flat.device)
-    amax = torch.empty(rows if absmax else 1, dtype=torch.float64, device=flat.device)
+    amax = torch.empty(rows, dtype=torch.float64, device=flat.device) if absmax else out
     if rows == 0:
         return out, amax
     t = _temperature(float(temperature), flat.device)
