@@ -56,6 +56,7 @@
 #                                               # phases (~6.5 min)
 #   bash benchmarks/h200_evidence.sh round35a   # issue 35, next: the CUDA tests of the fourteenth session's code, then the
 #                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
+#   bash benchmarks/h200_evidence.sh round35b   # issue 35, fifteenth session: the default check, every worker profiled
 #   bash benchmarks/h200_evidence.sh round32a   # issue 35, twelfth session: the default check with 4 slots sharing the GPU
 #                                               # (cold, then warm compile stores; RUNS=cold: one; JOBS6=1 adds --jobs 6),
 #                                               # the GPU's used memory sampled
@@ -489,6 +490,17 @@ PY
     default_check "${DEADLINE:-300}"
     unset GRPO_CONFORM_SAMPLE
     kill $sampler
+    ;;
+  round35b)  # fifteenth session (issue 35): where a fresh turn worker's time goes. The CUDA row-floor test, then the
+              # default check with every worker under cProfile (GRPO_CONFORM_WORKER_PROFILE; the profiles and the
+              # compile store's entries summarised by PROF_SUMMARY, a helper carried in .whl/, not kept in the tree)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -n 0 tests/test_reference_kernel.py -k cuda > "$R/cuda-tests.txt" 2>&1
+    status "CUDA tests: $(tail -1 "$R/cuda-tests.txt")"
+    mkdir -m 777 -p /wprof  # writable by the workers' user, and not a place they get a private copy of
+    export GRPO_CONFORM_WORKER_PROFILE=/wprof
+    default_check "${DEADLINE:-330}"
+    unset GRPO_CONFORM_WORKER_PROFILE
+    [ -n "${PROF_SUMMARY:-}" ] && python3 "$PROF_SUMMARY" /wprof "${HOME}/.cache/grpo-conform" > "$R/profiles.txt" 2>&1
     ;;
   round32a)  # twelfth session (issue 35): the default check with its slots sharing the GPU (gate/gpu_share.py:
               # --jobs auto = 4 on the H200's 16 cores), twice (the second run starts from the compile stores the

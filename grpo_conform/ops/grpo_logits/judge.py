@@ -208,15 +208,19 @@ def row_floor_parts(z: torch.Tensor, targets: torch.Tensor, temperature: float,
     `fp32_floor`'s and `fp32_target_floor`'s terms without their row scale. `kernel` (CUDA, contiguous rows:
     `reference.kernel_reference`): both from one read of the rows (`reference_kernel.row_floor_terms`), where
     torch makes a float64 copy of the rows and ~8 passes over it, and one more pass for the maximum. The
-    maximum is the same value either way; the target's log-prob differs in its last bits (1e-13 relative)."""
+    maximum is the same value either way; the target's log-prob differs in its last bits (1e-13 relative).
+    The maximum is divided by T as a device tensor, not a Python float: for a host scalar CUDA multiplies by
+    1/T, an ulp off the CPU's division (round35a on the H200: the test of this failed); a tensor divisor
+    is a true division on both."""
     ones = torch.ones(z.shape[0], dtype=torch.float64, device=z.device)
     if not kernel:
-        return z.abs().amax(dim=-1).to(torch.float64) / temperature, fp32_target_floor(z, targets, temperature, ones)
+        amax = z.abs().amax(dim=-1).to(torch.float64)
+        return amax / amax.new_full((), float(temperature)), fp32_target_floor(z, targets, temperature, ones)
     # local: Triton is imported only where a GPU runs it (optional on the CPU)
     from grpo_conform.ops.grpo_logits.reference_kernel import row_floor_terms
 
     amax, logp = row_floor_terms(z, targets.clamp_min(0), temperature)
-    return amax / temperature, target_floor_from_logp(logp, targets, z.shape[-1], ones)
+    return amax / amax.new_full((), float(temperature)), target_floor_from_logp(logp, targets, z.shape[-1], ones)
 
 
 def _fp32_floor_in_pieces(z: torch.Tensor, temperature: float, scale: torch.Tensor, width: int, device) -> torch.Tensor:
