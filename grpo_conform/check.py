@@ -272,33 +272,74 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
              f"{len(deferred) - reruns} workloads"
              + (f" and run {reruns} again alone (out of memory beside other slots)" if reruns else ""))
 
+    spawned: list[WorkerSession] = []  # the turn's first worker, spawned before the wait (loaded after it)
+
     def start_worker(mp) -> WorkerSession:
         timeout = request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
         if reuse is not None and reuse.alive:
             reuse.timeout = timeout
             return reuse
+        if spawned and (spawned[-1].proc is None or spawned[-1].proc.poll() is not None):
+            spawned.pop().close(graceful=False)  # it left while waiting: a fresh start below
+        if spawned:
+            session = spawned.pop()
+            session.timeout = timeout
+            with PHASES("worker-start"):
+                session.load()  # the implementation's code enters the process only now, under the hold
+            return session
         session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout, False, sandbox=request.sandbox)
         with PHASES("worker-start"):
             session.start()
         return session
 
-    if token is None:
-        with PHASES("gate-wait"):
-            token = ctx.gate.acquire("exclusive")
     try:
-        timed_ctx, hardware = prepare_context(ctx.device, ctx.timing, say.line)
-        ctx.hardware.update(hardware)
-
-        def rerun(session: WorkerSession, d: Deferred) -> WorkloadResult:
-            session.timeout = request.timeout or default_timeout(d.mp.spec, d.mp.workloads, ctx.device)
-            with PHASES.inclusive("workloads", f"{p.impl.name} {d.mp.label} {d.w.name} (alone)"):
-                return run_workload(session, d.mp.spec, d.w, timed_ctx, request, say, p.impl.name, d.mp.label)[0]
-
-        run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker, stop, rerun, reuse)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
+        if token is None:
+            _spawn_early(p, ctx, request, deferred, spawned)
+            with PHASES("gate-wait"):
+                token = ctx.gate.acquire("exclusive")
+        _run_turn(p, ctx, request, say, deferred, stop, reuse, start_worker)
     finally:
-        ctx.gate.release(token)
+        for session in spawned:  # never loaded (a stop, or no workload needed a worker)
+            session.close()
+        if token is not None:
+            ctx.gate.release(token)
+
+
+def _spawn_early(p: ImplPlan, ctx: RunContext, request: CheckRequest, deferred: list[Deferred],
+                 spawned: list[WorkerSession]) -> None:
+    """The turn's first worker spawned before the wait for the exclusive hold, loaded once it is granted
+    (WorkerSession.spawn): the ~2 s of a process start and torch's import pass while other slots time.
+    It runs none of the implementation's code before its `load`, so it cannot help another slot's timed
+    calls (docs/checks.md, "Slots sharing a GPU"). A spawn that fails leaves the start to the turn, where
+    its error is reported as before."""
+    mp = next((d.mp for d in deferred), None)
+    if mp is None:
+        return
+    timeout = request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
+    session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout, False, sandbox=request.sandbox)
+    try:
+        with PHASES("worker-start"):
+            session.spawn()
+    except Exception:
+        session.close(graceful=False)
+        return
+    spawned.append(session)
+
+
+def _run_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, deferred: list[Deferred],
+              stop: Stop, reuse: WorkerSession | None, start_worker) -> None:
+    """The turn under its exclusive hold: the ceilings measured, then every deferred workload timed."""
+    timed_ctx, hardware = prepare_context(ctx.device, ctx.timing, say.line)
+    ctx.hardware.update(hardware)
+
+    def rerun(session: WorkerSession, d: Deferred) -> WorkloadResult:
+        session.timeout = request.timeout or default_timeout(d.mp.spec, d.mp.workloads, ctx.device)
+        with PHASES.inclusive("workloads", f"{p.impl.name} {d.mp.label} {d.w.name} (alone)"):
+            return run_workload(session, d.mp.spec, d.w, timed_ctx, request, say, p.impl.name, d.mp.label)[0]
+
+    run_deferred(p.impl, deferred, timed_ctx, request, say, start_worker, stop, rerun, reuse)
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
 
 
 def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, stop: Stop,

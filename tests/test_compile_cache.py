@@ -4,6 +4,7 @@ links, oversized files and files already stored are never taken; the switch turn
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from grpo_conform.isolation.session import WorkerSession
 ROOT = Path(__file__).resolve().parent.parent
 
 WRITER = '''
+import json
 import os
 
 # at import: what a JIT compiler does at a kernel's first call
@@ -123,3 +125,62 @@ def test_the_least_recently_used_stores_go_when_all_of_them_hold_too_much(tmp_pa
     monkeypatch.setattr(compile_cache, "MAX_TOTAL_BYTES", 250)
     assert compile_cache.prune(stores, keep=stores / "kept", now=now) == ["a", "b"]
     assert sorted(p.name for p in stores.iterdir()) == ["c", "kept"]
+
+
+def _stored_kernel(store: Path, old_home: str, names=("k.cubin", "k.json")) -> Path:
+    """A kernel as a worker with HOME `old_home` left it in the store: its files and Triton's group file
+    naming them by that worker's absolute paths."""
+    folder = store / ".triton" / "HASH"
+    folder.mkdir(parents=True)
+    for name in names:
+        (folder / name).write_text(name)
+    group = {"child_paths": {n: f"{old_home}/.triton/HASH/{n}" for n in names}}
+    (folder / "__grp__k.json").write_text(json.dumps(group))
+    return folder
+
+
+def test_a_stored_kernel_is_found_by_triton_in_the_next_worker_s_home(tmp_path, monkeypatch):
+    """Without the relocation Triton finds no stored kernel: the group names the old HOME's paths (every
+    worker compiled everything again, round35b)."""
+    cache = pytest.importorskip("triton.runtime.cache")
+    store, home = tmp_path / "store", tmp_path / "home"
+    _stored_kernel(store, str(tmp_path / "gone" / "home"))
+    assert compile_cache.seed(store, home, None, None) == 3
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(home / ".triton"))
+    found = cache.FileCacheManager("HASH").get_group("k.json")
+    assert found == {n: str(home / ".triton" / "HASH" / n) for n in ("k.cubin", "k.json")}
+
+
+@pytest.mark.parametrize("child", ["../../outside.cubin", "missing.cubin", "link.cubin"])
+def test_a_group_naming_anything_but_its_own_siblings_is_left_as_it_was(tmp_path, child):
+    """A hostile group file (the implementation writes its cache) cannot be pointed outside its folder,
+    nor at a link or a file that is not there: it stays as written and Triton compiles."""
+    store, home = tmp_path / "store", tmp_path / "home"
+    folder = _stored_kernel(store, "/old/home")
+    (tmp_path / "outside.cubin").write_text("x")
+    group = json.loads((folder / "__grp__k.json").read_text())
+    group["child_paths"][Path(child).name if child != "../../outside.cubin" else child] = f"/old/home/{child}"
+    (folder / "__grp__k.json").write_text(json.dumps(group))
+    compile_cache.seed(store, home, None, None)
+    if child == "link.cubin":  # a link in the worker's copy (seed copies regular files only: made here)
+        (home / ".triton" / "HASH" / "link.cubin").symlink_to(tmp_path / "outside.cubin")
+        assert not compile_cache.relocate_group(home / ".triton" / "HASH" / "__grp__k.json")
+    assert json.loads((home / ".triton" / "HASH" / "__grp__k.json").read_text()) == group
+
+
+def test_a_spawned_worker_runs_no_implementation_code_until_it_is_loaded(tmp_path, monkeypatch):
+    """A timed turn spawns its worker before its exclusive hold (check._spawn_early): the implementation's
+    import (here: it writes into its cache at import) must not happen before `load`."""
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    impl = load_implementation(_impl(tmp_path, "writer-late"))
+    session = WorkerSession(impl, {}, torch.device("cpu"), 60.0, interpret=True)
+    try:
+        session.spawn()
+        assert session.info == {} and session.directory is not None
+        marker = session.directory / "home" / ".triton" / "ab12" / "kernel.cubin"
+        session.request(op="drop")  # the process answers: it is up, and still has nothing loaded
+        assert not marker.exists()
+        session.load()
+        assert marker.read_text() == "compiled" and session.info["compile_cache"] == {"reused_files": 0}
+    finally:
+        session.close()

@@ -99,21 +99,36 @@ class FakeGate:
 
 
 class FakeSession:
+    """A worker that records its steps in `log` (the gate's, so that they interleave with the holds): a full
+    start, or a spawn (process only) and a load (the implementation's code) apart."""
+
     made: list["FakeSession"] = []
+    log: list = []
 
     def __init__(self, impl, *args, **kwargs):
         self.impl, self.alive, self.info, self.timeout, self.closed = impl, True, {}, None, 0
+        self.proc = types.SimpleNamespace(poll=lambda: None)  # running
         FakeSession.made.append(self)
 
-    def start(self):
-        pass
+    def _say(self, step):
+        FakeSession.log.append((step, f"worker{FakeSession.made.index(self)}", 0, ""))
 
-    def close(self):
+    def start(self):
+        self._say("start")
+
+    def spawn(self):
+        self._say("spawn")
+
+    def load(self):
+        self._say("load")
+
+    def close(self, graceful=True):
         self.alive = False
         self.closed += 1
+        self._say("close")
 
 
-def _slot_with_a_short_workload(monkeypatch, gate):
+def _slot_with_a_short_workload(monkeypatch, gate, stop=None):
     """check_implementation of pytorch's token-is (two workloads) as a slot beside others, through `gate`, with
     run_workload faked: odd-vocab runs out of memory beside the others, once. Returns (result, what ran, the
     sessions the runs alone were handed)."""
@@ -146,9 +161,9 @@ def _slot_with_a_short_workload(monkeypatch, gate):
 
     monkeypatch.setattr(check, "run_workload", fake_run)
     monkeypatch.setattr(check, "WorkerSession", FakeSession)
-    FakeSession.made = []
+    FakeSession.made, FakeSession.log = [], gate.log
     ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
-    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), stop or Stop())
     assert gate.log[0][:2] == ("acquire", "present") and gate.log[0][3] == plan.implementations[0].impl.identity
     return result, ran, alone
 
@@ -158,15 +173,37 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
     result, ran, _ = _slot_with_a_short_workload(monkeypatch, gate)
     kinds = [(event, kind) for event, kind, _, _ in gate.log]
     assert kinds[0] == ("acquire", "present")
-    # two grants; the turn at once refused (another slot holds something); the worker closed, present let go;
-    # the turn asked for in the queue; then nothing held
-    assert kinds[1:] == [("acquire", "memory"), ("release", ""), ("acquire", "memory"), ("release", ""),
-                         ("try", "exclusive"), ("release", ""), ("acquire", "exclusive"), ("release", "")]
+    # the conformance worker; two grants; the turn at once refused (another slot holds something); the worker
+    # closed, present let go; the turn's worker spawned (no implementation code) while the turn is asked for
+    # in the queue, loaded only once it is granted, closed before it is let go; then nothing held. A spawn
+    # loaded before the grant, or a conformance worker left open into the wait, fails here.
+    assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("acquire", "memory"),
+                         ("release", ""), ("try", "exclusive"), ("close", "worker0"), ("release", ""),
+                         ("spawn", "worker1"), ("acquire", "exclusive"), ("load", "worker1"), ("close", "worker1"),
+                         ("release", "")]
     assert not gate.held
     assert ran == ["small-bf16", "odd-vocab", "odd-vocab alone"]
     odd = next(w for w in result.workloads if w.workload == "odd-vocab")
     assert odd.draws["rerun_alone"].startswith("runs") and [o.status for o in odd.outcomes] == ["pass"]
     assert result.status == "conformant"
+
+
+def test_a_turn_s_spawned_worker_that_a_stop_leaves_unused_is_closed_never_loaded(monkeypatch):
+    """--deadline passes while the slot waits for its turn: the spawned worker is closed, and the
+    implementation's code never entered it."""
+    stop = Stop()
+
+    class LateGate(FakeGate):
+        def acquire(self, kind, nbytes=0, tag=""):
+            if kind == "exclusive":
+                stop.reason = "not run: --deadline reached"
+            return super().acquire(kind, nbytes, tag)
+
+    gate = LateGate()
+    _slot_with_a_short_workload(monkeypatch, gate, stop)
+    kinds = [(event, kind) for event, kind, _, _ in gate.log]
+    assert kinds[-4:] == [("spawn", "worker1"), ("acquire", "exclusive"), ("close", "worker1"), ("release", "")]
+    assert not gate.held
 
 
 def test_the_last_slot_to_finish_times_at_once_in_its_conformance_worker(monkeypatch):
@@ -175,8 +212,9 @@ def test_the_last_slot_to_finish_times_at_once_in_its_conformance_worker(monkeyp
     gate = FakeGate(last=True)
     result, ran, alone = _slot_with_a_short_workload(monkeypatch, gate)
     kinds = [(event, kind) for event, kind, _, _ in gate.log]
-    assert kinds[1:] == [("acquire", "memory"), ("release", ""), ("acquire", "memory"), ("release", ""),
-                         ("try", "exclusive"), ("release", ""), ("release", "")]  # the turn, then presence let go
+    assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("acquire", "memory"),
+                         ("release", ""), ("try", "exclusive"), ("release", ""), ("close", "worker0"),
+                         ("release", "")]  # the turn, its worker closed, then presence let go
     assert not gate.held
     assert len(FakeSession.made) == 1 and FakeSession.made[0].closed == 1
     assert alone == [FakeSession.made[0]]  # the run alone was in the conformance worker

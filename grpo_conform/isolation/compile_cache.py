@@ -23,6 +23,7 @@ worker started with reused files (`worker.compile_cache`). GRPO_CONFORM_WORKER_C
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -123,6 +124,7 @@ def seed(store: Path, home: Path, uid: int | None, gid: int | None) -> int:
         source = store / cache
         if not source.is_dir():
             continue
+        groups = []
         for path in _files(source):
             if path.name.startswith(".part-"):  # another validator's harvest still writing it
                 continue
@@ -130,12 +132,51 @@ def seed(store: Path, home: Path, uid: int | None, gid: int | None) -> int:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
             count += 1
+            if cache == ".triton" and path.name.startswith(GROUP_PREFIX):
+                groups.append(target)
+        for group in groups:  # after every file is in place: a group names only files that exist
+            relocate_group(group)
         if uid is not None:
             for dirpath, _, filenames in os.walk(home / cache):
                 os.chown(dirpath, uid, gid)
                 for name in filenames:
                     os.chown(os.path.join(dirpath, name), uid, gid)
     return count
+
+
+GROUP_PREFIX = "__grp__"  # Triton's index of a compiled kernel's files (triton/runtime/cache.py, get_group)
+MAX_GROUP_BYTES = 1 << 16
+
+
+def relocate_group(group: Path) -> bool:
+    """Point a Triton group file at its own folder. Triton finds a compiled kernel through its group file,
+    which lists the kernel's files by absolute path, and counts it missing when one of those paths does
+    not exist. Every worker's cache lies under its own scratch HOME (a new temporary directory per
+    session), so the paths a stored group names were the harvested worker's, gone by the next worker's
+    start: every kernel compiled again in every worker, the store notwithstanding (round35b on the H200:
+    12-21 compiles in each timed turn's fresh worker; docs/timing.md, "Fifteenth session"). A group's
+    files are its siblings (Triton writes them into one folder per kernel hash), so each entry becomes the
+    sibling of its name. The file is the implementation's writing: an entry whose name is not a plain
+    file name, or whose sibling is missing, leaves the group as it was (Triton then compiles, as before).
+    Returns whether it was rewritten."""
+    try:
+        if group.is_symlink() or group.stat().st_size > MAX_GROUP_BYTES:
+            return False
+        data = json.loads(group.read_text())
+        children = data.get("child_paths") if isinstance(data, dict) else None
+        if not isinstance(children, dict) or not children:
+            return False
+        moved = {}
+        for name, old in children.items():
+            sibling = group.parent / str(name)
+            if not isinstance(old, str) or "/" in str(name) or str(name) in ("", ".", "..") or \
+                    Path(old).name != name or not sibling.is_file() or sibling.is_symlink():
+                return False
+            moved[name] = str(sibling)
+        group.write_text(json.dumps({**data, "child_paths": moved}))
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def harvest(home: Path, store: Path) -> int:

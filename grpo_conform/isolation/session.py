@@ -184,6 +184,7 @@ class WorkerSession:
     _isolation: dict[str, Any] = field(default_factory=dict)  # namespaces.describe's block
     _cache_store: Path | None = None  # this implementation's compile cache store (compile_cache.py)
     _cache_info: dict[str, Any] | None = None  # what the report says of it (info["compile_cache"])
+    _sandbox_info: dict[str, Any] = field(default_factory=dict)  # sandboxes.preflight's, from spawn for load
 
     def __post_init__(self) -> None:
         self.allocator = SharedAllocator(self.device)
@@ -237,6 +238,14 @@ class WorkerSession:
             self._cache_info = {"off": f"the store could not be used: {exc.strerror or exc}"}
 
     def start(self) -> None:
+        self.spawn()
+        self.load()
+
+    def spawn(self) -> None:
+        """The worker's process, up to its `load`: started, torch imported, no implementation code run yet.
+        A timed turn spawns its worker before its exclusive hold is granted and loads it after
+        (check._timed_turn): a process that holds no code of the implementation cannot help another
+        slot's timed calls, so the turn's wait hides the process start."""
         # Before anything is created: a sandbox that cannot start raises SandboxUnavailable (never
         # a worker run without the sandbox that was asked for).
         sandbox_info = sandboxes.preflight(self.sandbox, self.device.type)
@@ -302,7 +311,14 @@ class WorkerSession:
             self.worker_pid = sandboxes.find_worker(self.proc.pid, self.device.type,
                                                     lambda: self.proc is not None and self.proc.poll() is None)
         self._isolation = namespaces.describe(facts, self.identity, self.device.type, self.sandbox)
+        self._sandbox_info = sandbox_info
+
+    def load(self) -> None:
+        """The implementation imported in the spawned worker (`spawn`), its entry found."""
+        sandbox_info = self._sandbox_info
         self._loading = True
+        assert self.directory is not None, "spawn() first"
+        src = self.directory / "src"
         self.info = self.request(timeout=max(self.timeout, LOAD_TIMEOUT_MIN), op="load", folder=str(src),
                                  name=self.impl.name, entry=self.impl.manifest.entry, parameters=self.parameters,
                                  device=self.device.type).get("info", {})
