@@ -119,6 +119,9 @@ class FakeSession:
     def spawn(self):
         self._say("spawn")
 
+    def warm(self):
+        self._say("warm")
+
     def load(self):
         self._say("load")
 
@@ -179,8 +182,8 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
     # loaded before the grant, or a conformance worker left open into the wait, fails here.
     assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("acquire", "memory"),
                          ("release", ""), ("try", "exclusive"), ("close", "worker0"), ("release", ""),
-                         ("spawn", "worker1"), ("acquire", "exclusive"), ("load", "worker1"), ("close", "worker1"),
-                         ("release", "")]
+                         ("spawn", "worker1"), ("warm", "worker1"), ("acquire", "exclusive"), ("load", "worker1"),
+                         ("close", "worker1"), ("release", "")]
     assert not gate.held
     assert ran == ["small-bf16", "odd-vocab", "odd-vocab alone"]
     odd = next(w for w in result.workloads if w.workload == "odd-vocab")
@@ -202,7 +205,8 @@ def test_a_turn_s_spawned_worker_that_a_stop_leaves_unused_is_closed_never_loade
     gate = LateGate()
     _slot_with_a_short_workload(monkeypatch, gate, stop)
     kinds = [(event, kind) for event, kind, _, _ in gate.log]
-    assert kinds[-4:] == [("spawn", "worker1"), ("acquire", "exclusive"), ("close", "worker1"), ("release", "")]
+    assert kinds[-5:] == [("spawn", "worker1"), ("warm", "worker1"), ("acquire", "exclusive"), ("close", "worker1"),
+                          ("release", "")]
     assert not gate.held
 
 

@@ -136,6 +136,7 @@ class UnbindReply(Ok):
 
 #: The reply each worker op must get (docs/architecture.md, "Worker protocol").
 REPLIES: dict[str, type[_Strict]] = {
+    "warm": Ok,
     "load": LoadReply,
     "bind": Ok,
     "unbind": UnbindReply,

@@ -185,6 +185,7 @@ class WorkerSession:
     _cache_store: Path | None = None  # this implementation's compile cache store (compile_cache.py)
     _cache_info: dict[str, Any] | None = None  # what the report says of it (info["compile_cache"])
     _sandbox_info: dict[str, Any] = field(default_factory=dict)  # sandboxes.preflight's, from spawn for load
+    _warming: bool = False  # a `warm` request sent, its answer not yet read (load reads it)
 
     def __post_init__(self) -> None:
         self.allocator = SharedAllocator(self.device)
@@ -313,9 +314,19 @@ class WorkerSession:
         self._isolation = namespaces.describe(facts, self.identity, self.device.type, self.sandbox)
         self._sandbox_info = sandbox_info
 
+    def warm(self) -> None:
+        """Asks the spawned worker, without waiting for its answer, to make its imports and CUDA context
+        (worker.op_warm: validator code only); `load` collects the answer first."""
+        self._send({"op": "warm", "device": self.device.type})
+        self._warming = True
+
     def load(self) -> None:
         """The implementation imported in the spawned worker (`spawn`), its entry found."""
         sandbox_info = self._sandbox_info
+        if self._warming:
+            self._warming = False
+            self._loading = True  # inside the caller's worker-start, as the load
+            self.receive(max(self.timeout, LOAD_TIMEOUT_MIN), op="warm")
         self._loading = True
         assert self.directory is not None, "spawn() first"
         src = self.directory / "src"

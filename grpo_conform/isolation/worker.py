@@ -174,6 +174,26 @@ class _Worker:
             info["gpu"] = torch.cuda.get_device_name()
         self.send(status="ok", info=info)
 
+    def op_warm(self, device: str) -> None:
+        """Before `load`, validator code only: what any implementation's load and first calls pay for in a
+        fresh worker (torch's import, the module its first backward imports, on CUDA the context and, where
+        Triton is installed, its compiler key: ~0.5 s of hashing Triton's own files, round35b). A timed
+        turn's worker does this while its slot waits for the GPU (check._spawn_early)."""
+        import importlib.util
+
+        import torch  # after harden_worker (run), as op_load
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401  (the first backward's import, ~0.6 s)
+
+        if device == "cuda":
+            torch.empty(1, device="cuda")  # the CUDA context
+            if importlib.util.find_spec("triton") is not None:
+                from triton.runtime import cache
+
+                key = getattr(cache, "triton_key", None)  # Triton's own key, cached for the process
+                if callable(key):
+                    key()
+        self.send(status="ok")
+
     def op_bind(self, slot: str, tensors: dict[str, dict], nfds: int = 0) -> None:
         from grpo_conform.isolation.sharing import open_descriptor  # lazily, as op_load
 
@@ -519,6 +539,7 @@ class _Worker:
 
 #: The operations a parent sends (`exit` aside, handled by the loop); nothing else is dispatched.
 OPS = {
+    "warm": _Worker.op_warm,
     "load": _Worker.op_load,
     "bind": _Worker.op_bind,
     "unbind": _Worker.op_unbind,
