@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from grpo_conform.isolation import triton_keys
 from grpo_conform.isolation.loading import harden_worker, import_entry
 
 POISON_BYTES = {"nan": 0xFF, "huge": 0x7B}  # 0xFF..: NaN in every float dtype; 0x7B..: huge finite
@@ -169,6 +170,7 @@ class _Worker:
                              "where": f"{module_name}.py", "phase": "import"})
             return
         self.entry = fn
+        triton_keys.steady()  # where the implementation imported Triton: keys independent of launch order
         info = {"torch": torch.__version__, "pid": os.getpid()}
         if device == "cuda":
             info["gpu"] = torch.cuda.get_device_name()
@@ -179,7 +181,7 @@ class _Worker:
         fresh worker (torch's import, the module its first backward imports, on CUDA the context and, where
         Triton is installed, its compiler key: ~0.5 s of hashing Triton's own files, round35b). A timed
         turn's worker does this while its slot waits for the GPU (check._spawn_early)."""
-        import importlib.util
+        import importlib.util  # local: this op's alone
 
         import torch  # after harden_worker (run), as op_load
         import torch.fx.experimental.symbolic_shapes  # noqa: F401  (the first backward's import, ~0.6 s)
@@ -187,11 +189,12 @@ class _Worker:
         if device == "cuda":
             torch.empty(1, device="cuda")  # the CUDA context
             if importlib.util.find_spec("triton") is not None:
-                from triton.runtime import cache
+                from triton.runtime import cache  # local: Triton is optional, and imported only here on CUDA
 
                 key = getattr(cache, "triton_key", None)  # Triton's own key, cached for the process
                 if callable(key):
                     key()
+                triton_keys.steady()
         self.send(status="ok")
 
     def op_bind(self, slot: str, tensors: dict[str, dict], nfds: int = 0) -> None:
