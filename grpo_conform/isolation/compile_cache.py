@@ -9,9 +9,11 @@ themselves ran for well under a second.
 How: the validator keeps one store per implementation identity (the folder's file listing with its
 hashes), torch and triton version and device type, under GRPO_CONFORM_CACHE_DIR (default
 $XDG_CACHE_HOME/grpo-conform or ~/.cache/grpo-conform), readable by the validator's user only. At a
-worker's start the store is copied into its private HOME (owned by the worker's user); when the worker
-has left normally, the files it added are copied back (regular files with one link only: no symbolic
-or hard link; bounded in size and count; a file already in the store is never replaced).
+worker's start the store is copied into its private HOME (owned by the worker's user) and Triton's group
+files are pointed at the copies (`relocate_group`: they name files by absolute path, and until the
+fifteenth session every stored kernel was missed for that reason); when the worker has left normally, the
+files it added are copied back (regular files with one link only: no symbolic or hard link; bounded in
+size and count; a file already in the store is never replaced).
 
 What an implementation can do with it: only its own identity's store is ever read, so one implementation
 cannot plant compiled code that another loads (the reason the caches are private). An implementation
