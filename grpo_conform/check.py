@@ -308,8 +308,8 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
 def _spawn_early(p: ImplPlan, ctx: RunContext, request: CheckRequest, deferred: list[Deferred],
                  spawned: list[WorkerSession]) -> None:
     """The turn's first worker spawned before the wait for the exclusive hold, loaded once it is granted
-    (WorkerSession.spawn, .warm): a process start, torch's import, the CUDA context and Triton's key pass
-    while other slots time.
+    (WorkerSession.spawn, .warm): a process start, torch's import and Triton's key pass while other slots
+    time (its CUDA context is made after the grant: nothing of it touches the GPU before).
     It runs none of the implementation's code before its `load`, so it cannot help another slot's timed
     calls (docs/checks.md, "Slots sharing a GPU"). A spawn that fails leaves the start to the turn, where
     its error is reported as before."""
@@ -321,7 +321,7 @@ def _spawn_early(p: ImplPlan, ctx: RunContext, request: CheckRequest, deferred: 
     try:
         with PHASES("worker-start"):
             session.spawn()
-            session.warm()  # its imports and CUDA context while the slot waits; `load` reads the answer
+            session.warm()  # its imports while the slot waits; `load` reads the answer
     except Exception:
         session.close(graceful=False)
         return

@@ -315,8 +315,8 @@ class WorkerSession:
         self._sandbox_info = sandbox_info
 
     def warm(self) -> None:
-        """Asks the spawned worker, without waiting for its answer, to make its imports and CUDA context
-        (worker.op_warm: validator code only); `load` collects the answer first."""
+        """Asks the spawned worker, without waiting for its answer, to make its imports (worker.op_warm:
+        validator code only, nothing on the GPU); `load` collects the answer first."""
         self._send({"op": "warm", "device": self.device.type})
         self._warming = True
 

@@ -178,16 +178,16 @@ class _Worker:
 
     def op_warm(self, device: str) -> None:
         """Before `load`, validator code only: what any implementation's load and first calls pay for in a
-        fresh worker (torch's import, the module its first backward imports, on CUDA the context and, where
-        Triton is installed, its compiler key: ~0.5 s of hashing Triton's own files, round35b). A timed
-        turn's worker does this while its slot waits for the GPU (check._spawn_early)."""
+        fresh worker (torch's import, the module its first backward imports and, on CUDA where Triton is
+        installed, its compiler key: ~0.5 s of hashing Triton's own files, round35b). A timed turn's worker
+        does this while its slot waits for the GPU (check._spawn_early). Nothing here touches the GPU: the
+        CUDA context is made under the turn's hold, as another slot's turn may be measuring bandwidth."""
         import importlib.util  # local: this op's alone
 
-        import torch  # after harden_worker (run), as op_load
+        import torch  # noqa: F401  (after harden_worker (run), as op_load)
         import torch.fx.experimental.symbolic_shapes  # noqa: F401  (the first backward's import, ~0.6 s)
 
         if device == "cuda":
-            torch.empty(1, device="cuda")  # the CUDA context
             if importlib.util.find_spec("triton") is not None:
                 from triton.runtime import cache  # local: Triton is optional, and imported only here on CUDA
 
