@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -80,8 +81,9 @@ def test_exclusive_waits_until_no_slot_holds_anything():
 def test_try_grants_the_turn_at_once_only_to_a_slot_alone_with_its_presence():
     """`try_exclusive`: the last slot to finish conformance times at once in its worker. Granted only when
     every hold is its own: never while another slot is present (its worker may have work queued), holds
-    memory, or times; never queued; and what it grants blocks everything else as any exclusive does."""
-    a, got = GpuArbiter(slots=3, capacity=100 * GB), Recorder()
+    memory, or times; never queued; and what it grants blocks everything else as any exclusive does.
+    (try_wait=0: refused at once; the wait for slots finishing at the same moment is the next test's.)"""
+    a, got = GpuArbiter(slots=3, capacity=100 * GB, try_wait=0), Recorder()
     a.request("s1", "present", 0, got("p1"))
     a.request("s2", "present", 0, got("p2"))
     assert a.try_exclusive("s1") == 0 and not a.pending  # s2 is present
@@ -101,6 +103,41 @@ def test_try_grants_the_turn_at_once_only_to_a_slot_alone_with_its_presence():
     assert got.granted[-1] == "x2" and "p3" not in got.granted
     a.retire("s3")
     assert a.try_exclusive("s3") == 0
+
+
+def test_two_slots_finishing_together_leave_the_turn_to_the_first_that_asked():
+    """Two slots finish conformance moments apart: the first `try` waits (up to try_wait) instead of being
+    refused beside the other's presence; the second is refused at once, lets go, and the first is granted.
+    Before, both were refused (round32a at a7a99a9 on the H200: no turn in a warm worker). An arbiter that
+    grants the second, or grants the first while the second is still present, fails here."""
+    a, got = GpuArbiter(slots=2, capacity=100 * GB, try_wait=30), Recorder()
+    a.request("s1", "present", 0, got("p1"))
+    a.request("s2", "present", 0, got("p2"))
+    first: list[int] = []
+    waiter = threading.Thread(target=lambda: first.append(a.try_exclusive("s1")))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while "s1" not in a.trying and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "s1" in a.trying and not first  # waiting: s2 is still present
+    assert a.try_exclusive("s2") == 0  # asked second: refused at once, while s1 waits
+    assert not first and [h.kind for h in a.holds.values()] == ["present", "present"]
+    a.release("s2", got.tokens["p2"])  # s2 closes its worker and lets go
+    waiter.join(5)
+    assert first and first[0] and a.holds[first[0]].slot == "s1" and a.holds[first[0]].kind == "exclusive"
+    assert not a.trying
+
+
+def test_a_try_that_nobody_answers_is_refused_after_its_wait():
+    """The other slot is still in its conformance: the try gives up after try_wait, holding nothing new."""
+    a, got = GpuArbiter(slots=2, capacity=100 * GB, try_wait=0.2), Recorder()
+    a.request("s1", "present", 0, got("p1"))
+    a.request("s2", "present", 0, got("p2"))
+    a.request("s2", "memory", GB, got("m2"))
+    start = time.monotonic()
+    assert a.try_exclusive("s1") == 0
+    assert 0.15 <= time.monotonic() - start < 5 and not a.trying
+    assert sorted(h.kind for h in a.holds.values()) == ["memory", "present", "present"]
 
 
 def test_nothing_but_an_exclusive_is_granted_beside_an_exclusive():
@@ -141,7 +178,7 @@ def _served(arbiter, name):
 
 
 def test_client_and_server_over_pipes_and_a_closed_client_drops_its_holds():
-    arbiter = GpuArbiter(slots=2, capacity=10 * GB)
+    arbiter = GpuArbiter(slots=2, capacity=10 * GB, try_wait=0)
     one, t1 = _served(arbiter, "one")
     two, t2 = _served(arbiter, "two")
     one.report_total(20 * GB)

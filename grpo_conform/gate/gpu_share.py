@@ -16,9 +16,13 @@ A slot holds, in order:
   in the GPU (`capacity`); each sizes its kept outputs and chunks by its grant (grpo_conform/device_memory.py),
   so what a workload checks does not depend on what runs beside it;
 - "exclusive", around its bandwidth probe and timed protocols: granted only when no slot holds anything.
-  One exception, asked with `try` (answered at once, never queued): a slot that holds nothing but its own
-  "present" gets it when no other slot holds anything, i.e. the last slot to finish its conformance times at
-  once, in its conformance worker (its kernels loaded), since no other slot has a worker then.
+  One exception, asked with `try` (never queued): a slot that holds nothing but its own "present" gets it
+  when no other slot holds anything, i.e. the last slot to finish its conformance times at once, in its
+  conformance worker (its kernels loaded), since no other slot has a worker then. Two slots that finish
+  within moments of each other would each see the other still present and both be refused (round32a at
+  a7a99a9 on the H200: 0.2 s apart, no turn in a warm worker), so the first to ask waits up to
+  TRY_WAIT_S for the others to let go; one that asks while another waits is refused at once, closes its
+  worker and lets go, and the waiting one gets the hold.
 
 Grants: memory requests in arrival order (a large one is never passed by smaller ones, so it is not
 starved), one larger than the capacity when it is alone; exclusive requests in arrival order once
@@ -32,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +44,7 @@ ENV_FDS = "GRPO_CONFORM_GPU_GATE"  # "READ,WRITE": the slot's ends of its two pi
 KINDS = ("present", "memory", "exclusive")
 USABLE_FRACTION = 0.9  # of the GPU's memory, for the workloads' grants; the rest: CUDA contexts, fragmentation
 CONTEXT_BYTES = 1 << 30  # per slot: its own and its worker's CUDA context and allocator slack
+TRY_WAIT_S = 2.0  # how long a `try` waits for the other slots to let go (they are finishing, or it gives up)
 
 
 class GateError(Exception):
@@ -58,10 +64,13 @@ class Request:
 class GpuArbiter:
     """Runner side: who holds what of one GPU. Thread-safe; `grant` callbacks run under the lock."""
 
-    def __init__(self, slots: int, capacity: int | None = None):
+    def __init__(self, slots: int, capacity: int | None = None, try_wait: float = TRY_WAIT_S):
         self.slots = slots
         self.capacity = capacity  # None until a slot reports the GPU's total memory
+        self.try_wait = try_wait
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # notified whenever holds or requests change
+        self.trying: set[str] = set()  # slots waiting in `try_exclusive`
         self.holds: dict[int, Request] = {}
         self.pending: list[Request] = []
         self._tokens = 0
@@ -84,14 +93,28 @@ class GpuArbiter:
             return self._tokens
 
     def try_exclusive(self, slot: str) -> int:
-        """An exclusive hold now, or 0: granted when every hold is `slot`'s own (its presence; it has no
-        request in flight to its worker when it asks) and the slot is not retired. Never queued."""
+        """An exclusive hold, or 0: granted once every hold is `slot`'s own (its presence; it has no request
+        in flight to its worker when it asks) and the slot is not retired. Never queued: it waits up to
+        `try_wait` for the other slots to let go, and is refused at once while another slot waits so."""
+        deadline = time.monotonic() + self.try_wait
         with self.lock:
-            if slot in self.retired or any(h.slot != slot for h in self.holds.values()):
+            if self.trying - {slot}:
+                return 0  # another slot asked first: it times now, this one closes its worker and lets go
+            self.trying.add(slot)
+            try:
+                while not (slot in self.retired or self.trying - {slot}):
+                    if not any(h.slot != slot for h in self.holds.values()):
+                        self._tokens += 1
+                        self.holds[self._tokens] = Request(slot, "exclusive", 0, self._tokens, lambda token: None)
+                        return self._tokens
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.changed.wait(left)
                 return 0
-            self._tokens += 1
-            self.holds[self._tokens] = Request(slot, "exclusive", 0, self._tokens, lambda token: None)
-            return self._tokens
+            finally:
+                self.trying.discard(slot)
+                self.changed.notify_all()
 
     def release(self, slot: str, token: int) -> None:
         with self.lock:
@@ -134,6 +157,7 @@ class GpuArbiter:
         return not memory_held or self.used() + r.nbytes <= (self.capacity or 0)
 
     def _grant(self) -> None:
+        self.changed.notify_all()  # under the lock: every change of holds or requests passes here
         while True:
             exclusive_waits = any(r.kind == "exclusive" for r in self.pending)
             first_memory = next((r for r in self.pending if r.kind == "memory"), None)
