@@ -57,6 +57,9 @@
 #   bash benchmarks/h200_evidence.sh round35a   # issue 35, next: the CUDA tests of the fourteenth session's code, then the
 #                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
 #   bash benchmarks/h200_evidence.sh round35b   # issue 35, fifteenth session: the default check, every worker profiled
+#   RUNS="cold warm" bash benchmarks/h200_evidence.sh round32a   # next session, first (~5.5 min): the fifteenth
+#                                               # session's unmeasured changes (launch-order-free Triton keys, warm
+#                                               # without a CUDA context, the try's wait), cold then warm
 #   bash benchmarks/h200_evidence.sh round32a   # issue 35, twelfth session: the default check with 4 slots sharing the GPU
 #                                               # (cold, then warm compile stores; RUNS=cold: one; JOBS6=1 adds --jobs 6),
 #                                               # the GPU's used memory sampled
