@@ -158,8 +158,8 @@ def relocate_group(group: Path) -> bool:
     start: every kernel compiled again in every worker, the store notwithstanding (round35b on the H200:
     12-21 compiles in each timed turn's fresh worker; docs/timing.md, "Fifteenth session"). A group's
     files are its siblings (Triton writes them into one folder per kernel hash), so each entry becomes the
-    sibling of its name. The file is the implementation's writing: an entry whose name is not a plain
-    file name, or whose sibling is missing, leaves the group as it was (Triton then compiles, as before).
+    sibling of the same file name. The file is the implementation's writing: an entry whose file is not a
+    regular file of the group's own folder leaves the group as it was (Triton then compiles, as before).
     Returns whether it was rewritten."""
     try:
         if group.is_symlink() or group.stat().st_size > MAX_GROUP_BYTES:
@@ -169,10 +169,10 @@ def relocate_group(group: Path) -> bool:
         if not isinstance(children, dict) or not children:
             return False
         moved = {}
-        for name, old in children.items():
-            sibling = group.parent / str(name)
-            if not isinstance(old, str) or "/" in str(name) or str(name) in ("", ".", "..") or \
-                    Path(old).name != name or not sibling.is_file() or sibling.is_symlink():
+        for name, old in children.items():  # name: Triton's key for the file; its file name may be shorter
+            base = Path(old).name if isinstance(old, str) else ""
+            sibling = group.parent / base
+            if base in ("", ".", "..") or not sibling.is_file() or sibling.is_symlink():
                 return False
             moved[name] = str(sibling)
         group.write_text(json.dumps({**data, "child_paths": moved}))
