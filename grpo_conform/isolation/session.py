@@ -243,7 +243,7 @@ class WorkerSession:
         self.load()
 
     def spawn(self) -> None:
-        """The worker's process, up to its `load`: started, torch imported, no implementation code run yet.
+        """The worker's process, up to its `load`: started and serving, no implementation code run yet.
         A timed turn spawns its worker before its exclusive hold is granted and loads it after
         (check._timed_turn): a process that holds no code of the implementation cannot help another
         slot's timed calls, so the turn's wait hides the process start."""
