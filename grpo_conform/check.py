@@ -245,7 +245,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 torch.cuda.synchronize(ctx.device)  # none of this slot's own work queued when it asks
             # The last slot to finish conformance (no other slot holds anything) times at once, in its
             # conformance worker: no worker start, its kernels loaded (gate/gpu_share.py, `try`)
-            token = ctx.gate.try_exclusive()
+            with PHASES("gate-wait"):  # up to gpu_share.TRY_WAIT_S for slots finishing at the same moment
+                token = ctx.gate.try_exclusive()
             if token:
                 timed = True
                 _timed_turn(p, ctx, request, say, deferred, stop, reuse=live, token=token)
