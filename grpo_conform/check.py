@@ -243,8 +243,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         if deferred and present is not None and live is not None:
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize(ctx.device)  # none of this slot's own work queued when it asks
-            # The last slot to finish conformance (no other slot holds anything) times at once, in its
-            # conformance worker: no worker start, its kernels loaded (gate/gpu_share.py, `try`)
+            # The last slot to finish conformance (or the first of slots finishing together) times at once,
+            # in its conformance worker: no worker start, its kernels loaded (gate/gpu_share.py, `try`)
             with PHASES("gate-wait"):  # up to gpu_share.TRY_WAIT_S for slots finishing at the same moment
                 token = ctx.gate.try_exclusive()
             if token:
@@ -276,19 +276,18 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
     spawned: list[WorkerSession] = []  # the turn's first worker, spawned before the wait (loaded after it)
 
     def start_worker(mp) -> WorkerSession:
-        timeout = request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
         if reuse is not None and reuse.alive:
-            reuse.timeout = timeout
+            reuse.timeout = _timeout(request, mp, ctx)
             return reuse
-        if spawned and (spawned[-1].proc is None or spawned[-1].proc.poll() is not None):
+        if spawned and not spawned[-1].alive:
             spawned.pop().close(graceful=False)  # it left while waiting: a fresh start below
         if spawned:
             session = spawned.pop()
-            session.timeout = timeout
+            session.timeout = _timeout(request, mp, ctx)
             with PHASES("worker-start"):
                 session.load()  # the implementation's code enters the process only now, under the hold
             return session
-        session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout, False, sandbox=request.sandbox)
+        session = _turn_worker(p, ctx, request, mp)
         with PHASES("worker-start"):
             session.start()
         return session
@@ -317,8 +316,7 @@ def _spawn_early(p: ImplPlan, ctx: RunContext, request: CheckRequest, deferred: 
     mp = next((d.mp for d in deferred), None)
     if mp is None:
         return
-    timeout = request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
-    session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout, False, sandbox=request.sandbox)
+    session = _turn_worker(p, ctx, request, mp)
     try:
         with PHASES("worker-start"):
             session.spawn()
@@ -329,6 +327,17 @@ def _spawn_early(p: ImplPlan, ctx: RunContext, request: CheckRequest, deferred: 
     spawned.append(session)
 
 
+def _timeout(request: CheckRequest, mp, ctx: RunContext) -> float:
+    """A worker's per-call timeout for member plan `mp`: --timeout, else its workloads' default."""
+    return request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
+
+
+def _turn_worker(p: ImplPlan, ctx: RunContext, request: CheckRequest, mp) -> WorkerSession:
+    """A timed turn's worker for member plan `mp`, not yet started."""
+    return WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, _timeout(request, mp, ctx), False,
+                         sandbox=request.sandbox)
+
+
 def _run_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, deferred: list[Deferred],
               stop: Stop, reuse: WorkerSession | None, start_worker) -> None:
     """The turn under its exclusive hold: the ceilings measured, then every deferred workload timed."""
@@ -336,7 +345,7 @@ def _run_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter
     ctx.hardware.update(hardware)
 
     def rerun(session: WorkerSession, d: Deferred) -> WorkloadResult:
-        session.timeout = request.timeout or default_timeout(d.mp.spec, d.mp.workloads, ctx.device)
+        session.timeout = _timeout(request, d.mp, ctx)
         with PHASES.inclusive("workloads", f"{p.impl.name} {d.mp.label} {d.w.name} (alone)"):
             return run_workload(session, d.mp.spec, d.w, timed_ctx, request, say, p.impl.name, d.mp.label)[0]
 
@@ -361,7 +370,7 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
             done.append(_member(mp, "skipped" if not load_error else "load-error", load_error or why,
                                 not_run=tuple(NotRun(w.name, why, kind) for w in mp.workloads)))
             continue
-        timeout = request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
+        timeout = _timeout(request, mp, ctx)
         worker_info["timeout_s"] = timeout
         results: list[WorkloadResult] = []
         not_run: list[NotRun] = []

@@ -248,7 +248,8 @@ class GateClient:
         return int(json.loads(line)["token"])
 
     def try_exclusive(self) -> int:
-        """The exclusive hold at once, or 0 where another slot holds something (GpuArbiter.try_exclusive)."""
+        """The exclusive hold, or 0: never queued; it waits at most TRY_WAIT_S for slots finishing at the same
+        moment to let go (GpuArbiter.try_exclusive)."""
         self._send(gate="try", kind="exclusive")
         line = self._in.readline()
         if not line:

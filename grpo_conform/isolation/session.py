@@ -323,11 +323,10 @@ class WorkerSession:
     def load(self) -> None:
         """The implementation imported in the spawned worker (`spawn`), its entry found."""
         sandbox_info = self._sandbox_info
+        self._loading = True  # the warm answer too: inside the caller's worker-start, as the load
         if self._warming:
             self._warming = False
-            self._loading = True  # inside the caller's worker-start, as the load
             self.receive(max(self.timeout, LOAD_TIMEOUT_MIN), op="warm")
-        self._loading = True
         assert self.directory is not None, "spawn() first"
         src = self.directory / "src"
         self.info = self.request(timeout=max(self.timeout, LOAD_TIMEOUT_MIN), op="load", folder=str(src),

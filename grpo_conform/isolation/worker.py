@@ -187,14 +187,13 @@ class _Worker:
         import torch  # noqa: F401  (after harden_worker (run), as op_load)
         import torch.fx.experimental.symbolic_shapes  # noqa: F401  (the first backward's import, ~0.6 s)
 
-        if device == "cuda":
-            if importlib.util.find_spec("triton") is not None:
-                from triton.runtime import cache  # local: Triton is optional, and imported only here on CUDA
+        if device == "cuda" and importlib.util.find_spec("triton") is not None:
+            from triton.runtime import cache  # local: Triton is optional, and imported only here on CUDA
 
-                key = getattr(cache, "triton_key", None)  # Triton's own key, cached for the process
-                if callable(key):
-                    key()
-                triton_keys.steady()
+            key = getattr(cache, "triton_key", None)  # Triton's own key, cached for the process
+            if callable(key):
+                key()
+            triton_keys.steady()
         self.send(status="ok")
 
     def op_bind(self, slot: str, tensors: dict[str, dict], nfds: int = 0) -> None:

@@ -213,14 +213,15 @@ def row_floor_parts(z: torch.Tensor, targets: torch.Tensor, temperature: float,
     1/T, an ulp off the CPU's division (round35a on the H200: the test of this failed); a tensor divisor
     is a true division on both."""
     ones = torch.ones(z.shape[0], dtype=torch.float64, device=z.device)
-    if not kernel:
-        amax = z.abs().amax(dim=-1).to(torch.float64)
-        return amax / amax.new_full((), float(temperature)), fp32_target_floor(z, targets, temperature, ones)
-    # local: Triton is imported only where a GPU runs it (optional on the CPU)
-    from grpo_conform.ops.grpo_logits.reference_kernel import row_floor_terms
+    if kernel:
+        # local: Triton is imported only where a GPU runs it (optional on the CPU)
+        from grpo_conform.ops.grpo_logits.reference_kernel import row_floor_terms
 
-    amax, logp = row_floor_terms(z, targets.clamp_min(0), temperature)
-    return amax / amax.new_full((), float(temperature)), target_floor_from_logp(logp, targets, z.shape[-1], ones)
+        amax, logp = row_floor_terms(z, targets.clamp_min(0), temperature)
+        rest = target_floor_from_logp(logp, targets, z.shape[-1], ones)
+    else:
+        amax, rest = z.abs().amax(dim=-1).to(torch.float64), fp32_target_floor(z, targets, temperature, ones)
+    return amax / amax.new_full((), float(temperature)), rest
 
 
 def _fp32_floor_in_pieces(z: torch.Tensor, temperature: float, scale: torch.Tensor, width: int, device) -> torch.Tensor:
