@@ -401,6 +401,9 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
                     result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
                 results.append(result)
+                if deferred is not None and session is not None:  # slots sharing a GPU: kernels across workers
+                    with PHASES("compile-share"):
+                        session.share_compiled()
                 short = ran_out_of_memory(result) if deferred is not None else ""
                 if short:  # beside other slots: run it again alone in this slot's exclusive turn
                     deferred.append(Deferred(mp, results, len(results) - 1, w, resolved, request.checks, short))

@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import torch
 from grpo_conform.implementations import load_implementation
 from grpo_conform.isolation import compile_cache
 from grpo_conform.isolation.session import WorkerSession
+from triton_compile import KERNEL, compile_in
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,38 +188,6 @@ def test_a_spawned_worker_runs_no_implementation_code_until_it_is_loaded(tmp_pat
         session.close()
 
 
-KERNEL = textwrap.dedent('''
-    import json, sys
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia import compiler as nvidia
-    from triton.compiler import ASTSource
-
-    built = []
-    make_cubin = nvidia.CUDABackend.make_cubin
-    nvidia.CUDABackend.make_cubin = lambda self, *a, **k: built.append(1) or make_cubin(self, *a, **k)
-
-    @triton.jit
-    def double(p, n, BLOCK: tl.constexpr):
-        o = tl.arange(0, BLOCK)
-        tl.store(p + o, tl.load(p + o, mask=o < n) * 2, mask=o < n)
-
-    src = ASTSource(double, signature={"p": "*fp32", "n": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 128})
-    triton.compile(src, target=GPUTarget("cuda", 90, 32))  # for sm_90: no GPU needed, Triton's own ptxas
-    print(json.dumps({"compiled": len(built)}))
-''')
-
-
-def _compile_in(home: Path, script: Path) -> dict:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-           "TRITON_CACHE_DIR": str(home / ".triton"), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-    if out.returncode != 0:
-        pytest.skip(f"Triton cannot compile for sm_90 here: {out.stderr.strip().splitlines()[-1:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def test_a_kernel_compiled_in_one_worker_s_home_is_not_compiled_again_in_the_next(tmp_path, monkeypatch):
     """The store end to end with Triton's real compiler (round35b on the H200: every worker compiled every
     kernel again). One "worker" compiles in its HOME, its cache goes to the store and the HOME is removed,
@@ -231,10 +197,10 @@ def test_a_kernel_compiled_in_one_worker_s_home_is_not_compiled_again_in_the_nex
     script.write_text(KERNEL)
     first, store = tmp_path / "first" / "home", tmp_path / "store"
     first.mkdir(parents=True)
-    assert _compile_in(first, script) == {"compiled": 1}
+    assert compile_in(first, script) == {"compiled": 1}
     assert compile_cache.harvest(first, store) > 0
     shutil.rmtree(first.parent)
     second = tmp_path / "second" / "home"
     second.mkdir(parents=True)
     compile_cache.seed(store, second, None, None)
-    assert _compile_in(second, script) == {"compiled": 0}
+    assert compile_in(second, script) == {"compiled": 0}

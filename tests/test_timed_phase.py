@@ -125,6 +125,9 @@ class FakeSession:
     def load(self):
         self._say("load")
 
+    def share_compiled(self):
+        self._say("share")
+
     def close(self, graceful=True):
         self.alive = False
         self.closed += 1
@@ -180,8 +183,10 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
     # closed, present let go; the turn's worker spawned (no implementation code) while the turn is asked for
     # in the queue, loaded only once it is granted, closed before it is let go; then nothing held. A spawn
     # loaded before the grant, or a conformance worker left open into the wait, fails here.
-    assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("acquire", "memory"),
-                         ("release", ""), ("try", "exclusive"), ("close", "worker0"), ("release", ""),
+    # Kernels pass between workers after each workload (WorkerSession.share_compiled), never in the turn.
+    assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("share", "worker0"),
+                         ("acquire", "memory"), ("release", ""), ("share", "worker0"), ("try", "exclusive"),
+                         ("close", "worker0"), ("release", ""),
                          ("spawn", "worker1"), ("warm", "worker1"), ("acquire", "exclusive"), ("load", "worker1"),
                          ("close", "worker1"), ("release", "")]
     assert not gate.held
@@ -216,8 +221,9 @@ def test_the_last_slot_to_finish_times_at_once_in_its_conformance_worker(monkeyp
     gate = FakeGate(last=True)
     result, ran, alone = _slot_with_a_short_workload(monkeypatch, gate)
     kinds = [(event, kind) for event, kind, _, _ in gate.log]
-    assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("acquire", "memory"),
-                         ("release", ""), ("try", "exclusive"), ("release", ""), ("close", "worker0"),
+    assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("share", "worker0"),
+                         ("acquire", "memory"), ("release", ""), ("share", "worker0"), ("try", "exclusive"),
+                         ("release", ""), ("close", "worker0"),
                          ("release", "")]  # the turn, its worker closed, then presence let go
     assert not gate.held
     assert len(FakeSession.made) == 1 and FakeSession.made[0].closed == 1

@@ -43,10 +43,6 @@ MAX_FILES = 20_000
 STALE_DAYS = 30
 
 
-class _NotRegular(Exception):
-    pass
-
-
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip() != "0"
 
@@ -164,56 +160,87 @@ def relocate_group(group: Path) -> bool:
     try:
         if group.is_symlink() or group.stat().st_size > MAX_GROUP_BYTES:
             return False
-        data = json.loads(group.read_text())
-        children = data.get("child_paths") if isinstance(data, dict) else None
-        if not isinstance(children, dict) or not children:
+        text = relocated(group.read_bytes(), group.parent,
+                         lambda base: (group.parent / base).is_file() and not (group.parent / base).is_symlink())
+        if text is None:
             return False
-        moved = {}
-        for name, old in children.items():  # name: Triton's key for the file; its file name may be shorter
-            base = Path(old).name if isinstance(old, str) else ""
-            sibling = group.parent / base
-            if base in ("", ".", "..") or not sibling.is_file() or sibling.is_symlink():
-                return False
-            moved[name] = str(sibling)
-        group.write_text(json.dumps({**data, "child_paths": moved}))
+        group.write_text(text)
         return True
-    except (OSError, ValueError):
+    except OSError:
         return False
+
+
+def relocated(data: bytes, folder: Path, present) -> str | None:
+    """A group file's text with every child path moved into `folder` (the child's file name kept), or None
+    when the text is not a group (too long, not JSON, no children) or names a file `present(name)` denies."""
+    if len(data) > MAX_GROUP_BYTES:
+        return None
+    try:
+        group = json.loads(data)
+    except ValueError:
+        return None
+    children = group.get("child_paths") if isinstance(group, dict) else None
+    if not isinstance(children, dict) or not children:
+        return None
+    moved = {}
+    for name, old in children.items():  # name: Triton's key for the file; its file name may be shorter
+        base = Path(old).name if isinstance(old, str) else ""
+        if base in ("", ".", "..") or base.startswith(GROUP_PREFIX) or not present(base):
+            return None
+        moved[name] = str(folder / base)
+    return json.dumps({**group, "child_paths": moved})
+
+
+def _copy_at_most(src, out, size: int) -> None:
+    left = size
+    while left > 0:
+        chunk = src.read(min(left, 1 << 20))
+        if not chunk:
+            break
+        out.write(chunk)
+        left -= len(chunk)
 
 
 def harvest(home: Path, store: Path) -> int:
     """Copy the files the worker added under its caches into the store (never replacing one there), within
-    MAX_FILE_BYTES a file, MAX_STORE_BYTES and MAX_FILES a store. Returns the number of files added."""
+    MAX_FILE_BYTES a file, MAX_STORE_BYTES and MAX_FILES a store. Returns the number of files added.
+
+    It also runs while the worker lives (live_share.py: between two workloads), when the implementation may
+    still be changing its HOME: the walk never follows a link (os.fwalk holds each directory open, and a
+    file is opened relative to it with O_NOFOLLOW), so no swapped-in link makes this process copy a file
+    the worker could not read. In each folder Triton's group file comes last: a stored group's files are
+    in the store before it (live_share.top_up copies only complete kernels)."""
     have = _files(store)
     total, count, added = sum(p.stat().st_size for p in have), len(have), 0
     for cache in CACHES:
         source = home / cache
         if not source.is_dir() or source.is_symlink():
             continue
-        for path in _files(source):
-            size = path.lstat().st_size
-            target = store / cache / path.relative_to(source)
-            if target.exists() or size > MAX_FILE_BYTES or total + size > MAX_STORE_BYTES or count >= MAX_FILES:
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            try:  # harvest runs once every process of the worker has ended; no link is followed all the same
-                src_fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:
-                continue
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
-            try:
-                with os.fdopen(src_fd, "rb") as src, os.fdopen(fd, "wb") as out:
+        for dirpath, _dirs, filenames, dir_fd in os.fwalk(source, follow_symlinks=False):
+            relative = Path(dirpath).relative_to(source)
+            for name in sorted(filenames, key=lambda n: (n.startswith(GROUP_PREFIX), n)):
+                target = store / cache / relative / name
+                if target.exists() or name.startswith(".part-") or count >= MAX_FILES:
+                    continue
+                try:
+                    src_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+                except OSError:
+                    continue
+                with os.fdopen(src_fd, "rb") as src:
                     st = os.fstat(src.fileno())
                     # a hard link may name a file the worker could not read (a key the validator holds)
                     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                        raise _NotRegular
-                    shutil.copyfileobj(src, out)
-                os.replace(tmp, target)
-            except _NotRegular:
-                Path(tmp).unlink(missing_ok=True)
-                continue
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            total, count, added = total + size, count + 1, added + 1
+                        continue
+                    if st.st_size > MAX_FILE_BYTES or total + st.st_size > MAX_STORE_BYTES:
+                        continue
+                    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
+                    try:
+                        with os.fdopen(fd, "wb") as out:
+                            _copy_at_most(src, out, st.st_size)  # a file still growing stops at its size
+                        os.replace(tmp, target)
+                    except BaseException:
+                        Path(tmp).unlink(missing_ok=True)
+                        raise
+                total, count, added = total + st.st_size, count + 1, added + 1
     return added

@@ -45,7 +45,7 @@ import torch
 import grpo_conform
 from grpo_conform.errors import EnvironmentProblem, GrpoConformError
 from grpo_conform.implementations import Implementation, ManifestError
-from grpo_conform.isolation import compile_cache, messages, namespaces, privilege, sandbox as sandboxes, uids, zygote
+from grpo_conform.isolation import compile_cache, live_share, messages, namespaces, privilege, sandbox as sandboxes, uids, zygote
 from grpo_conform.isolation.reaper import LIVE, LOCK, end_tree, register_helper, unregister_helper  # noqa: F401
 from grpo_conform.isolation.start import SPAWN_ARGV, Start as _Start
 from grpo_conform.isolation.output_tail import OutputTail
@@ -340,6 +340,22 @@ class WorkerSession:
             self.info["compile_cache"] = self._cache_info
         self.info["privileges"] = (privilege.observed_privileges(self.worker_pid) if self.worker_pid is not None
                                    else {"error": "the sandboxed worker process was not found"})
+
+    def share_compiled(self) -> None:
+        """Between two requests: the kernels this worker compiled go to its implementation's store, and the
+        store's kernels it lacks (compiled meanwhile by another slot's worker) into its cache
+        (isolation/live_share.py). The report counts the kernel folders it received (`shared_kernels`)."""
+        if self._cache_store is None or self.directory is None or not self.alive:
+            return
+        home, drops = self.directory / "home", self.identity.drops
+        try:
+            compile_cache.harvest(home, self._cache_store)
+            copied = live_share.top_up(self._cache_store, home, self.identity.uid if drops else None,
+                                       self.identity.gid if drops else None)
+        except OSError:
+            return  # a full disk or a removed store costs compile time, nothing else
+        if copied and self._cache_info is not None:
+            self._cache_info["shared_kernels"] = self._cache_info.get("shared_kernels", 0) + copied
 
     def _zygote(self, env: dict[str, str]) -> str | None:
         """The zygote's key where this worker can be forked from one (zygote.py), else None."""
