@@ -60,6 +60,8 @@
 #   RUNS="cold warm" bash benchmarks/h200_evidence.sh round32a   # next session, first (~5.5 min): the fifteenth
 #                                               # session's unmeasured changes (launch-order-free Triton keys, warm
 #                                               # without a CUDA context, the try's wait), cold then warm
+#   SLOTS="6 8" bash benchmarks/h200_evidence.sh slots35   # issue 35, sixteenth session: cold default checks with
+#                                               # 6 and 8 slots sharing the GPU (empty compile caches each)
 #   bash benchmarks/h200_evidence.sh round32a   # issue 35, twelfth session: the default check with 4 slots sharing the GPU
 #                                               # (cold, then warm compile stores; RUNS=cold: one; JOBS6=1 adds --jobs 6),
 #                                               # the GPU's used memory sampled
@@ -522,6 +524,14 @@ PY
     fi
     kill $sampler
     status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
+    ;;
+  slots35)  # issue 35, sixteenth session: the default check from empty compile caches (the workers' stores and the
+            # validator's own ~/.triton), once per slot count in SLOTS (default "6 8"), on one machine
+    for n in ${SLOTS:-6 8}; do
+      rm -rf "$HOME/.triton"
+      GRPO_CONFORM_CACHE_DIR=/tmp/fresh-store-$n GRPO_CONFORM_JOBS=$n default_check "${DEADLINE:-240}"
+      mv "$R/triton-default.json" "$R/triton-default-jobs$n.json"; mv "$R/triton-default.log" "$R/triton-default-jobs$n.log"
+    done
     ;;
   round21b)  # 2 of 3 (~400 s estimated: 121 + 162 + 117)
     check_one triton-fused 520 --member token-offpolicy-mask-kl --member token-offpolicy-mask-kl-ref-weight \
