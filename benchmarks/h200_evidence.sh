@@ -527,10 +527,12 @@ PY
     ;;
   slots35)  # issue 35, sixteenth session: the default check from empty compile caches (the workers' stores and the
             # validator's own ~/.triton), once per slot count in SLOTS (default "6 8"), on one machine
+    # KEEP=1: the caches kept (a warm run after a cold one with the same SLOTS on the same machine)
     for n in ${SLOTS:-6 8}; do
-      rm -rf "$HOME/.triton"
+      [ -n "${KEEP:-}" ] || rm -rf "$HOME/.triton" "/tmp/fresh-store-$n"
       GRPO_CONFORM_CACHE_DIR=/tmp/fresh-store-$n GRPO_CONFORM_JOBS=$n default_check "${DEADLINE:-240}"
-      mv "$R/triton-default.json" "$R/triton-default-jobs$n.json"; mv "$R/triton-default.log" "$R/triton-default-jobs$n.log"
+      mv "$R/triton-default.json" "$R/triton-default-jobs$n${KEEP:+-warm}.json"
+      mv "$R/triton-default.log" "$R/triton-default-jobs$n${KEEP:+-warm}.log"
     done
     ;;
   round21b)  # 2 of 3 (~400 s estimated: 121 + 162 + 117)
