@@ -201,7 +201,7 @@ def _copy_at_most(src, out, size: int) -> None:
         left -= len(chunk)
 
 
-def harvest(home: Path, store: Path) -> int:
+def harvest(home: Path, store: Path, known: set[str] | None = None) -> int:
     """Copy the files the worker added under its caches into the store (never replacing one there), within
     MAX_FILE_BYTES a file, MAX_STORE_BYTES and MAX_FILES a store. Returns the number of files added.
 
@@ -209,9 +209,20 @@ def harvest(home: Path, store: Path) -> int:
     still be changing its HOME: the walk never follows a link (os.fwalk holds each directory open, and a
     file is opened relative to it with O_NOFOLLOW), so no swapped-in link makes this process copy a file
     the worker could not read. In each folder Triton's group file comes last: a stored group's files are
-    in the store before it (live_share.top_up copies only complete kernels)."""
-    have = _files(store)
-    total, count, added = sum(p.stat().st_size for p in have), len(have), 0
+    in the store before it (live_share.top_up copies only complete kernels).
+
+    `known`: the files (cache/relative path) this worker's store already holds, skipped without a look
+    and added to as files are found or copied (a live worker is harvested after every workload)."""
+    known = set() if known is None else known
+    sizes: list[int] = []  # the store's total and file count, read at the first file to copy
+
+    def room() -> tuple[int, int]:
+        if not sizes:
+            have = _files(store)
+            sizes.extend((sum(p.stat().st_size for p in have), len(have)))
+        return sizes[0], sizes[1]
+
+    added = 0
     for cache in CACHES:
         source = home / cache
         if not source.is_dir() or source.is_symlink():
@@ -219,8 +230,15 @@ def harvest(home: Path, store: Path) -> int:
         for dirpath, _dirs, filenames, dir_fd in os.fwalk(source, follow_symlinks=False):
             relative = Path(dirpath).relative_to(source)
             for name in sorted(filenames, key=lambda n: (n.startswith(GROUP_PREFIX), n)):
+                key = f"{cache}/{relative / name}"
+                if key in known or name.startswith(".part-"):
+                    continue
                 target = store / cache / relative / name
-                if target.exists() or name.startswith(".part-") or count >= MAX_FILES:
+                if target.exists():
+                    known.add(key)
+                    continue
+                total, count = room()
+                if count >= MAX_FILES:
                     continue
                 try:
                     src_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
@@ -242,5 +260,7 @@ def harvest(home: Path, store: Path) -> int:
                     except BaseException:
                         Path(tmp).unlink(missing_ok=True)
                         raise
-                total, count, added = total + st.st_size, count + 1, added + 1
+                sizes[:] = [total + st.st_size, count + 1]
+                known.add(key)
+                added += 1
     return added

@@ -186,6 +186,7 @@ class WorkerSession:
     _cache_info: dict[str, Any] | None = None  # what the report says of it (info["compile_cache"])
     _sandbox_info: dict[str, Any] = field(default_factory=dict)  # sandboxes.preflight's, from spawn for load
     _warming: bool = False  # a `warm` request sent, its answer not yet read (load reads it)
+    _in_store: set[str] = field(default_factory=set)  # files of the worker's caches known stored (share_compiled)
 
     def __post_init__(self) -> None:
         self.allocator = SharedAllocator(self.device)
@@ -349,7 +350,7 @@ class WorkerSession:
             return
         home, drops = self.directory / "home", self.identity.drops
         try:
-            compile_cache.harvest(home, self._cache_store)
+            compile_cache.harvest(home, self._cache_store, self._in_store)
             copied = live_share.top_up(self._cache_store, home, self.identity.uid if drops else None,
                                        self.identity.gid if drops else None)
         except OSError:
