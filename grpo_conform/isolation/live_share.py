@@ -52,22 +52,23 @@ def top_up(store: Path, home: Path, uid: int | None, gid: int | None) -> int:
     return copied
 
 
-def kernel_files(folder: Path, target: Path) -> list[tuple[str, bytes]] | None:
-    """A stored kernel folder's files, its group files last and relocated to `target`; None when it is not
-    complete (a harvest still writing it) or not a Triton kernel (no group, a group naming a missing file)."""
-    data: dict[str, bytes] = {}
+def kernel_files(folder: Path, target: Path) -> list[tuple[str, Path | bytes]] | None:
+    """A stored kernel folder's files (their paths), then its group files' texts relocated to `target`; None
+    when it is not complete (a harvest still writing it) or not a Triton kernel (no group, a group naming a
+    missing file)."""
+    files: dict[str, Path] = {}
     for entry in os.scandir(folder):
         if entry.name.startswith(".part-") or not entry.is_file(follow_symlinks=False):
             continue
         if entry.stat(follow_symlinks=False).st_size > MAX_FILE_BYTES:
             return None
-        data[entry.name] = Path(entry.path).read_bytes()
-    groups = sorted(n for n in data if n.startswith(GROUP_PREFIX))
+        files[entry.name] = Path(entry.path)
+    groups = sorted(n for n in files if n.startswith(GROUP_PREFIX))
     if not groups:
         return None
-    out = [(n, b) for n, b in sorted(data.items()) if not n.startswith(GROUP_PREFIX)]
+    out: list[tuple[str, Path | bytes]] = [(n, p) for n, p in sorted(files.items()) if not n.startswith(GROUP_PREFIX)]
     for name in groups:
-        text = relocated(data[name], target, lambda base: base in data)
+        text = relocated(files[name].read_bytes(), target, lambda base: base in files)
         if text is None:
             return None
         out.append((name, text.encode()))
@@ -90,7 +91,8 @@ def _open_or_make(parent: int, name: str, uid: int | None, gid: int | None) -> i
     return fd
 
 
-def _write_folder(root: int, name: str, files: list[tuple[str, bytes]], uid: int | None, gid: int | None) -> bool:
+def _write_folder(root: int, name: str, files: list[tuple[str, Path | bytes]], uid: int | None,
+                  gid: int | None) -> bool:
     try:
         os.mkdir(name, 0o700, dir_fd=root)
     except FileExistsError:
@@ -107,7 +109,12 @@ def _write_folder(root: int, name: str, files: list[tuple[str, bytes]], uid: int
             try:
                 if uid is not None:
                     os.fchown(out, uid, gid)
-                _write_all(out, data)
+                if isinstance(data, Path):  # a stored file (the store is the validator's: read as it stands)
+                    with open(data, "rb") as src:
+                        while chunk := src.read(1 << 20):
+                            _write_all(out, chunk)
+                else:
+                    _write_all(out, data)
             finally:
                 os.close(out)
             if group:
