@@ -31,6 +31,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from grpo_conform import check_ahead
 from grpo_conform.checks import internal
 from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.checks.probes import select as select_probes
@@ -229,6 +230,7 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
     # per implementation before. Conformance calls pass their parameters with every call; the timed
     # protocols get the member's declared values with `time_setup` (checks/timed.py).
     shared: list[WorkerSession] = []
+    aheads: list[check_ahead.AheadCompiler] = []  # check_ahead.py (opt-in): at most one
     deferred: list[Deferred] | None = [] if ctx.gate is not None else None
     present = None
     if ctx.gate is not None:
@@ -238,7 +240,7 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
     try:
         if present is not None and ctx.device.type == "cuda":
             _first_cuda_work(ctx)
-        built = _check_members(p, ctx, request, say, stop, shared, deferred)
+        built = _check_members(p, ctx, request, say, stop, shared, deferred, aheads)
         live = next((s for s in shared if s.alive), None)
         if deferred and present is not None and live is not None:
             if ctx.device.type == "cuda":
@@ -251,6 +253,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 timed = True
                 _timed_turn(p, ctx, request, say, deferred, stop, reuse=live, token=token)
     finally:
+        for a in aheads:
+            a.close()
         for s in shared:
             s.close()  # before a turn asked for in the queue: no worker of this slot is left on the GPU
         if present is not None:
@@ -355,7 +359,7 @@ def _run_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter
 
 
 def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, stop: Stop,
-                   shared: list[WorkerSession], deferred: list[Deferred] | None):
+                   shared: list[WorkerSession], deferred: list[Deferred] | None, aheads: list | None = None):
     """Every member's workloads; returns what _built_result makes the implementation's result of (the
     members' workload lists stay open until then: deferred timing fills them in)."""
     name = p.impl.name
@@ -363,7 +367,8 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
     done: list[MemberResult | tuple] = []  # a MemberResult, or (member plan, workload results, not run)
     ended: str | None = None  # why the rest of this implementation does not run (hang, load error)
     load_error: str | None = None
-    for mp in p.members:
+    ahead_tried = False  # the compile-ahead worker is tried at the first worker start only
+    for index, mp in enumerate(p.members):
         if ended or stop.reason:
             why = ended or stop.reason
             kind = "hung" if ended else "stopped"
@@ -397,11 +402,17 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                         not_run.append(NotRun(w.name, ended, "hung"))
                         continue
                     worker_info.update(session.info)
+                    if not ahead_tried and aheads is not None and deferred is not None:
+                        ahead_tried = True
+                        _begin_ahead(p, ctx, request, session, index, aheads)
                 started = time.monotonic()
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
                     result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
                 results.append(result)
                 if deferred is not None and session is not None:  # slots sharing a GPU: kernels across workers
+                    for ahead in aheads or ():
+                        with PHASES("compile-ahead"):
+                            ahead.step(index)
                     with PHASES("compile-share"):
                         session.share_compiled()
                 short = ran_out_of_memory(result) if deferred is not None else ""
@@ -454,6 +465,20 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
             done.append((mp, results, tuple(not_run)))
     worker_info.setdefault("timeout_s", request.timeout)
     return done, worker_info, load_error
+
+
+def _begin_ahead(p: ImplPlan, ctx: RunContext, request: CheckRequest, session: WorkerSession, index: int,
+                 aheads: list) -> None:
+    """The slot's compile-ahead worker (check_ahead.py, opt-in), on a first run of the identity only (the
+    slot's worker started from an empty store: `reused_files` 0)."""
+    if not check_ahead.enabled() or (session.info.get("compile_cache") or {}).get("reused_files") != 0:
+        return
+    mp = p.members[index]
+    ahead = check_ahead.AheadCompiler.begin(lambda: WorkerSession(p.impl, mp.spec.parameter_values, ctx.device,
+                                                      _timeout(request, mp, ctx), ctx.device.type == "cpu",
+                                                      sandbox=request.sandbox), list(p.members), index)
+    if ahead is not None:
+        aheads.append(ahead)
 
 
 def _built_result(p: ImplPlan, done: list, worker_info: dict[str, Any], load_error: str | None) -> ImplementationResult:

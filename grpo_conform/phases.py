@@ -15,7 +15,9 @@ IPC), `inputs` (input sets generated, written and their pristine copies made), `
 reference and the comparison with it), `input-checks` (inputs compared with their pristine copies,
 fingerprints of kept outputs), `timing` (the timed protocols' parent side), `scan` (the static source
 scan), `compile-share` (slots sharing a GPU: a worker's compiled kernels to its store and
-the store's to it, isolation/live_share.py). Anything else the parent does is `other`.
+the store's to it, isolation/live_share.py), `compile-ahead` (GRPO_CONFORM_COMPILE_AHEAD=1: the next
+member's proxy inputs drawn and sent to the slot's second worker, check_ahead.py). Anything else the parent
+does is `other`.
 
 Two opt-in environment switches, for finding where a phase's time goes (the second changes the run:
 `check` writes no record under it, provenance.check_environment; nor under the worker's

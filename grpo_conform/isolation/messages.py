@@ -130,6 +130,10 @@ class TimeReply(Ok):
     results: Annotated[list[TimedCall], Field(max_length=100_000)]
 
 
+class PrecompileReply(Ok):
+    failed: Annotated[list[LongText], Field(max_length=256)] = []  # "<slot>: <exception type>"
+
+
 class UnbindReply(Ok):
     held: Annotated[list[ShortText], Field(max_length=256)] = []  # "<slot>.<input>" storages still alive
 
@@ -143,6 +147,7 @@ REPLIES: dict[str, type[_Strict]] = {
     "forward": ForwardReply,
     "backward": BackwardReply,
     "export": ExportReply,
+    "precompile": PrecompileReply,
     "reexport": Ok,
     "drop": Ok,
     "time_setup": Ok,

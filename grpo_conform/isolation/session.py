@@ -552,6 +552,16 @@ class WorkerSession:
             raise WorkerFailure(kind, text, self.stderr_tail(), err.model_dump())
         return msg
 
+    def post(self, **msg: Any) -> None:
+        """Sends a request without waiting; `answered` says when `receive` will not wait (check_ahead.py)."""
+        self._send(msg)
+
+    def answered(self) -> bool:
+        try:
+            return self.conn is not None and self.conn.poll(0)
+        except (OSError, EOFError):
+            return True  # `receive` reports how it died
+
     def request(self, timeout: float | None = None, **msg: Any) -> dict[str, Any]:
         # docs/timing.md, "Validator time"; the load is inside the caller's `worker-start`
         with (contextlib.nullcontext() if self._loading else PHASES(PHASES.worker_phase(str(msg.get("op", "?"))))):

@@ -338,6 +338,26 @@ class _Worker:
     def op_export(self, call: str, outputs: str, keep: bool = True) -> None:
         self.send(status="ok", report=self._export(call, outputs, keep))
 
+    def op_precompile(self, slots: list[str], params: dict, gradients: list[str]) -> None:
+        """One forward with grad and its backward on each slot's inputs, everything dropped after: the
+        kernels of a member the slot will check next compiled while it checks this one (check_ahead.py).
+        Nothing of it is judged, so an error is only named in the reply (conformance meets it again)."""
+        import torch  # lazily, as op_load
+
+        failed = []
+        for name in slots:
+            try:
+                _, args = self._leaves(self.slots[name], gradients, True)
+                with torch.enable_grad():
+                    loss = self.entry(**args, **params)
+                if _is_tensor(loss) and loss.requires_grad and loss.numel() == 1:
+                    torch.autograd.backward(loss)
+                del loss, args
+            except Exception as exc:
+                failed.append(f"{name}: {type(exc).__name__}")
+            self._sync("precompile")
+        self.send(status="ok", failed=failed)
+
     def _export(self, call: str, outputs: str, keep: bool) -> dict[str, Any]:
         entry = self.calls[call]
         loss, grads = entry["loss"], entry["grads"]
@@ -548,6 +568,7 @@ OPS = {
     "forward": _Worker.op_forward,
     "backward": _Worker.op_backward,
     "export": _Worker.op_export,
+    "precompile": _Worker.op_precompile,
     "reexport": _Worker.op_reexport,
     "drop": _Worker.op_drop,
     "time_setup": _Worker.op_time_setup,

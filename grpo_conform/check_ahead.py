@@ -1,0 +1,122 @@
+"""Compile ahead (opt-in, GRPO_CONFORM_COMPILE_AHEAD=1): a slot's second worker compiles the kernels of the
+member the slot checks next, while it checks this one.
+
+Why: on a first run of an implementation's identity on the H200 the default check's conformance ends ~40 s
+later than with the compile store kept, and most of that is each member's own kernels compiled at their
+first launch, one after another in the slot's worker (docs/timing.md, "Sixteenth session"); passing
+kernels between slots (isolation/live_share.py) does not help there, since no other slot compiles them.
+
+How: where slots share a GPU and the slot's worker started from an empty store, a second worker of the
+same implementation is started next to it. After each workload the slot calls `step`: once that worker
+has answered, its caches go to the store (WorkerSession.share_compiled), and from there into the slot's
+worker at its next workload boundary; then, for the next member not yet begun, one `precompile` request is
+sent and not waited for: a forward with grad and its backward on one input set per workload of that
+member, drawn by the operation at the workload's shapes with the batch axis at 1 (the kernels' geometry,
+the vocabulary and the sequence, as the real ones, at a fraction of their memory), at the member's declared
+parameter values. Nothing of it is judged; conformance runs every call again in the slot's own worker.
+
+Off by default until measured on a GPU: it costs a worker process a slot, a proxy input set a workload
+(~0.6 GiB at mask-b8 with its gradient, not counted by the gate's memory grants), and GPU time beside
+the slot's conformance. Kernels specialised on the batch size itself (batch = 1) are compiled for nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+from typing import Any, Callable
+
+import torch
+
+from grpo_conform.dtypes import torch_dtype
+from grpo_conform.isolation.session import WorkerFailure, WorkerSession
+from grpo_conform.ops import operation_for
+
+ENV = "GRPO_CONFORM_COMPILE_AHEAD"
+PROXY_AXIS = "batch"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "").strip() == "1"
+
+
+def proxy_workload(spec, workload):
+    """The workload resolved with its batch axis at 1 (other ranges drawn as a fixed seed draws them)."""
+    axes = dict(workload.axes)
+    if PROXY_AXIS in axes:
+        axes[PROXY_AXIS] = 1
+    return spec.resolve(workload.model_copy(update={"axes": axes}), random.Random(0))
+
+
+class AheadCompiler:
+    """The second worker of one slot and the members it has still to compile (in the slot's order)."""
+
+    def __init__(self, session: WorkerSession, members: list, first: int) -> None:
+        self.session, self.members = session, members
+        self.next = first + 1  # members[first] runs in the slot's worker now
+        self.pending: list[str] | None = None
+        self.held: list[torch.Tensor] = []
+        self.sent: list[str] = []  # member labels sent, in order (the report's and the tests' record)
+
+    @classmethod
+    def begin(cls, make_session: Callable[[], WorkerSession], members: list, first: int) -> "AheadCompiler | None":
+        """Started (its worker loaded) when a member follows members[first], else None; a worker that does
+        not start leaves the slot as it was."""
+        if first + 1 >= len(members):
+            return None
+        session = make_session()
+        try:
+            session.start()
+        except Exception:
+            session.close(graceful=False)
+            return None
+        return cls(session, list(members), first)
+
+    def step(self, current: int) -> None:
+        """Between two workloads of members[current]: collect an answer that has come, then send the next
+        member's request. Never waits for the worker."""
+        if self.session is None:
+            return
+        try:
+            if self.pending is not None:
+                if not self.session.answered():
+                    return
+                self.session.receive(op="precompile")
+                self.session.request(op="unbind", slots=self.pending)
+                self.pending, self.held = None, []
+                self.session.share_compiled()
+            self.next = max(self.next, current + 1)  # a member already begun is not compiled twice
+            if self.next >= len(self.members):
+                self.close()
+                return
+            self._send(self.members[self.next])
+            self.next += 1
+        except WorkerFailure:
+            self.close()  # an implementation failing on a proxy is met again, and judged, in conformance
+
+    def _send(self, mp) -> None:
+        spec, device = mp.spec, self.session.device
+        op = operation_for(spec)
+        names = []
+        for i, w in enumerate(mp.workloads):
+            rw = proxy_workload(spec, w)
+            dtypes = {t.name: torch_dtype(rw.dtypes.get(t.name, t.dtypes[0])) for t in spec.inputs}
+            tensors, descs = {}, {}
+            for key, shape in rw.shapes.items():
+                tensors[key], descs[key] = self.session.allocator.empty(shape, dtypes[key])
+            op.generate(spec, rw, secrets.randbits(63), device, out=tensors)
+            name = f"A{i}"
+            self.held += list(tensors.values())
+            self.session.bind(name, descs)  # (on CUDA after a synchronize: WorkerSession._send)
+            names.append(name)
+        params: dict[str, Any] = dict(spec.parameter_values)
+        self.session.post(op="precompile", slots=names, params=params,
+                          gradients=[g.input for g in spec.gradients])
+        self.pending = names
+        self.sent.append(mp.label)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close(graceful=self.pending is None)  # a busy worker is not waited for
+            self.session, self.pending, self.held = None, None, []

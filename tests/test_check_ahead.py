@@ -1,0 +1,186 @@
+"""Compile ahead (grpo_conform/check_ahead.py, opt-in): a slot's second worker runs the next member's calls
+on proxy inputs (batch 1) without the slot waiting, its compiled kernels reach the store, a member already
+begun is never sent, a failing implementation stops nothing; check.py starts it on a first run only,
+steps it after every workload and closes it before the slot's own worker and its presence on the GPU."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_conform import check, check_ahead
+from grpo_conform.gate.plan import MemberPlan, Stop
+from grpo_conform.implementations import load_implementation
+from grpo_conform.isolation import compile_cache
+from grpo_conform.isolation.session import WorkerSession
+from grpo_conform.spec.family import load_family
+
+ROOT = Path(__file__).resolve().parent.parent
+
+IMPL = '''
+import json
+import os
+
+import torch
+
+
+def grpo_loss(logits, completion_ids, advantages, **kw):
+    """Leaves a kernel folder named by what it ran on (as a JIT compiler leaves one a specialisation)."""
+    name = "b%d-v%d-%s" % (logits.shape[0], logits.shape[-1], "-".join(sorted(k for k in kw if kw[k] is not None)))
+    folder = os.path.join(os.environ["TRITON_CACHE_DIR"], name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "k.cubin"), "w") as f:
+        f.write("compiled")
+    with open(os.path.join(folder, "__grp__k.json"), "w") as f:
+        json.dump({"child_paths": {"k.cubin": os.path.join(folder, "k.cubin")}}, f)
+    if os.environ.get("AHEAD_FAIL"):
+        raise RuntimeError("no proxy for me")
+    return logits.float().mean() * advantages.float().mean()
+'''
+
+
+def _members(*pairs):
+    family = load_family(ROOT / "specs" / "grpo.v1.json")
+    out = []
+    for member, workloads in pairs:
+        spec = family.member(member)
+        out.append(MemberPlan(spec, tuple(spec.workload(w) for w in workloads)))
+    return out
+
+
+def _session(tmp_path) -> WorkerSession:
+    folder = tmp_path / "impl"
+    if not folder.exists():
+        folder.mkdir()
+        (folder / "impl.py").write_text(IMPL)
+        (folder / "implementation.toml").write_text(
+            'name = "ahead"\nspec = "grpo"\nmembers = ["token-is", "token-offpolicy-mask"]\nentry = "impl:grpo_loss"\n'
+            'language = "torch"\nlicense = "MIT"\ndevices = ["cpu"]\ndescription = "leaves a folder a call"\n')
+    return WorkerSession(load_implementation(folder), {}, torch.device("cpu"), 60.0, interpret=True)
+
+
+def _wait(ahead) -> None:
+    end = time.monotonic() + 60
+    while not ahead.session.answered():
+        assert time.monotonic() < end, "no answer to precompile within 60 s"
+        time.sleep(0.05)
+
+
+def test_a_proxy_keeps_every_axis_but_the_batch():
+    (mp,) = _members(("token-offpolicy-mask", ("mask-b8",)))
+    rw = check_ahead.proxy_workload(mp.spec, mp.workloads[0])
+    real = mp.spec.resolve(mp.workloads[0])
+    assert rw.shapes["logits"] == (1,) + real.shapes["logits"][1:] and rw.dtypes == real.dtypes
+
+
+def test_the_next_member_s_calls_run_in_the_second_worker_and_reach_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")),
+                       ("bnpo-mask", ("mask-small-bf16",)))
+    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    try:
+        ahead.step(0)  # sends token-offpolicy-mask's two proxies, does not wait
+        assert ahead.sent == ["token-offpolicy-mask"] and ahead.pending == ["A0", "A1"]
+        _wait(ahead)
+        ahead.step(0)  # collects (its kernels to the store while it lives), then sends bnpo-mask's
+        assert ahead.sent == ["token-offpolicy-mask", "bnpo-mask"] and ahead.session.alive
+        store = ahead.session._cache_store
+        kernels = sorted(p.name.split("-")[1] for p in (store / ".triton").iterdir())
+        assert kernels == ["v1536", "v256"]  # one a workload, at batch 1 (the folder's name), the vocabulary kept
+        assert all(p.name.startswith("b1-") for p in (store / ".triton").iterdir())
+        _wait(ahead)
+        ahead.step(1)  # collected; nothing after bnpo-mask: closed
+        assert ahead.session is None
+    finally:
+        ahead.close()
+
+
+def test_a_member_already_begun_is_not_sent(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
+    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    ahead.step(1)  # the slot is on the second member already
+    assert ahead.sent == [] and ahead.session is None
+    assert check_ahead.AheadCompiler.begin(lambda: pytest.fail("no worker for a last member"), members, 1) is None
+
+
+def test_an_implementation_failing_on_a_proxy_stops_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv("AHEAD_FAIL", "1")
+    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
+    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    try:
+        ahead.step(0)
+        _wait(ahead)
+        ahead.step(0)
+        assert ahead.sent == ["token-offpolicy-mask"] and ahead.session is None
+    finally:
+        ahead.close()
+
+
+class _Recorder:
+    """check_ahead.AheadCompiler as check.py drives it: begun once, stepped, closed (the gate's log)."""
+
+    log: list = []
+    begun: list = []
+
+    def __init__(self, first):
+        self.first = first
+
+    @classmethod
+    def begin(cls, make_session, members, first):
+        cls.begun.append((first, [m.label for m in members]))
+        return cls(first)
+
+    def step(self, current):
+        _Recorder.log.append(("step", current))
+
+    def close(self):
+        _Recorder.log.append(("close", None))
+
+
+@pytest.mark.parametrize("reused, on, started", [(0, True, True), (12, True, False), (0, False, False)])
+def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_turn(monkeypatch, reused, on,
+                                                                                        started):
+    from test_timed_phase import FakeGate, FakeSession, _result
+
+    from grpo_conform.checks.timed import TimingSettings
+    from grpo_conform.gate.plan import build_plan
+    from grpo_conform.gate.progress import Reporter
+    from grpo_conform.results import CheckOutcome
+
+    monkeypatch.setenv(check_ahead.ENV, "1" if on else "0")
+    request = check.CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
+                                 members=("token-is", "bnpo-mask"), workloads=("small-bf16", "mask-small-bf16"))
+    plan = build_plan(request, torch.device("cpu"))
+    gate = FakeGate()
+
+    def fake_run(session, spec, w, ctx, req, say, name, member):
+        gate.log.append(("workload", member, 0, ""))
+        return _result(CheckOutcome("runs", "pass", "every call returned"), name=w.name), object()
+
+    class Session(FakeSession):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.info = {"compile_cache": {"reused_files": reused}}
+
+    monkeypatch.setattr(check, "run_workload", fake_run)
+    monkeypatch.setattr(check, "WorkerSession", Session)
+    monkeypatch.setattr(check_ahead, "AheadCompiler", _Recorder)
+    FakeSession.made, FakeSession.log = [], gate.log
+    _Recorder.log, _Recorder.begun = gate.log, []
+    ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
+    check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    kinds = [(e, k) for e, k, *_ in gate.log if e in ("workload", "step", "close", "release")]
+    if not started:
+        assert _Recorder.begun == [] and ("step", 0) not in kinds
+        return
+    assert _Recorder.begun == [(0, ["token-is", "bnpo-mask"])]
+    steps = [k for e, k in kinds if e == "step"]
+    assert steps == [0, 1]  # after each workload, with the member's index
+    assert kinds.index(("close", None)) < kinds.index(("close", "worker0")) < len(kinds) - 1  # then presence let go
+    assert kinds[-1][0] == "release"
