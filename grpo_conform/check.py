@@ -476,7 +476,7 @@ def _begin_ahead(p: ImplPlan, ctx: RunContext, request: CheckRequest, session: W
     mp = p.members[index]
     ahead = check_ahead.AheadCompiler.begin(lambda: WorkerSession(p.impl, mp.spec.parameter_values, ctx.device,
                                                       _timeout(request, mp, ctx), ctx.device.type == "cpu",
-                                                      sandbox=request.sandbox), list(p.members), index)
+                                                      sandbox=request.sandbox), list(p.members), index, ctx.gate)
     if ahead is not None:
         aheads.append(ahead)
 

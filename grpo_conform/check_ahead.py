@@ -15,9 +15,13 @@ member, drawn by the operation at the workload's shapes with the batch axis at 1
 the vocabulary and the sequence, as the real ones, at a fraction of their memory), at the member's declared
 parameter values. Nothing of it is judged; conformance runs every call again in the slot's own worker.
 
-Off by default until measured on a GPU: it costs a worker process a slot, a proxy input set a workload
-(~0.6 GiB at mask-b8 with its gradient, not counted by the gate's memory grants), and GPU time beside
-the slot's conformance. Kernels specialised on the batch size itself (batch = 1) are compiled for nothing.
+Where slots share a GPU, a request is sent only when the gate grants its memory at once (`try_memory`:
+twice the proxies' inputs and gradients, ~1.1 GiB at mask-b8; never queued, so the slot never waits for
+it), held until the answer is collected; refused, it is asked again after the next workload.
+
+Off by default until measured on a GPU: it costs a worker process a slot, the proxies' memory, and GPU
+time beside the slot's conformance. Kernels specialised on the batch size itself (batch = 1) are compiled
+for nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from typing import Any, Callable
 
 import torch
 
+from grpo_conform import device_memory
 from grpo_conform.dtypes import torch_dtype
-from grpo_conform.isolation.session import WorkerFailure, WorkerSession
+from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.ops import operation_for
 
 ENV = "GRPO_CONFORM_COMPILE_AHEAD"
@@ -52,15 +57,18 @@ def proxy_workload(spec, workload):
 class AheadCompiler:
     """The second worker of one slot and the members it has still to compile (in the slot's order)."""
 
-    def __init__(self, session: WorkerSession, members: list, first: int) -> None:
-        self.session, self.members = session, members
+    def __init__(self, session: WorkerSession, members: list, first: int, gate=None) -> None:
+        self.session, self.members, self.gate = session, members, gate  # gate: the slot's GateClient, or None
+        self.token = 0  # the memory hold of the request in flight
         self.next = first + 1  # members[first] runs in the slot's worker now
         self.pending: list[str] | None = None
         self.held: list[torch.Tensor] = []
         self.sent: list[str] = []  # member labels sent, in order (the report's and the tests' record)
+        self.stopped: str | None = None  # why it closed early
 
     @classmethod
-    def begin(cls, make_session: Callable[[], WorkerSession], members: list, first: int) -> "AheadCompiler | None":
+    def begin(cls, make_session: Callable[[], WorkerSession], members: list, first: int,
+              gate=None) -> "AheadCompiler | None":
         """Started (its worker loaded) when a member follows members[first], else None; a worker that does
         not start leaves the slot as it was."""
         if first + 1 >= len(members):
@@ -71,7 +79,7 @@ class AheadCompiler:
         except Exception:
             session.close(graceful=False)
             return None
-        return cls(session, list(members), first)
+        return cls(session, list(members), first, gate)
 
     def step(self, current: int) -> None:
         """Between two workloads of members[current]: collect an answer that has come, then send the next
@@ -85,22 +93,30 @@ class AheadCompiler:
                 self.session.receive(op="precompile")
                 self.session.request(op="unbind", slots=self.pending)
                 self.pending, self.held = None, []
+                self._release()
                 self.session.share_compiled()
             self.next = max(self.next, current + 1)  # a member already begun is not compiled twice
             if self.next >= len(self.members):
                 self.close()
                 return
-            self._send(self.members[self.next])
-            self.next += 1
-        except WorkerFailure:
-            self.close()  # an implementation failing on a proxy is met again, and judged, in conformance
+            if self._send(self.members[self.next]):
+                self.next += 1
+        except Exception as exc:  # WorkerFailure above all: what fails here is met again, and judged, in conformance
+            self.stopped = f"{type(exc).__name__}: {exc}"[:300]
+            self.close()
 
-    def _send(self, mp) -> None:
+    def _send(self, mp) -> bool:
+        """The member's request sent (True), or not now: the gate had no room for its proxies at once."""
         spec, device = mp.spec, self.session.device
         op = operation_for(spec)
+        proxies = [proxy_workload(spec, w) for w in mp.workloads]
+        if self.gate is not None:
+            self.token = self.gate.try_memory(2 * sum(sum(device_memory.set_and_gradient_bytes(spec, rw))
+                                                      for rw in proxies))
+            if not self.token:
+                return False
         names = []
-        for i, w in enumerate(mp.workloads):
-            rw = proxy_workload(spec, w)
+        for i, rw in enumerate(proxies):
             dtypes = {t.name: torch_dtype(rw.dtypes.get(t.name, t.dtypes[0])) for t in spec.inputs}
             tensors, descs = {}, {}
             for key, shape in rw.shapes.items():
@@ -115,8 +131,15 @@ class AheadCompiler:
                           gradients=[g.input for g in spec.gradients])
         self.pending = names
         self.sent.append(mp.label)
+        return True
+
+    def _release(self) -> None:
+        if self.token and self.gate is not None:
+            self.gate.release(self.token)
+        self.token = 0
 
     def close(self) -> None:
         if self.session is not None:
             self.session.close(graceful=self.pending is None)  # a busy worker is not waited for
             self.session, self.pending, self.held = None, None, []
+        self._release()  # after the worker is gone: its proxies' memory is free

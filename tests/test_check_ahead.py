@@ -132,8 +132,8 @@ class _Recorder:
         self.first = first
 
     @classmethod
-    def begin(cls, make_session, members, first):
-        cls.begun.append((first, [m.label for m in members]))
+    def begin(cls, make_session, members, first, gate):
+        cls.begun.append((first, [m.label for m in members], gate is not None))
         return cls(first)
 
     def step(self, current):
@@ -179,8 +179,43 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     if not started:
         assert _Recorder.begun == [] and ("step", 0) not in kinds
         return
-    assert _Recorder.begun == [(0, ["token-is", "bnpo-mask"])]
+    assert _Recorder.begun == [(0, ["token-is", "bnpo-mask"], True)]  # with the slot's gate
     steps = [k for e, k in kinds if e == "step"]
     assert steps == [0, 1]  # after each workload, with the member's index
     assert kinds.index(("close", None)) < kinds.index(("close", "worker0")) < len(kinds) - 1  # then presence let go
     assert kinds[-1][0] == "release"
+
+
+class _Gate:
+    """A slot's gate client: refuses the first `try` for memory, then grants; records releases."""
+
+    def __init__(self):
+        self.asked: list[int] = []
+        self.released: list[int] = []
+
+    def try_memory(self, nbytes):
+        self.asked.append(nbytes)
+        return 0 if len(self.asked) == 1 else 7
+
+    def release(self, token):
+        self.released.append(token)
+
+
+def test_its_proxies_wait_for_room_on_the_gpu_and_give_it_back(tmp_path, monkeypatch):
+    """Beside other slots it sends only when the gate grants the proxies' memory at once (never queued);
+    refused, it asks again after the next workload; the hold goes back once the answer is collected."""
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
+    gate = _Gate()
+    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0, gate)
+    try:
+        ahead.step(0)
+        assert ahead.sent == [] and ahead.pending is None and gate.asked[0] > 0  # refused: nothing sent
+        ahead.step(0)
+        assert ahead.sent == ["token-offpolicy-mask"] and gate.released == []
+        _wait(ahead)
+        ahead.step(0)
+        assert gate.released == [7] and ahead.session is None
+    finally:
+        ahead.close()
+    assert gate.released == [7]  # once

@@ -267,3 +267,38 @@ def test_nothing_is_heard_in_the_name_of_a_slot_that_exited():
     a.request("s1", "exclusive", 0, got("x-forged"))
     a.request("s2", "present", 0, got("p2"))
     assert got.granted == ["p1", "p2"] and not any(r.slot == "s1" for r in a.pending)
+
+
+def test_a_try_for_memory_is_granted_only_at_once_and_never_queued():
+    """check_ahead's proxies ask with `try`: granted when it fits beside what is held and nothing waits; a
+    queued workload's memory, an exclusive held or asked for, or no room refuses it (0), and it never waits."""
+    a, got = GpuArbiter(slots=2, capacity=100 * GB), Recorder()
+    a.request("s1", "present", 0, got("p1"))
+    a.request("s2", "present", 0, got("p2"))
+    a.request("s1", "memory", 90 * GB, got("m1"))
+    assert a.try_memory("s2", 20 * GB) == 0  # no room
+    token = a.try_memory("s2", 10 * GB)
+    assert token and a.used() == 100 * GB
+    a.request("s2", "memory", 5 * GB, got("m2"))  # queued: no room
+    a.release("s1", got.tokens["m1"])
+    assert got.granted[-1] == "m2"
+    a.request("s1", "memory", 90 * GB, got("m3"))  # queued: no room beside the 15 GB held
+    assert a.try_memory("s2", 1) == 0  # a queued request is never passed
+    a.release("s2", token)
+    a.release("s2", got.tokens["m2"])
+    a.release("s1", got.tokens["m3"])
+    a.request("s1", "exclusive", 0, got("x"))  # asked for (presences held): nothing more is granted
+    assert a.try_memory("s2", 1) == 0
+    assert GpuArbiter(slots=1).try_memory("s1", 1) == 0  # no capacity known yet
+
+
+def test_a_try_for_memory_over_the_pipes(monkeypatch):
+    a = GpuArbiter(slots=1, capacity=10 * GB)
+    client, thread = _served(a, "s1")
+    token = client.try_memory(GB)
+    assert token and a.used() == GB
+    assert client.try_memory(20 * GB) == 0
+    client.release(token)
+    client._out.close()
+    thread.join(5)
+    assert a.used() == 0

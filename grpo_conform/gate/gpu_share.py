@@ -23,6 +23,8 @@ A slot holds, in order:
   a7a99a9 on the H200: 0.2 s apart, no turn in a warm worker), so the first to ask waits up to
   TRY_WAIT_S for the others to let go; one that asks while another waits is refused at once, closes its
   worker and lets go, and the waiting one gets the hold.
+- "memory" asked with `try` (never queued): granted only when it fits at once and nothing waits, for
+  work a slot may skip (its compile-ahead calls, check_ahead.py).
 
 Grants: memory requests in arrival order (a large one is never passed by smaller ones, so it is not
 starved), one larger than the capacity when it is alone; exclusive requests in arrival order once
@@ -116,6 +118,22 @@ class GpuArbiter:
                 self.trying.discard(slot)
                 self.changed.notify_all()
 
+    def try_memory(self, slot: str, nbytes: int) -> int:
+        """A memory hold of `nbytes`, or 0: never queued, granted only where a queued memory request would be
+        granted at once and nothing waits (no memory request ahead of it, no exclusive held or asked for) and
+        the bytes fit beside what is held (never the lone oversized grant). Work that may be skipped asks so:
+        a slot's compile-ahead calls (check_ahead.py) never delay a workload or a turn."""
+        with self.lock:
+            if slot in self.retired or self.capacity is None or self.pending:
+                return 0
+            if any(h.kind == "exclusive" for h in self.holds.values()):
+                return 0
+            if self.used() + max(0, int(nbytes)) > self.capacity:
+                return 0
+            self._tokens += 1
+            self.holds[self._tokens] = Request(slot, "memory", max(0, int(nbytes)), self._tokens, lambda token: None)
+            return self._tokens
+
     def release(self, slot: str, token: int) -> None:
         with self.lock:
             held = self.holds.get(token)
@@ -195,6 +213,8 @@ def serve(arbiter: GpuArbiter, slot: str, requests, grants) -> None:
                     arbiter.request(slot, str(msg["kind"]), int(msg.get("bytes", 0)), answer, str(msg.get("tag", "")))
                 elif msg.get("gate") == "try" and msg.get("kind") == "exclusive":
                     answer(arbiter.try_exclusive(slot))
+                elif msg.get("gate") == "try" and msg.get("kind") == "memory":
+                    answer(arbiter.try_memory(slot, int(msg.get("bytes", 0))))
                 elif msg.get("gate") == "release":
                     arbiter.release(slot, int(msg["token"]))
                 else:
@@ -251,6 +271,14 @@ class GateClient:
         """The exclusive hold, or 0: never queued; it waits at most TRY_WAIT_S for slots finishing at the same
         moment to let go (GpuArbiter.try_exclusive)."""
         self._send(gate="try", kind="exclusive")
+        line = self._in.readline()
+        if not line:
+            raise GateError("the run's GPU gate closed before answering")
+        return int(json.loads(line)["token"])
+
+    def try_memory(self, nbytes: int) -> int:
+        """A memory hold, or 0 at once (GpuArbiter.try_memory)."""
+        self._send(gate="try", kind="memory", bytes=int(nbytes))
         line = self._in.readline()
         if not line:
             raise GateError("the run's GPU gate closed before answering")
