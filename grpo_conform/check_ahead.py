@@ -109,7 +109,13 @@ class AheadCompiler:
         """The member's request sent (True), or not now: the gate had no room for its proxies at once."""
         spec, device = mp.spec, self.session.device
         op = operation_for(spec)
-        proxies = [proxy_workload(spec, w) for w in mp.workloads]
+        proxies, seen = [], set()
+        for w in mp.workloads:  # one a distinct shape (seed-b2..b16 are one proxy)
+            rw = proxy_workload(spec, w)
+            key = (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items())))
+            if key not in seen:
+                seen.add(key)
+                proxies.append(rw)
         if self.gate is not None:
             self.token = self.gate.try_memory(2 * sum(sum(device_memory.set_and_gradient_bytes(spec, rw))
                                                       for rw in proxies))

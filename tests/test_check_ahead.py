@@ -219,3 +219,18 @@ def test_its_proxies_wait_for_room_on_the_gpu_and_give_it_back(tmp_path, monkeyp
     finally:
         ahead.close()
     assert gate.released == [7]  # once
+
+
+def test_workloads_that_differ_only_in_batch_are_one_proxy(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-offpolicy-mask", ("mask-small-bf16",)),
+                       ("token-is", ("small-bf16", "odd-vocab")))
+    small = members[1].spec.workload("small-bf16")
+    twin = small.model_copy(update={"name": "small-b3", "axes": {**small.axes, "batch": 3}})
+    members[1] = MemberPlan(members[1].spec, members[1].workloads + (twin,))
+    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    try:
+        ahead.step(0)
+        assert ahead.pending == ["A0", "A1"]  # small-bf16 and its batch-3 twin: one proxy; odd-vocab the other
+    finally:
+        ahead.close()
