@@ -57,9 +57,12 @@
 #   bash benchmarks/h200_evidence.sh round35a   # issue 35, next: the CUDA tests of the fourteenth session's code, then the
 #                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
 #   bash benchmarks/h200_evidence.sh round35b   # issue 35, fifteenth session: the default check, every worker profiled
-#   RUNS="cold warm" bash benchmarks/h200_evidence.sh round32a   # next session, first (~5.5 min): the fifteenth
-#                                               # session's unmeasured changes (launch-order-free Triton keys, warm
-#                                               # without a CUDA context, the try's wait), cold then warm
+#   GRPO_CONFORM_COMPILE_AHEAD=1 RUNS="cold warm" bash benchmarks/h200_evidence.sh round32a   # next session,
+#                                               # first (~5.5 min): compile ahead (check_ahead.py, opt-in) and the
+#                                               # timed draws serving all three protocols, cold then warm; against
+#                                               # h200-2026-12-04g's 155-157 s cold, 113-116 s warm
+#   RUNS="cold warm" bash benchmarks/h200_evidence.sh round32a   # the fifteenth session's (measured in the
+#                                               # sixteenth: 155 s cold, 113 s warm)
 #   SLOTS="6 8" bash benchmarks/h200_evidence.sh slots35   # issue 35, sixteenth session: cold default checks with
 #                                               # 6 and 8 slots sharing the GPU (empty compile caches each)
 #   bash benchmarks/h200_evidence.sh round32a   # issue 35, twelfth session: the default check with 4 slots sharing the GPU
