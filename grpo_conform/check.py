@@ -241,6 +241,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         if present is not None and ctx.device.type == "cuda":
             _first_cuda_work(ctx)
         built = _check_members(p, ctx, request, say, stop, shared, deferred, aheads)
+        for a in aheads:
+            a.close()  # before the turn below: its worker may still be running calls on the GPU
         live = next((s for s in shared if s.alive), None)
         if deferred and present is not None and live is not None:
             if ctx.device.type == "cuda":
@@ -254,7 +256,7 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
                 _timed_turn(p, ctx, request, say, deferred, stop, reuse=live, token=token)
     finally:
         for a in aheads:
-            a.close()
+            a.close()  # (closed above unless _check_members raised; closing twice is harmless)
         for s in shared:
             s.close()  # before a turn asked for in the queue: no worker of this slot is left on the GPU
         if present is not None:
