@@ -175,7 +175,21 @@ def test_a_live_harvest_skips_what_it_already_found_stored(tmp_path):
     _kernel(home)
     known: set[str] = set()
     assert compile_cache.harvest(home, store, known) == 3
-    assert known == {f".triton/HASH/{n}" for n in ("__grp__k.json", *NAMES)}
+    assert known == {f".triton/HASH/{n}" for n in ("__grp__k.json", *NAMES)} | {".triton/HASH/"}
     (store / ".triton" / "HASH" / "k.cubin").unlink()
     assert compile_cache.harvest(home, store, known) == 0  # known: not looked at again
     assert compile_cache.harvest(home, store) == 1  # a fresh look finds it missing
+
+
+def test_a_kernel_folder_stored_whole_is_not_walked_again(tmp_path):
+    """A kernel folder (its group and every file stored) is skipped as a whole after that: a file added to it
+    later is not taken (Triton writes a folder once; a worker adding to one gains nothing), while a new
+    folder is."""
+    store, home = tmp_path / "store", tmp_path / "home"
+    folder = _kernel(home)
+    known: set[str] = set()
+    assert compile_cache.harvest(home, store, known) == 3
+    (folder / "late.bin").write_text("late")
+    _kernel(home, folder="NEW")
+    assert compile_cache.harvest(home, store, known) == 3
+    assert not (store / ".triton" / "HASH" / "late.bin").exists() and (store / ".triton" / "NEW").is_dir()

@@ -212,7 +212,8 @@ def harvest(home: Path, store: Path, known: set[str] | None = None) -> int:
     in the store before it (live_share.top_up copies only complete kernels).
 
     `known`: the files (cache/relative path) this worker's store already holds, skipped without a look
-    and added to as files are found or copied (a live worker is harvested after every workload)."""
+    and added to as files are found or copied (a live worker is harvested after every workload), and the
+    kernel folders ("cache/relative/") stored whole, not entered again."""
     known = set() if known is None else known
     sizes: list[int] = []  # the store's total and file count, read at the first file to copy
 
@@ -227,8 +228,9 @@ def harvest(home: Path, store: Path, known: set[str] | None = None) -> int:
         source = home / cache
         if not source.is_dir() or source.is_symlink():
             continue
-        for dirpath, _dirs, filenames, dir_fd in os.fwalk(source, follow_symlinks=False):
+        for dirpath, dirs, filenames, dir_fd in os.fwalk(source, follow_symlinks=False):
             relative = Path(dirpath).relative_to(source)
+            dirs[:] = [d for d in dirs if f"{cache}/{relative / d}/" not in known]  # kernel folders done before
             for name in sorted(filenames, key=lambda n: (n.startswith(GROUP_PREFIX), n)):
                 key = f"{cache}/{relative / name}"
                 if key in known or name.startswith(".part-"):
@@ -263,4 +265,7 @@ def harvest(home: Path, store: Path, known: set[str] | None = None) -> int:
                 sizes[:] = [total + st.st_size, count + 1]
                 known.add(key)
                 added += 1
+            if relative != Path(".") and any(n.startswith(GROUP_PREFIX) for n in filenames) and all(
+                    f"{cache}/{relative / n}" in known for n in filenames):
+                known.add(f"{cache}/{relative}/")  # a kernel folder stored whole: not walked again (Triton writes one once)
     return added
