@@ -57,10 +57,11 @@
 #   bash benchmarks/h200_evidence.sh round35a   # issue 35, next: the CUDA tests of the fourteenth session's code, then the
 #                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
 #   bash benchmarks/h200_evidence.sh round35b   # issue 35, fifteenth session: the default check, every worker profiled
-#   GRPO_CONFORM_COMPILE_AHEAD=1 RUNS="cold warm" bash benchmarks/h200_evidence.sh round32a   # next session,
-#                                               # first (~5.5 min): compile ahead (check_ahead.py, opt-in) and the
-#                                               # timed draws serving all three protocols, cold then warm; against
-#                                               # h200-2026-12-04g's 155-157 s cold, 113-116 s warm
+#   bash benchmarks/h200_evidence.sh ahead35    # next session, first (~7.5 min): the slots' CUDA tests (compile
+#                                               # ahead and shared kernels among them), then the default check with
+#                                               # GRPO_CONFORM_COMPILE_AHEAD=1 (check_ahead.py) and the timed draws
+#                                               # serving all three protocols, cold then kept; against
+#                                               # h200-2026-12-04g's 155-157 s cold, 113-116 s kept
 #   RUNS="cold warm" bash benchmarks/h200_evidence.sh round32a   # the fifteenth session's (measured in the
 #                                               # sixteenth: 155 s cold, 113 s warm)
 #   SLOTS="6 8" bash benchmarks/h200_evidence.sh slots35   # issue 35, sixteenth session: cold default checks with
@@ -527,6 +528,16 @@ PY
     fi
     kill $sampler
     status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
+    ;;
+  ahead35)  # issue 35, after the sixteenth session: the CUDA tests of slots sharing the GPU, then the default
+            # check with the compile-ahead worker from empty caches (the workers' stores and ~/.triton), then kept
+    timeout -s KILL 220 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_share_cuda.py > "$R/cuda-tests.txt" 2>&1
+    status "gpu_share CUDA tests: exit $?"; tail -3 "$R/cuda-tests.txt"
+    rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+    for run in cold warm; do
+      GRPO_CONFORM_COMPILE_AHEAD=1 default_check "${DEADLINE:-230}"
+      mv "$R/triton-default.json" "$R/triton-default-ahead-$run.json"; mv "$R/triton-default.log" "$R/triton-default-ahead-$run.log"
+    done
     ;;
   slots35)  # issue 35, sixteenth session: the default check from empty compile caches (the workers' stores and the
             # validator's own ~/.triton), once per slot count in SLOTS (default "6 8"), on one machine

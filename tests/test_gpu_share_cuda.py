@@ -29,3 +29,19 @@ def test_two_slots_share_the_gpu_and_each_times_alone():
     assert any(o.check == "timing-floor" and o.status == "pass" for o in seed.outcomes)
     timed_part = next(p for p in report.parts if any(w.timings for i in p.implementations for w in i.workloads))
     assert timed_part.hardware.get("ceilings")  # the ceilings its floors used, measured in its turn
+
+
+def test_a_first_run_with_compile_ahead_and_shared_kernels_keeps_every_verdict(tmp_path, monkeypatch):
+    """A first run (an empty compile store) of two slots with the opt-in compile-ahead worker
+    (check_ahead.py) and the kernels passed between running workers (isolation/live_share.py): every
+    workload still passes, and the workers report what they received."""
+    monkeypatch.setenv("GRPO_CONFORM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRPO_CONFORM_COMPILE_AHEAD", "1")
+    request = CheckRequest((str(ROOT / "implementations" / "triton"),), device="cuda", jobs=2, timing=False,
+                           members=("token-offpolicy-mask", "bnpo-mask", "dapo-mask", "cispo-mask"),
+                           workloads=("mask-small-bf16", "mask-b1-long"))
+    report = run_check(request)
+    assert report.exit_code == 0, [(w.workload, [o.check for o in w.outcomes if o.failed])
+                                   for i in report.implementations for w in i.workloads]
+    caches = [p.implementations[0].worker.get("compile_cache") for p in report.parts]
+    assert all(c and c.get("reused_files") == 0 for c in caches), caches  # a first run in both slots
