@@ -63,7 +63,7 @@ class AheadCompiler:
         self.next = first + 1  # members[first] runs in the slot's worker now
         self.pending: list[str] | None = None
         self.held: list[torch.Tensor] = []
-        self.sent: list[str] = []  # member labels sent, in order (the report's and the tests' record)
+        self.sent: list[str] = []  # member labels sent, in order (the report's `worker.compile_ahead`)
         self.stopped: str | None = None  # why it closed early
 
     @classmethod

@@ -129,7 +129,7 @@ class _Recorder:
     begun: list = []
 
     def __init__(self, first):
-        self.first = first
+        self.first, self.sent, self.stopped = first, ["bnpo-mask"], None
 
     @classmethod
     def begin(cls, make_session, members, first, gate):
@@ -176,12 +176,13 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     FakeSession.made, FakeSession.log = [], gate.log
     _Recorder.log, _Recorder.begun = gate.log, []
     ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
-    check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
     kinds = [(e, k) for e, k, *_ in gate.log if e in ("workload", "step", "close", "release", "try")]
     if not started:
         assert _Recorder.begun == [] and ("step", 0) not in kinds
         return
     assert _Recorder.begun == [(0, ["token-is", "bnpo-mask"], True)]  # with the slot's gate
+    assert result.worker["compile_ahead"] == {"members_sent": ["bnpo-mask"], "stopped": None}  # in the report
     steps = [k for e, k in kinds if e == "step"]
     assert steps == [0, 1]  # after each workload, with the member's index
     # closed before the slot asks for its turn (its worker may still run calls), and only once
