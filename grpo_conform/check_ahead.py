@@ -10,8 +10,8 @@ How: where slots share a GPU and the slot's worker started from an empty store, 
 same implementation is started next to it. After each workload the slot calls `step`: once that worker
 has answered, its caches go to the store (WorkerSession.share_compiled), and from there into the slot's
 worker at its next workload boundary; then, for the next member not yet begun, one `precompile` request is
-sent and not waited for: a forward with grad and its backward on one input set per workload of that
-member, drawn by the operation at the workload's shapes with the batch axis at 1 (the kernels' geometry,
+sent and not waited for: a forward without grad, then one with grad and its backward, on one input set
+per distinct workload shape of that member, drawn by the operation at the workload's shapes with the batch axis at 1 (the kernels' geometry,
 the vocabulary and the sequence, as the real ones, at a fraction of their memory), at the member's declared
 parameter values. Nothing of it is judged; conformance runs every call again in the slot's own worker.
 

@@ -30,7 +30,8 @@ import torch
 
 def grpo_loss(logits, completion_ids, advantages, **kw):
     """Leaves a kernel folder named by what it ran on (as a JIT compiler leaves one a specialisation)."""
-    name = "b%d-v%d-%s" % (logits.shape[0], logits.shape[-1], "-".join(sorted(k for k in kw if kw[k] is not None)))
+    name = "b%d-v%d-g%d-%s" % (logits.shape[0], logits.shape[-1], torch.is_grad_enabled(),
+                               "-".join(sorted(k for k in kw if kw[k] is not None)))
     folder = os.path.join(os.environ["TRITON_CACHE_DIR"], name)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "k.cubin"), "w") as f:
@@ -89,8 +90,9 @@ def test_the_next_member_s_calls_run_in_the_second_worker_and_reach_the_store(tm
         ahead.step(0)  # collects (its kernels to the store while it lives), then sends bnpo-mask's
         assert ahead.sent == ["token-offpolicy-mask", "bnpo-mask"] and ahead.session.alive
         store = ahead.session._cache_store
-        kernels = sorted(p.name.split("-")[1] for p in (store / ".triton").iterdir())
-        assert kernels == ["v1536", "v256"]  # one a workload, at batch 1 (the folder's name), the vocabulary kept
+        kernels = sorted("-".join(p.name.split("-")[1:3]) for p in (store / ".triton").iterdir())
+        # one a workload, at batch 1 (the folder's name), the vocabulary kept; the forward-only path too
+        assert kernels == ["v1536-g0", "v1536-g1", "v256-g0", "v256-g1"]
         assert all(p.name.startswith("b1-") for p in (store / ".triton").iterdir())
         _wait(ahead)
         ahead.step(1)  # collected; nothing after bnpo-mask: closed

@@ -339,14 +339,17 @@ class _Worker:
         self.send(status="ok", report=self._export(call, outputs, keep))
 
     def op_precompile(self, slots: list[str], params: dict, gradients: list[str]) -> None:
-        """One forward with grad and its backward on each slot's inputs, everything dropped after: the
-        kernels of a member the slot will check next compiled while it checks this one (check_ahead.py).
-        Nothing of it is judged, so an error is only named in the reply (conformance meets it again)."""
+        """On each slot's inputs a forward without grad (the forward-only path), then one with grad and its
+        backward, everything dropped after: the kernels of a member the slot will check next compiled while it
+        checks this one (check_ahead.py). Nothing of it is judged, so an error is only named in the reply
+        (conformance meets it again)."""
         import torch  # lazily, as op_load
 
         failed = []
         for name in slots:
             try:
+                with torch.no_grad():
+                    self.entry(**self._leaves(self.slots[name], gradients, False)[1], **params)
                 _, args = self._leaves(self.slots[name], gradients, True)
                 with torch.enable_grad():
                     loss = self.entry(**args, **params)
