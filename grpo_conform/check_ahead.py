@@ -7,7 +7,9 @@ first launch, one after another in the slot's worker (docs/timing.md, "Sixteenth
 kernels between slots (isolation/live_share.py) does not help there, since no other slot compiles them.
 
 How: where slots share a GPU and the slot's worker started from an empty store, a second worker of the
-same implementation is started next to it. After each workload the slot calls `step`: once that worker
+same implementation is started next to it, and sent at once the slot's first member's workloads after its
+first (their kernels, a mask-b8's above all, compile while the slot runs that first one). After each
+workload the slot calls `step`: once that worker
 has answered, its caches go to the store (WorkerSession.share_compiled), and from there into the slot's
 worker at its next workload boundary; then, for the next member not yet begun, one `precompile` request is
 sent and not waited for: a forward without grad, then one with grad and its backward, on one input set
@@ -69,9 +71,10 @@ class AheadCompiler:
     @classmethod
     def begin(cls, make_session: Callable[[], WorkerSession], members: list, first: int,
               gate=None) -> "AheadCompiler | None":
-        """Started (its worker loaded) when a member follows members[first], else None; a worker that does
-        not start leaves the slot as it was."""
-        if first + 1 >= len(members):
+        """Started (its worker loaded) when there is anything to compile ahead, else None; a worker that does
+        not start leaves the slot as it was. Its first request goes at once: the current member's workloads
+        after its first, whose kernels (a mask-b8's above all) it compiles while the slot runs that first one."""
+        if first + 1 >= len(members) and len(members[first].workloads) < 2:
             return None
         session = make_session()
         try:
@@ -79,38 +82,47 @@ class AheadCompiler:
         except Exception:
             session.close(graceful=False)
             return None
-        return cls(session, list(members), first, gate)
+        ahead = cls(session, list(members), first, gate)
+        if len(members[first].workloads) > 1:
+            ahead._guarded(lambda: ahead._send(members[first], members[first].workloads[1:]))
+        return ahead
 
     def step(self, current: int) -> None:
         """Between two workloads of members[current]: collect an answer that has come, then send the next
         member's request. Never waits for the worker."""
-        if self.session is None:
-            return
+        if self.session is not None:
+            self._guarded(lambda: self._step(current))
+
+    def _guarded(self, fn) -> None:
         try:
-            if self.pending is not None:
-                if not self.session.answered():
-                    return
-                self.session.receive(op="precompile")
-                self.session.request(op="unbind", slots=self.pending)
-                self.pending, self.held = None, []
-                self._release()
-                self.session.share_compiled()
-            self.next = max(self.next, current + 1)  # a member already begun is not compiled twice
-            if self.next >= len(self.members):
-                self.close()
-                return
-            if self._send(self.members[self.next]):
-                self.next += 1
+            fn()
         except Exception as exc:  # WorkerFailure above all: what fails here is met again, and judged, in conformance
             self.stopped = f"{type(exc).__name__}: {exc}"[:300]
             self.close()
 
-    def _send(self, mp) -> bool:
-        """The member's request sent (True), or not now: the gate had no room for its proxies at once."""
+    def _step(self, current: int) -> None:
+        if self.pending is not None:
+            if not self.session.answered():
+                return
+            self.session.receive(op="precompile")
+            self.session.request(op="unbind", slots=self.pending)
+            self.pending, self.held = None, []
+            self._release()
+            self.session.share_compiled()
+        self.next = max(self.next, current + 1)  # a member already begun is not compiled twice
+        if self.next >= len(self.members):
+            self.close()
+            return
+        if self._send(self.members[self.next], self.members[self.next].workloads):
+            self.next += 1
+
+    def _send(self, mp, workloads) -> bool:
+        """The request for these workloads of member `mp` sent (True), or not now: the gate had no room for
+        their proxies at once."""
         spec, device = mp.spec, self.session.device
         op = operation_for(spec)
         proxies, seen = [], set()
-        for w in mp.workloads:  # one a distinct shape (seed-b2..b16 are one proxy)
+        for w in workloads:  # one a distinct shape (seed-b2..b16 are one proxy)
             rw = proxy_workload(spec, w)
             key = (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items())))
             if key not in seen:

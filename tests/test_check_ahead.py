@@ -240,3 +240,22 @@ def test_workloads_that_differ_only_in_batch_are_one_proxy(tmp_path, monkeypatch
         assert ahead.pending == ["A0", "A1"]  # small-bf16 and its batch-3 twin: one proxy; odd-vocab the other
     finally:
         ahead.close()
+
+
+def test_the_current_member_s_later_workloads_go_at_once(tmp_path, monkeypatch):
+    """The slot's first member: its workloads after the first are compiled while the slot runs the first (a
+    mask-b8's kernels while its mask-small-bf16 is judged); the first one's own shape is not sent."""
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")))
+    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    try:
+        assert ahead.sent == ["token-offpolicy-mask"] and ahead.pending == ["A0"]  # before any step
+        store = ahead.session._cache_store
+        _wait(ahead)
+        ahead.step(0)  # collected; no member after it: closed
+        assert ahead.session is None
+        assert sorted({p.name.split("-")[1] for p in (store / ".triton").iterdir()}) == ["v256"]
+    finally:
+        ahead.close()
+    assert check_ahead.AheadCompiler.begin(lambda: pytest.fail("nothing to compile ahead"),
+                                           _members(("token-is", ("small-bf16",))), 0) is None
