@@ -7,14 +7,14 @@ first launch, one after another in the slot's worker (docs/timing.md, "Sixteenth
 kernels between slots (isolation/live_share.py) does not help there, since no other slot compiles them.
 
 How: where slots share a GPU and the slot's worker started from an empty store, a second worker of the
-same implementation is started next to it, and sent at once the slot's first member's workloads after its
-first (their kernels, a mask-b8's above all, compile while the slot runs that first one). After each
-workload the slot calls `step`: once that worker
-has answered, its caches go to the store (WorkerSession.share_compiled), and from there into the slot's
-worker at its next workload boundary; then, for the next member not yet begun, one `precompile` request is
-sent and not waited for: a forward without grad, then one with grad and its backward, on one input set
-per distinct workload shape of that member, drawn by the operation at the workload's shapes with the batch axis at 1 (the kernels' geometry,
-the vocabulary and the sequence, as the real ones, at a fraction of their memory), at the member's declared
+same implementation is started next to it. It is sent at once the slot's first member's workloads after
+its first (their kernels, a mask-b8's above all, compile while the slot runs that first one). After each
+workload the slot calls `step`: once that worker has answered, its caches go to the store
+(WorkerSession.share_compiled), and from there into the slot's worker at its next workload boundary; then
+the next member not yet begun is sent. Each request (`precompile`, not waited for) holds one input set per
+distinct workload shape, drawn by the operation at the workload's shapes with the batch axis at 1 (the
+kernels' geometry, the vocabulary and the sequence, as the real ones, at a fraction of their memory); the
+worker runs a forward without grad, then one with grad and its backward, at the member's declared
 parameter values. Nothing of it is judged; conformance runs every call again in the slot's own worker.
 
 Where slots share a GPU, a request is sent only when the gate grants its memory at once (`try_memory`:
