@@ -126,7 +126,7 @@ def test_the_drawn_values_keep_what_the_generator_promises():
 
 
 def test_a_slot_refreshed_across_all_three_protocols_stays_finite():
-    """A slot's draw serves all three protocols: 32 refreshes (2 buffer sets: 3 x (1 + 10) - 1) without a new draw; each
+    """refresh_spans_protocols: 32 refreshes (2 buffer sets: 3 x (1 + 10) - 1) without a new draw; each
     hidden row's scale moves by at most e^(0.1 x 32); the log-probs and KL terms stay finite in fp32."""
     spec, op, rw = _setup("token-offpolicy-mask-kl")
     model = ReferenceModel.defaults(spec)
@@ -165,13 +165,12 @@ def _timing(spec, rw, sets: int) -> timed.WorkloadTiming:
 
 @pytest.mark.parametrize("family, member, workload, generated", [
     ("grpo-fused-linear.v1.json", "token-is", "tiny-bf16", 5),  # one full draw a slot a timed workload
-    ("grpo.v1.json", "token-offpolicy-mask", "mask-small-bf16", 5),  # 15 before the sixteenth session
+    ("grpo.v1.json", "token-offpolicy-mask", "mask-small-bf16", 15),  # grpo-logits: one a slot a protocol
 ])
 def test_a_timed_workload_draws_the_expected_number_of_full_input_sets(family, member, workload, generated,
                                                                       monkeypatch):
     """The three protocols of checks/timed.py with 4 buffer sets and the warm set: 75 fills, of which the
-    full generations are 5: a slot's draw serves all three protocols (grpo-logits drew one a protocol,
-    15, until the sixteenth session)."""
+    full generations are 5 where the operation's refresh spans the protocols, 15 where it does not."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     fam = load_family(ROOT / "specs" / family)
     spec = fam.member(member)

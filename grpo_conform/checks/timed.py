@@ -114,13 +114,12 @@ class WorkloadTiming:
     # -- one protocol -----------------------------------------------------------------------
     def _refresh(self, slots: list[InputSlot], full: bool = False) -> None:
         """New values in every slot, same addresses: a full generation from a fresh OS seed the first
-        time a slot is filled in the timed run (or `full`), else the operation's cheap in-place refresh
-        where it has one (grpo-logits: every row rotated along the vocabulary with its target and every
-        advantage rescaled, `inputs.refresh_in_place`; the mask and its count stay). ~25 refreshes a
-        protocol, 75 a timed workload: 5 full generations of them (4 buffer sets and the warm set), a
-        slot's draw serving all three protocols; each operation's `refresh` says why that is safe
-        (docs/timing.md, "Timed refreshes"). An operation without `refresh` gets a full generation every
-        time."""
+        time a slot is filled in a protocol (or `full`), else the operation's cheap in-place refresh
+        where it has one (grpo-logits: every row rotated along the vocabulary with its target,
+        `inputs.refresh_in_place`; the mask and its count stay). ~25 refreshes a protocol, 75 a
+        timed workload: 15 full generations of them (docs/timing.md, "Timed refreshes"). An operation
+        whose `refresh_spans_protocols` is true (grpo-fused-linear: its operation.py says why that is
+        safe) keeps a slot's full draw across the protocols: 5 full generations a timed workload."""
         refresh = getattr(self.op, "refresh", None)
         with PHASES("inputs"):
             for slot in slots:
@@ -159,6 +158,8 @@ class WorkloadTiming:
 
     def _protocol(self, protocol: str) -> dict[str, Any]:
         s = self.settings
+        if not self.op.refresh_spans_protocols:
+            self._filled = set()  # slots fully generated in this protocol
         self._refresh([self.warm])
         names = [slot.name for slot in self.sets]
         for _ in range(s.warmup):

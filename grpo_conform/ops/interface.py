@@ -101,8 +101,9 @@ class Operation(Protocol):
 
     name: str
     summary: str  # one line: what the operation computes
-    # An operation may have `refresh(tensors, rng)`: new values in place for a timed call, cheaper than a
-    # full draw, that change every byte of the large inputs and the results (checks/timed.py `_refresh`).
+    # a timed slot's full draw serves all three protocols (its in-place refresh changes every value and
+    # every row's statistics between passes); False: a fresh full draw per protocol
+    refresh_spans_protocols: bool
 
     # -- workloads ---------------------------------------------------------------------------------
     def workload_size(self, spec: "Spec", resolved: "ResolvedWorkload") -> WorkloadSize: ...

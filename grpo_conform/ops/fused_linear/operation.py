@@ -97,11 +97,15 @@ class GrpoFusedLinear:
                  out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
         return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
 
+    #: The timed protocols keep a slot's full draw across the three of them (checks/timed.py `_refresh`):
+    #: a timed workload draws 5 full input sets (4 buffer sets and the warm set) instead of 15.
+    refresh_spans_protocols = True
+
     def refresh(self, tensors: dict, rng) -> None:
         """Timed refreshes: new bytes in place on the device, no host draw (`inputs.refresh_in_place`);
         the offset and the seed come from the timed run's OS-seeded `rng`.
 
-        Why a slot's full draw may serve all three timed protocols (checks/timed.py `_refresh`), and why a
+        Why a slot's full draw may serve all three timed protocols (`refresh_spans_protocols`), and why a
         cache across protocols still cannot profit from it: every refresh moves every byte of the large
         inputs (the vocabulary rotated by an offset, the hidden dimension permuted, both drawn from the
         OS-seeded `rng`) and changes every row's logits as a set (fresh row scales: its log-sum-exp

@@ -24,6 +24,7 @@ EXP_FAMILIES = {"grpo": "the log-sum-exp over the vocabulary needs exp() of ever
 
 class GrpoLogits:
     name = "grpo-logits"
+    refresh_spans_protocols = False  # a rotation keeps each row's log-sum-exp: fresh draws per protocol
     requirements = OPERATION_INPUTS["grpo-logits"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over given logits [batch, seq + 1, vocab] and the sampled completion ids; "
                "its gradient is d loss / d logits")
@@ -49,24 +50,7 @@ class GrpoLogits:
 
     def refresh(self, tensors: dict, rng) -> None:
         """Timed refreshes: new bytes in place, every derived relation kept (`inputs.refresh_in_place`);
-        the offset comes from the timed run's OS-seeded `rng`.
-
-        Why one full draw a slot may serve all three timed protocols (checks/timed.py `_refresh`; until the
-        sixteenth session each protocol drew its sets afresh, 10 more full generations a timed workload,
-        ~14 ms each at mask-b8 on the H200, on the timed turn's critical path): every timed call already
-        runs on a refresh of the call before it, since the warmup pass follows each full draw. So the
-        first pass of a protocol, a refresh of the last pass of the one before, meets the relation every
-        pass within a protocol meets: every logits byte moved (a rotation by an OS-drawn offset) and every
-        advantage rescaled, so a cache of results by address or content misses, and the loss and every
-        gradient row change. What a rotation keeps, each row's log-sum-exp, is kept within a protocol too,
-        and reusing it saves no pass below the floor's one read and one write (docs/timing.md, "Timed
-        refreshes"). The warm set is refreshed at each protocol's start, so the identical calls of the
-        `caching` check repeat values no other protocol ran. What the longer chain changes: a sequence's
-        advantage is scaled by e^u per refresh (u uniform in [-0.1, 0.1]), so by e^v, |v| <= 1.7, after the
-        17 refreshes of 4 buffer sets (std of v ~0.24); a tiny advantage may leave its class, which the
-        conformance draws test, not the timed calls. The re-checks judge each call against the reference of
-        the values it ran on, and a slot's mask (and its traffic-v1 count) is its full draw's: 5 masks a
-        timed workload instead of 15, each call's floor counted from its own."""
+        the offset comes from the timed run's OS-seeded `rng`."""
         vocab = tensors["logits"].shape[-1]
         refresh_in_place(tensors, rng.randrange(1, vocab) if vocab > 1 else 0)
 
