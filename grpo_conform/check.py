@@ -294,7 +294,7 @@ def _timed_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Report
             with PHASES("worker-start"):
                 session.load()  # the implementation's code enters the process only now, under the hold
             return session
-        session = _turn_worker(p, ctx, request, mp)
+        session = _worker(p, ctx, request, mp)
         with PHASES("worker-start"):
             session.start()
         return session
@@ -323,7 +323,7 @@ def _spawn_early(p: ImplPlan, ctx: RunContext, request: CheckRequest, deferred: 
     mp = next((d.mp for d in deferred), None)
     if mp is None:
         return
-    session = _turn_worker(p, ctx, request, mp)
+    session = _worker(p, ctx, request, mp)
     try:
         with PHASES("worker-start"):
             session.spawn()
@@ -339,10 +339,10 @@ def _timeout(request: CheckRequest, mp, ctx: RunContext) -> float:
     return request.timeout or default_timeout(mp.spec, mp.workloads, ctx.device)
 
 
-def _turn_worker(p: ImplPlan, ctx: RunContext, request: CheckRequest, mp) -> WorkerSession:
-    """A timed turn's worker for member plan `mp`, not yet started."""
-    return WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, _timeout(request, mp, ctx), False,
-                         sandbox=request.sandbox)
+def _worker(p: ImplPlan, ctx: RunContext, request: CheckRequest, mp) -> WorkerSession:
+    """A worker for member plan `mp`, not yet started (conformance's, a timed turn's, the compile-ahead one)."""
+    return WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, _timeout(request, mp, ctx),
+                         ctx.device.type == "cpu", sandbox=request.sandbox)
 
 
 def _run_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, deferred: list[Deferred],
@@ -362,7 +362,7 @@ def _run_turn(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter
 
 
 def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Reporter, stop: Stop,
-                   shared: list[WorkerSession], deferred: list[Deferred] | None, aheads: list | None = None):
+                   shared: list[WorkerSession], deferred: list[Deferred] | None, aheads: list):
     """Every member's workloads; returns what _built_result makes the implementation's result of (the
     members' workload lists stay open until then: deferred timing fills them in)."""
     name = p.impl.name
@@ -394,8 +394,7 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                     if session is not None:
                         session.close()
                     say(name, mp.label, w.name, "starting worker")
-                    session = WorkerSession(p.impl, mp.spec.parameter_values, ctx.device, timeout,
-                                            ctx.device.type == "cpu", sandbox=request.sandbox)
+                    session = _worker(p, ctx, request, mp)
                     try:
                         with PHASES("worker-start"):
                             session.start()
@@ -405,7 +404,7 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                         not_run.append(NotRun(w.name, ended, "hung"))
                         continue
                     worker_info.update(session.info)
-                    if not ahead_tried and aheads is not None and deferred is not None:
+                    if not ahead_tried and deferred is not None:
                         ahead_tried = True
                         _begin_ahead(p, ctx, request, session, index, aheads)
                 started = time.monotonic()
@@ -413,7 +412,7 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                     result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
                 results.append(result)
                 if deferred is not None and session is not None:  # slots sharing a GPU: kernels across workers
-                    for ahead in aheads or ():
+                    for ahead in aheads:
                         with PHASES("compile-ahead"):
                             ahead.step(index)
                     with PHASES("compile-share"):
@@ -476,10 +475,8 @@ def _begin_ahead(p: ImplPlan, ctx: RunContext, request: CheckRequest, session: W
     slot's worker started from an empty store: `reused_files` 0)."""
     if not check_ahead.enabled() or (session.info.get("compile_cache") or {}).get("reused_files") != 0:
         return
-    mp = p.members[index]
-    ahead = check_ahead.AheadCompiler.begin(lambda: WorkerSession(p.impl, mp.spec.parameter_values, ctx.device,
-                                                      _timeout(request, mp, ctx), ctx.device.type == "cpu",
-                                                      sandbox=request.sandbox), list(p.members), index, ctx.gate)
+    ahead = check_ahead.AheadCompiler.begin(lambda: _worker(p, ctx, request, p.members[index]), list(p.members),
+                                            index, ctx.gate)
     if ahead is not None:
         aheads.append(ahead)
 

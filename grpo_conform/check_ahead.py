@@ -18,8 +18,9 @@ worker runs a forward without grad, then one with grad and its backward, at the 
 parameter values. Nothing of it is judged; conformance runs every call again in the slot's own worker.
 
 Where slots share a GPU, a request is sent only when the gate grants its memory at once (`try_memory`:
-twice the proxies' inputs and gradients, ~1.1 GiB at mask-b8; never queued, so the slot never waits for
-it), held until the answer is collected; refused, it is asked again after the next workload.
+twice the proxies' inputs and gradients, room for each set, its pristine copy and the worker's gradient,
+~1.1 GiB at mask-b8; never queued, so the slot never waits for it), held until the answer is collected;
+refused, it is asked again after the next workload.
 
 Off by default until measured on a GPU: it costs a worker process a slot, the proxies' memory, and GPU
 time beside the slot's conformance. Kernels specialised on the batch size itself (batch = 1) are compiled
@@ -31,12 +32,10 @@ from __future__ import annotations
 import os
 import random
 import secrets
-from typing import Any, Callable
-
-import torch
+from typing import Callable
 
 from grpo_conform import device_memory
-from grpo_conform.dtypes import torch_dtype
+from grpo_conform.checks.buffers import InputSlot, input_dtypes
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.ops import operation_for
 
@@ -64,7 +63,7 @@ class AheadCompiler:
         self.token = 0  # the memory hold of the request in flight
         self.next = first + 1  # members[first] runs in the slot's worker now
         self.pending: list[str] | None = None
-        self.held: list[torch.Tensor] = []
+        self.held: list[InputSlot] = []  # the request's input sets, alive until it is answered
         self.sent: list[str] = []  # member labels sent, in order (the report's `worker.compile_ahead`)
         self.stopped: str | None = None  # why it closed early
 
@@ -133,19 +132,12 @@ class AheadCompiler:
                                                       for rw in proxies))
             if not self.token:
                 return False
-        names = []
         for i, rw in enumerate(proxies):
-            dtypes = {t.name: torch_dtype(rw.dtypes.get(t.name, t.dtypes[0])) for t in spec.inputs}
-            tensors, descs = {}, {}
-            for key, shape in rw.shapes.items():
-                tensors[key], descs[key] = self.session.allocator.empty(shape, dtypes[key])
-            op.generate(spec, rw, secrets.randbits(63), device, out=tensors)
-            name = f"A{i}"
-            self.held += list(tensors.values())
-            self.session.bind(name, descs)  # (on CUDA after a synchronize: WorkerSession._send)
-            names.append(name)
-        params: dict[str, Any] = dict(spec.parameter_values)
-        self.session.post(op="precompile", slots=names, params=params,
+            slot = InputSlot.create(self.session, f"A{i}", rw.shapes, input_dtypes(spec, rw))
+            op.generate(spec, rw, secrets.randbits(63), device, out=slot.tensors)  # the worker reads it after
+            self.held.append(slot)  # a synchronize (WorkerSession._send)
+        names = [slot.name for slot in self.held]
+        self.session.post(op="precompile", slots=names, params=dict(spec.parameter_values),
                           gradients=[g.input for g in spec.gradients])
         self.pending = names
         self.sent.append(mp.label)

@@ -13,11 +13,17 @@ from typing import Any
 import torch
 
 from grpo_conform.compare import bitwise_equal_all, first_difference
+from grpo_conform.dtypes import torch_dtype
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.isolation.sharing import cuda_descriptor
 from grpo_conform.isolation.worker import GRAD_PREFIX
 from grpo_conform.spec import Spec
 from grpo_conform.phases import PHASES
+
+
+def input_dtypes(spec: Spec, resolved) -> dict[str, torch.dtype]:
+    """Each input's dtype at a resolved workload (its declared first where the workload names none)."""
+    return {t.name: torch_dtype(resolved.dtypes.get(t.name, t.dtypes[0])) for t in spec.inputs}
 
 
 @dataclass

@@ -29,7 +29,8 @@ import torch
 
 from grpo_conform.checks import internal
 from grpo_conform.checks.book import CheckBook
-from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient, overlap_text, storage_overlaps
+from grpo_conform.checks.buffers import (InputSlot, OutputSlot, input_dtypes, only_gradient, overlap_text,
+                                         storage_overlaps)
 from grpo_conform.checks.reference_cache import ReferenceCache
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.checks.units import judge_units
@@ -178,7 +179,7 @@ class WorkloadConformance:
     # -- the run ----------------------------------------------------------------------------
     def run(self):
         s = self.session
-        dtypes = {t.name: torch_dtype(self.rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
+        dtypes = input_dtypes(self.spec, self.rw)
         self.dtypes = dtypes
         self.P = InputSlot.create(s, "P", self.rw.shapes, dtypes)
         self.out1 = OutputSlot.for_spec(s, "O1", self.spec, self.rw.shapes, dtypes)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from grpo_conform import device_memory, gemm_ceiling
-from grpo_conform.checks.buffers import InputSlot, OutputSlot, only_gradient
+from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes, only_gradient
 from grpo_conform.compare import compare_loss, json_float
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.floors import Floor, below_floor
@@ -86,7 +86,7 @@ class WorkloadTiming:
         rw = self.rw
         self.mask_low = None
         self.set_masks: dict[str, Any] = {}  # each buffer set's mask count as last written (masked members)
-        dtypes = {t.name: torch_dtype(rw.dtypes.get(t.name, t.dtypes[0])) for t in self.spec.inputs}
+        dtypes = input_dtypes(self.spec, rw)
         set_bytes = 2 * device_memory.set_and_gradient_bytes(self.spec, rw)[0]  # a set and its pristine copy
         free, _ = torch.cuda.mem_get_info(self.device)
         k = max(2, min(self.settings.buffer_sets, int(0.3 * free // max(1, set_bytes)) - 1))
