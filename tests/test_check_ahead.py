@@ -5,7 +5,6 @@ steps it after every workload and closes it before the slot asks for its turn wi
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -18,26 +17,18 @@ from grpo_conform.implementations import load_implementation
 from grpo_conform.isolation import compile_cache
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.spec.family import load_family
+from triton_compile import LEAVE_KERNEL
 
 ROOT = Path(__file__).resolve().parent.parent
 
-IMPL = '''
-import json
-import os
-
+IMPL = LEAVE_KERNEL + '''
 import torch
 
 
 def grpo_loss(logits, completion_ids, advantages, **kw):
     """Leaves a kernel folder named by what it ran on (as a JIT compiler leaves one a specialisation)."""
-    name = "b%d-v%d-g%d-%s" % (logits.shape[0], logits.shape[-1], torch.is_grad_enabled(),
-                               "-".join(sorted(k for k in kw if kw[k] is not None)))
-    folder = os.path.join(os.environ["TRITON_CACHE_DIR"], name)
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "k.cubin"), "w") as f:
-        f.write("compiled")
-    with open(os.path.join(folder, "__grp__k.json"), "w") as f:
-        json.dump({"child_paths": {"k.cubin": os.path.join(folder, "k.cubin")}}, f)
+    leave_kernel("b%d-v%d-g%d-%s" % (logits.shape[0], logits.shape[-1], torch.is_grad_enabled(),
+                                     "-".join(sorted(k for k in kw if kw[k] is not None))))
     if os.environ.get("AHEAD_FAIL"):
         raise RuntimeError("no proxy for me")
     return logits.float().mean() * advantages.float().mean()

@@ -15,7 +15,7 @@ import torch
 from grpo_conform.implementations import load_implementation
 from grpo_conform.isolation import compile_cache, live_share
 from grpo_conform.isolation.session import WorkerSession
-from triton_compile import KERNEL, compile_in
+from triton_compile import KERNEL, LEAVE_KERNEL, compile_in
 
 NAMES = ("k.cubin", "k.json")
 
@@ -101,28 +101,13 @@ def test_a_live_harvest_follows_no_link_into_a_folder_the_worker_cannot_read(tmp
     assert sorted(p.name for p in (store / ".triton" / "REAL").iterdir()) == ["__grp__k.json", *NAMES]
 
 
-WRITER = '''
-import json
-import os
-
-# at import: a kernel folder as Triton writes one at a first launch (its files, then the group naming them)
-_folder = os.path.join(os.environ["TRITON_CACHE_DIR"], os.environ.get("KERNEL_FOLDER", "ab12"))
-
+WRITER = LEAVE_KERNEL + '''
 
 def grpo_loss(logits, **kw):
     return logits.float().sum() * 0.0
 
 
-def compile_now(name):
-    folder = os.path.join(os.environ["TRITON_CACHE_DIR"], name)
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "k.cubin"), "w") as f:
-        f.write("compiled")
-    with open(os.path.join(folder, "__grp__k.json"), "w") as f:
-        json.dump({"child_paths": {"k.cubin": os.path.join(folder, "k.cubin")}}, f)
-
-
-compile_now("first")
+leave_kernel("first")  # at import: as a JIT compiler leaves one at a first launch
 '''
 
 

@@ -1,5 +1,6 @@
 """Triton's real compiler in a process of its own with HOME and TRITON_CACHE_DIR set, as a worker's are:
-how many cubins it built tells whether the kernel came from the cache (tests of the compile store)."""
+how many cubins it built tells whether the kernel came from the cache (tests of the compile store); and
+`LEAVE_KERNEL`, what a test implementation runs to leave a kernel folder in its worker's cache."""
 
 from __future__ import annotations
 
@@ -11,6 +12,22 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+#: The start of a test implementation's source: `leave_kernel(name)` writes a kernel folder into the worker's
+#: Triton cache as Triton writes one at a first launch (its file, then the group file naming it).
+LEAVE_KERNEL = '''
+import json
+import os
+
+
+def leave_kernel(name):
+    folder = os.path.join(os.environ["TRITON_CACHE_DIR"], name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "k.cubin"), "w") as f:
+        f.write("compiled")
+    with open(os.path.join(folder, "__grp__k.json"), "w") as f:
+        json.dump({"child_paths": {"k.cubin": os.path.join(folder, "k.cubin")}}, f)
+'''
 
 KERNEL = textwrap.dedent('''
     import json, sys
