@@ -57,11 +57,12 @@
 #   bash benchmarks/h200_evidence.sh round35a   # issue 35, next: the CUDA tests of the fourteenth session's code, then the
 #                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
 #   bash benchmarks/h200_evidence.sh round35b   # issue 35, fifteenth session: the default check, every worker profiled
-#   bash benchmarks/h200_evidence.sh ahead35    # next session, first (~7.5 min): the slots' CUDA tests (compile
-#                                               # ahead and shared kernels among them), then the default check with
-#                                               # GRPO_CONFORM_COMPILE_AHEAD=1 (check_ahead.py) and the timed draws
-#                                               # serving all three protocols, cold then kept; against
-#                                               # h200-2026-12-04g's 155-157 s cold, 113-116 s kept
+#   bash benchmarks/h200_evidence.sh ahead35b   # issue 35, seventeenth session (~6 min): compile ahead by default (its
+#                                               # worker spawned beside the slot's, proxies at the real shapes), cold
+#                                               # then kept, then dapo-mask mask-b8 alone with and without timing
+#   bash benchmarks/h200_evidence.sh ahead35    # seventeenth session's first (5.8 min): the slots' CUDA tests, then the
+#                                               # default check with GRPO_CONFORM_COMPILE_AHEAD=1, cold then kept
+#                                               # (measured: 151 s, 123 s; h200-2026-12-04h)
 #   RUNS="cold warm" bash benchmarks/h200_evidence.sh round32a   # the fifteenth session's (measured in the
 #                                               # sixteenth: 155 s cold, 113 s warm)
 #   SLOTS="6 8" bash benchmarks/h200_evidence.sh slots35   # issue 35, sixteenth session: cold default checks with
@@ -528,6 +529,26 @@ PY
     fi
     kill $sampler
     status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
+    ;;
+  ahead35b)  # issue 35, seventeenth session: compile ahead on by default, spawned beside the slot's worker, its
+             # proxies at the workloads' own shapes; cold then kept (GPU memory sampled), then one masked member's
+             # mask-b8 alone (--jobs 1) with and without timing, phases profiled: what a timed workload costs
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
+    sampler=$!
+    rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+    for run in cold warm; do
+      default_check "${DEADLINE:-230}"
+      mv "$R/triton-default.json" "$R/triton-default-$run.json"; mv "$R/triton-default.log" "$R/triton-default-$run.log"
+      status "$run: GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB so far"
+    done
+    kill $sampler; gzip -f "$R/memory-used.csv"
+    for t in timed untimed; do
+      flag=; [ "$t" = untimed ] && flag=--no-timing
+      timeout -s KILL 120 python3 -m grpo_conform check implementations/triton --no-evidence --profile-phases --jobs 1 \
+        --member dapo-mask --workload mask-b8 $flag --format json \
+        > "$R/one-$t.json" 2> "$R/one-$t.log"
+      status "dapo-mask mask-b8 --jobs 1 ($t): exit $?"; grep -E "^  [a-z-]+ +[0-9.]+ s" "$R/one-$t.log" | head -12
+    done
     ;;
   ahead35)  # issue 35, after the sixteenth session: the CUDA tests of slots sharing the GPU, then the default
             # check with the compile-ahead worker from empty caches (the workers' stores and ~/.triton), then kept

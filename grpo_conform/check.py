@@ -230,7 +230,7 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
     # per implementation before. Conformance calls pass their parameters with every call; the timed
     # protocols get the member's declared values with `time_setup` (checks/timed.py).
     shared: list[WorkerSession] = []
-    aheads: list[check_ahead.AheadCompiler] = []  # check_ahead.py (opt-in): at most one
+    aheads: list[check_ahead.AheadCompiler] = []  # check_ahead.py: at most one
     deferred: list[Deferred] | None = [] if ctx.gate is not None else None
     present = None
     if ctx.gate is not None:
@@ -395,18 +395,27 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                         session.close()
                     say(name, mp.label, w.name, "starting worker")
                     session = _worker(p, ctx, request, mp)
+                    early = None  # the compile-ahead worker, spawned beside this one (first start only)
                     try:
                         with PHASES("worker-start"):
-                            session.start()
+                            session.spawn()
+                            if not ahead_tried and deferred is not None:
+                                ahead_tried = True
+                                early = _spawn_ahead(p, ctx, request, session, index)
+                            session.load()
                     except (ImplementationLoadError, WorkerFailure) as exc:
+                        if early is not None:
+                            early.close(graceful=False)
                         load_error = _load_message(p, exc)
                         ended = f"not run: the implementation did not load ({_first_line(load_error)})"
                         not_run.append(NotRun(w.name, ended, "hung"))
                         continue
                     worker_info.update(session.info)
-                    if not ahead_tried and deferred is not None:
-                        ahead_tried = True
-                        _begin_ahead(p, ctx, request, session, index, aheads)
+                    if early is not None:
+                        with PHASES("compile-ahead"):
+                            begun = check_ahead.AheadCompiler.begin(early, list(p.members), index, ctx.gate)
+                        if begun is not None:
+                            aheads.append(begun)
                 started = time.monotonic()
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
                     result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
@@ -469,16 +478,15 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
     return done, worker_info, load_error
 
 
-def _begin_ahead(p: ImplPlan, ctx: RunContext, request: CheckRequest, session: WorkerSession, index: int,
-                 aheads: list) -> None:
-    """The slot's compile-ahead worker (check_ahead.py, opt-in), on a first run of the identity only (the
-    slot's worker started from an empty store: `reused_files` 0)."""
-    if not check_ahead.enabled() or (session.info.get("compile_cache") or {}).get("reused_files") != 0:
-        return
-    ahead = check_ahead.AheadCompiler.begin(lambda: _worker(p, ctx, request, p.members[index]), list(p.members),
-                                            index, ctx.gate)
-    if ahead is not None:
-        aheads.append(ahead)
+def _spawn_ahead(p: ImplPlan, ctx: RunContext, request: CheckRequest, session: WorkerSession,
+                 index: int) -> WorkerSession | None:
+    """The slot's compile-ahead worker (check_ahead.py), spawned, on a first run of the identity only (the
+    slot's worker, just spawned, seeded nothing from the store: `reused_files` 0); None elsewhere."""
+    if not check_ahead.enabled() or session.compile_cache_info.get("reused_files") != 0:
+        return None
+    if not check_ahead.AheadCompiler.wanted(p.members, index):
+        return None
+    return check_ahead.AheadCompiler.spawn(lambda: _worker(p, ctx, request, p.members[index]))
 
 
 def _built_result(p: ImplPlan, done: list, worker_info: dict[str, Any], load_error: str | None) -> ImplementationResult:

@@ -15,7 +15,7 @@ IPC), `inputs` (input sets generated, written and their pristine copies made), `
 reference and the comparison with it), `input-checks` (inputs compared with their pristine copies,
 fingerprints of kept outputs), `timing` (the timed protocols' parent side), `scan` (the static source
 scan), `compile-share` (slots sharing a GPU: a worker's compiled kernels to its store and
-the store's to it, isolation/live_share.py), `compile-ahead` (GRPO_CONFORM_COMPILE_AHEAD=1: the next
+the store's to it, isolation/live_share.py), `compile-ahead` (on a first run unless GRPO_CONFORM_COMPILE_AHEAD=0: the next
 member's proxy inputs drawn and sent to the slot's second worker, check_ahead.py). Anything else the parent
 does is `other`.
 

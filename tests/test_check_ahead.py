@@ -1,4 +1,4 @@
-"""Compile ahead (grpo_conform/check_ahead.py, opt-in): a slot's second worker runs the next member's calls
+"""Compile ahead (grpo_conform/check_ahead.py, on by default): a slot's second worker runs the next member's calls
 on proxy inputs (batch 1) without the slot waiting, its compiled kernels reach the store, a member already
 begun is never sent, a failing implementation stops nothing; check.py starts it on a first run only,
 steps it after every workload and closes it before the slot asks for its turn with the GPU to itself."""
@@ -62,29 +62,34 @@ def _wait(ahead) -> None:
         time.sleep(0.05)
 
 
-def test_a_proxy_keeps_every_axis_but_the_batch():
+def test_a_proxy_has_the_workload_s_own_shapes():
+    # a smaller batch compiles other specialisations (a Triton int of 1 is a constant; ours splits by tokens)
     (mp,) = _members(("token-offpolicy-mask", ("mask-b8",)))
     rw = check_ahead.proxy_workload(mp.spec, mp.workloads[0])
     real = mp.spec.resolve(mp.workloads[0])
-    assert rw.shapes["logits"] == (1,) + real.shapes["logits"][1:] and rw.dtypes == real.dtypes
+    assert rw.shapes == real.shapes and rw.dtypes == real.dtypes
 
 
 def test_the_next_member_s_calls_run_in_the_second_worker_and_reach_the_store(tmp_path, monkeypatch):
     monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
     members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")),
                        ("bnpo-mask", ("mask-small-bf16",)))
-    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
     try:
-        ahead.step(0)  # sends token-offpolicy-mask's two proxies, does not wait
-        assert ahead.sent == ["token-offpolicy-mask"] and ahead.pending == ["A0", "A1"]
+        # at once: token-offpolicy-mask's first shape (one request a shape), not waited for
+        assert ahead.sent == ["token-offpolicy-mask"] and ahead.pending == ["A0"] and len(ahead.queue) == 1
+        ahead.step(0)  # no answer yet: nothing else goes
+        assert len(ahead.queue) == 1
         _wait(ahead)
-        ahead.step(0)  # collects (its kernels to the store while it lives), then sends bnpo-mask's
+        ahead.step(0)  # collects (its kernels to the store while it lives), then sends the second shape
+        assert ahead.queue == [] and ahead.pending == ["A0"]
+        _wait(ahead)
+        ahead.step(0)  # then bnpo-mask's
         assert ahead.sent == ["token-offpolicy-mask", "bnpo-mask"] and ahead.session.alive
         store = ahead.session._cache_store
-        kernels = sorted("-".join(p.name.split("-")[1:3]) for p in (store / ".triton").iterdir())
-        # one a workload, at batch 1 (the folder's name), the vocabulary kept; the forward-only path too
-        assert kernels == ["v1536-g0", "v1536-g1", "v256-g0", "v256-g1"]
-        assert all(p.name.startswith("b1-") for p in (store / ".triton").iterdir())
+        kernels = sorted("-".join(p.name.split("-")[:3]) for p in (store / ".triton").iterdir())
+        # one a workload, at its own batch (the folder's name) and vocabulary; the forward-only path too
+        assert kernels == ["b1-v256-g0", "b1-v256-g1", "b4-v1536-g0", "b4-v1536-g1"]
         _wait(ahead)
         ahead.step(1)  # collected; nothing after bnpo-mask: closed
         assert ahead.session is None
@@ -92,20 +97,27 @@ def test_the_next_member_s_calls_run_in_the_second_worker_and_reach_the_store(tm
         ahead.close()
 
 
-def test_a_member_already_begun_is_not_sent(tmp_path, monkeypatch):
+def test_a_member_the_slot_moved_past_is_dropped_and_one_begun_is_not_queued(tmp_path, monkeypatch):
     monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
-    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
-    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
-    ahead.step(1)  # the slot is on the second member already
-    assert ahead.sent == [] and ahead.session is None
-    assert check_ahead.AheadCompiler.begin(lambda: pytest.fail("no worker for a last member"), members, 1) is None
+    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")),
+                       ("bnpo-mask", ("mask-small-bf16",)))
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
+    try:
+        assert ahead.sent == ["token-offpolicy-mask"] and len(ahead.queue) == 1
+        _wait(ahead)
+        ahead.step(2)  # the slot is on bnpo-mask already: the rest of token-offpolicy-mask goes, bnpo-mask not sent
+        assert ahead.sent == ["token-offpolicy-mask"] and ahead.queue == [] and ahead.session is None
+    finally:
+        ahead.close()
+    # check.py spawns no worker for a last member of one workload
+    assert not check_ahead.AheadCompiler.wanted([members[0], members[2]], 1)
 
 
 def test_an_implementation_failing_on_a_proxy_stops_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
     monkeypatch.setenv("AHEAD_FAIL", "1")
     members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
-    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
     try:
         ahead.step(0)
         _wait(ahead)
@@ -124,8 +136,17 @@ class _Recorder:
     def __init__(self, first):
         self.first, self.sent, self.stopped = first, ["bnpo-mask"], None
 
+    wanted = staticmethod(check_ahead.AheadCompiler.wanted)
+
+    @staticmethod
+    def spawn(make_session):
+        session = make_session()
+        session.spawn()
+        _Recorder.log.append(("ahead-spawn", None))
+        return session
+
     @classmethod
-    def begin(cls, make_session, members, first, gate):
+    def begin(cls, session, members, first, gate):
         cls.begun.append((first, [m.label for m in members], gate is not None))
         return cls(first)
 
@@ -162,6 +183,7 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             self.info = {"compile_cache": {"reused_files": reused}}
+            self.compile_cache_info = self.info["compile_cache"]
 
     monkeypatch.setattr(check, "run_workload", fake_run)
     monkeypatch.setattr(check, "WorkerSession", Session)
@@ -175,12 +197,24 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
         assert _Recorder.begun == [] and ("step", 0) not in kinds
         return
     assert _Recorder.begun == [(0, ["token-is", "bnpo-mask"], True)]  # with the slot's gate
+    starts = [(e, k) for e, k, *_ in gate.log if e in ("spawn", "load", "start")]
+    # spawned beside the slot's worker, before that one loads: its start hides behind the slot worker's
+    assert starts[:3] == [("spawn", "worker0"), ("spawn", "worker1"), ("load", "worker0")]
     assert result.worker["compile_ahead"] == {"members_sent": ["bnpo-mask"], "stopped": None}  # in the report
     steps = [k for e, k in kinds if e == "step"]
     assert steps == [0, 1]  # after each workload, with the member's index
     # closed before the slot asks for its turn (its worker may still run calls), and only once
     assert kinds.index(("close", None)) < kinds.index(("try", "exclusive"))
     assert kinds.index(("close", None)) < kinds.index(("close", "worker0"))
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
+def test_on_by_default_and_off_with_zero(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv(check_ahead.ENV, raising=False)
+    else:
+        monkeypatch.setenv(check_ahead.ENV, value)
+    assert check_ahead.enabled() is on
 
 
 class _Gate:
@@ -204,10 +238,9 @@ def test_its_proxies_wait_for_room_on_the_gpu_and_give_it_back(tmp_path, monkeyp
     monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
     members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
     gate = _Gate()
-    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0, gate)
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0, gate)
     try:
-        ahead.step(0)
-        assert ahead.sent == [] and ahead.pending is None and gate.asked[0] > 0  # refused: nothing sent
+        assert ahead.sent == [] and ahead.pending is None and gate.asked[0] > 0  # refused at begin: nothing sent
         ahead.step(0)
         assert ahead.sent == ["token-offpolicy-mask"] and gate.released == []
         _wait(ahead)
@@ -218,17 +251,18 @@ def test_its_proxies_wait_for_room_on_the_gpu_and_give_it_back(tmp_path, monkeyp
     assert gate.released == [7]  # once
 
 
-def test_workloads_that_differ_only_in_batch_are_one_proxy(tmp_path, monkeypatch):
+def test_workloads_of_one_shape_are_one_proxy(tmp_path, monkeypatch):
     monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
     members = _members(("token-offpolicy-mask", ("mask-small-bf16",)),
                        ("token-is", ("small-bf16", "odd-vocab")))
     small = members[1].spec.workload("small-bf16")
-    twin = small.model_copy(update={"name": "small-b3", "axes": {**small.axes, "batch": 3}})
+    twin = small.model_copy(update={"name": "small-twin"})
     members[1] = MemberPlan(members[1].spec, members[1].workloads + (twin,))
-    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
     try:
-        ahead.step(0)
-        assert ahead.pending == ["A0", "A1"]  # small-bf16 and its batch-3 twin: one proxy; odd-vocab the other
+        # small-bf16 and its twin: one proxy (sent at once); odd-vocab the other (queued)
+        assert ahead.pending == ["A0"] and [rw.shapes for _, _, rw in ahead.queue] == [
+            members[1].spec.resolve(members[1].workloads[1]).shapes]
     finally:
         ahead.close()
 
@@ -238,7 +272,7 @@ def test_the_current_member_s_later_workloads_go_at_once(tmp_path, monkeypatch):
     mask-b8's kernels while its mask-small-bf16 is judged); the first one's own shape is not sent."""
     monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
     members = _members(("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")))
-    ahead = check_ahead.AheadCompiler.begin(lambda: _session(tmp_path), members, 0)
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
     try:
         assert ahead.sent == ["token-offpolicy-mask"] and ahead.pending == ["A0"]  # before any step
         store = ahead.session._cache_store
@@ -248,5 +282,4 @@ def test_the_current_member_s_later_workloads_go_at_once(tmp_path, monkeypatch):
         assert sorted({p.name.split("-")[1] for p in (store / ".triton").iterdir()}) == ["v256"]
     finally:
         ahead.close()
-    assert check_ahead.AheadCompiler.begin(lambda: pytest.fail("nothing to compile ahead"),
-                                           _members(("token-is", ("small-bf16",))), 0) is None
+    assert not check_ahead.AheadCompiler.wanted(_members(("token-is", ("small-bf16",))), 0)  # nothing ahead

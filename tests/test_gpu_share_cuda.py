@@ -32,7 +32,7 @@ def test_two_slots_share_the_gpu_and_each_times_alone():
 
 
 def test_a_first_run_with_compile_ahead_and_shared_kernels_keeps_every_verdict(tmp_path, monkeypatch):
-    """A first run (an empty compile store) of two slots with the opt-in compile-ahead worker
+    """A first run (an empty compile store) of two slots with the compile-ahead worker (on by default)
     (check_ahead.py) and the kernels passed between running workers (isolation/live_share.py): every
     workload still passes, and the workers report what they received."""
     monkeypatch.setenv("GRPO_CONFORM_CACHE_DIR", str(tmp_path / "cache"))

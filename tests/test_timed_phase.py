@@ -104,6 +104,7 @@ class FakeSession:
 
     made: list["FakeSession"] = []
     log: list = []
+    compile_cache_info: dict = {}  # seeded nothing known: never a first run (no compile-ahead worker)
 
     def __init__(self, impl, *args, **kwargs):
         self.impl, self.alive, self.info, self.timeout, self.closed = impl, True, {}, None, 0
@@ -184,7 +185,7 @@ def test_a_slot_beside_others_holds_its_gpu_in_order_and_judges_a_short_workload
     # in the queue, loaded only once it is granted, closed before it is let go; then nothing held. A spawn
     # loaded before the grant, or a conformance worker left open into the wait, fails here.
     # Kernels pass between workers after each workload (WorkerSession.share_compiled), never in the turn.
-    assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("share", "worker0"),
+    assert kinds[1:] == [("spawn", "worker0"), ("load", "worker0"), ("acquire", "memory"), ("release", ""), ("share", "worker0"),
                          ("acquire", "memory"), ("release", ""), ("share", "worker0"), ("try", "exclusive"),
                          ("close", "worker0"), ("release", ""),
                          ("spawn", "worker1"), ("warm", "worker1"), ("acquire", "exclusive"), ("load", "worker1"),
@@ -221,7 +222,7 @@ def test_the_last_slot_to_finish_times_at_once_in_its_conformance_worker(monkeyp
     gate = FakeGate(last=True)
     result, ran, alone = _slot_with_a_short_workload(monkeypatch, gate)
     kinds = [(event, kind) for event, kind, _, _ in gate.log]
-    assert kinds[1:] == [("start", "worker0"), ("acquire", "memory"), ("release", ""), ("share", "worker0"),
+    assert kinds[1:] == [("spawn", "worker0"), ("load", "worker0"), ("acquire", "memory"), ("release", ""), ("share", "worker0"),
                          ("acquire", "memory"), ("release", ""), ("share", "worker0"), ("try", "exclusive"),
                          ("release", ""), ("close", "worker0"),
                          ("release", "")]  # the turn, its worker closed, then presence let go

@@ -197,6 +197,12 @@ class WorkerSession:
     def sandboxed(self) -> bool:
         return self.sandbox != "none"
 
+    @property
+    def compile_cache_info(self) -> dict[str, Any]:
+        """What the store seeded into this worker's caches, known from `spawn` on (info["compile_cache"] after
+        `load`): {"reused_files": N} or {"off": why}; {} before `spawn`."""
+        return dict(self._cache_info or {})
+
     # -- lifetime ---------------------------------------------------------------------------
     def __enter__(self) -> "WorkerSession":
         self.start()
