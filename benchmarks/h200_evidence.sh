@@ -533,6 +533,8 @@ PY
   ahead35b)  # issue 35, seventeenth session: compile ahead on by default, spawned beside the slot's worker, its
              # proxies at the workloads' own shapes; cold then kept (GPU memory sampled), then one masked member's
              # mask-b8 alone (--jobs 1) with and without timing, phases profiled: what a timed workload costs
+    timeout -s KILL 220 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_share_cuda.py > "$R/cuda-tests.txt" 2>&1
+    status "gpu_share CUDA tests: exit $?"; tail -1 "$R/cuda-tests.txt"
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
     sampler=$!
     rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
