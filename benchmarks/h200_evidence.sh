@@ -533,8 +533,11 @@ PY
   ahead35b)  # issue 35, seventeenth session: compile ahead on by default, spawned beside the slot's worker, its
              # proxies at the workloads' own shapes; cold then kept (GPU memory sampled), then one masked member's
              # mask-b8 alone (--jobs 1) with and without timing, phases profiled: what a timed workload costs
-    timeout -s KILL 220 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_share_cuda.py > "$R/cuda-tests.txt" 2>&1
-    status "gpu_share CUDA tests: exit $?"; tail -1 "$R/cuda-tests.txt"
+    # TESTS=0: without the CUDA tests; ONE=0: without the single-member runs
+    if [ "${TESTS:-1}" != 0 ]; then
+      timeout -s KILL 220 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_share_cuda.py > "$R/cuda-tests.txt" 2>&1
+      status "gpu_share CUDA tests: exit $?"; tail -1 "$R/cuda-tests.txt"
+    fi
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$R/memory-used.csv" &
     sampler=$!
     rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
@@ -544,7 +547,7 @@ PY
       status "$run: GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB so far"
     done
     kill $sampler; gzip -f "$R/memory-used.csv"
-    for t in timed untimed; do
+    for t in $([ "${ONE:-1}" != 0 ] && echo timed untimed); do
       flag=; [ "$t" = untimed ] && flag=--no-timing
       timeout -s KILL 120 python3 -m grpo_conform check implementations/triton --no-evidence --profile-phases --jobs 1 \
         --member dapo-mask --workload mask-b8 $flag --format json \

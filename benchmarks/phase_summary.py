@@ -20,7 +20,7 @@ def main(path: str) -> None:
     phases = report.get("phases", {})
     per_member: dict[str, float] = defaultdict(float)
     for key, seconds in phases.get("workloads_s", {}).items():
-        _, member, _ = key.split(" ")
+        member = key.split(" ")[1]  # "impl member workload", or "... (alone)" for a run again alone
         per_member[member] += seconds
     for impl in report["implementations"]:
         statuses = [m["status"] for m in impl["members"]]

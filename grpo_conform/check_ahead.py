@@ -41,6 +41,10 @@ from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.ops import operation_for
 
 ENV = "GRPO_CONFORM_COMPILE_AHEAD"
+#: Free device memory left beside a proxy before it is sent: the gate's grants are estimates, and the slots'
+#: peaks (the judge's temporaries) pass them (H200, seventeenth session: proxies at mask-b8's shape sent on the
+#: gate's word alone left 1.8 GiB free and a slot's workload ran out of memory).
+HEADROOM = 12 << 30
 
 
 def enabled() -> bool:
@@ -80,6 +84,7 @@ class AheadCompiler:
         self.queue: list[tuple[int, object, object]] = []  # (member index, member plan, proxy) not yet sent
         self.pending: list[str] | None = None
         self.held: list[InputSlot] = []  # the request's input sets, alive until it is answered
+        self.held_bytes = 0  # theirs, in this process (check.memory_stop allows for them)
         self.sent: list[str] = []  # member labels sent, in order (the report's `worker.compile_ahead`)
         self.stopped: str | None = None  # why it closed early
 
@@ -144,7 +149,7 @@ class AheadCompiler:
                 return
             self.session.receive(op="precompile")
             self.session.request(op="unbind", slots=self.pending)
-            self.pending, self.held = None, []
+            self.pending, self.held, self.held_bytes = None, [], 0
             self._release()
             self.session.share_compiled()
         self._advance(current)
@@ -168,13 +173,17 @@ class AheadCompiler:
         """The request for one proxy of member `mp` sent (True), or not now: the gate had no room for it at
         once (twice its inputs and gradients: the set, its pristine copy, the worker's leaves and gradient)."""
         spec, device = mp.spec, self.session.device
+        need = 2 * sum(device_memory.set_and_gradient_bytes(spec, rw))
         if self.gate is not None:
-            self.token = self.gate.try_memory(2 * sum(device_memory.set_and_gradient_bytes(spec, rw)))
+            if device.type == "cuda" and device_memory.device_free_bytes(device) < need + HEADROOM:
+                return False  # the gate's grants are estimates: what is really free decides too
+            self.token = self.gate.try_memory(need)
             if not self.token:
                 return False
-        slot = InputSlot.create(self.session, "A0", rw.shapes, input_dtypes(spec, rw))
+        slot = InputSlot.create(self.session, "A0", rw.shapes, input_dtypes(spec, rw), pristine=False)
         operation_for(spec).generate(spec, rw, secrets.randbits(63), device, out=slot.tensors)
         self.held = [slot]  # the worker reads it after a synchronize (WorkerSession._send)
+        self.held_bytes = sum(t.numel() * t.element_size() for t in slot.tensors.values())
         self.session.post(op="precompile", slots=[slot.name], params=dict(spec.parameter_values),
                           gradients=[g.input for g in spec.gradients])
         self.pending = [slot.name]
@@ -190,5 +199,5 @@ class AheadCompiler:
     def close(self) -> None:
         if self.session is not None:
             self.session.close(graceful=self.pending is None)  # a busy worker is not waited for
-            self.session, self.pending, self.held = None, None, []
+            self.session, self.pending, self.held, self.held_bytes = None, None, [], 0
         self._release()  # after the worker is gone: its proxies' memory is free

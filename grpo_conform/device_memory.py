@@ -42,6 +42,11 @@ def set_and_gradient_bytes(spec, resolved) -> tuple[int, int]:
     return sum(size(t.name) for t in spec.inputs), sum(size(g.input) for g in spec.gradients)
 
 
+def device_free_bytes(device: torch.device | str) -> int:
+    """The device's free memory, all processes counted (no grant applies)."""
+    return int(torch.cuda.mem_get_info(torch.device(device))[0])
+
+
 def free_bytes(device: torch.device | str) -> int:
     """The device's free memory, capped by the running workload's grant where there is one."""
     free, _total = torch.cuda.mem_get_info(torch.device(device))

@@ -78,8 +78,6 @@ def test_the_next_member_s_calls_run_in_the_second_worker_and_reach_the_store(tm
     try:
         # at once: token-offpolicy-mask's first shape (one request a shape), not waited for
         assert ahead.sent == ["token-offpolicy-mask"] and ahead.pending == ["A0"] and len(ahead.queue) == 1
-        ahead.step(0)  # no answer yet: nothing else goes
-        assert len(ahead.queue) == 1
         _wait(ahead)
         ahead.step(0)  # collects (its kernels to the store while it lives), then sends the second shape
         assert ahead.queue == [] and ahead.pending == ["A0"]
@@ -119,8 +117,7 @@ def test_an_implementation_failing_on_a_proxy_stops_nothing(tmp_path, monkeypatc
     members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
     ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
     try:
-        ahead.step(0)
-        _wait(ahead)
+        _wait(ahead)  # its one request went at begin
         ahead.step(0)
         assert ahead.sent == ["token-offpolicy-mask"] and ahead.session is None
     finally:
@@ -135,6 +132,7 @@ class _Recorder:
 
     def __init__(self, first):
         self.first, self.sent, self.stopped = first, ["bnpo-mask"], None
+        self.held_bytes = 5 << 30  # its proxy, held in the slot's process while a workload is measured
 
     wanted = staticmethod(check_ahead.AheadCompiler.wanted)
 
@@ -201,6 +199,8 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     # spawned beside the slot's worker, before that one loads: its start hides behind the slot worker's
     assert starts[:3] == [("spawn", "worker0"), ("spawn", "worker1"), ("load", "worker0")]
     assert result.worker["compile_ahead"] == {"members_sent": ["bnpo-mask"], "stopped": None}  # in the report
+    # what it held while a workload was measured is recorded there (check.memory_stop allows for it)
+    assert result.members[0].workloads[0].draws["cuda_held_by_compile_ahead"] == 5 << 30
     steps = [k for e, k in kinds if e == "step"]
     assert steps == [0, 1]  # after each workload, with the member's index
     # closed before the slot asks for its turn (its worker may still run calls), and only once

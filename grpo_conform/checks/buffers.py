@@ -36,13 +36,14 @@ class InputSlot:
 
     @classmethod
     def create(cls, session: WorkerSession, name: str, shapes: dict[str, tuple[int, ...]],
-               dtypes: dict[str, torch.dtype]) -> "InputSlot":
+               dtypes: dict[str, torch.dtype], pristine: bool = True) -> "InputSlot":
+        """`pristine` False: no copy (a set nothing is judged on, check_ahead.py; `commit` must not be called)."""
         tensors, descs = {}, {}
         for key, shape in shapes.items():
             tensors[key], descs[key] = session.allocator.empty(shape, dtypes[key])
         session.bind(name, descs)
-        pristine = {k: torch.empty_like(v) for k, v in tensors.items()}
-        return cls(name, tensors, pristine)
+        copies = {k: torch.empty_like(v) for k, v in tensors.items()} if pristine else {}
+        return cls(name, tensors, copies)
 
     @classmethod
     def create_views(cls, session: WorkerSession, name: str, shapes: dict[str, tuple[int, ...]],
