@@ -8,24 +8,28 @@ kernels between slots (isolation/live_share.py) does not help there, since no ot
 
 How: where slots share a GPU and the slot's worker starts from an empty store, a second worker of the
 same implementation is spawned next to it (its process start and imports beside the slot worker's, not
-after them). Its queue starts with the slot's first member's workloads after its first (their kernels,
-a mask-b8's above all, compile while the slot runs that first one), then each later member's workloads.
-After each workload the slot calls `step`: once that worker has answered, its caches go to the store
-(WorkerSession.share_compiled), and from there into the slot's worker at its next workload boundary; then
-the next shape is sent. A request (`precompile`, not waited for) holds one input set at one distinct
-workload shape, drawn by the operation exactly as conformance resolves the workload (`proxy_workload` says
-why not smaller); the worker runs a forward without grad, then one with grad and its backward, at the
-member's declared parameter values. Nothing of it is judged; conformance runs every call again in the slot's
-own worker. Members the slot has moved past are dropped from the queue.
+after them). It is sent at once the slot's first member's workloads after its first (their kernels, a
+mask-b8's above all, compile while the slot runs that first one). After each workload the slot calls
+`step`: once that worker has answered, its caches go to the store (WorkerSession.share_compiled), and from
+there into the slot's worker at its next workload boundary; then the next member not yet begun is sent.
+Each request (`precompile`, not waited for) holds one input set per distinct workload shape, drawn by the
+operation at the workload's shapes with the batch axis at 1 (the kernels' geometry, the vocabulary and the
+sequence, as the real ones, at a fraction of their memory); the worker runs a forward without grad, then
+one with grad and its backward, at the member's declared parameter values. Nothing of it is judged;
+conformance runs every call again in the slot's own worker.
 
 Where slots share a GPU, a request is sent only when the gate grants its memory at once (`try_memory`:
-twice the set's inputs and gradients, ~8.4 GB at mask-b8; never queued, so the slot never waits for it),
-held until the answer is collected; refused, it is asked again after the next workload.
+twice the proxies' inputs and gradients, ~1.1 GiB at mask-b8; never queued, so the slot never waits for
+it) and the device has HEADROOM free beside it, held until the answer is collected; refused, it is asked
+again after the next workload.
 
-Measured on the H200 (docs/timing.md, "Seventeenth session"): with batch-1 proxies and the worker started
-after the slot's, a first run's conformance ended at 109 s against 115-116 s without compile ahead. It
-costs a worker process a slot, one workload's memory at a time, and GPU time beside the slot's
-conformance, on a first run only.
+Measured on the H200 (docs/timing.md, "Seventeenth session"): a first run's conformance ended at 109 s
+against 115-116 s without it (151 s against 155-157 s for the whole check). Batch-1 proxies do not compile
+every kernel the real calls launch: an implementation may pick its kernels' specialisation from the sizes
+(ours splits the row statistics by the token count; Triton makes an int argument equal to 1 a constant).
+Proxies at the workloads' own shapes were tried (5d1304f): ~8 GB a mask-b8 request, ~4 s of drawing a slot,
+and a slot ran out of memory beside them; not measured to gain, so not kept. It costs a worker process a
+slot, the proxies' memory, and GPU time beside the slot's conformance, on a first run only.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.ops import operation_for
 
 ENV = "GRPO_CONFORM_COMPILE_AHEAD"
-#: Free device memory left beside a proxy before it is sent: the gate's grants are estimates, and the slots'
-#: peaks (the judge's temporaries) pass them (H200, seventeenth session: proxies at mask-b8's shape sent on the
-#: gate's word alone left 1.8 GiB free and a slot's workload ran out of memory).
-HEADROOM = 12 << 30
+PROXY_AXIS = "batch"
+#: Free device memory left beside a request before it is sent: the gate's grants are estimates, and the slots'
+#: peaks (the judge's temporaries) pass them (H200, seventeenth session: full-size proxies sent on the gate's
+#: word alone left 1.8 GiB free, and a slot's workload ran out of memory).
+HEADROOM = 4 << 30
 
 
 def enabled() -> bool:
@@ -52,36 +57,27 @@ def enabled() -> bool:
     return os.environ.get(ENV, "").strip() != "0"
 
 
+def has_room(device, need: int) -> bool:
+    """Whether the device has `need` bytes free and HEADROOM beside them (the gate's grants are estimates:
+    what is really free decides too). Not a CUDA device: yes."""
+    return device.type != "cuda" or device_memory.device_free_bytes(device) >= need + HEADROOM
+
+
 def proxy_workload(spec, workload):
-    """The workload as conformance will resolve it, at its own shapes (ranged axes drawn as a fixed seed draws
-    them). Not at a smaller batch: an implementation picks its kernels' specialisation from the sizes (ours
-    splits the row statistics by the token count; Triton makes an int argument of 1 a constant), so a batch-1
-    proxy compiled kernels that the real calls never launch (H200, seventeenth session: a first run's mask-b8
-    workloads still took 3-4 s longer than with kept caches)."""
-    return spec.resolve(workload, random.Random(0))
-
-
-def _shapes(spec, workloads) -> list:
-    """One proxy a distinct shape and dtype set, in the workloads' order."""
-    proxies, seen = [], set()
-    for w in workloads:
-        rw = proxy_workload(spec, w)
-        key = (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items())))
-        if key not in seen:
-            seen.add(key)
-            proxies.append(rw)
-    return proxies
+    """The workload resolved with its batch axis at 1 (other ranges drawn as a fixed seed draws them)."""
+    axes = dict(workload.axes)
+    if PROXY_AXIS in axes:
+        axes[PROXY_AXIS] = 1
+    return spec.resolve(workload.model_copy(update={"axes": axes}), random.Random(0))
 
 
 class AheadCompiler:
-    """The second worker of one slot and the shapes it has still to compile (in the slot's order), one request
-    a shape, so that what it holds at once is one workload's inputs and gradients."""
+    """The second worker of one slot and the members it has still to compile (in the slot's order)."""
 
     def __init__(self, session: WorkerSession, members: list, first: int, gate=None) -> None:
         self.session, self.members, self.gate = session, members, gate  # gate: the slot's GateClient, or None
         self.token = 0  # the memory hold of the request in flight
-        self.next = first + 1  # the next member whose shapes join the queue (members[first] runs now)
-        self.queue: list[tuple[int, object, object]] = []  # (member index, member plan, proxy) not yet sent
+        self.next = first + 1  # members[first] runs in the slot's worker now
         self.pending: list[str] | None = None
         self.held: list[InputSlot] = []  # the request's input sets, alive until it is answered
         self.held_bytes = 0  # theirs, in this process (check.memory_stop allows for them)
@@ -125,9 +121,8 @@ class AheadCompiler:
             session.close(graceful=False)
             return None
         ahead = cls(session, list(members), first, gate)
-        mp = members[first]
-        ahead.queue = [(first, mp, rw) for rw in _shapes(mp.spec, mp.workloads[1:])]
-        ahead._guarded(lambda: ahead._advance(first))
+        if len(members[first].workloads) > 1:
+            ahead._guarded(lambda: ahead._send(members[first], members[first].workloads[1:]))
         return ahead
 
     def step(self, current: int) -> None:
@@ -152,43 +147,42 @@ class AheadCompiler:
             self.pending, self.held, self.held_bytes = None, [], 0
             self._release()
             self.session.share_compiled()
-        self._advance(current)
-
-    def _advance(self, current: int) -> None:
-        """The next shape sent, if the gate has room for it at once. A member the slot has moved past is
-        dropped; the one it runs keeps its shapes not yet sent (its later workloads still gain)."""
-        self.queue = [q for q in self.queue if q[0] >= current]
-        self.next = max(self.next, current + 1)
-        while not self.queue and self.next < len(self.members):
-            mp = self.members[self.next]
-            self.queue = [(self.next, mp, rw) for rw in _shapes(mp.spec, mp.workloads)]
-            self.next += 1
-        if not self.queue:
-            self.close()  # nothing left to compile
+        self.next = max(self.next, current + 1)  # a member already begun is not compiled twice
+        if self.next >= len(self.members):
+            self.close()
             return
-        if self._send(*self.queue[0][1:]):
-            self.queue.pop(0)
+        if self._send(self.members[self.next], self.members[self.next].workloads):
+            self.next += 1
 
-    def _send(self, mp, rw) -> bool:
-        """The request for one proxy of member `mp` sent (True), or not now: the gate had no room for it at
-        once (twice its inputs and gradients: the set, its pristine copy, the worker's leaves and gradient)."""
+    def _send(self, mp, workloads) -> bool:
+        """The request for these workloads of member `mp` sent (True), or not now: the gate had no room for
+        their proxies at once."""
         spec, device = mp.spec, self.session.device
-        need = 2 * sum(device_memory.set_and_gradient_bytes(spec, rw))
+        op = operation_for(spec)
+        proxies, seen = [], set()
+        for w in workloads:  # one a distinct shape (seed-b2..b16 are one proxy)
+            rw = proxy_workload(spec, w)
+            key = (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items())))
+            if key not in seen:
+                seen.add(key)
+                proxies.append(rw)
         if self.gate is not None:
-            if device.type == "cuda" and device_memory.device_free_bytes(device) < need + HEADROOM:
-                return False  # the gate's grants are estimates: what is really free decides too
+            need = 2 * sum(sum(device_memory.set_and_gradient_bytes(spec, rw)) for rw in proxies)
+            if not has_room(device, need):
+                return False
             self.token = self.gate.try_memory(need)
             if not self.token:
                 return False
-        slot = InputSlot.create(self.session, "A0", rw.shapes, input_dtypes(spec, rw), pristine=False)
-        operation_for(spec).generate(spec, rw, secrets.randbits(63), device, out=slot.tensors)
-        self.held = [slot]  # the worker reads it after a synchronize (WorkerSession._send)
-        self.held_bytes = sum(t.numel() * t.element_size() for t in slot.tensors.values())
-        self.session.post(op="precompile", slots=[slot.name], params=dict(spec.parameter_values),
+        for i, rw in enumerate(proxies):
+            slot = InputSlot.create(self.session, f"A{i}", rw.shapes, input_dtypes(spec, rw), pristine=False)
+            op.generate(spec, rw, secrets.randbits(63), device, out=slot.tensors)  # the worker reads it after
+            self.held.append(slot)  # a synchronize (WorkerSession._send)
+        self.held_bytes = sum(t.numel() * t.element_size() for slot in self.held for t in slot.tensors.values())
+        names = [slot.name for slot in self.held]
+        self.session.post(op="precompile", slots=names, params=dict(spec.parameter_values),
                           gradients=[g.input for g in spec.gradients])
-        self.pending = [slot.name]
-        if not self.sent or self.sent[-1] != mp.label:
-            self.sent.append(mp.label)
+        self.pending = names
+        self.sent.append(mp.label)
         return True
 
     def _release(self) -> None:

@@ -62,12 +62,11 @@ def _wait(ahead) -> None:
         time.sleep(0.05)
 
 
-def test_a_proxy_has_the_workload_s_own_shapes():
-    # a smaller batch compiles other specialisations (a Triton int of 1 is a constant; ours splits by tokens)
+def test_a_proxy_keeps_every_axis_but_the_batch():
     (mp,) = _members(("token-offpolicy-mask", ("mask-b8",)))
     rw = check_ahead.proxy_workload(mp.spec, mp.workloads[0])
     real = mp.spec.resolve(mp.workloads[0])
-    assert rw.shapes == real.shapes and rw.dtypes == real.dtypes
+    assert rw.shapes["logits"] == (1,) + real.shapes["logits"][1:] and rw.dtypes == real.dtypes
 
 
 def test_the_next_member_s_calls_run_in_the_second_worker_and_reach_the_store(tmp_path, monkeypatch):
@@ -76,18 +75,16 @@ def test_the_next_member_s_calls_run_in_the_second_worker_and_reach_the_store(tm
                        ("bnpo-mask", ("mask-small-bf16",)))
     ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
     try:
-        # at once: token-offpolicy-mask's first shape (one request a shape), not waited for
-        assert ahead.sent == ["token-offpolicy-mask"] and ahead.pending == ["A0"] and len(ahead.queue) == 1
+        ahead.step(0)  # sends token-offpolicy-mask's two proxies, does not wait
+        assert ahead.sent == ["token-offpolicy-mask"] and ahead.pending == ["A0", "A1"]
         _wait(ahead)
-        ahead.step(0)  # collects (its kernels to the store while it lives), then sends the second shape
-        assert ahead.queue == [] and ahead.pending == ["A0"]
-        _wait(ahead)
-        ahead.step(0)  # then bnpo-mask's
+        ahead.step(0)  # collects (its kernels to the store while it lives), then sends bnpo-mask's
         assert ahead.sent == ["token-offpolicy-mask", "bnpo-mask"] and ahead.session.alive
         store = ahead.session._cache_store
-        kernels = sorted("-".join(p.name.split("-")[:3]) for p in (store / ".triton").iterdir())
-        # one a workload, at its own batch (the folder's name) and vocabulary; the forward-only path too
-        assert kernels == ["b1-v256-g0", "b1-v256-g1", "b4-v1536-g0", "b4-v1536-g1"]
+        kernels = sorted("-".join(p.name.split("-")[1:3]) for p in (store / ".triton").iterdir())
+        # one a workload, at batch 1 (the folder's name), the vocabulary kept; the forward-only path too
+        assert kernels == ["v1536-g0", "v1536-g1", "v256-g0", "v256-g1"]
+        assert all(p.name.startswith("b1-") for p in (store / ".triton").iterdir())
         _wait(ahead)
         ahead.step(1)  # collected; nothing after bnpo-mask: closed
         assert ahead.session is None
@@ -95,20 +92,13 @@ def test_the_next_member_s_calls_run_in_the_second_worker_and_reach_the_store(tm
         ahead.close()
 
 
-def test_a_member_the_slot_moved_past_is_dropped_and_one_begun_is_not_queued(tmp_path, monkeypatch):
+def test_a_member_already_begun_is_not_sent(tmp_path, monkeypatch):
     monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
-    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")),
-                       ("bnpo-mask", ("mask-small-bf16",)))
+    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
     ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
-    try:
-        assert ahead.sent == ["token-offpolicy-mask"] and len(ahead.queue) == 1
-        _wait(ahead)
-        ahead.step(2)  # the slot is on bnpo-mask already: the rest of token-offpolicy-mask goes, bnpo-mask not sent
-        assert ahead.sent == ["token-offpolicy-mask"] and ahead.queue == [] and ahead.session is None
-    finally:
-        ahead.close()
-    # check.py spawns no worker for a last member of one workload
-    assert not check_ahead.AheadCompiler.wanted([members[0], members[2]], 1)
+    ahead.step(1)  # the slot is on the second member already
+    assert ahead.sent == [] and ahead.session is None
+    assert not check_ahead.AheadCompiler.wanted(members, 1)  # check.py spawns no worker for a last member
 
 
 def test_an_implementation_failing_on_a_proxy_stops_nothing(tmp_path, monkeypatch):
@@ -117,7 +107,8 @@ def test_an_implementation_failing_on_a_proxy_stops_nothing(tmp_path, monkeypatc
     members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
     ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
     try:
-        _wait(ahead)  # its one request went at begin
+        ahead.step(0)
+        _wait(ahead)
         ahead.step(0)
         assert ahead.sent == ["token-offpolicy-mask"] and ahead.session is None
     finally:
@@ -217,6 +208,18 @@ def test_on_by_default_and_off_with_zero(monkeypatch, value, on):
     assert check_ahead.enabled() is on
 
 
+def test_a_request_needs_free_device_memory_beside_it(monkeypatch):
+    """The gate's grants are estimates (a slot's judge passes them at its peaks): a request also needs what the
+    device really has free, HEADROOM beside it."""
+    from grpo_conform import device_memory
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(device_memory, "device_free_bytes", lambda device: 10 << 30)
+    assert check_ahead.has_room(cuda, (10 << 30) - check_ahead.HEADROOM)
+    assert not check_ahead.has_room(cuda, (10 << 30) - check_ahead.HEADROOM + 1)
+    assert check_ahead.has_room(torch.device("cpu"), 1 << 50)  # no device memory to ask about
+
+
 class _Gate:
     """A slot's gate client: refuses the first `try` for memory, then grants; records releases."""
 
@@ -240,7 +243,8 @@ def test_its_proxies_wait_for_room_on_the_gpu_and_give_it_back(tmp_path, monkeyp
     gate = _Gate()
     ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0, gate)
     try:
-        assert ahead.sent == [] and ahead.pending is None and gate.asked[0] > 0  # refused at begin: nothing sent
+        ahead.step(0)
+        assert ahead.sent == [] and ahead.pending is None and gate.asked[0] > 0  # refused: nothing sent
         ahead.step(0)
         assert ahead.sent == ["token-offpolicy-mask"] and gate.released == []
         _wait(ahead)
@@ -251,18 +255,17 @@ def test_its_proxies_wait_for_room_on_the_gpu_and_give_it_back(tmp_path, monkeyp
     assert gate.released == [7]  # once
 
 
-def test_workloads_of_one_shape_are_one_proxy(tmp_path, monkeypatch):
+def test_workloads_that_differ_only_in_batch_are_one_proxy(tmp_path, monkeypatch):
     monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
     members = _members(("token-offpolicy-mask", ("mask-small-bf16",)),
                        ("token-is", ("small-bf16", "odd-vocab")))
     small = members[1].spec.workload("small-bf16")
-    twin = small.model_copy(update={"name": "small-twin"})
+    twin = small.model_copy(update={"name": "small-b3", "axes": {**small.axes, "batch": 3}})
     members[1] = MemberPlan(members[1].spec, members[1].workloads + (twin,))
     ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
     try:
-        # small-bf16 and its twin: one proxy (sent at once); odd-vocab the other (queued)
-        assert ahead.pending == ["A0"] and [rw.shapes for _, _, rw in ahead.queue] == [
-            members[1].spec.resolve(members[1].workloads[1]).shapes]
+        ahead.step(0)
+        assert ahead.pending == ["A0", "A1"]  # small-bf16 and its batch-3 twin: one proxy; odd-vocab the other
     finally:
         ahead.close()
 
