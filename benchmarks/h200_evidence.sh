@@ -57,9 +57,10 @@
 #   bash benchmarks/h200_evidence.sh round35a   # issue 35, next: the CUDA tests of the fourteenth session's code, then the
 #                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
 #   bash benchmarks/h200_evidence.sh round35b   # issue 35, fifteenth session: the default check, every worker profiled
-#   bash benchmarks/h200_evidence.sh ahead35b   # issue 35, seventeenth session (~6 min): compile ahead by default (its
-#                                               # worker spawned beside the slot's, proxies at the real shapes), cold
-#                                               # then kept, then dapo-mask mask-b8 alone with and without timing
+#   TESTS=0 ONE=0 bash benchmarks/h200_evidence.sh ahead35b   # next session, first (~5 min): the default check
+#                                               # (compile ahead by default, its worker spawned beside the slot's),
+#                                               # cold then kept; against 151 s cold (527768c), 113-123 s kept. Run at
+#                                               # 15b9a63 with full-shape proxies (reverted): a slot stopped, 113 s kept
 #   bash benchmarks/h200_evidence.sh ahead35    # seventeenth session's first (5.8 min): the slots' CUDA tests, then the
 #                                               # default check with GRPO_CONFORM_COMPILE_AHEAD=1, cold then kept
 #                                               # (measured: 151 s, 123 s; h200-2026-12-04h)
@@ -530,9 +531,9 @@ PY
     kill $sampler
     status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
     ;;
-  ahead35b)  # issue 35, seventeenth session: compile ahead on by default, spawned beside the slot's worker, its
-             # proxies at the workloads' own shapes; cold then kept (GPU memory sampled), then one masked member's
-             # mask-b8 alone (--jobs 1) with and without timing, phases profiled: what a timed workload costs
+  ahead35b)  # issue 35, seventeenth session: the default check (compile ahead on by default, spawned beside the
+             # slot's worker) cold then kept (GPU memory sampled), then one masked member's mask-b8 alone
+             # (--jobs 1) with and without timing, phases profiled: what a timed workload costs
     # TESTS=0: without the CUDA tests; ONE=0: without the single-member runs
     if [ "${TESTS:-1}" != 0 ]; then
       timeout -s KILL 220 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_share_cuda.py > "$R/cuda-tests.txt" 2>&1

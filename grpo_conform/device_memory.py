@@ -49,8 +49,8 @@ def device_free_bytes(device: torch.device | str) -> int:
 
 def free_bytes(device: torch.device | str) -> int:
     """The device's free memory, capped by the running workload's grant where there is one."""
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
-    return int(free if _grant is None else min(free, _grant))
+    free = device_free_bytes(device)
+    return free if _grant is None else int(min(free, _grant))
 
 
 @contextmanager
