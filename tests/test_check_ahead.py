@@ -199,6 +199,42 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     assert kinds.index(("close", None)) < kinds.index(("close", "worker0"))
 
 
+def test_a_slot_worker_that_does_not_load_closes_the_one_spawned_beside_it(monkeypatch):
+    """The compile-ahead worker is spawned before the slot's own loads: when that load fails (the
+    implementation does not import), the spawned one is closed there and then, never loaded or begun."""
+    from test_timed_phase import FakeGate, FakeSession
+
+    from grpo_conform.checks.timed import TimingSettings
+    from grpo_conform.gate.plan import build_plan
+    from grpo_conform.gate.progress import Reporter
+    from grpo_conform.isolation.session import ImplementationLoadError
+
+    monkeypatch.setenv(check_ahead.ENV, "1")
+    request = check.CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
+                                 members=("token-is", "bnpo-mask"), workloads=("small-bf16", "mask-small-bf16"))
+    plan = build_plan(request, torch.device("cpu"))
+    gate = FakeGate()
+
+    class Session(FakeSession):
+        compile_cache_info = {"reused_files": 0}
+
+        def load(self):
+            super().load()
+            if FakeSession.made.index(self) == 0:
+                raise ImplementationLoadError(ROOT / "implementation.toml", "entry", "cannot load impl:entry")
+
+    monkeypatch.setattr(check, "WorkerSession", Session)
+    monkeypatch.setattr(check_ahead, "AheadCompiler", _Recorder)
+    FakeSession.made, FakeSession.log = [], gate.log
+    _Recorder.log, _Recorder.begun = gate.log, []
+    ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
+    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    steps = [(e, k) for e, k, *_ in gate.log if e in ("spawn", "load", "close")]
+    assert steps[:4] == [("spawn", "worker0"), ("spawn", "worker1"), ("load", "worker0"), ("close", "worker1")]
+    assert ("load", "worker1") not in steps and _Recorder.begun == []
+    assert result.status != "conformant"  # the load error is the implementation's verdict, as without it
+
+
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
 def test_on_by_default_and_off_with_zero(monkeypatch, value, on):
     if value is None:
