@@ -40,11 +40,15 @@ import secrets
 from typing import Callable
 
 from grpo_conform import device_memory
+from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.checks.buffers import InputSlot, input_dtypes
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.ops import operation_for
 
 ENV = "GRPO_CONFORM_COMPILE_AHEAD"
+#: Threads the second worker compiles Triton kernels on, side by side and without running them
+#: (isolation/compile_only.py); 0, the default until measured on a GPU: its calls run as conformance's do.
+ENV_THREADS = "GRPO_CONFORM_COMPILE_AHEAD_THREADS"
 PROXY_AXIS = "batch"
 #: Free device memory left beside a request before it is sent: the gate's grants are estimates, and the slots'
 #: peaks (the judge's temporaries) pass them (H200, seventeenth session: full-size proxies sent on the gate's
@@ -55,6 +59,16 @@ HEADROOM = 4 << 30
 def enabled() -> bool:
     """On unless GRPO_CONFORM_COMPILE_AHEAD is 0."""
     return os.environ.get(ENV, "").strip() != "0"
+
+
+def threads() -> int:
+    """GRPO_CONFORM_COMPILE_AHEAD_THREADS as a count (0 when unset); anything else is refused by name."""
+    raw = os.environ.get(ENV_THREADS, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) > 64:
+        raise EnvironmentProblem(f"{ENV_THREADS}={raw!r}: expected a whole number of threads from 0 to 64")
+    return int(raw)
 
 
 def has_room(device, need: int) -> bool:
@@ -82,6 +96,8 @@ class AheadCompiler:
         self.held: list[InputSlot] = []  # the request's input sets, alive until it is answered
         self.held_bytes = 0  # theirs, in this process (check.memory_stop allows for them)
         self.sent: list[str] = []  # member labels sent, in order (the report's `worker.compile_ahead`)
+        self.threads = threads()  # side by side, not run, on this many threads (0: calls run)
+        self.side_by_side: bool | None = None  # whether the worker said that was in effect (None: no answer yet)
         self.stopped: str | None = None  # why it closed early
 
     @staticmethod
@@ -142,7 +158,8 @@ class AheadCompiler:
         if self.pending is not None:
             if not self.session.answered():
                 return
-            self.session.receive(op="precompile")
+            reply = self.session.receive(op="precompile")
+            self.side_by_side = bool(reply.get("side_by_side")) if self.side_by_side is None else self.side_by_side
             self.session.request(op="unbind", slots=self.pending)
             self.pending, self.held, self.held_bytes = None, [], 0
             self._release()
@@ -180,7 +197,7 @@ class AheadCompiler:
         self.held_bytes = sum(t.numel() * t.element_size() for slot in self.held for t in slot.tensors.values())
         names = [slot.name for slot in self.held]
         self.session.post(op="precompile", slots=names, params=dict(spec.parameter_values),
-                          gradients=[g.input for g in spec.gradients])
+                          gradients=[g.input for g in spec.gradients], threads=self.threads)
         self.pending = names
         self.sent.append(mp.label)
         return True

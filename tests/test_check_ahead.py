@@ -124,6 +124,7 @@ class _Recorder:
     def __init__(self, first):
         self.first, self.sent, self.stopped = first, ["bnpo-mask"], None
         self.held_bytes = 5 << 30  # its proxy, held in the slot's process while a workload is measured
+        self.threads, self.side_by_side = 0, False
 
     wanted = staticmethod(check_ahead.AheadCompiler.wanted)
 
@@ -189,7 +190,8 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     starts = [(e, k) for e, k, *_ in gate.log if e in ("spawn", "load", "start")]
     # spawned beside the slot's worker, before that one loads: its start hides behind the slot worker's
     assert starts[:3] == [("spawn", "worker0"), ("spawn", "worker1"), ("load", "worker0")]
-    assert result.worker["compile_ahead"] == {"members_sent": ["bnpo-mask"], "stopped": None}  # in the report
+    assert result.worker["compile_ahead"] == {"members_sent": ["bnpo-mask"], "stopped": None, "threads": 0,
+                                              "side_by_side": False}  # in the report
     # what it held while a workload was measured is recorded there (check.memory_stop allows for it)
     assert result.members[0].workloads[0].draws["cuda_held_by_compile_ahead"] == 5 << 30
     steps = [k for e, k in kinds if e == "step"]
@@ -197,6 +199,24 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     # closed before the slot asks for its turn (its worker may still run calls), and only once
     assert kinds.index(("close", None)) < kinds.index(("try", "exclusive"))
     assert kinds.index(("close", None)) < kinds.index(("close", "worker0"))
+
+
+def test_threads_reach_the_worker_and_its_answer_says_whether_kernels_compiled_side_by_side(tmp_path, monkeypatch):
+    """GRPO_CONFORM_COMPILE_AHEAD_THREADS goes with each request (isolation/compile_only.py in the worker); an
+    implementation that never imported Triton's JIT (this one, on the CPU) runs its calls as without it."""
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv(check_ahead.ENV_THREADS, "2")
+    members = _members(("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")))
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
+    try:
+        assert ahead.threads == 2 and ahead.side_by_side is None  # no answer yet
+        store = ahead.session._cache_store
+        _wait(ahead)
+        ahead.step(0)
+        assert ahead.side_by_side is False and ahead.session is None
+        assert sorted({p.name.split("-")[1] for p in (store / ".triton").iterdir()}) == ["v256"]  # the calls ran
+    finally:
+        ahead.close()
 
 
 def test_a_slot_worker_that_does_not_load_closes_the_one_spawned_beside_it(monkeypatch):

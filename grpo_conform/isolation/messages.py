@@ -132,6 +132,7 @@ class TimeReply(Ok):
 
 class PrecompileReply(Ok):
     failed: Annotated[list[LongText], Field(max_length=256)] = []  # "<slot>: <exception type>"
+    side_by_side: bool = False  # compiled on threads, not run (isolation/compile_only.py)
 
 
 class UnbindReply(Ok):

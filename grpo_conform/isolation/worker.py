@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from grpo_conform.isolation import triton_keys
+from grpo_conform.isolation import compile_only, triton_keys
 from grpo_conform.isolation.loading import harden_worker, import_entry
 
 POISON_BYTES = {"nan": 0xFF, "huge": 0x7B}  # 0xFF..: NaN in every float dtype; 0x7B..: huge finite
@@ -338,28 +338,30 @@ class _Worker:
     def op_export(self, call: str, outputs: str, keep: bool = True) -> None:
         self.send(status="ok", report=self._export(call, outputs, keep))
 
-    def op_precompile(self, slots: list[str], params: dict, gradients: list[str]) -> None:
+    def op_precompile(self, slots: list[str], params: dict, gradients: list[str], threads: int = 0) -> None:
         """On each slot's inputs a forward without grad (the forward-only path), then one with grad and its
         backward, everything dropped after: the kernels of a member the slot will check next compiled while it
         checks this one (check_ahead.py). Nothing of it is judged, so an error is only named in the reply
-        (conformance meets it again)."""
+        (conformance meets it again). `threads` > 0: Triton's kernels compiled side by side on that many
+        threads and not run (isolation/compile_only.py); the reply says whether that was in effect."""
         import torch  # lazily, as op_load
 
         failed = []
-        for name in slots:
-            try:
-                with torch.no_grad():
-                    self.entry(**self._leaves(self.slots[name], gradients, False)[1], **params)
-                _, args = self._leaves(self.slots[name], gradients, True)
-                with torch.enable_grad():
-                    loss = self.entry(**args, **params)
-                if _is_tensor(loss) and loss.requires_grad and loss.numel() == 1:
-                    torch.autograd.backward(loss)
-                del loss, args
-            except Exception as exc:
-                failed.append(f"{name}: {type(exc).__name__}")
-            self._sync("precompile")
-        self.send(status="ok", failed=failed)
+        with compile_only.side_by_side(threads) as active:
+            for name in slots:
+                try:
+                    with torch.no_grad():
+                        self.entry(**self._leaves(self.slots[name], gradients, False)[1], **params)
+                    _, args = self._leaves(self.slots[name], gradients, True)
+                    with torch.enable_grad():
+                        loss = self.entry(**args, **params)
+                    if _is_tensor(loss) and loss.requires_grad and loss.numel() == 1:
+                        torch.autograd.backward(loss)
+                    del loss, args
+                except Exception as exc:
+                    failed.append(f"{name}: {type(exc).__name__}")
+        self._sync("precompile")
+        self.send(status="ok", failed=failed, side_by_side=active)
 
     def _export(self, call: str, outputs: str, keep: bool) -> dict[str, Any]:
         entry = self.calls[call]
