@@ -62,7 +62,8 @@
 #                                               # cold then kept; against 151 s cold (527768c), 113-123 s kept. Run at
 #                                               # 15b9a63 with full-shape proxies (reverted): a slot stopped, 113 s kept.
 #                                               # THREADS=8: the compile-ahead worker compiles side by side
-#                                               # (GRPO_CONFORM_COMPILE_AHEAD_THREADS; its CUDA test runs first)
+#                                               # (GRPO_CONFORM_COMPILE_AHEAD_THREADS; its CUDA test runs first);
+#                                               # SHAPES=workload: its proxies at the workloads' own shapes
 #   bash benchmarks/h200_evidence.sh ahead35    # seventeenth session's first (5.8 min): the slots' CUDA tests, then the
 #                                               # default check with GRPO_CONFORM_COMPILE_AHEAD=1, cold then kept
 #                                               # (measured: 151 s, 123 s; h200-2026-12-04h)
@@ -537,7 +538,7 @@ PY
              # slot's worker) cold then kept (GPU memory sampled), then one masked member's mask-b8 alone
              # (--jobs 1) with and without timing, phases profiled: what a timed workload costs
     # TESTS=0: without the CUDA tests; ONE=0: without the single-member runs
-    export GRPO_CONFORM_COMPILE_AHEAD_THREADS=${THREADS:-0}
+    export GRPO_CONFORM_COMPILE_AHEAD_THREADS=${THREADS:-0} GRPO_CONFORM_COMPILE_AHEAD_SHAPES=${SHAPES:-batch1}
     if [ "${THREADS:-0}" != 0 ]; then
       timeout -s KILL 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_compile_only_cuda.py > "$R/compile-only-test.txt" 2>&1
       status "compile_only CUDA test: exit $?"; tail -1 "$R/compile-only-test.txt"

@@ -244,7 +244,8 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         for a in aheads:
             a.close()  # before the turn below: its worker may still be running calls on the GPU
             built[1]["compile_ahead"] = {"members_sent": list(a.sent), "stopped": a.stopped, "threads": a.threads,
-                                         "side_by_side": a.side_by_side}
+                                         "side_by_side": a.side_by_side,
+                                         "shapes": "workload" if a.full else "batch1"}
         live = next((s for s in shared if s.alive), None)
         if deferred and present is not None and live is not None:
             if ctx.device.type == "cuda":
@@ -488,7 +489,7 @@ def _spawn_ahead(p: ImplPlan, ctx: RunContext, request: CheckRequest, session: W
     slot's worker, just spawned, seeded nothing from the store: `reused_files` 0); None elsewhere."""
     if not check_ahead.enabled() or session.compile_cache_info.get("reused_files") != 0:
         return None
-    check_ahead.threads()  # a malformed GRPO_CONFORM_COMPILE_AHEAD_THREADS is named before anything starts
+    check_ahead.threads(), check_ahead.shapes()  # a malformed setting is named before anything starts
     if not check_ahead.AheadCompiler.wanted(p.members, index):
         return None
     return check_ahead.AheadCompiler.spawn(lambda: _worker(p, ctx, request, p.members[index]))

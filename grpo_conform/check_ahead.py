@@ -28,8 +28,11 @@ against 115-116 s without it (151 s against 155-157 s for the whole check). Batc
 every kernel the real calls launch: an implementation may pick its kernels' specialisation from the sizes
 (ours splits the row statistics by the token count; Triton makes an int argument equal to 1 a constant).
 Proxies at the workloads' own shapes were tried (5d1304f): ~8 GB a mask-b8 request, ~4 s of drawing a slot,
-and a slot ran out of memory beside them; not measured to gain, so not kept. It costs a worker process a
-slot, the proxies' memory, and GPU time beside the slot's conformance, on a first run only.
+and a slot ran out of memory beside them; not measured to gain, so they are opt-in
+(GRPO_CONFORM_COMPILE_AHEAD_SHAPES=workload: one request a shape), as is compiling side by side without
+running (GRPO_CONFORM_COMPILE_AHEAD_THREADS, isolation/compile_only.py), which holds their memory for less
+time. It costs a worker process a slot, the proxies' memory, and GPU time beside the slot's conformance, on
+a first run only.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ ENV = "GRPO_CONFORM_COMPILE_AHEAD"
 #: Threads the second worker compiles Triton kernels on, side by side and without running them
 #: (isolation/compile_only.py); 0, the default until measured on a GPU: its calls run as conformance's do.
 ENV_THREADS = "GRPO_CONFORM_COMPILE_AHEAD_THREADS"
+#: "batch1" (the default): proxies with the batch axis at 1, one request a member; "workload": proxies at the
+#: workloads' own shapes, one request a shape (what the real calls compile; ~8 GB a mask-b8 request; not yet
+#: measured to help, docs/timing.md "Seventeenth session").
+ENV_SHAPES = "GRPO_CONFORM_COMPILE_AHEAD_SHAPES"
+SHAPES = ("batch1", "workload")
 PROXY_AXIS = "batch"
 #: Free device memory left beside a request before it is sent: the gate's grants are estimates, and the slots'
 #: peaks (the judge's temporaries) pass them (H200, seventeenth session: full-size proxies sent on the gate's
@@ -71,27 +79,51 @@ def threads() -> int:
     return int(raw)
 
 
+def shapes() -> str:
+    """GRPO_CONFORM_COMPILE_AHEAD_SHAPES, one of SHAPES (batch1 when unset); anything else is refused by name."""
+    raw = os.environ.get(ENV_SHAPES, "").strip() or SHAPES[0]
+    if raw not in SHAPES:
+        raise EnvironmentProblem(f"{ENV_SHAPES}={raw!r}: expected one of {', '.join(SHAPES)}")
+    return raw
+
+
 def has_room(device, need: int) -> bool:
     """Whether the device has `need` bytes free and HEADROOM beside them (the gate's grants are estimates:
     what is really free decides too). Not a CUDA device: yes."""
     return device.type != "cuda" or device_memory.device_free_bytes(device) >= need + HEADROOM
 
 
-def proxy_workload(spec, workload):
-    """The workload resolved with its batch axis at 1 (other ranges drawn as a fixed seed draws them)."""
+def proxy_workload(spec, workload, full: bool = False):
+    """The workload resolved with its batch axis at 1, or at its own shapes (`full`); other ranges drawn as a
+    fixed seed draws them."""
     axes = dict(workload.axes)
-    if PROXY_AXIS in axes:
+    if PROXY_AXIS in axes and not full:
         axes[PROXY_AXIS] = 1
     return spec.resolve(workload.model_copy(update={"axes": axes}), random.Random(0))
 
 
+def _distinct(spec, workloads, full: bool) -> list:
+    """One proxy a distinct shape and dtype set, in the workloads' order (at batch 1, seed-b2..b16 are one)."""
+    proxies, seen = [], set()
+    for w in workloads:
+        rw = proxy_workload(spec, w, full)
+        key = (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items())))
+        if key not in seen:
+            seen.add(key)
+            proxies.append(rw)
+    return proxies
+
+
 class AheadCompiler:
-    """The second worker of one slot and the members it has still to compile (in the slot's order)."""
+    """The second worker of one slot and the requests it has still to send (in the slot's order): one a member
+    at batch 1, one a shape at the workloads' own shapes (`shapes()`)."""
 
     def __init__(self, session: WorkerSession, members: list, first: int, gate=None) -> None:
         self.session, self.members, self.gate = session, members, gate  # gate: the slot's GateClient, or None
         self.token = 0  # the memory hold of the request in flight
-        self.next = first + 1  # members[first] runs in the slot's worker now
+        self.next = first + 1  # the next member whose requests join the queue (members[first] runs now)
+        self.full = shapes() == "workload"
+        self.queue: list[tuple[int, object, list]] = []  # (member index, member plan, proxies) not yet sent
         self.pending: list[str] | None = None
         self.held: list[InputSlot] = []  # the request's input sets, alive until it is answered
         self.held_bytes = 0  # theirs, in this process (check.memory_stop allows for them)
@@ -138,12 +170,13 @@ class AheadCompiler:
             return None
         ahead = cls(session, list(members), first, gate)
         if len(members[first].workloads) > 1:
-            ahead._guarded(lambda: ahead._send(members[first], members[first].workloads[1:]))
+            ahead.queue = ahead._requests(first, members[first].workloads[1:])
+            ahead._guarded(ahead._send_next)
         return ahead
 
     def step(self, current: int) -> None:
         """Between two workloads of members[current]: collect an answer that has come, then send the next
-        member's request. Never waits for the worker."""
+        request. Never waits for the worker."""
         if self.session is not None:
             self._guarded(lambda: self._step(current))
 
@@ -164,32 +197,37 @@ class AheadCompiler:
             self.pending, self.held, self.held_bytes = None, [], 0
             self._release()
             self.session.share_compiled()
-        self.next = max(self.next, current + 1)  # a member already begun is not compiled twice
-        if self.next >= len(self.members):
-            self.close()
-            return
-        if self._send(self.members[self.next], self.members[self.next].workloads):
+        # a member the slot has moved past is dropped, one it has begun is not queued (its requests queued before
+        # it began still go: its later workloads gain)
+        self.queue = [q for q in self.queue if q[0] >= current]
+        self.next = max(self.next, current + 1)
+        if not self.queue and self.next < len(self.members):
+            self.queue = self._requests(self.next, self.members[self.next].workloads)
             self.next += 1
+        if not self.queue:
+            self.close()  # nothing left to compile
+            return
+        self._send_next()
 
-    def _send(self, mp, workloads) -> bool:
-        """The request for these workloads of member `mp` sent (True), or not now: the gate had no room for
-        their proxies at once."""
+    def _requests(self, index: int, workloads) -> list:
+        mp = self.members[index]
+        proxies = _distinct(mp.spec, workloads, self.full)
+        return [(index, mp, [rw]) for rw in proxies] if self.full else [(index, mp, proxies)]
+
+    def _send_next(self) -> None:
+        """The queue's first request sent, if the gate and the device have room for its proxies at once
+        (twice their inputs and gradients); else it waits for the next step."""
+        _, mp, proxies = self.queue[0]
         spec, device = mp.spec, self.session.device
-        op = operation_for(spec)
-        proxies, seen = [], set()
-        for w in workloads:  # one a distinct shape (seed-b2..b16 are one proxy)
-            rw = proxy_workload(spec, w)
-            key = (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items())))
-            if key not in seen:
-                seen.add(key)
-                proxies.append(rw)
         if self.gate is not None:
             need = 2 * sum(sum(device_memory.set_and_gradient_bytes(spec, rw)) for rw in proxies)
             if not has_room(device, need):
-                return False
+                return
             self.token = self.gate.try_memory(need)
             if not self.token:
-                return False
+                return
+        self.queue.pop(0)
+        op = operation_for(spec)
         for i, rw in enumerate(proxies):
             slot = InputSlot.create(self.session, f"A{i}", rw.shapes, input_dtypes(spec, rw), pristine=False)
             op.generate(spec, rw, secrets.randbits(63), device, out=slot.tensors)  # the worker reads it after
@@ -199,8 +237,8 @@ class AheadCompiler:
         self.session.post(op="precompile", slots=names, params=dict(spec.parameter_values),
                           gradients=[g.input for g in spec.gradients], threads=self.threads)
         self.pending = names
-        self.sent.append(mp.label)
-        return True
+        if not self.sent or self.sent[-1] != mp.label:
+            self.sent.append(mp.label)
 
     def _release(self) -> None:
         if self.token and self.gate is not None:

@@ -124,7 +124,7 @@ class _Recorder:
     def __init__(self, first):
         self.first, self.sent, self.stopped = first, ["bnpo-mask"], None
         self.held_bytes = 5 << 30  # its proxy, held in the slot's process while a workload is measured
-        self.threads, self.side_by_side = 0, False
+        self.threads, self.side_by_side, self.full = 0, False, False
 
     wanted = staticmethod(check_ahead.AheadCompiler.wanted)
 
@@ -191,7 +191,7 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     # spawned beside the slot's worker, before that one loads: its start hides behind the slot worker's
     assert starts[:3] == [("spawn", "worker0"), ("spawn", "worker1"), ("load", "worker0")]
     assert result.worker["compile_ahead"] == {"members_sent": ["bnpo-mask"], "stopped": None, "threads": 0,
-                                              "side_by_side": False}  # in the report
+                                              "side_by_side": False, "shapes": "batch1"}  # in the report
     # what it held while a workload was measured is recorded there (check.memory_stop allows for it)
     assert result.members[0].workloads[0].draws["cuda_held_by_compile_ahead"] == 5 << 30
     steps = [k for e, k in kinds if e == "step"]
@@ -217,6 +217,44 @@ def test_threads_reach_the_worker_and_its_answer_says_whether_kernels_compiled_s
         assert sorted({p.name.split("-")[1] for p in (store / ".triton").iterdir()}) == ["v256"]  # the calls ran
     finally:
         ahead.close()
+
+
+def test_at_the_workloads_own_shapes_one_request_a_shape(tmp_path, monkeypatch):
+    """GRPO_CONFORM_COMPILE_AHEAD_SHAPES=workload: what the real calls compile (a batch-1 proxy compiles other
+    specialisations), one shape at a time so that one workload's memory is held at once."""
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv(check_ahead.ENV_SHAPES, "workload")
+    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")))
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
+    try:
+        ahead.step(0)  # token-offpolicy-mask: two requests queued, the first sent
+        assert ahead.pending == ["A0"] and len(ahead.queue) == 1 and ahead.sent == ["token-offpolicy-mask"]
+        store = ahead.session._cache_store
+        _wait(ahead)
+        ahead.step(0)
+        assert ahead.pending == ["A0"] and ahead.queue == [] and ahead.sent == ["token-offpolicy-mask"]
+        _wait(ahead)
+        ahead.step(0)  # nothing left: closed
+        assert ahead.session is None
+        kernels = sorted("-".join(p.name.split("-")[:2]) for p in (store / ".triton").iterdir())
+        assert kernels == ["b1-v256", "b1-v256", "b4-v1536", "b4-v1536"]  # mask-small-bf16 at its batch of 4
+    finally:
+        ahead.close()
+
+
+@pytest.mark.parametrize("raw, mode", [(None, "batch1"), ("", "batch1"), ("workload", "workload"), ("big", None)])
+def test_the_proxy_shapes_are_read_from_the_environment(monkeypatch, raw, mode):
+    from grpo_conform.errors import EnvironmentProblem
+
+    if raw is None:
+        monkeypatch.delenv(check_ahead.ENV_SHAPES, raising=False)
+    else:
+        monkeypatch.setenv(check_ahead.ENV_SHAPES, raw)
+    if mode is None:
+        with pytest.raises(EnvironmentProblem, match="GRPO_CONFORM_COMPILE_AHEAD_SHAPES"):
+            check_ahead.shapes()
+    else:
+        assert check_ahead.shapes() == mode
 
 
 def test_a_slot_worker_that_does_not_load_closes_the_one_spawned_beside_it(monkeypatch):
