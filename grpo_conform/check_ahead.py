@@ -43,8 +43,8 @@ import secrets
 from typing import Callable
 
 from grpo_conform import device_memory
-from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.checks.buffers import InputSlot, input_dtypes
+from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.isolation.session import WorkerSession
 from grpo_conform.ops import operation_for
 
