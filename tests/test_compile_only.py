@@ -77,6 +77,18 @@ def test_an_inherited_run_is_inherited_again_after(fake_triton, monkeypatch):
     assert _FakeJIT.calls[0][2] is True
 
 
+def test_a_triton_whose_mode_has_no_ignore_errors_is_used_as_it_is(fake_triton, monkeypatch):
+    class OldMode(_FakeMode):
+        def __init__(self, executor):
+            super().__init__(executor)
+
+    module = types.ModuleType("triton.runtime._async_compile")
+    module.AsyncCompileMode = OldMode
+    monkeypatch.setitem(sys.modules, "triton.runtime._async_compile", module)
+    with compile_only.side_by_side(2) as active:
+        assert active and isinstance(_FakeMode.entered[0], OldMode)
+
+
 def test_the_jit_is_restored_when_the_calls_raise(fake_triton):
     original = fake_triton.__dict__["run"]
     with pytest.raises(ZeroDivisionError):

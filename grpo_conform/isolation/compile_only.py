@@ -57,7 +57,11 @@ def side_by_side(threads: int) -> Iterator[bool]:
     fn.run = run
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpo-conform-compile")
     try:
-        with mode(pool, ignore_errors=True):
+        try:
+            block = mode(pool, ignore_errors=True)
+        except TypeError:  # a Triton whose mode has no ignore_errors: a failed compile raises on leaving
+            block = mode(pool)
+        with block:
             yield True
     finally:
         if own:
