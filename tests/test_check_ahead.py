@@ -147,20 +147,37 @@ class _Recorder:
         _Recorder.log.append(("close", None))
 
 
+def _slot_check(monkeypatch, gate, session_cls, run=None):
+    """check_implementation of pytorch's token-is and bnpo-mask (one small workload each) as a slot beside
+    others (`gate`): its workers `session_cls`, check_ahead.AheadCompiler a _Recorder logging into the gate's
+    log, run_workload replaced by `run` where given."""
+    from test_timed_phase import FakeSession
+
+    from grpo_conform.checks.timed import TimingSettings
+    from grpo_conform.gate.plan import build_plan
+    from grpo_conform.gate.progress import Reporter
+
+    request = check.CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
+                                 members=("token-is", "bnpo-mask"), workloads=("small-bf16", "mask-small-bf16"))
+    plan = build_plan(request, torch.device("cpu"))
+    if run is not None:
+        monkeypatch.setattr(check, "run_workload", run)
+    monkeypatch.setattr(check, "WorkerSession", session_cls)
+    monkeypatch.setattr(check_ahead, "AheadCompiler", _Recorder)
+    FakeSession.made, FakeSession.log = [], gate.log
+    _Recorder.log, _Recorder.begun = gate.log, []
+    ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
+    return check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+
+
 @pytest.mark.parametrize("reused, on, started", [(0, True, True), (12, True, False), (0, False, False)])
 def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_turn(monkeypatch, reused, on,
                                                                                         started):
     from test_timed_phase import OOM, FakeGate, FakeSession, _result
 
-    from grpo_conform.checks.timed import TimingSettings
-    from grpo_conform.gate.plan import build_plan
-    from grpo_conform.gate.progress import Reporter
     from grpo_conform.results import CheckOutcome
 
     monkeypatch.setenv(check_ahead.ENV, "1" if on else "0")
-    request = check.CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
-                                 members=("token-is", "bnpo-mask"), workloads=("small-bf16", "mask-small-bf16"))
-    plan = build_plan(request, torch.device("cpu"))
     gate = FakeGate()
 
     def fake_run(session, spec, w, ctx, req, say, name, member):
@@ -175,13 +192,7 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
             self.info = {"compile_cache": {"reused_files": reused}}
             self.compile_cache_info = self.info["compile_cache"]
 
-    monkeypatch.setattr(check, "run_workload", fake_run)
-    monkeypatch.setattr(check, "WorkerSession", Session)
-    monkeypatch.setattr(check_ahead, "AheadCompiler", _Recorder)
-    FakeSession.made, FakeSession.log = [], gate.log
-    _Recorder.log, _Recorder.begun = gate.log, []
-    ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
-    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    result = _slot_check(monkeypatch, gate, Session, fake_run)
     kinds = [(e, k) for e, k, *_ in gate.log if e in ("workload", "step", "close", "release", "try")]
     if not started:
         assert _Recorder.begun == [] and ("step", 0) not in kinds
@@ -262,15 +273,9 @@ def test_a_slot_worker_that_does_not_load_closes_the_one_spawned_beside_it(monke
     implementation does not import), the spawned one is closed there and then, never loaded or begun."""
     from test_timed_phase import FakeGate, FakeSession
 
-    from grpo_conform.checks.timed import TimingSettings
-    from grpo_conform.gate.plan import build_plan
-    from grpo_conform.gate.progress import Reporter
     from grpo_conform.isolation.session import ImplementationLoadError
 
     monkeypatch.setenv(check_ahead.ENV, "1")
-    request = check.CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
-                                 members=("token-is", "bnpo-mask"), workloads=("small-bf16", "mask-small-bf16"))
-    plan = build_plan(request, torch.device("cpu"))
     gate = FakeGate()
 
     class Session(FakeSession):
@@ -281,12 +286,7 @@ def test_a_slot_worker_that_does_not_load_closes_the_one_spawned_beside_it(monke
             if FakeSession.made.index(self) == 0:
                 raise ImplementationLoadError(ROOT / "implementation.toml", "entry", "cannot load impl:entry")
 
-    monkeypatch.setattr(check, "WorkerSession", Session)
-    monkeypatch.setattr(check_ahead, "AheadCompiler", _Recorder)
-    FakeSession.made, FakeSession.log = [], gate.log
-    _Recorder.log, _Recorder.begun = gate.log, []
-    ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
-    result = check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
+    result = _slot_check(monkeypatch, gate, Session)
     steps = [(e, k) for e, k, *_ in gate.log if e in ("spawn", "load", "close")]
     assert steps[:4] == [("spawn", "worker0"), ("spawn", "worker1"), ("load", "worker0"), ("close", "worker1")]
     assert ("load", "worker1") not in steps and _Recorder.begun == []
