@@ -243,9 +243,7 @@ def check_implementation(p: ImplPlan, ctx: RunContext, request: CheckRequest, sa
         built = _check_members(p, ctx, request, say, stop, shared, deferred, aheads)
         for a in aheads:
             a.close()  # before the turn below: its worker may still be running calls on the GPU
-            built[1]["compile_ahead"] = {"members_sent": list(a.sent), "stopped": a.stopped, "threads": a.threads,
-                                         "side_by_side": a.side_by_side,
-                                         "shapes": "workload" if a.full else "batch1"}
+            built[1]["compile_ahead"] = a.report()
         live = next((s for s in shared if s.alive), None)
         if deferred and present is not None and live is not None:
             if ctx.device.type == "cuda":

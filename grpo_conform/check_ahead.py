@@ -122,7 +122,7 @@ class AheadCompiler:
         self.session, self.members, self.gate = session, members, gate  # gate: the slot's GateClient, or None
         self.token = 0  # the memory hold of the request in flight
         self.next = first + 1  # the next member whose requests join the queue (members[first] runs now)
-        self.full = shapes() == "workload"
+        self.shapes = shapes()  # SHAPES: at batch 1, or at the workloads' own shapes
         self.queue: list[tuple[int, object, list]] = []  # (member index, member plan, proxies) not yet sent
         self.pending: list[str] | None = None
         self.held: list[InputSlot] = []  # the request's input sets, alive until it is answered
@@ -211,8 +211,9 @@ class AheadCompiler:
 
     def _requests(self, index: int, workloads) -> list:
         mp = self.members[index]
-        proxies = _distinct(mp.spec, workloads, self.full)
-        return [(index, mp, [rw]) for rw in proxies] if self.full else [(index, mp, proxies)]
+        full = self.shapes == "workload"
+        proxies = _distinct(mp.spec, workloads, full)
+        return [(index, mp, [rw]) for rw in proxies] if full else [(index, mp, proxies)]
 
     def _send_next(self) -> None:
         """The queue's first request sent, if the gate and the device have room for its proxies at once
@@ -239,6 +240,11 @@ class AheadCompiler:
         self.pending = names
         if not self.sent or self.sent[-1] != mp.label:
             self.sent.append(mp.label)
+
+    def report(self) -> dict:
+        """The report's `worker.compile_ahead`."""
+        return {"members_sent": list(self.sent), "stopped": self.stopped, "threads": self.threads,
+                "side_by_side": self.side_by_side, "shapes": self.shapes}
 
     def _release(self) -> None:
         if self.token and self.gate is not None:

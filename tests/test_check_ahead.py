@@ -124,7 +124,9 @@ class _Recorder:
     def __init__(self, first):
         self.first, self.sent, self.stopped = first, ["bnpo-mask"], None
         self.held_bytes = 5 << 30  # its proxy, held in the slot's process while a workload is measured
-        self.threads, self.side_by_side, self.full = 0, False, False
+        self.threads, self.side_by_side, self.shapes = 0, False, "batch1"
+
+    report = check_ahead.AheadCompiler.report
 
     wanted = staticmethod(check_ahead.AheadCompiler.wanted)
 

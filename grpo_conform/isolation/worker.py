@@ -344,27 +344,29 @@ class _Worker:
         checks this one (check_ahead.py). Nothing of it is judged, so an error is only named in the reply
         (conformance meets it again). `threads` > 0: Triton's kernels compiled side by side on that many
         threads and not run (isolation/compile_only.py); the reply says whether that was in effect."""
-        import torch  # lazily, as op_load
-
         failed, active = [], False
         try:
             with compile_only.side_by_side(threads) as active:
                 for name in slots:
                     try:
-                        with torch.no_grad():
-                            self.entry(**self._leaves(self.slots[name], gradients, False)[1], **params)
-                        _, args = self._leaves(self.slots[name], gradients, True)
-                        with torch.enable_grad():
-                            loss = self.entry(**args, **params)
-                        if _is_tensor(loss) and loss.requires_grad and loss.numel() == 1:
-                            torch.autograd.backward(loss)
-                        del loss, args
+                        self._precompile_one(self.slots[name], params, gradients)
                     except Exception as exc:
                         failed.append(f"{name}: {type(exc).__name__}")
         except Exception as exc:  # a compile that failed, raised on leaving the block (an older Triton's mode)
             failed.append(f"side by side: {type(exc).__name__}")
         self._sync("precompile")
         self.send(status="ok", failed=failed, side_by_side=active)
+
+    def _precompile_one(self, shared: dict[str, Any], params: dict, gradients: list[str]) -> None:
+        import torch  # lazily, as op_load
+
+        with torch.no_grad():
+            self.entry(**self._leaves(shared, gradients, False)[1], **params)
+        _, args = self._leaves(shared, gradients, True)
+        with torch.enable_grad():
+            loss = self.entry(**args, **params)
+        if _is_tensor(loss) and loss.requires_grad and loss.numel() == 1:
+            torch.autograd.backward(loss)
 
     def _export(self, call: str, outputs: str, keep: bool) -> dict[str, Any]:
         entry = self.calls[call]
