@@ -41,7 +41,8 @@ from sweep_select import Selection, for_level, select  # noqa: E402
 from sweep_cuda import (is_oom, liger_fn, load_impl, make_inputs, member_kwargs, prewarm,  # noqa: E402
                         staging_lost, timed_full)
 
-RUN: dict = {"rows": [], "configs": [], "launch": [], "skipped": [], "errors": []}
+#: the report reads it (grpo-conform report --sweep FILE: grpo_conform/report/sweep.py)
+RUN: dict = {"format": "grpo-conform-sweep/1", "rows": [], "configs": [], "launch": [], "skipped": [], "errors": []}
 
 
 def run_shape(job, impl, liger, copy_bps) -> None:
@@ -245,7 +246,9 @@ def main() -> int:
 def measure(args, run, estimate, impl, configs) -> int:
     import torch
     import triton
+    from grpo_conform.evidence.identities import tree_identity
     from grpo_conform.hardware import measure_ceilings
+    from grpo_conform.provenance import git_state
 
     start = time.time()
     if args.prewarm:  # the kernels of the jobs expected to fit the budget
@@ -262,7 +265,10 @@ def measure(args, run, estimate, impl, configs) -> int:
                    "liger": liger is not None, "copy_TBps": ceil.copy_bytes_per_s / 1e12,
                    "read_TBps": ceil.read_bytes_per_s / 1e12, "args": vars(args), "estimate_s": estimate,
                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-                   "table": [configs.rule_source(r) for r in configs.TABLE]}
+                   "table": [configs.rule_source(r) for r in configs.TABLE],
+                   # which code was timed: the report marks a file whose identity is not the checkout's
+                   "identity": tree_identity(ROOT, "implementations/triton"), **git_state(),
+                   "liger_version": liger_version()}
     print(f"copy {ceil.copy_bytes_per_s / 1e12:.3f} TB/s; {len(run)} jobs, estimated {estimate:.0f} s", flush=True)
     planned, spent_est, spent = set(), 0.0, 0.0
     for job in run:
@@ -297,11 +303,20 @@ def measure(args, run, estimate, impl, configs) -> int:
     return finish(args, start, final=True)
 
 
+def liger_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version  # the one place the sweep names Liger's version
+
+    try:
+        return version("liger-kernel")
+    except PackageNotFoundError:
+        return None
+
+
 def finish(args, start, final: bool) -> int:
     best = sp.best_configs(RUN["configs"])
     rules, source = sp.propose(RUN["configs"])
     RUN.update(best_configs=best, proposal={"rules": rules, "source": source},
-               verdicts=sp.verdicts(RUN["rows"], RUN["launch"]), elapsed_s=time.time() - start)
+               verdicts=sp.verdicts(RUN) if RUN.get("meta") and RUN["rows"] else [], elapsed_s=time.time() - start)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         sp.write_json(args.out, RUN)

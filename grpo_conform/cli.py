@@ -655,9 +655,11 @@ def sign(files: tuple[str, ...], key_path: str | None, project: str | None, allo
               help="what to print (the three files are written whatever it is)")
 @click.option("--project", type=click.Path(file_okay=False), help="the checkout that resolves members and "
               "implementation identities (default: the current directory's)")
+@click.option("--sweep", "sweeps", multiple=True, help="a shape sweep of the logits kernel (the JSON of "
+              "benchmarks/sweep_logits.py --out) to show in its own section, apart from the signed records; repeatable")
 @_fail_cleanly
 def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trusted_keys: str | None, spec_ref: str,
-           fmt: str, project: str | None = None, against: str | None = None) -> None:
+           fmt: str, project: str | None = None, against: str | None = None, sweeps: tuple[str, ...] = ()) -> None:
     """Build the leaderboard (HTML, Markdown, JSON) from evidence records, files or folders of
     *.intoto.json, showing only those that pass verify; exit 0 once the page is written."""
     # start-up: see the module docstring
@@ -665,7 +667,7 @@ def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trust
     from grpo_conform.report.write import render, run_report
 
     board = run_report(ReportRequest(paths=evidence, reported=reported, out=out, trusted_keys=trusted_keys,
-                                     spec=spec_ref, project=project, against=against))
+                                     spec=spec_ref, project=project, against=against, sweeps=sweeps))
     if fmt in ("json", "markdown"):
         click.echo(render(board, fmt), nl=False)
         return

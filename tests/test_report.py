@@ -15,7 +15,7 @@ from browser import find_chromium, load_page
 from grpo_conform.evidence import PAYLOAD_TYPE, keyid_of, pae
 from grpo_conform.evidence.keys import public_pem
 from grpo_conform.report.plot import mpl_version
-from grpo_conform.report.build import REGENERATE, ReportRequest, build_leaderboard
+from grpo_conform.report.build import REGENERATE, SWEEPS, ReportRequest, build_leaderboard
 from grpo_conform.report.write import OUTPUTS, render, run_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,8 +124,9 @@ def test_the_build_is_deterministic_and_writes_the_three_files(own, tmp_path):
 def test_the_committed_page_is_what_report_builds_from_the_committed_evidence(monkeypatch):
     """evidence/leaderboard/ must be rebuilt whenever evidence/h200 changes: see README (Results)."""
     monkeypatch.chdir(ROOT)
-    board = build_leaderboard(ReportRequest(paths=("evidence/h200",), reported=(REPORTED,), against=AGAINST, out=None))
-    assert f"--against {AGAINST}" in REGENERATE
+    board = build_leaderboard(ReportRequest(paths=("evidence/h200",), reported=(REPORTED,), against=AGAINST, out=None,
+                                            sweeps=SWEEPS))
+    assert f"--against {AGAINST}" in REGENERATE and all(f"--sweep {p}" in REGENERATE for p in SWEEPS)
     for fmt, name in OUTPUTS.items():
         committed, built = (PAGE / name).read_text(encoding="utf-8"), render(board, fmt)
         if fmt == "html" and f'data-matplotlib="{mpl_version()}"' not in committed:
@@ -210,7 +211,7 @@ def test_plot_ids_depend_on_what_is_drawn_not_on_numpy_s_float_repr():
     """matplotlib hashes a clip rectangle's repr into its id (numpy 2 writes np.float64(...)): CI's numpy
     moved and the committed page's ids with it. Ids are renamed by order of first appearance under a
     prefix of the figure, so two figures of one page never share one."""
-    from grpo_conform.report.plot import _stable_ids
+    from grpo_conform.report.plot import stable_ids
 
     def svg(clip, mark):
         return (f'<svg><defs><clipPath id="{clip}"><rect/></clipPath><path id="{mark}" d="M0 0"/></defs>'
@@ -218,7 +219,7 @@ def test_plot_ids_depend_on_what_is_drawn_not_on_numpy_s_float_repr():
                 f'<g style="fill: #1f77b4"/></svg>')
 
     one, two = svg("p2435a5c03b", "m0123456789"), svg("pcbacb085a0", "mabcdef0123")
-    assert one != two and _stable_ids(one, "a") == _stable_ids(two, "a")
-    out = _stable_ids(one, "a")
+    assert one != two and stable_ids(one, "a") == stable_ids(two, "a")
+    out = stable_ids(one, "a")
     assert "p2435a5c03b" not in out and "#1f77b4" in out and out.count('url(#') == 1
-    assert set(re.findall(r'id="([^"]+)"', out)).isdisjoint(re.findall(r'id="([^"]+)"', _stable_ids(one, "b")))
+    assert set(re.findall(r'id="([^"]+)"', out)).isdisjoint(re.findall(r'id="([^"]+)"', stable_ids(one, "b")))

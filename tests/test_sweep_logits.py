@@ -99,34 +99,42 @@ def test_floors():
     assert sp.member_floor("token-is", fl) == fl["plain"] and sp.member_floor("sequence-offpolicy-mask", fl) == fl["masked"]
 
 
-def _row(shape, member, ours, floor=1.0, liger=None):
-    r = {"shape": shape, "member": member, "floor_ms": floor, "ours_ms": ours, "ours_x_floor": ours / floor,
-         "copy_x_floor": 1.1}
+def _row(shape, member, x, liger=None):
+    """A row as run_shape writes it: its floor formed from the shape, ours x that floor."""
+    from grpo_conform.report.sweep import SweepRow, floor_ms
+
+    v, b, seq, dtype = shape.split()
+    r = {"shape": shape, "vocab": int(v[1:]), "batch": int(b[1:]), "seq": int(seq[1:]), "dtype": dtype,
+         "member": member, "unmasked_fraction": 0.75, "note": ""}
+    floor = floor_ms(SweepRow(**r), 4.3e12)
+    r.update(floor_ms=floor, ours_ms=x * floor, ours_x_floor=x, copy_x_floor=1.1)
     if liger:
-        r.update(liger_ms=liger, speedup_vs_liger=liger / ours)
+        r.update(liger_ms=liger * x * floor, speedup_vs_liger=liger)
     return r
 
 
 def test_table_and_verdicts_on_fake_timings():
     seed = "V128256 b8 s1024 bfloat16"
     rows = [_row(seed, "token-is", 1.10, liger=1.5), _row(seed, "token-offpolicy-mask", 1.14, liger=1.4),
-            _row(seed, "sequence-offpolicy-mask", 1.60, liger=1.2),  # slower than Liger, 1.40x the masked one
-            {"shape": "V32000 b1 s512 float16", "member": "token-is", "note": "ours: OOM, skipped"}]
+            _row(seed, "sequence-offpolicy-mask", 1.60, liger=0.8),  # slower than Liger, 1.40x the masked one
+            {"shape": "V32000 b1 s512 float16", "vocab": 32000, "batch": 1, "seq": 512, "dtype": "float16",
+             "member": "token-is", "note": "ours: OOM, skipped"}]
     text = sp.table(rows)
     assert len(text.splitlines()) == len(rows) + 2 and "OOM, skipped" in text and "1.100" in text
     short = sp.summary(rows).splitlines()
     assert len(short) == 2 + 2  # header, one line per shape, legend
-    assert "1.100 (1.10)" in short[1] and "1.600 (1.60)" in short[1] and " 1.40 " in short[1]  # GSPO / masked
-    assert " 0.75 " in short[1]  # the slowest speed-up over Liger (GSPO: 1.2 / 1.6)
+    assert " 0.80 " in short[1]  # the slowest speed-up over Liger (GSPO)
     assert "token-is: ours: OOM, skipped" in short[2]
-    v = sp.verdicts(rows, [{"impl": "ours", "member": "token-is", "full_wall_ms": 0.11},
-                           {"impl": "ours", "member": "sequence-offpolicy-mask", "full_wall_ms": 0.2}])
+    meta = {"gpu": "NVIDIA H200", "copy_TBps": 4.3, "started": "2026-12-03T00:00:00Z"}
+    v = sp.verdicts({"meta": meta, "rows": rows,
+                     "launch": [{"impl": "ours", "member": "token-is", "full_wall_ms": 0.11},
+                                {"impl": "ours", "member": "sequence-offpolicy-mask", "full_wall_ms": 0.2}]})
     joined = "\n".join(v)
-    assert "PASS  token-level full <= 1.15x floor: 2/2" in joined
-    assert "FAIL  seed shape b8/b16 <= 1.12x" in joined  # 1.14 > 1.12
-    assert "FAIL  GSPO within 1.2x of token-offpolicy-mask: 0/1 (worst 1.404x" in joined
+    assert "PASS  token level full ≤ 1.15x the floor: 2/2" in joined
+    assert "FAIL  seed shape, batch 8 and 16, ≤ 1.12x: 1/2" in joined  # 1.14 > 1.12
+    assert "FAIL  GSPO within 1.2x of token-offpolicy-mask: 0/1" in joined
     assert "FAIL  never slower than Liger: 2/3" in joined
-    assert "PASS  launch-bound token-is" in joined and "FAIL  launch-bound sequence-offpolicy-mask" in joined
+    assert "FAIL  launch-bound full call ≤ 0.12 ms wall: 1/2 (furthest: 0.2000 ms, sequence-offpolicy-mask)" in joined
 
 
 def _cfg(shape, vocab, member, config, ms, correct=True, level="token"):
@@ -168,9 +176,9 @@ def test_proposal_round_trips_through_configs_table():
 
 def test_json_writer(tmp_path):
     out = tmp_path / "sweep.json"
-    sp.write_json(str(out), {"rows": [_row("x", "token-is", 1.0)], "shape": sp.Shape(32000, 1, 512, "float16")})
+    sp.write_json(str(out), {"rows": [_row("V32000 b1 s512 float16", "token-is", 1.0)], "shape": sp.Shape(32000, 1, 512, "float16")})
     doc = json.loads(out.read_text())
-    assert doc["rows"][0]["ours_ms"] == 1.0 and doc["shape"]["vocab"] == 32000
+    assert doc["rows"][0]["ours_x_floor"] == 1.0 and doc["shape"]["vocab"] == 32000
     assert not (tmp_path / "sweep.json.tmp").exists()
 
 
@@ -260,7 +268,12 @@ def test_sweep_jobs_end_to_end_on_the_cpu(tmp_path):
     assert "Rule('grad-item', vocab=(300, 300), dtype='bfloat16', level='sequence')" in proc.stdout
     # a 4.4 TB shape would overrun the budget: skipped and named, not run
     assert [(s["shape"], s["why"]) for s in doc["skipped"]] == [("V16777216 b16 s8192 bfloat16", "budget")]
-    assert "PASS  launch-bound token-is full <= 0.12 ms wall: 0.1000 ms" in proc.stdout
+    assert "PASS  launch-bound full call ≤ 0.12 ms wall: 1/1 (furthest: 0.1000 ms, token-is)" in proc.stdout
+    # what the report needs to read it and to say which code was timed (grpo_conform/report/sweep.py)
+    assert doc["format"] == "grpo-conform-sweep/1" and len(doc["meta"]["identity"]) == 64 and "commit" in doc["meta"]
+    from grpo_conform.report.sweep import load_sweep  # the report reads the run whole: every floor follows from its shape
+
+    assert not load_sweep((str(out),)).set_aside
     assert proc.stdout.rstrip().splitlines()[-1].startswith("elapsed")
 
 
@@ -375,16 +388,3 @@ def test_staged_candidates_compile_for_sm90():
         assert chunk * 2 <= shared <= chunk * 2 + 64 and (n - 1) * chunk < 32000 <= n * chunk, key
 
 
-@pytest.mark.slow  # ~30 s on 2 loaded cores: matplotlib draws two 6-panel figures
-def test_plot_from_fake_results(tmp_path):
-    pytest.importorskip("matplotlib")
-    import sweep_plot
-
-    rows = [dict(_row(f"V{v} b{b} s1024 bfloat16", m, 1.1 + v / 1e6, liger=1.5), vocab=v, batch=b, seq=1024,
-                 dtype="bfloat16") for v in (32000, 128256) for b in (2, 8) for m in sweep_plot.MEMBERS]
-    assert list(sweep_plot.series(rows, "token-is", "ours_x_floor")) == [(2, 1024, "bfloat16"), (8, 1024, "bfloat16")]
-    doc = {"rows": rows, "meta": {"gpu": "fake", "copy_TBps": 4.3}}
-    a, b = tmp_path / "a.svg", tmp_path / "b.svg"
-    sweep_plot.plot(doc, str(a))
-    sweep_plot.plot(doc, str(b))
-    assert a.read_bytes() == b.read_bytes() and b"<svg" in a.read_bytes()  # same JSON, same bytes

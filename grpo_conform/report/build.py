@@ -7,19 +7,26 @@ the committed page, evidence/leaderboard/, against a rebuild).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from grpo_conform.evidence.identities import project_root_for, tree_identity
 from grpo_conform.report.load import RejectedRecord, VerifiedRecord, load_records
 from grpo_conform.report.model import Section, build_sections
 from grpo_conform.report.reported import MEANINGS, ReportedRow, audit_reported
+from grpo_conform.report.sweep import Sweep, load_sweep
 
 FORMAT = "grpo-conform-leaderboard/1"
+SWEPT = "implementations/triton"  # the folder benchmarks/sweep_logits.py times
+#: the logits kernel's shape sweeps shown on the committed page (issue 36), oldest first
+SWEEPS = ("benchmarks/results/h200-2026-12-03d/round20c/reports/sweep.json",
+          "benchmarks/results/h200-2026-12-03e/round22/r/sweep.json",
+          "benchmarks/results/h200-2026-12-03f/round26e/reports/sweep.json")
 REGENERATE = ("grpo-conform report evidence/h200 --reported tests/data/seed-records.csv "
-              "--against tests/data/liger-fused-linear-grpo.csv --out evidence/leaderboard")
+              "--against tests/data/liger-fused-linear-grpo.csv " + " ".join(f"--sweep {p}" for p in SWEEPS)
+              + " --out evidence/leaderboard")
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,7 @@ class ReportRequest:
     formats: tuple[str, ...] = ("html", "markdown", "json")
     project: str | None = None  # the checkout that resolves members and implementation identities (default: cwd's)
     now: datetime | None = None  # the verification time (tests); default: the clock
+    sweeps: tuple[str, ...] = ()  # benchmarks/sweep_logits.py JSON files: the page's shape-sweep section (sweep.py)
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class Leaderboard:
     trusted_keys: str
     audited_against: str  # the specs the reported rows were judged against, comma-separated (each row names its own)
     written: tuple[str, ...] = field(default_factory=tuple)
+    sweep: Sweep | None = None  # unsigned benchmark output, shown apart from the records
 
     @property
     def latest(self) -> str:
@@ -51,7 +60,9 @@ class Leaderboard:
         return max(((r.predicate.get("run") or {}).get("finished", "") for r in self.inputs), default="")
 
     def to_json(self) -> dict[str, Any]:
+        extra = {"sweep": self.sweep.to_json()} if self.sweep is not None else {}
         return {
+            **extra,
             "format": FORMAT,
             "latest_run": self.latest,
             "trusted_keys": self.trusted_keys,
@@ -70,8 +81,12 @@ def build_leaderboard(request: ReportRequest) -> Leaderboard:
                                                  now=request.now)
     reported = audit_reported(request.reported, request.spec, request.against) if request.reported else []
     against = ", ".join(dict.fromkeys(r.audited_against for r in reported)) or request.spec
+    sweep = None
+    if request.sweeps:
+        root = project_root_for(None, request.project)
+        sweep = load_sweep(request.sweeps, tree_identity(root, SWEPT))
     return Leaderboard(tuple(build_sections(verified, request.project)), tuple(reported), tuple(rejected), tuple(verified),
-                       _display_path(keys_file), against)
+                       _display_path(keys_file), against, sweep=sweep)
 
 
 def _display_path(path: str) -> str:

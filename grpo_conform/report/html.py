@@ -9,6 +9,7 @@ from grpo_conform.report import fused as F
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
 from grpo_conform.report.plot import mpl_version, scaling_svg
+from grpo_conform.report import sweep_tables as W
 from grpo_conform.report.reported import MEANINGS
 
 CSS = """
@@ -92,8 +93,32 @@ def _section(s, level: int = 2) -> str:
     return "\n".join(parts)
 
 
+def _sweep(sweep) -> str:
+    parts = ['<section id="sweep"><h2>Shape sweep of implementations/triton (benchmark output, not signed '
+             f'evidence)</h2><p class="note">{escape(W.INTRO)}</p>',
+             _table(W.FILE_HEADERS, W.file_rows(sweep), "sweep-files", numeric=(5,)),
+             _table(W.TARGET_HEADERS, W.target_rows(sweep), "sweep-targets")]
+    svg = W.sweep_svg(sweep)
+    if svg:
+        parts.append(f'<figure class="plot" data-protocol="sweep" data-matplotlib="{mpl_version()}">{svg}<figcaption>'
+                     "Ours over the member's DRAM floor against the vocabulary, one line per batch, sequence and dtype "
+                     "(dashed: float16); dotted: the token level's 1.15x target.</figcaption></figure>")
+    for title, headers, rows in W.grids(sweep):
+        parts.append(f"<h3>{escape(title)}</h3>")
+        parts.append(_table(headers, rows, "sweep-grid", numeric=tuple(range(1, len(headers)))))
+    parts.append(f'<p class="note">{escape(W.CELL_NOTE)}</p>')
+    if sweep.launch:
+        parts += ["<h3>Launch-bound call</h3>", _table(W.LAUNCH_HEADERS, W.launch_rows(sweep), "sweep-launch",
+                                                        numeric=(2, 3, 4))]
+    if sweep.set_aside:
+        parts += ["<h3>Sweep files and rows not shown</h3>",
+                  _table(W.NOT_SHOWN_HEADERS, W.not_shown_rows(sweep), "sweep-aside")]
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
 def render_html(board: Leaderboard) -> str:
-    body = [f"<h1>GRPO loss leaderboard: verified evidence only</h1>",
+    body = ["<h1>GRPO loss leaderboard: verified evidence only</h1>",
             f'<p class="note">Built from {len(board.inputs)} signed record(s) that pass <code>grpo-conform verify'
             f"</code> against <code>{escape(board.trusted_keys)}</code> (latest run {escape(board.latest or 'none')})."
             " Every number is read from a record whose signature, schema and identities verified; records that do "
@@ -111,6 +136,8 @@ def render_html(board: Leaderboard) -> str:
         body.append("</ul>")
         body.append(_table(T.REPORTED_HEADERS, T.reported_rows(board.reported), "reported", numeric=(4, 5)))
         body.append("</section>")
+    if board.sweep is not None:
+        body.append(_sweep(board.sweep))
     body.append('<section id="rejected"><h2>Records not shown</h2>')
     if board.rejected:
         body.append(_table(("record", "why it is not shown"), [(r.path, r.reason) for r in board.rejected],

@@ -15,6 +15,7 @@ from grpo_conform.report import fused as F
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
 from grpo_conform.report.model import Section
+from grpo_conform.report import sweep_tables as W
 from grpo_conform.report.reported import MEANINGS
 
 _PUNCT = re.compile(r"([\\`*_{}\[\]()#!|~])")
@@ -51,6 +52,20 @@ def _section(s: Section, level: int) -> list[str]:
     return lines
 
 
+def _sweep(sweep) -> list[str]:
+    lines = ["## Shape sweep of implementations/triton (benchmark output, not signed evidence)", "", text(W.INTRO), ""]
+    lines += table(W.FILE_HEADERS, W.file_rows(sweep)) + [""]
+    lines += table(W.TARGET_HEADERS, W.target_rows(sweep)) + [""]
+    for title, headers, rows in W.grids(sweep):
+        lines += [f"### {text(title)}", ""] + table(headers, rows) + [""]
+    lines += [text(W.CELL_NOTE), ""]
+    if sweep.launch:
+        lines += ["### Launch-bound call", ""] + table(W.LAUNCH_HEADERS, W.launch_rows(sweep)) + [""]
+    if sweep.set_aside:
+        lines += ["### Sweep files and rows not shown", ""] + table(W.NOT_SHOWN_HEADERS, W.not_shown_rows(sweep)) + [""]
+    return lines
+
+
 def render_markdown(board: Leaderboard) -> str:
     lines = ["# GRPO loss leaderboard: verified evidence only", "",
              f"Built from {len(board.inputs)} signed record(s) that pass `grpo-conform verify` against "
@@ -73,6 +88,8 @@ def render_markdown(board: Leaderboard) -> str:
                   "spec, the others against the logits-level one. What each verdict means:", ""]
         lines += [f"- **{text(k)}**: {text(v)}" for k, v in MEANINGS.items()] + [""]
         lines += table(T.REPORTED_HEADERS, T.reported_rows(board.reported)) + [""]
+    if board.sweep is not None:
+        lines += _sweep(board.sweep)
     lines += ["## Records not shown", ""]
     if board.rejected:
         lines += table(("record", "why it is not shown"), [(r.path, r.reason) for r in board.rejected]) + [""]

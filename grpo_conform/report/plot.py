@@ -98,13 +98,13 @@ def scaling_svg(section: Section, protocol: str) -> str | None:
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]  # inline: drop the XML prolog and doctype
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
-    return _stable_ids(svg, f"{section.spec_identity[:12]}-{section.member or ''}-{section.gpu}-{protocol}")
+    return stable_ids(svg, f"{section.spec_identity[:12]}-{section.member or ''}-{section.gpu}-{protocol}")
 
 
 _HASHED_ID = re.compile(r'(id="|#)([mp])([0-9a-f]{10})(?=["\)])')  # a definition or a reference to it
 
 
-def _stable_ids(svg: str, figure: str) -> str:
+def stable_ids(svg: str, figure: str) -> str:
     """matplotlib names clip paths and markers by a hash of their content's repr, which changes with
     numpy's float repr (numpy 2 writes np.float64(...)): the same plot got other ids from one numpy to the
     next. Each becomes the figure's prefix and its order of first appearance, so the page depends on

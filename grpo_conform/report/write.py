@@ -4,6 +4,7 @@ written under --out, one file per format."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from grpo_conform.report.build import Leaderboard, ReportRequest, build_leaderboard
@@ -34,5 +35,4 @@ def run_report(request: ReportRequest) -> Leaderboard:
         target = out / OUTPUTS[fmt]
         target.write_text(render(board, fmt), encoding="utf-8")
         written.append(str(target))
-    return Leaderboard(board.sections, board.reported, board.rejected, board.inputs, board.trusted_keys,
-                       board.audited_against, tuple(written))
+    return replace(board, written=tuple(written))

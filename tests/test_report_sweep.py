@@ -1,0 +1,166 @@
+"""`grpo-conform report --sweep`: the logits kernel's shape sweep on the page (issue 36), read as unsigned
+benchmark output: floors recomputed, derived fields ignored, impossible times flagged, hostile text inert."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from grpo_conform.report.build import SWEEPS, ReportRequest, build_leaderboard
+from grpo_conform.report.markdown import render_markdown
+from grpo_conform.report.sweep import SweepInputError, SweepRow, floor_ms, judge_run, load_sweep
+from grpo_conform.report.sweep_tables import grids, identity_text
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "grpo_conform" / "schemas" / "leaderboard.v1.schema.json").read_text())
+COPY_TBPS = 4.3
+MEMBERS = ("token-is", "token-offpolicy-mask", "sequence-offpolicy-mask")
+
+
+def _row(vocab, batch, member, x, seq=1024, dtype="bfloat16", liger=None, unmasked=0.75, **extra):
+    """A row whose floor follows from its shape (as sweep_logits.py writes it) and whose time is x the floor."""
+    r = {"vocab": vocab, "batch": batch, "seq": seq, "dtype": dtype, "member": member, "unmasked_fraction": unmasked,
+         "note": ""}
+    floor = floor_ms(SweepRow(**r), COPY_TBPS * 1e12)
+    r.update(floor_ms=floor, ours_ms=x * floor, **extra)
+    if liger:
+        r["liger_ms"] = liger * x * floor
+    return r
+
+
+def _doc(rows, started="2026-12-03T10:00:00Z", gpu="NVIDIA H200", launch=(), **meta):
+    return {"meta": {"gpu": gpu, "torch": "2.11", "triton": "3.6", "copy_TBps": COPY_TBPS, "started": started, **meta},
+            "rows": list(rows), "launch": list(launch)}
+
+
+def _write(tmp_path, name, doc) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _seed_rows(x_token=1.10, x_masked=1.11, x_gspo=1.30, liger=1.4, vocab=128256, batch=8):
+    return [_row(vocab, batch, "token-is", x_token, liger=liger), _row(vocab, batch, "token-offpolicy-mask", x_masked,
+            liger=liger), _row(vocab, batch, "sequence-offpolicy-mask", x_gspo, liger=liger)]
+
+
+def _targets(sweep) -> dict:
+    """Each target by its first word (token, seed, GSPO, never, launch-bound)."""
+    return {t.name.split(" ")[0]: t for t in sweep.targets}
+
+
+def test_targets_met_and_missed_over_the_merged_rows(tmp_path):
+    good = load_sweep((_write(tmp_path, "a.json", _doc(_seed_rows(x_gspo=1.2))),))
+    assert all(t.met for t in good.targets) and len(good.targets) == 4  # no launch rows: no launch target
+    bad = load_sweep((_write(tmp_path, "b.json", _doc(_seed_rows(x_token=1.13, x_gspo=1.60, liger=0.9),
+                                                      launch=[{"impl": "ours", "member": "token-is", "full_wall_ms": 0.2}])),))
+    t = _targets(bad)
+    assert t["token"].met and not t["seed"].met and "1.130x" in t["seed"].worst  # 1.13: under 1.15, over 1.12
+    assert not t["GSPO"].met and "x at V128256 b8" in t["GSPO"].worst
+    assert not t["never"].met and t["never"].passed == 0
+    assert not t["launch-bound"].met and "0.2000 ms" in t["launch-bound"].worst
+
+
+def test_a_file_s_own_conclusions_change_nothing(tmp_path):
+    """An edited ratio, speed-up or verdict list is ignored: every number the page shows is formed here."""
+    rows = _seed_rows(x_token=1.30)
+    edited = [dict(r, ours_x_floor=1.0, speedup_vs_liger=9.0) for r in rows]
+    doc = dict(_doc(edited), verdicts=["PASS  everything"])
+    sweep = load_sweep((_write(tmp_path, "e.json", doc),))
+    cell = next(c for c in sweep.cells if c.member == "token-is")
+    assert cell.x_floor == pytest.approx(1.30) and cell.vs_liger == pytest.approx(1.4)
+    assert not _targets(sweep)["token"].met
+
+
+def test_a_floor_that_does_not_follow_from_the_shape_is_set_aside(tmp_path):
+    """A lowered copy bandwidth or an edited floor_ms would make a slow kernel look close to its floor."""
+    rows = _seed_rows(x_token=1.30)
+    rows[0]["floor_ms"] *= 1.2  # ours now "1.08x"
+    sweep = load_sweep((_write(tmp_path, "f.json", _doc(rows)),))
+    assert [c.member for c in sweep.cells] == ["token-offpolicy-mask", "sequence-offpolicy-mask"]
+    where, why = sweep.set_aside[0]
+    assert "V128256 b8 s1024 bfloat16 token-is" in where and "does not follow from the shape" in why
+    masked = _seed_rows()[1:2]
+    del masked[0]["unmasked_fraction"]  # a masked member's floor needs the unmasked share
+    sweep = load_sweep((_write(tmp_path, "g.json", _doc(masked)),))
+    assert not sweep.cells and "without unmasked_fraction" in sweep.set_aside[0][1]
+
+
+def test_a_time_below_the_datasheet_floor_is_impossible_and_left_out_of_the_targets(tmp_path):
+    # the run claims a slow copy (2 TB/s), so its stated floor is large; the H200's datasheet floor is 4.8 TB/s
+    slow = 2.0
+    r = {"vocab": 128256, "batch": 8, "seq": 1024, "dtype": "bfloat16", "member": "token-is", "note": ""}
+    floor = floor_ms(SweepRow(**r), slow * 1e12)
+    r.update(floor_ms=floor, ours_ms=0.3 * floor)  # 0.63 ms: under the 0.88 ms that 4.8 TB/s allows
+    doc = _doc([r])
+    doc["meta"]["copy_TBps"] = slow
+    sweep = load_sweep((_write(tmp_path, "i.json", doc),))
+    assert sweep.cells[0].impossible and sweep.targets == ()
+    assert "impossible" in grids(sweep)[0][2][0][1]
+    plausible = load_sweep((_write(tmp_path, "p.json", _doc(_seed_rows())),))
+    assert not any(c.impossible for c in plausible.cells)
+    unknown = load_sweep((_write(tmp_path, "u.json", _doc(_seed_rows(), gpu="Some Future GPU")),))
+    assert unknown.cells[0].datasheet_floor_ms is None and not unknown.cells[0].impossible
+
+
+def test_files_merge_by_shape_the_newest_whole(tmp_path):
+    old = _doc(_seed_rows(x_token=1.30) + _seed_rows(x_token=1.40, batch=2), started="2026-12-01T00:00:00Z")
+    new = _doc(_seed_rows(x_token=1.10)[:1], started="2026-12-02T00:00:00Z")  # b8 again, token-is only
+    sweep = load_sweep((_write(tmp_path, "new.json", new), _write(tmp_path, "old.json", old)))
+    b8 = [c for c in sweep.cells if c.batch == 8]
+    assert [(c.member, round(c.x_floor, 2), c.source) for c in b8] == [("token-is", 1.1, 0)]  # the newest, whole
+    assert {c.member for c in sweep.cells if c.batch == 2} == set(MEMBERS)  # the older file's other shape stays
+    assert [len(r) for _, _, r in grids(sweep)][:1] == [2]
+
+
+def test_bad_files_are_named_and_set_aside(tmp_path):
+    with pytest.raises(SweepInputError, match="--sweep .*nope.json: no such file"):
+        load_sweep((str(tmp_path / "nope.json"),))
+    bad = _doc(_seed_rows())
+    bad["rows"][0]["member"] = "made-up"
+    junk = tmp_path / "junk.json"
+    junk.write_text("{not json")
+    sweep = load_sweep((_write(tmp_path, "bad.json", bad), str(junk), _write(tmp_path, "ok.json", _doc(_seed_rows()))))
+    reasons = dict(sweep.set_aside)
+    assert "field rows.0.member" in reasons[str(tmp_path / "bad.json")]
+    assert "not JSON" in reasons[str(junk)]
+    assert len(sweep.files) == 1 and len(sweep.cells) == 3
+
+
+def test_identity_is_named_current_or_not(tmp_path):
+    ident = "a" * 64
+    sweep = load_sweep((_write(tmp_path, "i.json", _doc(_seed_rows(), identity=ident)),), current_identity=ident)
+    assert "(current)" in identity_text(sweep, sweep.files[0].meta.identity)
+    other = load_sweep((_write(tmp_path, "j.json", _doc(_seed_rows(), identity=ident)),), current_identity="b" * 64)
+    assert "not the checkout's" in identity_text(other, other.files[0].meta.identity)
+    assert "not recorded" in identity_text(other, None)
+
+
+def test_hostile_text_is_inert_on_the_page(tmp_path):
+    rows = _seed_rows()
+    rows[0].update(note="[click](https://evil.example) <script>x</script>", ours_ms=None)  # shown with its note
+    doc = _doc(rows, gpu="H200 <img src=x>")
+    path = _write(tmp_path, "h.json", doc)
+    board = build_leaderboard(ReportRequest(paths=(str(ROOT / "evidence" / "h200"),), out=None, sweeps=(path,),
+                                            project=str(ROOT)))
+    md = render_markdown(board)
+    section = md[md.index("## Shape sweep"):]
+    assert "<script>" not in section and "<img" not in section and "](https" not in section
+    jsonschema.Draft202012Validator(SCHEMA).validate(board.to_json())
+
+
+def test_the_run_s_own_verdicts_are_the_report_s():
+    doc = _doc(_seed_rows(x_token=1.13), launch=[{"impl": "ours", "member": "token-is", "full_wall_ms": 0.11}])
+    lines = [f"{'PASS' if t.met else 'FAIL'} {t.name}" for t in judge_run(doc)]
+    assert lines[0].startswith("PASS token level") and lines[1].startswith("FAIL seed shape")
+    assert lines[-1].startswith("PASS launch-bound")
+
+
+def test_the_committed_sweeps_load_whole():
+    """The three H200 sweeps the committed page shows: every floor follows from its shape."""
+    sweep = load_sweep(tuple(str(ROOT / p) for p in SWEEPS))
+    assert not sweep.set_aside and len(sweep.cells) == 300 and not any(c.impossible for c in sweep.cells)
+    assert {c.source for c in sweep.cells if c.vocab == 50257} == {1}  # round22's staged path for unaligned rows
