@@ -164,3 +164,23 @@ def test_the_committed_sweeps_load_whole():
     sweep = load_sweep(tuple(str(ROOT / p) for p in SWEEPS))
     assert not sweep.set_aside and len(sweep.cells) == 300 and not any(c.impossible for c in sweep.cells)
     assert {c.source for c in sweep.cells if c.vocab == 50257} == {1}  # round22's staged path for unaligned rows
+
+
+def test_the_command_line(tmp_path):
+    from click.testing import CliRunner
+
+    from grpo_conform.cli import main
+
+    record = str(next((ROOT / "evidence" / "h200").glob("triton--*.intoto.json")))
+    missing = CliRunner().invoke(main, ["report", record, "--sweep", str(tmp_path / "none.json"), "--out",
+                                        str(tmp_path / "page")])
+    assert missing.exit_code == 2 and "none.json: no such file" in missing.output and "Traceback" not in missing.output
+    rows = _seed_rows(x_token=1.30)
+    rows[0]["floor_ms"] *= 2
+    ok = CliRunner().invoke(main, ["report", record, "--sweep", _write(tmp_path, "s.json", _doc(rows)), "--out",
+                                   str(tmp_path / "page")])
+    assert ok.exit_code == 0, ok.output
+    assert "shape sweep (unsigned benchmark output): 2 row(s) from 1 file(s); 4 of 4 target(s) met" in ok.output
+    assert "sweep not shown: " in ok.output and "token-is: floor_ms" in ok.output
+    page = (tmp_path / "page" / "index.html").read_text()
+    assert 'id="sweep"' in page and 'data-protocol="sweep"' in page
