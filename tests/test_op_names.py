@@ -47,6 +47,10 @@ EXCEPTIONS: dict[str, tuple[str, str]] = {
                        "advantages)"),
     "report/tables.py": ("code", "the leaderboard's peak-memory text 'N x logits' beside the record field "
                                  "peak_over_logits"),
+    "report/sweep.py": ("code", "reads benchmarks/sweep_logits.py's JSON: its rows are grpo-logits shapes (vocab, "
+                                "batch, seq) whose floors are the logits' bytes; a benchmark of that one operation"),
+    "report/sweep_tables.py": ("code", "the sweep section's text and columns: per vocab, torch's copy_ of the same "
+                                       "logits (a grpo-logits benchmark)"),
     # -- prose --------------------------------------------------------------------------------------------
     "check.py": ("prose", "the module docstring's example and the draw-shrinking note (drawn-bf16's vocab)"),
     "compare.py": ("prose", "the comparator's and the fp32 floors' docstrings derive their bounds on logits "

@@ -184,3 +184,16 @@ def test_the_command_line(tmp_path):
     assert "sweep not shown: " in ok.output and "token-is: floor_ms" in ok.output
     page = (tmp_path / "page" / "index.html").read_text()
     assert 'id="sweep"' in page and 'data-protocol="sweep"' in page
+
+
+def test_the_copy_grid_shows_what_a_plain_pass_reaches(tmp_path):
+    """torch's copy_ of the same logits, against the plain floor: the masked member's own floor is lower, so a
+    copy_ read against it would look slower than it is."""
+    rows = _seed_rows()
+    plain = rows[0]["floor_ms"]  # token-is: every row read
+    for r in rows:
+        r["copy_ms"] = 1.01 * plain
+    sweep = load_sweep((_write(tmp_path, "c.json", _doc(rows)),))
+    assert {round(c.copy_x_floor, 3) for c in sweep.cells} == {1.01}
+    title, headers, body = grids(sweep)[-1]
+    assert title.startswith("torch copy_ of the same logits, bfloat16") and body == [("b8 s1024", "1.010x")]

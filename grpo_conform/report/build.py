@@ -20,7 +20,7 @@ from grpo_conform.report.sweep import Sweep, load_sweep
 
 FORMAT = "grpo-conform-leaderboard/1"
 SWEPT = "implementations/triton"  # the folder benchmarks/sweep_logits.py times
-#: the logits kernel's shape sweeps shown on the committed page (issue 36), oldest first
+#: the shape sweeps of implementations/triton shown on the committed page (issue 36), oldest first
 SWEEPS = ("benchmarks/results/h200-2026-12-03d/round20c/reports/sweep.json",
           "benchmarks/results/h200-2026-12-03e/round22/r/sweep.json",
           "benchmarks/results/h200-2026-12-03f/round26e/reports/sweep.json")

@@ -109,6 +109,7 @@ class Cell:
     member: str
     source: int  # index into Sweep.files
     floor_ms: float  # at the run's measured copy bandwidth (masked members: unmasked rows read)
+    plain_floor_ms: float  # every row read and written at that bandwidth: what torch's copy_ of the logits moves
     datasheet_floor_ms: Optional[float]  # at the GPU's datasheet DRAM bandwidth
     ours_ms: Optional[float]
     liger_ms: Optional[float]
@@ -129,12 +130,18 @@ class Cell:
         return self.liger_ms / self.ours_ms if self.ours_ms and self.liger_ms else None
 
     @property
+    def copy_x_floor(self) -> Optional[float]:
+        """torch's copy_ of the same logits over the plain floor: what one plain pass reaches at this size."""
+        return self.copy_ms / self.plain_floor_ms if self.copy_ms else None
+
+    @property
     def impossible(self) -> bool:
         return bool(self.ours_ms and self.datasheet_floor_ms and self.ours_ms < self.datasheet_floor_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {"vocab": self.vocab, "batch": self.batch, "seq": self.seq, "dtype": self.dtype, "member": self.member,
-                "source": self.source, "floor_ms": self.floor_ms, "datasheet_floor_ms": self.datasheet_floor_ms,
+                "source": self.source, "floor_ms": self.floor_ms, "plain_floor_ms": self.plain_floor_ms,
+                "copy_x_floor": self.copy_x_floor, "datasheet_floor_ms": self.datasheet_floor_ms,
                 "ours_ms": self.ours_ms, "liger_ms": self.liger_ms, "copy_ms": self.copy_ms,
                 "x_floor": self.x_floor, "vs_liger": self.vs_liger, "impossible": self.impossible, "note": self.note}
 
@@ -176,11 +183,12 @@ class Sweep:
                 "targets": [t.to_json() for t in self.targets]}
 
 
-def floor_ms(row: SweepRow, bytes_per_s: float) -> Optional[float]:
-    """The member's DRAM floor at `bytes_per_s`: the logits read (masked members: the unmasked rows) and the
-    gradient written, over every row of [batch, seq + 1, vocab]. None when a masked row has no unmasked share."""
+def floor_ms(row: SweepRow, bytes_per_s: float, plain: bool = False) -> Optional[float]:
+    """The member's DRAM floor at `bytes_per_s`: the logits read (masked members: the unmasked rows; `plain`:
+    every row) and the gradient written, over every row of [batch, seq + 1, vocab]. None when a masked row has no
+    unmasked share."""
     full = row.batch * (row.seq + 1) * row.vocab * SIZES[row.dtype]
-    if not MEMBERS[row.member][1]:
+    if plain or not MEMBERS[row.member][1]:
         return 2 * full / bytes_per_s * 1e3
     if row.unmasked_fraction is None:
         return None
@@ -251,7 +259,7 @@ def _cells(f: SweepFile, index: int, rows: list[SweepRow], aside: list) -> list[
                                  f"bandwidth ({floor:.6g} ms): the row was edited or written by another floor model"))
             continue
         out.append(Cell(row.vocab, row.batch, row.seq, row.dtype, row.member, index, floor,
-                        floor_ms(row, datasheet) if datasheet else None, row.ours_ms, row.liger_ms, row.copy_ms,
+                        floor_ms(row, measured, plain=True), floor_ms(row, datasheet) if datasheet else None, row.ours_ms, row.liger_ms, row.copy_ms,
                         row.note))
     return out
 

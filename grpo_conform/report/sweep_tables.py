@@ -56,7 +56,9 @@ def launch_rows(sweep: Sweep) -> list[tuple[str, ...]]:
 
 
 def grids(sweep: Sweep) -> list[tuple[str, tuple[str, ...], list[tuple[str, ...]]]]:
-    """Per member and dtype: (title, headers, rows): a row per (batch, seq), a column per vocabulary."""
+    """Per member and dtype: (title, headers, rows): a row per (batch, seq), a column per vocabulary; then per dtype
+    torch's copy_ of the same logits (what one plain pass reaches at that size: the kernel's own overhead is the
+    difference)."""
     out = []
     for member in MEMBERS:
         for dtype in sorted({c.dtype for c in sweep.cells}):
@@ -67,6 +69,15 @@ def grids(sweep: Sweep) -> list[tuple[str, tuple[str, ...], list[tuple[str, ...]
             lines = sorted({(b, s) for b, s, _ in cells}, key=lambda bs: (bs[1], bs[0]))
             rows = [(f"b{b} s{s}", *(_cell(cells.get((b, s, v))) for v in vocabs)) for b, s in lines]
             out.append((f"{member}, {dtype}", ("batch, seq", *(f"V {v}" for v in vocabs)), rows))
+    for dtype in sorted({c.dtype for c in sweep.cells}):  # one copy_ a shape: the same for every member
+        copies = {(c.batch, c.seq, c.vocab): c.copy_x_floor for c in sweep.cells if c.dtype == dtype and c.copy_x_floor}
+        if copies:
+            vocabs = sorted({v for _, _, v in copies})
+            lines = sorted({(b, s) for b, s, _ in copies}, key=lambda bs: (bs[1], bs[0]))
+            rows = [(f"b{b} s{s}", *(f"{copies[(b, s, v)]:.3f}x" if (b, s, v) in copies else "" for v in vocabs))
+                    for b, s in lines]
+            out.append((f"torch copy_ of the same logits, {dtype} (x the plain floor: every row read and written)",
+                        ("batch, seq", *(f"V {v}" for v in vocabs)), rows))
     return out
 
 
