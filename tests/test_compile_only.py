@@ -4,8 +4,10 @@ the compile-ahead worker is the only one to enter it (tests/test_check_ahead.py)
 
 from __future__ import annotations
 
+import os
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +126,63 @@ def test_a_malformed_thread_count_is_refused_by_name(monkeypatch, raw):
     monkeypatch.setenv(check_ahead.ENV_THREADS, raw)
     with pytest.raises(EnvironmentProblem, match="GRPO_CONFORM_COMPILE_AHEAD_THREADS"):
         check_ahead.threads()
+
+
+REAL = r'''
+import os, sys, types
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+class NoGpu:
+    """A driver that names an sm_90 target and cannot launch: compiling works, running would raise."""
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+    def is_active(self): return True
+
+driver.set_active(NoGpu())
+sys.path.insert(0, sys.argv[1])
+pkg = types.ModuleType("impl_triton")
+pkg.__path__ = [os.path.join(sys.argv[1], "implementations", "triton")]
+sys.modules["impl_triton"] = pkg
+from impl_triton.impl import grpo_loss
+from grpo_conform.isolation.compile_only import side_by_side
+from triton.runtime.jit import JITFunction
+
+x = torch.randn(2, 9, 256).to(torch.bfloat16).requires_grad_(True)
+ids, adv = torch.randint(0, 256, (2, 8)), torch.randn(2)
+old, mask = torch.randn(2, 8) - 5, torch.ones(2, 8, dtype=torch.int32)
+original = JITFunction.run
+with side_by_side(2) as active:
+    assert active
+    with torch.no_grad():
+        grpo_loss(x, ids, adv, old_logprobs=old, completion_mask=mask)
+    grpo_loss(x, ids, adv, old_logprobs=old, completion_mask=mask).backward()
+assert JITFunction.run is original
+try:
+    grpo_loss(x, ids, adv, old_logprobs=old, completion_mask=mask)
+except AttributeError as exc:  # outside the block a launch runs, and this driver cannot
+    print("launch outside refused:", "launcher" in str(exc))
+cubins = [f for _, _, files in os.walk(os.environ["TRITON_CACHE_DIR"]) for f in files if f.endswith(".cubin")]
+print("cubins", len(cubins))
+'''
+
+
+@pytest.mark.slow  # ~5-10 s on 2 cores: Triton compiles a member's kernels for sm_90
+def test_real_triton_compiles_our_kernels_for_sm90_without_running_them(tmp_path):
+    """With Triton's own JIT and AsyncCompileMode (no fakes of ours), implementations/triton's forward and backward
+    inside the block compile for an sm_90 target on a 2-thread pool; a driver that cannot launch proves nothing ran,
+    and the JIT launches again after the block."""
+    pytest.importorskip("triton.backends.nvidia")
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(root))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", REAL, str(root)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "launch outside refused: True" in proc.stdout
+    count = int(proc.stdout.split("cubins")[-1])
+    assert count >= 4, proc.stdout  # the statistics, terms and gradient kernels of a masked member at least
