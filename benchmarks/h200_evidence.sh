@@ -57,7 +57,9 @@
 #   bash benchmarks/h200_evidence.sh round35a   # issue 35, next: the CUDA tests of the fourteenth session's code, then the
 #                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
 #   bash benchmarks/h200_evidence.sh round35b   # issue 35, fifteenth session: the default check, every worker profiled
-#   TESTS=0 ONE=0 bash benchmarks/h200_evidence.sh ahead35b   # next session, first (~5 min): the default check
+#   bash benchmarks/h200_evidence.sh ahead35c   # next session, first (~8 min): three compile-ahead settings, each on
+#                                               # a first run (default; THREADS 8; THREADS 8 at the workloads' shapes)
+#   TESTS=0 ONE=0 bash benchmarks/h200_evidence.sh ahead35b   # (~5 min): the default check
 #                                               # (compile ahead by default, its worker spawned beside the slot's),
 #                                               # cold then kept; against 151 s cold (527768c), 113-123 s kept. Run at
 #                                               # 15b9a63 with full-shape proxies (reverted): a slot stopped, 113 s kept.
@@ -533,6 +535,38 @@ PY
     fi
     kill $sampler
     status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
+    ;;
+  ahead35c)  # issue 35, eighteenth session: the three compile-ahead settings in one call, each on a first run
+             # (the compile stores cleared before each), ~8 min: VARIANTS="THREADS:SHAPES ...", default
+             # "0:batch1 8:batch1 8:workload" (the default check; side by side on 8 threads; and at the workloads'
+             # own shapes). The compile-only CUDA test first when a variant has threads.
+    variants=${VARIANTS:-0:batch1 8:batch1 8:workload}
+    case " $variants" in *" "[1-9]*)
+      timeout -s KILL 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_compile_only_cuda.py > "$R/compile-only-test.txt" 2>&1
+      status "compile_only CUDA test: exit $?"; tail -1 "$R/compile-only-test.txt" ;;
+    esac
+    for v in $variants; do
+      export GRPO_CONFORM_COMPILE_AHEAD_THREADS=${v%%:*} GRPO_CONFORM_COMPILE_AHEAD_SHAPES=${v#*:}
+      rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+      status "variant threads ${v%%:*}, shapes ${v#*:}, empty compile stores"
+      default_check "${DEADLINE:-230}"
+      tag=cold-t${v%%:*}-${v#*:}
+      mv "$R/triton-default.json" "$R/triton-default-$tag.json"; mv "$R/triton-default.log" "$R/triton-default-$tag.log"
+      python3 - "$R/triton-default-$tag.json" <<'PY' 2>&1 | cut -c1-400  # each slot's worker.compile_ahead, wherever it sits
+import json, sys
+def walk(x):
+    if isinstance(x, dict):
+        if "compile_ahead" in x:
+            yield x["compile_ahead"]
+        for v in x.values():
+            yield from walk(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from walk(v)
+for found in walk(json.load(open(sys.argv[1]))):
+    print("compile_ahead:", json.dumps(found))
+PY
+    done
     ;;
   ahead35b)  # issue 35, seventeenth session: the default check (compile ahead on by default, spawned beside the
              # slot's worker) cold then kept (GPU memory sampled), then one masked member's mask-b8 alone
