@@ -29,9 +29,9 @@ every kernel the real calls launch: an implementation may pick its kernels' spec
 (ours splits the row statistics by the token count; Triton makes an int argument equal to 1 a constant).
 Proxies at the workloads' own shapes were tried (5d1304f): ~8 GB a mask-b8 request, ~4 s of drawing a slot,
 and a slot ran out of memory beside them; not measured to gain, so they are opt-in
-(GRPO_CONFORM_COMPILE_AHEAD_SHAPES=workload: one request a shape), as is compiling side by side without
-running (GRPO_CONFORM_COMPILE_AHEAD_THREADS, isolation/compile_only.py), which holds their memory for less
-time. It costs a worker process a slot, the proxies' memory, and GPU time beside the slot's conformance, on
+(GRPO_CONFORM_COMPILE_AHEAD_SHAPES=workload: one request a shape; since the eighteenth session drawn at batch 1
+and repeated along the batch axis, `fill_proxy`), as is compiling side by side without running
+(GRPO_CONFORM_COMPILE_AHEAD_THREADS, isolation/compile_only.py), which holds their memory for less time. It costs a worker process a slot, the proxies' memory, and GPU time beside the slot's conformance, on
 a first run only.
 """
 
@@ -100,6 +100,31 @@ def proxy_workload(spec, workload, full: bool = False):
     if PROXY_AXIS in axes and not full:
         axes[PROXY_AXIS] = 1
     return spec.resolve(workload.model_copy(update={"axes": axes}), random.Random(0))
+
+
+def fill_proxy(spec, rw, seed: int, device, out: dict) -> None:
+    """A proxy's inputs written into `out`. At the workloads' own shapes a set is drawn with the batch axis at 1 and
+    repeated along it: drawing full-size sets cost the slots 16.4 s summed on the H200 (seventeenth session), while
+    what a proxy steers, the kernels its calls compile, follows from the shapes and dtypes. Drawn whole where there is
+    no batch axis above 1, or an axis derived from it."""
+    op = operation_for(spec)
+    batch = rw.axes.get(PROXY_AXIS, 1)
+    derived = any(a.derivation() is not None and a.derivation()[0] == PROXY_AXIS for a in spec.axes)
+    if batch <= 1 or derived:
+        op.generate(spec, rw, seed, device, out=out)
+        return
+    axes = {a.name: rw.axes[a.name] for a in spec.axes if a.derivation() is None}
+    one = spec.resolve(rw.workload.model_copy(update={"axes": dict(axes, **{PROXY_AXIS: 1})}))
+    small = op.generate(spec, one, seed, device).tensors
+    for name, t in out.items():
+        dims = [i for i, a in enumerate(spec.input(name).shape) if a == PROXY_AXIS]
+        if not dims:
+            t.copy_(small[name])
+        elif len(dims) == 1:
+            for b in range(batch):  # one batch row at a time: no full-size temporary
+                t.narrow(dims[0], b, 1).copy_(small[name])
+        else:
+            t.copy_(small[name].repeat(*(batch if i in dims else 1 for i in range(t.dim()))))
 
 
 def _distinct(spec, workloads, full: bool) -> list:
@@ -228,10 +253,9 @@ class AheadCompiler:
             if not self.token:
                 return
         self.queue.pop(0)
-        op = operation_for(spec)
         for i, rw in enumerate(proxies):
             slot = InputSlot.create(self.session, f"A{i}", rw.shapes, input_dtypes(spec, rw), pristine=False)
-            op.generate(spec, rw, secrets.randbits(63), device, out=slot.tensors)  # the worker reads it after
+            fill_proxy(spec, rw, secrets.randbits(63), device, slot.tensors)  # the worker reads it after
             self.held.append(slot)  # a synchronize (WorkerSession._send)
         self.held_bytes = sum(t.numel() * t.element_size() for slot in self.held for t in slot.tensors.values())
         names = [slot.name for slot in self.held]

@@ -232,6 +232,49 @@ def test_threads_reach_the_worker_and_its_answer_says_whether_kernels_compiled_s
         ahead.close()
 
 
+@pytest.mark.parametrize("spec_file, member, workload", [("grpo.v1.json", "token-offpolicy-mask-kl", "mask-small-bf16"),
+                                                          ("grpo-fused-linear.v1.json", "token-offpolicy-mask-kl-ref-weight",
+                                                           None)])
+def test_a_full_shape_proxy_is_drawn_at_batch_one_and_repeated(monkeypatch, spec_file, member, workload):
+    """At the workloads' own shapes a proxy is one batch-1 draw repeated along the batch axis (every input, the
+    ones without a batch axis as drawn): the same shapes and dtypes as the workload, a fraction of the drawing."""
+    from grpo_conform.checks.buffers import input_dtypes
+    from grpo_conform.ops import operation_for
+
+    spec = load_family(ROOT / "specs" / spec_file).member(member)
+    w = spec.workload(workload) if workload else next(w for w in spec.workloads if "cpu" in w.devices)
+    rw = check_ahead.proxy_workload(spec, w, full=True)
+    batch = rw.axes["batch"]
+    if batch < 2:
+        w = w.model_copy(update={"axes": dict(w.axes, batch=3)})
+        rw, batch = check_ahead.proxy_workload(spec, w, full=True), 3
+    op = operation_for(spec)
+    drawn = []
+    real_generate = type(op).generate
+
+    def spy(self, spec_, rw_, seed, device, **kw):
+        drawn.append(rw_.axes["batch"])
+        return real_generate(self, spec_, rw_, seed, device, **kw)
+
+    monkeypatch.setattr(type(op), "generate", spy)
+    dtypes = input_dtypes(spec, rw)
+    out = {k: torch.empty(shape, dtype=dtypes[k]) for k, shape in rw.shapes.items()}
+    check_ahead.fill_proxy(spec, rw, 7, torch.device("cpu"), out)
+    assert drawn == [1]  # one draw, at batch 1
+    for name, t in out.items():
+        assert t.shape == rw.shapes[name] and t.dtype == dtypes[name], name
+        dims = [i for i, a in enumerate(spec.input(name).shape) if a == "batch"]
+        if dims:
+            first = t.narrow(dims[0], 0, 1)
+            for b in range(1, batch):
+                assert torch.equal(t.narrow(dims[0], b, 1), first), (name, b)
+    drawn.clear()
+    one = check_ahead.proxy_workload(spec, w)  # batch 1: drawn as it is
+    out = {k: torch.empty(shape, dtype=input_dtypes(spec, one)[k]) for k, shape in one.shapes.items()}
+    check_ahead.fill_proxy(spec, one, 7, torch.device("cpu"), out)
+    assert drawn == [1]
+
+
 def test_at_the_workloads_own_shapes_one_request_a_shape(tmp_path, monkeypatch):
     """GRPO_CONFORM_COMPILE_AHEAD_SHAPES=workload: what the real calls compile (a batch-1 proxy compiles other
     specialisations), one shape at a time so that one workload's memory is held at once."""
