@@ -197,3 +197,11 @@ def test_the_copy_grid_shows_what_a_plain_pass_reaches(tmp_path):
     assert {round(c.copy_x_floor, 3) for c in sweep.cells} == {1.01}
     title, headers, body = grids(sweep)[-1]
     assert title.startswith("torch copy_ of the same logits, bfloat16") and body == [("b8 s1024", "1.010x")]
+
+
+def test_a_member_timed_twice_at_one_shape_is_set_aside(tmp_path):
+    """An appended fast row must not stand for the shape: neither of the two is shown or judged."""
+    rows = _seed_rows(x_token=1.30) + [_row(128256, 8, "token-is", 1.01)]
+    sweep = load_sweep((_write(tmp_path, "d.json", _doc(rows)),))
+    assert sorted(c.member for c in sweep.cells) == ["sequence-offpolicy-mask", "token-offpolicy-mask"]
+    assert [why for _, why in sweep.set_aside] == ["the file times this member 2 times at this shape"] * 2

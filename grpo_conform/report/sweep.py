@@ -246,11 +246,19 @@ def _merge(files: list[SweepFile], docs: list[SweepDoc], aside: list, current_id
 
 
 def _cells(f: SweepFile, index: int, rows: list[SweepRow], aside: list) -> list[Cell]:
+    """One shape's rows of one file as cells; a member timed twice there is set aside whole (which of its times
+    would count is not the file's to choose: an appended fast row would otherwise stand for the shape)."""
     measured, datasheet = f.meta.copy_TBps * 1e12, _datasheet_bps(f.meta.gpu)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.member] = counts.get(row.member, 0) + 1
     out = []
     for row in rows:
         where = f"{f.path}: V{row.vocab} b{row.batch} s{row.seq} {row.dtype} {row.member}"
         floor = floor_ms(row, measured)
+        if counts[row.member] > 1:
+            aside.append((where, f"the file times this member {counts[row.member]} times at this shape"))
+            continue
         if floor is None:
             aside.append((where, "a masked member's row without unmasked_fraction: its floor cannot be formed"))
             continue
@@ -259,8 +267,8 @@ def _cells(f: SweepFile, index: int, rows: list[SweepRow], aside: list) -> list[
                                  f"bandwidth ({floor:.6g} ms): the row was edited or written by another floor model"))
             continue
         out.append(Cell(row.vocab, row.batch, row.seq, row.dtype, row.member, index, floor,
-                        floor_ms(row, measured, plain=True), floor_ms(row, datasheet) if datasheet else None, row.ours_ms, row.liger_ms, row.copy_ms,
-                        row.note))
+                        floor_ms(row, measured, plain=True), floor_ms(row, datasheet) if datasheet else None,
+                        row.ours_ms, row.liger_ms, row.copy_ms, row.note))
     return out
 
 
