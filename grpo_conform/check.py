@@ -414,8 +414,10 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                     if early is not None:
                         with PHASES("compile-ahead"):
                             begun = check_ahead.AheadCompiler.begin(early, list(p.members), index, ctx.gate)
-                        if begun is not None:
-                            aheads.append(begun)
+                            if begun is not None:
+                                aheads.append(begun)
+                                if begun.settle_first(index):  # side by side at the workload's shapes only
+                                    session.share_compiled()
                 started = time.monotonic()
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
                     result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)

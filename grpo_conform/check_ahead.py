@@ -18,6 +18,11 @@ sequence, as the real ones, at a fraction of their memory); the worker runs a fo
 one with grad and its backward, at the member's declared parameter values. Nothing of it is judged;
 conformance runs every call again in the slot's own worker.
 
+Side by side at the workloads' own shapes (GRPO_CONFORM_COMPILE_AHEAD_THREADS with _SHAPES=workload, `settles`),
+the first request is the slot's first workload's own shape, and the slot waits for it (`settle_first`, at most
+FIRST_WAIT_S) before that workload: its worker then takes those kernels from the store instead of compiling them
+one after another at their first launches, which cost a first workload ~10 s on the H200.
+
 Where slots share a GPU, a request is sent only when the gate grants its memory at once (`try_memory`:
 twice the proxies' inputs and gradients, ~1.1 GiB at mask-b8; never queued, so the slot never waits for
 it) and the device has HEADROOM free beside it, held until the answer is collected; refused, it is asked
@@ -40,6 +45,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import time
 from typing import Callable
 
 from grpo_conform import device_memory
@@ -62,6 +68,10 @@ PROXY_AXIS = "batch"
 #: peaks (the judge's temporaries) pass them (H200, seventeenth session: full-size proxies sent on the gate's
 #: word alone left 1.8 GiB free, and a slot's workload ran out of memory).
 HEADROOM = 4 << 30
+#: The longest a slot waits before its first workload for that workload's kernels (`settle_first`): a member's
+#: kernels compiled side by side take a few seconds; one after another in the slot's worker they took ~10 s of a
+#: first workload on the H200 (seventeenth session: 13.8-14.9 s cold against 4.4-5.2 s kept).
+FIRST_WAIT_S = 30.0
 
 
 def enabled() -> bool:
@@ -85,6 +95,13 @@ def shapes() -> str:
     if raw not in SHAPES:
         raise EnvironmentProblem(f"{ENV_SHAPES}={raw!r}: expected one of {', '.join(SHAPES)}")
     return raw
+
+
+def settles() -> bool:
+    """Whether a slot waits for its first workload's kernels before running it: only where they compile side by
+    side (threads) at that workload's own shapes, so that the wait buys exactly the kernels it will launch
+    (a batch-1 proxy compiles other specialisations: docs/timing.md, "Seventeenth session")."""
+    return threads() > 0 and shapes() == "workload"
 
 
 def has_room(device, need: int) -> bool:
@@ -159,8 +176,9 @@ class AheadCompiler:
 
     @staticmethod
     def wanted(members: list, first: int) -> bool:
-        """Whether anything is left to compile ahead of members[first]'s first workload."""
-        return first + 1 < len(members) or len(members[first].workloads) > 1
+        """Whether anything is left to compile ahead of members[first]'s first workload (with `settles()`, that
+        workload's own kernels are)."""
+        return settles() or first + 1 < len(members) or len(members[first].workloads) > 1
 
     @staticmethod
     def spawn(make_session: Callable[[], WorkerSession]) -> WorkerSession | None:
@@ -194,10 +212,26 @@ class AheadCompiler:
             session.close(graceful=False)
             return None
         ahead = cls(session, list(members), first, gate)
-        if len(members[first].workloads) > 1:
-            ahead.queue = ahead._requests(first, members[first].workloads[1:])
+        start = 0 if settles() else 1  # the first workload's own kernels too, when the slot waits for them
+        if len(members[first].workloads) > start:
+            ahead.queue = ahead._requests(first, members[first].workloads[start:])
             ahead._guarded(ahead._send_next)
         return ahead
+
+    def settle_first(self, current: int, wait_s: float = FIRST_WAIT_S) -> bool:
+        """With `settles()`: wait, at most `wait_s`, for the request in flight (the slot's first workload's shape) and
+        put its kernels in the store, so that the slot's worker takes them before that workload
+        (WorkerSession.share_compiled) instead of compiling them one after another at their first launches; then
+        the next request goes. Whether it answered in time (else the slot goes on, and `step` collects later)."""
+        if not settles() or self.session is None or self.pending is None:
+            return False
+        end = time.monotonic() + wait_s
+        while not self.session.answered():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+        self._guarded(lambda: self._step(current))
+        return True
 
     def step(self, current: int) -> None:
         """Between two workloads of members[current]: collect an answer that has come, then send the next

@@ -5,6 +5,7 @@ steps it after every workload and closes it before the slot asks for its turn wi
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -145,11 +146,17 @@ class _Recorder:
     def step(self, current):
         _Recorder.log.append(("step", current))
 
+    settles = False  # what settle_first answers (the slot's worker then takes the store's kernels first)
+
+    def settle_first(self, current):
+        _Recorder.log.append(("settle", current))
+        return _Recorder.settles
+
     def close(self):
         _Recorder.log.append(("close", None))
 
 
-def _slot_check(monkeypatch, gate, session_cls, run=None):
+def _slot_check(monkeypatch, gate, session_cls, run=None, settles=False):
     """check_implementation of pytorch's token-is and bnpo-mask (one small workload each) as a slot beside
     others (`gate`): its workers `session_cls`, check_ahead.AheadCompiler a _Recorder logging into the gate's
     log, run_workload replaced by `run` where given."""
@@ -168,6 +175,7 @@ def _slot_check(monkeypatch, gate, session_cls, run=None):
     monkeypatch.setattr(check_ahead, "AheadCompiler", _Recorder)
     FakeSession.made, FakeSession.log = [], gate.log
     _Recorder.log, _Recorder.begun = gate.log, []
+    _Recorder.settles = settles
     ctx = check.RunContext(torch.device("cpu"), TimingSettings(), gate=gate)
     return check.check_implementation(plan.implementations[0], ctx, request, Reporter(None), Stop())
 
@@ -212,6 +220,70 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     # closed before the slot asks for its turn (its worker may still run calls), and only once
     assert kinds.index(("close", None)) < kinds.index(("try", "exclusive"))
     assert kinds.index(("close", None)) < kinds.index(("close", "worker0"))
+
+
+def test_a_settled_first_workload_takes_the_store_s_kernels_before_it_runs(monkeypatch):
+    """Where the compile-ahead worker compiled the first workload's kernels (settle_first True), the slot's worker
+    takes them from the store before that workload; otherwise it does not wait for them."""
+    from test_timed_phase import FakeGate, FakeSession, _result
+
+    from grpo_conform.results import CheckOutcome
+
+    monkeypatch.setenv(check_ahead.ENV, "1")
+    for settles in (True, False):
+        gate = FakeGate()
+        shared: list = []
+
+        class Session(FakeSession):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                self.info = {"compile_cache": {"reused_files": 0}}
+                self.compile_cache_info = self.info["compile_cache"]
+
+            def share_compiled(self):
+                shared.append(len(gate.log))
+                gate.log.append(("share", None))
+
+        def fake_run(session, spec, w, ctx, req, say, name, member):
+            gate.log.append(("workload", member, 0, ""))
+            return _result(CheckOutcome("runs", "pass", "every call returned"), name=w.name), object()
+
+        _slot_check(monkeypatch, gate, Session, fake_run, settles=settles)
+        kinds = [e for e, *_ in gate.log if e in ("settle", "share", "workload")]
+        assert kinds[:3] == (["settle", "share", "workload"] if settles else ["settle", "workload", "share"]), kinds
+
+
+def test_the_first_workload_is_compiled_and_waited_for_only_side_by_side_at_its_own_shapes(tmp_path, monkeypatch):
+    """GRPO_CONFORM_COMPILE_AHEAD_THREADS with _SHAPES=workload: the first request is the slot's first workload's
+    own shape, and settle_first waits for its kernels to reach the store; at batch 1 (other specialisations) or
+    without threads the first workload is left to the slot's worker, and nothing waits."""
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")))
+    for threads, shapes in (("0", "workload"), ("2", "batch1")):
+        monkeypatch.setenv(check_ahead.ENV_THREADS, threads)
+        monkeypatch.setenv(check_ahead.ENV_SHAPES, shapes)
+        assert not check_ahead.settles()
+        ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
+        try:
+            assert not ahead.settle_first(0, wait_s=0.0)
+            _wait(ahead)
+            ahead.step(0)
+        finally:
+            ahead.close()
+    monkeypatch.setenv(check_ahead.ENV_THREADS, "2")
+    monkeypatch.setenv(check_ahead.ENV_SHAPES, "workload")
+    assert check_ahead.settles() and check_ahead.AheadCompiler.wanted(_members(("token-is", ("small-bf16",))), 0)
+    shutil.rmtree(tmp_path / "cache")
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0)
+    try:
+        store = ahead.session._cache_store
+        assert ahead.pending == ["A0"] and len(ahead.queue) == 1  # the first workload's shape, then the second's
+        assert ahead.settle_first(0, wait_s=60.0)
+        kernels = sorted("-".join(p.name.split("-")[:2]) for p in (store / ".triton").iterdir())
+        assert kernels[:2] == ["b4-v1536", "b4-v1536"]  # mask-small-bf16, at its own batch, in the store now
+        assert ahead.pending == ["A0"] and ahead.queue == []  # and the next shape already sent
+    finally:
+        ahead.close()
 
 
 def test_threads_reach_the_worker_and_its_answer_says_whether_kernels_compiled_side_by_side(tmp_path, monkeypatch):
