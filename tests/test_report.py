@@ -223,3 +223,30 @@ def test_plot_ids_depend_on_what_is_drawn_not_on_numpy_s_float_repr():
     out = stable_ids(one, "a")
     assert "p2435a5c03b" not in out and "#1f77b4" in out and out.count('url(#') == 1
     assert set(re.findall(r'id="([^"]+)"', out)).isdisjoint(re.findall(r'id="([^"]+)"', stable_ids(one, "b")))
+
+
+def test_the_contents_name_each_section_s_first_and_why_a_section_has_none(own):
+    """The page opens with one line per section: its hero's #1 (the same row), or why there is none; in HTML each
+    line links to its section, and every link resolves."""
+    from dataclasses import replace
+
+    from grpo_conform.report import contents as C
+    from grpo_conform.report.model import NOT_IN_TREE
+    from grpo_conform.report.tables import first_by_protocol
+
+    board = build_leaderboard(ReportRequest(paths=(str(own / "good"),), trusted_keys=str(own / "trusted-keys.json"),
+                                            out=None))
+    (top,) = board.sections
+    assert C.rows(board.sections) == [("grpo/token-is on NVIDIA H200 SXM", "no verified record", "—", "—", "0 of 0")]
+    old = top.history[0]  # a section with records: its line is its hero's #1
+    best = first_by_protocol(old, "full")
+    (line,) = C.rows([old])
+    assert line[1] == f"{best.implementation} (batch {best.batch})" == "triton (batch 16)"
+    assert line[2] == "2.2371" and line[3] == "1.13x" and line[4] == "3 of 4"  # liger-inplace is not conformant
+    moved = replace(old, rows=(), implementations=tuple(replace(i, flags=(NOT_IN_TREE,)) for i in old.implementations))
+    assert C.rows([moved])[0][1].startswith("no cell: records only of folder identities the checkout no longer has")
+    assert C.rows([replace(old, rows=())])[0][1] == "no ranked cell (see the section)"
+    html = render(board, "html")
+    links = re.findall(r'<a href="#([^"]+)">', html.split('<nav id="contents">')[1].split("</nav>")[0])
+    assert links and all(f'id="{a}"' in html for a in links)
+    assert "## Contents" in render(board, "markdown")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+from grpo_conform.report import contents as C
 from grpo_conform.report import fused as F
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
@@ -53,7 +54,7 @@ def _cell(header: str, text: str) -> str:
 def _section(s, level: int = 2) -> str:
     member = f" (member {escape(s.member)})" if s.member else ""
     state = "current identity" if s.current else "superseded identity (history)"
-    anchor = escape(f"{s.spec_id}-{s.gpu}" + ("" if s.current else f"-{s.spec_identity[:12]}")).replace(" ", "-")
+    anchor = escape(C.anchor(s))
     parts = [f'<section class="board{"" if s.current else " history"}" id="{anchor}">',
              f"<h{level}>{escape(s.spec_id)} {escape(s.spec_version)}{member} on {escape(s.gpu)}"
              f"{escape(F.heading_suffix(s))}</h{level}>",
@@ -93,6 +94,21 @@ def _section(s, level: int = 2) -> str:
     return "\n".join(parts)
 
 
+def _contents(sections) -> str:
+    """The contents table, each section's line a link to it."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in C.HEADERS)
+    body = []
+    for s, row in zip(sections, C.rows(sections)):
+        cells = [f'<td><a href="#{escape(C.anchor(s))}">{escape(row[0])}</a></td>']
+        cells += [f'<td class="num">{escape(c)}</td>' if j in (2, 3, 4) else f"<td>{escape(c)}</td>"
+                  for j, c in enumerate(row) if j]
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return ('<nav id="contents"><h2>Contents</h2><p class="note">Each section\'s #1: the fastest conformant '
+            "implementation under <code>full</code> at the largest batch it ranked (its section has every workload "
+            f'and protocol).</p><table class="contents"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
+            "</tbody></table></nav>")
+
+
 def _sweep(sweep) -> str:
     parts = ['<section id="sweep"><h2>Shape sweep of implementations/triton (benchmark output, not signed '
              f'evidence)</h2><p class="note">{escape(W.INTRO)}</p>',
@@ -124,6 +140,8 @@ def render_html(board: Leaderboard) -> str:
             " Every number is read from a record whose signature, schema and identities verified; records that do "
             "not verify are listed at the end with the reason. Regenerate: "
             f"<code>{escape(REGENERATE)}</code></p>"]
+    if board.sections:
+        body.append(_contents(board.sections))
     body += [_section(s) for s in board.sections]
     if board.reported:
         body.append('<section id="reported"><h2>Reported records (third party, not reproduced)</h2>')

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from grpo_conform.report import contents as C
 from grpo_conform.report import fused as F
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
@@ -74,6 +75,10 @@ def render_markdown(board: Leaderboard) -> str:
              "the identity the checkout's spec resolves to; superseded identities follow it as history. Per "
              "implementation (folder and identity) the identity in the checkout's tree counts; each cell is the "
              "newest record of it that timed that workload.", ""]
+    if board.sections:
+        lines += ["## Contents", "", "Each section's #1: the fastest conformant implementation under `full` at the "
+                  "largest batch it ranked (its section has every workload and protocol).", ""]
+        lines += table(C.HEADERS, C.rows(board.sections)) + [""]
     for s in board.sections:
         lines += _section(s, 2)
         if s.history:

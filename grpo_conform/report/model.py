@@ -25,6 +25,7 @@ from grpo_conform.report import select
 from grpo_conform.report.load import VerifiedRecord
 
 PROTOCOL_ORDER = ("full", "full-scaled", "forward", "backward")
+NOT_IN_TREE = "identity not in this checkout's tree (the folder changed or is absent): no cell"
 UNRANKED = frozenset({"backward"})
 
 
@@ -156,7 +157,7 @@ def _implementation(chosen: select.Chosen, label: str, flags: tuple[str, ...], c
     if partial and len(partial) == len(chosen.records):
         flags += (f"partial records ({partial[0]})",)
     if not chosen.in_tree and current:
-        flags += ("identity not in this checkout's tree (the folder changed or is absent): no cell",)
+        flags += (NOT_IN_TREE,)
     return Implementation(str(impl.get("name", "?")), chosen.identity, verdict, result, p.get("message", ""),
                           tuple(failed), impl.get("language") or "", impl.get("license") or "", rec.signer,
                           select.finished(rec), (p.get("software") or {}).get("git_commit") or "", rec.path,
