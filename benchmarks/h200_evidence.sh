@@ -113,9 +113,11 @@ triton_seed() {  # triton's token-is at every seed batch (the leaderboard's rank
   status "triton token-is seed-b2..b16: exit $?, $((SECONDS - start)) s wall"
 }
 
-default_check() {  # DEADLINE: the default check of triton (every member, timing), phases and per-member seconds
-  local start=$SECONDS
-  timeout -s KILL $(($1 + 45)) python3 -m grpo_conform check implementations/triton --no-evidence --profile-phases \
+default_check() {  # DEADLINE [records]: the default check of triton (every member, timing), phases and per-member
+                  # seconds; with a second argument its records go to $OUT/h200 (signed afterwards, off the machine)
+  local start=$SECONDS evidence=--no-evidence
+  [ -n "${2:-}" ] && evidence="--evidence-dir $OUT/h200"
+  timeout -s KILL $(($1 + 45)) python3 -m grpo_conform check implementations/triton $evidence --profile-phases \
     --deadline "$1" --format json > "$R/triton-default.json" 2> "$R/triton-default.log"
   status "triton default check (--deadline $1): exit $?, $((SECONDS - start)) s wall"
   grep -E "^  (judge|worker|reference|inputs|input-checks|timing|other|worker-start) " "$R/triton-default.log"
@@ -545,11 +547,14 @@ PY
       timeout -s KILL 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_compile_only_cuda.py > "$R/compile-only-test.txt" 2>&1
       status "compile_only CUDA test: exit $?"; tail -1 "$R/compile-only-test.txt" ;;
     esac
+    records=records  # the first variant's check writes every member's records at the folder's current identity:
+                     # the leaderboard has cells for token-is only at it (eighteenth session's contents table)
     for v in $variants; do
       export GRPO_CONFORM_COMPILE_AHEAD_THREADS=${v%%:*} GRPO_CONFORM_COMPILE_AHEAD_SHAPES=${v#*:}
       rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
-      status "variant threads ${v%%:*}, shapes ${v#*:}, empty compile stores"
-      default_check "${DEADLINE:-230}"
+      status "variant threads ${v%%:*}, shapes ${v#*:}, empty compile stores${records:+, records written}"
+      default_check "${DEADLINE:-230}" $records
+      records=
       tag=cold-t${v%%:*}-${v#*:}
       mv "$R/triton-default.json" "$R/triton-default-$tag.json"; mv "$R/triton-default.log" "$R/triton-default-$tag.log"
       python3 - "$R/triton-default-$tag.json" <<'PY' 2>&1 | cut -c1-400  # each slot's worker.compile_ahead, wherever it sits
