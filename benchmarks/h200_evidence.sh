@@ -58,7 +58,10 @@
 #                                               # default check with GRPO_CONFORM_SAMPLE (each slot's time by phase)
 #   bash benchmarks/h200_evidence.sh round35b   # issue 35, fifteenth session: the default check, every worker profiled
 #   bash benchmarks/h200_evidence.sh ahead35c   # next session, first (~8 min): three compile-ahead settings, each on
-#                                               # a first run (default; THREADS 8; THREADS 8 at the workloads' shapes)
+#                                               # a first run (default; THREADS 8; THREADS 8 at the workloads' shapes);
+#                                               # the first also records every triton member at its current identity
+#   DEADLINE=240 bash benchmarks/h200_evidence.sh peers36   # then: Liger's and PyTorch's records at the members'
+#                                               # current spec identities (mask-b8, seed-b8), one after the other
 #   TESTS=0 ONE=0 bash benchmarks/h200_evidence.sh ahead35b   # (~5 min): the default check
 #                                               # (compile ahead by default, its worker spawned beside the slot's),
 #                                               # cold then kept; against 151 s cold (527768c), 113-123 s kept. Run at
@@ -537,6 +540,19 @@ PY
     fi
     kill $sampler
     status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
+    ;;
+  peers36)  # the peers' records at the members' current spec identities (the leaderboard's tables for the masked
+            # members hold no peer: theirs are of superseded spec identities). Liger and PyTorch eager at mask-b8
+            # (token-is: seed-b8), every member each declares, timed, records under $OUT/h200; DEADLINE (420 s)
+    for impl in ${IMPLS:-liger pytorch}; do
+      start=$SECONDS
+      timeout -s KILL $((${DEADLINE:-420} + 60)) python3 -m grpo_conform check "implementations/$impl" --workload mask-b8 \
+        --workload seed-b8 --evidence-dir "$OUT/h200" --deadline "${DEADLINE:-420}" --format json \
+        > "$R/$impl-peers.json" 2> "$R/$impl-peers.log"
+      status "$impl at mask-b8 / seed-b8, every member: exit $?, $((SECONDS - start)) s wall"
+      tail -2 "$R/$impl-peers.log"
+    done
+    ls "$OUT/h200" | wc -l
     ;;
   ahead35c)  # issue 35, eighteenth session: the three compile-ahead settings in one call, each on a first run
              # (the compile stores cleared before each), ~8 min: VARIANTS="THREADS:SHAPES ...", default
