@@ -60,7 +60,7 @@
 #   bash benchmarks/h200_evidence.sh ahead35c   # next session, first (~8 min): three compile-ahead settings, each on
 #                                               # a first run (default; THREADS 8; THREADS 8 at the workloads' shapes);
 #                                               # the first also records every triton member at its current identity
-#   DEADLINE=240 bash benchmarks/h200_evidence.sh peers36   # then: Liger's and PyTorch's records at the members'
+#   DEADLINE=200 bash benchmarks/h200_evidence.sh peers36   # then: Liger's and PyTorch's records at the members'
 #                                               # current spec identities (mask-b8, seed-b8), one after the other
 #   TESTS=0 ONE=0 bash benchmarks/h200_evidence.sh ahead35b   # (~5 min): the default check
 #                                               # (compile ahead by default, its worker spawned beside the slot's),
