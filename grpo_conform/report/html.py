@@ -94,8 +94,8 @@ def _section(s, level: int = 2) -> str:
     return "\n".join(parts)
 
 
-def _contents(sections) -> str:
-    """The contents table, each section's line a link to it."""
+def _contents(sections, others: list[tuple[str, str]]) -> str:
+    """The contents table, each section's line a link to it; then the page's other parts (id, title)."""
     head = "".join(f"<th>{escape(h)}</th>" for h in C.HEADERS)
     body = []
     for s, row in zip(sections, C.rows(sections)):
@@ -106,7 +106,8 @@ def _contents(sections) -> str:
     return ('<nav id="contents"><h2>Contents</h2><p class="note">Each section\'s #1: the fastest conformant '
             "implementation under <code>full</code> at the largest batch it ranked (its section has every workload "
             f'and protocol).</p><table class="contents"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
-            "</tbody></table></nav>")
+            '</tbody></table><p class="note">Also: '
+            + " · ".join(f'<a href="#{escape(i)}">{escape(t)}</a>' for i, t in others) + "</p></nav>")
 
 
 def _sweep(sweep) -> str:
@@ -141,7 +142,9 @@ def render_html(board: Leaderboard) -> str:
             "not verify are listed at the end with the reason. Regenerate: "
             f"<code>{escape(REGENERATE)}</code></p>"]
     if board.sections:
-        body.append(_contents(board.sections))
+        others = [("reported", "Reported records")] if board.reported else []
+        others += [("sweep", "Shape sweep")] if board.sweep is not None else []
+        body.append(_contents(board.sections, others + [("rejected", "Records not shown")]))
     body += [_section(s) for s in board.sections]
     if board.reported:
         body.append('<section id="reported"><h2>Reported records (third party, not reproduced)</h2>')
