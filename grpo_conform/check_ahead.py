@@ -36,8 +36,9 @@ Proxies at the workloads' own shapes were tried (5d1304f): ~8 GB a mask-b8 reque
 and a slot ran out of memory beside them; not measured to gain, so they are opt-in
 (GRPO_CONFORM_COMPILE_AHEAD_SHAPES=workload: one request a shape; since the eighteenth session drawn at batch 1
 and repeated along the batch axis, `fill_proxy`), as is compiling side by side without running
-(GRPO_CONFORM_COMPILE_AHEAD_THREADS, isolation/compile_only.py), which holds their memory for less time. It costs a worker process a slot, the proxies' memory, and GPU time beside the slot's conformance, on
-a first run only.
+(GRPO_CONFORM_COMPILE_AHEAD_THREADS, isolation/compile_only.py), which holds their memory for less time. It
+costs a worker process a slot, the proxies' memory, and GPU time beside the slot's conformance, on a first run
+only.
 """
 
 from __future__ import annotations

@@ -290,13 +290,15 @@ def judge(cells: tuple[Cell, ...], launch: tuple[LaunchRow, ...] = ()) -> tuple[
     tok = [c for c in timed if MEMBERS[c.member][0] == "token"]
     if tok:
         worst = max(tok, key=lambda c: c.x_floor)
-        out.append(Target(f"token level full ≤ {TOKEN_TARGET}x the floor", sum(c.x_floor <= TOKEN_TARGET for c in tok),
-                          len(tok), _fmt(worst.shape, worst.member, worst.x_floor)))
+        out.append(Target(f"token level full ≤ {TOKEN_TARGET}x the floor",
+                          sum(c.x_floor <= TOKEN_TARGET for c in tok), len(tok),
+                          _fmt(worst.shape, worst.member, worst.x_floor)))
     seed = [c for c in tok if (c.vocab, c.seq) == SEED and c.batch in (8, 16)]
     if seed:
         worst = max(seed, key=lambda c: c.x_floor)
-        out.append(Target(f"seed shape, batch 8 and 16, ≤ {SEED_TARGET}x", sum(c.x_floor <= SEED_TARGET for c in seed),
-                          len(seed), _fmt(worst.shape, worst.member, worst.x_floor)))
+        out.append(Target(f"seed shape, batch 8 and 16, ≤ {SEED_TARGET}x",
+                          sum(c.x_floor <= SEED_TARGET for c in seed), len(seed),
+                          _fmt(worst.shape, worst.member, worst.x_floor)))
     by_shape: dict[str, dict[str, Cell]] = {}
     for c in timed:
         by_shape.setdefault(c.shape, {})[c.member] = c
@@ -304,8 +306,8 @@ def judge(cells: tuple[Cell, ...], launch: tuple[LaunchRow, ...] = ()) -> tuple[
               for s, m in by_shape.items() if "sequence-offpolicy-mask" in m and "token-offpolicy-mask" in m]
     if ratios:
         worst_s, worst_r = max(ratios, key=lambda x: x[1])
-        out.append(Target(f"GSPO within {GSPO_TARGET}x of token-offpolicy-mask", sum(r <= GSPO_TARGET for _, r in ratios),
-                          len(ratios), f"{worst_r:.3f}x at {worst_s}"))
+        out.append(Target(f"GSPO within {GSPO_TARGET}x of token-offpolicy-mask",
+                          sum(r <= GSPO_TARGET for _, r in ratios), len(ratios), f"{worst_r:.3f}x at {worst_s}"))
     vs = [c for c in timed if c.vs_liger]
     if vs:
         worst = min(vs, key=lambda c: c.vs_liger)
