@@ -144,8 +144,8 @@ def test_hostile_text_is_inert_on_the_page(tmp_path):
     rows[0].update(note="[click](https://evil.example) <script>x</script>", ours_ms=None)  # shown with its note
     doc = _doc(rows, gpu="H200 <img src=x>")
     path = _write(tmp_path, "h.json", doc)
-    board = build_leaderboard(ReportRequest(paths=(str(ROOT / "evidence" / "h200"),), out=None, sweeps=(path,),
-                                            project=str(ROOT)))
+    record = str(next((ROOT / "evidence" / "h200").glob("triton--*.intoto.json")))  # one: the sweep is what is read
+    board = build_leaderboard(ReportRequest(paths=(record,), out=None, sweeps=(path,), project=str(ROOT)))
     md = render_markdown(board)
     section = md[md.index("## Shape sweep"):]
     assert "<script>" not in section and "<img" not in section and "](https" not in section
