@@ -119,6 +119,8 @@ def test_files_merge_by_shape_the_newest_whole(tmp_path):
 def test_bad_files_are_named_and_set_aside(tmp_path):
     with pytest.raises(SweepInputError, match="--sweep .*nope.json: no such file"):
         load_sweep((str(tmp_path / "nope.json"),))
+    with pytest.raises(SweepInputError, match="a folder, not a file"):
+        load_sweep((str(tmp_path),))
     bad = _doc(_seed_rows())
     bad["rows"][0]["member"] = "made-up"
     junk = tmp_path / "junk.json"

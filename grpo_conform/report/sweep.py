@@ -208,7 +208,8 @@ def load_sweep(paths: tuple[str, ...], current_identity: Optional[str] = None) -
     docs: list[SweepDoc] = []
     for p in dict.fromkeys(paths):
         if not Path(p).is_file():
-            raise SweepInputError(f"--sweep {p}: no such file (give the JSON benchmarks/sweep_logits.py --out wrote)")
+            what = "a folder, not a file" if Path(p).is_dir() else "no such file"
+            raise SweepInputError(f"--sweep {p}: {what} (give the JSON file benchmarks/sweep_logits.py --out wrote)")
         raw = Path(p).read_bytes()
         try:
             doc = SweepDoc.model_validate(json.loads(raw))
