@@ -412,12 +412,7 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                         continue
                     worker_info.update(session.info)
                     if early is not None:
-                        with PHASES("compile-ahead"):
-                            begun = check_ahead.AheadCompiler.begin(early, list(p.members), index, ctx.gate)
-                            if begun is not None:
-                                aheads.append(begun)
-                                if begun.settle_first(index):  # side by side at the workload's shapes only
-                                    session.share_compiled()
+                        aheads += _begin_ahead(p, ctx, session, early, index)
                 started = time.monotonic()
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
                     result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
@@ -493,6 +488,20 @@ def _spawn_ahead(p: ImplPlan, ctx: RunContext, request: CheckRequest, session: W
     if not check_ahead.AheadCompiler.wanted(p.members, index):
         return None
     return check_ahead.AheadCompiler.spawn(lambda: _worker(p, ctx, request, p.members[index]))
+
+
+def _begin_ahead(p: ImplPlan, ctx: RunContext, session: WorkerSession, early: WorkerSession,
+                 index: int) -> list[check_ahead.AheadCompiler]:
+    """The spawned compile-ahead worker loaded and sent its first request ([] if it did not begin); where it
+    compiles the slot's first workload too (side by side at the workloads' shapes), the slot's worker takes those
+    kernels from the store before that workload."""
+    with PHASES("compile-ahead"):
+        begun = check_ahead.AheadCompiler.begin(early, list(p.members), index, ctx.gate)
+        if begun is None:
+            return []
+        if begun.settle_first(index):
+            session.share_compiled()
+    return [begun]
 
 
 def _built_result(p: ImplPlan, done: list, worker_info: dict[str, Any], load_error: str | None) -> ImplementationResult:

@@ -172,6 +172,7 @@ class AheadCompiler:
         self.held_bytes = 0  # theirs, in this process (check.memory_stop allows for them)
         self.sent: list[str] = []  # member labels sent, in order (the report's `worker.compile_ahead`)
         self.threads = threads()  # side by side, not run, on this many threads (0: calls run)
+        self.settles = self.threads > 0 and self.shapes == "workload"  # `settles()`, read once
         self.side_by_side: bool | None = None  # whether the worker said that was in effect (None: no answer yet)
         self.stopped: str | None = None  # why it closed early
 
@@ -200,8 +201,8 @@ class AheadCompiler:
               gate=None) -> "AheadCompiler | None":
         """A spawned worker (`spawn`) loaded and given its first request, at once: the current member's
         workloads after its first, whose kernels (a mask-b8's above all) it compiles while the slot runs that
-        first one. None when there is nothing to compile ahead or the worker does not load: the slot is left
-        as it was."""
+        first one (with `settles()`, its first workload too, which `settle_first` waits for). None when there is
+        nothing to compile ahead or the worker does not load: the slot is left as it was."""
         if session is None:
             return None
         if not cls.wanted(members, first):
@@ -213,7 +214,7 @@ class AheadCompiler:
             session.close(graceful=False)
             return None
         ahead = cls(session, list(members), first, gate)
-        start = 0 if settles() else 1  # the first workload's own kernels too, when the slot waits for them
+        start = 0 if ahead.settles else 1  # the first workload's own kernels too, when the slot waits for them
         if len(members[first].workloads) > start:
             ahead.queue = ahead._requests(first, members[first].workloads[start:])
             ahead._guarded(ahead._send_next)
@@ -224,7 +225,7 @@ class AheadCompiler:
         put its kernels in the store, so that the slot's worker takes them before that workload
         (WorkerSession.share_compiled) instead of compiling them one after another at their first launches; then
         the next request goes. Whether it answered in time (else the slot goes on, and `step` collects later)."""
-        if not settles() or self.session is None or self.pending is None:
+        if not self.settles or self.session is None or self.pending is None:
             return False
         end = time.monotonic() + wait_s
         while not self.session.answered():
