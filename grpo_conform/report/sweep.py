@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -170,7 +171,7 @@ class Sweep:
     launch_source: Optional[int]
     current_identity: Optional[str]  # implementations/triton's identity in the checkout now
 
-    @property
+    @cached_property
     def targets(self) -> tuple[Target, ...]:
         return judge(self.cells, self.launch)
 
