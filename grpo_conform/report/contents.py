@@ -7,6 +7,8 @@ from grpo_conform.report import fused as F
 from grpo_conform.report import tables as T
 from grpo_conform.report.model import NOT_IN_TREE, Section
 
+INTRO = ("Each section's #1: the fastest conformant implementation under full at the largest batch it ranked (its "
+         "section has every workload and protocol).")
 HEADERS = ("section", "#1 under full, at the largest batch ranked", "median ms", "x floor",
            "conformant, of the implementations with records")
 

@@ -7,10 +7,10 @@ from html import escape
 
 from grpo_conform.report import contents as C
 from grpo_conform.report import fused as F
+from grpo_conform.report import sweep_tables as W
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
 from grpo_conform.report.plot import mpl_version, scaling_svg
-from grpo_conform.report import sweep_tables as W
 from grpo_conform.report.reported import MEANINGS
 
 CSS = """
@@ -103,9 +103,8 @@ def _contents(sections, others: list[tuple[str, str]]) -> str:
         cells += [f'<td class="num">{escape(c)}</td>' if j in (2, 3, 4) else f"<td>{escape(c)}</td>"
                   for j, c in enumerate(row) if j]
         body.append(f"<tr>{''.join(cells)}</tr>")
-    return ('<nav id="contents"><h2>Contents</h2><p class="note">Each section\'s #1: the fastest conformant '
-            "implementation under <code>full</code> at the largest batch it ranked (its section has every workload "
-            f'and protocol).</p><table class="contents"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
+    return (f'<nav id="contents"><h2>Contents</h2><p class="note">{escape(C.INTRO)}</p>'
+            f'<table class="contents"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
             '</tbody></table><p class="note">Also: '
             + " · ".join(f'<a href="#{escape(i)}">{escape(t)}</a>' for i, t in others) + "</p></nav>")
 

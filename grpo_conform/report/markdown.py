@@ -13,10 +13,10 @@ import re
 
 from grpo_conform.report import contents as C
 from grpo_conform.report import fused as F
+from grpo_conform.report import sweep_tables as W
 from grpo_conform.report import tables as T
 from grpo_conform.report.build import REGENERATE, Leaderboard
 from grpo_conform.report.model import Section
-from grpo_conform.report import sweep_tables as W
 from grpo_conform.report.reported import MEANINGS
 
 _PUNCT = re.compile(r"([\\`*_{}\[\]()#!|~])")
@@ -76,8 +76,7 @@ def render_markdown(board: Leaderboard) -> str:
              "implementation (folder and identity) the identity in the checkout's tree counts; each cell is the "
              "newest record of it that timed that workload.", ""]
     if board.sections:
-        lines += ["## Contents", "", "Each section's #1: the fastest conformant implementation under `full` at the "
-                  "largest batch it ranked (its section has every workload and protocol).", ""]
+        lines += ["## Contents", "", text(C.INTRO), ""]
         lines += table(C.HEADERS, C.rows(board.sections)) + [""]
     for s in board.sections:
         lines += _section(s, 2)
