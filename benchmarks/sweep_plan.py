@@ -249,9 +249,10 @@ def summary(rows: list[dict]) -> str:
 def verdicts(doc: dict) -> list[str]:
     """Issue 36's targets over what this run measured, judged as the report judges them
     (grpo_conform/report/sweep.py: floors recomputed from the shapes, one rule for both)."""
-    from grpo_conform.report.sweep import judge_run  # pydantic only: this module stays free of torch
+    from grpo_conform.report.sweep import judge_run  # local: it imports torch (the GPU catalogue), the rest not
 
-    return [f"{'PASS' if t.met else 'FAIL'}  {t.name}: {t.passed}/{t.total} (furthest: {t.worst})" for t in judge_run(doc)]
+    return [f"{'PASS' if t.met else 'FAIL'}  {t.name}: {t.passed}/{t.total} (furthest: {t.worst})"
+            for t in judge_run(doc)]
 
 
 def best_configs(results: list[dict]) -> list[dict]:
