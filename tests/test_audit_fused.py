@@ -110,6 +110,21 @@ def test_forward_and_full_rows_take_the_fused_floor_max_of_dram_and_flops():
     assert len(report.ignored) == 16  # the memory rows
 
 
+def test_the_strict_bound_of_a_fused_row_counts_its_gemms_at_the_narrowest_rate():
+    """Adversarial round 2026-12-05: a fused record's strict bound was its DRAM bytes' alone (0.49 ms at
+    H200 b16), so 0.6 ms for three GEMMs that need 52 ms at the BF16 peak was signed and ranked #1."""
+    from grpo_conform.floors import NARROWEST_SPEEDUP, below_floor
+
+    report = _audit(LIGER)
+    full = next(a for a in report.audits if a.record.operation == "fused_linear_grpo_loss_token"
+                and a.record.implementation == "liger" and a.record.protocol == "full" and a.record.axes["batch"] == 2)
+    floor = full.floor  # 3 GEMMs at 312 TFLOP/s: 20.69 ms; strict at twice that rate
+    assert floor.strict_ns == pytest.approx(floor.arithmetic_ns / NARROWEST_SPEEDUP, abs=2)
+    assert floor.strict_ns > floor.dram_ns
+    assert below_floor(floor.strict_ns - 1, floor) and not below_floor(floor.strict_ns, floor)
+    assert any("strict bound" in line and "FP8/INT8" in line for line in floor.derivation)
+
+
 # -- 2. token- or sequence-level: which of Liger's rows a number is ------------------------------------
 def test_seed_values_are_matched_to_liger_rows():
     report = _audit(SEED, against=str(LIGER))

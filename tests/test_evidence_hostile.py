@@ -46,10 +46,11 @@ def test_hostile_strings_in_a_record_never_reach_the_terminal(env) -> None:
     path = signed_record(project / "evidence" / f"x{RLO}y.intoto.json", st, key)
     report = verify(path, trust)
     text = "\n".join(report.lines())
-    assert report.files[0].ok
+    # refused since 2026-12-05: a hardware name outside printable ASCII can pass for another GPU (gpu_named.py)
+    assert not report.files[0].ok and report.files[0].step("semantics").status == "fail"
     for bad in ("\x1b", RLO, ZWSP):
         assert bad not in text
-    assert "\\u{202E}H200\\u{200B}" in text
+    assert "outside printable ASCII" in text
 
 
 def test_hostile_names_are_refused_by_the_schema(env) -> None:

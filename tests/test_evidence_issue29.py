@@ -188,12 +188,13 @@ def test_a_rolled_back_targets_is_refused_below_the_compiled_minimum(tmp_path) -
     assert max(trust_module._root_files(shipped)) == trust_module.MIN_ROOT_VERSION
 
 
-def test_a_trust_root_that_differs_from_the_release_says_what_differs(monkeypatch) -> None:
+def test_a_trust_root_that_differs_from_the_release_is_refused_saying_what_differs(monkeypatch) -> None:
     assert load_trust_root().source.startswith("shipped trust root")
     monkeypatch.setitem(trust_module.RELEASE_TRUST_FILES, "targets.json", "0" * 64)
-    source = load_trust_root().source
-    assert source.startswith("trust root DIFFERING FROM THIS RELEASE (targets.json sha256 ")
-    assert "shipped trust root" not in source
+    with pytest.raises(TrustedKeysError, match=r"differs from the one this release ships \(targets.json sha256 "):
+        load_trust_root()
+    folder = trust_module.shipped_trust_dir()  # named deliberately, it is an override and says so
+    assert load_trust_root(folder).source.startswith("override --trust-root ")
 
 
 def test_merge_verifies_every_record_and_refuses_mixed_software(project, tmp_path) -> None:
@@ -299,3 +300,33 @@ def test_merge_refuses_a_json_report_whose_identity_is_not_the_checkouts(project
     assert run_merge(MergeRequest((report(identity_of(folder)),))).implementations
     with pytest.raises(MergeError, match="the report was edited or ran another tree"):
         run_merge(MergeRequest((report("f" * 64),)))
+
+
+def test_a_spec_file_under_a_shipped_id_is_not_that_spec(project, tmp_path) -> None:
+    """Adversarial round 2026-12-05: a copy of the shipped spec with its tolerances loosened 1000x, kept
+    elsewhere in the project under the same id and version, verified as that spec (and passed
+    `--spec grpo-token-is --spec-version ...`). The id@version a project's specs/ ships names that file."""
+    import hashlib
+
+    import rfc8785
+
+    key = new_key()
+    trust = make_trust_root(tmp_path / "trust", (key, {}))
+    shipped = project / "specs" / "grpo-token-is.v1.json"
+    doc = json.loads(shipped.read_text())
+    doc["title"] = doc.get("title", "") + " (loosened)"  # any change: the content is no longer the shipped spec
+    alt = project / "specs-alt" / shipped.name
+    alt.parent.mkdir()
+    alt.write_text(json.dumps(doc))
+    st = statement_for(project, "triton")
+    descriptor = next(d for d in st["predicate"]["configuration"] if d["name"].startswith("spec:"))
+    canonical = hashlib.sha256(rfc8785.dumps(doc)).hexdigest()
+    file_sha = hashlib.sha256(alt.read_bytes()).hexdigest()
+    descriptor.update(uri="specs-alt/grpo-token-is.v1.json", digest={"rfc8785Sha256": canonical, "sha256": file_sha})
+    st["predicate"]["spec"].update(identity=canonical, file_sha256=file_sha)
+    f = verify(signed_record(project / "evidence" / "alt.intoto.json", st, key), trust).files[0]
+    step = f.step("identities")
+    assert step.status == "fail" and "which this project ships as specs/grpo-token-is.v1.json" in " ".join(
+        (step.message, *step.notes)), step
+    assert verify(signed_record(project / "evidence" / "ok.intoto.json", statement_for(project, "triton"), key),
+                  trust).files[0].ok  # the shipped file itself

@@ -40,6 +40,9 @@ def _policy_message(report) -> str:
     (Policy(require_verdict=("failed",)), False, "verdict conformant, the policy requires failed"),
     (Policy(spec_id="grpo-token-is", spec_version=">=1.0.0,<2.0.0"), True, "meets"),
     (Policy(spec_version=">=1.1.0"), False, "spec version 1.0.0 is outside >=1.1.0"),
+    (Policy(spec_version=">=1.0.0,<2"), True, "meets"),  # docs/evidence.md's example: "<2" is "<2.0.0"
+    (Policy(spec_version=">=1,<1.0.1"), True, "meets"),
+    (Policy(spec_version="<1"), False, "spec version 1.0.0 is outside <1"),
     (Policy(spec_id="grpo/token-is"), False, "spec grpo-token-is, the policy expects grpo/token-is"),
     (Policy(hardware="H200"), False, "hardware 'x86_64' (self-reported), the policy expects 'H200'"),
     (Policy(hardware="x86"), True, "meets"),
@@ -111,6 +114,9 @@ def test_policy_file_json_and_toml(tmp_path) -> None:
     (tmp_path / "typo.json").write_text(json.dumps({"require_reslut": ["PASSED"]}))
     with pytest.raises(PolicyError, match="require_reslut"):
         load_policy(tmp_path / "typo.json")
+    # every comparator is parsed, even after one that fails for 0.0.0 (a typo was judged per file, as an envelope failure)
+    with pytest.raises(PolicyError, match="'<2x': expected comparators"):
+        Policy().merged(spec_version=">=1.0.0,<2x")
     (tmp_path / "age.json").write_text(json.dumps({"max_age": "soon"}))
     with pytest.raises(PolicyError, match="max_age"):
         load_policy(tmp_path / "age.json")

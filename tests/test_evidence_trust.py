@@ -130,6 +130,29 @@ def test_root_not_matching_the_pinned_keys_is_refused(setup) -> None:
     assert load_trust_root(trust.folder, pinned=trust.pinned, now=NOW).keys
 
 
+def test_one_root_key_cannot_make_a_root_of_its_own(setup, tmp_path) -> None:
+    """Adversarial round 2026-12-05: version 1 naming one of the two pinned keys (threshold 1), or both
+    with threshold 1, let one root key holder delegate `evidence` to any key; both are refused."""
+    _, key, trust, record = setup
+    one = tmp_path / "one"
+    one.mkdir()
+    v1 = build_root(1, [trust.roots[0].public_key()], 1, NOW + timedelta(days=90))
+    write_metadata(sign_metadata(v1, trust.roots[:1]), one / "1.root.json")
+    write_targets(one, trust.roots[:1], (key, {}))
+    with pytest.raises(TrustedKeysError, match="not the pinned root keys"):
+        load_trust_root(one, pinned=trust.pinned, now=NOW)
+    v1 = build_root(1, [k.public_key() for k in trust.roots], 1, NOW + timedelta(days=90))
+    write_metadata(sign_metadata(v1, trust.roots[:1]), one / "1.root.json")
+    with pytest.raises(TrustedKeysError, match="threshold is 1; this release requires at least 2"):
+        load_trust_root(one, pinned=trust.pinned, now=NOW)
+    # a later version signed by both keys may not lower the threshold either
+    v2 = build_root(2, [k.public_key() for k in trust.roots], 1, NOW + timedelta(days=90))
+    write_metadata(sign_metadata(v2, trust.roots), trust.folder / "2.root.json")
+    with pytest.raises(TrustedKeysError, match="root version 2: the root role's threshold is 1"):
+        load_trust_root(trust.folder, pinned=trust.pinned, now=NOW)
+    assert load_trust_root(trust.folder, pinned=None, now=NOW).keys  # an explicit override judges nothing
+
+
 def test_rotated_root_needs_the_old_keys(setup) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 

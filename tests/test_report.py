@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from browser import find_chromium, load_page
@@ -75,6 +76,32 @@ def test_only_verified_records_are_shown_and_the_others_say_why(own):
     assert "unsigned" in why["unsigned.intoto.json"]
     html = render(board, "html")
     assert "tampered.intoto.json" in html and "torch-compile" not in html.split('id="rejected"')[0]
+
+
+def test_a_copy_of_a_record_counts_once_and_an_unknown_gpu_is_never_ranked(own, tmp_path):
+    """Adversarial round 2026-12-05: a record copied under another name was counted again; a GPU the
+    catalogue does not know (no floor could check its times) was ranked like the H200."""
+    from grpo_conform.report.model import UNKNOWN_GPU
+
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "k.pub.pem").write_bytes(public_pem(key.public_key()))
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"format": "grpo-conform/trusted-keys/v1", "keys": [
+        {"keyid": keyid_of(key.public_key()), "public_key": "k.pub.pem", "owner": "t",
+         "valid_from": "2026-01-01T00:00:00Z", "valid_until": None, "revoked": False}]}))
+    st = json.loads(_payload("triton"))
+    hw = st["predicate"]["hardware"]
+    hw["catalogue"], hw["device_name"], hw["device"]["name"] = None, "Acme Tensor 9", "Acme Tensor 9"
+    a = _own_record(rfc8785.dumps(st), key, tmp_path / "a.intoto.json")
+    b = tmp_path / "b.intoto.json"
+    b.write_bytes(a.read_bytes())
+    board = build_leaderboard(ReportRequest(paths=(str(a), str(b)), trusted_keys=str(keys), out=None))
+    assert [(Path(r.path).name, r.reason.split(" (")[0]) for r in board.rejected] == [
+        ("b.intoto.json", f"the same record as {a}")]
+    (top,) = board.sections
+    section = top.history[0] if top.history else top
+    assert section.gpu == "Acme Tensor 9" + UNKNOWN_GPU and section.rows
+    assert all(r.rank is None and "GPU the catalogue does not know" in r.flag for r in section.rows)
 
 
 def test_ranks_vs_first_floor_ratio_and_the_non_conformant_one(own):

@@ -107,7 +107,8 @@ def test_one_section_per_member_naming_the_operation(board):
                                                     "grpo-fused-linear/token-offpolicy-mask-kl-ref-weight"}
     assert all(s.operation == "grpo-fused-linear" and s.current for s in board.sections)
     md = render(board, "markdown")
-    assert ("## grpo-fused-linear/token-is 1.0.0 (member token-is) on NVIDIA H200: fused linear + GRPO "
+    # titled by the catalogue entry the device name resolves to (gpu_named.py), not the name as recorded
+    assert ("## grpo-fused-linear/token-is 1.0.0 (member token-is) on NVIDIA H200 SXM: fused linear + GRPO "
             "loss \\(lm\\_head GEMM and loss in one operation\\)") in md
     assert "x floor (max DRAM, FLOP) | x GEMM ceiling |" in md and "peak extra memory" in md
     assert "fused linear + GRPO loss" in render(board, "html")

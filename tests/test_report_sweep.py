@@ -102,8 +102,13 @@ def test_a_time_below_the_datasheet_floor_is_impossible_and_left_out_of_the_targ
     assert "impossible" in grids(sweep)[0][2][0][1]
     plausible = load_sweep((_write(tmp_path, "p.json", _doc(_seed_rows())),))
     assert not any(c.impossible for c in plausible.cells)
-    unknown = load_sweep((_write(tmp_path, "u.json", _doc(_seed_rows(), gpu="Some Future GPU")),))
-    assert unknown.cells[0].datasheet_floor_ms is None and not unknown.cells[0].impossible
+    # a GPU the catalogue cannot resolve, or a look-alike of one (Cyrillic "Н"), would leave every time unflagged:
+    # the file is set aside whole (adversarial round, 2026-12-05)
+    fast = _doc([r])
+    for gpu in ("Some Future GPU", "NVIDIA \u041d200"):
+        unknown = load_sweep((_write(tmp_path, "u.json", {**fast, "meta": {**fast["meta"], "gpu": gpu}}),))
+        assert unknown.cells == () and unknown.targets == ()
+        assert "not in the GPU catalogue" in unknown.set_aside[0][1], unknown.set_aside
 
 
 def test_files_merge_by_shape_the_newest_whole(tmp_path):

@@ -351,7 +351,7 @@ class WorkloadTiming:
         if floor.meaningful and floor.strict_ns:
             below = result["below_floor"]
             out["timing-floor"] = (not below, f"{p}: median {med / 1e6:.4f} ms is "
-                                   f"{'BELOW' if below else 'above'} the DRAM floor {floor.strict_ns / 1e6:.4f} ms"
+                                   f"{'BELOW' if below else 'above'} the strict floor {floor.strict_ns / 1e6:.4f} ms"
                                    + (": impossible, not published" if below else ""),
                                    {"protocol": p, "median_ns": med, "strict_floor_ns": floor.strict_ns,
                                     "dram_floor_ns": floor.dram_ns})

@@ -239,6 +239,11 @@ def spec_checks(statement: dict[str, Any], root: Path | None, uri: str | None,
         if status == "match-commit":
             where += "; the tree has changed since" if sources[0][0] is not None else "; the tree no longer has it"
         checks, ok = _spec_against(spec, name, uri, file_sha256, data, where, status)
+        if ok:
+            claim = _shipped_name_problem(root, uri, spec, None if status == "match" else commit)
+            if claim:
+                checks.append(IdentityCheck("spec", name, spec["identity"], None, "differs", claim))
+                ok = False
         if ok and spec.get("member") is not None:
             # at a commit too: a record relabelled as another member must not pass because the tree moved on
             checks.append(_member_identity(spec, name, root, where, None if status == "match" else (uri, data)))
@@ -252,6 +257,44 @@ def spec_checks(statement: dict[str, Any], root: Path | None, uri: str | None,
         return first
     tried = f"no file {uri} in {root}" + (f" or at commit {commit[:7]}" if commit else "")
     return [IdentityCheck("spec", name, spec["identity"], None, "unverified", tried)]
+
+
+SHIPPED_SPECS = "specs"  # where a project keeps the specs it ships; an id@version found there names that file
+
+
+def _shipped_name_problem(root: Path, uri: str, spec: dict[str, Any], commit: str | None) -> str | None:
+    """Why the spec file a record names cannot stand for its id: another file of the project's `specs/` (in
+    the tree, or at the record's commit) ships that id and version, or the commit is not in the checkout's
+    history. Adversarial round 2026-12-05: a copy of grpo-token-is.v1.json with its tolerances loosened 1000x,
+    kept elsewhere in the project, verified as "grpo-token-is 1.0.0" under `--spec grpo-token-is`."""
+    if commit is not None and _git(root, "merge-base", "--is-ancestor", commit, "HEAD") is None:
+        return (f"commit {commit[:7]} is not in the history of {root}'s HEAD: a spec from a commit this checkout "
+                "never had (a branch not merged) does not name a spec of this project")
+    family = str(spec["id"]).split("/", 1)[0] if spec.get("member") is not None else str(spec["id"])
+    shipped = _shipped_files(root, commit).get((family, str(spec["version"])))
+    if shipped is not None and shipped != uri:
+        return (f"{uri} claims {family}@{spec['version']}, which this project ships as {shipped}"
+                + (f" at commit {commit[:7]}" if commit else "") + ": a spec under a shipped name is not that spec")
+    return None
+
+
+def _shipped_files(root: Path, commit: str | None) -> dict[tuple[str, str], str]:
+    """(id, version) -> path of each spec file under `specs/`, in the tree or at `commit`."""
+    if commit is None:
+        folder = root / SHIPPED_SPECS
+        files = {f"{SHIPPED_SPECS}/{f.name}": f.read_bytes() for f in sorted(folder.glob("*.json"))
+                 if f.is_file() and f.stat().st_size <= MAX_SPEC_BYTES} if folder.is_dir() else {}
+    else:
+        files = _git_blobs(root, commit, SHIPPED_SPECS) or {}
+    out: dict[tuple[str, str], str] = {}
+    for path, data in sorted(files.items()):
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and PurePosixPath(path).parent.as_posix() == SHIPPED_SPECS:
+            out.setdefault((str(doc.get("id")), str(doc.get("version"))), path)
+    return out
 
 
 def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str,

@@ -29,7 +29,7 @@ else:  # pragma: no cover
 
 _AGE = re.compile(r"^(\d+)([smhdw]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_COMPARATOR = re.compile(r"^(>=|<=|==|!=|>|<)?\s*(\d+)\.(\d+)\.(\d+)$")
+_COMPARATOR = re.compile(r"^(>=|<=|==|!=|>|<)?\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?$")  # "<2" is "<2.0.0"
 
 
 class PolicyError(GrpoConformError):
@@ -43,17 +43,22 @@ def parse_age(text: str) -> int:
     return int(m[1]) * _UNITS[m[2]]
 
 
-def _version_ok(version: str, spec_range: str) -> bool:
-    have = tuple(int(x) for x in version.split("."))
+def _parse_range(spec_range: str) -> list[tuple[str, tuple[int, int, int]]]:
+    """Every comparator of a range, parsed whole: a bad part is an error even after one that fails."""
+    out = []
     for part in spec_range.split(","):
         m = _COMPARATOR.match(part.strip())
         if not m:
-            raise ValueError(f"{part!r}: expected comparators such as '>=1.0.0,<2.0.0'")
-        op, want = m[1] or "==", tuple(int(x) for x in m.group(2, 3, 4))
-        if not {">=": have >= want, "<=": have <= want, "==": have == want, "!=": have != want,
-                ">": have > want, "<": have < want}[op]:
-            return False
-    return True
+            raise ValueError(f"{part!r}: expected comparators such as '>=1.0.0,<2.0.0' (or '>=1,<2')")
+        out.append((m[1] or "==", tuple(int(x or 0) for x in m.group(2, 3, 4))))
+    return out
+
+
+def _version_ok(version: str, spec_range: str) -> bool:
+    have = tuple(int(x) for x in version.split("."))
+    ops = {">=": tuple.__ge__, "<=": tuple.__le__, "==": tuple.__eq__, "!=": tuple.__ne__, ">": tuple.__gt__,
+           "<": tuple.__lt__}
+    return all(ops[op](have, want) for op, want in _parse_range(spec_range))
 
 
 class Policy(BaseModel):
@@ -102,7 +107,7 @@ class Policy(BaseModel):
     @classmethod
     def _range(cls, v: Optional[str]) -> Optional[str]:
         if v is not None:
-            _version_ok("0.0.0", v)
+            _parse_range(v)
         return v
 
     @property

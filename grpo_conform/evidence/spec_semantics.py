@@ -11,7 +11,11 @@ record's: another identity is the identities step's business), a record is refus
 - a timing is below the DRAM floor its own record states, or below the strict floor recomputed
   from the resolved spec's workload (not the record's axes) on the catalogue GPU the record names,
   counting no masked row (a lower bound whatever the mask): physically impossible.
-A GPU the catalogue does not know gets no recomputed floor (the record's own still applies).
+A GPU the catalogue does not know gets no recomputed floor (the record's own still applies), and the
+report never ranks it. Since the adversarial round of 2026-12-05 also refused: a timing protocol
+that is not one of the four, hardware names outside printable ASCII, and names that resolve to
+different GPUs or a catalogue GPU under kind `cpu` (`gpu_named.py`): the floor used to come from one
+name and the report's section from another, and `cpu` skipped the floor.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from grpo_conform.evidence.gpu_named import resolve as resolve_gpu
+from grpo_conform.evidence.gpu_named import text_problems
+from grpo_conform.protocol_names import PROTOCOLS
 from grpo_conform.spec import find_spec
 
 _BAD_COUNTS = ("mismatches", "nan", "inf")
@@ -83,11 +90,20 @@ def spec_problems(statement: dict[str, Any], root: Path | None) -> list[str]:
                 problems.append(f"{w['workload']}/{c['check']} is marked pass but its message reports elements "
                                 "outside tolerance")
         for t in w.get("timings", []):
+            if t.get("protocol") not in PROTOCOLS:  # a table of its own name would be ranked with no floor
+                problems.append(f"{w['workload']}: timing protocol {str(t.get('protocol'))[:40]!r} is none of "
+                                f"{', '.join(PROTOCOLS)}")
             median = (t.get("event") or {}).get("median_ns")
             floor = (t.get("floor") or {}).get("floor_ns")
             if isinstance(median, (int, float)) and isinstance(floor, (int, float)) and median < floor:
                 problems.append(f"{w['workload']} {t.get('protocol')}: median {median} ns is below the DRAM floor "
                                 f"{floor} ns its record states: impossible")
+    hw = predicate.get("hardware") or {}
+    problems += text_problems(hw)
+    timed = any(w.get("timings") for w in predicate["workloads"])
+    named = resolve_gpu(hw) if timed else None  # the catalogue imports torch: only for a timed record
+    if named is not None:
+        problems += [p for p in named.problems if p not in problems]
     spec = _resolve(predicate["spec"], root)
     if spec is None:
         return problems
@@ -95,7 +111,7 @@ def spec_problems(statement: dict[str, Any], root: Path | None) -> list[str]:
     unknown = sorted({w["workload"] for w in predicate["workloads"]} - set(names))
     if unknown:
         problems.append(f"workload(s) {unknown} are not workloads of {spec.id} (it has {len(names)})")
-    problems += _spec_floor_problems(spec, predicate)
+    problems += _spec_floor_problems(spec, predicate, named.gpu if named is not None else None)
     cov = predicate.get("coverage")
     if isinstance(cov, dict) and "workloads_run" in cov:
         listed = set(cov.get("workloads_run", [])) | {n.get("workload") for n in cov.get("workloads_not_run", [])}
@@ -108,18 +124,12 @@ def spec_problems(statement: dict[str, Any], root: Path | None) -> list[str]:
 _FLOORS: dict[tuple[str, str, str, str], Any] = {}  # a floor depends only on spec identity, workload, protocol, GPU
 
 
-def _spec_floor_problems(spec: Any, predicate: dict[str, Any]) -> list[str]:
-    hw = predicate.get("hardware") or {}
-    if (hw.get("device") or {}).get("kind") == "cpu" or not any(w.get("timings") for w in predicate["workloads"]):
-        return []  # nothing timed on a GPU: no floor to judge (and no reason to import torch for it)
+def _spec_floor_problems(spec: Any, predicate: dict[str, Any], gpu: Any) -> list[str]:
+    if gpu is None:
+        return []  # nothing timed, or no catalogue GPU: the record's own floor still applies (spec_problems)
     # here, not above: floors pulls torch, which `verify` of an untimed record never needs
-    from grpo_conform.floors import PROTOCOLS, below_floor, compute_floor, resolve_for_floor
-    from grpo_conform.hardware import load_catalogue
+    from grpo_conform.floors import below_floor, compute_floor, resolve_for_floor
 
-    name = (hw.get("catalogue") or {}).get("name") or (hw.get("device") or {}).get("name")
-    match = load_catalogue().lookup(str(name)) if name else None
-    if match is None:
-        return []
     by_name = {w.name: w for w in spec.workloads}
     problems = []
     for w in predicate["workloads"]:
@@ -129,15 +139,15 @@ def _spec_floor_problems(spec: Any, predicate: dict[str, Any]) -> list[str]:
             protocol, median = t.get("protocol"), (t.get("event") or {}).get("median_ns")
             if protocol not in PROTOCOLS or protocol == "backward" or not isinstance(median, (int, float)):
                 continue
-            key = (spec.identity, w["workload"], protocol, match.gpu.id)
+            key = (spec.identity, w["workload"], protocol, gpu.id)
             if key not in _FLOORS:
                 try:
                     resolved = resolve_for_floor(spec, by_name[w["workload"]])
-                    _FLOORS[key] = compute_floor(spec, resolved, protocol, match.gpu, unmasked=0.0)
+                    _FLOORS[key] = compute_floor(spec, resolved, protocol, gpu, unmasked=0.0)
                 except Exception:  # noqa: BLE001 - a floor that cannot be computed judges nothing
                     _FLOORS[key] = None
             floor = _FLOORS[key]
             if floor is not None and below_floor(median, floor):
                 problems.append(f"{w['workload']} {protocol}: median {median} ns is below the strict floor "
-                                f"{floor.strict_ns} ns of {spec.id} on {match.gpu.name}: impossible")
+                                f"{floor.strict_ns} ns of {spec.id} on {gpu.name}: impossible")
     return problems

@@ -14,7 +14,9 @@ The trust root is TUF metadata (python-tuf's `tuf.api.metadata`), installed as p
 
 Rollback: the root and targets versions may not fall below `MIN_ROOT_VERSION` and
 `MIN_TARGETS_VERSION` (code), and no root version may be missing from the chain; a shipped root
-whose files differ from `RELEASE_TRUST_FILES` is reported with what differs (issue 29).
+whose files differ from `RELEASE_TRUST_FILES` is refused, saying what differs (issue 29; refused
+rather than labelled since the adversarial round of 2026-12-05). Version 1 names exactly the pinned
+keys, and every version needs `MIN_THRESHOLD` root keys for the root and targets roles.
 
 Nothing is read from the current directory: a pull request that adds a key file, swaps a PEM or
 edits a list changes nothing unless the change is signed by the offline root keys. Other sources
@@ -51,6 +53,10 @@ PINNED_ROOT_KEYIDS: frozenset[str] = frozenset({
 #: code (reviewed), not just files. Raise them with every release that ships newer metadata.
 MIN_ROOT_VERSION = 1
 MIN_TARGETS_VERSION = 1
+#: The fewest root keys that must sign a change of the root or of the evidence keys, in every version
+#: of a pinned root: with a threshold of 1, the holder of one root key could add an evidence key
+#: alone (docs/evidence.md: "a single stolen or misused root key cannot add an evidence key").
+MIN_THRESHOLD = 2
 #: sha256 of each metadata file this release ships: a shipped trust root that differs (signed by
 #: the root keys, but not what was released) is named as such, with what differs, in every report.
 RELEASE_TRUST_FILES: dict[str, str] = {
@@ -150,9 +156,10 @@ def load_trust_root(folder: str | Path | None = None, *, pinned: frozenset[str] 
         raise TrustedKeysError(first, "expected root metadata of version 1")
     if pinned is not None:
         named = frozenset(root.signed.roles[Root.type].keyids)
-        if not named <= pinned or not named:
+        if named != pinned:  # a subset would let one pinned key sign version 1 alone
             raise TrustedKeysError(first, f"its root keys {sorted(named)} are not the pinned root keys "
                                    f"{sorted(pinned)}; the trust root was replaced without the root keys")
+        _thresholds(root.signed, first)
     _verify(root, Root.type, root, first, "root version 1")
     for version in _root_files(folder)[1:]:
         nxt = folder / f"{version}.root.json"
@@ -161,6 +168,8 @@ def load_trust_root(folder: str | Path | None = None, *, pinned: frozenset[str] 
             raise TrustedKeysError(nxt, f"expected root metadata of version {version}")
         _verify(root, Root.type, new, nxt, f"root version {version} (by the keys of version {version - 1})")
         _verify(new, Root.type, new, nxt, f"root version {version} (by its own keys)")
+        if pinned is not None:
+            _thresholds(new.signed, nxt)
         root, first = new, nxt
     if _expired(root.signed, now):
         raise TrustedKeysError(first, f"the trust root expired at {root.signed.expires:%Y-%m-%dT%H:%M:%SZ}; "
@@ -189,12 +198,28 @@ def load_trust_root(folder: str | Path | None = None, *, pinned: frozenset[str] 
         where = "override --trust-root " + str(folder)
     else:
         differs = release_differences(folder)
+        if differs and pinned is not None:
+            # signed by the root keys yet not what this release ships: package data changed in a checkout or
+            # an install; a deliberate new root is named with --trust-root, a release updates the code's list
+            raise TrustedKeysError(folder, "the shipped trust root differs from the one this release ships ("
+                                   + "; ".join(differs) + "): reinstall grpo-conform, or pass --trust-root "
+                                   f"{folder} to use it deliberately")
         where = ("shipped trust root" if not differs else
                  "trust root DIFFERING FROM THIS RELEASE (" + "; ".join(differs) + ")")
     source = (f"{where}: root v{root.signed.version} ({rk.threshold} of {len(rk.keyids)} root keys, expires "
               f"{root.signed.expires:%Y-%m-%d}), targets v{targets.signed.version} ({tk.threshold} of "
               f"{len(tk.keyids)} keys, expires {targets.signed.expires:%Y-%m-%d})")
     return TrustRoot(keys, source, override, root.signed.version, f"{root.signed.expires:%Y-%m-%dT%H:%M:%SZ}")
+
+
+def _thresholds(signed: Root, where: Path) -> None:
+    """Refuse a pinned root whose root or targets role needs fewer than MIN_THRESHOLD keys."""
+    for role in (Root.type, Targets.type):
+        threshold = signed.roles[role].threshold
+        if threshold < MIN_THRESHOLD:
+            raise TrustedKeysError(where, f"root version {signed.version}: the {role} role's threshold is "
+                                   f"{threshold}; this release requires at least {MIN_THRESHOLD} root keys for "
+                                   "every change of trust")
 
 
 def _public_key(key: Any, where: Path, keyid: str) -> Ed25519PublicKey:

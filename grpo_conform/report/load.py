@@ -85,10 +85,16 @@ def load_records(paths: tuple[str, ...], trusted_keys: str | None = None, *, pro
     report = run_verify(VerifyRequest(files=tuple(files), trusted_keys=trusted_keys, project=project, now=now))
     verified: list[VerifiedRecord] = []
     rejected: list[RejectedRecord] = []
+    first_path: dict[str, str] = {}  # record identity -> the file it was read from first
     for v in report.files:
         if not v.ok or v.unsigned or not v.record_identity:
             rejected.append(RejectedRecord(v.path, _reason(v) if not v.ok else "not signed"))
             continue
+        if v.record_identity in first_path:  # a copy or link of one record counts once (files in sorted order)
+            rejected.append(RejectedRecord(v.path, f"the same record as {first_path[v.record_identity]} (record "
+                                                   f"identity {v.record_identity[:12]}): counted once"))
+            continue
+        first_path[v.record_identity] = v.path
         payload = parse_envelope(Path(v.path).read_bytes(), expected_type=None).payload
         if sha256_hex(payload) != v.record_identity:  # the file changed between the two reads
             rejected.append(RejectedRecord(v.path, "the file changed while it was read; run the report again"))

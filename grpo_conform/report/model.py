@@ -20,6 +20,7 @@ from typing import Any
 
 from pathlib import Path
 
+from grpo_conform.evidence import gpu_named
 from grpo_conform.evidence.partial import checks_narrowed, partial_reason
 from grpo_conform.report import select
 from grpo_conform.report.load import VerifiedRecord
@@ -27,6 +28,8 @@ from grpo_conform.report.load import VerifiedRecord
 PROTOCOL_ORDER = ("full", "full-scaled", "forward", "backward")
 NOT_IN_TREE = "identity not in this checkout's tree (the folder changed or is absent): no cell"
 UNRANKED = frozenset({"backward"})
+#: what a section's GPU title ends with when the catalogue does not know the GPU: no floor checked its times
+UNKNOWN_GPU = " (not in the GPU catalogue: unranked)"
 
 
 @dataclass(frozen=True)
@@ -137,11 +140,17 @@ def _num(v: Any) -> float | None:
 
 
 def _gpu(pred: dict[str, Any]) -> tuple[str, str]:
+    """The section's GPU and the device's own name. A timed record's GPU is the catalogue entry its names
+    resolve to (gpu_named.py, as `verify` judged its floor), so no spelling of a name opens a section of its
+    own; one the catalogue does not know is titled as such, and its rows are never ranked (`_row`)."""
     hw = pred.get("hardware") or {}
     device = (hw.get("device") or {})
     name = (hw.get("catalogue") or {}).get("name") or hw.get("device_name") or device.get("name")
-    if not name:  # a CPU run
+    if device.get("kind") == "cpu" or not name:  # a CPU run
         name = "CPU" + (f" ({device['name']})" if device.get("name") else "")
+    elif any(w.get("timings") for w in pred.get("workloads") or []):
+        named = gpu_named.resolve(hw)
+        name = named.gpu.name if named.gpu is not None else f"{name}{UNKNOWN_GPU}"
     return str(name), str(hw.get("device_name") or device.get("name") or name)
 
 
@@ -186,6 +195,10 @@ def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[s
     conformant = rec.predicate.get("verdict") == "conformant"
     flag = _impossible(t) or ((f"not ranked: {checks_narrowed(rec.predicate)}" if checks_narrowed(rec.predicate)
                                else "") if conformant else "")
+    if not flag and conformant and _gpu(rec.predicate)[0].endswith(UNKNOWN_GPU):
+        flag = "not ranked: a GPU the catalogue does not know, so no floor checked this time"
+    if not flag and conformant and t.get("protocol") not in PROTOCOL_ORDER:  # verify refuses these too
+        flag = f"not ranked: {str(t.get('protocol'))[:40]!r} is not a timed protocol"
     binding = floor.get("floor_ns")
     binding_ratio = event["median_ns"] / binding if isinstance(binding, (int, float)) and binding > 0 else None
     return Row(impl.label, str(w.get("workload", "?")), axes.get("batch"), shape, str(t.get("protocol", "?")),

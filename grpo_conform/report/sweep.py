@@ -217,6 +217,11 @@ def load_sweep(paths: tuple[str, ...], current_identity: Optional[str] = None) -
         except (ValueError, ValidationError) as exc:
             aside.append((p, f"not a sweep file: {_first_error(exc)}"))
             continue
+        if not (doc.meta.gpu.isascii() and doc.meta.gpu.isprintable()) or _datasheet_bps(doc.meta.gpu) is None:
+            # without a datasheet bandwidth no time can be told impossible (a look-alike "Н200" did that)
+            aside.append((p, f"GPU {doc.meta.gpu[:80]!r} is not in the GPU catalogue: no datasheet floor could flag "
+                             "an impossible time, so the file is not judged"))
+            continue
         files.append(SweepFile(p, hashlib.sha256(raw).hexdigest(), doc.meta, len(doc.rows), doc.launch))
         docs.append(doc)
     return _merge(files, docs, aside, current_identity)
