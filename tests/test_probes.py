@@ -101,7 +101,8 @@ def test_call_pattern_probes_are_in_the_profiles_and_explore_call_in_none_but_it
                          ("repeated-calls", "repeated-calls")):
         assert probe in full and check in PROBES_BY_NAME[probe].feeds and check in CONFORMANCE_CHECKS
     # Late, so that a kernel that turns wrong after N calls fails there and not in the probes before.
-    assert full.index("repeated-calls") == len(full) - 2 and full[-1] == "end-reread"
+    assert full.index("repeated-calls") == len(full) - 3 and full[-2:] == ("end-reread", "process-state")
+    assert all(profile[-1] == "process-state" for profile in PROFILES.values())  # every call's effects, in every profile
     assert "retained-graph" not in PROFILES["core"]  # a second gradient of a huge shape
     assert "explore" not in PROFILES and "explore-call" not in PROBES_BY_NAME  # explore.py hands its own probe
 
@@ -109,7 +110,7 @@ def test_call_pattern_probes_are_in_the_profiles_and_explore_call_in_none_but_it
 def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     names = lambda checks, profile="full": [p.name for p in select(profile, checks)]  # noqa: E731
     assert names(()) == list(PROFILES["full"])
-    assert names(("gradient",)) == ["baseline", "new-buffers", "extra-seeds", "input-cases"]
+    assert names(("gradient",)) == ["baseline", "new-buffers", "extra-seeds", "input-cases", "trainer-shaped"]
     assert names(("advantage-sign",)) == ["baseline", "negated-advantages", "advantage-sign"]
     assert names(("row-locality",)) == ["new-buffers", "row-locality"]  # its call reuses D's inputs in Q
     assert names(("repeated-calls",)) == ["repeated-calls"]
@@ -117,7 +118,7 @@ def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     # a check every call feeds keeps every probe that calls: its verdict under -k is the full run's
     for check in ("runs", "no-mutation", "no-output-reuse"):
         calling = [n for n in PROFILES["full"] if n not in ("advantage-sign", "end-reread", "inference-mode",
-                                                             "forward-only", "repeated-calls")]
+                                                             "forward-only", "repeated-calls", "process-state")]
         assert set(calling) <= set(names((check,))), check
     for check in CONFORMANCE_CHECKS:  # every probe of the profile that records a check is kept
         kept = names((check,))

@@ -296,6 +296,27 @@ def end_reread(run: WorkloadConformance) -> None:
                     {"kept_calls": [k.label for k in run.kept], "changed": changed})
 
 
+def side_effects(run: WorkloadConformance) -> None:
+    try:
+        reply = run.session.request(op="effects")
+    except WorkerFailure as failure:
+        run.book.failure(("no-global-side-effects",), "effects", failure)
+        if failure.kind in ("timeout", "crash", "cuda-error", "protocol"):
+            raise WorkerGone(failure) from None
+        return
+    effects = reply.get("effects") or []
+    if not effects:
+        run.book.record("no-global-side-effects", "end", True, "every call left the process's global state as it "
+                        "found it (dtype, grad mode, flags, threads, random generators)", {})
+        return
+    first = effects[0]
+    run.book.record("no-global-side-effects", first["call"], False,
+                    f"call {first['call']} changed {first['state']}: {first['before']} -> {first['after']}"
+                    + (f" (and {len(effects) - 1} more)" if len(effects) > 1 else "")
+                    + "; a caller's training step sees it (the worker put it back after recording)",
+                    {"effects": effects})
+
+
 def adversarial(run: WorkloadConformance, i: Call, profiles) -> None:
     loss_cmp, cmp = run.judge(i)
     ok = cmp.passed and loss_cmp.passed and cmp.nan == 0 and cmp.inf == 0

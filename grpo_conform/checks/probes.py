@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
+
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
@@ -35,14 +37,16 @@ from grpo_conform.spec import Spec
 
 
 def _upstream(run: WorkloadConformance, kind: str) -> float:
-    """A parent-drawn upstream scalar: negative, tiny or large (what gradient accumulation, loss
-    scaling and loss weights do). Tiny stays above float16's subnormal range at seed scales."""
+    """A parent-drawn upstream scalar: negative, tiny, large or a fraction 1/k (what gradient accumulation,
+    loss scaling and loss weights do). Tiny stays above float16's subnormal range at seed scales."""
     r = run.rng
     fp16 = run.grad_dtype == "float16"
     if kind == "negative":
         c = -r.uniform(0.25, 4.0)
     elif kind == "tiny":
         c = r.uniform(1e-2, 5e-2) if fp16 else 10 ** r.uniform(-4.0, -3.0)
+    elif kind == "fraction":  # 1/k of gradient accumulation: (0.05, 1) was never drawn (round of 2026-12-05)
+        c = 1.0 / r.choice((2, 3, 4, 8, 16, 32, 64))
     else:
         c = r.uniform(64.0, 512.0) if fp16 else 2 ** r.uniform(6.0, 12.0)
     c = float(f"{c:.6g}")
@@ -140,10 +144,11 @@ def adversarial(run: WorkloadConformance) -> None:
 
 
 def upstream(run: WorkloadConformance) -> None:
-    """U: fresh seeds backpropagating parent-drawn upstream scalars (negative, tiny, large), the
-    tiny one through torch.autograd.grad (the caller gets the returned tensor itself, without the
-    copy .grad accumulation may make: a reused buffer is visible)."""
-    for i, (kind, method) in enumerate((("negative", "backward"), ("tiny", "autograd.grad"), ("large", "backward"))):
+    """U: fresh seeds backpropagating parent-drawn upstream scalars (negative, tiny, large, and 1/k as
+    gradient accumulation divides the loss), the tiny one through torch.autograd.grad (the caller gets the
+    returned tensor itself, without the copy .grad accumulation may make: a reused buffer is visible)."""
+    for i, (kind, method) in enumerate((("negative", "backward"), ("tiny", "autograd.grad"), ("large", "backward"),
+                                        ("fraction", "backward"))):
         slot = run.P if i % 2 == 0 else run.Q
         run.generate(slot, run.seeds[i % len(run.seeds)] ^ (0x51ED270B + i))
         c = _upstream(run, kind)
@@ -231,10 +236,50 @@ def input_cases(run: WorkloadConformance) -> None:
         J.plain(run, k)
 
 
+def trainer_shaped(run: WorkloadConformance) -> None:
+    """TS: an input set shaped as a GRPO trainer makes it, which the drawn sets avoid on purpose: advantages
+    normalised within groups of completions, (r - mean) / (std + 1e-4), so every group sums to 0 (the drawn
+    advantages keep a mean away from 0, so that a dropped sign shows), and every mask row a right-padded
+    prefix of at least two tokens (TRL's masks; the drawn sets mix left padding, holes and empty rows).
+    A kernel that takes a shortcut when it recognises a training batch fails here only."""
+    K = run.K
+    run.generate(K, run.seeds[0] ^ 0x7EA1)
+    gen = torch.Generator().manual_seed(run.seeds[0] ^ 0x7EA2)
+    adv = K.tensors["advantages"]
+    batch = adv.shape[0]
+    if batch >= 2:
+        group = next(g for g in (4, 2, batch) if batch % g == 0)
+        rewards = torch.randint(0, 3, (batch // group, group), generator=gen).double()  # ties: zero groups
+        a = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
+        adv.copy_(a.reshape(adv.shape).to(adv.dtype))
+    mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
+    if mask is not None:
+        m = K.tensors[mask]
+        seq = m.shape[-1]
+        lengths = torch.randint(min(2, seq), seq + 1, (m.shape[0],), generator=gen)
+        m.copy_((torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)).to(m.dtype))
+        run.draws["mask_layouts"] = sorted(set(run.draws.get("mask_layouts", ())) | {"trainer right-padded"})
+    K.commit()
+    run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"group-normalised"})
+    t = run.call("TS-trainer", K, run.out1, PLAIN)
+    if t is not None:
+        J.plain(run, t)
+
+
 def end_reread(run: WorkloadConformance) -> None:
     """R: every output kept so far re-read at the end of the workload (a ring of N reused
     buffers shows for any N below the number of kept calls)."""
     J.end_reread(run)
+
+
+def process_state(run: WorkloadConformance) -> None:
+    """GS: what the workload's calls changed of the process's global state, as the worker saw it around each
+    forward and backward (isolation/global_state.py); nothing changed passes."""
+    J.side_effects(run)
+
+
+def _has_advantages(spec: Spec) -> str | None:
+    return None if any(t.name == "advantages" for t in spec.inputs) else "the member has no advantages input"
 
 
 def _contiguous_only(spec: Spec) -> str | None:
@@ -272,17 +317,20 @@ _PROBES = (
     *FUSED_PROBES,  # the lm_head weight held as trainers hold it: accumulated into, tied (ops/fused_linear/probes.py)
     Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),
     Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
+    Probe("trainer-shaped", trainer_shaped.__doc__, trainer_shaped, PLAIN + CALL, applies=_has_advantages),
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
     Probe("repeated-calls", repeated_calls.__doc__, repeated_calls, ("repeated-calls", "runs", "no-mutation")),
     Probe("end-reread", end_reread.__doc__, end_reread, ("no-output-reuse", "runs")),
+    Probe("process-state", process_state.__doc__, process_state, ("no-global-side-effects", "runs")),
 )
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in _PROBES}
 PROFILES: dict[str, tuple[str, ...]] = {
     "full": tuple(PROBES_BY_NAME),
     # For huge shapes (above 2^31 logits elements): the call patterns that matter most.
     # A retained graph holds a second gradient of a huge shape: full profile only.
-    "core": ("baseline", "new-buffers", "upstream", "forward-only", "inference-mode", "repeated-calls", "end-reread"),
-    "smoke": ("baseline", "forward-only"),
+    "core": ("baseline", "new-buffers", "upstream", "forward-only", "inference-mode", "repeated-calls", "end-reread",
+             "process-state"),
+    "smoke": ("baseline", "forward-only", "process-state"),
 }
 
 

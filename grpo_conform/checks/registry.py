@@ -73,6 +73,9 @@ _CHECKS = (
               "sums both uses into weight.grad (an implementation setting weight.grad itself loses one)", (2, 16)),
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
+    CheckInfo("no-global-side-effects", "the process's global state is as each call found it: default dtype and "
+              "device, grad mode, anomaly and determinism flags, TF32, cuDNN flags, thread count, and random "
+              "generators never reseeded (a worker-side tripwire, like tamper-scan)", ()),
     CheckInfo("tamper-scan", "the source names none of the validator's internals (grpo_conform, __main__, "
               "sys.modules writes, gc.get_objects, frame walking, ctypes, /proc/, ptrace): a static tripwire, not "
               "a proof", (), static=True),

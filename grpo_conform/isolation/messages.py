@@ -114,6 +114,17 @@ class BackwardReply(Ok):
     report: Optional[ExportReport] = None  # with `export`: that call's export report
 
 
+class Effect(_Strict):
+    call: ShortText
+    state: ShortText
+    before: ShortText
+    after: ShortText
+
+
+class EffectsReply(Ok):
+    effects: Annotated[list[Effect], Field(max_length=16)]  # global_state.MAX_EFFECTS
+
+
 class ExportReply(Ok):
     report: ExportReport
 
@@ -150,6 +161,7 @@ REPLIES: dict[str, type[_Strict]] = {
     "export": ExportReply,
     "precompile": PrecompileReply,
     "reexport": Ok,
+    "effects": EffectsReply,
     "drop": Ok,
     "time_setup": Ok,
     "time": TimeReply,

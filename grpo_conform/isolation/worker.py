@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_conform.isolation import compile_only, triton_keys
+from grpo_conform.isolation.global_state import Watch
 from grpo_conform.isolation.loading import harden_worker, import_entry
 
 POISON_BYTES = {"nan": 0xFF, "huge": 0x7B}  # 0xFF..: NaN in every float dtype; 0x7B..: huge finite
@@ -117,6 +118,7 @@ class _Worker:
         self.slots: dict[str, dict[str, Any]] = {}
         self.calls: dict[str, dict[str, Any]] = {}
         self.flush_buffer = None
+        self.watch = Watch()  # process-global state around each call (no-global-side-effects)
 
     # -- messages ---------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
@@ -273,7 +275,8 @@ class _Worker:
         # inference: torch.inference_mode (a serving or evaluation loop), a stricter no_grad
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         with grad_ctx:
-            loss = self._guarded("forward", lambda: self.entry(**args, **params))
+            loss = self._guarded("forward", lambda: self.watch.around(call, "forward", lambda: self.entry(**args,
+                                                                                                         **params)))
             backprop = self._tied(loss, args, tie) if tie and grad else loss
         self._sync("forward")
         self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients),
@@ -312,11 +315,13 @@ class _Worker:
                 self._poison(poison, self.slots[first["inputs"]], first["names"])
             # Every (call, input) leaf, in one flat list for torch.autograd.grad.
             pairs = [(name, key, leaf) for name in names for key, leaf in self.calls[name]["leaves"].items()]
+            label = "/".join(names)
             if method == "autograd.grad":
-                grads = self._guarded("backward", lambda: torch.autograd.grad(
-                    losses, [leaf for _, _, leaf in pairs], grads_in, allow_unused=True, retain_graph=retain))
+                grads = self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.grad(
+                    losses, [leaf for _, _, leaf in pairs], grads_in, allow_unused=True, retain_graph=retain)))
             else:
-                self._guarded("backward", lambda: torch.autograd.backward(losses, grads_in, retain_graph=retain))
+                self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.backward(
+                    losses, grads_in, retain_graph=retain)))
                 grads = [leaf.grad for _, _, leaf in pairs]
             self._sync("backward")
             for (name, key, _), g in zip(pairs, grads):
@@ -427,6 +432,10 @@ class _Worker:
         self._copy_out(self.slots[outputs], entry["loss"], entry["grads"])
         self._sync("reexport")
         self.send(status="ok")
+
+    def op_effects(self) -> None:
+        """What the calls since the last `effects` changed of the process's global state (global_state.py)."""
+        self.send(status="ok", effects=self.watch.report())
 
     def op_drop(self, calls: list[str] | None = None) -> None:
         for name in (list(self.calls) if calls is None else calls):
@@ -580,6 +589,7 @@ OPS = {
     "export": _Worker.op_export,
     "precompile": _Worker.op_precompile,
     "reexport": _Worker.op_reexport,
+    "effects": _Worker.op_effects,
     "drop": _Worker.op_drop,
     "time_setup": _Worker.op_time_setup,
     "time": _Worker.op_time,
