@@ -311,16 +311,17 @@ class WorkloadConformance:
 
     def forward(self, label: str, slot: InputSlot, checks: tuple[str, ...], *, grad: bool = True,
                 leaf: str = "leaf", poison: str | None = None, inference: bool = False,
-                tie: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                tie: dict[str, Any] | None = None, only: tuple[str, ...] | None = None) -> dict[str, Any] | None:
         """Forward only; the inputs are compared with the pristine copy right after it.
         `inference`: under torch.inference_mode instead of torch.no_grad (with grad=False); `tie`: a
         second use of an input in the graph (the worker's `_tied`: tied input embeddings)."""
         extra = {"inference": True} if inference else {}
         extra.update({"tie": tie} if tie else {})
         try:
+            # `only`: the differentiable inputs that require grad this call (the others frozen, as a trainer's)
+            names = [g.input for g in self.spec.gradients if only is None or g.input in only]
             reply = self.session.request(op="forward", call=label, inputs=slot.name, params=self.model.call_values,
-                                         grad=grad, gradients=[g.input for g in self.spec.gradients], leaf=leaf,
-                                         poison=poison, **extra)
+                                         grad=grad, gradients=names, leaf=leaf, poison=poison, **extra)
         except WorkerFailure as failure:
             self._fail(checks, label, failure)
             self.mutation(label, slot, {"after error": slot.changes()})
@@ -375,10 +376,11 @@ class WorkloadConformance:
 
     def call(self, label: str, slot: InputSlot, out: OutputSlot, checks: tuple[str, ...], *,
              upstream: float = 1.0, method: str = "backward", leaf: str = "leaf",
-             poison: str | None = None, keep: bool | None = None) -> Call | None:
-        """forward + backward + export, with the mutation and aliasing checks of the call."""
+             poison: str | None = None, keep: bool | None = None, only: tuple[str, ...] | None = None) -> Call | None:
+        """forward + backward + export, with the mutation and aliasing checks of the call; `only`: the
+        differentiable inputs that require grad (the call's gradients are those, the others frozen)."""
         label = self._label(label)
-        fwd = self.forward(label, slot, checks, leaf=leaf, poison=poison)
+        fwd = self.forward(label, slot, checks, leaf=leaf, poison=poison, only=only)
         if fwd is None:
             return None
         done = self._backward_export(label, slot, out, checks, fwd, upstream, method, poison, keep)
@@ -389,8 +391,9 @@ class WorkloadConformance:
         self.mutation(label, slot, {"forward": fwd["forward"], "backward": slot.changes()})
         report = exported["report"]
         self.aliasing(label, report)
+        grads = out.grads if only is None else {k: v for k, v in out.grads.items() if k in only}
         return Call(label, slot, upstream, float(out.loss[0]), report.get("loss"), report.get("grads") or {},
-                    out.grads, skipped.get(label), exported["kept"])
+                    grads, skipped.get(label), exported["kept"])
 
     def mutation(self, label: str, slot: InputSlot, changed: dict[str, Any]) -> None:
         found = {phase: diff for phase, diff in changed.items() if diff}

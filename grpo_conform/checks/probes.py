@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import torch
-
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
@@ -236,36 +234,6 @@ def input_cases(run: WorkloadConformance) -> None:
         J.plain(run, k)
 
 
-def trainer_shaped(run: WorkloadConformance) -> None:
-    """TS: an input set shaped as a GRPO trainer makes it, which the drawn sets avoid on purpose: advantages
-    normalised within groups of completions, (r - mean) / (std + 1e-4), so every group sums to 0 (the drawn
-    advantages keep a mean away from 0, so that a dropped sign shows), and every mask row a right-padded
-    prefix of at least two tokens (TRL's masks; the drawn sets mix left padding, holes and empty rows).
-    A kernel that takes a shortcut when it recognises a training batch fails here only."""
-    K = run.K
-    run.generate(K, run.seeds[0] ^ 0x7EA1)
-    gen = torch.Generator().manual_seed(run.seeds[0] ^ 0x7EA2)
-    adv = K.tensors["advantages"]
-    batch = adv.shape[0]
-    if batch >= 2:
-        group = next(g for g in (4, 2, batch) if batch % g == 0)
-        rewards = torch.randint(0, 3, (batch // group, group), generator=gen).double()  # ties: zero groups
-        a = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
-        adv.copy_(a.reshape(adv.shape).to(adv.dtype))
-    mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
-    if mask is not None:
-        m = K.tensors[mask]
-        seq = m.shape[-1]
-        lengths = torch.randint(min(2, seq), seq + 1, (m.shape[0],), generator=gen)
-        m.copy_((torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)).to(m.dtype))
-        run.draws["mask_layouts"] = sorted(set(run.draws.get("mask_layouts", ())) | {"trainer right-padded"})
-    K.commit()
-    run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"group-normalised"})
-    t = run.call("TS-trainer", K, run.out1, PLAIN)
-    if t is not None:
-        J.plain(run, t)
-
-
 def end_reread(run: WorkloadConformance) -> None:
     """R: every output kept so far re-read at the end of the workload (a ring of N reused
     buffers shows for any N below the number of kept calls)."""
@@ -276,10 +244,6 @@ def process_state(run: WorkloadConformance) -> None:
     """GS: what the workload's calls changed of the process's global state, as the worker saw it around each
     forward and backward (isolation/global_state.py); nothing changed passes."""
     J.side_effects(run)
-
-
-def _has_advantages(spec: Spec) -> str | None:
-    return None if any(t.name == "advantages" for t in spec.inputs) else "the member has no advantages input"
 
 
 def _contiguous_only(spec: Spec) -> str | None:
@@ -317,7 +281,7 @@ _PROBES = (
     *FUSED_PROBES,  # the lm_head weight held as trainers hold it: accumulated into, tied (ops/fused_linear/probes.py)
     Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),
     Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
-    Probe("trainer-shaped", trainer_shaped.__doc__, trainer_shaped, PLAIN + CALL, applies=_has_advantages),
+    G.TRAINER_SHAPED,
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
     Probe("repeated-calls", repeated_calls.__doc__, repeated_calls, ("repeated-calls", "runs", "no-mutation")),
     Probe("end-reread", end_reread.__doc__, end_reread, ("no-output-reuse", "runs")),

@@ -71,6 +71,8 @@ _CHECKS = (
               "into it, not written over it", (2, 10)),
     CheckInfo("tied-weights", "the lm_head weight also used as the input embedding in the same graph: autograd "
               "sums both uses into weight.grad (an implementation setting weight.grad itself loses one)", (2, 16)),
+    CheckInfo("frozen-inputs", "grpo-fused-linear: with only some differentiable inputs requiring grad (the lm_head "
+              "frozen, or the trunk), the gradients asked for match the reference", (2,)),
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
     CheckInfo("no-global-side-effects", "the process's global state is as each call found it: default dtype and "

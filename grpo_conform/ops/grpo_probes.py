@@ -6,13 +6,16 @@ the shared [batch, seq] terms (`grpo_terms.py`) rather than in the generic engin
 negated-advantages writes the advantages negated in place (call C, judged for freshness against the
 reference); zero-advantage sets one sequence's advantage to exactly 0 (call E) and wants an exactly zero
 gradient for that sequence in every gradient with a row per sequence. Moved unchanged from
-`checks/probes.py` and `checks/judging.py`.
+`checks/probes.py` and `checks/judging.py`. trainer-shaped (since the adversarial round of 2026-12-05)
+writes the advantages (and the mask) as a trainer makes them.
 """
 
 from __future__ import annotations
 
+import torch
+
 from grpo_conform.checks import judging as J
-from grpo_conform.checks.conformance import CALL, Probe, WorkloadConformance
+from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.compare import describe_outputs
 from grpo_conform.spec import Spec
 
@@ -62,6 +65,36 @@ def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
 
 
 
+def trainer_shaped(run: WorkloadConformance) -> None:
+    """TS: an input set shaped as a GRPO trainer makes it, which the drawn sets avoid on purpose: advantages
+    normalised within groups of completions, (r - mean) / (std + 1e-4), so every group sums to 0 (the drawn
+    advantages keep a mean away from 0, so that a dropped sign shows), and every mask row a right-padded
+    prefix of at least two tokens (TRL's masks; the drawn sets mix left padding, holes and empty rows).
+    A kernel that takes a shortcut when it recognises a training batch fails here only."""
+    K = run.K
+    run.generate(K, run.seeds[0] ^ 0x7EA1)
+    gen = torch.Generator().manual_seed(run.seeds[0] ^ 0x7EA2)
+    adv = K.tensors["advantages"]
+    batch = adv.shape[0]
+    if batch >= 2:
+        group = next(g for g in (4, 2, batch) if batch % g == 0)
+        rewards = torch.randint(0, 3, (batch // group, group), generator=gen).double()  # ties: zero groups
+        a = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
+        adv.copy_(a.reshape(adv.shape).to(adv.dtype))
+    mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
+    if mask is not None:
+        m = K.tensors[mask]
+        seq = m.shape[-1]
+        lengths = torch.randint(min(2, seq), seq + 1, (m.shape[0],), generator=gen)
+        m.copy_((torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)).to(m.dtype))
+        run.draws["mask_layouts"] = sorted(set(run.draws.get("mask_layouts", ())) | {"trainer right-padded"})
+    K.commit()
+    run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"group-normalised"})
+    t = run.call("TS-trainer", K, run.out1, PLAIN)
+    if t is not None:
+        J.plain(run, t)
+
+
 def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
     """The small shape of the repeated-calls probe (`checks/patterns.py`), drawn from the run's `r` in this
     order: the GRPO family's axes, and for grpo-fused-linear (a `hidden` axis) the GEMM's inner size too."""
@@ -80,3 +113,4 @@ NEGATED_ADVANTAGES = Probe("negated-advantages", negated.__doc__, negated, CALL 
                            needs=("baseline",))
 ZERO_ADVANTAGE = Probe("zero-advantage", zero_advantage.__doc__, zero_advantage, CALL + ("zero-advantage", "finite"),
                        ("zero-advantage",), without_kl, ("new-buffers",))
+TRAINER_SHAPED = Probe("trainer-shaped", trainer_shaped.__doc__, trainer_shaped, PLAIN + CALL)

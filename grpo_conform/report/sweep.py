@@ -217,10 +217,9 @@ def load_sweep(paths: tuple[str, ...], current_identity: Optional[str] = None) -
         except (ValueError, ValidationError) as exc:
             aside.append((p, f"not a sweep file: {_first_error(exc)}"))
             continue
-        if not (doc.meta.gpu.isascii() and doc.meta.gpu.isprintable()) or _datasheet_bps(doc.meta.gpu) is None:
-            # without a datasheet bandwidth no time can be told impossible (a look-alike "Н200" did that)
-            aside.append((p, f"GPU {doc.meta.gpu[:80]!r} is not in the GPU catalogue: no datasheet floor could flag "
-                             "an impossible time, so the file is not judged"))
+        if not (doc.meta.gpu.isascii() and doc.meta.gpu.isprintable()):  # a look-alike "Н200" (round of 2026-12-05)
+            aside.append((p, f"GPU {doc.meta.gpu[:80]!r} has characters outside printable ASCII (a look-alike of "
+                             "another GPU's name?)"))
             continue
         files.append(SweepFile(p, hashlib.sha256(raw).hexdigest(), doc.meta, len(doc.rows), doc.launch))
         docs.append(doc)
@@ -291,8 +290,9 @@ def _fmt(shape: str, member: str, value: float) -> str:
 
 
 def judge(cells: tuple[Cell, ...], launch: tuple[LaunchRow, ...] = ()) -> tuple[Target, ...]:
-    """Issue 36's targets over the merged cells (impossible ones left out)."""
-    timed = [c for c in cells if c.ours_ms and not c.impossible]
+    """Issue 36's targets over the merged cells: impossible ones left out, and those of a GPU the catalogue does
+    not know (no datasheet floor could have flagged them: shown, never judged)."""
+    timed = [c for c in cells if c.ours_ms and not c.impossible and c.datasheet_floor_ms is not None]
     out = []
     tok = [c for c in timed if MEMBERS[c.member][0] == "token"]
     if tok:

@@ -35,6 +35,11 @@ tier's odd-bf16 has 21 rows, seq 7, vocab 1003; tests/test_fused_probes.py keeps
   non-contiguous view at once, as a trainer slices a causal model's output; backward and
   torch.autograd.grad.
 
+- `frozen-inputs` (probe `frozen`): hidden alone requiring grad (the lm_head frozen: LoRA, adapters),
+  then weight and bias alone (the trunk frozen); autograd asks only for those, which is a backward path
+  of its own (`ctx.needs_input_grad`): one that dropped 1/T there was accepted in the adversarial round
+  of 2026-12-05, since every call had all three requiring grad.
+
 Where they apply: members whose spec differentiates `weight` (every grpo-fused-linear member).
 What the other issue-31 items already get from the generic probes is in docs/operations.md.
 """
@@ -53,6 +58,7 @@ from grpo_conform.ops.grpo_logits.declared_cases import record
 
 ACCUMULATION = "grad-accumulation"
 TIED = "tied-weights"
+FROZEN = "frozen-inputs"
 NON_LEAF = "non-leaf-logits"  # the generic check of inputs handed over as non-leaf tensors
 TIED_IDS = 64  # at most this many looked-up ids (counts stay exact in bf16: integers up to 256 are)
 TIED_ATTEMPTS = 4  # input sets drawn until one gives a tied row a gradient
@@ -245,6 +251,33 @@ def model_slice(run: WorkloadConformance) -> None:
             J.versus_reference(run, NON_LEAF, n, f"hidden as out[:, :-1] of a leaf out [B, T + 1, H], {method}")
 
 
+def frozen(run: WorkloadConformance) -> None:
+    """FZ: only some differentiable inputs require grad, as a trainer freezes them: the lm_head frozen (LoRA,
+    adapters: hidden alone), the trunk frozen (a probe or a new head: weight and bias alone). Autograd then
+    asks the implementation for those only (`ctx.needs_input_grad`), a backward path of its own; each
+    gradient returned must match the reference at an upstream scalar drawn in [0.5, 2]."""
+    names = [g.input for g in run.spec.gradients]
+    run.generate(run.Q, run.seeds[0] ^ 0xF205E)
+    for subset in (("hidden",), tuple(n for n in names if n != "hidden")):
+        c = float(f"{run.rng.uniform(0.5, 2.0):.6g}")
+        patterns.exercised(run, "frozen-" + "-".join(n for n in names if n not in subset))
+        call = run.call("FZ-" + "+".join(subset), run.Q, run.out2, (FROZEN, "finite", "no-mutation", "no-aliasing"),
+                        upstream=c, only=subset)
+        if call is not None:
+            J.finite(run, call)
+            J.versus_reference(run, FROZEN, call, f"only {', '.join(subset)} requiring grad "
+                                                  f"({', '.join(n for n in names if n not in subset)} frozen)")
+
+
+def _frozen_applies(spec: Any) -> str | None:
+    names = {g.input for g in spec.gradients}
+    if _differentiates_weight(spec) is not None:
+        return _differentiates_weight(spec)
+    if "hidden" not in names:
+        return "hidden is not differentiated: nothing to freeze beside it"
+    return None
+
+
 def _has_sequence_input(spec: Any) -> str | None:
     """Why the model-output slice does not apply (None where a differentiable input has a sequence axis)."""
     if any(len(spec.input(g.input).shape) >= 3 for g in spec.gradients):
@@ -258,4 +291,5 @@ FUSED_PROBES = (
     Probe("tied", tied.__doc__, tied, CALL + (TIED, "finite"), (TIED,), _differentiates_weight),
     # Feeds the generic non-leaf check (no check of its own: the view and affine calls already stand for it).
     Probe("model-slice", model_slice.__doc__, model_slice, CALL + (NON_LEAF, "finite"), (), _has_sequence_input),
+    Probe("frozen", frozen.__doc__, frozen, CALL + (FROZEN, "finite"), (FROZEN,), _frozen_applies),
 )
