@@ -7,7 +7,8 @@ From each numeric parameter with a domain or a draw range:
     the only call that sees them;
   - `boundaries`: one call with every parameter at the low end of its range and one at the high
     end. An end is the domain's own where it is finite and inclusive (epsilon 0, beta 0, a count
-    of 1), else the end of the draw range (the trainers' typical range the member declares);
+    of 1), else the end of the draw range (the trainers' typical range the member declares); and one
+    `near-zero` call where a domain starts at an inclusive 0 the draws stay away from (beta 0.001);
 and from the spec's `cases` list (a member's own list replaces the family's common one):
   - `values`: the named parameters at the given values (GSPO's 3e-4 / 4e-4), the rest at defaults;
   - `equalities`: the named parameters at one common value, drawn inside every one's draw range
@@ -65,6 +66,20 @@ def parameter_ends(spec: Spec) -> dict[str, tuple[Any, Any]]:
     return ends
 
 
+def near_zero(spec: Spec) -> dict[str, float]:
+    """Each float parameter whose domain starts at an inclusive 0 while its draws start above: a tenth of the
+    draw range's low end. At 0 a term vanishes exactly, and the draws never come near it; a kernel that skips
+    a term below a threshold (KL at beta <= 1e-3, verl's default coefficient) passed both (adversarial round,
+    2026-12-05)."""
+    out = {}
+    for p, draw in _numeric(spec):
+        d = p.domain
+        if (p.type == "float" and draw is not None and d is not None and d.min == 0 and not d.min_exclusive
+                and draw.min > 0):
+            out[p.name] = float(f"{draw.min / 10:.6g}")
+    return out
+
+
 def _common_value(spec: Spec, names: tuple[str, ...], rng: random.Random) -> float:
     """A value inside every named parameter's draw range, away from each default."""
     draws = [draw_for(spec, n) for n in names]
@@ -86,6 +101,10 @@ def declared_calls(spec: Spec, rng: random.Random) -> tuple[DeclaredCall, ...]:
     for side, i in (("min", 0), ("max", 1)):
         values = {**defaults, **{n: e[i] for n, e in ends.items()}}
         calls.append(DeclaredCall(f"all-{side}", values, None, tuple(("boundaries", f"{n}={side}") for n in ends)))
+    near = near_zero(spec)
+    if near:
+        values = {**defaults, **near}
+        calls.append(DeclaredCall("near-zero", values, None, tuple(("boundaries", f"{n}=near-zero") for n in near)))
     for case in spec.cases:
         if case.values is not None:
             calls.append(DeclaredCall(case.name, {**defaults, **case.values}, None, (("values", case.name),)))
