@@ -295,7 +295,11 @@ def test_far_ratios_lie_far_outside_the_clip_and_away_from_every_boundary(member
     spec, x, values, p = _member_inputs(member, "mask-small-bf16", 4)
     x["advantages"] = x["advantages"].abs() + 0.1  # one sign only: the probe must make both
     fx = far_ratio_inputs(spec, x, values, 4)
-    assert set(fx) == set(x) and all(torch.equal(fx[k], x[k]) for k in x if k not in ("old_logprobs", "advantages"))
+    changed = ("old_logprobs", "advantages", "completion_mask")
+    assert set(fx) == set(x) and all(torch.equal(fx[k], x[k]) for k in x if k not in changed)
+    was_empty = (x["completion_mask"] == 0).all(-1)  # an empty row gets one token live, nothing else moves
+    moved = fx["completion_mask"] != x["completion_mask"]
+    assert not moved[~was_empty].any() and (moved[was_empty].sum(-1) == 1).all()
     assert torch.equal(fx["advantages"].abs(), x["advantages"].abs()) and (fx["advantages"] < 0).sum() == 1
     keep = fx["completion_mask"] != 0
     log_r = (reference_logprobs(fx, p) - fx["old_logprobs"].double())

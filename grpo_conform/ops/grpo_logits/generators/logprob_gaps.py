@@ -62,7 +62,8 @@ def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
     below 0.3 for a positive one, up to e^+-25 (boundaries cut out), so every live token carries the
     full -A * r gradient there. If the live sequences' advantages all have one sign, the largest one
     is negated, so that both tails are exercised. Reference log-probs, where the member has them, sit
-    up to 25 from logp on both sides. Logits and masks unchanged. `covered` receives the reach of
+    up to 25 from logp on both sides. Logits unchanged; an empty mask row gets one token live
+    (its least likely token, batch >= 2). `covered` receives the reach of
     the gaps on live tokens (for the workload's draws)."""
     out = {k: v.clone() for k, v in tensors.items()}
     if "old_logprobs" not in out:
@@ -71,6 +72,16 @@ def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
     gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0xFA2) & (2**63 - 1))
     batch, seq = out["completion_ids"].shape
     keep = (out["completion_mask"].cpu() != 0) if "completion_mask" in out else torch.ones(batch, seq, dtype=torch.bool)
+    logp = reference_logprobs(out, p).cpu()  # per token: the mask does not enter it
+    empty = (~keep.any(-1)).nonzero().flatten().tolist()
+    if batch >= 2:
+        # Both tails need a live sequence each: with an empty row in a batch of two (the mask layouts rotate
+        # with the input sets), one tail went unexercised. Its least likely token is made live (a near
+        # one-hot row would hide the ratio; empty rows are judged by the other probes).
+        for b in empty:
+            t = int(torch.argmin(logp[b]))
+            keep[b, t] = True
+            out["completion_mask"][b, t] = 1
     adv = out["advantages"].detach().to("cpu", torch.float64)
     live = keep.any(-1) & (adv != 0)
     for sign in (1.0, -1.0):  # both signs among the live sequences where there are two of them
@@ -78,7 +89,6 @@ def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
             b = int(torch.argmax(torch.where(live, adv.abs(), torch.zeros_like(adv))))
             out["advantages"][b] = -out["advantages"][b]
             adv[b] = -adv[b]
-    logp = reference_logprobs(out, p).cpu()
     cap = far_log_cap(out["logits"].dtype)
     intervals = far_ratio_intervals(p, _cfg(spec), cap)
     high = [iv for iv in intervals if iv[0] > 1.0] or intervals
