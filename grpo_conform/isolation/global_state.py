@@ -54,14 +54,15 @@ def _settings(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[Any], 
     return out
 
 
-def _generators(torch: Any) -> dict[str, str]:
-    """A digest of each random generator's state a caller's training step draws from."""
+def _generators(torch: Any, advanced: set[str]) -> dict[str, str]:
+    """A digest of each random generator's state a caller's training step draws from, for the generators
+    `_advance` could move (one it could not would repeat its state after every call: never a finding)."""
     def digest(data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()[:16]
 
     out = {"torch CPU generator": digest(torch.get_rng_state().numpy().tobytes()),
            "Python's random": digest(repr(random.getstate()).encode())}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if "torch CUDA generator" in advanced:
         out["torch CUDA generator"] = digest(b"".join(s.cpu().numpy().tobytes() for s in torch.cuda.get_rng_state_all()))
     numpy = sys.modules.get("numpy")
     if numpy is not None:
@@ -69,18 +70,25 @@ def _generators(torch: Any) -> dict[str, str]:
     return out
 
 
-def _advance(torch: Any, sink: Any, k: int) -> None:
+def _advance(torch: Any, sink: Any, k: int) -> set[str]:
     """Draw k numbers from every generator, as a caller's training step does between two loss calls: no
-    reseeding (that would show in `initial_seed()`) and no new tensor storage (after the allocator's poison)."""
+    reseeding (that would show in `initial_seed()`) and no new tensor storage (after the allocator's poison).
+    Returns the generators whose state `_generators` may compare (CUDA's only where its offset can move)."""
     sink[:k].uniform_()
     for _ in range(k):
         random.random()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.random(k)
+    moved = set()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for gen in torch.cuda.default_generators:
-            gen.set_offset(gen.get_offset() + 4 * k)
+        try:
+            for gen in torch.cuda.default_generators:
+                gen.set_offset(gen.get_offset() + 4 * k)
+            moved.add("torch CUDA generator")
+        except (AttributeError, RuntimeError):  # a torch without offsets: CUDA's generator is not judged
+            pass
+    return moved
 
 
 def _seeds(torch: Any) -> dict[str, int]:
@@ -95,8 +103,9 @@ class Watch:
     """What the implementation's calls changed, for one worker (reported and cleared per workload)."""
 
     effects: list[dict[str, str]] = field(default_factory=list)
-    _after: dict[tuple[str, str], str] = field(default_factory=dict)  # (generator, state after) -> first call
+    _after: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)  # (generator, state) -> first call
     _sink: Any = None
+    _calls: int = 0
 
     def around(self, call: str, phase: str, fn: Callable[[], Any]) -> Any:
         import torch  # lazily, as the worker's ops
@@ -105,9 +114,10 @@ class Watch:
         before = {name: read() for name, read, _ in settings}
         if self._sink is None:
             self._sink = torch.empty(64)
-        _advance(torch, self._sink, 1 + os.urandom(1)[0] % 64)  # drawn: a fixed count would be a tell
+        advanced = _advance(torch, self._sink, 1 + os.urandom(1)[0] % 64)  # drawn: a fixed count would be a tell
         seeds = _seeds(torch)
         where = f"{call} ({phase})"
+        self._calls += 1
         try:
             return fn()
         finally:
@@ -122,10 +132,10 @@ class Watch:
             for name, seed in _seeds(torch).items():
                 if seeds.get(name, seed) != seed:
                     self._note(where, name, seeds[name], f"{seed} (reseeded)")
-            for name, state in _generators(torch).items():
-                first = self._after.setdefault((name, state), where)
-                if first != where:  # every call begins from a state advanced by a drawn count: only a reseed repeats
-                    self._note(where, name, f"the state after {first}",
+            for name, state in _generators(torch, advanced).items():
+                first = self._after.setdefault((name, state), (self._calls, where))
+                if first[0] != self._calls:  # every call begins from a state advanced by a drawn count: a reseed repeats
+                    self._note(where, name, f"the state after {first[1]}",
                                "the same state again, though the call began from another: reseeded")
 
     def _note(self, where: str, name: str, before: Any, after: Any) -> None:
