@@ -40,7 +40,7 @@ def kernel_draw(logits: torch.Tensor) -> bool:
 #: (`checks/conformance.WorkloadConformance.cover`; the coverage list reads the draws). Every GRPO
 #: operation's inputs report these keys (grpo-fused-linear's too).
 COVERAGE_DRAWS = (("mask_layouts", "mask_layouts"), ("mask_dtypes", "mask_dtypes"),
-                  ("advantages", "advantage_cases"), ("special_ids", "special_ids"))
+                  ("advantages", "advantage_cases"), ("special_ids", "special_ids"), ("input_ties", "input_ties"))
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,9 @@ def vespo_log_ratios(keep: torch.Tensor, cfg: MemberInputs, gen: torch.Generator
     return total / n + noise
 
 
+TIE_FRACTION = 0.125  # of the tokens whose sampling ratio sits exactly on a float32-exact cap
+
+
 def sampling_ratios(shape: tuple[int, int], cap: float, cfg: MemberInputs, gen: torch.Generator) -> torch.Tensor:
     intervals = [(cfg.sampling_ratio_min, cap * (1 - cfg.boundary_margin)),
                  (cap * (1 + cfg.boundary_margin), cap * cfg.sampling_ratio_max_factor)]
@@ -185,6 +188,13 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
             ratios = sequence_sampling_ratios(keep, cap, cfg, gen)
         else:
             ratios = sampling_ratios((batch, seq), cap, cfg, gen)
+            if float(torch.tensor(cap, dtype=torch.float32)) == cap:
+                # A cap float32 holds exactly (TRL's 3.0, an integer end of the range): some tokens exactly on
+                # it, where "q <= cap keeps it" decides and a float32 kernel agrees with the float64
+                # reference; a kernel testing q < cap was accepted (adversarial round, 2026-12-05).
+                tie = torch.rand(batch, seq, generator=gen) < TIE_FRACTION
+                ratios = torch.where(tie, torch.full_like(ratios, cap), ratios)
+                covered["input_ties"] = ["sampling ratio at the cap"] if bool(tie.any()) else []
         tensors["sampling_ratio"].copy_(ratios.to(tensors["sampling_ratio"].dtype))
     return covered
 
