@@ -64,7 +64,7 @@ def test_names_that_disagree_are_refused(token_is) -> None:
     hw = st["predicate"]["hardware"]
     hw["catalogue"], hw["device"]["name"] = None, "GPU-0"
     problems = spec_problems(st, PROJECT_ROOT)
-    assert any("'GPU-0' resolve to no catalogue GPU while the record's other names say h200-sxm" in p
+    assert any("'GPU-0' resolves to no catalogue GPU while the record's other names say h200-sxm" in p
                for p in problems), problems
     other = _faster(_statement("triton--token-is--nvidia-h200--20261203T201223Z--*"), 100_000)
     other["predicate"]["hardware"]["device_name"] = "NVIDIA A100-SXM4-80GB"

@@ -67,6 +67,7 @@ def resolve(hw: dict[str, Any]) -> NamedGpu:
     elif matches and kind != "cpu":
         unresolved = [f"{f} {v!r}" for f, (v, m) in found.items() if m is None]
         if unresolved:
-            problems.append(f"{', '.join(unresolved)} resolve to no catalogue GPU while the record's other names "
+            verb = "resolves" if len(unresolved) == 1 else "resolve"
+            problems.append(f"{', '.join(unresolved)} {verb} to no catalogue GPU while the record's other names "
                             f"say {matches[0].gpu.id}: one device, several names")
     return NamedGpu(gpu, kind if isinstance(kind, str) else None, tuple(problems))
