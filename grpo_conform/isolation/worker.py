@@ -250,7 +250,7 @@ class _Worker:
         """({name: leaf}, the call's arguments): each differentiable input (`gradients`, named by the
         parent) detached from the shared buffer (a leaf of its own), requiring grad when `grad`;
         `leaf` "view" passes a view of it (no .grad of its own), "affine" a new non-leaf tensor
-        computed from it."""
+        computed from it through a chain of drawn length (`_chain`)."""
         leaves = {name: shared[name].detach() for name in gradients}
         passed = dict(leaves)
         if grad:
@@ -259,7 +259,7 @@ class _Worker:
                 if leaf == "view":
                     passed[name] = base[..., :]
                 elif leaf == "affine":
-                    passed[name] = base * 1.0
+                    passed[name] = _chain(base)
         return leaves, {name: passed.get(name, t) for name, t in shared.items()}
 
     def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
@@ -633,6 +633,16 @@ def _describe(x: Any) -> dict[str, Any] | None:
         "requires_grad": bool(x.requires_grad),
         "has_grad_fn": x.grad_fn is not None,
     }
+
+
+def _chain(base: Any) -> Any:
+    """`base` through a chain of value-preserving differentiable steps (x * 1.0, x + 0.0, a view), of a length
+    drawn per call in 2..32: a model's logits are many autograd nodes from a leaf, and a kernel that counted the
+    nodes to a leaf (a single `* 1.0` before the adversarial round of 2026-12-05) took that for the validator."""
+    t = base
+    for step in os.urandom(2 + os.urandom(1)[0] % 31):
+        t = t * 1.0 if step % 3 == 0 else t + 0.0 if step % 3 == 1 else t.view_as(t)
+    return t
 
 
 def _is_tensor(x: Any) -> bool:
