@@ -636,12 +636,13 @@ def _describe(x: Any) -> dict[str, Any] | None:
 
 
 def _chain(base: Any) -> Any:
-    """`base` through a chain of value-preserving differentiable steps (x * 1.0, x + 0.0, a view), of a length
-    drawn per call in 2..32: a model's logits are many autograd nodes from a leaf, and a kernel that counted the
-    nodes to a leaf (a single `* 1.0` before the adversarial round of 2026-12-05) took that for the validator."""
+    """`base` through a chain of value-preserving differentiable steps (x * 1.0, x + 0.0, a clone), of a length
+    drawn per call in 2..32: a model's outputs are many autograd nodes from a leaf, and a kernel that counted the
+    nodes to a leaf (a single `* 1.0` before the adversarial round of 2026-12-05) took that for the validator.
+    No view step: a sparse gradient an implementation hands back must reach the contract check, not break here."""
     t = base
     for step in os.urandom(2 + os.urandom(1)[0] % 31):
-        t = t * 1.0 if step % 3 == 0 else t + 0.0 if step % 3 == 1 else t.view_as(t)
+        t = t * 1.0 if step % 3 == 0 else t + 0.0 if step % 3 == 1 else t.clone()
     return t
 
 
