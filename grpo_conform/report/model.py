@@ -184,7 +184,7 @@ def _impossible(t: dict[str, Any]) -> str:
     return ""
 
 
-def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[str, Any]) -> Row:
+def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[str, Any], gpu: str) -> Row:
     axes = w.get("axes") or {}
     dtypes = w.get("dtypes") or {}
     dtype = dtypes.get("logits") or dtypes.get("hidden", "")  # grpo-fused-linear: the GEMM operands' dtype
@@ -195,7 +195,7 @@ def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[s
     conformant = rec.predicate.get("verdict") == "conformant"
     flag = _impossible(t) or ((f"not ranked: {checks_narrowed(rec.predicate)}" if checks_narrowed(rec.predicate)
                                else "") if conformant else "")
-    if not flag and conformant and _gpu(rec.predicate)[0].endswith(UNKNOWN_GPU):
+    if not flag and conformant and gpu.endswith(UNKNOWN_GPU):  # the section's GPU, as _gpu resolved it
         flag = "not ranked: a GPU the catalogue does not know, so no floor checked this time"
     if not flag and conformant and t.get("protocol") not in PROTOCOL_ORDER:  # verify refuses these too
         flag = f"not ranked: {str(t.get('protocol'))[:40]!r} is not a timed protocol"
@@ -211,11 +211,11 @@ def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[s
                binding_floor_ratio=_num(binding_ratio), gemm_ceiling_ratio=_num(t.get("gemm_ceiling_ratio")))
 
 
-def _rows(chosen: select.Chosen, impl: Implementation) -> list[Row]:
+def _rows(chosen: select.Chosen, impl: Implementation, gpu: str) -> list[Row]:
     rows = []
     for (workload, protocol), rec in select.cells(chosen).items():
         w = next(w for w in rec.predicate.get("workloads", []) if w.get("workload") == workload)
-        rows.append(_row(rec, impl, w, select.timed(rec, workload, protocol)))  # type: ignore[arg-type]
+        rows.append(_row(rec, impl, w, select.timed(rec, workload, protocol), gpu))  # type: ignore[arg-type]
     return rows
 
 
@@ -253,7 +253,7 @@ def _section(member: select.MemberName, identity: str, gpu: str, recs: list[Veri
         impl = _implementation(c, f"{name} ({c.path})" if shared else name, flags, current)
         impls.append(impl)
         if c.in_tree or not current:  # the current table shows only what the checkout's tree holds
-            rows += _rows(c, impl)
+            rows += _rows(c, impl, gpu)
     newest = max(recs, key=lambda r: (select.finished(r), r.path)) if recs else None
     pred = newest.predicate if newest is not None else {}
     spec = pred.get("spec") or {}
