@@ -278,14 +278,24 @@ def _shipped_name_problem(root: Path, uri: str, spec: dict[str, Any], commit: st
     return None
 
 
+_SHIPPED: dict[tuple, dict[tuple[str, str], str]] = {}  # records of one commit (or tree) ask the same
+
+
 def _shipped_files(root: Path, commit: str | None) -> dict[tuple[str, str], str]:
-    """(id, version) -> path of each spec file under `specs/`, in the tree or at `commit`."""
-    if commit is None:
-        folder = root / SHIPPED_SPECS
-        files = {f"{SHIPPED_SPECS}/{f.name}": f.read_bytes() for f in sorted(folder.glob("*.json"))
-                 if f.is_file() and f.stat().st_size <= MAX_SPEC_BYTES} if folder.is_dir() else {}
-    else:
-        files = _git_blobs(root, commit, SHIPPED_SPECS) or {}
+    """(id, version) -> path of each spec file under `specs/`, in the tree or at `commit`; read and parsed once
+    per commit, and per state of the tree's files (names, sizes, mtimes)."""
+    folder = root / SHIPPED_SPECS
+    found = sorted(f for f in folder.glob("*.json") if f.is_file()) if commit is None and folder.is_dir() else []
+    key = (str(root), commit) if commit is not None else (
+        str(root), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in found))
+    if key not in _SHIPPED:
+        _SHIPPED[key] = _parse_shipped(
+            {f"{SHIPPED_SPECS}/{f.name}": f.read_bytes() for f in found if f.stat().st_size <= MAX_SPEC_BYTES}
+            if commit is None else _git_blobs(root, commit, SHIPPED_SPECS) or {})
+    return _SHIPPED[key]
+
+
+def _parse_shipped(files: dict[str, bytes]) -> dict[tuple[str, str], str]:
     out: dict[tuple[str, str], str] = {}
     for path, data in sorted(files.items()):
         try:

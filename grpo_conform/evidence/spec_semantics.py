@@ -99,11 +99,9 @@ def spec_problems(statement: dict[str, Any], root: Path | None) -> list[str]:
                 problems.append(f"{w['workload']} {t.get('protocol')}: median {median} ns is below the DRAM floor "
                                 f"{floor} ns its record states: impossible")
     hw = predicate.get("hardware") or {}
-    problems += text_problems(hw)
     timed = any(w.get("timings") for w in predicate["workloads"])
     named = resolve_gpu(hw) if timed else None  # the catalogue imports torch: only for a timed record
-    if named is not None:
-        problems += [p for p in named.problems if p not in problems]
+    problems += named.problems if named is not None else text_problems(hw)  # resolve's include the text ones
     spec = _resolve(predicate["spec"], root)
     if spec is None:
         return problems
