@@ -81,6 +81,7 @@ def trainer_shaped(run: WorkloadConformance) -> None:
         rewards = torch.randint(0, 3, (batch // group, group), generator=gen).double()  # ties: zero groups
         a = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
         adv.copy_(a.reshape(adv.shape).to(adv.dtype))
+        run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"group-normalised"})
     mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
     if mask is not None:
         m = K.tensors[mask]
@@ -89,7 +90,6 @@ def trainer_shaped(run: WorkloadConformance) -> None:
         m.copy_((torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)).to(m.dtype))
         run.draws["mask_layouts"] = sorted(set(run.draws.get("mask_layouts", ())) | {"trainer right-padded"})
     K.commit()
-    run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"group-normalised"})
     t = run.call("TS-trainer", K, run.out1, PLAIN)
     if t is not None:
         J.plain(run, t)
