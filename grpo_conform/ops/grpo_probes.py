@@ -70,7 +70,8 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     normalised within groups of completions, (r - mean) / (std + 1e-4), so every group sums to 0 (the drawn
     advantages keep a mean away from 0, so that a dropped sign shows), and every mask row a right-padded
     prefix of at least two tokens (TRL's masks; the drawn sets mix left padding, holes and empty rows).
-    A kernel that takes a shortcut when it recognises a training batch fails here only."""
+    A kernel that takes a shortcut when it recognises a training batch fails here only. A second call
+    (TS-lone) keeps the set and writes the advantages of `lone_success_slice`: values up to ~11.3."""
     K = run.K
     run.generate(K, run.seeds[0] ^ 0x7EA1)
     gen = torch.Generator().manual_seed(run.seeds[0] ^ 0x7EA2)
@@ -93,6 +94,31 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     t = run.call("TS-trainer", K, run.out1, PLAIN)
     if t is not None:
         J.plain(run, t)
+    # TS-lone: the same input set, the advantages a slice of one large group holding its lone success
+    adv.copy_(lone_success_slice(batch, gen).to(adv.dtype))
+    run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"lone-success"})
+    K.commit()
+    t = run.call("TS-lone", K, run.out1, PLAIN)
+    if t is not None:
+        J.plain(run, t)
+
+
+LONE_GROUPS = (32, 64, 128)  # the lone success's advantage: 5.57, 7.94, 11.27
+
+
+def lone_success_slice(batch: int, gen: torch.Generator) -> torch.Tensor:
+    """`batch` advantages cut from one group of G completions (G > batch, drawn from LONE_GROUPS) in which a
+    single completion succeeded: a trainer whose group is larger than its micro-batch (generations split
+    across steps) hands over such a slice. The success's normalised advantage is ~sqrt(G - 1), far above what
+    the drawn sets reach (~5 at most), and every other row gets ~-1/sqrt(G - 1); the success sits at a drawn
+    row. A kernel that clamps or saturates large advantages is right everywhere else."""
+    group = LONE_GROUPS[int(torch.randint(0, len(LONE_GROUPS), (1,), generator=gen))]
+    rewards = torch.zeros(group, dtype=torch.float64)
+    rewards[0] = 1.0
+    a = (rewards - rewards.mean()) / (rewards.std() + 1e-4)  # TRL's scaling (unbiased std)
+    rows = a[1: batch + 1].clone()
+    rows[int(torch.randint(0, batch, (1,), generator=gen))] = a[0]
+    return rows
 
 
 def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
