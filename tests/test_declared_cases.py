@@ -72,7 +72,39 @@ def test_bad_cases_are_spec_errors(case, problem):
 def test_the_frozen_seed_file_gets_defaults_and_ends_from_the_builtin_draws():
     spec = load_spec(PROJECT_ROOT / "specs" / "grpo-token-is.v1.json")
     assert parameter_ends(spec) == {"epsilon_low": (0.1, 0.3), "epsilon_high": (0.1, 0.35), "temperature": (0.45, 2.2)}
-    assert [c.label for c in declared_calls(spec, random.Random(0))] == ["defaults", "all-min", "all-max"]
+    assert [c.label for c in declared_calls(spec, random.Random(0))] == [
+        "defaults", "all-min", "all-max", "mixed-ends-1", "mixed-ends-2", "mixed-ends-3"]
+
+
+@pytest.mark.parametrize("member", ["token-is", "token-offpolicy-mask-kl", "dapo-global-mask", "dapo-global-accum-mask",
+                                    "vespo-mask"])
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_every_pair_of_parameters_meets_at_all_four_combinations_of_its_ends(member, seed):
+    spec = _member(member)
+    ends = parameter_ends(spec)
+    rng = random.Random(seed)
+    state = rng.getstate()
+    rows = [c.values for c in declared_calls(spec, rng) if c.label.startswith(("all-", "mixed-ends-"))]
+    names = list(ends)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            met = {(r[a] == ends[a][1], r[b] == ends[b][1]) for r in rows}
+            assert met == {(False, False), (False, True), (True, False), (True, True)}, (a, b)
+    assert all(r[n] in ends[n] for r in rows for n in names)  # only ends
+    # 3 parameters take 3 mixed rows, 4-6 take 4, 7-10 take 5
+    assert len(rows) - 2 == {3: 3, 4: 4, 5: 4, 7: 5}[len(names)]
+    if not any(c.equal for c in spec.cases):  # only the equalities draw from the rng itself
+        assert rng.getstate() == state
+
+
+def test_one_process_meets_an_accumulation_factor_in_a_declared_call():
+    """The case the mixed ends were built for: TRL's factor gradient_accumulation_steps / steps_per_generation
+    with num_processes = 1 (all-min sets the factor to 1; the draws keep P away from 1)."""
+    spec = _member("dapo-global-accum-mask")
+    for seed in range(5):
+        rows = [c.values for c in declared_calls(spec, random.Random(seed))]
+        assert any(r["num_processes"] == 1 and r["gradient_accumulation_steps"] != r["steps_per_generation"]
+                   for r in rows)
 
 
 @pytest.mark.parametrize("member, parameter, bound", [

@@ -99,8 +99,9 @@ def new_buffers(run: WorkloadConformance) -> None:
 def declared(run: WorkloadConformance) -> None:
     """K: one call per declared case (grpo_conform.declared_cases): every parameter at its default
     exactly (temperature 1.0), all at the low ends of their ranges, all at the high ends, each of the
-    member's named cases and equalities, and each tie its cases name (every ratio exactly on that
-    bound, as `exact-ties` builds them). The random draws never reach these values."""
+    member's named cases and equalities, each tie its cases name (every ratio exactly on that
+    bound, as `exact-ties` builds them), and the mixed ends (every pair of parameters at each
+    combination of its ends). The random draws never reach these values."""
     drawn = run.model
     try:
         for i, dc in enumerate(declared_calls(run.spec, run.rng)):

@@ -58,7 +58,8 @@ _CHECKS = (
               "and every bound a member's cases name: delta, CISPO's cap) "
               "gives the spec's gradient: at a tie the unclipped branch is active", (4,)),
     CheckInfo("declared-cases", "the parameters at the values the spec declares (every default exactly, both ends "
-              "of every range, the member's named cases and equalities) give the reference result", (2,)),
+              "of every range, every pair of parameters at each combination of its ends, the member's named cases "
+              "and equalities) give the reference result", (2,)),
     CheckInfo("far-ratios", "every ratio far out on its unclipped side (3 to 30 for A < 0, 0.02 to 0.3 for A > 0) "
               "gives the reference result: no clip the member does not declare", (4,)),
     CheckInfo("forward-only", "under torch.no_grad (evaluation, logging) the loss matches the reference", (1,)),

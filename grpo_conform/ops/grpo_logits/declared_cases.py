@@ -7,7 +7,10 @@ From each numeric parameter with a domain or a draw range:
     the only call that sees them;
   - `boundaries`: one call with every parameter at the low end of its range and one at the high
     end. An end is the domain's own where it is finite and inclusive (epsilon 0, beta 0, a count
-    of 1), else the end of the draw range (the trainers' typical range the member declares); and one
+    of 1), else the end of the draw range (the trainers' typical range the member declares); then
+    `mixed_ends`: a few calls with each parameter at one of its ends so that every pair of
+    parameters meets at all four combinations of their ends (one low and the other high too:
+    one process with an accumulation factor of 8, a zero epsilon_low with the widest epsilon_high); and one
     `near-zero` call where a domain starts at an inclusive 0 the draws stay away from (beta 0.001);
 and from the spec's `cases` list (a member's own list replaces the family's common one):
   - `values`: the named parameters at the given values (GSPO's 3e-4 / 4e-4), the rest at defaults;
@@ -22,6 +25,8 @@ The names returned (`exercised`) are what the evidence record lists under covera
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +85,30 @@ def near_zero(spec: Spec) -> dict[str, float]:
     return out
 
 
+def mixed_ends(ends: dict[str, tuple[Any, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """Rows of ends that, with all-min and all-max, put every pair of parameters at all four combinations of
+    their ends (a covering array of strength 2). Each parameter takes a distinct m-bit pattern of
+    weight m // 2 (high in the rows where its bit is set); two distinct patterns of one weight are
+    never contained in each other, so each pair has a row with the first high and the second low and one
+    the other way round. m is the smallest with C(m, m // 2) >= the count: 3 rows for 3 parameters, 4 for
+    4-6, 5 for 7-10. `rng`'s state draws which parameter takes which pattern, so triples vary between workloads
+    while every pair is met in each. Parameters whose two ends are equal take no part."""
+    live = [n for n, (low, high) in ends.items() if low != high]
+    if len(live) < 2:
+        return []
+    m = 2
+    while math.comb(m, m // 2) < len(live):
+        m += 1
+    patterns = list(itertools.combinations(range(m), m // 2))
+    fork = random.Random()
+    fork.setstate(rng.getstate())  # leaves `rng` where it was: the probes after this keep their draws
+    fork.shuffle(patterns)
+    rows = []
+    for r in range(m):
+        rows.append({n: ends[n][1 if r in pattern else 0] for n, pattern in zip(live, patterns)})
+    return rows
+
+
 def _common_value(spec: Spec, names: tuple[str, ...], rng: random.Random) -> float:
     """A value inside every named parameter's draw range, away from each default."""
     draws = [draw_for(spec, n) for n in names]
@@ -114,6 +143,9 @@ def declared_calls(spec: Spec, rng: random.Random) -> tuple[DeclaredCall, ...]:
                                       (("equalities", case.name),)))
         elif case.tie is not None:
             calls.append(DeclaredCall(case.name, defaults, case.tie, (("ties", case.name),)))
+    # last, so that the calls above keep their seeds (probes.declared_cases seeds a call by its index)
+    for k, row in enumerate(mixed_ends(ends, rng), 1):
+        calls.append(DeclaredCall(f"mixed-ends-{k}", {**defaults, **row}, None, (("boundaries", f"mixed-ends-{k}"),)))
     return tuple(calls)
 
 
