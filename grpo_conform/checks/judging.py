@@ -12,6 +12,7 @@ from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance, WorkerGone
 from grpo_conform.compare import bitwise_equal, count_where, describe_outputs, first_difference, json_float, max_abs_diff
 from grpo_conform.ops.grpo_logits.diagnosis import diagnose
+from grpo_conform.isolation.resources import ALLOWED, growth
 from grpo_conform.isolation.session import WorkerFailure
 from grpo_conform.isolation.worker import POISON_BYTES
 
@@ -315,6 +316,32 @@ def side_effects(run: WorkloadConformance) -> None:
                     + (f" (and {len(effects) - 1} more)" if len(effects) > 1 else "")
                     + "; a caller's training step sees it (the worker put it back after recording)",
                     {"effects": effects})
+
+
+def resources(run: WorkloadConformance, label: str) -> dict | None:
+    """The worker's holdings now (isolation/resources.py); None when the worker failed to answer, which is
+    recorded against no-resource-growth."""
+    try:
+        return run.session.request(op="resources")
+    except WorkerFailure as failure:
+        run.book.failure(("no-resource-growth",), label, failure)
+        if failure.kind in ("timeout", "crash", "cuda-error", "protocol"):
+            raise WorkerGone(failure) from None
+        return None
+
+
+def resource_growth(run: WorkloadConformance, first: dict, last: dict, span: str, calls: int) -> None:
+    grew = growth(first, last)
+    measured = {k: {"first": first.get(k), "last": last.get(k)} for k in ALLOWED}
+    if not grew:
+        run.book.record("no-resource-growth", span, True, f"over {calls} calls no file descriptors, threads, tensors "
+                        "or CUDA memory were kept", {"calls": calls, "measured": measured, "allowed": ALLOWED})
+        return
+    said = "; ".join(f"{k} {v['first']} -> {v['last']} (allowed +{v['allowed']})" for k, v in grew.items())
+    run.book.record("no-resource-growth", span, False,
+                    f"over {calls} calls the worker's holdings grew: {said}; likely cause: something kept per call "
+                    "(a list of outputs or graphs, a cache keyed by address, a file or thread opened per call)",
+                    {"calls": calls, "grew": grew, "measured": measured, "allowed": ALLOWED})
 
 
 def adversarial(run: WorkloadConformance, i: Call, profiles) -> None:

@@ -183,7 +183,9 @@ def repeated_calls(run: WorkloadConformance) -> None:
     outputs are bitwise equal to that call's gets its verdict (the judgment is a function of those
     bytes and the inputs), any other is judged against the reference in full: a kernel right the
     first time it sees inputs and wrong on a repeat fails (tests/gallery/wrong-on-repeated-inputs),
-    a nondeterministic one is judged call by call and passes (docs/checks.md, "Judging cost")."""
+    a nondeterministic one is judged call by call and passes (docs/checks.md, "Judging cost").
+    The worker's holdings after the first pass over the sets and after the last call feed
+    no-resource-growth (isolation/resources.py)."""
     check = "repeated-calls"
     # Once per worker process: what it catches is a property of the process (a counter, a tuner, a
     # cache), and a hundred interpreted Triton calls cost ~30 s on 2 CPU cores. A restarted worker
@@ -215,6 +217,7 @@ def repeated_calls(run: WorkloadConformance) -> None:
     sets: list[dict] = []  # the input sets' values (parent-owned)
     first: list[tuple] = []  # per set: (call number, loss, gradients copy, failure or None) of its judged call
     judged = 0
+    held: list[dict] = []  # the worker's holdings after the first pass over the sets and after the last call
     try:
         for i in range(REPEATED_CALLS):
             j = i % REPEATED_SETS
@@ -233,6 +236,10 @@ def repeated_calls(run: WorkloadConformance) -> None:
             if exported is None:
                 return
             done += 1
+            if done in (REPEATED_SETS, REPEATED_CALLS):
+                sample = J.resources(run, label)
+                if sample is not None:
+                    held.append(sample)
             changed = {k: v for k, v in (("forward", f["forward"]), ("backward", run.RCI.changes())) if v}
             if changed and mutated is None:
                 mutated = {"call": i + 1, "changes": changed}
@@ -266,6 +273,8 @@ def repeated_calls(run: WorkloadConformance) -> None:
                     {"calls": done, "shape": shape, "input_sets": len(sets), "judged_in_full": judged,
                      "failing_calls": [b["call"] for b in bad][:50],
                      "first_failure": bad[0] if bad else None})
+    if len(held) == 2:
+        J.resource_growth(run, held[0], held[1], f"RC{REPEATED_SETS}..RC{done}", done - REPEATED_SETS)
     run.book.record("no-mutation", f"RC1..RC{done}", mutated is None,
                     "inputs bitwise unchanged in every repeated call" if mutated is None else
                     f"call RC{mutated['call']}: {', '.join(next(iter(mutated['changes'].values())))} changed",

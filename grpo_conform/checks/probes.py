@@ -284,7 +284,8 @@ _PROBES = (
     Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
     G.TRAINER_SHAPED,
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
-    Probe("repeated-calls", repeated_calls.__doc__, repeated_calls, ("repeated-calls", "runs", "no-mutation")),
+    Probe("repeated-calls", repeated_calls.__doc__, repeated_calls, ("repeated-calls", "runs", "no-mutation",
+                                                                     "no-resource-growth")),
     Probe("end-reread", end_reread.__doc__, end_reread, ("no-output-reuse", "runs")),
     Probe("process-state", process_state.__doc__, process_state, ("no-global-side-effects", "runs")),
 )

@@ -79,6 +79,9 @@ _CHECKS = (
     CheckInfo("no-global-side-effects", "the process's global state is as each call found it: default dtype and "
               "device, grad mode, anomaly and determinism flags, TF32, cuDNN flags, thread count, and random "
               "generators never reseeded (a worker-side tripwire, like tamper-scan)", ()),
+    CheckInfo("no-resource-growth", "over the repeated calls the worker keeps no more file descriptors, threads, "
+              "live tensors or CUDA memory than after its first ten (nothing kept per call; a worker-side tripwire)",
+              ()),
     CheckInfo("tamper-scan", "the source names none of the validator's internals (grpo_conform, __main__, "
               "sys.modules writes, gc.get_objects, frame walking, ctypes, /proc/, ptrace): a static tripwire, not "
               "a proof", (), static=True),

@@ -125,6 +125,16 @@ class EffectsReply(Ok):
     effects: Annotated[list[Effect], Field(max_length=16)]  # global_state.MAX_EFFECTS
 
 
+Count = Annotated[int, Field(ge=0, le=1 << 60)]
+
+
+class ResourcesReply(Ok):
+    file_descriptors: Optional[Count]  # isolation/resources.py; None where not measurable
+    threads: Optional[Count]
+    tensors: Optional[Count]
+    cuda_bytes: Optional[Count]
+
+
 class ExportReply(Ok):
     report: ExportReport
 
@@ -162,6 +172,7 @@ REPLIES: dict[str, type[_Strict]] = {
     "precompile": PrecompileReply,
     "reexport": Ok,
     "effects": EffectsReply,
+    "resources": ResourcesReply,
     "drop": Ok,
     "time_setup": Ok,
     "time": TimeReply,

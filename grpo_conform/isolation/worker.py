@@ -31,6 +31,7 @@ from typing import Any
 
 from grpo_conform.isolation import compile_only, triton_keys
 from grpo_conform.isolation.global_state import Watch
+from grpo_conform.isolation.resources import sample
 from grpo_conform.isolation.loading import harden_worker, import_entry
 
 POISON_BYTES = {"nan": 0xFF, "huge": 0x7B}  # 0xFF..: NaN in every float dtype; 0x7B..: huge finite
@@ -437,6 +438,12 @@ class _Worker:
         """What the calls since the last `effects` changed of the process's global state (global_state.py)."""
         self.send(status="ok", effects=self.watch.report())
 
+    def op_resources(self) -> None:
+        """Open file descriptors, threads, live tensors and CUDA bytes held now (resources.py)."""
+        import torch  # lazily, as the other ops
+
+        self.send(status="ok", **sample(torch))
+
     def op_drop(self, calls: list[str] | None = None) -> None:
         for name in (list(self.calls) if calls is None else calls):
             self.calls.pop(name, None)
@@ -590,6 +597,7 @@ OPS = {
     "precompile": _Worker.op_precompile,
     "reexport": _Worker.op_reexport,
     "effects": _Worker.op_effects,
+    "resources": _Worker.op_resources,
     "drop": _Worker.op_drop,
     "time_setup": _Worker.op_time_setup,
     "time": _Worker.op_time,
