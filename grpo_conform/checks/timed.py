@@ -240,24 +240,33 @@ class WorkloadTiming:
         return cache[key]
 
     def _work_normalised(self, protocol: str, calls: list[dict], identical: list[dict]):
-        """(fresh, identical) distributions of each call's time over the DRAM floor of its own inputs,
-        scaled back to ns at the warm set's floor, or None where calls all move the same data.
-        Masked members draw a new mask every pass and skip masked rows, so a fresh call moves 5-95%
-        of the rows while the identical calls always move the warm set's: comparing raw medians
-        flagged an honest kernel (vllm-sequence-truncate, forward at mask-b8 on the H200, round 13:
-        identical 0.391 ms against fresh 0.405-0.476 ms, whose masks kept more rows). A cache still
-        shows: the same work done faster is the same ratio lower."""
+        """(fresh, identical) distributions, the fresh calls' times moved to the warm set's work, or None
+        where calls all move the same data. Masked members draw a new mask every pass, so a fresh call's
+        work is its own mask's (5-95% of the rows) while the identical calls always do the warm set's.
+        How time follows work is the implementation's: a kernel that skips masked rows takes time in
+        proportion to them, a dense one (torch eager, Liger) the same time whatever the mask. So the
+        slope of time over work is fitted on the fresh calls themselves (`work_slope`: Theil-Sen, >= 0)
+        and each fresh time moved along it to the warm set's work. History: comparing raw medians flagged
+        a row-skipping kernel whose warm mask kept fewer rows (vllm-sequence-truncate, round 13: 0.391 ms
+        identical against 0.405-0.476 ms fresh); assuming every kernel proportional to its rows then
+        flagged the dense peers whose warm mask kept more (PyTorch eager at 0.855x and Liger at 0.899x,
+        forward at mask-b8 on the H200, 2026-12-05, with raw medians equal to 0.1%). A cache still shows:
+        the same work done faster."""
         warm = self.set_masks.get(self.warm.name)
         masks = [c.get("mask") for c in calls]
         if warm is None or any(m is None for m in masks):
             return None
+
         def dram(m) -> float | None:
             return self._mask_floor(protocol, m).dram_ns or None
 
         base = dram(warm)
-        if base is None or any(dram(m) is None for m in masks):
+        work = [dram(m) for m in masks]
+        if base is None or any(w is None for w in work):
             return None
-        fresh = [int(c["event_ns"] * base / dram(m)) for c, m in zip(calls, masks)]
+        times = [c["event_ns"] for c in calls]
+        slope = work_slope(work, times)
+        fresh = [int(t - slope * (w - base)) for t, w in zip(times, work)]
         return Distribution.of(fresh), Distribution.of([c["event_ns"] for c in identical])
 
     def _per_call_floors(self, protocol: str, calls: list[dict]) -> dict[str, Any] | None:
@@ -375,6 +384,15 @@ class WorkloadTiming:
                            "ratio": json_float(ratio), "threshold": CACHING_RATIO,
                            "work_normalised": cache_d is not None})
         return out
+
+
+def work_slope(work: list[float], times: list[float]) -> float:
+    """ns of call time per ns of floor, fitted over calls of different work: the median of the slopes
+    between every two calls whose work differs (Theil-Sen: a few slow calls do not move it), clamped at
+    0 (more work never takes less time; a negative fit is noise). 0 where the work never differs."""
+    slopes = [(times[j] - times[i]) / (work[j] - work[i])
+              for i in range(len(work)) for j in range(i + 1, len(work)) if work[j] != work[i]]
+    return max(0.0, statistics.median(slopes)) if slopes else 0.0
 
 
 def _outcome(name: str, found: list[tuple]) -> CheckOutcome:
