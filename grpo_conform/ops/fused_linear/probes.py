@@ -38,7 +38,9 @@ tier's odd-bf16 has 21 rows, seq 7, vocab 1003; tests/test_fused_probes.py keeps
 - `frozen-inputs` (probe `frozen`): hidden alone requiring grad (the lm_head frozen: LoRA, adapters),
   then weight and bias alone (the trunk frozen); autograd asks only for those, which is a backward path
   of its own (`ctx.needs_input_grad`): one that dropped 1/T there was accepted in the adversarial round
-  of 2026-12-05, since every call had all three requiring grad.
+  of 2026-12-05, since every call had all three requiring grad. Since the twentieth session every proper
+  subset is called (`frozen_subsets`: six with a bias, two without), so the weight frozen with the bias
+  trainable is met too.
 
 Where they apply: members whose spec differentiates `weight` (every grpo-fused-linear member).
 What the other issue-31 items already get from the generic probes is in docs/operations.md.
@@ -46,6 +48,7 @@ What the other issue-31 items already get from the generic probes is in docs/ope
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -253,12 +256,13 @@ def model_slice(run: WorkloadConformance) -> None:
 
 def frozen(run: WorkloadConformance) -> None:
     """FZ: only some differentiable inputs require grad, as a trainer freezes them: the lm_head frozen (LoRA,
-    adapters: hidden alone), the trunk frozen (a probe or a new head: weight and bias alone). Autograd then
+    adapters: hidden alone), the trunk frozen (a probe or a new head: weight and bias alone), and every
+    other proper subset (`frozen_subsets`). Autograd then
     asks the implementation for those only (`ctx.needs_input_grad`), a backward path of its own; each
     gradient returned must match the reference at an upstream scalar drawn in [0.5, 2]."""
     names = [g.input for g in run.spec.gradients]
     run.generate(run.Q, run.seeds[0] ^ 0xF205E)
-    for subset in (("hidden",), tuple(n for n in names if n != "hidden")):
+    for subset in frozen_subsets(names):
         c = float(f"{run.rng.uniform(0.5, 2.0):.6g}")
         patterns.exercised(run, "frozen-" + "-".join(n for n in names if n not in subset))
         call = run.call("FZ-" + "+".join(subset), run.Q, run.out2, (FROZEN, "finite", "no-mutation", "no-aliasing"),
@@ -267,6 +271,14 @@ def frozen(run: WorkloadConformance) -> None:
             J.finite(run, call)
             J.versus_reference(run, FROZEN, call, f"only {', '.join(subset)} requiring grad "
                                                   f"({', '.join(n for n in names if n not in subset)} frozen)")
+
+
+def frozen_subsets(names: list[str]) -> list[tuple[str, ...]]:
+    """Every proper, non-empty subset of the differentiable inputs, in the spec's order, larger subsets
+    last: (hidden), (weight) for a member without bias; with a bias also (bias) and the three pairs, so a
+    backward path that only one pattern of frozen inputs takes (the weight frozen, the bias not) is
+    called. Until the twentieth session: hidden alone and the rest together, two of the six."""
+    return [tuple(c) for k in range(1, len(names)) for c in itertools.combinations(names, k)]
 
 
 def _frozen_applies(spec: Any) -> str | None:
