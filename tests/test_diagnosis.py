@@ -153,7 +153,7 @@ def test_likely_cause_tries_the_next_failing_calls_until_a_match():
         matches = ("m",) if loss == 3.0 else ()
         return SimpleNamespace(matches=matches, to_json=lambda: {"matches": list(matches)})
 
-    run = SimpleNamespace(state={}, model=SimpleNamespace(params=None))
+    run = SimpleNamespace(state={}, model=SimpleNamespace(params=None), op=SimpleNamespace(diagnosed=True))
     failed = SimpleNamespace(passed=False, allowed=1e-6, frobenius_allowed=1e-3, single=True)
     passed = SimpleNamespace(passed=True, allowed=1e-6, frobenius_allowed=1e-3, single=True)
     original = judging.diagnose
@@ -168,7 +168,7 @@ def test_likely_cause_tries_the_next_failing_calls_until_a_match():
         judging.diagnose = original
     assert seen == [2.0, 3.0]  # the second failing call matched: no further diagnosis
     assert results[0] == {"matches": []} and results[1] == {"matches": ["m"]} and results[2:] == [None, None]
-    run = SimpleNamespace(state={}, model=SimpleNamespace(params=None))
+    run = SimpleNamespace(state={}, model=SimpleNamespace(params=None), op=SimpleNamespace(diagnosed=True))
     seen.clear()
     judging.diagnose = fake
     try:
@@ -199,3 +199,18 @@ def test_a_zero_reference_gradient_still_names_the_variant():
     # (every ratio above the cap: sequence_truncate clamps each sequence's product to the cap too)
     assert "vllm-token-truncate" in [m.name for m in found.matches], found.sentence
     assert _variant_allowance(SimpleNamespace(frobenius_allowed=2e-3, single=single)) == 2e-3
+
+
+def test_an_operation_without_the_diagnosis_gets_none():
+    """grpo-fused-linear's frozen-inputs call asks for one gradient (hidden alone): the logits variants do not
+    apply to it (they read `logits`); likely_cause must not run them."""
+    from types import SimpleNamespace
+
+    from grpo_conform.checks import judging
+    from grpo_conform.ops import OPERATIONS
+
+    run = SimpleNamespace(state={}, model=SimpleNamespace(params=None), op=SimpleNamespace(diagnosed=False))
+    failed = SimpleNamespace(passed=False, allowed=1e-6, frobenius_allowed=1e-3, single=True)
+    call = SimpleNamespace(label="FZ-hidden#1", slot=SimpleNamespace(pristine={}), loss=1.0, grad=None, upstream=1.0)
+    assert judging.likely_cause(run, call, failed, failed) is None and not run.state.get("diagnosed")
+    assert OPERATIONS["grpo-fused-linear"].diagnosed is False and OPERATIONS["grpo-logits"].diagnosed is True

@@ -120,7 +120,8 @@ def likely_cause(run: WorkloadConformance, call: Call, loss_cmp, cmp) -> dict[st
     A first failing call can be one the variants cannot explain (a mask layout that hides the bug, a
     tie the variant breaks the other way); the next failing call gets its chance."""
     tried = run.state.setdefault("diagnosed", [])
-    if (loss_cmp.passed and cmp.passed) or cmp.single is None or "matched" in run.state or len(tried) >= DIAGNOSES:
+    if (loss_cmp.passed and cmp.passed) or not run.op.diagnosed or cmp.single is None or "matched" in run.state \
+            or len(tried) >= DIAGNOSES:
         return None  # (the diagnosis knows one gradient: grpo-logits')
     tried.append(call.label)
     try:
@@ -158,9 +159,14 @@ def versus_reference(run: WorkloadConformance, check: str, call: Call, how: str)
            if d is not None and (not d.get("exact_tensor") or d.get("layout", "strided") != "strided")]
     loss_cmp, cmp = run.judge(call)
     ok = cmp.passed and loss_cmp.passed and cmp.nan == 0 and not odd
+    # a probe's own call (a declared case, an upstream scalar, a non-leaf input) gets the neighbouring
+    # semantics too: its parameters can be the only ones where a variant differs (one process, factor 8)
+    cause = None if ok or odd else likely_cause(run, call, loss_cmp, cmp)
+    said = f"; likely cause: {cause['summary']}" if cause and cause.get("matches") else ""
     run.book.record(check, call.label, ok, f"call {call.label} ({how}): " + (
-        "matches the reference" if ok else "; ".join(odd) or describe_outputs(loss_cmp, cmp)),
-        {"how": how, "upstream": call.upstream, "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
+        "matches the reference" if ok else "; ".join(odd) or describe_outputs(loss_cmp, cmp) + said),
+        {"how": how, "upstream": call.upstream, "gradient": cmp.evidence(), "loss": loss_cmp.to_json(),
+         **({"likely_cause": cause} if cause else {})})
 
 
 def _described(call: Call) -> Any:

@@ -104,6 +104,9 @@ class Operation(Protocol):
     # a timed slot's full draw serves all three protocols (its in-place refresh changes every value and
     # every row's statistics between passes); False: a fresh full draw per protocol
     refresh_spans_protocols: bool
+    # a failing call's outputs are compared with the family's neighbouring semantics (checks/judging.py,
+    # likely_cause); the variants are written over this operation's inputs
+    diagnosed: bool
 
     # -- workloads ---------------------------------------------------------------------------------
     def workload_size(self, spec: "Spec", resolved: "ResolvedWorkload") -> WorkloadSize: ...

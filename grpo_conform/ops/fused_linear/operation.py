@@ -64,6 +64,7 @@ def _dims(resolved) -> tuple[int, int, int]:
 
 class GrpoFusedLinear:
     name = "grpo-fused-linear"
+    diagnosed = False  # the neighbouring semantics are written over logits (ops/grpo_logits/diagnosis.py)
     requirements = OPERATION_INPUTS["grpo-fused-linear"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over hidden states [batch, seq, hidden] times an lm_head weight [vocab, hidden] "
                "(+ bias), logits never given; its gradients are d loss / d hidden, weight and bias")

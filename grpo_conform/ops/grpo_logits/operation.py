@@ -25,6 +25,7 @@ EXP_FAMILIES = {"grpo": "the log-sum-exp over the vocabulary needs exp() of ever
 class GrpoLogits:
     name = "grpo-logits"
     refresh_spans_protocols = False  # a rotation keeps each row's log-sum-exp: fresh draws per protocol
+    diagnosed = True  # ops/grpo_logits/diagnosis.py
     requirements = OPERATION_INPUTS["grpo-logits"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over given logits [batch, seq + 1, vocab] and the sampled completion ids; "
                "its gradient is d loss / d logits")
