@@ -156,3 +156,23 @@ def test_the_engine_is_handed_its_probes_and_imports_no_probe_module():
     forbidden = {f"grpo_conform.checks.{m}" for m in ("probes", "judging", "patterns")}
     assert not imported("conformance") & forbidden
     assert "grpo_conform.checks.probes" not in imported("judging") | imported("patterns")
+
+
+def test_a_lone_success_slice_holds_advantages_the_drawn_sets_never_reach():
+    """trainer-shaped's second call (TS-lone): a micro-batch cut from one group of 32-128 completions with a
+    single success; the success's advantage is (G - 1) / sqrt(G) with TRL's unbiased std, the other rows -1 / sqrt(G), at a drawn
+    row."""
+    from grpo_conform.ops.grpo_probes import LONE_GROUPS, lone_success_slice
+
+    rows_seen, peaks = set(), set()
+    for seed in range(40):
+        batch = 1 + seed % 8
+        a = lone_success_slice(batch, torch.Generator().manual_seed(seed))
+        assert a.shape == (batch,) and a.dtype == torch.float64
+        peak = float(a.max())
+        assert any(abs(peak - (g - 1) / g ** 0.5) < 0.05 for g in LONE_GROUPS), peak
+        assert peak > 5.0 and int((a > 0).sum()) == 1  # above what the drawn advantages reach
+        assert torch.all(a[a < 0] > -0.2)
+        rows_seen.add(int(a.argmax()) if batch == 8 else None)
+        peaks.add(round(peak, 1))
+    assert len(peaks) == len(LONE_GROUPS) and len(rows_seen - {None}) >= 3  # G and the row are drawn

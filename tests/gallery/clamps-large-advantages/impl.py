@@ -1,6 +1,6 @@
 """Right on every advantage the drawn sets hold (|A| stays under ~5), wrong above it: the gradient uses the
 advantages clipped to [-5, 5], as a kernel with a trainer's advantage clip built in would, while the loss
-value stays right. A lone success in a group of 128 completions has A ~= 11.3. Caught by the
+value stays right. A lone success in a group of 128 completions has A ~= 11.2. Caught by the
 trainer-shaped probe's second call (TS-lone), added after the adversarial round of 2026-12-05."""
 import torch
 
