@@ -309,6 +309,15 @@ class WorkloadConformance:
         if failure.kind in GONE:
             raise WorkerGone(failure) from None
 
+    def ask(self, checks: tuple[str, ...], label: str, **request: Any) -> dict[str, Any] | None:
+        """One worker request outside a loss call (a re-export, the effects, the holdings): its reply, or
+        None with the failure recorded against `checks` (a gone worker raises WorkerGone, as `_fail`)."""
+        try:
+            return self.session.request(**request)
+        except WorkerFailure as failure:
+            self._fail(checks, label, failure)
+            return None
+
     def forward(self, label: str, slot: InputSlot, checks: tuple[str, ...], *, grad: bool = True,
                 leaf: str = "leaf", poison: str | None = None, inference: bool = False,
                 tie: dict[str, Any] | None = None, only: tuple[str, ...] | None = None) -> dict[str, Any] | None:

@@ -8,12 +8,10 @@ from typing import Any
 
 import torch
 
-from grpo_conform.checks.buffers import InputSlot
-from grpo_conform.checks.conformance import Call, WorkloadConformance, WorkerGone
+from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import bitwise_equal, count_where, describe_outputs, first_difference, json_float, max_abs_diff
 from grpo_conform.ops.grpo_logits.diagnosis import diagnose
 from grpo_conform.isolation.resources import ALLOWED, growth
-from grpo_conform.isolation.session import WorkerFailure
 from grpo_conform.isolation.worker import POISON_BYTES
 
 
@@ -254,12 +252,7 @@ def reread_first(run: WorkloadConformance, when: str) -> None:
     if not any(k.label == label for k in run.kept):  # no memory to keep it: nothing to re-read, no verdict
         run.book.skip("no-output-reuse", f"call A's outputs could not be kept on this device to re-read {when}")
         return
-    try:
-        run.session.request(op="reexport", call=label, outputs=run.out2.name)
-    except WorkerFailure as failure:
-        run.book.failure(("no-output-reuse",), f"re-read {when}", failure)
-        if failure.kind in ("timeout", "crash", "cuda-error", "protocol"):
-            raise WorkerGone(failure) from None
+    if run.ask(("no-output-reuse",), f"re-read {when}", op="reexport", call=label, outputs=run.out2.name) is None:
         return
     loss_now = float(run.out2.loss[0])
     g_a = _by_name(g_a, run.out2.grads)
@@ -281,12 +274,8 @@ def reread_first(run: WorkloadConformance, when: str) -> None:
 def end_reread(run: WorkloadConformance) -> None:
     changed: list[dict[str, Any]] = []
     for kept in run.kept:
-        try:
-            run.session.request(op="reexport", call=kept.label, outputs=run.out1.name)
-        except WorkerFailure as failure:
-            run.book.failure(("no-output-reuse",), f"re-read {kept.label}", failure)
-            if failure.kind in ("timeout", "crash", "cuda-error", "protocol"):
-                raise WorkerGone(failure) from None
+        if run.ask(("no-output-reuse",), f"re-read {kept.label}", op="reexport", call=kept.label,
+                   outputs=run.out1.name) is None:
             return
         now = run.fingerprint(run.out1)
         if now != kept.fingerprint:
@@ -304,12 +293,8 @@ def end_reread(run: WorkloadConformance) -> None:
 
 
 def side_effects(run: WorkloadConformance) -> None:
-    try:
-        reply = run.session.request(op="effects")
-    except WorkerFailure as failure:
-        run.book.failure(("no-global-side-effects",), "effects", failure)
-        if failure.kind in ("timeout", "crash", "cuda-error", "protocol"):
-            raise WorkerGone(failure) from None
+    reply = run.ask(("no-global-side-effects",), "effects", op="effects")
+    if reply is None:
         return
     effects = reply.get("effects") or []
     if not effects:
@@ -322,18 +307,6 @@ def side_effects(run: WorkloadConformance) -> None:
                     + (f" (and {len(effects) - 1} more)" if len(effects) > 1 else "")
                     + "; a caller's training step sees it (the worker put it back after recording)",
                     {"effects": effects})
-
-
-def resources(run: WorkloadConformance, label: str) -> dict | None:
-    """The worker's holdings now (isolation/resources.py); None when the worker failed to answer, which is
-    recorded against no-resource-growth."""
-    try:
-        return run.session.request(op="resources")
-    except WorkerFailure as failure:
-        run.book.failure(("no-resource-growth",), label, failure)
-        if failure.kind in ("timeout", "crash", "cuda-error", "protocol"):
-            raise WorkerGone(failure) from None
-        return None
 
 
 def resource_growth(run: WorkloadConformance, first: dict, last: dict, span: str, calls: int) -> None:

@@ -237,7 +237,7 @@ def repeated_calls(run: WorkloadConformance) -> None:
                 return
             done += 1
             if done in (REPEATED_SETS, REPEATED_CALLS):
-                sample = J.resources(run, label)
+                sample = run.ask(("no-resource-growth",), label, op="resources")  # isolation/resources.py
                 if sample is not None:
                     held.append(sample)
             changed = {k: v for k, v in (("forward", f["forward"]), ("backward", run.RCI.changes())) if v}
