@@ -176,3 +176,13 @@ def test_a_lone_success_slice_holds_advantages_the_drawn_sets_never_reach():
         rows_seen.add(int(a.argmax()) if batch == 8 else None)
         peaks.add(round(peak, 1))
     assert len(peaks) == len(LONE_GROUPS) and len(rows_seen - {None}) >= 3  # G and the row are drawn
+
+
+def test_a_lone_success_slice_of_a_batch_larger_than_every_group():
+    """A spec may declare a workload of more rows than the largest group (128): the slice is then cut from a
+    group of twice the batch, never shorter than the batch."""
+    from grpo_conform.ops.grpo_probes import lone_success_slice
+
+    for batch in (31, 32, 127, 128, 300):
+        a = lone_success_slice(batch, torch.Generator().manual_seed(batch))
+        assert a.shape == (batch,) and int((a > 0).sum()) == 1 and float(a.max()) > 5.0

@@ -80,8 +80,7 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     if batch >= 2:
         group = next(g for g in (4, 2, batch) if batch % g == 0)
         rewards = torch.randint(0, 3, (batch // group, group), generator=gen).double()  # ties: zero groups
-        a = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
-        adv.copy_(a.reshape(adv.shape).to(adv.dtype))
+        adv.copy_(group_normalised(rewards).reshape(adv.shape).to(adv.dtype))
         run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"group-normalised"})
     mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
     if mask is not None:
@@ -106,16 +105,24 @@ def trainer_shaped(run: WorkloadConformance) -> None:
 LONE_GROUPS = (32, 64, 128)  # the lone success's advantage: 5.48, 7.87, 11.21
 
 
+def group_normalised(rewards: torch.Tensor) -> torch.Tensor:
+    """GRPO's advantages of each group (the last axis): (r - mean) / (std + 1e-4), TRL's scaling (unbiased std)."""
+    return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-4)
+
+
 def lone_success_slice(batch: int, gen: torch.Generator) -> torch.Tensor:
-    """`batch` advantages cut from one group of G completions (G > batch, drawn from LONE_GROUPS) in which a
+    """`batch` advantages cut from one group of G completions (drawn from LONE_GROUPS above the batch, else
+    2 * batch: a workload a spec declares may hold more rows than the largest group) in which a
     single completion succeeded: a trainer whose group is larger than its micro-batch (generations split
-    across steps) hands over such a slice. The success's normalised advantage is (G - 1) / sqrt(G) (TRL's unbiased std), far above what
-    the drawn sets reach (~5 at most), and every other row gets -1 / sqrt(G); the success sits at a drawn
-    row. A kernel that clamps or saturates large advantages is right everywhere else."""
-    group = LONE_GROUPS[int(torch.randint(0, len(LONE_GROUPS), (1,), generator=gen))]
+    across steps) hands over such a slice. The success's normalised advantage is (G - 1) / sqrt(G) (TRL's
+    unbiased std), far above what the drawn sets reach (~5 at most), and every other row gets -1 / sqrt(G);
+    the success sits at a drawn row. A kernel that clamps or saturates large advantages is right everywhere
+    else."""
+    groups = [g for g in LONE_GROUPS if g > batch] or [2 * batch]
+    group = groups[int(torch.randint(0, len(groups), (1,), generator=gen))]
     rewards = torch.zeros(group, dtype=torch.float64)
     rewards[0] = 1.0
-    a = (rewards - rewards.mean()) / (rewards.std() + 1e-4)  # TRL's scaling (unbiased std)
+    a = group_normalised(rewards)
     rows = a[1: batch + 1].clone()
     rows[int(torch.randint(0, batch, (1,), generator=gen))] = a[0]
     return rows
