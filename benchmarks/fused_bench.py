@@ -142,8 +142,10 @@ def label(s):
     fwd = "" if s.forward_rows is None else f",fwd{s.forward_rows}"
     if s.forward_sweep == "plain":  # the forward's sweep as every forward ran until 2026-12-03
         fwd += ",plain"
-    elif (s.forward_block, s.forward_stages) != (1024, 3):
+    elif s.forward_sweep == "pipelined":  # the forward's sweep from 2026-12-03 to 2026-12-05
         fwd += f",pipe{s.forward_block}x{s.forward_stages}"
+    elif (s.forward_stage_bytes, s.forward_stage_block, s.forward_stage_warps) != (32768, 2048, 4):
+        fwd += f",staged{s.forward_stage_bytes}/{s.forward_stage_block}/w{s.forward_stage_warps}"
     return f"ours[c{rows},{s.weight_grad}{acc},{s.logits},split{s.split_elems}{fwd}]"
 
 

@@ -56,6 +56,39 @@ def compile_(case, fn, constexprs, ptrs, num_warps, num_stages=3):
     return out.metadata.shared
 
 
+def staged_cases(settings, vocab: int) -> dict:
+    """The Gluon statistics sweep of forward-only calls (staged.py) at sweep.StagedStats's launch shape, bf16 and
+    float32 logits, with and without a mask. Newer Gluon renamed two calls the H200's triton 3.6 has: aliased."""
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+    if not hasattr(gl, "thread_barrier"):
+        gl.thread_barrier = gl.barrier
+    if hasattr(async_copy, "async_load"):
+        async_copy.async_copy_global_to_shared = async_copy.async_load
+    staged = importlib.import_module("fused_compile_pkg.staged")
+    sweep = importlib.import_module("fused_compile_pkg.sweep")
+    fn, out = staged._staged_row_stats_kernel, {}
+    for dtype, sig in ((torch.bfloat16, "*bf16"), (torch.float32, "*fp32")):
+        launch = sweep.StagedStats(1, vocab, dtype, torch.device("meta"), settings, 1.0)
+        for has_mask in (True, False):
+            c = dict(launch.shape, THREAD_STATS=True, HAS_MASK=has_mask)
+            ptrs = {"x_ptr": sig, "mask_ptr": "*u8" if has_mask else sig, "count_ptr": "*i32"}
+            names = fn.arg_names
+            types_ = {n: "constexpr" if n in c else ptrs.get(n, "*fp32" if n.endswith("_ptr") else
+                                                               "fp32" if n == "scale2" else "i32") for n in names}
+            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                     if types_[n].startswith("*") or n in ("vocab", "stride_x")}
+            src = GluonASTSource(fn, types_, {(names.index(k),): v for k, v in c.items()}, attrs)
+            case = f"staged-stats-{sig[1:]}-{'mask' if has_mask else 'nomask'}"
+            print(f"compiling {case}", file=sys.stderr, flush=True)
+            out[case] = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                       options={"num_warps": launch.warps}).metadata.shared
+    return out
+
+
 def main() -> dict:
     kernels, sem_mod = load()
     settings = sem_mod.FusedSettings()
@@ -79,13 +112,18 @@ def main() -> dict:
                             sweep = dict(BLOCK=settings.forward_block, STAGES=settings.forward_stages, VECTOR=True,
                                          HINTS=False)
                         c = dict(CHUNK=piece, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split), **sweep,
-                                 **s.switches(), NEEDS_LOGP=s.needs_logp or write, WRITE_GRAD=write)
+                                 **s.switches(), NEEDS_LOGP=s.needs_logp or write, WRITE_GRAD=write, GIVEN=False)
                         case = f"rows-{name}-{logits[1:]}-split{split}-{'grad' if write else 'loss'}"
                         out[case] = compile_(case, kernels._rows_kernel, c, ptrs, settings.num_warps)
-            for logp_only in (False, True):
+                # forward-only after the staged sweep (sweep.py): the loss kernel reads (max, ln S)
+                c = dict(c, SPLIT=1, SPLIT_P2=1, CHUNK=triton.cdiv(vocab, block) * block, NEEDS_LOGP=s.needs_logp,
+                         WRITE_GRAD=False, GIVEN=True)
+                case = f"rows-{name}-{logits[1:]}-given"
+                out[case] = compile_(case, kernels._rows_kernel, c, ptrs, settings.num_warps)
+            for logp_only, given in ((False, False), (True, False)) + (((False, True),) if s.sequence else ()):
                 c = dict(BLOCK=block, HAS_OLD=s.has_old and not logp_only, HAS_KL=s.has_kl and not logp_only,
-                         HAS_MASK=s.has_mask, LOGP_ONLY=logp_only)
-                case = f"stats-{name}-{logits[1:]}-{'logp' if logp_only else 'ws'}"
+                         HAS_MASK=s.has_mask, LOGP_ONLY=logp_only, GIVEN=given)
+                case = f"stats-{name}-{logits[1:]}-{'logp' if logp_only else 'ws'}{'-given' if given else ''}"
                 out[case] = compile_(case, kernels._stats_kernel, c, ptrs, settings.num_warps)
             if s.sequence:
                 c = dict(HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta, PER_SEQ_W=s.norm != 0,
@@ -97,6 +135,7 @@ def main() -> dict:
     for dtype in ("*bf16", "*fp32"):
         out[f"rescale-{dtype[1:]}"] = compile_("rescale", kernels._rescale_kernel, dict(BLOCK=4096),
                                                {"x_ptr": dtype}, 4)
+    out.update(staged_cases(settings, vocab))
     out["acc-gemm"] = compile_("acc-gemm", kernels._acc_gemm_kernel,
                                dict(BM=128, BN=256, BK=64, GROUP_M=8, UPCAST=False, s_am=1, s_bn=1, s_cn=1),
                                {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32"}, 8, 3)

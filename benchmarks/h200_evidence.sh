@@ -23,6 +23,8 @@
 #                                               # control) with --configs at 32000 and 50257 (<= 5.7 min; carry .whl)
 #   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
+#   bash benchmarks/h200_evidence.sh round32s   # issue 32: the staged forward sweep's CUDA tests, fused_bench b2, the fused
+#                                               # members at seed-b2..b16 (records) until DEADLINE; round32t: MEMBERS left
 #   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
 #   bash benchmarks/h200_evidence.sh round16a   # the default check of triton cut at 250 s (its records first)
 #   bash benchmarks/h200_evidence.sh round16b   # triton token-is seed-b2..b16, triton-fused token-is seed-b2 (~5 min)
@@ -540,6 +542,31 @@ PY
     fi
     kill $sampler
     status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
+    ;;
+  round32s)  # issue 32, twenty-first session: the staged forward sweep of triton-fused (sweep.py; a new folder identity):
+             # its CUDA tests, fused_bench at b2 (the staged default against the pipelined sweep, compose, the logits
+             # GEMM; forward and full), then the fused members at seed-b2..b16 with records, as far as DEADLINE goes
+             # (default 330 s; MEMBERS picks members, default all nine). round32t: the members left, no tests/bench.
+    timeout -s KILL 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
+    status "staged sweep tests (CUDA): exit $?"; tail -2 "$R/staged-tests.txt"
+    timeout -s KILL 100 python3 benchmarks/fused_bench.py --batches 2 --chunks 2048 --strategies auto --split 0 --no-liger \
+      --reps 10 --extra weight_grad=auto weight_grad=auto,forward_sweep=pipelined --out "$R/fb32s.json" > "$R/fb32s.log" 2>&1
+    status "fused_bench b2 (staged default, pipelined): exit $?"
+    grep -E "^\| 2 \| (full|forward) \||check" "$R/fb32s.log"
+    ;&
+  round32t)
+    margs=()
+    for m in ${MEMBERS:-token-is token-is-bias token-offpolicy-mask token-offpolicy-mask-kl token-offpolicy-mask-kl-ref-weight bnpo-mask dr-grpo-mask dapo-mask sequence-offpolicy-mask}; do
+      margs+=(--member "$m")
+    done
+    start=$SECONDS
+    timeout -s KILL $((${DEADLINE:-330} + 70)) python3 -m grpo_conform check implementations/triton-fused "${margs[@]}" \
+      --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" \
+      --deadline "${DEADLINE:-330}" --profile-phases --format json > "$R/triton-fused.json" 2> "$R/triton-fused.log"
+    status "triton-fused seed-b2..b16 (${MEMBERS:-all nine}): exit $?, $((SECONDS - start)) s wall"
+    tail -4 "$R/triton-fused.log"
+    python3 benchmarks/phase_summary.py "$R/triton-fused.json" 2>&1 | cut -c1-300
+    ls "$OUT/h200" | wc -l
     ;;
   peers36)  # the peers' records at the members' current spec identities (the leaderboard's tables for the masked
             # members hold no peer: theirs are of superseded spec identities). Liger and PyTorch eager at mask-b8

@@ -17,7 +17,8 @@ implementations/triton (vendored.py holds exact copies).
                      the arrival, so the piece that holds it may be overwritten afterwards. Masked
                      rows: loss 0, gradient row 0, logits never read. WRITE_GRAD False: the loss only.
                      NEEDS_LOGP False (forward-only members whose loss does not read the logits,
-                     token-is: the ratio is exactly 1): no logits at all.
+                     token-is: the ratio is exactly 1): no logits at all. GIVEN (forward-only calls on
+                     CUDA): the staged sweep of staged.py took each row's (max, ln S) already.
   _stats_kernel      one program per row: (max, ln S), logp and its two float64-formed differences
                      (logp - old, ref - logp) into the per-call `ws` ([6, N] float32); with
                      LOGP_ONLY just logp (the reference model's log-probs through a reference weight).
@@ -63,11 +64,13 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
                  HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DELTA: tl.constexpr,
                  CISPO: tl.constexpr, KL_BC: tl.constexpr, SAPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
                  NEEDS_LOGP: tl.constexpr, WRITE_GRAD: tl.constexpr, HINTS: tl.constexpr, STAGES: tl.constexpr,
-                 VECTOR: tl.constexpr):
+                 VECTOR: tl.constexpr, GIVEN: tl.constexpr):
     """HINTS (CUDA): the first sweep keeps the piece in L2 (evict_last) for the gradient's sweep.
     STAGES / VECTOR: the first sweep's software pipelining (blocks in flight per program) and per-lane
     running (max, sum) with no block-wide reduction inside the loop (vendored._chunk_stats); the
-    forward-only sweep's settings (FusedSettings.forward_sweep), 1 / False where the gradient follows."""
+    forward-only sweep's settings (FusedSettings.forward_sweep), 1 / False where the gradient follows.
+    GIVEN (forward-only, SPLIT 1): the staged sweep (staged.py) already stored each live row's max at
+    part_ptr[r] and ln S at part_ptr[rows + r]; no sweep here, only the target logit is read."""
     pid = tl.program_id(0)
     r = pid // SPLIT
     k = pid % SPLIT
@@ -81,7 +84,12 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
         live = tl.load(mask_ptr + token) != 0
     if live:
         target = tl.load(ids_ptr + token)
-        if NEEDS_LOGP or WRITE_GRAD:
+        if GIVEN:
+            m = tl.load(part_ptr + r)
+            log_s = tl.load(part_ptr + rows + r)
+            x_c = tl.load(row_ptr + target).to(tl.float32)
+            logp, lr, dref = _differences(x_c, m, log_s, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
+        elif NEEDS_LOGP or WRITE_GRAD:
             m, s = _chunk_stats(row_ptr, start, start + CHUNK, vocab, inv_temp, BLOCK, STAGES, HINTS, VECTOR)
             x_c = tl.load(row_ptr + target).to(tl.float32)  # before the arrival: its piece may be overwritten next
             if SPLIT > 1:
@@ -122,9 +130,10 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
 @triton.jit
 def _stats_kernel(x_ptr, ids_ptr, old_ptr, ref_ptr, mask_ptr, ws_ptr, row0, tokens, vocab, stride_x, inv_temp, inv_lo,
                   BLOCK: tl.constexpr, HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr,
-                  LOGP_ONLY: tl.constexpr):
+                  LOGP_ONLY: tl.constexpr, GIVEN: tl.constexpr):
     """ws sections ([k * tokens, (k + 1) * tokens)): 0 max, 1 ln S, 2 logp, 3 logp - old, 4 ref - logp;
-    LOGP_ONLY: ws_ptr is a [tokens] vector of logp."""
+    LOGP_ONLY: ws_ptr is a [tokens] vector of logp. GIVEN (not with LOGP_ONLY): sections 0 and 1 of the
+    live rows hold the staged sweep's max and ln S already (staged.py); no sweep here."""
     r = tl.program_id(0)
     token = row0 + r
     live = True
@@ -132,8 +141,12 @@ def _stats_kernel(x_ptr, ids_ptr, old_ptr, ref_ptr, mask_ptr, ws_ptr, row0, toke
         live = tl.load(mask_ptr + token) != 0
     if live:  # a masked row is never read
         row_ptr = x_ptr + tl.cast(r, tl.int64) * stride_x
-        m, s = _chunk_stats(row_ptr, 0, vocab, vocab, inv_temp, BLOCK, 1, False, False)
-        log_s = tl.log(s)
+        if GIVEN:
+            m = tl.load(ws_ptr + token)
+            log_s = tl.load(ws_ptr + tokens + token)
+        else:
+            m, s = _chunk_stats(row_ptr, 0, vocab, vocab, inv_temp, BLOCK, 1, False, False)
+            log_s = tl.log(s)
         x_c = tl.load(row_ptr + tl.load(ids_ptr + token)).to(tl.float32)
         logp, lr, dref = _differences(x_c, m, log_s, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
         if LOGP_ONLY:

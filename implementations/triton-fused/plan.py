@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 import triton
 
-from . import kernels
+from . import kernels, sweep
 from .accumulator import Fp32, Halves, accumulate_fp32, accumulator, interpreting
 from .semantics import FusedSettings, Semantics
 
@@ -76,7 +76,7 @@ class FusedPlan:
         # pipelined with per-lane sums and no L2 hint (FusedSettings.forward_sweep)
         self.grad_sweep = dict(BLOCK=block, STAGES=1, VECTOR=False, HINTS=self.hints)
         self.forward_sweep = self.grad_sweep
-        if settings.forward_sweep == "pipelined":
+        if settings.forward_sweep in ("pipelined", "staged"):  # staged: pipelined where staging cannot run
             self.forward_sweep = dict(BLOCK=min(settings.forward_block, triton.next_power_of_2(vocab)),
                                       STAGES=settings.forward_stages, VECTOR=True, HINTS=False)
         # one program per row never touches the arrival counters or the partials: one pair for every call
@@ -90,6 +90,12 @@ class FusedPlan:
         self.chunk = self._rows(settings.rows(self.weight_grad, hidden))
         self.forward_chunk = self._rows(settings.rows_forward())
         self.accumulate_path = None  # set by the first fp32 accumulation (the benchmark prints it)
+        # forward-only calls on CUDA: the staged sweep takes each row's (max, ln S) (sweep.py); None where it
+        # cannot run (`staged_off` says why)
+        forward_dtype = torch.float32 if settings.logits == "float32" else dtype
+        self.staged_off = sweep.why_not(device, vocab, forward_dtype, settings)
+        self.staged = None if self.staged_off else sweep.StagedStats(self.forward_chunk, vocab, forward_dtype,
+                                                                     device, settings, sem.inv_temp)
 
     def _rows(self, rows: int) -> int:
         """A chunk's rows: whole sequences for sequence-level members (a sequence's ratio needs all its
@@ -159,7 +165,18 @@ class FusedPlan:
         kernels._stats_kernel[(r1 - r0,)](buf, x.ids, x.adv, x.adv, x.mask if x.mask is not None else x.ids, ref_lp,
                                           r0, self.tokens, self.vocab, buf.stride(0), self.sem.inv_temp,
                                           self.sem.inv_lo, BLOCK=self.block, HAS_OLD=False, HAS_KL=False,
-                                          HAS_MASK=self.sem.has_mask, LOGP_ONLY=True, num_warps=self.warps)
+                                          HAS_MASK=self.sem.has_mask, LOGP_ONLY=True, GIVEN=False,
+                                          num_warps=self.warps)
+
+    def _staged_stats(self, buf, x: Inputs, r0: int, st: torch.Tensor, stride: int) -> bool:
+        """A forward-only chunk's (max, ln S) per live row by the staged sweep, into st[r] and st[stride + r];
+        False where it cannot run (the loss kernel then sweeps itself)."""
+        if self.staged is None:
+            return False
+        if self.staged.run(buf, x.mask, st, r0, stride):
+            return True
+        self.staged, self.staged_off = None, sweep.DISABLED[-1]
+        return False
 
     def _loss_rows(self, buf, gbuf, x: Inputs, ref, wb, c, loss_tok, ws, r0: int, r1: int, write_grad: bool) -> None:
         """Loss terms of rows [r0, r1) of the logits in buf (and, write_grad, d logits into gbuf: buf itself
@@ -174,16 +191,22 @@ class FusedPlan:
             if self.split > 1:  # zeroed per launch: the row's pieces count their arrivals
                 counts = torch.zeros(n, dtype=torch.int32, device=self.device)
                 part = torch.empty(2 * n * self.split, dtype=torch.float32, device=self.device)
-            sweep = self.grad_sweep if write_grad else self.forward_sweep
+            given = False
+            if s.needs_logp and not write_grad:  # the staged sweep's (max, ln S) in `part` (split is 1 here)
+                stats = torch.empty(2 * n, dtype=torch.float32, device=self.device)
+                given = self._staged_stats(buf, x, r0, stats, n)
+                part = stats if given else part
+            first = self.grad_sweep if write_grad else self.forward_sweep
             kernels._rows_kernel[(n * self.split,)](
                 buf, gbuf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
                 buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, SPLIT=self.split,
                 SPLIT_P2=triton.next_power_of_2(self.split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
-                WRITE_GRAD=write_grad, **sweep, num_warps=self.warps)
+                WRITE_GRAD=write_grad, **first, GIVEN=given, num_warps=self.warps)
             return
+        given = not write_grad and self._staged_stats(buf, x, r0, ws[r0:], self.tokens)  # ws sections 0 and 1
         kernels._stats_kernel[(n,)](buf, x.ids, old, ref, mask, ws, r0, self.tokens, self.vocab, buf.stride(0),
                                     s.inv_temp, s.inv_lo, BLOCK=self.block, HAS_OLD=True, HAS_KL=s.has_kl,
-                                    HAS_MASK=s.has_mask, LOGP_ONLY=False, num_warps=self.warps)
+                                    HAS_MASK=s.has_mask, LOGP_ONLY=False, GIVEN=given, num_warps=self.warps)
         kernels._sequence_kernel[(n // self.seq,)](
             ws, x.adv, mask, wb, loss_tok, r0 // self.seq, self.seq, self.tokens, s.inv_temp, s.eps_low, s.eps_high,
             s.delta, s.beta, s.w_const, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta,

@@ -143,13 +143,14 @@ class FusedSettings:
     GEMM rounds the logits to the weight's dtype, and d logits are written over them) or "float32"
     (cuBLAS writes float32 logits into a buffer of their own: half the rounding error of the loss
     terms at |z| ~ 8 in bf16 is gone, for one more chunk buffer in float32 and twice the loss
-    kernel's reads). forward_sweep: how the token-level loss kernel reads the logits in a forward-only
-    call (its one pass beyond the GEMM): "pipelined" (forward_block elements a step, forward_stages
-    steps in flight per program, a running (max, sum) per lane: no block-wide reduction inside the
-    loop, no L2 hint: nothing reads the logits again) or "plain" (the first sweep of a call that forms
-    gradients, as every forward ran until 2026-12-03: block elements a step, one in flight, each step
-    reduced block-wide). "pipelined" is chosen by arithmetic and unmeasured (docs/fused-kernel.md,
-    "Forward-only: where the time goes")."""
+    kernel's reads). forward_sweep: how a forward-only call reads the logits (its one pass beyond the
+    GEMM): "staged" (CUDA, rows on 16-byte boundaries: sweep.py's Gluon kernel, each row cut into chunks
+    of forward_stage_bytes, one program each with every copy in flight, forward_stage_block elements a
+    reduction step, forward_stage_warps warps; elsewhere "pipelined"), "pipelined" (the loss kernel
+    itself, forward_block elements a step, forward_stages steps in flight per program, a running
+    (max, sum) per lane, no L2 hint) or "plain" (the first sweep of a call that forms gradients: block
+    elements a step, one in flight, each step reduced block-wide). Sequence-level members: "staged" or
+    their plain statistics sweep. docs/fused-kernel.md, "Forward-only", has the measurements."""
 
     chunk_rows: Optional[int] = None
     weight_grad: str = "auto"
@@ -159,9 +160,12 @@ class FusedSettings:
     logits: str = "weight"
     accumulate: str = "auto"  # the "fp32" strategy's GEMM: "auto" (cuBLAS where torch allows), "cublas", "triton"
     forward_rows: Optional[int] = None
-    forward_sweep: str = "pipelined"
+    forward_sweep: str = "staged"
     forward_block: int = 1024
     forward_stages: int = 3
+    forward_stage_bytes: int = 32768
+    forward_stage_block: int = 2048
+    forward_stage_warps: int = 4
 
     def __post_init__(self):
         if self.weight_grad not in WEIGHT_GRAD_STRATEGIES:
@@ -177,9 +181,14 @@ class FusedSettings:
             b = getattr(self, name)
             if b < 16 or b & (b - 1):
                 raise ValueError(f"{name} must be a power of two >= 16; got {b}")
-        if self.forward_sweep not in ("pipelined", "plain") or self.forward_stages < 1:
-            raise ValueError(f"forward_sweep must be 'pipelined' or 'plain' and forward_stages >= 1; got "
+        if self.forward_sweep not in ("staged", "pipelined", "plain") or self.forward_stages < 1:
+            raise ValueError(f"forward_sweep must be 'staged', 'pipelined' or 'plain' and forward_stages >= 1; got "
                              f"{self.forward_sweep!r}, {self.forward_stages}")
+        if self.forward_stage_warps not in (1, 2, 4, 8, 16) or self.forward_stage_bytes < 16 \
+                or self.forward_stage_block < 16 or self.forward_stage_block & (self.forward_stage_block - 1):
+            raise ValueError(f"forward_stage_warps must be a power of two <= 16, forward_stage_block a power of two "
+                             f">= 16, forward_stage_bytes >= 16; got {self.forward_stage_warps}, "
+                             f"{self.forward_stage_block}, {self.forward_stage_bytes}")
 
     def rows(self, strategy: str, hidden: int) -> int:
         """Rows per chunk of a call that forms gradients with this weight-gradient strategy."""
