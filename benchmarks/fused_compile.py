@@ -71,8 +71,9 @@ def staged_cases(settings, vocab: int) -> dict:
     staged = importlib.import_module("fused_compile_pkg.staged")
     sweep = importlib.import_module("fused_compile_pkg.sweep")
     fn, out = staged._staged_row_stats_kernel, {}
-    for dtype, sig in ((torch.bfloat16, "*bf16"), (torch.float32, "*fp32")):
-        launch = sweep.StagedStats(1, vocab, dtype, torch.device("meta"), settings, 1.0)
+    # V 33000 in fp16: a multiple of VEC (8) but not of 16, so the JIT gives V and the row stride no divisibility
+    for dtype, sig, v in ((torch.bfloat16, "*bf16", vocab), (torch.float32, "*fp32", vocab), (torch.float16, "*fp16", 33000)):
+        launch = sweep.StagedStats(1, v, dtype, torch.device("meta"), settings, 1.0)
         for has_mask in (True, False):
             c = dict(launch.shape, THREAD_STATS=True, HAS_MASK=has_mask)
             ptrs = {"x_ptr": sig, "mask_ptr": "*u8" if has_mask else sig, "count_ptr": "*i32"}
@@ -80,9 +81,9 @@ def staged_cases(settings, vocab: int) -> dict:
             types_ = {n: "constexpr" if n in c else ptrs.get(n, "*fp32" if n.endswith("_ptr") else
                                                                "fp32" if n == "scale2" else "i32") for n in names}
             attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                     if types_[n].startswith("*") or n in ("vocab", "stride_x")}
+                     if types_[n].startswith("*") or (n in ("vocab", "stride_x") and v % 16 == 0)}
             src = GluonASTSource(fn, types_, {(names.index(k),): v for k, v in c.items()}, attrs)
-            case = f"staged-stats-{sig[1:]}-{'mask' if has_mask else 'nomask'}"
+            case = f"staged-stats-{sig[1:]}-v{v}-{'mask' if has_mask else 'nomask'}"
             print(f"compiling {case}", file=sys.stderr, flush=True)
             out[case] = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                        options={"num_warps": launch.warps}).metadata.shared

@@ -544,23 +544,25 @@ PY
     status "GPU memory used at most $(cut -d, -f2 "$R/memory-used.csv" | sort -n | tail -1) MiB"
     ;;
   round32s)  # issue 32, twenty-first session: the staged forward sweep of triton-fused (sweep.py; a new folder identity):
-             # its CUDA tests, fused_bench at b2 (the staged default against the pipelined sweep, compose, the logits
-             # GEMM; forward and full), then the fused members at seed-b2..b16 with records, as far as DEADLINE goes
-             # (default 330 s; MEMBERS picks members, default all nine). round32t: the members left, no tests/bench.
-    timeout -s KILL 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
-    status "staged sweep tests (CUDA): exit $?"; tail -2 "$R/staged-tests.txt"
+             # fused_bench at b2 (the staged default against the pipelined sweep, compose, the logits GEMM; forward and
+             # full), then round32t: the sweep's CUDA tests and the fused members at seed-b2..b16 with records, as far
+             # as DEADLINE goes (default 330 s; MEMBERS picks members, default all nine; ~50-60 s of timing a member).
     timeout -s KILL 100 python3 benchmarks/fused_bench.py --batches 2 --chunks 2048 --strategies auto --split 0 --no-liger \
       --reps 10 --extra weight_grad=auto weight_grad=auto,forward_sweep=pipelined --out "$R/fb32s.json" > "$R/fb32s.log" 2>&1
     status "fused_bench b2 (staged default, pipelined): exit $?"
     grep -E "^\| 2 \| (full|forward) \||check" "$R/fb32s.log"
     ;&
   round32t)
+    timeout -s KILL 60 python3 -m pytest -q -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
+    status "staged sweep tests (CUDA): exit $?"; tail -2 "$R/staged-tests.txt"
     margs=()
     for m in ${MEMBERS:-token-is token-is-bias token-offpolicy-mask token-offpolicy-mask-kl token-offpolicy-mask-kl-ref-weight bnpo-mask dr-grpo-mask dapo-mask sequence-offpolicy-mask}; do
       margs+=(--member "$m")
     done
     start=$SECONDS
-    timeout -s KILL $((${DEADLINE:-330} + 70)) python3 -m grpo_conform check implementations/triton-fused "${margs[@]}" \
+    # the timing of a fused seed workload (b2 ~5 s, b16 ~29 s; round 26) waits until every slot's conformance is done:
+    # a deadline that comes first leaves records without timings, so DEADLINE must cover both
+    timeout -s KILL $((${DEADLINE:-330} + 50)) python3 -m grpo_conform check implementations/triton-fused "${margs[@]}" \
       --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" \
       --deadline "${DEADLINE:-330}" --profile-phases --format json > "$R/triton-fused.json" 2> "$R/triton-fused.log"
     status "triton-fused seed-b2..b16 (${MEMBERS:-all nine}): exit $?, $((SECONDS - start)) s wall"

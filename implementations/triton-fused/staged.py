@@ -112,13 +112,17 @@ def _staged_row_stats_kernel(x_ptr, mask_ptr, st_ptr, m_ptr, s_ptr, count_ptr, r
         live = gl.load(mask_ptr + row0 + r) != 0
     if live:
         lanes = _block_offsets(REPS, THREADS, VEC, layout)
-        row_ptr = x_ptr + r.to(gl.int64) * stride_x
-        if start + CHUNK > vocab:
-            _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, True)
-            m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, True, THREAD_STATS)
+        # rows start on 16-byte boundaries and V is a multiple of VEC (sweep.why_not), written so that the compiler
+        # sees it (`// VEC * VEC`: the JIT's own hint covers only multiples of 16, and cp.async refuses pieces it
+        # cannot prove whole; gl.multiple_of on these scalars did not reach the copy's mask, triton 3.6 and 3.9)
+        row_ptr = x_ptr + r.to(gl.int64) * (stride_x // VEC) * VEC
+        limit = vocab // VEC * VEC
+        if start + CHUNK > limit:
+            _copy_chunk(stage, row_ptr, start, limit, lanes, NBLK, BLOCK, True)
+            m, s = _chunk_stats(stage, start, limit, scale2, lanes, layout, NBLK, BLOCK, THREADS, True, THREAD_STATS)
         else:
-            _copy_chunk(stage, row_ptr, start, vocab, lanes, NBLK, BLOCK, False)
-            m, s = _chunk_stats(stage, start, vocab, scale2, lanes, layout, NBLK, BLOCK, THREADS, False, THREAD_STATS)
+            _copy_chunk(stage, row_ptr, start, limit, lanes, NBLK, BLOCK, False)
+            m, s = _chunk_stats(stage, start, limit, scale2, lanes, layout, NBLK, BLOCK, THREADS, False, THREAD_STATS)
         last = True
         if NUM_CHUNKS > 1:
             gl.store(m_ptr + r * NUM_CHUNKS + k, m)
