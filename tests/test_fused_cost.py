@@ -100,6 +100,33 @@ def test_a_loss_only_use_makes_no_unit_sums_and_a_gradient_read_first_makes_them
         assert torch.equal(swept.units[n], t), n
 
 
+@pytest.mark.parametrize("member", ["token-offpolicy-mask-kl-ref-weight", "token-is-bias"])
+def test_a_judged_input_set_dies_with_its_last_holder_and_takes_its_memo_along(member):
+    """The memo holds input sets weakly; its error model's unit sums once held them strongly (for a later
+    read), so every judged set stayed alive in the parent, up to memo.LIMIT sets of weights: on the H200
+    4.1-6.3 GiB after a reference-weight workload, past the leak limit, which stopped the run."""
+    import gc
+    import weakref
+
+    spec, op, rw, model, x = _setup(member)
+    memo.clear()
+    _judgment(spec, op, rw, model, x)
+    names = [k for k, v in x.items() if isinstance(v, torch.Tensor)]
+    refs = [weakref.ref(x[k]) for k in names]
+    assert len(memo._entries) >= 1
+    del x
+    gc.collect()
+    assert [n for n, r in zip(names, refs) if r() is not None] == []
+    assert len(memo._entries) == 0
+    # an error model whose unit sums were never made, kept past its input set: its first read says so
+    spec, op, rw, model, x = _setup(member, seed=6)
+    em = op.error_model(spec, x, model.params, rw.dtypes["hidden"])
+    del x
+    gc.collect()
+    with pytest.raises(RuntimeError, match="input set is gone"):
+        em.units["weight"]
+
+
 def test_the_reference_gradients_are_bitwise_those_of_the_standalone_loops():
     """The one sweep (weight first) against each gradient asked for alone (hidden first: the standalone loops)."""
     from grpo_conform.ops.fused_linear.reference import Blocks, reference_gradients
