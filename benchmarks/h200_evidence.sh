@@ -25,6 +25,7 @@
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
 #   bash benchmarks/h200_evidence.sh round32s   # issue 32: the staged forward sweep's CUDA tests, fused_bench b2, the fused
 #                                               # members at seed-b2..b16 (records) until DEADLINE; round32t: MEMBERS left
+#   bash benchmarks/h200_evidence.sh round32x   # issue 32 next: fused_profile b2/b4, then the three untimed fused cells
 #   bash benchmarks/h200_evidence.sh round15a   # the fused kernel's CUDA smoke, then the default check of triton (400 s)
 #   bash benchmarks/h200_evidence.sh round16a   # the default check of triton cut at 250 s (its records first)
 #   bash benchmarks/h200_evidence.sh round16b   # triton token-is seed-b2..b16, triton-fused token-is seed-b2 (~5 min)
@@ -568,6 +569,23 @@ PY
     status "triton-fused seed-b2..b16 (${MEMBERS:-all nine}): exit $?, $((SECONDS - start)) s wall"
     tail -4 "$R/triton-fused.log"
     python3 benchmarks/phase_summary.py "$R/triton-fused.json" 2>&1 | cut -c1-300
+    ls "$OUT/h200" | wc -l
+    ;;
+  round32x)  # issue 32, next: where the b2 forward's 0.2 ms over the GEMM goes (benchmarks/fused_profile.py: kernel
+             # durations and the GPU's idle gaps inside a call, ours staged and pipelined, compose, the bare GEMM;
+             # ~1 min), then the three fused cells round32t-w left untimed, at the same folder identity (~4 min)
+    timeout -s KILL 150 python3 benchmarks/fused_profile.py --batches 2 4 --reps 10 --out "$R/fused-profile.json" \
+      > "$R/fused-profile.log" 2>&1
+    status "fused_profile b2 b4: exit $?"; cat "$R/fused-profile.log" | cut -c1-200
+    for cell in "token-is-bias --workload seed-b16" "token-offpolicy-mask-kl-ref-weight --workload seed-b2 --workload seed-b4"; do
+      start=$SECONDS
+      tag=${cell%% *}
+      timeout -s KILL 200 python3 -m grpo_conform check implementations/triton-fused --member $cell \
+        --evidence-dir "$OUT/h200" --deadline 170 --profile-phases --format json > "$R/triton-fused-$tag.json" \
+        2> "$R/triton-fused-$tag.log"
+      status "triton-fused $cell: exit $?, $((SECONDS - start)) s wall"
+      tail -2 "$R/triton-fused-$tag.log"
+    done
     ls "$OUT/h200" | wc -l
     ;;
   peers36)  # the peers' records at the members' current spec identities (the leaderboard's tables for the masked
