@@ -31,7 +31,8 @@ def judge_units(op: Any, spec: Any, rw: Any, tol: Any, params: Any, x: Mapping[s
         for ch in chunks:
             scale = ch.scale * abs(c)
             extra = model.allowance(name, ch.start, ch.stop, ch.scale) * abs(c)
-            floor = torch.full_like(scale, subnormal)
+            # below the dtype's range, plus what a GEMM flushing subnormal terms may lose (model.underflow)
+            floor = torch.full_like(scale, subnormal + getattr(model, "underflow", {}).get(name, 0.0))
             cmp.update(ch.start, flat[ch.start : ch.stop], ch.values.reshape(-1, width) * c, scale, floor, model=extra)
         comparisons[name] = cmp
     # the reference may hand its gradients in the order it computes them cheapest (grpo-fused-linear:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Mapping
 
 import torch
@@ -51,6 +51,10 @@ from grpo_conform.ops.grpo_terms import GrpoParameters
 
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24}
 FP32_U = 2.0**-24
+# below the normal range of float32 and bfloat16 (the same exponent range) GEMMs flush operands and results
+# to zero (GPUs' ftz, CPUs' DAZ/FTZ in BLAS): each d logits term may lose all of itself up to this value.
+# float16 keeps its subnormals (tensor cores): rounding there is within the spec's own floor.
+FLUSHED_BELOW = {"bfloat16": 2.0**-126, "float32": 2.0**-126}
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,9 @@ class GemmAllowance:
     rel: float
     loss: float
     max_logit_error: float
+    # per gradient name, an absolute floor of every element (not scaled by the upstream scalar: the flush
+    # threshold is the dtype's): what a GEMM that flushes subnormal d logits to zero may lose (`_underflow`)
+    underflow: Mapping[str, float] = field(default_factory=dict)
 
     def allowance(self, name: str, start: int, stop: int, scale: torch.Tensor) -> torch.Tensor:
         """Absolute allowance of units [start, stop) whose reference scale (at upstream 1) is `scale`; the
@@ -247,4 +254,24 @@ def _gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str
     a = ((g.abs() * x2 + dg * (1.0 + x2)) / p.temperature).reshape(-1)
     units = UnitSums(x, p, blocks, lse, a, x.get("bias") is not None)
     memo.state(x).setdefault(("unit-sums", repr(p), blocks), []).append(units)  # for the gradients' sweep
-    return GemmAllowance(units, 2.0 * u, float(loss_move.sum()), float(emax.max()) if emax.numel() else 0.0)
+    return GemmAllowance(units, 2.0 * u, float(loss_move.sum()), float(emax.max()) if emax.numel() else 0.0,
+                         _underflow(x, dtype))
+
+
+def _underflow(x: Mapping[str, torch.Tensor], dtype: str) -> dict[str, float]:
+    """Each gradient's element floor where the GEMMs flush subnormals (FLUSHED_BELOW): a d logits term
+    |dz[n, v]| < t may become 0, so d weight[v, k] = sum_n dz[n, v] h[n, k] may miss by up to t sum_n
+    max_k |h[n, k]|, d hidden[n, k] by t sum_v max_k |w[v, k]|, d bias[v] by t N. Found on the CPU: an
+    honest float32 path (fused-torch, fp32-tiny at temperature 0.45, where whole vocabulary rows sit at
+    1e-45-1e-42) missed the former floor of two subnormal steps in 3 of ~153 workload runs: 0 for
+    -2.4e-44, 3.07e-43 for 3.40e-43. At seed shapes the floor is ~1e-33: no gradient a trainer can
+    use lies below it."""
+    t = FLUSHED_BELOW.get(dtype, 0.0)
+    if not t:
+        return {}
+    h, w, _ = _flat(x)
+
+    def mass(m: torch.Tensor) -> float:  # sum of the rows' largest magnitudes; non-finite rows count 0
+        return float(torch.nan_to_num(m.abs().amax(-1).to(torch.float64), nan=0.0, posinf=0.0).sum())
+
+    return {"weight": t * mass(h), "hidden": t * mass(w), "bias": t * h.shape[0]}
