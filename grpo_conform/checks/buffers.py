@@ -84,6 +84,13 @@ class InputSlot:
         for k, v in self.tensors.items():
             self.pristine[k].copy_(v)
 
+    def publish(self) -> None:
+        """The other direction of `commit`: contents the parent wrote into the pristine copies, copied to the
+        shared buffers (the pristine tensors are only read, so their version counters stay)."""
+        self.version += 1
+        for k, v in self.pristine.items():
+            self.tensors[k].copy_(v)
+
     def write(self, values: dict[str, torch.Tensor]) -> None:
         for k, v in values.items():
             self.tensors[k].copy_(v)

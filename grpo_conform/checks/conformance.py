@@ -270,9 +270,13 @@ class WorkloadConformance:
             x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, values=values, case=case)
             slot.write(x.tensors)
         else:
-            x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, out=slot.tensors,
-                             values=values, case=case)
-            slot.commit()
+            # drawn into the parent's pristine copies, which no implementation maps (the shared buffers can be
+            # written by the worker at any time), then copied out: what the generator computes of the values
+            # it drew is of exactly the judged inputs
+            x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, out=slot.pristine,
+                                 values=values, case=case)
+            slot.publish()
+        self.op.keep_generated(slot.pristine, x)
         # the generator's float64 log-probs of exactly these values (members with old/ref log-probs)
         if self.slot_key(slot) is not None:
             self.refs.seed_logp(self.slot_key(slot), self.model.temperature, getattr(x, "logp", None))

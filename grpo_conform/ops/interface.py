@@ -131,6 +131,12 @@ class Operation(Protocol):
         """Seeded inputs (an object with `.tensors` {name: tensor} and `.covered`); with `out` written in place."""
         ...
 
+    def keep_generated(self, x: Mapping[str, "torch.Tensor"], generated: Any) -> None:
+        """Keep for the reference of input set `x` what the generator computed of exactly its values
+        (`generated`, what `generate` returned). The engine calls it only where the generator wrote into
+        tensors no implementation can write (its pristine copies, or fresh tensors copied into them)."""
+        ...
+
     # -- reference ---------------------------------------------------------------------------------
     def parameters(self, spec: "Spec", values: Mapping[str, Any]) -> Any:
         """The reference's parameter object for these parameter values (declared defaults for the rest)."""

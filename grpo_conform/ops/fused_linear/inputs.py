@@ -37,7 +37,8 @@ import torch
 
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.ops.fused_linear import draws
-from grpo_conform.ops.fused_linear.reference import computed_logprobs_and_lse
+from grpo_conform.ops.fused_linear.reference import generated_row_stats
+from grpo_conform.ops.fused_linear.row_pass import RowPass
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
 from grpo_conform.ops.grpo_logits.generators.masks import classify
 from grpo_conform.ops.grpo_logits.member_inputs import fill_completion_mask, old_logprobs_for
@@ -54,6 +55,11 @@ class Inputs:
     seed: int
     profiles: tuple[str, ...]
     covered: dict[str, list[str]] = field(default_factory=dict)
+    # the row pass the generator made of these values (members with old or reference log-probs; None
+    # otherwise), at `rows_temperature`: the engine keeps it for the judge where the generator wrote into
+    # parent-owned tensors (`GrpoFusedLinear.keep_generated`)
+    rows: Optional[RowPass] = None
+    rows_temperature: float = 1.0
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tensors[name]
@@ -137,11 +143,12 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
         if name in tensors:
             src = tensors[base].detach()
             draws.fill(tensors[name], seed, stream, lambda z, rows, src=src, scale=scale: z.mul_(scale).add_(src[rows]))
-    covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case))
-    return Inputs(tensors, seed, names, covered)
+    found: dict[str, Any] = {}
+    covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case, found))
+    return Inputs(tensors, seed, names, covered, found.get("rows"), found.get("temperature", 1.0))
 
 
-def _member_inputs(spec, resolved, tensors, gen, values, case) -> dict[str, list[str]]:
+def _member_inputs(spec, resolved, tensors, gen, values, case, found: dict) -> dict[str, list[str]]:
     covered: dict[str, list[str]] = {}
     batch, seq = tensors["completion_ids"].shape
     keep = torch.ones(batch, seq, dtype=torch.bool)
@@ -151,7 +158,9 @@ def _member_inputs(spec, resolved, tensors, gen, values, case) -> dict[str, list
     if "old_logprobs" not in tensors and "ref_logprobs" not in tensors:
         return covered
     p = GrpoParameters.from_spec(spec, values)
-    logp = computed_logprobs_and_lse(tensors, p)[0].cpu()  # the shared buffers: never memoised
+    rows = generated_row_stats(tensors, p)
+    found.update(rows=rows, temperature=float(p.temperature))
+    logp = rows.logp.cpu()
     cfg = spec.validation.member_inputs
     if "old_logprobs" in tensors:
         tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen))

@@ -13,7 +13,9 @@ version counter of each (bumped by every in-place write through torch: `InputSlo
 contents into the pristine tensors with `copy_`), their data pointers, shapes, strides and dtypes. The tensors are
 held weakly: a tensor that dies drops its entries, so a new tensor at a reused address never meets an
 old entry. The engine hands the reference only its parent-owned pristine copies (checks/buffers.py),
-which no implementation can write; the implementation's outputs never enter a key or a value. Tensors
+which no implementation can write; the implementation's outputs never enter a key or a value. The
+engine's input generator draws into those pristine copies (`InputSlot.publish` then copies them out), so
+its own row pass is of exactly the judged values and is kept here too (`reference.keep_generated`). Tensors
 without a version counter (inference-mode tensors) are never memoised. The values kept are the ones the
 first computation made, so every later result is bitwise the same as a recomputation.
 

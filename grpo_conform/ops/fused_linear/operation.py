@@ -98,6 +98,12 @@ class GrpoFusedLinear:
                  out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
         return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
 
+    def keep_generated(self, x: Mapping[str, Any], generated) -> None:
+        """The generator's row pass (members with old or reference log-probs) kept for the judge of `x`:
+        one float64 pass over [N, V] fewer for every fresh input set of those members."""
+        if generated.rows is not None:
+            _reference.keep_generated(x, generated.rows_temperature, generated.rows)
+
     #: The timed protocols keep a slot's full draw across the three of them (checks/timed.py `_refresh`):
     #: a timed workload draws 5 full input sets (4 buffer sets and the warm set) instead of 15.
     refresh_spans_protocols = True

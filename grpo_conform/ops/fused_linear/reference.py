@@ -31,6 +31,7 @@ from typing import Iterator, Mapping, Optional
 import torch
 
 from grpo_conform.ops.fused_linear import memo
+from grpo_conform.ops.fused_linear.row_pass import RowPass, flat, logits, operand_roundoff, row_pass, spans
 from grpo_conform.ops.grpo_terms import GrpoParameters, TokenTerms, token_terms
 
 DEFAULT_BUDGET_BYTES = 256 * 2**20
@@ -63,28 +64,6 @@ class Blocks:
         return cls(min(rows, max(1, n_rows)), vchunk)
 
 
-def _spans(total: int, step: int) -> list[tuple[int, int]]:
-    return [(s, min(s + step, total)) for s in range(0, total, step)]
-
-
-def _flat(x: Mapping[str, torch.Tensor], prefix: str = ""):
-    h = x[prefix + "hidden"] if prefix + "hidden" in x else x["hidden"]
-    w = x[prefix + "weight"]
-    b = x.get(prefix + "bias")
-    return h.reshape(-1, h.shape[-1]), w, b
-
-
-def _logits(h: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], v0: int, v1: int, temperature: float,
-            kind: str = "logits"):
-    """float64 logits of rows `h` over vocabulary chunk [v0, v1), divided by `temperature` (one GEMM,
-    counted under `kind` in `memo.COUNTS`)."""
-    memo.count(kind, 2 * h.shape[0] * h.shape[1] * (v1 - v0))
-    z = h @ w[v0:v1].to(torch.float64).T
-    if b is not None:
-        z = z + b[v0:v1].to(torch.float64)
-    return z / temperature
-
-
 def _blocks(x, blocks: Optional[Blocks]) -> Blocks:
     h = x["hidden"]
     return blocks or Blocks.for_budget(h.numel() // h.shape[-1], x["weight"].shape[0], h.shape[-1])
@@ -94,42 +73,37 @@ def logprobs_and_lse(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: O
                      prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """float64 logp [B, T] of the completion ids and the log-sum-exp lse [B*T] of z / T, from
     `{prefix}hidden` (falls back to `hidden`), `{prefix}weight`, `{prefix}bias`; once per input set,
-    temperature and blocks (`memo.py`: the loss, the error model and the gradients all start from it)."""
+    temperature and blocks (`row_stats`)."""
+    rows = row_stats(x, p, blocks, prefix)
+    return rows.logp, rows.lse
+
+
+def row_stats(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None,
+              prefix: str = "") -> RowPass:
+    """The row pass of `x` (`row_pass.py`: logp, lse and the error model's row statistics for the operands'
+    dtype) once per input set, temperature and blocks (`memo.py`: the loss, the error model and the
+    gradients all start from it)."""
     blocks = _blocks(x, blocks)
     kept = memo.state(x)
-    key = ("lse", prefix, float(p.temperature), blocks)
+    key = ("rows", prefix, float(p.temperature), blocks)
     if key not in kept:
-        kept[key] = computed_logprobs_and_lse(x, p, blocks, prefix)
+        kept[key] = row_pass(x, p.temperature, blocks, prefix, u=operand_roundoff(x, prefix))
     return kept[key]
 
 
-def computed_logprobs_and_lse(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None,
-                              prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    """`logprobs_and_lse` computed afresh, never memoised (the input generator's, on the shared buffers)."""
-    blocks = _blocks(x, blocks)
-    ids = x["completion_ids"]
-    batch, seq = ids.shape
-    h_all, w, b = _flat(x, prefix)
-    flat_ids = ids.reshape(-1).to(torch.int64)
-    n, vocab = h_all.shape[0], w.shape[0]
-    lse = torch.empty(n, dtype=torch.float64, device=h_all.device)
-    target = torch.empty(n, dtype=torch.float64, device=h_all.device)
-    for r0, r1 in _spans(n, blocks.rows):
-        h = h_all[r0:r1].to(torch.float64)
-        c = flat_ids[r0:r1]
-        t = (h * w[c].to(torch.float64)).sum(-1)
-        if b is not None:
-            t = t + b[c].to(torch.float64)
-        target[r0:r1] = t / p.temperature
-        m = torch.full((r1 - r0,), -torch.inf, dtype=torch.float64, device=h.device)
-        s = torch.zeros_like(m)
-        for v0, v1 in _spans(vocab, blocks.vocab):
-            z = _logits(h, w, b, v0, v1, p.temperature, "lse")
-            m_new = torch.maximum(m, z.max(-1).values)
-            s = s * torch.exp(m - m_new) + torch.exp(z - m_new[:, None]).sum(-1)
-            m = m_new
-        lse[r0:r1] = m + torch.log(s)
-    return (target - lse).view(batch, seq), lse
+def generated_row_stats(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> RowPass:
+    """The input generator's row pass (it draws old and reference log-probs from logp): computed afresh, as
+    `row_stats` would compute it, never memoised here; `keep_generated` hands it to the judge."""
+    blocks = _blocks(x, None)
+    return row_pass(x, p.temperature, blocks, u=operand_roundoff(x))
+
+
+def keep_generated(x: Mapping[str, torch.Tensor], temperature: float, rows: RowPass) -> None:
+    """Keep for input set `x` the row pass the generator made of exactly its values. Only for tensors no
+    implementation can write (the engine's pristine copies, or fresh tensors it copied into them), written
+    in full before the generator read them: an implementation's process maps the shared buffers and may
+    write them at any time, so nothing computed from those may stand for the judge's reference."""
+    memo.state(x).setdefault(("rows", "", float(temperature), _blocks(x, None)), rows)
 
 
 def terms(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Optional[Blocks] = None
@@ -149,7 +123,7 @@ def reference_loss(x: Mapping[str, torch.Tensor], p: GrpoParameters, blocks: Opt
 
 def _dlogits(h, w, b, v0, v1, c, g, s, lse, p):
     """d logits of rows x vocab chunk [v0, v1), its elementwise bound s * (onehot + softmax), and the softmax."""
-    prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature, "d-logits") - lse[:, None])
+    prob = torch.exp(logits(h, w, b, v0, v1, p.temperature, "d-logits") - lse[:, None])
     onehot = torch.zeros_like(prob)
     inside = (c >= v0) & (c < v1)
     rows = torch.nonzero(inside).squeeze(-1)
@@ -189,7 +163,7 @@ class _Sweep:
 
     def weight(self) -> Iterator[GradientChunk]:
         x, p, blocks, g, s, lse = self.args
-        h_all, w, b = _flat(x)
+        h_all, w, b = flat(x)
         ids = x["completion_ids"].reshape(-1).to(torch.int64)
         wmax = w.abs().amax(-1).to(torch.float64)
         n, width = h_all.shape
@@ -200,12 +174,12 @@ class _Sweep:
         # error models of these inputs and parameters whose unit sums are not made yet (tolerance.UnitSums):
         # they take this sweep's probabilities
         sums = [u for u in memo.state(x).get(("unit-sums", repr(p), blocks), ()) if u.start(h_all, ids, wmax, blocks)]
-        for v0, v1 in _spans(w.shape[0], blocks.vocab):
+        for v0, v1 in spans(w.shape[0], blocks.vocab):
             acc = torch.zeros(v1 - v0, width, dtype=torch.float64, device=dev)
             bound = torch.zeros(v1 - v0, dtype=torch.float64, device=dev)
             acc_b = torch.zeros(v1 - v0, 1, dtype=torch.float64, device=dev)
             bound_b = torch.zeros(v1 - v0, dtype=torch.float64, device=dev)
-            for r0, r1 in _spans(n, blocks.rows):
+            for r0, r1 in spans(n, blocks.rows):
                 h = h_all[r0:r1].to(torch.float64)
                 dz, dz_bound, prob = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
                 for u in sums:
@@ -225,7 +199,7 @@ class _Sweep:
         for u in sums:
             u.finish()
         self.done["bias"] = bias
-        self.done["hidden"] = [GradientChunk(r0, r1, dh[r0:r1], dh_bound[r0:r1]) for r0, r1 in _spans(n, blocks.rows)]
+        self.done["hidden"] = [GradientChunk(r0, r1, dh[r0:r1], dh_bound[r0:r1]) for r0, r1 in spans(n, blocks.rows)]
 
     def kept(self, name: str, alone) -> Iterator[GradientChunk]:
         """`name`'s chunks from the weight's finished pass; computed by `alone()` where that pass has
@@ -237,14 +211,14 @@ class _Sweep:
 
 
 def _hidden_chunks(x, p, blocks, g, s, lse) -> Iterator[GradientChunk]:
-    h_all, w, b = _flat(x)
+    h_all, w, b = flat(x)
     ids = x["completion_ids"].reshape(-1).to(torch.int64)
     wmax = w.abs().amax(-1).to(torch.float64)  # |weight[v, k]| <= wmax[v] (abs and max are exact in any dtype)
-    for r0, r1 in _spans(h_all.shape[0], blocks.rows):
+    for r0, r1 in spans(h_all.shape[0], blocks.rows):
         h = h_all[r0:r1].to(torch.float64)
         dh = torch.zeros_like(h)
         bound = torch.zeros(r1 - r0, dtype=torch.float64, device=h.device)
-        for v0, v1 in _spans(w.shape[0], blocks.vocab):
+        for v0, v1 in spans(w.shape[0], blocks.vocab):
             dz, dz_bound, _ = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
             memo.count("d-hidden", 2 * (r1 - r0) * h.shape[1] * (v1 - v0))
             dh += dz @ w[v0:v1].to(torch.float64)
@@ -254,13 +228,13 @@ def _hidden_chunks(x, p, blocks, g, s, lse) -> Iterator[GradientChunk]:
 
 def _weight_chunks(x, p, blocks, g, s, lse, weight: bool) -> Iterator[GradientChunk]:
     """d weight (`weight` True) or d bias, over vocabulary chunks, accumulated over row blocks."""
-    h_all, w, b = _flat(x)
+    h_all, w, b = flat(x)
     ids = x["completion_ids"].reshape(-1).to(torch.int64)
-    for v0, v1 in _spans(w.shape[0], blocks.vocab):
+    for v0, v1 in spans(w.shape[0], blocks.vocab):
         width = h_all.shape[1] if weight else 1
         acc = torch.zeros(v1 - v0, width, dtype=torch.float64, device=h_all.device)
         bound = torch.zeros(v1 - v0, dtype=torch.float64, device=h_all.device)
-        for r0, r1 in _spans(h_all.shape[0], blocks.rows):
+        for r0, r1 in spans(h_all.shape[0], blocks.rows):
             h = h_all[r0:r1].to(torch.float64)
             dz, dz_bound, _ = _dlogits(h, w, b, v0, v1, ids[r0:r1], g[r0:r1], s[r0:r1], lse[r0:r1], p)
             if weight:

@@ -46,11 +46,10 @@ import torch
 
 from grpo_conform.ops.fused_linear import memo
 from grpo_conform.ops.fused_linear.moves import coefficient_moves
-from grpo_conform.ops.fused_linear.reference import Blocks, _blocks, _flat, _logits, _spans, logprobs_and_lse
+from grpo_conform.ops.fused_linear.reference import Blocks, _blocks, logprobs_and_lse, row_stats
+from grpo_conform.ops.fused_linear.row_pass import FP32_U, UNIT_ROUNDOFF, flat, logits, row_pass, spans
 from grpo_conform.ops.grpo_terms import GrpoParameters
 
-UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24}
-FP32_U = 2.0**-24
 # below the normal range of float32 and bfloat16 (the same exponent range) GEMMs flush operands and results
 # to zero (GPUs' ftz, CPUs' DAZ/FTZ in BLAS): each d logits term may lose all of itself up to this value.
 # float16 keeps its subnormals (tensor cores): rounding there is within the spec's own floor.
@@ -138,7 +137,7 @@ class UnitSums(Mapping):
         a = self._args[3]
         n, vocab = h_all.shape[0], wmax.shape[0]
         hid = torch.zeros(n, dtype=torch.float64, device=h_all.device)
-        for r0, r1 in _spans(n, blocks.rows):
+        for r0, r1 in spans(n, blocks.rows):
             hid[r0:r1] += a[r0:r1] * wmax[ids[r0:r1]]
         self._fill = (hid, torch.zeros(vocab, dtype=torch.float64, device=h_all.device),
                       torch.zeros(vocab, dtype=torch.float64, device=h_all.device))
@@ -169,53 +168,41 @@ class UnitSums(Mapping):
             self._sums, self._fill = self._fill, None
 
 
-def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks, lse: torch.Tensor):
-    """(E_r = max_v e[r, v] / T, d_r the log-prob error bound) per flattened row."""
-    h_all, w, b = _flat(x, prefix)
-    ids = x["completion_ids"].reshape(-1).to(torch.int64)
-    acc = math.sqrt(h_all.shape[1]) * FP32_U
-    wnorm = w.to(torch.float64).norm(dim=-1)
-    n = h_all.shape[0]
-    emax = torch.zeros(n, dtype=torch.float64, device=h_all.device)
-    zmax = torch.zeros(n, dtype=torch.float64, device=h_all.device)
-    d = torch.zeros(n, dtype=torch.float64, device=h_all.device)
-    for r0, r1 in _spans(n, blocks.rows):
-        h = h_all[r0:r1].to(torch.float64)
-        hn = h.norm(dim=-1)
-        c = ids[r0:r1]
-        for v0, v1 in _spans(w.shape[0], blocks.vocab):
-            z = _logits(h, w, b, v0, v1, 1.0, "row-errors")
-            e = u * z.abs() + acc * hn[:, None] * wnorm[None, v0:v1]
-            prob = torch.exp(z / p.temperature - lse[r0:r1, None])
-            emax[r0:r1] = torch.maximum(emax[r0:r1], e.max(-1).values)
-            zmax[r0:r1] = torch.maximum(zmax[r0:r1], z.abs().max(-1).values)
-            rows = torch.nonzero((c >= v0) & (c < v1)).squeeze(-1)
-            contrib = prob * e
-            # the completion token's column counts with weight (1 - p_c) instead of p_c
-            contrib[rows, c[rows] - v0] = (1.0 - prob[rows, c[rows] - v0]) * e[rows, c[rows] - v0]
-            d[r0:r1] += contrib.sum(-1)
+def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks):
+    """(E_r = max_v e[r, v] / T, d_r the log-prob error bound) per flattened row: the statistics the
+    memoised row pass made on its way (`reference.row_stats`), or, for a roundoff other than the
+    operands' own, a pass of their own (`row_pass.py` says how both are computed)."""
+    rows = row_stats(x, p, blocks, prefix)
+    errors = rows.errors
+    if errors is None or errors.u != u:
+        kept = memo.state(x)
+        key = ("row-errors", prefix, float(p.temperature), blocks, u)
+        if key not in kept:
+            kept[key] = row_pass(x, p.temperature, blocks, prefix, u=u, kind="row-errors").errors
+        errors = kept[key]
+    vocab = flat(x, prefix)[1].shape[0]
     # the implementation's own fp32 log-softmax: about 2 u32 (1 + max|z|/T + ln V) on every log-prob
-    softmax = 2.0 * FP32_U * (1.0 + zmax / p.temperature + math.log(w.shape[0]))
-    return emax / p.temperature + softmax, d / p.temperature + softmax
+    softmax = 2.0 * FP32_U * (1.0 + errors.zmax / p.temperature + math.log(vocab))
+    return errors.emax / p.temperature + softmax, errors.d / p.temperature + softmax
 
 
 def _unit_sums(x, p: GrpoParameters, blocks: Blocks, lse: torch.Tensor, a: torch.Tensor):
     """(hidden rows' a_r K_r, weight rows' sum_r a_r (onehot + p) hmax_r, the same without hmax for bias)."""
-    h_all, w, b = _flat(x)
+    h_all, w, b = flat(x)
     ids = x["completion_ids"].reshape(-1).to(torch.int64)
     wmax = w.abs().amax(-1).to(torch.float64)
     n, vocab = h_all.shape[0], w.shape[0]
     hid = torch.zeros(n, dtype=torch.float64, device=h_all.device)
     wt = torch.zeros(vocab, dtype=torch.float64, device=h_all.device)
     bs = torch.zeros(vocab, dtype=torch.float64, device=h_all.device)
-    for r0, r1 in _spans(n, blocks.rows):
+    for r0, r1 in spans(n, blocks.rows):
         h = h_all[r0:r1].to(torch.float64)
         hmax = h.abs().amax(-1)
         ar = a[r0:r1]
         c = ids[r0:r1]
         hid[r0:r1] += ar * wmax[c]
-        for v0, v1 in _spans(vocab, blocks.vocab):
-            prob = torch.exp(_logits(h, w, b, v0, v1, p.temperature, "unit-sums") - lse[r0:r1, None])
+        for v0, v1 in spans(vocab, blocks.vocab):
+            prob = torch.exp(logits(h, w, b, v0, v1, p.temperature, "unit-sums") - lse[r0:r1, None])
             hid[r0:r1] += ar * (prob @ wmax[v0:v1])
             wt[v0:v1] += (ar * hmax) @ prob
             bs[v0:v1] += ar @ prob
@@ -239,12 +226,12 @@ def gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str,
 def _gemm_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters, dtype: str, blocks: Blocks) -> GemmAllowance:
     u = UNIT_ROUNDOFF[dtype]
     logp, lse = logprobs_and_lse(x, p, blocks)
-    emax, d = _row_errors(x, p, u, "", blocks, lse)
+    emax, d = _row_errors(x, p, u, "", blocks)
     batch, seq = x["completion_ids"].shape
     terms_x = dict(x)
     if "ref_weight" in x:
-        ref, ref_lse = logprobs_and_lse(x, p, blocks, prefix="ref_")
-        _, d_ref = _row_errors(x, p, u, "ref_", blocks, ref_lse)
+        ref, _ = logprobs_and_lse(x, p, blocks, prefix="ref_")
+        _, d_ref = _row_errors(x, p, u, "ref_", blocks)
         d = d + d_ref
         terms_x["ref_logprobs"] = ref
     grid = d.view(batch, seq)
@@ -269,7 +256,7 @@ def _underflow(x: Mapping[str, torch.Tensor], dtype: str) -> dict[str, float]:
     t = FLUSHED_BELOW.get(dtype, 0.0)
     if not t:
         return {}
-    h, w, _ = _flat(x)
+    h, w, _ = flat(x)
 
     def mass(m: torch.Tensor) -> float:  # sum of the rows' largest magnitudes; non-finite rows count 0
         return float(torch.nan_to_num(m.abs().amax(-1).to(torch.float64), nan=0.0, posinf=0.0).sum())

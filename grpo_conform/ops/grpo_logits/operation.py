@@ -49,6 +49,10 @@ class GrpoLogits:
                  out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
         return generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
 
+    def keep_generated(self, x: Mapping[str, Any], generated) -> None:
+        """Nothing here: the generator's log-probs (`Inputs.logp`) go to the engine's reference cache by slot
+        (`reference_cache.seed_logp`)."""
+
     def refresh(self, tensors: dict, rng) -> None:
         """Timed refreshes: new bytes in place, every derived relation kept (`inputs.refresh_in_place`);
         the offset comes from the timed run's OS-seeded `rng`."""
