@@ -573,7 +573,9 @@ PY
     ;;
   round32x)  # issue 32, next: where the b2 forward's 0.2 ms over the GEMM goes (benchmarks/fused_profile.py: kernel
              # durations and the GPU's idle gaps inside a call, ours staged and pipelined, compose, the bare GEMM;
-             # ~1 min), then the three fused cells round32t-w left untimed, at the same folder identity (~4 min)
+             # ~1 min), then the three fused cells round32t-w left untimed, at the same folder identity (~4 min); their
+             # phases are the first H200 measure of the one-row-pass reference (docs/fused-kernel.md, "One row pass
+             # per input set": the judge's share, against round32t's 615 of the slots' seconds)
     timeout -s KILL 150 python3 benchmarks/fused_profile.py --batches 2 4 --reps 10 --out "$R/fused-profile.json" \
       > "$R/fused-profile.log" 2>&1
     status "fused_profile b2 b4: exit $?"; cat "$R/fused-profile.log" | cut -c1-200
