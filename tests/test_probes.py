@@ -204,3 +204,32 @@ def test_trainer_shaped_advantages_sum_to_zero_per_group_and_are_never_all_zero(
             assert bool((a != 0).any()), (seed, batch)
             zero_groups += int((a.view(-1, group) == 0).all(-1).sum())
     assert zero_groups > 0  # tied groups beside the first stay possible (batch 8: two groups of 4)
+
+
+def test_repeated_calls_make_two_worker_requests_a_call(monkeypatch):
+    """The hundred repeated calls ask the worker for forward, then backward and export in one request, as every
+    other call does (a request costs ~10 ms on the H200 host; they were three, 2,000 requests more for the
+    twenty members of implementations/triton)."""
+    from collections import Counter
+    from pathlib import Path
+
+    from grpo_conform.check import CheckRequest, run_check
+    from grpo_conform.checks.patterns import REPEATED_CALLS
+    from grpo_conform.isolation.session import WorkerSession
+
+    root = Path(__file__).resolve().parent.parent
+    asked = []
+    request = WorkerSession.request
+
+    def counted(self, timeout=None, **msg):
+        label = str(msg.get("call") or "/".join(msg.get("calls") or ()))
+        if label.startswith("RC"):
+            asked.append(msg.get("op"))
+        return request(self, timeout, **msg)
+
+    monkeypatch.setattr(WorkerSession, "request", counted)
+    report = run_check(CheckRequest((str(root / "implementations" / "pytorch"),), device="cpu", members=("token-is",),
+                                    workloads=("odd-vocab",), checks=("repeated-calls",), jobs=1))
+    outcomes = {o.check: o.status for w in report.implementations[0].members[0].workloads for o in w.outcomes}
+    assert outcomes["repeated-calls"] == "pass"
+    assert Counter(asked) == {"forward": REPEATED_CALLS, "backward": REPEATED_CALLS}

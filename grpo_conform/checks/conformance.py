@@ -369,7 +369,7 @@ class WorkloadConformance:
             self.kept.append(Kept(label, self.fingerprint(out)))
         return {"report": report, "kept": keep}
 
-    def _backward_export(self, label: str, slot: InputSlot, out: OutputSlot, checks: tuple[str, ...], fwd: dict,
+    def backward_export(self, label: str, slot: InputSlot, out: OutputSlot, checks: tuple[str, ...], fwd: dict,
                          upstream: float, method: str, poison: str | None,
                          keep: bool | None) -> tuple[dict[str, str], dict] | None:
         """`backward` then `export` of one call in one round trip (a worker request costs ~10 ms on the
@@ -396,7 +396,7 @@ class WorkloadConformance:
         fwd = self.forward(label, slot, checks, leaf=leaf, poison=poison, only=only)
         if fwd is None:
             return None
-        done = self._backward_export(label, slot, out, checks, fwd, upstream, method, poison, keep)
+        done = self.backward_export(label, slot, out, checks, fwd, upstream, method, poison, keep)
         if done is None:
             return None
         skipped, exported = done
