@@ -4,7 +4,8 @@ Always on and cheap (two perf_counter calls a phase): `check --format json` carr
 `phases`, and `check --profile-phases` prints them. Phases nest; each second is counted once, in the
 innermost phase open at the time (`exclusive`), so the phases and `other` add up to the run's wall
 time. Probes are counted apart, inclusive (`probes`: every second spent inside that probe, its
-round trips and judging included), as are workloads.
+round trips and judging included), as are workloads, and each probe within each workload
+(`probe_workloads`, "probe @ workload": where a workload's seconds went, e.g. a member's first workload).
 
 Parent-side GPU work is asynchronous: its time lands in the phase that waits for it, the judging's
 `float()` reads in `judge`, the synchronize before each message in `worker`.
@@ -51,6 +52,8 @@ class PhaseClock:
         self.counts: dict[str, int] = {}
         self.probes: dict[str, float] = {}
         self.workloads: dict[str, float] = {}
+        self.probe_workloads: dict[str, float] = {}
+        self._workload: str | None = None  # the workload whose inclusive clock is open
         self._stack: list[list[Any]] = []  # [name, time the innermost phase last resumed]
         self._started = time.perf_counter()
 
@@ -94,11 +97,20 @@ class PhaseClock:
     @contextmanager
     def inclusive(self, table: str, key: str) -> Iterator[None]:
         start = time.perf_counter()
+        outer = self._workload
+        if table == "workloads":
+            self._workload = key
         try:
             yield
         finally:
+            spent = time.perf_counter() - start
             totals = getattr(self, table)
-            totals[key] = totals.get(key, 0.0) + time.perf_counter() - start
+            totals[key] = totals.get(key, 0.0) + spent
+            if table == "workloads":
+                self._workload = outer
+            elif table == "probes" and self._workload is not None:
+                both = f"{key} @ {self._workload}"
+                self.probe_workloads[both] = self.probe_workloads.get(both, 0.0) + spent
 
     def to_json(self) -> dict[str, Any]:
         wall = time.perf_counter() - self._started
@@ -106,7 +118,9 @@ class PhaseClock:
         exclusive["other"] = round(max(0.0, wall - sum(self.exclusive.values())), 3)
         return {"wall_s": round(wall, 3), "exclusive_s": exclusive, "counts": dict(self.counts),
                 "probes_s": {k: round(v, 3) for k, v in sorted(self.probes.items(), key=lambda kv: -kv[1])},
-                "workloads_s": {k: round(v, 3) for k, v in self.workloads.items()}}
+                "workloads_s": {k: round(v, 3) for k, v in self.workloads.items()},
+                "probe_workloads_s": {k: round(v, 3) for k, v in
+                                      sorted(self.probe_workloads.items(), key=lambda kv: -kv[1])}}
 
 
 def _device_sync():
@@ -119,6 +133,8 @@ def _device_sync():
     return sync
 
 
+TOP_PAIRS = 15  # (probe, workload) pairs --profile-phases prints; the JSON holds them all
+
 #: The process's clock: one check run at a time per process (slots are processes of their own).
 PHASES = PhaseClock()
 
@@ -126,7 +142,7 @@ PHASES = PhaseClock()
 def add(into: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     """Sum two `to_json` results (the slots of --jobs/--gpus); wall_s is the largest slot's."""
     out = {"wall_s": max(into.get("wall_s", 0.0), part.get("wall_s", 0.0))}
-    for key in ("exclusive_s", "counts", "probes_s", "workloads_s"):
+    for key in ("exclusive_s", "counts", "probes_s", "workloads_s", "probe_workloads_s"):
         merged = dict(into.get(key, {}))
         for k, v in (part.get(key) or {}).items():
             merged[k] = round(merged.get(k, 0) + v, 3)
@@ -148,4 +164,8 @@ def render(phases: dict[str, Any]) -> str:
     lines += [f"  {k:<20} {v:9.2f} s" for k, v in phases.get("probes_s", {}).items()]
     lines.append("workloads:")
     lines += [f"  {k:<40} {v:9.2f} s" for k, v in phases.get("workloads_s", {}).items()]
+    pairs = sorted((phases.get("probe_workloads_s") or {}).items(), key=lambda kv: -kv[1])
+    if pairs:
+        lines.append(f"probes by workload (the {min(TOP_PAIRS, len(pairs))} largest of {len(pairs)}):")
+        lines += [f"  {k:<60} {v:9.2f} s" for k, v in pairs[:TOP_PAIRS]]
     return "\n".join(lines)

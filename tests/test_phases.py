@@ -30,6 +30,27 @@ def test_nested_phases_count_each_second_once():
     assert "judge" in render(out) and "baseline" in render(out)
 
 
+def test_probe_seconds_are_also_kept_per_workload():
+    """A member's first workload can cost several times its others (the fused check on the H200: 52-63 s
+    at seed-b2, 5-17 s at seed-b4); the per-probe totals alone do not say which probe pays it."""
+    clock = PhaseClock()
+    with clock.inclusive("workloads", "impl m w1"):
+        with clock.inclusive("probes", "upstream"):
+            time.sleep(0.02)
+    with clock.inclusive("probes", "timing"):  # outside any workload: in the totals only
+        time.sleep(0.005)
+    with clock.inclusive("workloads", "impl m w2"):
+        with clock.inclusive("probes", "upstream"):
+            time.sleep(0.005)
+    pairs = clock.to_json()["probe_workloads_s"]
+    assert set(pairs) == {"upstream @ impl m w1", "upstream @ impl m w2"}
+    assert list(pairs)[0] == "upstream @ impl m w1" and pairs["upstream @ impl m w1"] >= 0.02
+    assert clock.to_json()["probes_s"]["timing"] >= 0.005
+    both = add(clock.to_json(), clock.to_json())
+    assert both["probe_workloads_s"]["upstream @ impl m w2"] >= 0.01
+    assert "upstream @ impl m w1" in render(clock.to_json())
+
+
 def test_the_json_report_carries_the_phases():
     report = run_check(CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu", deadline=1e-9))
     phases = report.to_json()["phases"]
