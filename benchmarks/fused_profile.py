@@ -91,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[2])
     ap.add_argument("--member", default="offpolicy-mask")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rotate", type=int, default=1, help="also time ours and the GEMM over this many input sets "
+                    "in turn, as the validator's timing rotates its buffer sets (1: off)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -113,6 +115,14 @@ def main(argv=None) -> int:
             "ours (staged)": lambda f=ours_loss(x, p, settings())[0]: f(lv),
             "ours (pipelined)": lambda f=ours_loss(x, p, settings(forward_sweep="pipelined"))[0]: f(lv),
         }
+        if args.rotate > 1:  # the validator's timing: fresh inputs every call, over buffer sets in turn
+            sets = [x] + [make_inputs(batch, 1024, 4096, 128256, args.member, "cuda", seed=k) for k in range(1, args.rotate)]
+            losses = [ours_loss(xs, p, settings())[0] for xs in sets]
+            turn = iter(range(1 << 30))
+            variants[f"gemm, {args.rotate} sets"] = lambda: (
+                lambda xs: torch.mm(xs["hidden"].view(-1, 4096), xs["weight"].t()))(sets[next(turn) % len(sets)])
+            variants[f"ours (staged), {args.rotate} sets"] = lambda: (
+                lambda k: losses[k]({"hidden": sets[k]["hidden"], "weight": sets[k]["weight"]}))(next(turn) % len(sets))
         with torch.no_grad():
             for name, fn in variants.items():
                 r = results[f"b{batch} {name}"] = profile(fn, args.reps, flush)
