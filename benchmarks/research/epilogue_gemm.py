@@ -146,7 +146,18 @@ TMA_CONFIGS = [  # (BM, BN, BK, stages, warps, warp_specialize)
 ]
 
 
-def stats_tma(h, w, ids, inv_temp, cfg, programs=None):
+L2_ROWS_BYTES = 24 << 20  # the hidden rows a group of row blocks holds in L2 (the H100's and H200's L2: 50 MB)
+
+
+def group_rows(m: int, bm: int, k: int, group_m: int | None = None) -> int:
+    """Row blocks walked together for one weight tile: all of them while the hidden rows fit in half the L2
+    (the weight is then read once); past that, as many as fit (the weight is read m / (group x bm) times)."""
+    if group_m:
+        return group_m
+    return max(1, min(triton.cdiv(m, bm), L2_ROWS_BYTES // (bm * k * 2)))
+
+
+def stats_tma(h, w, ids, inv_temp, cfg, programs=None, group_m=None):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bm, bn, bk, stages, warps, ws = cfg
@@ -164,7 +175,7 @@ def stats_tma(h, w, ids, inv_temp, cfg, programs=None):
         programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
     programs = min(programs, tiles)
     _tile_stats_tma_kernel[(programs,)](a_desc, b_desc, ids, pmax, psum, tgt, m, v, k, inv_temp, nt, BM=bm, BN=bn,
-                                        BK=bk, GROUP_M=triton.cdiv(m, bm), NUM_PROGRAMS=programs,
+                                        BK=bk, GROUP_M=group_rows(m, bm, k, group_m), NUM_PROGRAMS=programs,
                                         WARP_SPECIALIZE=ws, num_stages=stages, num_warps=warps)
     lse = torch.empty(m, dtype=torch.float32, device=dev)
     logp = torch.empty_like(lse)
@@ -220,6 +231,9 @@ def main() -> None:
     ap.add_argument("--check-small", action="store_true")
     ap.add_argument("--no-tma", action="store_true", help="only the pointer-based kernel (the first run's)")
     ap.add_argument("--only-tma", action="store_true", help="skip the pointer-based configs")
+    ap.add_argument("--group-m", type=int, nargs="*", help="row blocks per group for the TMA kernel (default: "
+                    "as many as fit L2_ROWS_BYTES)")
+    ap.add_argument("--tma-configs", type=int, default=len(TMA_CONFIGS), help="the first N of TMA_CONFIGS")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.check_small:
@@ -251,13 +265,15 @@ def main() -> None:
                 entry["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             row["configs"].append(entry)
             print(json.dumps({"batch": b, **entry}), flush=True)
-        for cfg in TMA_CONFIGS if not a.no_tma else ():
-            entry = {"cfg": cfg, "kernel": "persistent-tma"}
+        tma_runs = [(cfg, g) for cfg in TMA_CONFIGS[: a.tma_configs] for g in (a.group_m or [None])]
+        for cfg, g in tma_runs if not a.no_tma else ():
+            entry = {"cfg": cfg, "kernel": "persistent-tma", "group_m": group_rows(m, cfg[0], k, g)}
             try:
-                lse, logp = stats_tma(h, w, ids, inv_temp, cfg)
+                lse, logp = stats_tma(h, w, ids, inv_temp, cfg, group_m=g)
                 entry["max_err"] = max((lse[rows].double() - rl).abs().max().item(),
                                        (logp[rows].double() - rp).abs().max().item())
-                entry["stats_ms"] = statistics.median(timed(lambda: stats_tma(h, w, ids, inv_temp, cfg), flush, a.reps))
+                entry["stats_ms"] = statistics.median(timed(lambda: stats_tma(h, w, ids, inv_temp, cfg, group_m=g),
+                                                            flush, a.reps))
             except Exception as e:
                 entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             row["configs"].append(entry)
@@ -267,7 +283,7 @@ def main() -> None:
         if tma:
             best = min(tma, key=lambda c: c["stats_ms"])
             print(f"b{b}: persistent TMA epilogue stats best {best['stats_ms']:.3f} ms ({best['stats_ms'] / cublas:.3f}x "
-                  f"cuBLAS, {best['cfg']}, max err {best['max_err']:.1e})", flush=True)
+                  f"cuBLAS, {best['cfg']}, group {best['group_m']}, max err {best['max_err']:.1e})", flush=True)
         ok = [c for c in row["configs"] if "stats_ms" in c and not c.get("kernel")]
         if ok:
             best = min(ok, key=lambda c: c["stats_ms"])
@@ -275,7 +291,7 @@ def main() -> None:
             print(f"b{b}: cuBLAS GEMM {cublas:.3f} ms; Triton GEMM best {bestg['gemm_ms']:.3f} ms "
                   f"({bestg['gemm_ms'] / cublas:.3f}x, {bestg['cfg']}); epilogue stats best {best['stats_ms']:.3f} ms "
                   f"({best['stats_ms'] / cublas:.3f}x, {best['cfg']}, max err {best['max_err']:.1e})", flush=True)
-        del h, z
+        h = z = None  # freed before the next batch
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
