@@ -21,6 +21,8 @@
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path (rows off 16-byte boundaries): its CUDA tests at
 #                                               # V 50257, then the sweep at V 32000 and 50257 (+ 128256 b8 as
 #                                               # control) with --configs at 32000 and 50257 (<= 5.7 min; carry .whl)
+#   bash benchmarks/h200_evidence.sh sweep36c   # issue 36, next: --configs at V 32000 in bf16 and fp16 over token-is, the
+#                                               # masked token member and GSPO (the rules V 32000 still lacks), ~3 min
 #   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
 #                                               # interpreter twins changed the folder), phases, as far as 300 s go
 #   bash benchmarks/h200_evidence.sh round32s   # issue 32: the staged forward sweep's CUDA tests, fused_bench b2, the fused
@@ -775,6 +777,17 @@ PY
     timeout -s KILL 240 python3 benchmarks/sweep_logits.py --configs --vocab 32000,50257 --control 128256:8 \
       --configs-vocab 32000,50257 --no-launch --budget-s 200 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits V 32000/50257 (+128256 b8) --configs: exit $?"; tail -c 9000 "$R/sweep.log"
+    ;;
+  sweep36c)  # issue 36, next: what V 32000 still lacks (docs/triton-kernel-notes.md, "V 32000 rules on the H200"): fp16
+             # rules and the masked members' 1.23-1.29x. --configs at V 32000 in bf16 and fp16 over token-is, the masked
+             # token member and GSPO (a level's rule is chosen over all of its members), the V 32000 grid beside it,
+             # the seed vocabulary at b8 as control (`--plan` estimates ~80 s of jobs + ~45 s compiled ahead)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 300 python3 benchmarks/sweep_logits.py --configs --vocab 32000 --control 128256:8 \
+      --configs-vocab 32000 --configs-dtypes bfloat16,float16 \
+      --configs-members token-is,token-offpolicy-mask,sequence-offpolicy-mask --no-launch --budget-s 240 \
+      --out "$R/sweep.json" > "$R/sweep.log" 2>&1
+    status "sweep_logits V 32000 (+128256 b8) --configs bf16+fp16, three members: exit $?"; tail -c 9000 "$R/sweep.log"
     ;;
   round24v)  # branch h/v32k (configs.TABLE: V 32000 bf16 off "shipped"; a new triton identity): the rest of the HEAD
               # path's CUDA tests (V 37/51/131, every staged member; round22 ran only V 50257), triton's seed cells at

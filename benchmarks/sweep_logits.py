@@ -118,7 +118,7 @@ def run_configs(job, impl, configs) -> None:
     shape = job["shape"]
     x, ids, adv, old, mask = make_inputs(shape, seed=shape.vocab + shape.batch)
     leaf = x.detach().requires_grad_(True)
-    for member in sp.CONFIG_MEMBERS:
+    for member in job.get("members", sp.CONFIG_MEMBERS):
         level = sp.MEMBERS[member][0]
         kw = member_kwargs(member, ids, adv, old, mask)
         ref, seen = None, {}
@@ -227,9 +227,21 @@ def main() -> int:
     ap.add_argument("--vocab", default="", help="only shapes at these vocabularies (comma-separated)")
     ap.add_argument("--control", default="", help="and the shapes at VOCAB:BATCH (comma-separated pairs)")
     ap.add_argument("--configs-vocab", default="", help="--configs only at these vocabularies")
+    ap.add_argument("--configs-dtypes", default="bfloat16", help="--configs in these dtypes (comma-separated)")
+    ap.add_argument("--configs-members", default=",".join(sp.CONFIG_MEMBERS),
+                    help="--configs times these members' candidates (comma-separated; of the sweep's members)")
     ap.add_argument("--no-launch", action="store_true", help="leave out the launch-bound call")
     args = ap.parse_args()
-    run = select(sp.jobs(args.quick, args.configs, liger=not args.no_liger), Selection.of(args))
+    names = lambda text: tuple(v.strip() for v in text.split(",") if v.strip())  # noqa: E731
+    bad = [d for d in names(args.configs_dtypes) if d not in sp.DTYPES]
+    if bad:
+        ap.error(f"--configs-dtypes: {', '.join(bad)} is not one of {', '.join(sp.DTYPES)}")
+    try:
+        planned = sp.jobs(args.quick, args.configs, liger=not args.no_liger, config_dtypes=names(args.configs_dtypes),
+                          config_members=names(args.configs_members))
+    except ValueError as exc:
+        ap.error(str(exc))
+    run = select(planned, Selection.of(args))
     _impl, configs = load_impl()
     items = sp.prewarm_items(run, for_level(configs)) if args.prewarm else []
     estimate = sp.estimate_total_s(run, args.prewarm, items)

@@ -73,22 +73,33 @@ def shapes(quick: bool = False) -> list[Shape]:
     return out
 
 
-def config_shapes(quick: bool = False) -> list[Shape]:
-    """Where --configs compares launch configurations: bf16, seq 1024, batch 8 at every vocabulary; unless
-    quick also batch 2 at the seed's and the smallest vocabulary (the batch the issue finds at 1.19x)."""
-    out = [Shape(v, 8, 1024, "bfloat16") for v in VOCABS]
-    return out if quick else out + [Shape(v, 2, 1024, "bfloat16") for v in (128256, 32000)]
+def config_shapes(quick: bool = False, dtypes: tuple = ("bfloat16",)) -> list[Shape]:
+    """Where --configs compares launch configurations: seq 1024, batch 8 at every vocabulary; unless quick
+    also batch 2 at the seed's and the smallest vocabulary (the batch the issue finds at 1.19x); in each of
+    `dtypes` (bf16 by default: a rule names its dtype, and fp16's rules need fp16's own measurements)."""
+    out = []
+    for dtype in dtypes:
+        out += [Shape(v, 8, 1024, dtype) for v in VOCABS]
+        out += [] if quick else [Shape(v, 2, 1024, dtype) for v in (128256, 32000)]
+    return out
 
 
-def jobs(quick: bool = False, with_configs: bool = False, liger: bool = True) -> list[dict]:
-    """The run, in order: {"kind": "launch" | "shape" | "configs", "shape": Shape | None}."""
+def jobs(quick: bool = False, with_configs: bool = False, liger: bool = True, config_dtypes: tuple = ("bfloat16",),
+         config_members: tuple = CONFIG_MEMBERS) -> list[dict]:
+    """The run, in order: {"kind": "launch" | "shape" | "configs", "shape": Shape | None}; a configs job
+    also names the members whose candidates it times ("members": token-is and GSPO by default, one per level;
+    a level's rule is chosen over every member of it that ran)."""
+    unknown = [m for m in config_members if m not in MEMBERS]
+    if unknown:
+        raise ValueError(f"--configs-members: {', '.join(unknown)} not in the sweep's members {', '.join(MEMBERS)}")
     main = shapes(quick)
     first = [s for s in main if s.seq == 1024 and s.dtype == "bfloat16"]
     rest = [s for s in main if s not in first]
     out = [{"kind": "launch", "shape": Shape(LAUNCH_BOUND[2], LAUNCH_BOUND[0], LAUNCH_BOUND[1], LAUNCH_BOUND[3])}]
     out += [{"kind": "shape", "shape": s, "liger": liger} for s in first]
     if with_configs:
-        out += [{"kind": "configs", "shape": s} for s in config_shapes(quick)]
+        out += [{"kind": "configs", "shape": s, "members": tuple(config_members)}
+                for s in config_shapes(quick, tuple(config_dtypes))]
     out += [{"kind": "shape", "shape": s, "liger": liger} for s in rest]
     return out
 
@@ -115,7 +126,7 @@ def prewarm_items(run: list[dict], for_level: dict) -> list[tuple]:
     for job in run:
         s = job["shape"]
         if job["kind"] == "configs":
-            items = [(m, c, 0) for m in CONFIG_MEMBERS for c in for_level[(MEMBERS[m][0], s.staged)]]
+            items = [(m, c, 0) for m in job.get("members", CONFIG_MEMBERS) for c in for_level[(MEMBERS[m][0], s.staged)]]
         elif job["kind"] == "shape":
             items = [(m, "shipped", 0) for m in MEMBERS] + [(m, "liger", s.seq) for m in MEMBERS if job.get("liger")]
         else:
@@ -154,7 +165,7 @@ def estimate_s(job: dict, compiled: set, bandwidth: float = 4.2e12, candidates: 
     calls = WARMUP + reps_for(shape) + 2  # + the two calls that size the pre-start spin
     total = 0.3 + shape.logits_bytes * 6 / 1e10  # inputs: logits, old log-probs, copy of the floor
     impls = ("ours", "liger") if job.get("liger", True) and job["kind"] == "shape" else ("ours",)
-    members = CONFIG_MEMBERS if job["kind"] == "configs" else tuple(MEMBERS)
+    members = job.get("members", CONFIG_MEMBERS) if job["kind"] == "configs" else tuple(MEMBERS)
     for member in members:
         level = MEMBERS[member][0]
         for impl in impls:

@@ -79,6 +79,24 @@ def test_prewarm_items_and_buckets():
     assert sp.prewarm_buckets(items, 1) == [items] and sorted(sum(sp.prewarm_buckets(items, 2), [])) == sorted(items)
 
 
+def test_configs_can_cover_fp16_and_the_masked_member():
+    """V 32000 kept the shipped launch in fp16 and for the masked members (rules measured in bf16 on token-is
+    and GSPO only): --configs-dtypes and --configs-members put them in the comparison, and every count (the
+    estimate, the kernel sets compiled ahead) follows the members a job names."""
+    for_level = _configs()[0].FOR_LEVEL
+    default = [j for j in sp.jobs(with_configs=True) if j["kind"] == "configs"]
+    assert {j["shape"].dtype for j in default} == {"bfloat16"} and all(j["members"] == sp.CONFIG_MEMBERS for j in default)
+    three = ("token-is", "token-offpolicy-mask", "sequence-offpolicy-mask")
+    wide = [j for j in sp.jobs(with_configs=True, config_dtypes=("bfloat16", "float16"), config_members=three)
+            if j["kind"] == "configs"]
+    assert len(wide) == 2 * len(default) and {j["shape"].dtype for j in wide} == {"bfloat16", "float16"}
+    assert {(i[2], i[1]) for i in sp.prewarm_items(wide, for_level)} == {(m, d) for m in three for d in ("bfloat16", "float16")}
+    job = wide[0]
+    assert sp.estimate_s(job, set()) > sp.estimate_s({**job, "members": sp.CONFIG_MEMBERS}, set())
+    with pytest.raises(ValueError, match="token-x"):
+        sp.jobs(with_configs=True, config_members=("token-x",))
+
+
 def test_estimates_count_compiles_once_and_big_shapes_cost_more():
     compiled: set = set()
     big = {"kind": "shape", "shape": sp.Shape(262144, 16, 1024, "bfloat16"), "liger": True}
