@@ -35,6 +35,10 @@ def main(path: str) -> None:
                     print("    memory", w.get("workload"), draws.get("cuda_allocated_after"), held[:4])
     print("wall_s", phases.get("wall_s"), "counts", phases.get("counts"))
     print("probes_s", {k: round(v, 1) for k, v in list(phases.get("probes_s", {}).items())[:10]})
+    pairs = phases.get("probe_workloads_s") or {}  # since 2b7aab7: each probe's seconds per workload
+    if pairs:
+        top = sorted(pairs.items(), key=lambda kv: -kv[1])[:8]
+        print("largest probe @ workload", {k: round(v, 1) for k, v in top})
 
 
 if __name__ == "__main__":

@@ -146,6 +146,8 @@ def add(into: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
         merged = dict(into.get(key, {}))
         for k, v in (part.get(key) or {}).items():
             merged[k] = round(merged.get(k, 0) + v, 3)
+        if key == "probe_workloads_s":  # largest first, as one clock writes them
+            merged = dict(sorted(merged.items(), key=lambda kv: -kv[1]))
         out[key] = merged
     return out
 

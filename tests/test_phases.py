@@ -48,6 +48,12 @@ def test_probe_seconds_are_also_kept_per_workload():
     assert clock.to_json()["probes_s"]["timing"] >= 0.005
     both = add(clock.to_json(), clock.to_json())
     assert both["probe_workloads_s"]["upstream @ impl m w2"] >= 0.01
+    other = PhaseClock()
+    with other.inclusive("workloads", "impl m w3"):
+        with other.inclusive("probes", "baseline"):
+            time.sleep(0.03)
+    merged = add(clock.to_json(), other.to_json())  # slots merged: still largest first
+    assert list(merged["probe_workloads_s"])[0] == "baseline @ impl m w3"
     assert "upstream @ impl m w1" in render(clock.to_json())
 
 
