@@ -21,6 +21,8 @@
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path (rows off 16-byte boundaries): its CUDA tests at
 #                                               # V 50257, then the sweep at V 32000 and 50257 (+ 128256 b8 as
 #                                               # control) with --configs at 32000 and 50257 (<= 5.7 min; carry .whl)
+#   bash benchmarks/h200_evidence.sh round32y   # issue 32, next (~3 min, no records): the ceiling GEMM on its own operands
+#                                               # against the workload's, the research epilogue forward beside ours
 #   bash benchmarks/h200_evidence.sh sweep36c   # issue 36, next: --configs at V 32000 in bf16 and fp16 over token-is, the
 #                                               # masked token member and GSPO (the rules V 32000 still lacks), ~3 min
 #   bash benchmarks/h200_evidence.sh round14a   # round 14: the default check of triton at its new identity (the
@@ -777,6 +779,21 @@ PY
     timeout -s KILL 240 python3 benchmarks/sweep_logits.py --configs --vocab 32000,50257 --control 128256:8 \
       --configs-vocab 32000,50257 --no-launch --budget-s 200 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits V 32000/50257 (+128256 b8) --configs: exit $?"; tail -c 9000 "$R/sweep.log"
+    ;;
+  round32y)  # issue 32, next (~3 min): does the GEMM ceiling's time depend on its operands' values (research/
+             # gemm_operands.py: the forward's 1.075-1.082x under the validator against 1.049x by kernel spans); the
+             # research epilogue forward beside ours (fused_profile --epilogue); the epilogue kernel's row-block groups
+             # at b8/b16 (research/epilogue_gemm.py --group-m). No records.
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 120 python3 benchmarks/research/gemm_operands.py --workload seed-b2 --rounds 3 \
+      --out "$R/gemm-operands.json" > "$R/gemm-operands.log" 2>&1
+    status "gemm_operands seed-b2: exit $?"; tail -6 "$R/gemm-operands.log"
+    timeout -s KILL 150 python3 benchmarks/fused_profile.py --batches 2 4 --reps 10 --epilogue \
+      --out "$R/fused-profile-epilogue.json" > "$R/fused-profile-epilogue.log" 2>&1
+    status "fused_profile --epilogue b2 b4: exit $?"; grep -v "^ \|Warn\|warn" "$R/fused-profile-epilogue.log" | cut -c1-160
+    timeout -s KILL 150 python3 benchmarks/research/epilogue_gemm.py --batches 8 16 --only-tma --tma-configs 2 \
+      --group-m 8 16 24 32 --out "$R/epilogue-groups.json" > "$R/epilogue-groups.log" 2>&1
+    status "epilogue_gemm b8 b16 groups: exit $?"; grep "^b" "$R/epilogue-groups.log"
     ;;
   sweep36c)  # issue 36, next: what V 32000 still lacks (docs/triton-kernel-notes.md, "V 32000 rules on the H200"): fp16
              # rules and the masked members' 1.23-1.29x. --configs at V 32000 in bf16 and fp16 over token-is, the masked
