@@ -92,7 +92,9 @@ EPILOGUE_CFG = (128, 256, 64, 3, 8, True)  # research/epilogue_gemm.py's fastest
 def epilogue_loss(x, p, cfg=EPILOGUE_CFG):
     """Issue 32's forward-only by the research kernel: log-probs from the logits GEMM's epilogue
     (benchmarks/research/epilogue_gemm.py, the logits never written), then the member's terms in torch."""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "research"))
+    research = str(ROOT / "benchmarks" / "research")
+    if research not in sys.path:
+        sys.path.insert(0, research)
     from epilogue_gemm import stats_tma
 
     ids = x["completion_ids"].reshape(-1)

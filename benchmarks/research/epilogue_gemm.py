@@ -19,25 +19,44 @@ import triton.language as tl
 
 
 @triton.jit
+def _tile_of(tile, M, V, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, vocabulary block) of a tile number: GROUP_M row blocks walked together per weight tile."""
+    num_n = tl.cdiv(V, BN)
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    size_m = tl.minimum(tl.cdiv(M, BM) - first_m, GROUP_M)
+    return first_m + (tile % per_group) % size_m, (tile % per_group) // size_m
+
+
+@triton.jit
+def _tile_epilogue(z, pid_m, pid_n, ids_ptr, pmax_ptr, psum_ptr, tgt_ptr, M, V, NT, BM: tl.constexpr,
+                   BN: tl.constexpr):
+    """A tile's scaled logits z [BM, BN] -> its rows' (max, sum of exp) at column pid_n of the partials, and the
+    target logit of each row whose target column lies in the tile."""
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    row_ok = rows < M
+    z = tl.where((cols < V)[None, :], z, float("-inf"))
+    mx = tl.max(z, 1)
+    s = tl.sum(tl.exp(z - mx[:, None]), 1)
+    tl.store(pmax_ptr + rows * NT + pid_n, mx, mask=row_ok)
+    tl.store(psum_ptr + rows * NT + pid_n, s, mask=row_ok)
+    ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
+    t = tl.sum(tl.where(cols[None, :] == ids[:, None], z, 0.0), 1)
+    mine = (ids >= pid_n * BN) & (ids < pid_n * BN + BN)
+    tl.store(tgt_ptr + rows, t, mask=row_ok & mine)
+
+
+@triton.jit
 def _tile_stats_kernel(h_ptr, w_ptr, ids_ptr, pmax_ptr, psum_ptr, tgt_ptr, M, V, K, stride_h, stride_w, inv_temp,
                        NT, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                        WRITE_Z: tl.constexpr, z_ptr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(V, BN)
-    per_group = GROUP_M * num_n
-    group = pid // per_group
-    first_m = group * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = _tile_of(tl.program_id(0), M, V, BM, BN, GROUP_M)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
-    rows_c = rows % M  # clamped: loads never leave the tensors, the epilogue masks
-    cols_c = cols % V
     ks = tl.arange(0, BK)
-    a_ptrs = h_ptr + rows_c[:, None] * stride_h + ks[None, :]
-    b_ptrs = w_ptr + cols_c[None, :] * stride_w + ks[:, None]
+    a_ptrs = h_ptr + (rows % M)[:, None] * stride_h + ks[None, :]  # clamped: loads never leave the tensors,
+    b_ptrs = w_ptr + (cols % V)[None, :] * stride_w + ks[:, None]  # the epilogue masks
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for _ in range(0, K // BK):
         a = tl.load(a_ptrs)
@@ -46,20 +65,11 @@ def _tile_stats_kernel(h_ptr, w_ptr, ids_ptr, pmax_ptr, psum_ptr, tgt_ptr, M, V,
         a_ptrs += BK
         b_ptrs += BK
     z = acc * inv_temp
-    row_ok = rows < M
     if WRITE_Z:  # the plain GEMM (logits written), for Triton's own rate against cuBLAS
         tl.store(z_ptr + rows[:, None] * V + cols[None, :], z.to(z_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & (cols[None, :] < V))
+                 mask=(rows < M)[:, None] & (cols[None, :] < V))
     else:
-        z = tl.where((cols < V)[None, :], z, float("-inf"))
-        mx = tl.max(z, 1)
-        s = tl.sum(tl.exp(z - mx[:, None]), 1)
-        tl.store(pmax_ptr + rows * NT + pid_n, mx, mask=row_ok)
-        tl.store(psum_ptr + rows * NT + pid_n, s, mask=row_ok)
-        ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
-        t = tl.sum(tl.where(cols[None, :] == ids[:, None], z, 0.0), 1)
-        mine = (ids >= pid_n * BN) & (ids < pid_n * BN + BN)
-        tl.store(tgt_ptr + rows, t, mask=row_ok & mine)
+        _tile_epilogue(z, pid_m, pid_n, ids_ptr, pmax_ptr, psum_ptr, tgt_ptr, M, V, NT, BM, BN)
 
 
 @triton.jit
@@ -68,33 +78,15 @@ def _tile_stats_tma_kernel(a_desc, b_desc, ids_ptr, pmax_ptr, psum_ptr, tgt_ptr,
                            NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """Persistent: NUM_PROGRAMS programs walk the tiles; operands through TMA descriptors (Hopper's bulk
     copies), the same epilogue as `_tile_stats_kernel`."""
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(V, BN)
-    tiles = num_m * num_n
-    per_group = GROUP_M * num_n
+    tiles = tl.cdiv(M, BM) * tl.cdiv(V, BN)
     for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
-        group = tile // per_group
-        first_m = group * GROUP_M
-        size_m = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % per_group) % size_m
-        pid_n = (tile % per_group) // size_m
+        pid_m, pid_n = _tile_of(tile, M, V, BM, BN, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for ki in range(0, tl.cdiv(K, BK)):
             a = a_desc.load([pid_m * BM, ki * BK])
             b = b_desc.load([pid_n * BN, ki * BK])
             acc = tl.dot(a, b.T, acc)
-        rows = pid_m * BM + tl.arange(0, BM)
-        cols = pid_n * BN + tl.arange(0, BN)
-        row_ok = rows < M
-        z = tl.where((cols < V)[None, :], acc * inv_temp, float("-inf"))
-        mx = tl.max(z, 1)
-        s = tl.sum(tl.exp(z - mx[:, None]), 1)
-        tl.store(pmax_ptr + rows * NT + pid_n, mx, mask=row_ok)
-        tl.store(psum_ptr + rows * NT + pid_n, s, mask=row_ok)
-        ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
-        t = tl.sum(tl.where(cols[None, :] == ids[:, None], z, 0.0), 1)
-        mine = (ids >= pid_n * BN) & (ids < pid_n * BN + BN)
-        tl.store(tgt_ptr + rows, t, mask=row_ok & mine)
+        _tile_epilogue(acc * inv_temp, pid_m, pid_n, ids_ptr, pmax_ptr, psum_ptr, tgt_ptr, M, V, NT, BM, BN)
 
 
 @triton.jit
@@ -117,27 +109,34 @@ CONFIGS = [  # (BM, BN, BK, stages, warps)
 ]
 
 
+def _partials(m: int, nt: int, dev) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row and vocabulary tile the (max, sum of exp) pair, and per row the target logit."""
+    pmax = torch.empty(m, nt, dtype=torch.float32, device=dev)
+    return pmax, torch.empty_like(pmax), torch.empty(m, dtype=torch.float32, device=dev)
+
+
+def _combined(pmax, psum, tgt) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse, logp) per row from the tiles' partials."""
+    m, nt = pmax.shape
+    lse = torch.empty(m, dtype=torch.float32, device=pmax.device)
+    logp = torch.empty_like(lse)
+    _combine_kernel[(m,)](pmax, psum, tgt, lse, logp, nt, BLOCK=triton.next_power_of_2(nt))
+    return lse, logp
+
+
 def stats(h, w, ids, inv_temp, cfg, write_z=None):
     bm, bn, bk, stages, warps = cfg
     m, k = h.shape
     v = w.shape[0]
     assert k % bk == 0 and h.stride(1) == 1 and w.stride(1) == 1
     nt = triton.cdiv(v, bn)
-    dev = h.device
-    pmax = torch.empty(m, nt, dtype=torch.float32, device=dev)
-    psum = torch.empty_like(pmax)
-    tgt = torch.empty(m, dtype=torch.float32, device=dev)
+    pmax, psum, tgt = _partials(m, nt, h.device)
     grid = (triton.cdiv(m, bm) * nt,)
     group_m = triton.cdiv(m, bm)  # every row block of one weight tile in a row: the weight is read once
     _tile_stats_kernel[grid](h, w, ids, pmax, psum, tgt, m, v, k, h.stride(0), w.stride(0), inv_temp, nt,
                              BM=bm, BN=bn, BK=bk, GROUP_M=group_m, WRITE_Z=write_z is not None,
                              z_ptr=write_z if write_z is not None else pmax, num_stages=stages, num_warps=warps)
-    if write_z is not None:
-        return None
-    lse = torch.empty(m, dtype=torch.float32, device=dev)
-    logp = torch.empty_like(lse)
-    _combine_kernel[(m,)](pmax, psum, tgt, lse, logp, nt, BLOCK=triton.next_power_of_2(nt))
-    return lse, logp
+    return None if write_z is not None else _combined(pmax, psum, tgt)
 
 
 TMA_CONFIGS = [  # (BM, BN, BK, stages, warps, warp_specialize)
@@ -165,9 +164,7 @@ def stats_tma(h, w, ids, inv_temp, cfg, programs=None, group_m=None):
     v = w.shape[0]
     nt = triton.cdiv(v, bn)
     dev = h.device
-    pmax = torch.empty(m, nt, dtype=torch.float32, device=dev)
-    psum = torch.empty_like(pmax)
-    tgt = torch.empty(m, dtype=torch.float32, device=dev)
+    pmax, psum, tgt = _partials(m, nt, dev)
     a_desc = TensorDescriptor.from_tensor(h, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(w, [bn, bk])
     tiles = triton.cdiv(m, bm) * nt
@@ -177,10 +174,7 @@ def stats_tma(h, w, ids, inv_temp, cfg, programs=None, group_m=None):
     _tile_stats_tma_kernel[(programs,)](a_desc, b_desc, ids, pmax, psum, tgt, m, v, k, inv_temp, nt, BM=bm, BN=bn,
                                         BK=bk, GROUP_M=group_rows(m, bm, k, group_m), NUM_PROGRAMS=programs,
                                         WARP_SPECIALIZE=ws, num_stages=stages, num_warps=warps)
-    lse = torch.empty(m, dtype=torch.float32, device=dev)
-    logp = torch.empty_like(lse)
-    _combine_kernel[(m,)](pmax, psum, tgt, lse, logp, nt, BLOCK=triton.next_power_of_2(nt))
-    return lse, logp
+    return _combined(pmax, psum, tgt)
 
 
 def reference(h, w, ids, inv_temp, rows):
