@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 
 ROOT = Path(__file__).resolve().parent.parent
 DIV16 = {"vocab", "stride_x", "stride_g", "s_ak", "s_bk", "s_cm"}
-FLOATS = {"inv_temp", "inv_lo", "eps_low", "eps_high", "delta", "beta", "w_const"}
+FLOATS = {"inv_temp", "inv_lo", "eps_low", "eps_high", "delta", "beta", "w_const", "scale2"}
 MEMBERS = {  # name: (has_old, has_ref, has_mask, parameters)
     "token-is": (False, False, False, {}),
     "token-offpolicy-mask": (True, False, True, {"loss_type": "grpo"}),
@@ -90,6 +90,27 @@ def staged_cases(settings, vocab: int) -> dict:
     return out
 
 
+def epilogue_cases(settings, vocab: int) -> dict:
+    """epilogue.py's persistent TMA GEMM at the settings' tile (bf16 and fp16, with and without a bias) and its
+    combine (the triple and the log-prob, with and without a mask)."""
+    epi = importlib.import_module("fused_compile_pkg.epilogue")
+    bm, bn, bk, stages, warps = settings.forward_epilogue_tile
+    out = {}
+    for dt in ("bf16", "fp16"):
+        for bias in (True, False):
+            c = dict(BM=bm, BN=bn, BK=bk, GROUP_M=16, PROGRAMS=132, HAS_BIAS=bias, UPCAST=False)
+            ptrs = {"a_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "b_desc": f"tensordesc<{dt}[{bn}, {bk}]>",
+                    "bias_ptr": f"*{dt}" if bias else "*fp32", "ids_ptr": "*i64"}
+            case = f"epilogue-gemm-{dt}{'-bias' if bias else ''}"
+            out[case] = compile_(case, epi._epilogue_gemm_kernel, c, ptrs, warps, stages)
+    for logp_only in (False, True):
+        for mask in (True, False):
+            c = dict(BLOCK=triton.next_power_of_2(triton.cdiv(vocab, bn)), HAS_MASK=mask, LOGP_ONLY=logp_only)
+            case = f"epilogue-combine-{'logp' if logp_only else 'triple'}-{'mask' if mask else 'nomask'}"
+            out[case] = compile_(case, epi._epilogue_combine_kernel, c, {"mask_ptr": "*u8" if mask else "*i64"}, 4)
+    return out
+
+
 def main() -> dict:
     kernels, sem_mod = load()
     settings = sem_mod.FusedSettings()
@@ -113,7 +134,8 @@ def main() -> dict:
                             sweep = dict(BLOCK=settings.forward_block, STAGES=settings.forward_stages, VECTOR=True,
                                          HINTS=False)
                         c = dict(CHUNK=piece, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split), **sweep,
-                                 **s.switches(), NEEDS_LOGP=s.needs_logp or write, WRITE_GRAD=write, GIVEN=False)
+                                 **s.switches(), NEEDS_LOGP=s.needs_logp or write, WRITE_GRAD=write, GIVEN=False,
+                                 TARGET_GIVEN=False)
                         case = f"rows-{name}-{logits[1:]}-split{split}-{'grad' if write else 'loss'}"
                         out[case] = compile_(case, kernels._rows_kernel, c, ptrs, settings.num_warps)
                 # forward-only after the staged sweep (sweep.py): the loss kernel reads (max, ln S)
@@ -121,11 +143,19 @@ def main() -> dict:
                          WRITE_GRAD=False, GIVEN=True)
                 case = f"rows-{name}-{logits[1:]}-given"
                 out[case] = compile_(case, kernels._rows_kernel, c, ptrs, settings.num_warps)
+                if logits == "*bf16":  # after the epilogue GEMM (epilogue.py): the target logit given too
+                    c = dict(c, NEEDS_LOGP=True, TARGET_GIVEN=True)
+                    out[f"rows-{name}-epilogue"] = compile_(f"rows-{name}-epilogue", kernels._rows_kernel, c,
+                                                            dict(ptrs, x_ptr="*fp32", g_ptr="*fp32"), settings.num_warps)
             for logp_only, given in ((False, False), (True, False)) + (((False, True),) if s.sequence else ()):
                 c = dict(BLOCK=block, HAS_OLD=s.has_old and not logp_only, HAS_KL=s.has_kl and not logp_only,
-                         HAS_MASK=s.has_mask, LOGP_ONLY=logp_only, GIVEN=given)
+                         HAS_MASK=s.has_mask, LOGP_ONLY=logp_only, GIVEN=given, TARGET_GIVEN=False)
                 case = f"stats-{name}-{logits[1:]}-{'logp' if logp_only else 'ws'}{'-given' if given else ''}"
                 out[case] = compile_(case, kernels._stats_kernel, c, ptrs, settings.num_warps)
+            if s.sequence and logits == "*bf16":  # after the epilogue GEMM
+                c = dict(c, LOGP_ONLY=False, GIVEN=True, TARGET_GIVEN=True)
+                out[f"stats-{name}-epilogue"] = compile_(f"stats-{name}-epilogue", kernels._stats_kernel, c,
+                                                         dict(ptrs, x_ptr="*fp32"), settings.num_warps)
             if s.sequence:
                 c = dict(HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta, PER_SEQ_W=s.norm != 0,
                          BLOCK_T=1024)
@@ -137,6 +167,7 @@ def main() -> dict:
         out[f"rescale-{dtype[1:]}"] = compile_("rescale", kernels._rescale_kernel, dict(BLOCK=4096),
                                                {"x_ptr": dtype}, 4)
     out.update(staged_cases(settings, vocab))
+    out.update(epilogue_cases(settings, vocab))
     out["acc-gemm"] = compile_("acc-gemm", kernels._acc_gemm_kernel,
                                dict(BM=128, BN=256, BK=64, GROUP_M=8, UPCAST=False, s_am=1, s_bn=1, s_cn=1),
                                {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32"}, 8, 3)

@@ -22,6 +22,8 @@
 # Measurements (no records unless said)
 #   bash benchmarks/h200_evidence.sh round32x   # issue 32: fused_profile b2/b4, then the three fused cells that
 #                                               # round32t-w left untimed (records; all timed since the 23rd session)
+#   MEMBERS="..." bash benchmarks/h200_evidence.sh round32z   # issue 32, 24th session: the epilogue forward's CUDA
+#                                               # tests, gemm_operands, the profile; then MEMBERS' records
 #   bash benchmarks/h200_evidence.sh round32y   # issue 32, next (~3 min): the ceiling GEMM on its own operands
 #                                               # against the workload's, the research epilogue forward beside ours
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
@@ -273,6 +275,31 @@ PY
     timeout -s KILL 150 python3 benchmarks/research/epilogue_gemm.py --batches 8 16 --only-tma --tma-configs 2 \
       --group-m 8 16 24 32 --out "$R/epilogue-groups.json" > "$R/epilogue-groups.log" 2>&1
     status "epilogue_gemm b8 b16 groups: exit $?"; grep "^b" "$R/epilogue-groups.log"
+    ;;
+  round32z)  # issue 32, twenty-fourth session: the epilogue forward (implementations/triton-fused/epilogue.py) on CUDA.
+             # Its tests beside the staged sweep's, the ceiling GEMM on its own operands against the workload's, the
+             # profile of ours (epilogue, staged, pipelined) at b2/b4 (~4 min); then, with MEMBERS set, their records at
+             # seed-b2..b16 (the folder's new identity) under DEADLINE (default 300)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
+    status "staged + epilogue forward tests (CUDA): exit $?"; tail -3 "$R/staged-tests.txt" | cut -c1-600
+    timeout -s KILL 100 python3 benchmarks/research/gemm_operands.py --workload seed-b2 --rounds 3 \
+      --out "$R/gemm-operands.json" > "$R/gemm-operands.log" 2>&1
+    status "gemm_operands seed-b2: exit $?"; tail -6 "$R/gemm-operands.log"
+    timeout -s KILL 150 python3 benchmarks/fused_profile.py --batches 2 4 --reps 10 \
+      --out "$R/fused-profile.json" > "$R/fused-profile.log" 2>&1
+    status "fused_profile b2 b4: exit $?"; grep -v "^      \|Warn\|warn" "$R/fused-profile.log" | cut -c1-160
+    if [ -n "${MEMBERS:-}" ]; then
+      margs=()
+      for m in $MEMBERS; do margs+=(--member "$m"); done
+      start=$SECONDS
+      timeout -s KILL $((${DEADLINE:-300} + 50)) python3 -m grpo_conform check implementations/triton-fused "${margs[@]}" \
+        --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" \
+        --deadline "${DEADLINE:-300}" --profile-phases --format json > "$R/triton-fused.json" 2> "$R/triton-fused.log"
+      status "triton-fused seed-b2..b16 ($MEMBERS): exit $?, $((SECONDS - start)) s wall"
+      tail -4 "$R/triton-fused.log"
+      ls "$OUT/h200" | wc -l
+    fi
     ;;
   sweep36c)  # issue 36, next: what V 32000 still lacks (docs/triton-kernel-notes.md, "V 32000 rules on the H200"): fp16
              # rules and the masked members' 1.23-1.29x. --configs at V 32000 in bf16 and fp16 over token-is, the masked

@@ -69,6 +69,9 @@ MEMBERS = {
     "sequence-offpolicy-mask": (dict(mask=True, old=True), dict(loss_type="grpo", importance_sampling_level="sequence")),
 }
 TRITON_GEMM = ("token-is-bias", "token-offpolicy-mask-kl-ref-weight", "sequence-offpolicy-mask")
+# the default settings (one vocabulary tile of 256, BK 32), then tiles of 16 x 32 x 16: five vocabulary tiles, the
+# last partial, two steps over H
+EPILOGUE = (S(), S(forward_epilogue_tile=(16, 32, 16, 1, 4)))
 SCALES = ("token-offpolicy-mask-kl", "float32")  # the run whose second plan takes the scalars 1, 0.25, 0.25, 1
 
 
@@ -158,10 +161,12 @@ for m_i, (member, (kw, extra)) in enumerate(MEMBERS.items()):
         # forward-only calls: the pipelined sweep in chunks of 5 (one step of 256 for V 129; steps of 32
         # over float32 logits, a partial last one), then the plain sweep over one chunk of all 16 rows.
         gemm = "triton" if member in TRITON_GEMM else "auto"
-        runs = [(S(chunk_rows=5, weight_grad="fp32" if gemm == "triton" else "halves", accumulate=gemm), (0.37,)),
-                (S(chunk_rows=5, weight_grad="hold", logits="float32", forward_block=32),
+        cublas = dict(forward_gemm="cublas")  # the sweeps' forward (the epilogue's: EPILOGUE below)
+        runs = [(S(chunk_rows=5, weight_grad="fp32" if gemm == "triton" else "halves", accumulate=gemm, **cublas),
+                 (0.37,)),
+                (S(chunk_rows=5, weight_grad="hold", logits="float32", forward_block=32, **cublas),
                  (1.0, 0.25, 0.25, 1.0) if (member, dtype) == (SCALES[0], getattr(torch, SCALES[1])) else (1.0,)),
-                (S(chunk_rows=5, weight_grad="hold", forward_rows=16, forward_sweep="plain"), (1.0,))]
+                (S(chunk_rows=5, weight_grad="hold", forward_rows=16, forward_sweep="plain", **cublas), (1.0,))]
         r["accumulate"] = gemm
         r["triton_gemms"] = []
         for s_i, (settings, scales) in enumerate(runs):
@@ -179,7 +184,37 @@ for m_i, (member, (kw, extra)) in enumerate(MEMBERS.items()):
                 fwd = impl.grpo_fused_linear_loss(**poisoned(x), settings=settings, **params)
             r["forward"].append({"loss": float(fwd), "gemms": count.gemms})
             r["triton_gemms"].append(GEMMS[0])
+        for settings in EPILOGUE:  # forward-only through epilogue.py (bfloat16; float32 falls back to cuBLAS)
+            with torch.no_grad(), Count() as count:
+                fwd = impl.grpo_fused_linear_loss(**poisoned(x), settings=settings, **params)
+            r["forward"].append({"loss": float(fwd), "gemms": count.gemms})
         results[f"{member}/{str(dtype).split('.')[-1]}"] = r
+# epilogue.py's kernels alone against float64: a bias, 19 rows (two row blocks, the second partial), V 300 (five
+# vocabulary tiles of 64, the last partial), H 48 (three steps of 16), masked rows poisoned with NaN
+ep = importlib.import_module(pkg.__name__ + ".epilogue")
+g = torch.Generator().manual_seed(7)
+n, h_, v_ = 19, 48, 300
+hid = torch.randn(n, h_, generator=g).to(torch.bfloat16)
+w = (torch.randn(v_, h_, generator=g) / 7).to(torch.bfloat16)
+bias = torch.randn(v_, generator=g).to(torch.bfloat16)
+ids = torch.randint(0, v_, (n,), generator=g)
+mask = (torch.arange(n) % 5 != 3).to(torch.uint8)
+hid[mask == 0] = float("nan")
+inv_t = float(torch.tensor(1 / 0.7, dtype=torch.float32))
+z = hid.double() @ w.double().T + bias.double()
+want_lp = (z * (1 / 0.7)).log_softmax(-1).gather(1, ids[:, None])[:, 0]
+st = ep.EpilogueStats(n, v_, h_, torch.device("cpu"), S(forward_epilogue_tile=(16, 64, 16, 1, 4)), inv_t, 1 / 0.7 - inv_t)
+out = torch.empty(3 * n)
+st.run(hid, w, bias, ids, mask, out, n, logp_only=False)
+lp = torch.full((n,), 7.0)
+st.run(hid, w, bias, ids, mask, lp, n, logp_only=True)
+live = mask != 0
+got_lp = (out[2 * n:].double() - out[:n].double()) * (1 / 0.7) - out[n: 2 * n].double()
+results["_epilogue"] = {"tiles": [st.bm, st.bn, st.bk, st.nt, st.group],
+                        "triple_err": float((got_lp - want_lp)[live].abs().max()),
+                        "target_err": float((out[2 * n:].double() - z.gather(1, ids[:, None])[:, 0])[live].abs().max()),
+                        "logp_err": float((lp.double() - want_lp)[live].abs().max()),
+                        "masked_logp": lp[~live].tolist(), "masked_triple": out.view(3, n)[:, ~live].flatten().tolist()}
 print(json.dumps(results))
 '''
 
@@ -218,7 +253,9 @@ def _check(key: str, r: dict) -> None:
     # the logits (token-is)
     per_chunk = 2 if member.endswith("ref-weight") else 1
     n_chunks = 2 if member.startswith("sequence") else 4
-    want = [0, 0, 0] if member.startswith("token-is") else [per_chunk * n_chunks] * 2 + [per_chunk]
+    # the epilogue's forward: no torch GEMM in bfloat16, one chunk of 16 rows through cuBLAS in float32
+    epi = [0, 0] if member.startswith("token-is") or dtype == "bfloat16" else [per_chunk] * 2
+    want = ([0, 0, 0] if member.startswith("token-is") else [per_chunk * n_chunks] * 2 + [per_chunk]) + epi
     assert [f["gemms"] for f in r["forward"]] == want, (key, r["forward"])
     names = {"hidden", "weight", "bias"} if member == "token-is-bias" else {"hidden", "weight"}
     assert len(r["calls"]) == (6 if key == "token-offpolicy-mask-kl/float32" else 3)
@@ -246,14 +283,14 @@ def test_fused_kernel_matches_the_reference_quick(full):
 def test_every_member_matches_the_reference(full):
     # One test for every member (each assertion names member/dtype): the interpreter's subprocess (~60 s
     # of CPU) ran once per xdist worker's module setup when the members were parameters (CI, 2026-12-03)
-    assert set(full) == {f"{m}/{d}" for m in DECLARED for d in ("float32", "bfloat16")}
+    assert set(full) - {"_epilogue"} == {f"{m}/{d}" for m in DECLARED for d in ("float32", "bfloat16")}
     for member in DECLARED:
         for dtype in ("float32", "bfloat16"):
             _check(f"{member}/{dtype}", full[f"{member}/{dtype}"])
     # the Triton GEMM of the bfloat16 accumulator: with a bias, with two weights, with sequence-level chunks
     gemm = {m for m in DECLARED if full[f"{m}/bfloat16"]["accumulate"] == "triton"}
     assert gemm == {"token-is-bias", "token-offpolicy-mask-kl-ref-weight", "sequence-offpolicy-mask"}, gemm
-    for key, r in full.items():  # it ran there (on the accumulator's plan only), and nowhere else
+    for key, r in ((k, r) for k, r in full.items() if k != "_epilogue"):  # it ran there (on the accumulator's plan only), and nowhere else
         want = key.endswith("/bfloat16") and key.split("/")[0] in gemm
         assert (r["triton_gemms"][0] > 0) == want and not any(r["triton_gemms"][1:]), (key, r["triton_gemms"])
 
@@ -413,5 +450,17 @@ def test_every_kernel_compiles_for_sm90():
                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     assert run.returncode == 0, run.stderr[-3000:]
     shared = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(shared) == 102, sorted(shared)
+    assert len(shared) == 117, sorted(shared)
     assert shared["acc-gemm"] >= 96 * 1024, shared["acc-gemm"]
+
+
+@pytest.mark.slow
+def test_epilogue_statistics_match_float64(full):
+    """epilogue.py's GEMM and combine alone: with a bias, partial row and vocabulary tiles and several inner
+    steps, each live row's (max, ln S, target logit) gives its float64 log-prob, and so does the log-prob
+    output; masked rows (NaN hidden) come out as zeros. The bfloat16 operands are exact in float32, so what is
+    left is float32 summation."""
+    r = full["_epilogue"]
+    assert r["tiles"] == [16, 64, 16, 5, 2], r
+    assert r["triple_err"] < 2e-5 and r["logp_err"] < 2e-5 and r["target_err"] < 1e-4, r
+    assert r["masked_logp"] == [0.0] * 4 and r["masked_triple"] == [0.0] * 12, r  # rows 3, 8, 13, 18

@@ -152,8 +152,8 @@ def test_staged_forward_equals_the_pipelined_one_and_the_reference(member, v, dt
     kw, extra = MEMBERS[member]
     params = dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.8, **extra)
     x = _inputs(4, 24, 64, v, dtype, 7, **kw)
-    staged = sem.FusedSettings(logits=logits, forward_rows=rows)
-    pipelined = sem.FusedSettings(logits=logits, forward_rows=rows, forward_sweep="pipelined")
+    staged = sem.FusedSettings(logits=logits, forward_rows=rows, forward_gemm="cublas")  # not the epilogue's GEMM
+    pipelined = sem.FusedSettings(logits=logits, forward_rows=rows, forward_sweep="pipelined", forward_gemm="cublas")
     with torch.no_grad():
         got = [float(impl.grpo_fused_linear_loss(**x, settings=staged, **params)) for _ in range(3)]
         base = float(impl.grpo_fused_linear_loss(**x, settings=pipelined, **params))
@@ -167,3 +167,75 @@ def test_staged_forward_equals_the_pipelined_one_and_the_reference(member, v, dt
     x64 = {k: (t.double() if t.is_floating_point() else t) for k, t in clean.items()}
     want = float(reference_loss(x64, GrpoParameters.from_mapping(params)))
     assert abs(got[0] - want) <= 2e-2 * max(1.0, abs(want)), (got[0], want)
+
+
+# --- CUDA: the epilogue GEMM's forward (epilogue.py) against the pipelined sweep's and the float64 reference ------
+
+EPILOGUE_MEMBERS = dict(MEMBERS, **{
+    "token-is-bias-old": (dict(old=True, bias=True), dict(loss_type="grpo")),
+    "token-offpolicy-mask-kl-ref-weight": (dict(mask=True, old=True, ref_weight=True), dict(loss_type="grpo", beta=0.1)),
+})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the epilogue GEMM runs on CUDA (TMA) and the interpreter")
+@pytest.mark.parametrize("member", sorted(EPILOGUE_MEMBERS))
+@pytest.mark.parametrize("v, dtype, h", [
+    (128256, torch.bfloat16, 256),  # the seed vocabulary: 501 tiles of 256, the last partial
+    (33000, torch.float16, 64),  # one inner step
+    (50257, torch.bfloat16, 72),  # an odd V (the staged sweep cannot run there) and a partial inner step
+])
+def test_epilogue_forward_equals_the_pipelined_one_and_the_reference(member, v, dtype, h):
+    from grpo_conform.ops.fused_linear.reference import reference_loss
+    from grpo_conform.ops.grpo_terms import GrpoParameters
+
+    impl, sem = _load("impl"), _load("semantics")
+    kw, extra = EPILOGUE_MEMBERS[member]
+    kw = dict(kw)  # the table's dicts stay whole for the next parameters
+    bias, ref_weight = kw.pop("bias", False), kw.pop("ref_weight", False)
+    params = dict(epsilon_low=0.2, epsilon_high=0.28, temperature=0.8, **extra)
+    x = _inputs(4, 24, h, v, dtype, 11, **kw)
+    g = torch.Generator(device="cuda").manual_seed(12)
+    if bias:
+        x["bias"] = torch.randn(v, generator=g, device="cuda").to(dtype)
+    if ref_weight:
+        x["ref_weight"] = (x["weight"].float() + 0.05 * torch.randn(v, h, generator=g, device="cuda")).to(dtype)
+        x["ref_hidden"] = (x["hidden"].float() + 0.3 * torch.randn(4, 24, h, generator=g, device="cuda")).to(dtype)
+    epilogue = sem.FusedSettings()
+    pipelined = sem.FusedSettings(forward_sweep="pipelined", forward_gemm="cublas")
+    with torch.no_grad():
+        got = [float(impl.grpo_fused_linear_loss(**x, settings=epilogue, **params)) for _ in range(2)]
+        base = float(impl.grpo_fused_linear_loss(**x, settings=pipelined, **params))
+    plans = [p for p in impl._PLANS.values() if p.settings == epilogue and p.vocab == v and p.hidden == h]
+    assert plans and all(p.epilogue is not None for p in plans), [p.epilogue_off for p in plans]
+    assert got[0] == got[1] and math.isfinite(got[0]), got  # deterministic: no atomics, a fixed tile walk
+    # the sweeps read bf16-rounded logits, the epilogue its float32 accumulator: equal to the rounding
+    assert abs(got[0] - base) <= 5e-3 * max(1.0, abs(base)), (got[0], base)
+    clean = {k: (t.nan_to_num(0.0) if t.is_floating_point() else t) for k, t in x.items()}
+    x64 = {k: (t.double() if t.is_floating_point() else t) for k, t in clean.items()}
+    want = float(reference_loss(x64, GrpoParameters.from_mapping(params)))
+    assert abs(got[0] - want) <= abs(base - want) + 1e-4 * max(1.0, abs(want)), (got[0], base, want)
+
+
+@pytest.mark.parametrize("device, rows, hidden, dtype, settings, reason", [
+    ("cuda", 4096, 4096, "bfloat16", {"forward_gemm": "cublas"}, "forward_gemm is 'cublas'"),
+    ("cuda", 8192, 4096, "bfloat16", {}, "over forward_epilogue_rows"),
+    ("cuda", 2048, 4096, "float32", {}, "tf32"),
+    ("cuda", 2048, 4095, "float16", {}, "16-byte boundaries"),
+    ("cpu", 2048, 4096, "bfloat16", {}, "not a CUDA device"),
+])
+def test_where_the_epilogue_forward_runs(monkeypatch, device, rows, hidden, dtype, settings, reason):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    epi, sem = _load("epilogue"), _load("semantics")
+    got = epi.why_not(torch.device(device), rows, hidden, getattr(torch, dtype), sem.FusedSettings(**settings))
+    assert reason in got, got
+
+
+def test_the_interpreter_runs_the_epilogue_forward(monkeypatch):
+    """The CPU tiers check the epilogue's forward (tl.dot upcast: test_triton_fused.py)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    epi, sem = _load("epilogue"), _load("semantics")
+    assert epi.why_not(torch.device("cpu"), 64, 32, torch.bfloat16, sem.FusedSettings()) is None
+    with pytest.raises(ValueError, match="forward_gemm"):
+        sem.FusedSettings(forward_gemm="triton")
+    with pytest.raises(ValueError, match="forward_epilogue_tile"):
+        sem.FusedSettings(forward_epilogue_tile=(128, 200, 64, 3, 8))

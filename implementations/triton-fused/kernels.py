@@ -64,13 +64,15 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
                  HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DELTA: tl.constexpr,
                  CISPO: tl.constexpr, KL_BC: tl.constexpr, SAPO: tl.constexpr, PER_SEQ_W: tl.constexpr,
                  NEEDS_LOGP: tl.constexpr, WRITE_GRAD: tl.constexpr, HINTS: tl.constexpr, STAGES: tl.constexpr,
-                 VECTOR: tl.constexpr, GIVEN: tl.constexpr):
+                 VECTOR: tl.constexpr, GIVEN: tl.constexpr, TARGET_GIVEN: tl.constexpr):
     """HINTS (CUDA): the first sweep keeps the piece in L2 (evict_last) for the gradient's sweep.
     STAGES / VECTOR: the first sweep's software pipelining (blocks in flight per program) and per-lane
     running (max, sum) with no block-wide reduction inside the loop (vendored._chunk_stats); the
     forward-only sweep's settings (FusedSettings.forward_sweep), 1 / False where the gradient follows.
     GIVEN (forward-only, SPLIT 1): the staged sweep (staged.py) already stored each live row's max at
-    part_ptr[r] and ln S at part_ptr[rows + r]; no sweep here, only the target logit is read."""
+    part_ptr[r] and ln S at part_ptr[rows + r]; no sweep here, only the target logit is read. TARGET_GIVEN
+    (with GIVEN: the epilogue GEMM of epilogue.py, which never writes the logits): the target logit too, at
+    part_ptr[2 rows + r]; x_ptr is not read at all."""
     pid = tl.program_id(0)
     r = pid // SPLIT
     k = pid % SPLIT
@@ -87,7 +89,10 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
         if GIVEN:
             m = tl.load(part_ptr + r)
             log_s = tl.load(part_ptr + rows + r)
-            x_c = tl.load(row_ptr + target).to(tl.float32)
+            if TARGET_GIVEN:
+                x_c = tl.load(part_ptr + 2 * rows + r)
+            else:
+                x_c = tl.load(row_ptr + target).to(tl.float32)
             logp, lr, dref = _differences(x_c, m, log_s, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
         elif NEEDS_LOGP or WRITE_GRAD:
             m, s = _chunk_stats(row_ptr, start, start + CHUNK, vocab, inv_temp, BLOCK, STAGES, HINTS, VECTOR)
@@ -130,10 +135,11 @@ def _rows_kernel(x_ptr, g_ptr, ids_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, wb_
 @triton.jit
 def _stats_kernel(x_ptr, ids_ptr, old_ptr, ref_ptr, mask_ptr, ws_ptr, row0, tokens, vocab, stride_x, inv_temp, inv_lo,
                   BLOCK: tl.constexpr, HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr,
-                  LOGP_ONLY: tl.constexpr, GIVEN: tl.constexpr):
+                  LOGP_ONLY: tl.constexpr, GIVEN: tl.constexpr, TARGET_GIVEN: tl.constexpr):
     """ws sections ([k * tokens, (k + 1) * tokens)): 0 max, 1 ln S, 2 logp, 3 logp - old, 4 ref - logp;
     LOGP_ONLY: ws_ptr is a [tokens] vector of logp. GIVEN (not with LOGP_ONLY): sections 0 and 1 of the
-    live rows hold the staged sweep's max and ln S already (staged.py); no sweep here."""
+    live rows hold the staged sweep's max and ln S already (staged.py); no sweep here. TARGET_GIVEN (with
+    GIVEN: epilogue.py's GEMM) section 2 holds the target logit (read before logp is stored over it)."""
     r = tl.program_id(0)
     token = row0 + r
     live = True
@@ -147,7 +153,10 @@ def _stats_kernel(x_ptr, ids_ptr, old_ptr, ref_ptr, mask_ptr, ws_ptr, row0, toke
         else:
             m, s = _chunk_stats(row_ptr, 0, vocab, vocab, inv_temp, BLOCK, 1, False, False)
             log_s = tl.log(s)
-        x_c = tl.load(row_ptr + tl.load(ids_ptr + token)).to(tl.float32)
+        if TARGET_GIVEN:
+            x_c = tl.load(ws_ptr + 2 * tokens + token)
+        else:
+            x_c = tl.load(row_ptr + tl.load(ids_ptr + token)).to(tl.float32)
         logp, lr, dref = _differences(x_c, m, log_s, inv_temp, inv_lo, token, old_ptr, ref_ptr, HAS_OLD, HAS_KL)
         if LOGP_ONLY:
             tl.store(ws_ptr + token, logp)

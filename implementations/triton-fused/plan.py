@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 import triton
 
-from . import kernels, sweep
+from . import epilogue, kernels, sweep
 from .accumulator import Fp32, Halves, accumulate_fp32, accumulator, interpreting
 from .semantics import FusedSettings, Semantics
 
@@ -96,6 +96,11 @@ class FusedPlan:
         self.staged_off = sweep.why_not(device, vocab, forward_dtype, settings)
         self.staged = None if self.staged_off else sweep.StagedStats(self.forward_chunk, vocab, forward_dtype,
                                                                      device, settings, sem.inv_temp)
+        # forward-only calls of up to forward_epilogue_rows rows: the GEMM leaves each row's statistics and
+        # target logit, nothing else runs over the logits (epilogue.py); None where it cannot (`epilogue_off`)
+        self.epilogue_off = epilogue.why_not(device, self.tokens, hidden, dtype, settings)
+        self.epilogue = None if self.epilogue_off else epilogue.EpilogueStats(
+            max(1, self.tokens), vocab, hidden, device, settings, sem.inv_temp, sem.inv_lo)
 
     def _rows(self, rows: int) -> int:
         """A chunk's rows: whole sequences for sequence-level members (a sequence's ratio needs all its
@@ -165,7 +170,7 @@ class FusedPlan:
         kernels._stats_kernel[(r1 - r0,)](buf, x.ids, x.adv, x.adv, x.mask if x.mask is not None else x.ids, ref_lp,
                                           r0, self.tokens, self.vocab, buf.stride(0), self.sem.inv_temp,
                                           self.sem.inv_lo, BLOCK=self.block, HAS_OLD=False, HAS_KL=False,
-                                          HAS_MASK=self.sem.has_mask, LOGP_ONLY=True, GIVEN=False,
+                                          HAS_MASK=self.sem.has_mask, LOGP_ONLY=True, GIVEN=False, TARGET_GIVEN=False,
                                           num_warps=self.warps)
 
     def _staged_stats(self, buf, x: Inputs, r0: int, st: torch.Tensor, stride: int) -> bool:
@@ -201,12 +206,14 @@ class FusedPlan:
                 buf, gbuf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
                 buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, SPLIT=self.split,
                 SPLIT_P2=triton.next_power_of_2(self.split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
-                WRITE_GRAD=write_grad, **first, GIVEN=given, num_warps=self.warps)
+                WRITE_GRAD=write_grad, **first, GIVEN=given, TARGET_GIVEN=False,
+                num_warps=self.warps)
             return
         given = not write_grad and self._staged_stats(buf, x, r0, ws[r0:], self.tokens)  # ws sections 0 and 1
         kernels._stats_kernel[(n,)](buf, x.ids, old, ref, mask, ws, r0, self.tokens, self.vocab, buf.stride(0),
                                     s.inv_temp, s.inv_lo, BLOCK=self.block, HAS_OLD=True, HAS_KL=s.has_kl,
-                                    HAS_MASK=s.has_mask, LOGP_ONLY=False, GIVEN=given, num_warps=self.warps)
+                                    HAS_MASK=s.has_mask, LOGP_ONLY=False, GIVEN=given, TARGET_GIVEN=False,
+                                    num_warps=self.warps)
         kernels._sequence_kernel[(n // self.seq,)](
             ws, x.adv, mask, wb, loss_tok, r0 // self.seq, self.seq, self.tokens, s.inv_temp, s.eps_low, s.eps_high,
             s.delta, s.beta, s.w_const, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta,
@@ -215,6 +222,36 @@ class FusedPlan:
             kernels._coef_grad_kernel[(n * self.split,)](
                 buf, gbuf, x.ids, ws, c, r0, self.tokens, self.vocab, buf.stride(0), gbuf.stride(0), s.inv_temp,
                 CHUNK=self.piece, BLOCK=self.block, SPLIT=self.split, num_warps=self.warps)
+
+    def _epilogue_forward(self, x: Inputs, wb: torch.Tensor, loss_tok: torch.Tensor) -> None:
+        """A forward-only call through epilogue.py: each GEMM (the reference weight's first) leaves the rows'
+        (max, ln S, target logit), or the reference log-probs; the loss kernels read those (GIVEN +
+        TARGET_GIVEN) and never a logit."""
+        s, n, dev = self.sem, self.tokens, self.device
+        ref = x.ref if x.ref is not None else x.adv
+        if x.ref_weight is not None:
+            ref = torch.empty(n, dtype=torch.float32, device=dev)
+            h = x.hidden if x.ref_hidden is None else x.ref_hidden
+            self.epilogue.run(h, x.ref_weight, x.ref_bias, x.ids, x.mask, ref, n, logp_only=True)
+        mask = x.mask if x.mask is not None else x.ids
+        old = x.old if x.old is not None else x.adv
+        if not s.sequence:
+            part = torch.empty(3 * n, dtype=torch.float32, device=dev)
+            self.epilogue.run(x.hidden, x.weight, x.bias, x.ids, x.mask, part, n, logp_only=False)
+            kernels._rows_kernel[(n,)](
+                x.adv, x.adv, x.ids, x.adv, old, ref, mask, wb, x.adv, loss_tok, part, self.no_counts, 0, n, self.seq,
+                self.vocab, 0, 0, *s.scalars(), CHUNK=self.piece, SPLIT=1, SPLIT_P2=1, **s.switches(), NEEDS_LOGP=True,
+                WRITE_GRAD=False, **self.forward_sweep, GIVEN=True, TARGET_GIVEN=True, num_warps=self.warps)
+            return
+        ws = torch.empty(6 * n, dtype=torch.float32, device=dev)  # sections 0-2: max, ln S, target logit
+        self.epilogue.run(x.hidden, x.weight, x.bias, x.ids, x.mask, ws, n, logp_only=False)
+        kernels._stats_kernel[(n,)](x.adv, x.ids, old, ref, mask, ws, 0, n, self.vocab, 0, s.inv_temp, s.inv_lo,
+                                    BLOCK=self.block, HAS_OLD=True, HAS_KL=s.has_kl, HAS_MASK=s.has_mask,
+                                    LOGP_ONLY=False, GIVEN=True, TARGET_GIVEN=True, num_warps=self.warps)
+        kernels._sequence_kernel[(n // self.seq,)](
+            ws, x.adv, mask, wb, loss_tok, 0, self.seq, n, s.inv_temp, s.eps_low, s.eps_high, s.delta, s.beta,
+            s.w_const, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta, PER_SEQ_W=s.norm != 0,
+            BLOCK_T=min(1024, triton.next_power_of_2(self.seq)), num_warps=4)
 
     # -- one call ----------------------------------------------------------------------------------------
     def run(self, x: Inputs, need: tuple = (False, False, False), c: Optional[torch.Tensor] = None) -> Result:
@@ -227,6 +264,10 @@ class FusedPlan:
         if not grads_needed and not s.needs_logp and x.ref_weight is None:
             if n_tok:  # the loss does not read the logits: no GEMM at all
                 self._loss_rows(x.adv, x.adv, x, None, wb, x.adv, loss_tok, None, 0, n_tok, write_grad=False)
+            return Result(loss_tok[:n_tok].sum(), (None, None, None), None)
+        if not grads_needed and n_tok and self.epilogue is not None and all(
+                self.epilogue.usable(h, w) for h, w in ((x.hidden, x.weight), (x.ref_hidden, x.ref_weight))):
+            self._epilogue_forward(x, wb, loss_tok)
             return Result(loss_tok[:n_tok].sum(), (None, None, None), None)
         c_used = (self.c_pred.clone() if c is None else c.to(torch.float32).reshape(1).clone()) if grads_needed else None
         ws = torch.empty(6 * n_tok, dtype=torch.float32, device=dev) if s.sequence else loss_tok

@@ -150,7 +150,11 @@ class FusedSettings:
     itself, forward_block elements a step, forward_stages steps in flight per program, a running
     (max, sum) per lane, no L2 hint) or "plain" (the first sweep of a call that forms gradients: block
     elements a step, one in flight, each step reduced block-wide). Sequence-level members: "staged" or
-    their plain statistics sweep. docs/fused-kernel.md, "Forward-only", has the measurements."""
+    their plain statistics sweep. docs/fused-kernel.md, "Forward-only", has the measurements.
+    forward_gemm: "epilogue" (a forward-only call of at most forward_epilogue_rows rows, bf16/fp16, on sm_90+
+    or the interpreter: epilogue.py's persistent Triton GEMM leaves each row's statistics and target logit, no
+    logits written, no sweep; forward_epilogue_tile is its (BM, BN, BK, stages, warps)) or "cublas" (cuBLAS
+    writes the logits, forward_sweep reads them); where the epilogue cannot run, "cublas"."""
 
     chunk_rows: Optional[int] = None
     weight_grad: str = "auto"
@@ -166,6 +170,9 @@ class FusedSettings:
     forward_stage_bytes: int = 32768
     forward_stage_block: int = 2048
     forward_stage_warps: int = 4
+    forward_gemm: str = "epilogue"
+    forward_epilogue_rows: int = 4096  # above it, cuBLAS + the staged sweep measured faster (H100, b8: 1.065x)
+    forward_epilogue_tile: tuple = (128, 256, 64, 3, 8)  # the best of epilogue_gemm.py's configs at b2 and b4
 
     def __post_init__(self):
         if self.weight_grad not in WEIGHT_GRAD_STRATEGIES:
@@ -189,6 +196,13 @@ class FusedSettings:
             raise ValueError(f"forward_stage_warps must be a power of two <= 16, forward_stage_block a power of two "
                              f">= 16, forward_stage_bytes >= 16; got {self.forward_stage_warps}, "
                              f"{self.forward_stage_block}, {self.forward_stage_bytes}")
+
+        if self.forward_gemm not in ("epilogue", "cublas") or self.forward_epilogue_rows < 0 \
+                or len(self.forward_epilogue_tile) != 5 or any(
+                    b < 16 or b & (b - 1) for b in self.forward_epilogue_tile[:3]):
+            raise ValueError(f"forward_gemm must be 'epilogue' or 'cublas', forward_epilogue_rows >= 0, "
+                             f"forward_epilogue_tile (BM, BN, BK, stages, warps) with powers of two >= 16; got "
+                             f"{self.forward_gemm!r}, {self.forward_epilogue_rows}, {self.forward_epilogue_tile}")
 
     def rows(self, strategy: str, hidden: int) -> int:
         """Rows per chunk of a call that forms gradients with this weight-gradient strategy."""
