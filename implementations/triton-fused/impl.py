@@ -5,7 +5,8 @@ bias [V], old_logprobs, ref_logprobs, completion_mask [B, T], ref_weight [V, H],
 ref_bias [V], settings, **parameters)`; parameters as the spec names them (epsilon_low, epsilon_high,
 temperature, loss_type, importance_sampling_level, beta, max_completion_length, ...). Returns a 0-d
 float32 loss, differentiable w.r.t. hidden, weight and bias. hidden[b, t] predicts completion_ids[b, t]
-(no extra position). Layers: kernels.py (Triton), plan.py (the launcher, chunk loop and GEMMs),
+(no extra position). Layers: kernels.py (Triton), epilogue.py (the forward-only GEMM with the row statistics
+in its epilogue), plan.py (the launcher, chunk loop and GEMMs),
 function.py (autograd), semantics.py (what is computed, how it is run); docs/fused-kernel.md.
 """
 

@@ -13,7 +13,8 @@
   loss = sum of the per-token terms (fixed order)
 
 Without gradients only the logits GEMM and the loss kernel run (members whose loss does not read the
-logits: not even the GEMM). The gradients carry the upstream scalar the plan predicts (`c_pred`, the
+logits: not even the GEMM); up to forward_epilogue_rows rows the GEMM is epilogue.py's, which leaves each
+row's statistics and target logit instead of the logits. The gradients carry the upstream scalar the plan predicts (`c_pred`, the
 d loss the last backward received, 1 at first) folded into d logits; backward rescales only when the
 real d loss differs (function.py).
 """
