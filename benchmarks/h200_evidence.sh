@@ -24,6 +24,7 @@
 #                                               # round32t-w left untimed (records; all timed since the 23rd session)
 #   MEMBERS="..." bash benchmarks/h200_evidence.sh round32z   # issue 32, 24th session: the epilogue forward's CUDA
 #                                               # tests, gemm_operands, the profile; then MEMBERS' records
+#                                               # (CHECK_ONLY=1: the records alone)
 #   bash benchmarks/h200_evidence.sh round32y   # issue 32, next (~3 min): the ceiling GEMM on its own operands
 #                                               # against the workload's, the research epilogue forward beside ours
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
@@ -281,14 +282,16 @@ PY
              # profile of ours (epilogue, staged, pipelined) at b2/b4 (~4 min); then, with MEMBERS set, their records at
              # seed-b2..b16 (the folder's new identity) under DEADLINE (default 300)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
-    status "staged + epilogue forward tests (CUDA): exit $?"; tail -3 "$R/staged-tests.txt" | cut -c1-600
-    timeout -s KILL 100 python3 benchmarks/research/gemm_operands.py --workload seed-b2 --rounds 3 \
-      --out "$R/gemm-operands.json" > "$R/gemm-operands.log" 2>&1
-    status "gemm_operands seed-b2: exit $?"; tail -6 "$R/gemm-operands.log"
-    timeout -s KILL 150 python3 benchmarks/fused_profile.py --batches 2 4 --reps 10 \
-      --out "$R/fused-profile.json" > "$R/fused-profile.log" 2>&1
-    status "fused_profile b2 b4: exit $?"; grep -v "^      \|Warn\|warn" "$R/fused-profile.log" | cut -c1-160
+    if [ -z "${CHECK_ONLY:-}" ]; then  # CHECK_ONLY=1: the records alone (the later calls of a round)
+      timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
+      status "staged + epilogue forward tests (CUDA): exit $?"; tail -3 "$R/staged-tests.txt" | cut -c1-600
+      timeout -s KILL 100 python3 benchmarks/research/gemm_operands.py --workload seed-b2 --rounds 3 \
+        --out "$R/gemm-operands.json" > "$R/gemm-operands.log" 2>&1
+      status "gemm_operands seed-b2: exit $?"; tail -6 "$R/gemm-operands.log"
+      timeout -s KILL 150 python3 benchmarks/fused_profile.py --batches 2 4 --reps 10 \
+        --out "$R/fused-profile.json" > "$R/fused-profile.log" 2>&1
+      status "fused_profile b2 b4: exit $?"; grep -v "^      \|Warn\|warn" "$R/fused-profile.log" | cut -c1-160
+    fi
     if [ -n "${MEMBERS:-}" ]; then
       margs=()
       for m in $MEMBERS; do margs+=(--member "$m"); done
