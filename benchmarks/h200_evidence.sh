@@ -280,7 +280,7 @@ PY
   round32z)  # issue 32, twenty-fourth session: the epilogue forward (implementations/triton-fused/epilogue.py) on CUDA.
              # Its tests beside the staged sweep's, the ceiling GEMM on its own operands against the workload's, the
              # profile of ours (epilogue, staged, pipelined) at b2/b4 (~4 min); then, with MEMBERS set, their records at
-             # seed-b2..b16 (the folder's new identity) under DEADLINE (default 300)
+             # WORKLOADS (default seed-b2..b16; the folder's new identity) under DEADLINE (default 300)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     if [ -z "${CHECK_ONLY:-}" ]; then  # CHECK_ONLY=1: the records alone (the later calls of a round)
       timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
@@ -295,11 +295,12 @@ PY
     if [ -n "${MEMBERS:-}" ]; then
       margs=()
       for m in $MEMBERS; do margs+=(--member "$m"); done
+      for w in ${WORKLOADS:-seed-b2 seed-b4 seed-b8 seed-b16}; do margs+=(--workload "$w"); done
       start=$SECONDS
       timeout -s KILL $((${DEADLINE:-300} + 50)) python3 -m grpo_conform check implementations/triton-fused "${margs[@]}" \
-        --workload seed-b2 --workload seed-b4 --workload seed-b8 --workload seed-b16 --evidence-dir "$OUT/h200" \
+        --evidence-dir "$OUT/h200" \
         --deadline "${DEADLINE:-300}" --profile-phases --format json > "$R/triton-fused.json" 2> "$R/triton-fused.log"
-      status "triton-fused seed-b2..b16 ($MEMBERS): exit $?, $((SECONDS - start)) s wall"
+      status "triton-fused ${WORKLOADS:-seed-b2..b16} ($MEMBERS): exit $?, $((SECONDS - start)) s wall"
       tail -4 "$R/triton-fused.log"
       ls "$OUT/h200" | wc -l
     fi
