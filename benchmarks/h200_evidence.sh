@@ -283,8 +283,10 @@ PY
              # WORKLOADS (default seed-b2..b16; the folder's new identity) under DEADLINE (default 300)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     if [ -z "${CHECK_ONLY:-}" ]; then  # CHECK_ONLY=1: the records alone (the later calls of a round)
-      timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
-      status "staged + epilogue forward tests (CUDA): exit $?"; tail -3 "$R/staged-tests.txt" | cut -c1-600
+      if [ "${TESTS:-1}" = 1 ]; then  # TESTS=0: not again (68 passed on an H100 at cb70bc1)
+        timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_fused_staged.py > "$R/staged-tests.txt" 2>&1
+        status "staged + epilogue forward tests (CUDA): exit $?"; tail -3 "$R/staged-tests.txt" | cut -c1-600
+      fi
       timeout -s KILL 100 python3 benchmarks/research/gemm_operands.py --workload seed-b2 --rounds 3 \
         --out "$R/gemm-operands.json" > "$R/gemm-operands.log" 2>&1
       status "gemm_operands seed-b2: exit $?"; tail -6 "$R/gemm-operands.log"
