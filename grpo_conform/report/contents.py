@@ -30,7 +30,11 @@ def rows(sections) -> list[tuple[str, ...]]:
             out.append((title, _why_none(s), "—", "—", conformant))
             continue
         ratio = F.headline_ratio(s, best).lstrip(", ")
-        out.append((title, f"{best.implementation} (batch {best.batch})", T._ms(best.median_ms),
+        # an implementation whose records are all of an older folder identity has no cell: the #1 is only the
+        # fastest of those with current records, and the line says who was left out (it may have been faster)
+        stale = sorted({i.label or i.name for i in s.implementations if NOT_IN_TREE in i.flags})
+        unranked = f"; not ranked: {', '.join(stale)} (records of older folder identities only)" if stale else ""
+        out.append((title, f"{best.implementation} (batch {best.batch}){unranked}", T._ms(best.median_ms),
                     ratio.split(" ", 1)[0] if ratio else "—", conformant))
     return out
 
