@@ -17,7 +17,7 @@ against the datasheet FLOP floor: one more than DISTURBED times that floor (cuBL
 on an H200) is reported `disturbed` without a ratio, never published as a flattering number.
 Operands are filled with small random values (N(0, 1) x 0.02; zeros could be short-cut by sparsity-aware
 hardware). A GEMM's time does depend on its operands' values through the card's power draw: on an H100 the
-seed-b2 logits GEMM took 1.049x as long on the workload's drawn hidden states and weight as on these
+seed-b2 workload's first GEMM took 1.049x as long on the workload's own drawn operands as on these
 (docs/fused-kernel.md, "The epilogue forward in the folder"), so the ceiling is a little kind to the library.
 Out of memory: reported as not measured, the run goes on.
 """
