@@ -111,13 +111,14 @@ class RunContext:
         """protocol -> the GEMM ceiling of its unavoidable GEMMs on this device (gemm_ceiling.py), or None."""
         op = operation_for(spec)
 
-        def ceiling(protocol: str):
+        def ceiling(protocol: str, values=None):
             gemms = op.gemms(spec, resolved, protocol)
             if not gemms:
                 return None
             flops = sum(g.flops for g in gemms)
             peak = self.gpu.flops_per_s(gemms[0].dtype) if self.gpu is not None else None
-            return gemm_ceiling.measure(gemms, self.device, flop_floor_ns=int(flops / peak * 1e9) if peak else None)
+            return gemm_ceiling.measure(gemms, self.device, flop_floor_ns=int(flops / peak * 1e9) if peak else None,
+                                        values=values)
 
         return ceiling
 

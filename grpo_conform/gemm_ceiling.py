@@ -15,18 +15,21 @@ What a hostile worker could do: keep the GPU busy from a background process whil
 measures, making the ceiling slower and its own ratio better. The ceiling is therefore checked
 against the datasheet FLOP floor: one more than DISTURBED times that floor (cuBLAS reaches ~1.4x
 on an H200) is reported `disturbed` without a ratio, never published as a flattering number.
-Operands are filled with small random values (N(0, 1) x 0.02; zeros could be short-cut by sparsity-aware
-hardware). A GEMM's time does depend on its operands' values through the card's power draw: on an H100 the
-seed-b2 workload's first GEMM took 1.049x as long on the workload's own drawn operands as on these
-(docs/fused-kernel.md, "The epilogue forward in the folder"), so the ceiling is a little kind to the library.
-Out of memory: reported as not measured, the run goes on.
+Operands: a GEMM's time depends on its operands' values through the card's power draw (on an H100 the
+seed-b2 workload's first GEMM took 1.049x as long on the workload's own drawn operands as on N(0, 1) x 0.02,
+docs/fused-kernel.md, "The epilogue forward in the folder"), so each operand an input holds (`Gemm.operands`)
+takes the values the implementation's timed calls were given: the parent's pristine copy of the first timed
+buffer set, which no worker maps (a worker that wrote its shared inputs to slow the library down would reach
+nothing here). An operand no input holds (an intermediate the implementation forms) is drawn, N(0, 1) x 0.02
+in its dtype (zeros could be short-cut by sparsity-aware hardware). `operands` in the result says which was
+which. Out of memory: reported as not measured, the run goes on.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -42,28 +45,41 @@ class CeilingSettings:
     warmup: int = 2
 
 
-def _operands(g: Gemm, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _operands(g: Gemm, device: torch.device, values: Mapping[str, torch.Tensor] | None = None
+              ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[str]]:
+    """(a, b) and where each came from: the timed input named by `g.operands` where `values` holds it with
+    the operand's element count and dtype on this device, else drawn."""
     dtype = getattr(torch, g.dtype)
     gen = torch.Generator(device=device).manual_seed(0x6E33)
 
-    def draw(rows: int, cols: int, transposed: bool) -> torch.Tensor:
+    def operand(name: str, rows: int, cols: int, transposed: bool) -> tuple[torch.Tensor, str]:
         shape = (cols, rows) if transposed else (rows, cols)
-        # drawn in its dtype: a float32 copy of the largest operand (16384 x 128256 at seed-b16) is 8.4 GB
-        t = torch.randn(shape, generator=gen, device=device, dtype=dtype).mul_(0.02)
-        return t.t() if transposed else t  # a transposed view, as the fused computation reads it
+        t = (values or {}).get(name) if name else None
+        if t is not None and t.numel() == rows * cols and t.dtype == dtype and t.device == device:
+            t = t.reshape(shape)  # the parent's pristine copy: no worker can write it (docstring)
+            source = name
+        else:
+            # drawn in its dtype: a float32 copy of the largest operand (16384 x 128256 at seed-b16) is 8.4 GB
+            t = torch.randn(shape, generator=gen, device=device, dtype=dtype).mul_(0.02)
+            source = "drawn"
+        return (t.t() if transposed else t), source  # a transposed view, as the fused computation reads it
 
-    return draw(g.m, g.k, g.transposed == "a"), draw(g.k, g.n, g.transposed == "b")
+    (a, sa), (b, sb) = (operand(g.operands[0], g.m, g.k, g.transposed == "a"),
+                        operand(g.operands[1], g.k, g.n, g.transposed == "b"))
+    return (a, b), [sa, sb]
 
 
-def _sequence(gemms: Sequence[Gemm], device: torch.device) -> Callable[[], None]:
-    pairs = [_operands(g, device) for g in gemms]
+def _sequence(gemms: Sequence[Gemm], device: torch.device, values: Mapping[str, torch.Tensor] | None = None
+              ) -> tuple[Callable[[], None], list[list[str]]]:
+    made = [_operands(g, device, values) for g in gemms]
+    pairs = [m[0] for m in made]
     outs = [torch.empty(g.m, g.n, device=device, dtype=getattr(torch, g.dtype)) for g in gemms]
 
     def run() -> None:
         for (a, b), out in zip(pairs, outs):
             torch.mm(a, b, out=out)
 
-    return run
+    return run, [m[1] for m in made]
 
 
 def _time_cpu(fn: Callable[[], None], reps: int, warmup: int) -> list[int]:
@@ -78,15 +94,17 @@ def _time_cpu(fn: Callable[[], None], reps: int, warmup: int) -> list[int]:
 
 
 def measure(gemms: Sequence[Gemm], device: torch.device, settings: CeilingSettings = CeilingSettings(),
-            flop_floor_ns: int | None = None) -> dict[str, Any] | None:
-    """The ceiling of `gemms` on `device` (JSON-ready), or None when there are none. On the CPU (tests,
+            flop_floor_ns: int | None = None, values: Mapping[str, torch.Tensor] | None = None
+            ) -> dict[str, Any] | None:
+    """The ceiling of `gemms` on `device` (JSON-ready), or None when there are none; `values`: the timed
+    inputs (the parent's pristine copies) whose values the GEMMs' named operands take. On the CPU (tests,
     `bench` without a GPU) a perf_counter loop stands in for CUDA events."""
     if not gemms:
         return None
     base = {"gemms": [g.to_json() for g in gemms], "flops": sum(g.flops for g in gemms),
             "library": "torch.mm (cuBLAS)" if device.type == "cuda" else "torch.mm (CPU BLAS)"}
     try:
-        fn = _sequence(gemms, device)
+        fn, sources = _sequence(gemms, device, values)
         if device.type == "cuda":
             samples = time_cuda(fn, settings.reps, settings.warmup)
             method = METHOD
@@ -100,7 +118,7 @@ def measure(gemms: Sequence[Gemm], device: torch.device, settings: CeilingSettin
             torch.cuda.empty_cache()
     dist = Distribution.of(samples)
     out = base | {"measured": True, "method": method, "reps": settings.reps, "warmup": settings.warmup,
-                  "event": dist.to_json(), "median_ns": dist.median_ns}
+                  "event": dist.to_json(), "median_ns": dist.median_ns, "operands": sources}
     if flop_floor_ns:
         out["vs_flop_floor"] = round(dist.median_ns / flop_floor_ns, 4)
         out["disturbed"] = dist.median_ns > DISTURBED * flop_floor_ns

@@ -69,3 +69,34 @@ def test_a_disturbed_or_unmeasured_ceiling_gives_no_ratio():
     assert "gemm_ceiling_ratio" not in result
     gemm_ceiling.attach(result, None)
     assert result["gemm_ceiling"] == {"measured": False, "reason": "out of memory"}
+
+
+def test_the_ceiling_multiplies_the_timed_inputs_own_values(monkeypatch):
+    """A GEMM's time depends on its operands' values (an H100: 1.049x on a workload's draw against N(0, 1) x 0.02),
+    so the ceiling takes the inputs' values where an input holds the operand; d logits (no input) is drawn. A
+    value of another dtype or size is not used (drawn instead), and the result says which operand was which."""
+    gemms, spec, rw = _gemms("token-offpolicy-mask-kl-ref-weight", "full", "tiny-bf16")
+    assert [g.operands for g in gemms] == [("hidden", "weight"), ("", "weight"), ("", "hidden"),
+                                           ("ref_hidden", "ref_weight")]
+    x = operation_for(spec).generate(spec, rw, 7, torch.device("cpu"))
+    values = {k: x[k] for k in ("hidden", "weight", "ref_hidden", "ref_weight")}
+    seen = []
+    real_mm = torch.mm
+
+    def spy(a, b, out=None):
+        seen.append((a.data_ptr(), b.data_ptr()))
+        return real_mm(a, b, out=out)
+
+    monkeypatch.setattr(gemm_ceiling.torch, "mm", spy)
+    c = gemm_ceiling.measure(gemms, torch.device("cpu"), gemm_ceiling.CeilingSettings(reps=1, warmup=0), values=values)
+    assert c["operands"] == [["hidden", "weight"], ["drawn", "weight"], ["drawn", "hidden"], ["ref_hidden", "ref_weight"]]
+    ptr = {k: v.data_ptr() for k, v in values.items()}
+    first = seen[:4]  # one timed rep: the four GEMMs in order
+    assert first[0] == (ptr["hidden"], ptr["weight"]) and first[1][1] == ptr["weight"]
+    assert first[2][1] == ptr["hidden"] and first[3] == (ptr["ref_hidden"], ptr["ref_weight"])
+    assert first[1][0] not in ptr.values() and first[2][0] not in ptr.values()  # d logits: drawn
+    wrong = dict(values, weight=values["weight"].float(), hidden=values["hidden"][:1])
+    c = gemm_ceiling.measure(gemms, torch.device("cpu"), gemm_ceiling.CeilingSettings(reps=1, warmup=0), values=wrong)
+    assert c["operands"][0] == ["drawn", "drawn"] and c["operands"][3] == ["ref_hidden", "ref_weight"]
+    assert gemm_ceiling.measure(gemms[:1], torch.device("cpu"), gemm_ceiling.CeilingSettings(reps=1, warmup=0)
+                                )["operands"] == [["drawn", "drawn"]]  # no values: drawn, as before

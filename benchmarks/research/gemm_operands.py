@@ -1,7 +1,8 @@
 """Does the GEMM ceiling's time depend on its operands' values? (docs/fused-kernel.md, "Round 32x on the H200")
 
 The validator times an implementation on the workload's drawn inputs, and the cuBLAS ceiling beside it on
-`gemm_ceiling._operands` (N(0, 1) x 0.02 in the operands' dtype). A GPU's clock under a tensor-core load
+`gemm_ceiling._operands`'s draw (N(0, 1) x 0.02 in the operands' dtype; since the twenty-fourth session the
+ceiling takes the timed inputs' own values where an input holds the operand, after this script's H100 run). A GPU's clock under a tensor-core load
 follows its power draw, which follows the bits the multipliers toggle, so the same GEMM can take longer
 on some values than on others. This times `torch.mm(hidden, weight.T)` at a seed workload on:
 - the ceiling's operands;
@@ -48,7 +49,7 @@ def main() -> int:
     hidden, weight = x["hidden"].reshape(-1, x["hidden"].shape[-1]), x["weight"]
     n, h = hidden.shape
     v = weight.shape[0]
-    ceil_a, ceil_b = _operands(Gemm(n, h, v, "bfloat16", "logits = hidden weight^T", "b"), dev)
+    (ceil_a, ceil_b), _ = _operands(Gemm(n, h, v, "bfloat16", "logits = hidden weight^T", "b"), dev)  # drawn
     g = torch.Generator(device=dev).manual_seed(1)
     prof_h = (torch.randn(n, h, device=dev, generator=g) * 2).to(torch.bfloat16)
     prof_w = (torch.randn(v, h, device=dev, generator=g) / h ** 0.5).to(torch.bfloat16)

@@ -46,8 +46,9 @@ SIDE_STREAM_MIN_GAP_NS = 100_000
 
 #: (protocol[, unmasked]) -> its floors on this GPU (grpo_conform.floors.compute_floor, traffic-v1).
 FloorFn = Callable[..., Floor]
-#: protocol -> the GEMM ceiling of its unavoidable GEMMs (grpo_conform.gemm_ceiling.measure), or None.
-CeilingFn = Callable[[str], Optional[dict]]
+#: (protocol, the timed inputs' pristine values) -> the GEMM ceiling of its unavoidable GEMMs on those values
+#: (grpo_conform.gemm_ceiling.measure), or None.
+CeilingFn = Callable[[str, Optional[dict]], Optional[dict]]
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,8 @@ class WorkloadTiming:
         result["below_floor"] = below_floor(median, floor) or bool(per_call and per_call["below_floor"])
         if self.ceiling_of is not None:  # after the implementation's calls: no worker call in flight
             with PHASES("timing"):
-                gemm_ceiling.attach(result, self.ceiling_of(protocol))
+                # on the first buffer set's values, from the parent's pristine copy (no worker maps it)
+                gemm_ceiling.attach(result, self.ceiling_of(protocol, self.sets[0].pristine))
         result["summary"] = _summary(result)
         result["_findings"] = self._findings(result, fresh_d, ident_d, host_d, batch_walls, floor, rechecks,
                                              cache_d)

@@ -54,8 +54,10 @@ class GradientGrouping:
 @dataclass(frozen=True)
 class Gemm:
     """One matrix product a protocol cannot avoid: [m, k] x [k, n] in `dtype` (fp32 accumulation),
-    `transposed` naming which operand a kernel reads transposed ("a", "b" or ""), `what` it computes.
-    The GEMM ceiling (grpo_conform/gemm_ceiling.py) times exactly these with the device's library."""
+    `transposed` naming which operand a kernel reads transposed ("a", "b" or ""), `what` it computes,
+    `operands` the inputs whose values a and b are ("" where no input holds them, e.g. d logits).
+    The GEMM ceiling (grpo_conform/gemm_ceiling.py) times exactly these with the device's library, on the
+    timed inputs' own values where `operands` names them (a GEMM's time depends on its operands' values)."""
 
     m: int
     k: int
@@ -63,6 +65,7 @@ class Gemm:
     dtype: str
     what: str
     transposed: str = ""
+    operands: tuple[str, str] = ("", "")
 
     @property
     def flops(self) -> int:
@@ -70,7 +73,7 @@ class Gemm:
 
     def to_json(self) -> dict[str, Any]:
         return {"m": self.m, "k": self.k, "n": self.n, "dtype": self.dtype, "what": self.what,
-                "transposed": self.transposed}
+                "transposed": self.transposed, "operands": list(self.operands)}
 
 
 @dataclass(frozen=True)

@@ -208,12 +208,15 @@ class GrpoFusedLinear:
             return ()
         n, h, v = _dims(resolved)
         dtype = resolved.dtypes.get("hidden", "bfloat16")
-        out = [Gemm(n, h, v, dtype, "logits = hidden weight^T", "b")]
+        # operands: the inputs whose values the ceiling multiplies (d logits has none: drawn)
+        out = [Gemm(n, h, v, dtype, "logits = hidden weight^T", "b", ("hidden", "weight"))]
         if protocol in ("full", "full-scaled"):
-            out += [Gemm(n, v, h, dtype, "d hidden = d logits weight"),
-                    Gemm(v, n, h, dtype, "d weight = d logits^T hidden", "a")]
-        if any(t.name == "ref_weight" for t in spec.inputs):
-            out.append(Gemm(n, h, v, dtype, "reference logits = hidden ref_weight^T", "b"))
+            out += [Gemm(n, v, h, dtype, "d hidden = d logits weight", "", ("", "weight")),
+                    Gemm(v, n, h, dtype, "d weight = d logits^T hidden", "a", ("", "hidden"))]
+        names = {t.name for t in spec.inputs}
+        if "ref_weight" in names:
+            ref_hidden = "ref_hidden" if "ref_hidden" in names else "hidden"
+            out.append(Gemm(n, h, v, dtype, "reference logits = hidden ref_weight^T", "b", (ref_hidden, "ref_weight")))
         return tuple(out)
 
     def flops(self, spec, resolved, protocol: str) -> tuple[int, str]:
