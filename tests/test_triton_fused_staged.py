@@ -239,3 +239,16 @@ def test_the_interpreter_runs_the_epilogue_forward(monkeypatch):
         sem.FusedSettings(forward_gemm="triton")
     with pytest.raises(ValueError, match="forward_epilogue_tile"):
         sem.FusedSettings(forward_epilogue_tile=(128, 200, 64, 3, 8))
+
+
+def test_operands_off_16_bytes_take_the_cublas_path():
+    """TMA needs 16-byte aligned bases and row strides: an offset view (the input-layouts probe's) is refused by
+    `usable`, and the plan then runs cuBLAS and the sweep for that call."""
+    epi, sem = _load("epilogue"), _load("semantics")
+    st = epi.EpilogueStats(8, 40, 32, torch.device("cpu"), sem.FusedSettings(), 1.0, 0.0)
+    base = torch.zeros(8 * 32 + 1, dtype=torch.bfloat16)
+    w = torch.zeros(40, 32, dtype=torch.bfloat16)
+    assert st.usable(base[: 8 * 32].view(8, 32), w)
+    assert not st.usable(base[1:].view(8, 32), w)  # 2 bytes off
+    assert st.usable(torch.zeros(8, 64, dtype=torch.bfloat16)[:, :32], w)  # a row stride of 128 bytes: fine
+    assert not st.usable(torch.zeros(8, 33, dtype=torch.bfloat16)[:, :32], w)  # a row stride of 66 bytes
