@@ -45,6 +45,11 @@ class CeilingSettings:
     warmup: int = 2
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """cuda:0 and cuda are the same device where the run names no index."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
 def _operands(g: Gemm, device: torch.device, values: Mapping[str, torch.Tensor] | None = None
               ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[str]]:
     """(a, b) and where each came from: the timed input named by `g.operands` where `values` holds it with
@@ -55,7 +60,7 @@ def _operands(g: Gemm, device: torch.device, values: Mapping[str, torch.Tensor] 
     def operand(name: str, rows: int, cols: int, transposed: bool) -> tuple[torch.Tensor, str]:
         shape = (cols, rows) if transposed else (rows, cols)
         t = (values or {}).get(name) if name else None
-        if t is not None and t.numel() == rows * cols and t.dtype == dtype and t.device == device:
+        if t is not None and t.numel() == rows * cols and t.dtype == dtype and _same_device(t.device, device):
             t = t.reshape(shape)  # the parent's pristine copy: no worker can write it (docstring)
             source = name
         else:

@@ -100,3 +100,12 @@ def test_the_ceiling_multiplies_the_timed_inputs_own_values(monkeypatch):
     assert c["operands"][0] == ["drawn", "drawn"] and c["operands"][3] == ["ref_hidden", "ref_weight"]
     assert gemm_ceiling.measure(gemms[:1], torch.device("cpu"), gemm_ceiling.CeilingSettings(reps=1, warmup=0)
                                 )["operands"] == [["drawn", "drawn"]]  # no values: drawn, as before
+
+
+def test_a_run_on_cuda_takes_inputs_on_cuda_0():
+    """The run's device is often `cuda` and the inputs' `cuda:0`, which torch calls different devices: the
+    ceiling would then draw every operand without a word on the GPU (found before any GPU ran it)."""
+    same = gemm_ceiling._same_device
+    assert same(torch.device("cuda:0"), torch.device("cuda")) and same(torch.device("cuda"), torch.device("cuda:0"))
+    assert not same(torch.device("cuda:1"), torch.device("cuda:0")) and not same(torch.device("cpu"), torch.device("cuda"))
+    assert same(torch.device("cpu"), torch.device("cpu"))
