@@ -109,3 +109,15 @@ def test_a_run_on_cuda_takes_inputs_on_cuda_0():
     assert same(torch.device("cuda:0"), torch.device("cuda")) and same(torch.device("cuda"), torch.device("cuda:0"))
     assert not same(torch.device("cuda:1"), torch.device("cuda:0")) and not same(torch.device("cpu"), torch.device("cuda"))
     assert same(torch.device("cpu"), torch.device("cpu"))
+
+
+def test_the_run_s_ceiling_function_hands_the_values_on():
+    """check.RunContext.gemm_ceiling_fn is what the timed protocols call with their first buffer set's pristine
+    values (checks/timed.py): the values reach the measurement."""
+    from grpo_conform.check import RunContext
+
+    gemms, spec, rw = _gemms("token-offpolicy-mask", "forward", "tiny-bf16")
+    x = operation_for(spec).generate(spec, rw, 3, torch.device("cpu"))
+    ceiling = RunContext(torch.device("cpu"), None).gemm_ceiling_fn(spec, rw)
+    assert ceiling("forward", {"hidden": x["hidden"], "weight": x["weight"]})["operands"] == [["hidden", "weight"]]
+    assert ceiling("forward")["operands"] == [["drawn", "drawn"]]
