@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from fused_peers import ROOT, compose_loss, eager, grpo_terms_torch, load_folder, make_inputs, ours_loss, params_of
+from fused_peers import compose_loss, eager, load_folder, make_inputs, ours_loss, params_of
 
 SPIN_CYCLES = 2_000_000  # ~1 ms at the H200's clock: longer than enqueueing any variant's kernels
 
@@ -87,26 +87,6 @@ def profile(fn, reps: int, flush: torch.Tensor) -> dict:
             "gemm_us": med(2), "top": [{"name": k, "median_us": m, "per_call": c} for m, c, k in top]}
 
 
-EPILOGUE_CFG = (128, 256, 64, 3, 8, True)  # research/epilogue_gemm.py's fastest persistent TMA launch at b2 (H100)
-
-
-def epilogue_loss(x, p, cfg=EPILOGUE_CFG):
-    """Issue 32's forward-only by the research kernel: log-probs from the logits GEMM's epilogue
-    (benchmarks/research/epilogue_gemm.py, the logits never written), then the member's terms in torch."""
-    research = str(ROOT / "benchmarks" / "research")
-    if research not in sys.path:
-        sys.path.insert(0, research)
-    from epilogue_gemm import stats_tma
-
-    ids = x["completion_ids"].reshape(-1)
-
-    def loss(lv):
-        h = lv["hidden"].reshape(-1, lv["hidden"].shape[-1])
-        _, logp = stats_tma(h, lv["weight"], ids, 1.0 / p["temperature"], cfg)
-        return grpo_terms_torch(logp.view(x["completion_ids"].shape), x, p)
-    return loss
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[2])
@@ -114,8 +94,6 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rotate", type=int, default=1, help="also time ours and the GEMM over this many input sets "
                     "in turn, as the validator's timing rotates its buffer sets (1: off)")
-    ap.add_argument("--epilogue", action="store_true", help="also the research kernel's forward (log-probs from the "
-                    "GEMM's epilogue, benchmarks/research/epilogue_gemm.py), its loss checked against eager float32")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -144,11 +122,6 @@ def main(argv=None) -> int:
             got, want = float(ours_loss(x, p, settings())[0](lv)), float(eager(x, p, fp32=True))
         print(f"b{batch} ours (default settings) loss {got:.7g} against eager float32 {want:.7g} "
               f"(|diff| {abs(got - want):.2e})")
-        if args.epilogue:
-            variants["epilogue (research) + torch terms"] = lambda f=epilogue_loss(x, p): f(lv)
-            with torch.no_grad():
-                got, want = float(epilogue_loss(x, p)(lv)), float(eager(x, p, fp32=True))
-            print(f"b{batch} epilogue loss {got:.7g} against eager float32 {want:.7g} (|diff| {abs(got - want):.2e})")
         if args.rotate > 1:  # the validator's timing: fresh inputs every call, over buffer sets in turn
             sets = [x] + [make_inputs(batch, 1024, 4096, 128256, args.member, "cuda", seed=k) for k in range(1, args.rotate)]
             losses = [ours_loss(xs, p, settings())[0] for xs in sets]

@@ -264,15 +264,12 @@ PY
     ;;
   round32y)  # issue 32, next (~3 min): does the GEMM ceiling's time depend on its operands' values (research/
              # gemm_operands.py: the forward's 1.075-1.082x under the validator against 1.049x by kernel spans); the
-             # research epilogue forward beside ours (fused_profile --epilogue); the epilogue kernel's row-block groups
-             # at b8/b16 (research/epilogue_gemm.py --group-m). No records.
+             # epilogue kernel's row-block groups at b8/b16 (research/epilogue_gemm.py --group-m). No records. (Its
+             # profile of the research forward is gone: the folder's forward is that kernel now, round32z profiles it.)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     timeout -s KILL 120 python3 benchmarks/research/gemm_operands.py --workload seed-b2 --rounds 3 \
       --out "$R/gemm-operands.json" > "$R/gemm-operands.log" 2>&1
     status "gemm_operands seed-b2: exit $?"; tail -6 "$R/gemm-operands.log"
-    timeout -s KILL 150 python3 benchmarks/fused_profile.py --batches 2 4 --reps 10 --epilogue \
-      --out "$R/fused-profile-epilogue.json" > "$R/fused-profile-epilogue.log" 2>&1
-    status "fused_profile --epilogue b2 b4: exit $?"; grep -v "^ \|Warn\|warn" "$R/fused-profile-epilogue.log" | cut -c1-160
     timeout -s KILL 150 python3 benchmarks/research/epilogue_gemm.py --batches 8 16 --only-tma --tma-configs 2 \
       --group-m 8 16 24 32 --out "$R/epilogue-groups.json" > "$R/epilogue-groups.log" 2>&1
     status "epilogue_gemm b8 b16 groups: exit $?"; grep "^b" "$R/epilogue-groups.log"

@@ -9,23 +9,22 @@ where a row's target column falls in it, the target logit; a combine kernel make
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: fused_peers
+from fused_peers import load_folder  # noqa: E402
 
-@triton.jit
-def _tile_of(tile, M, V, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row block, vocabulary block) of a tile number: GROUP_M row blocks walked together per weight tile."""
-    num_n = tl.cdiv(V, BN)
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    size_m = tl.minimum(tl.cdiv(M, BM) - first_m, GROUP_M)
-    return first_m + (tile % per_group) % size_m, (tile % per_group) // size_m
+
+# The tile order is the folder's (implementations/triton-fused/epilogue.py), loaded as a package of its own.
+_tile_of = importlib.import_module(load_folder("triton-fused", "epilogue_gemm_folder").__name__ + ".epilogue")._tile_of
 
 
 @triton.jit
