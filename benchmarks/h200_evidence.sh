@@ -30,7 +30,7 @@
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
-#   bash benchmarks/h200_evidence.sh sweep36c   # issue 36, next: --configs at V 32000 in bf16 and fp16 over token-is,
+#   bash benchmarks/h200_evidence.sh sweep36c   # issue 36 (run 2026-12-05, 25 s): --configs at V 32000 in bf16 and fp16 over token-is,
 #                                               # the masked token member and GSPO (the rules V 32000 still lacks)
 #   bash benchmarks/h200_evidence.sh round35a   # the default check with GRPO_CONFORM_SAMPLE (each slot's time by
 #                                               # function) and the GPU's memory sampled
@@ -304,7 +304,7 @@ PY
       ls "$OUT/h200" | wc -l
     fi
     ;;
-  sweep36c)  # issue 36, next: what V 32000 still lacks (docs/triton-kernel-notes.md, "V 32000 rules on the H200"): fp16
+  sweep36c)  # issue 36 (run in the twenty-fifth session): what V 32000 still lacks (docs/triton-kernel-notes.md, "V 32000 rules on the H200"): fp16
              # rules and the masked members' 1.23-1.29x. --configs at V 32000 in bf16 and fp16 over token-is, the masked
              # token member and GSPO (a level's rule is chosen over all of its members), the V 32000 grid beside it,
              # the seed vocabulary at b8 as control (`--plan` estimates ~80 s of jobs + ~45 s compiled ahead)
