@@ -23,6 +23,13 @@ buffer set, which no worker maps (a worker that wrote its shared inputs to slow 
 nothing here). An operand no input holds (an intermediate the implementation forms) is drawn, N(0, 1) x 0.02
 in its dtype (zeros could be short-cut by sparsity-aware hardware). `operands` in the result says which was
 which. Out of memory: reported as not measured, the run goes on.
+Layouts: one GEMM over all rows is not the library's fastest way to those FLOPs. On an H200 the
+seed-b16 fused operation's first GEMM took 27.2-28.0 ms whole on the workload's values, while a 2048-row
+piece took ~3.04 ms (~24.3 ms for eight; two calls of one session: docs/fused-kernel.md, "Whole GEMMs
+against chunks of rows"), so a kernel that chunks its rows (ours does) read under 1x a ceiling that was no
+ceiling. The GEMMs are therefore also timed split along their rows dimension (`Gemm.rows`: output rows for
+"m"; for "k" the summed dimension, each piece added into the output as a chunked kernel adds it) in pieces
+of `row_chunks` rows; the ceiling is the fastest layout, and `layouts` in the result gives each one's median.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ DISTURBED = 3.0  # a ceiling slower than this many times the datasheet FLOP floo
 class CeilingSettings:
     reps: int = 10
     warmup: int = 2
+    row_chunks: tuple[int, ...] = (2048, 4096)  # rows per piece of the split layouts (docstring: Layouts)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -74,17 +82,50 @@ def _operands(g: Gemm, device: torch.device, values: Mapping[str, torch.Tensor] 
     return (a, b), [sa, sb]
 
 
-def _sequence(gemms: Sequence[Gemm], device: torch.device, values: Mapping[str, torch.Tensor] | None = None
-              ) -> tuple[Callable[[], None], list[list[str]]]:
+def _pieces(size: int, rows: int | None) -> list[tuple[int, int]]:
+    """[start, stop) of each piece of `rows` along a dimension of `size` (one piece: the whole GEMM)."""
+    step = size if not rows or rows >= size else rows
+    return [(i, min(i + step, size)) for i in range(0, size, step)]
+
+
+def _runner(gemms: Sequence[Gemm], pairs, outs, rows: int | None) -> Callable[[], None]:
+    """All of `gemms` in one function, each whole (`rows` None) or in pieces of `rows` along `Gemm.rows`:
+    "m" pieces write their own output rows, "k" pieces add into the whole output (the first one sets it)."""
+    steps: list[Callable[[], Any]] = []
+    for g, (a, b), out in zip(gemms, pairs, outs):
+        axis = g.rows if rows else ""
+        if axis == "m":
+            steps += [lambda a=a[i:j], b=b, o=out[i:j]: torch.mm(a, b, out=o) for i, j in _pieces(g.m, rows)]
+        elif axis == "k":
+            for n, (i, j) in enumerate(_pieces(g.k, rows)):
+                steps.append((lambda a=a[:, i:j], b=b[i:j], o=out: torch.mm(a, b, out=o)) if n == 0 else
+                             (lambda a=a[:, i:j], b=b[i:j], o=out: o.addmm_(a, b)))
+        else:
+            steps.append(lambda a=a, b=b, o=out: torch.mm(a, b, out=o))
+
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
+
+
+def _layouts(gemms: Sequence[Gemm], settings: CeilingSettings) -> list[int | None]:
+    """None (every GEMM whole), then each piece size that splits at least one GEMM."""
+    def size(g: Gemm) -> int:
+        return {"m": g.m, "k": g.k}.get(g.rows, 0)
+    return [None] + [r for r in settings.row_chunks if any(size(g) > r for g in gemms)]
+
+
+def _sequence(gemms: Sequence[Gemm], device: torch.device, values: Mapping[str, torch.Tensor] | None = None,
+              settings: CeilingSettings = CeilingSettings()
+              ) -> tuple[dict[str, Callable[[], None]], list[list[str]]]:
+    """Layout name ("whole", "rows of R") -> the timed function, over one set of operands and outputs."""
     made = [_operands(g, device, values) for g in gemms]
     pairs = [m[0] for m in made]
     outs = [torch.empty(g.m, g.n, device=device, dtype=getattr(torch, g.dtype)) for g in gemms]
-
-    def run() -> None:
-        for (a, b), out in zip(pairs, outs):
-            torch.mm(a, b, out=out)
-
-    return run, [m[1] for m in made]
+    fns = {("whole" if r is None else f"rows of {r}"): _runner(gemms, pairs, outs, r) for r in _layouts(gemms, settings)}
+    return fns, [m[1] for m in made]
 
 
 def _time_cpu(fn: Callable[[], None], reps: int, warmup: int) -> list[int]:
@@ -108,22 +149,26 @@ def measure(gemms: Sequence[Gemm], device: torch.device, settings: CeilingSettin
         return None
     base = {"gemms": [g.to_json() for g in gemms], "flops": sum(g.flops for g in gemms),
             "library": "torch.mm (cuBLAS)" if device.type == "cuda" else "torch.mm (CPU BLAS)"}
+    dists: dict[str, Distribution] = {}
     try:
-        fn, sources = _sequence(gemms, device, values)
-        if device.type == "cuda":
-            samples = time_cuda(fn, settings.reps, settings.warmup)
-            method = METHOD
-        else:
-            samples = _time_cpu(fn, settings.reps, settings.warmup)
-            method = "perf_counter_ns per rep, no cache flush (CPU)"
+        fns, sources = _sequence(gemms, device, values, settings)
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                samples = time_cuda(fn, settings.reps, settings.warmup)
+                method = METHOD
+            else:
+                samples = _time_cpu(fn, settings.reps, settings.warmup)
+                method = "perf_counter_ns per rep, no cache flush (CPU)"
+            dists[name] = Distribution.of(samples)
     except torch.cuda.OutOfMemoryError as exc:
         return base | {"measured": False, "reason": f"out of memory on {device}: {str(exc)[:200]}"}
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    dist = Distribution.of(samples)
+    layout, dist = min(dists.items(), key=lambda kv: kv[1].median_ns)  # the fastest layout is the ceiling
     out = base | {"measured": True, "method": method, "reps": settings.reps, "warmup": settings.warmup,
-                  "event": dist.to_json(), "median_ns": dist.median_ns, "operands": sources}
+                  "event": dist.to_json(), "median_ns": dist.median_ns, "operands": sources, "layout": layout,
+                  "layouts": {name: d.median_ns for name, d in dists.items()}}
     if flop_floor_ns:
         out["vs_flop_floor"] = round(dist.median_ns / flop_floor_ns, 4)
         out["disturbed"] = dist.median_ns > DISTURBED * flop_floor_ns

@@ -121,3 +121,42 @@ def test_the_run_s_ceiling_function_hands_the_values_on():
     ceiling = RunContext(torch.device("cpu"), None).gemm_ceiling_fn(spec, rw)
     assert ceiling("forward", {"hidden": x["hidden"], "weight": x["weight"]})["operands"] == [["hidden", "weight"]]
     assert ceiling("forward")["operands"] == [["drawn", "drawn"]]
+
+
+def test_the_split_layouts_compute_the_whole_products():
+    """The ceiling also times each GEMM in pieces of rows (a whole 16384-row GEMM ran ~12% slower per row than
+    2048-row pieces on an H200). A layout that skipped or repeated a piece would time other work than the
+    GEMMs: every layout must leave exactly the whole product, "m" pieces in their own rows, "k" pieces summed."""
+    from grpo_conform.ops.interface import Gemm
+
+    gen = torch.Generator().manual_seed(5)
+    gemms = [Gemm(7, 5, 6, "float32", "m split", "", rows="m"), Gemm(6, 9, 4, "float32", "k split", "a", rows="k"),
+             Gemm(5, 3, 2, "float32", "never split", "b")]
+    pairs = [(torch.randn(7, 5, generator=gen), torch.randn(5, 6, generator=gen)),
+             (torch.randn(9, 6, generator=gen).t(), torch.randn(9, 4, generator=gen)),
+             (torch.randn(5, 3, generator=gen), torch.randn(2, 3, generator=gen).t())]
+    want = [a @ b for a, b in pairs]
+    for rows in (None, 1, 2, 3, 4, 100):
+        outs = [torch.full((g.m, g.n), float("nan")) for g in gemms]
+        gemm_ceiling._runner(gemms, pairs, outs, rows)()
+        for got, expected in zip(outs, want):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert gemm_ceiling._pieces(7, 3) == [(0, 3), (3, 6), (6, 7)] and gemm_ceiling._pieces(7, None) == [(0, 7)]
+
+
+def test_the_ceiling_is_the_fastest_layout_and_names_them_all(monkeypatch):
+    """Each layout is timed; the ceiling is the fastest one, and the result gives every layout's median. A GEMM
+    without a rows dimension is never split, and a piece size that splits nothing is not timed."""
+    from grpo_conform.ops.interface import Gemm
+
+    gemms, _, _ = _gemms("token-is", "full", "tiny-bf16")
+    assert [g.rows for g in gemms] == ["m", "m", "k"]
+    rows = gemms[0].m
+    settings = gemm_ceiling.CeilingSettings(reps=1, warmup=0, row_chunks=(rows // 2, rows, 10 * rows))
+    assert gemm_ceiling._layouts(gemms, settings) == [None, rows // 2]
+    assert gemm_ceiling._layouts([Gemm(64, 8, 8, "float32", "no rows")], settings) == [None]
+    fake = iter([[300], [100]])  # whole, then rows of N/2: the split one is faster here
+    monkeypatch.setattr(gemm_ceiling, "_time_cpu", lambda fn, reps, warmup: (fn(), next(fake))[1])
+    c = gemm_ceiling.measure(gemms, torch.device("cpu"), settings)
+    assert c["layouts"] == {"whole": 300, f"rows of {rows // 2}": 100}
+    assert c["layout"] == f"rows of {rows // 2}" and c["median_ns"] == 100 and c["event"]["median_ns"] == 100

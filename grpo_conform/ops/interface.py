@@ -55,9 +55,11 @@ class GradientGrouping:
 class Gemm:
     """One matrix product a protocol cannot avoid: [m, k] x [k, n] in `dtype` (fp32 accumulation),
     `transposed` naming which operand a kernel reads transposed ("a", "b" or ""), `what` it computes,
-    `operands` the inputs whose values a and b are ("" where no input holds them, e.g. d logits).
-    The GEMM ceiling (grpo_conform/gemm_ceiling.py) times exactly these with the device's library, on the
-    timed inputs' own values where `operands` names them (a GEMM's time depends on its operands' values)."""
+    `operands` the inputs whose values a and b are ("" where no input holds them, e.g. d logits), `rows`
+    the dimension ("m" or "k") that runs over the operation's rows, so that a kernel may form the product
+    in chunks of rows ("" where none does). The GEMM ceiling (grpo_conform/gemm_ceiling.py) times exactly
+    these with the device's library, whole and in chunks of rows, on the timed inputs' own values where
+    `operands` names them (a GEMM's time depends on its operands' values and on its size)."""
 
     m: int
     k: int
@@ -66,6 +68,7 @@ class Gemm:
     what: str
     transposed: str = ""
     operands: tuple[str, str] = ("", "")
+    rows: str = ""
 
     @property
     def flops(self) -> int:
@@ -73,7 +76,7 @@ class Gemm:
 
     def to_json(self) -> dict[str, Any]:
         return {"m": self.m, "k": self.k, "n": self.n, "dtype": self.dtype, "what": self.what,
-                "transposed": self.transposed, "operands": list(self.operands)}
+                "transposed": self.transposed, "operands": list(self.operands), "rows": self.rows}
 
 
 @dataclass(frozen=True)

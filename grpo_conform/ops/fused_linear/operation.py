@@ -208,15 +208,17 @@ class GrpoFusedLinear:
             return ()
         n, h, v = _dims(resolved)
         dtype = resolved.dtypes.get("hidden", "bfloat16")
-        # operands: the inputs whose values the ceiling multiplies (d logits has none: drawn)
-        out = [Gemm(n, h, v, dtype, "logits = hidden weight^T", "b", ("hidden", "weight"))]
+        # operands: the inputs whose values the ceiling multiplies (d logits has none: drawn); rows: the
+        # dimension over the N rows, along which a kernel may chunk (d weight's sum runs over them)
+        out = [Gemm(n, h, v, dtype, "logits = hidden weight^T", "b", ("hidden", "weight"), "m")]
         if protocol in ("full", "full-scaled"):
-            out += [Gemm(n, v, h, dtype, "d hidden = d logits weight", "", ("", "weight")),
-                    Gemm(v, n, h, dtype, "d weight = d logits^T hidden", "a", ("", "hidden"))]
+            out += [Gemm(n, v, h, dtype, "d hidden = d logits weight", "", ("", "weight"), "m"),
+                    Gemm(v, n, h, dtype, "d weight = d logits^T hidden", "a", ("", "hidden"), "k")]
         names = {t.name for t in spec.inputs}
         if "ref_weight" in names:
             ref_hidden = "ref_hidden" if "ref_hidden" in names else "hidden"
-            out.append(Gemm(n, h, v, dtype, "reference logits = hidden ref_weight^T", "b", (ref_hidden, "ref_weight")))
+            out.append(Gemm(n, h, v, dtype, "reference logits = hidden ref_weight^T", "b", (ref_hidden, "ref_weight"),
+                            "m"))
         return tuple(out)
 
     def flops(self, spec, resolved, protocol: str) -> tuple[int, str]:
