@@ -333,5 +333,8 @@ esac
 ls /dev/shm > "$R/dev-shm-after.txt" 2>&1
 python3 benchmarks/summarize_device.py "$R" 2>/dev/null | tail -40
 # The part packs $OUT itself and removes what it packed: a device command adds no tar of its own after it
-# (one did on 2026-12-05, wrote an empty archive over this one, and nine signed-to-be records were lost).
-tar czf "$OUT/h200-${1:-probe}.tgz" -C "$OUT" h200 reports && rm -rf "$OUT/h200" "$OUT/reports"
+# (one did on 2026-12-05, wrote an empty archive over this one, and nine signed-to-be records were lost). A
+# second part in the same command gets an archive of its own (-2, -3, ...), never one written over.
+pack=$OUT/h200-${1:-probe}.tgz; n=2
+while [ -e "$pack" ]; do pack=$OUT/h200-${1:-probe}-$n.tgz; n=$((n + 1)); done
+tar czf "$pack" -C "$OUT" h200 reports && rm -rf "$OUT/h200" "$OUT/reports"
