@@ -71,6 +71,8 @@ def timing_rows(section: Section, protocol: str) -> list[tuple[str, ...]]:
     out = []  # the logits table's cells (one per row, same order) with the floor and memory cells replaced
     for r, shared in zip([r for r in section.rows if r.protocol == protocol], T.timing_rows(section, protocol)):
         gemm = T._x(r.gemm_ceiling_ratio)
+        if r.gemm_ceiling_ratio is not None and r.gemm_ceiling_layout:  # records since the layouts were timed
+            gemm += f" ({r.gemm_ceiling_layout})"
         out.append((shared[0], shared[1], shared[2], shared[3], shared[4], _binding(r), gemm, shared[6],
                     T._bytes(r.peak_bytes), shared[8]))
     return out
@@ -86,8 +88,8 @@ def floor_note(section: Section, protocol: str) -> str:
             "datasheet and measured bandwidths) and its arithmetic floor (the GEMMs' 2NHV FLOPs each at the "
             "catalogue's dense tensor-core peak for the operands' dtype); which one binds is named. x GEMM "
             "ceiling: median / this run's cuBLAS time of the same GEMMs, where the record measured it (since "
-            "2026-12-05 the fastest of the GEMMs whole and in chunks of rows; before, whole: a ratio under 1 at "
-            "large batches is a kernel that chunks its rows). peak extra "
+            "2026-12-05 the fastest of the GEMMs whole and in chunks of rows, the layout named in brackets; before, "
+            "whole: a ratio under 1 at large batches is a kernel that chunks its rows). peak extra "
             "memory: the most allocated above the call's start. vs #1: median / the fastest conformant median on "
             "the same workload. wall: host-inclusive time per call.")
 
