@@ -27,9 +27,10 @@ Layouts: one GEMM over all rows is not the library's fastest way to those FLOPs.
 seed-b16 fused operation's first GEMM took 27.2-28.0 ms whole on the workload's values, while a 2048-row
 piece took ~3.04 ms (~24.3 ms for eight; two calls of one session: docs/fused-kernel.md, "Whole GEMMs
 against chunks of rows"), so a kernel that chunks its rows (ours does) read under 1x a ceiling that was no
-ceiling. The GEMMs are therefore also timed split along their rows dimension (`Gemm.rows`: output rows for
-"m"; for "k" the summed dimension, each piece added into the output as a chunked kernel adds it) in pieces
-of `row_chunks` rows; the ceiling is the fastest layout, and `layouts` in the result gives each one's median.
+ceiling. So each GEMM is first timed alone, whole and split along its rows dimension (`Gemm.rows`: output
+rows for "m"; for "k" the summed dimension, each piece added into the output as a chunked kernel adds it) in
+pieces of `row_chunks` rows; the ceiling then times every GEMM in its own fastest layout, back to back, as
+one function. `layout` in the result names each GEMM's layout, `layouts` each GEMM's medians alone.
 """
 
 from __future__ import annotations
@@ -88,16 +89,16 @@ def _pieces(size: int, rows: int | None) -> list[tuple[int, int]]:
     return [(i, min(i + step, size)) for i in range(0, size, step)]
 
 
-def _runner(gemms: Sequence[Gemm], pairs, outs, rows: int | None) -> Callable[[], None]:
-    """All of `gemms` in one function, each whole (`rows` None) or in pieces of `rows` along `Gemm.rows`:
-    "m" pieces write their own output rows, "k" pieces add into the whole output (the first one sets it)."""
+def _runner(gemms: Sequence[Gemm], pairs, outs, rows: Sequence[int | None]) -> Callable[[], None]:
+    """All of `gemms` in one function, each whole (its `rows` None) or in pieces of that many rows along
+    `Gemm.rows`: "m" pieces write their own output rows, "k" pieces add into the whole output (the first sets it)."""
     steps: list[Callable[[], Any]] = []
-    for g, (a, b), out in zip(gemms, pairs, outs):
-        axis = g.rows if rows else ""
+    for g, (a, b), out, r in zip(gemms, pairs, outs, rows):
+        axis = g.rows if r else ""
         if axis == "m":
-            steps += [lambda a=a[i:j], b=b, o=out[i:j]: torch.mm(a, b, out=o) for i, j in _pieces(g.m, rows)]
+            steps += [lambda a=a[i:j], b=b, o=out[i:j]: torch.mm(a, b, out=o) for i, j in _pieces(g.m, r)]
         elif axis == "k":
-            for n, (i, j) in enumerate(_pieces(g.k, rows)):
+            for n, (i, j) in enumerate(_pieces(g.k, r)):
                 steps.append((lambda a=a[:, i:j], b=b[i:j], o=out: torch.mm(a, b, out=o)) if n == 0 else
                              (lambda a=a[:, i:j], b=b[i:j], o=out: o.addmm_(a, b)))
         else:
@@ -110,22 +111,22 @@ def _runner(gemms: Sequence[Gemm], pairs, outs, rows: int | None) -> Callable[[]
     return run
 
 
-def _layouts(gemms: Sequence[Gemm], settings: CeilingSettings) -> list[int | None]:
-    """None (every GEMM whole), then each piece size that splits at least one GEMM."""
-    def size(g: Gemm) -> int:
-        return {"m": g.m, "k": g.k}.get(g.rows, 0)
-    return [None] + [r for r in settings.row_chunks if any(size(g) > r for g in gemms)]
+def _layouts(g: Gemm, settings: CeilingSettings) -> list[int | None]:
+    """None (the GEMM whole), then each piece size that splits it."""
+    size = {"m": g.m, "k": g.k}.get(g.rows, 0)
+    return [None] + [r for r in settings.row_chunks if size > r]
 
 
-def _sequence(gemms: Sequence[Gemm], device: torch.device, values: Mapping[str, torch.Tensor] | None = None,
-              settings: CeilingSettings = CeilingSettings()
-              ) -> tuple[dict[str, Callable[[], None]], list[list[str]]]:
-    """Layout name ("whole", "rows of R") -> the timed function, over one set of operands and outputs."""
+def _name(rows: int | None) -> str:
+    return "whole" if rows is None else f"rows of {rows}"
+
+
+def _buffers(gemms: Sequence[Gemm], device: torch.device, values: Mapping[str, torch.Tensor] | None
+             ) -> tuple[list, list[torch.Tensor], list[list[str]]]:
+    """Each GEMM's operands (and where they came from) and output, shared by every layout timed."""
     made = [_operands(g, device, values) for g in gemms]
-    pairs = [m[0] for m in made]
     outs = [torch.empty(g.m, g.n, device=device, dtype=getattr(torch, g.dtype)) for g in gemms]
-    fns = {("whole" if r is None else f"rows of {r}"): _runner(gemms, pairs, outs, r) for r in _layouts(gemms, settings)}
-    return fns, [m[1] for m in made]
+    return [m[0] for m in made], outs, [m[1] for m in made]
 
 
 def _time_cpu(fn: Callable[[], None], reps: int, warmup: int) -> list[int]:
@@ -149,26 +150,31 @@ def measure(gemms: Sequence[Gemm], device: torch.device, settings: CeilingSettin
         return None
     base = {"gemms": [g.to_json() for g in gemms], "flops": sum(g.flops for g in gemms),
             "library": "torch.mm (cuBLAS)" if device.type == "cuda" else "torch.mm (CPU BLAS)"}
-    dists: dict[str, Distribution] = {}
+    method = METHOD if device.type == "cuda" else "perf_counter_ns per rep, no cache flush (CPU)"
+
+    def timed(fn: Callable[[], None]) -> Distribution:
+        if device.type == "cuda":
+            return Distribution.of(time_cuda(fn, settings.reps, settings.warmup))
+        return Distribution.of(_time_cpu(fn, settings.reps, settings.warmup))
+
     try:
-        fns, sources = _sequence(gemms, device, values, settings)
-        for name, fn in fns.items():
-            if device.type == "cuda":
-                samples = time_cuda(fn, settings.reps, settings.warmup)
-                method = METHOD
-            else:
-                samples = _time_cpu(fn, settings.reps, settings.warmup)
-                method = "perf_counter_ns per rep, no cache flush (CPU)"
-            dists[name] = Distribution.of(samples)
+        pairs, outs, sources = _buffers(gemms, device, values)
+        alone: list[dict[str, int]] = []  # per GEMM: each layout's median, the GEMM timed alone
+        chosen: list[int | None] = []
+        for g, pair, out in zip(gemms, pairs, outs):
+            dists = {r: timed(_runner([g], [pair], [out], [r])) for r in _layouts(g, settings)}
+            chosen.append(min(dists, key=lambda r: dists[r].median_ns))  # this GEMM's fastest layout
+            alone.append({_name(r): d.median_ns for r, d in dists.items()})
+        # the ceiling: every GEMM in its fastest layout, back to back in one timed function
+        dist = dists[chosen[0]] if len(gemms) == 1 else timed(_runner(gemms, pairs, outs, chosen))
     except torch.cuda.OutOfMemoryError as exc:
         return base | {"measured": False, "reason": f"out of memory on {device}: {str(exc)[:200]}"}
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    layout, dist = min(dists.items(), key=lambda kv: kv[1].median_ns)  # the fastest layout is the ceiling
     out = base | {"measured": True, "method": method, "reps": settings.reps, "warmup": settings.warmup,
-                  "event": dist.to_json(), "median_ns": dist.median_ns, "operands": sources, "layout": layout,
-                  "layouts": {name: d.median_ns for name, d in dists.items()}}
+                  "event": dist.to_json(), "median_ns": dist.median_ns, "operands": sources,
+                  "layout": [_name(r) for r in chosen], "layouts": alone}
     if flop_floor_ns:
         out["vs_flop_floor"] = round(dist.median_ns / flop_floor_ns, 4)
         out["disturbed"] = dist.median_ns > DISTURBED * flop_floor_ns

@@ -138,25 +138,40 @@ def test_the_split_layouts_compute_the_whole_products():
     want = [a @ b for a, b in pairs]
     for rows in (None, 1, 2, 3, 4, 100):
         outs = [torch.full((g.m, g.n), float("nan")) for g in gemms]
-        gemm_ceiling._runner(gemms, pairs, outs, rows)()
+        gemm_ceiling._runner(gemms, pairs, outs, [rows, rows, rows])()
         for got, expected in zip(outs, want):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    outs = [torch.full((g.m, g.n), float("nan")) for g in gemms]
+    gemm_ceiling._runner(gemms, pairs, outs, [2, None, 3])()  # each GEMM in a layout of its own
+    for got, expected in zip(outs, want):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert gemm_ceiling._pieces(7, 3) == [(0, 3), (3, 6), (6, 7)] and gemm_ceiling._pieces(7, None) == [(0, 7)]
 
 
-def test_the_ceiling_is_the_fastest_layout_and_names_them_all(monkeypatch):
-    """Each layout is timed; the ceiling is the fastest one, and the result gives every layout's median. A GEMM
-    without a rows dimension is never split, and a piece size that splits nothing is not timed."""
+def test_each_gemm_takes_its_fastest_layout_and_the_ceiling_times_them_together(monkeypatch):
+    """Each GEMM is timed alone in every layout that splits it; the ceiling is every GEMM in its own fastest
+    layout, timed back to back (a kernel may chunk d hidden's rows and not d weight's sum). A GEMM without a
+    rows dimension is never split, and a piece size that splits nothing is not timed."""
     from grpo_conform.ops.interface import Gemm
 
     gemms, _, _ = _gemms("token-is", "full", "tiny-bf16")
     assert [g.rows for g in gemms] == ["m", "m", "k"]
     rows = gemms[0].m
-    settings = gemm_ceiling.CeilingSettings(reps=1, warmup=0, row_chunks=(rows // 2, rows, 10 * rows))
-    assert gemm_ceiling._layouts(gemms, settings) == [None, rows // 2]
-    assert gemm_ceiling._layouts([Gemm(64, 8, 8, "float32", "no rows")], settings) == [None]
-    fake = iter([[300], [100]])  # whole, then rows of N/2: the split one is faster here
+    half = rows // 2
+    settings = gemm_ceiling.CeilingSettings(reps=1, warmup=0, row_chunks=(half, rows, 10 * rows))
+    assert gemm_ceiling._layouts(gemms[0], settings) == [None, half]
+    assert gemm_ceiling._layouts(Gemm(64, 8, 8, "float32", "no rows"), settings) == [None]
+    # alone: GEMM 1 whole 300, halves 100; GEMM 2 whole 50, halves 80; GEMM 3 whole 70, halves 90; then together 400
+    fake = iter([[300], [100], [50], [80], [70], [90], [400]])
+    built = []
+    real = gemm_ceiling._runner
+    monkeypatch.setattr(gemm_ceiling, "_runner", lambda g, p, o, r: built.append(list(r)) or real(g, p, o, r))
     monkeypatch.setattr(gemm_ceiling, "_time_cpu", lambda fn, reps, warmup: (fn(), next(fake))[1])
     c = gemm_ceiling.measure(gemms, torch.device("cpu"), settings)
-    assert c["layouts"] == {"whole": 300, f"rows of {rows // 2}": 100}
-    assert c["layout"] == f"rows of {rows // 2}" and c["median_ns"] == 100 and c["event"]["median_ns"] == 100
+    assert c["layouts"] == [{"whole": 300, f"rows of {half}": 100}, {"whole": 50, f"rows of {half}": 80},
+                            {"whole": 70, f"rows of {half}": 90}]
+    assert c["layout"] == [f"rows of {half}", "whole", "whole"] and built[-1] == [half, None, None]
+    assert c["median_ns"] == 400 and c["event"]["median_ns"] == 400  # the combination, timed together
+    fake = iter([[30], [20]])  # one GEMM: its fastest layout alone is the ceiling, not timed again
+    one = gemm_ceiling.measure(gemms[:1], torch.device("cpu"), settings)
+    assert one["layout"] == [f"rows of {half}"] and one["median_ns"] == 20 and next(fake, None) is None

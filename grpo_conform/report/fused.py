@@ -88,8 +88,9 @@ def floor_note(section: Section, protocol: str) -> str:
             "datasheet and measured bandwidths) and its arithmetic floor (the GEMMs' 2NHV FLOPs each at the "
             "catalogue's dense tensor-core peak for the operands' dtype); which one binds is named. x GEMM "
             "ceiling: median / this run's cuBLAS time of the same GEMMs, where the record measured it (since "
-            "2026-12-05 the fastest of the GEMMs whole and in chunks of rows, the layout named in brackets; before, "
-            "whole: a ratio under 1 at large batches is a kernel that chunks its rows). peak extra "
+            "2026-12-05 each GEMM whole or in chunks of rows, whichever was faster, named in brackets per GEMM: "
+            "'whole' or the rows per chunk; before, all whole: a ratio under 1 at large batches is a kernel that "
+            "chunks its rows). peak extra "
             "memory: the most allocated above the call's start. vs #1: median / the fastest conformant median on "
             "the same workload. wall: host-inclusive time per call.")
 

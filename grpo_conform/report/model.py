@@ -91,7 +91,7 @@ class Row:
     floor_binding: str = ""  # which of the record's floors binds (dram | measured | arithmetic): floor.binding
     binding_floor_ratio: float | None = None  # median / the binding floor (max of DRAM, measured, FLOP/exp floors)
     gemm_ceiling_ratio: float | None = None  # median / this run's cuBLAS time of the same GEMMs, when recorded
-    gemm_ceiling_layout: str = ""  # the ceiling's fastest layout ("whole", "rows of 2048"); "" before layouts were timed
+    gemm_ceiling_layout: str = ""  # the ceiling's layout per GEMM ("2048 / 2048 / whole"); "" before layouts were timed
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -210,7 +210,14 @@ def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[s
                _num(t.get("peak_over_logits")), record_identity=rec.record_identity, flag=flag,
                partial=partial_reason(rec.predicate) or "", floor_binding=str(floor.get("binding") or ""),
                binding_floor_ratio=_num(binding_ratio), gemm_ceiling_ratio=_num(t.get("gemm_ceiling_ratio")),
-               gemm_ceiling_layout=str((t.get("gemm_ceiling") or {}).get("layout") or "")[:40])
+               gemm_ceiling_layout=_layout((t.get("gemm_ceiling") or {}).get("layout")))
+
+
+def _layout(names: Any) -> str:
+    """The ceiling's layout per GEMM, short ("2048 / 2048 / whole"); "" for records before layouts were timed."""
+    if not isinstance(names, list) or not names:
+        return ""
+    return " / ".join(str(n).replace("rows of ", "")[:12] for n in names[:6])
 
 
 def _rows(chosen: select.Chosen, impl: Implementation, gpu: str) -> list[Row]:
