@@ -161,8 +161,8 @@ def measure(gemms: Sequence[Gemm], device: torch.device, settings: CeilingSettin
         pairs, outs, sources = _buffers(gemms, device, values)
         alone: list[dict[str, int]] = []  # per GEMM: each layout's median, the GEMM timed alone
         chosen: list[int | None] = []
-        for g, pair, out in zip(gemms, pairs, outs):
-            dists = {r: timed(_runner([g], [pair], [out], [r])) for r in _layouts(g, settings)}
+        for g, pair, o in zip(gemms, pairs, outs):
+            dists = {r: timed(_runner([g], [pair], [o], [r])) for r in _layouts(g, settings)}
             chosen.append(min(dists, key=lambda r: dists[r].median_ns))  # this GEMM's fastest layout
             alone.append({_name(r): d.median_ns for r, d in dists.items()})
         # the ceiling: every GEMM in its fastest layout, back to back in one timed function
