@@ -25,8 +25,10 @@
 #   MEMBERS="..." bash benchmarks/h200_evidence.sh round32z   # issue 32, 24th session: the epilogue forward's CUDA
 #                                               # tests, gemm_operands, the profile; then MEMBERS' records
 #                                               # (CHECK_ONLY=1: the records alone)
-#   bash benchmarks/h200_evidence.sh round32y   # issue 32, next (~3 min): the ceiling GEMM on its own operands
-#                                               # against the workload's, the research epilogue forward beside ours
+#   bash benchmarks/h200_evidence.sh round32aa  # issue 32, next (~8 min): the nine members' records at seed-b2/b4
+#                                               # and token-is at seed-b16 under the layout ceiling, the epilogue
+#                                               # kernel's row-block groups at b2/b4 (round32y ran in the 24th and
+#                                               # 25th sessions' calls and is in git history)
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
@@ -262,17 +264,42 @@ PY
       --configs-vocab 32000,50257 --no-launch --budget-s 200 --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits V 32000/50257 (+128256 b8) --configs: exit $?"; tail -c 9000 "$R/sweep.log"
     ;;
-  round32y)  # issue 32, next (~3 min): does the GEMM ceiling's time depend on its operands' values (research/
-             # gemm_operands.py: the forward's 1.075-1.082x under the validator against 1.049x by kernel spans); the
-             # epilogue kernel's row-block groups at b8/b16 (research/epilogue_gemm.py --group-m). No records. (Its
-             # profile of the research forward is gone: the folder's forward is that kernel now, round32z profiles it.)
+  round32aa)  # issue 32, next (~8 min, one call): the records the twenty-fifth session lost (the nine members at
+             # seed-b2/b4, identity 43438ef9fd6a) and token-is at seed-b16 again, both under the ceiling that times
+             # each GEMM in its fastest layout (whole or in chunks of rows: docs/floors.md, section 4); then the
+             # epilogue kernel's row-block groups at b2/b4 (b8/b16 ran in the twenty-fifth session)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    timeout -s KILL 120 python3 benchmarks/research/gemm_operands.py --workload seed-b2 --rounds 3 \
-      --out "$R/gemm-operands.json" > "$R/gemm-operands.log" 2>&1
-    status "gemm_operands seed-b2: exit $?"; tail -6 "$R/gemm-operands.log"
-    timeout -s KILL 150 python3 benchmarks/research/epilogue_gemm.py --batches 8 16 --only-tma --tma-configs 2 \
-      --group-m 8 16 24 32 --out "$R/epilogue-groups.json" > "$R/epilogue-groups.log" 2>&1
-    status "epilogue_gemm b8 b16 groups: exit $?"; grep "^b" "$R/epilogue-groups.log"
+    nine=(); for m in token-is token-is-bias token-offpolicy-mask token-offpolicy-mask-kl \
+        token-offpolicy-mask-kl-ref-weight bnpo-mask dr-grpo-mask dapo-mask sequence-offpolicy-mask; do nine+=(--member "$m"); done
+    start=$SECONDS
+    timeout -s KILL 350 python3 -m grpo_conform check implementations/triton-fused "${nine[@]}" --workload seed-b2 \
+      --workload seed-b4 --evidence-dir "$OUT/h200" --deadline 300 --profile-phases --format json \
+      > "$R/fused-b2b4.json" 2> "$R/fused-b2b4.log"
+    status "triton-fused seed-b2/b4, nine members: exit $?, $((SECONDS - start)) s wall"; tail -2 "$R/fused-b2b4.log"
+    start=$SECONDS
+    timeout -s KILL 170 python3 -m grpo_conform check implementations/triton-fused --member token-is --workload seed-b16 \
+      --evidence-dir "$OUT/h200" --deadline 130 --format json > "$R/fused-b16.json" 2> "$R/fused-b16.log"
+    status "triton-fused token-is seed-b16: exit $?, $((SECONDS - start)) s wall"; tail -2 "$R/fused-b16.log"
+    python3 - "$R/fused-b2b4.json" "$R/fused-b16.json" <<'PY' | tee -a "$R/status.txt"
+import json, sys
+for path in sys.argv[1:]:  # each timed cell's ratio and the ceiling's layout per GEMM (gemm_ceiling.layouts: alone)
+    try:
+        report = json.load(open(path))
+    except (OSError, ValueError):
+        continue
+    for impl in report.get("implementations", []):
+        for m in impl.get("members", []):
+            for w in m.get("workloads", []):
+                for t in w.get("timings", []):
+                    c = t.get("gemm_ceiling") or {}
+                    print((m.get("spec") or {}).get("id"), w.get("workload"), t.get("protocol"),
+                          round(t["event"]["median_ns"] / 1e6, 3), "ms", t.get("gemm_ceiling_ratio"), c.get("layout"),
+                          c.get("layouts"))
+PY
+    ls "$OUT/h200" | wc -l
+    timeout -s KILL 100 python3 benchmarks/research/epilogue_gemm.py --batches 2 4 --only-tma --tma-configs 2 \
+      --group-m 4 8 16 32 --out "$R/epilogue-groups.json" > "$R/epilogue-groups.log" 2>&1
+    status "epilogue_gemm b2 b4 groups: exit $?"; grep "^b" "$R/epilogue-groups.log"
     ;;
   round32z)  # issue 32, twenty-fourth session: the epilogue forward (implementations/triton-fused/epilogue.py) on CUDA.
              # Its tests beside the staged sweep's, the ceiling GEMM on its own operands against the workload's, the
