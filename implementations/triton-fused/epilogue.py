@@ -149,20 +149,14 @@ class EpilogueStats:
         self.warps = warps if self.bm * self.bn >= 128 * 128 else 4
         self.vocab, self.hidden = vocab, hidden
         self.nt = triton.cdiv(vocab, self.bn)
-        blocks = triton.cdiv(rows, self.bm)
-        # row blocks per weight tile: all of them by default (the weight read once), else the setting's
-        self.group = min(blocks, settings.forward_epilogue_group or blocks)
+        self.group = triton.cdiv(rows, self.bm)  # every row block per weight tile: the weight is read once
+        tiles = self.group * self.nt
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-        self.programs = max(1, min(sms, blocks * self.nt))
+        self.programs = max(1, min(sms, tiles))
         self.scale2, self.inv_temp, self.inv_lo = LOG2E * inv_temp, inv_temp, inv_lo
-        self.rows, self.device = rows, device
-        self.pmax = self.psum = self.tgt = None  # made at the first call: a plan that only forms gradients never needs them
-
-    def _partials(self) -> None:
-        if self.pmax is None:
-            self.pmax = torch.empty(self.rows * self.nt, dtype=torch.float32, device=self.device)
-            self.psum = torch.empty_like(self.pmax)
-            self.tgt = torch.empty(self.rows, dtype=torch.float32, device=self.device)
+        self.pmax = torch.empty(rows * self.nt, dtype=torch.float32, device=device)
+        self.psum = torch.empty_like(self.pmax)
+        self.tgt = torch.empty(rows, dtype=torch.float32, device=device)
 
     def usable(self, h: torch.Tensor, w: torch.Tensor) -> bool:
         """The call's operands as TMA needs them (an offset view may start off 16 bytes)."""
@@ -173,7 +167,6 @@ class EpilogueStats:
         into out (logp_only)."""
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        self._partials()
         m = h.shape[0]
         a_desc = TensorDescriptor.from_tensor(h, [self.bm, self.bk])
         b_desc = TensorDescriptor.from_tensor(w, [self.bn, self.bk])

@@ -184,46 +184,36 @@ class FusedPlan:
         self.staged, self.staged_off = None, sweep.DISABLED[-1]
         return False
 
-    def _loss_rows(self, buf, gbuf, x: Inputs, ref, wb, c, loss_tok, ws, r0: int, r1: int, write_grad: bool,
-                   triple: Optional[torch.Tensor] = None) -> None:
+    def _loss_rows(self, buf, gbuf, x: Inputs, ref, wb, c, loss_tok, ws, r0: int, r1: int, write_grad: bool) -> None:
         """Loss terms of rows [r0, r1) of the logits in buf (and, write_grad, d logits into gbuf: buf itself
-        or a buffer in the weight's dtype). `triple`: the rows' (max, ln S, target logit) the epilogue GEMM made
-        (token level: [3 n]; sequence level: ws sections 0-2, `triple` is ws): the kernels read no logit."""
+        or a buffer in the weight's dtype)."""
         s, n = self.sem, r1 - r0
         mask = x.mask if x.mask is not None else x.ids
         old = x.old if x.old is not None else x.adv
         ref = ref if ref is not None else x.adv
         c = c if c is not None else x.adv  # read only when the gradient is written
-        strides = (0, 0) if triple is not None else (buf.stride(0), gbuf.stride(0))
         if not s.sequence:
             counts, part = self.no_counts, self.no_part
-            if self.split > 1 and triple is None:  # zeroed per launch: the row's pieces count their arrivals
+            if self.split > 1:  # zeroed per launch: the row's pieces count their arrivals
                 counts = torch.zeros(n, dtype=torch.int32, device=self.device)
                 part = torch.empty(2 * n * self.split, dtype=torch.float32, device=self.device)
-            given = triple is not None
-            if given:
-                part = triple
-            elif s.needs_logp and not write_grad:  # the staged sweep's (max, ln S) in `part` (split is 1 here)
+            given = False
+            if s.needs_logp and not write_grad:  # the staged sweep's (max, ln S) in `part` (split is 1 here)
                 stats = torch.empty(2 * n, dtype=torch.float32, device=self.device)
                 given = self._staged_stats(buf, x, r0, stats, n)
                 part = stats if given else part
-            split = 1 if triple is not None else self.split
             first = self.grad_sweep if write_grad else self.forward_sweep
-            kernels._rows_kernel[(n * split,)](
+            kernels._rows_kernel[(n * self.split,)](
                 buf, gbuf, x.ids, x.adv, old, ref, mask, wb, c, loss_tok, part, counts, r0, n, self.seq, self.vocab,
-                *strides, *s.scalars(), CHUNK=self.piece, SPLIT=split,
-                SPLIT_P2=triton.next_power_of_2(split), **s.switches(),
-                NEEDS_LOGP=s.needs_logp or write_grad or triple is not None,
-                WRITE_GRAD=write_grad, **first, GIVEN=given, TARGET_GIVEN=triple is not None,
+                buf.stride(0), gbuf.stride(0), *s.scalars(), CHUNK=self.piece, SPLIT=self.split,
+                SPLIT_P2=triton.next_power_of_2(self.split), **s.switches(), NEEDS_LOGP=s.needs_logp or write_grad,
+                WRITE_GRAD=write_grad, **first, GIVEN=given, TARGET_GIVEN=False,
                 num_warps=self.warps)
             return
-        if triple is not None:
-            given = True
-        else:
-            given = not write_grad and self._staged_stats(buf, x, r0, ws[r0:], self.tokens)  # ws sections 0 and 1
-        kernels._stats_kernel[(n,)](buf, x.ids, old, ref, mask, ws, r0, self.tokens, self.vocab, strides[0],
+        given = not write_grad and self._staged_stats(buf, x, r0, ws[r0:], self.tokens)  # ws sections 0 and 1
+        kernels._stats_kernel[(n,)](buf, x.ids, old, ref, mask, ws, r0, self.tokens, self.vocab, buf.stride(0),
                                     s.inv_temp, s.inv_lo, BLOCK=self.block, HAS_OLD=True, HAS_KL=s.has_kl,
-                                    HAS_MASK=s.has_mask, LOGP_ONLY=False, GIVEN=given, TARGET_GIVEN=triple is not None,
+                                    HAS_MASK=s.has_mask, LOGP_ONLY=False, GIVEN=given, TARGET_GIVEN=False,
                                     num_warps=self.warps)
         kernels._sequence_kernel[(n // self.seq,)](
             ws, x.adv, mask, wb, loss_tok, r0 // self.seq, self.seq, self.tokens, s.inv_temp, s.eps_low, s.eps_high,
@@ -236,18 +226,33 @@ class FusedPlan:
 
     def _epilogue_forward(self, x: Inputs, wb: torch.Tensor, loss_tok: torch.Tensor) -> None:
         """A forward-only call through epilogue.py: each GEMM (the reference weight's first) leaves the rows'
-        (max, ln S, target logit), or the reference log-probs; `_loss_rows` reads those and never a logit."""
+        (max, ln S, target logit), or the reference log-probs; the loss kernels read those (GIVEN +
+        TARGET_GIVEN) and never a logit."""
         s, n, dev = self.sem, self.tokens, self.device
-        ref = x.ref
+        ref = x.ref if x.ref is not None else x.adv
         if x.ref_weight is not None:
             ref = torch.empty(n, dtype=torch.float32, device=dev)
             h = x.hidden if x.ref_hidden is None else x.ref_hidden
             self.epilogue.run(h, x.ref_weight, x.ref_bias, x.ids, x.mask, ref, n, logp_only=True)
-        # token level: the triple alone (3 n); sequence level: ws, whose sections 0-2 the triple fills
-        triple = torch.empty((6 if s.sequence else 3) * n, dtype=torch.float32, device=dev)
-        self.epilogue.run(x.hidden, x.weight, x.bias, x.ids, x.mask, triple, n, logp_only=False)
-        self._loss_rows(x.adv, x.adv, x, ref, wb, None, loss_tok, triple if s.sequence else None, 0, n,
-                        write_grad=False, triple=triple)
+        mask = x.mask if x.mask is not None else x.ids
+        old = x.old if x.old is not None else x.adv
+        if not s.sequence:
+            part = torch.empty(3 * n, dtype=torch.float32, device=dev)
+            self.epilogue.run(x.hidden, x.weight, x.bias, x.ids, x.mask, part, n, logp_only=False)
+            kernels._rows_kernel[(n,)](
+                x.adv, x.adv, x.ids, x.adv, old, ref, mask, wb, x.adv, loss_tok, part, self.no_counts, 0, n, self.seq,
+                self.vocab, 0, 0, *s.scalars(), CHUNK=self.piece, SPLIT=1, SPLIT_P2=1, **s.switches(), NEEDS_LOGP=True,
+                WRITE_GRAD=False, **self.forward_sweep, GIVEN=True, TARGET_GIVEN=True, num_warps=self.warps)
+            return
+        ws = torch.empty(6 * n, dtype=torch.float32, device=dev)  # sections 0-2: max, ln S, target logit
+        self.epilogue.run(x.hidden, x.weight, x.bias, x.ids, x.mask, ws, n, logp_only=False)
+        kernels._stats_kernel[(n,)](x.adv, x.ids, old, ref, mask, ws, 0, n, self.vocab, 0, s.inv_temp, s.inv_lo,
+                                    BLOCK=self.block, HAS_OLD=True, HAS_KL=s.has_kl, HAS_MASK=s.has_mask,
+                                    LOGP_ONLY=False, GIVEN=True, TARGET_GIVEN=True, num_warps=self.warps)
+        kernels._sequence_kernel[(n // self.seq,)](
+            ws, x.adv, mask, wb, loss_tok, 0, self.seq, n, s.inv_temp, s.eps_low, s.eps_high, s.delta, s.beta,
+            s.w_const, HAS_KL=s.has_kl, HAS_MASK=s.has_mask, HAS_DELTA=s.has_delta, PER_SEQ_W=s.norm != 0,
+            BLOCK_T=min(1024, triton.next_power_of_2(self.seq)), num_warps=4)
 
     # -- one call ----------------------------------------------------------------------------------------
     def run(self, x: Inputs, need: tuple = (False, False, False), c: Optional[torch.Tensor] = None) -> Result:

@@ -173,9 +173,6 @@ class FusedSettings:
     forward_gemm: str = "epilogue"
     forward_epilogue_rows: int = 4096  # above it, cuBLAS + the staged sweep measured faster (H100, b8: 1.065x)
     forward_epilogue_tile: tuple = (128, 256, 64, 3, 8)  # the best of epilogue_gemm.py's configs at b2 and b4
-    # row blocks walked together per weight tile; 0: all of them (the weight read once). 8 measured best at b8/b16 on
-    # the H200 (0.923x / 1.011x cuBLAS, research/epilogue_gemm.py --group-m, twenty-fifth session); b2/b4 not yet
-    forward_epilogue_group: int = 0
 
     def __post_init__(self):
         if self.weight_grad not in WEIGHT_GRAD_STRATEGIES:
@@ -200,8 +197,6 @@ class FusedSettings:
                              f">= 16, forward_stage_bytes >= 16; got {self.forward_stage_warps}, "
                              f"{self.forward_stage_block}, {self.forward_stage_bytes}")
 
-        if self.forward_epilogue_group < 0:
-            raise ValueError(f"forward_epilogue_group must be >= 0 (0: every row block); got {self.forward_epilogue_group}")
         if self.forward_gemm not in ("epilogue", "cublas") or self.forward_epilogue_rows < 0 \
                 or len(self.forward_epilogue_tile) != 5 or any(
                     b < 16 or b & (b - 1) for b in self.forward_epilogue_tile[:3]):
