@@ -210,7 +210,8 @@ def _row(rec: VerifiedRecord, impl: Implementation, w: dict[str, Any], t: dict[s
                _num(t.get("peak_over_logits")), record_identity=rec.record_identity, flag=flag,
                partial=partial_reason(rec.predicate) or "", floor_binding=str(floor.get("binding") or ""),
                binding_floor_ratio=_num(binding_ratio), gemm_ceiling_ratio=_num(t.get("gemm_ceiling_ratio")),
-               gemm_ceiling_layout=_layout((t.get("gemm_ceiling") or {}).get("layout")))
+               gemm_ceiling_layout=_layout(t["gemm_ceiling"].get("layout") if isinstance(t.get("gemm_ceiling"), dict)
+                                           else None))
 
 
 def _layout(names: Any) -> str:
