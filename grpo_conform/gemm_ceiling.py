@@ -144,8 +144,8 @@ def measure(gemms: Sequence[Gemm], device: torch.device, settings: CeilingSettin
             flop_floor_ns: int | None = None, values: Mapping[str, torch.Tensor] | None = None
             ) -> dict[str, Any] | None:
     """The ceiling of `gemms` on `device` (JSON-ready), or None when there are none; `values`: the timed
-    inputs (the parent's pristine copies) whose values the GEMMs' named operands take. On the CPU (tests,
-    `bench` without a GPU) a perf_counter loop stands in for CUDA events."""
+    inputs (the parent's pristine copies) whose values the GEMMs' named operands take. On the CPU (the tests)
+    a perf_counter loop stands in for CUDA events."""
     if not gemms:
         return None
     base = {"gemms": [g.to_json() for g in gemms], "flops": sum(g.flops for g in gemms),

@@ -2,9 +2,9 @@
 
 The validator times an implementation on the workload's drawn inputs, and the cuBLAS ceiling beside it on
 `gemm_ceiling._operands`'s draw (N(0, 1) x 0.02 in the operands' dtype; since the twenty-fourth session the
-ceiling takes the timed inputs' own values where an input holds the operand, after this script's H100 run). A GPU's clock under a tensor-core load
-follows its power draw, which follows the bits the multipliers toggle, so the same GEMM can take longer
-on some values than on others. This times `torch.mm(hidden, weight.T)` at a seed workload on:
+ceiling takes the timed inputs' own values where an input holds the operand, after this script's H100 run).
+A GPU's clock under a tensor-core load follows its power draw, which follows the bits the multipliers
+toggle, so the same GEMM can take longer on some values than on others. This times `torch.mm(hidden, weight.T)` at a seed workload on:
 - the ceiling's operands;
 - the workload's own draw (the conformance generator, as the timed run's buffer sets start);
 - fused_profile's inputs (hidden N(0, 4), weight N(0, 1/H));
