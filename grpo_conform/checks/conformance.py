@@ -257,24 +257,26 @@ class WorkloadConformance:
         raise AttributeError(name)
 
     # -- primitive steps --------------------------------------------------------------------
-    def generate(self, slot: InputSlot, seed: int, profiles=None) -> None:
+    def generate(self, slot: InputSlot, seed: int, profiles=None, given=None) -> None:
         # Old and reference log-probs follow the logits at this workload's drawn parameters. `case`
-        # counts the workload's input sets: the generators rotate their layouts with it.
+        # counts the workload's input sets: the generators rotate their layouts with it. `given`: inputs a
+        # probe fixes, the rest drawn given them (`Operation.generate`).
         with PHASES("inputs"):
-            self._generate(slot, seed, profiles)
+            self._generate(slot, seed, profiles, given)
 
-    def _generate(self, slot: InputSlot, seed: int, profiles=None) -> None:
+    def _generate(self, slot: InputSlot, seed: int, profiles=None, given=None) -> None:
         values, case = self.model.values, self._sets
         self._sets += 1
         if slot.layout:  # views: generate contiguous values, then write them through the views
-            x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, values=values, case=case)
+            x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, values=values, case=case,
+                                 given=given)
             slot.write(x.tensors)
         else:
             # drawn into the parent's pristine copies, which no implementation maps (the shared buffers can be
             # written by the worker at any time), then copied out: what the generator computes of the values
             # it drew is of exactly the judged inputs
             x = self.op.generate(self.spec, self.rw, seed, self.device, profiles=profiles, out=slot.pristine,
-                                 values=values, case=case)
+                                 values=values, case=case, given=given)
             slot.publish()
         self.op.keep_generated(slot.pristine, x)
         # the generator's float64 log-probs of exactly these values (members with old/ref log-probs)

@@ -69,25 +69,25 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     """TS: an input set shaped as a GRPO trainer makes it, which the drawn sets avoid on purpose: advantages
     normalised within groups of completions, (r - mean) / (std + 1e-4), so every group sums to 0 (the drawn
     advantages keep a mean away from 0, so that a dropped sign shows), and every mask row a right-padded
-    prefix of at least two tokens (TRL's masks; the drawn sets mix left padding, holes and empty rows).
+    prefix of at least TRAINER_MIN_TOKENS tokens (TRL's masks; the drawn sets mix left padding, holes and
+    empty rows), so that each kept prefix holds a token in every ratio region (the token-level draw's blocks).
     A kernel that takes a shortcut when it recognises a training batch fails here only. A second call
     (TS-lone) keeps the set and writes the advantages of `lone_success_slice`: values up to ~11.2."""
     K = run.K
-    run.generate(K, run.seeds[0] ^ 0x7EA1)
     gen = torch.Generator().manual_seed(run.seeds[0] ^ 0x7EA2)
     adv = K.tensors["advantages"]
     batch = adv.shape[0]
+    given = {}
     if batch >= 2:
-        adv.copy_(trainer_advantages(batch, gen).reshape(adv.shape).to(adv.dtype))
+        given["advantages"] = trainer_advantages(batch, gen).reshape(adv.shape)
         run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"group-normalised"})
     mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
     if mask is not None:
         m = K.tensors[mask]
-        seq = m.shape[-1]
-        lengths = torch.randint(min(2, seq), seq + 1, (m.shape[0],), generator=gen)
-        m.copy_((torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)).to(m.dtype))
+        given[mask] = trainer_mask(m.shape[0], m.shape[-1], gen)
         run.draws["mask_layouts"] = sorted(set(run.draws.get("mask_layouts", ())) | {"trainer right-padded"})
-    K.commit()
+    # drawn given the trainer's advantages and mask: the log-ratios make the clip bind for both signs
+    run.generate(K, run.seeds[0] ^ 0x7EA1, given=given)
     t = run.call("TS-trainer", K, run.out1, PLAIN)
     if t is not None:
         J.plain(run, t)
@@ -100,7 +100,19 @@ def trainer_shaped(run: WorkloadConformance) -> None:
         J.plain(run, t)
 
 
+# A trainer row's least kept length: the most ratio regions a member's clip boundaries cut (below 1 - eps_low,
+# between, above 1 + eps_high, above delta), so that a right-padded prefix spans them all at token level
+# (`member_inputs.draw_row_log_ratios`) and a kernel that drops a clip on such a batch fails on every draw,
+# whatever the signs of the rows' advantages (with two tokens it passed 1 run in ~450).
+TRAINER_MIN_TOKENS = 4
 LONE_GROUPS = (32, 64, 128)  # the lone success's advantage: 5.48, 7.87, 11.21
+
+
+def trainer_mask(batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
+    """[batch, seq] bool: each row a right-padded prefix of TRAINER_MIN_TOKENS to seq kept tokens (all of a
+    shorter row), the lengths drawn."""
+    lengths = torch.randint(min(TRAINER_MIN_TOKENS, seq), seq + 1, (batch,), generator=gen)
+    return torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)
 
 
 def trainer_advantages(batch: int, gen: torch.Generator) -> torch.Tensor:

@@ -133,8 +133,11 @@ class Operation(Protocol):
 
     def generate(self, spec: "Spec", resolved: "ResolvedWorkload", seed: int, device: Any, *,
                  profiles: Optional[Sequence[str]] = None, out: Optional[dict] = None,
-                 values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None) -> Any:
-        """Seeded inputs (an object with `.tensors` {name: tensor} and `.covered`); with `out` written in place."""
+                 values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None,
+                 given: Optional[Mapping[str, Any]] = None) -> Any:
+        """Seeded inputs (an object with `.tensors` {name: tensor} and `.covered`); with `out` written in place.
+        `given`: inputs whose values the caller fixes (a probe shaping a set as a trainer makes it); the rest
+        is drawn given them, with the generator's guarantees about them (GRPO: `member_inputs`)."""
         ...
 
     def keep_generated(self, x: Mapping[str, "torch.Tensor"], generated: Any) -> None:

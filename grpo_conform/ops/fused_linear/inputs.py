@@ -41,7 +41,7 @@ from grpo_conform.ops.fused_linear.reference import generated_row_stats
 from grpo_conform.ops.fused_linear.row_pass import RowPass
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
 from grpo_conform.ops.grpo_logits.generators.masks import classify
-from grpo_conform.ops.grpo_logits.member_inputs import fill_completion_mask, old_logprobs_for
+from grpo_conform.ops.grpo_logits.member_inputs import check_given, fill_completion_mask, old_logprobs_for
 from grpo_conform.ops.grpo_terms import GrpoParameters
 
 _SALT = 0x66757365  # separates the member inputs' draws from the hidden/weight stream of the same seed
@@ -96,12 +96,14 @@ def _profiled_hidden(n: int, hidden: int, profiles: Sequence[Any], gen: torch.Ge
 
 def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
              out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None,
-             case: Optional[int] = None) -> Inputs:
+             case: Optional[int] = None, given: Optional[Mapping[str, torch.Tensor]] = None) -> Inputs:
     """Seeded inputs. The large tensors (weight, hidden, bias, the reference lm_head's) are drawn in
     float32 on their own device, block by block (`draws`: CUDA generators for a CUDA workload, CPU
     generators spread over threads for a CPU one), then rounded into the tensors' dtypes; the [B, T]
     grids (ids, advantages, the rows' profiles, mask, log-probs) with CPU generators, so one seed gives
-    the same grids on every device. Log-probs derived from the rounded values in float64."""
+    the same grids on every device. Log-probs derived from the rounded values in float64. `given`: advantages
+    and a mask the caller fixes (`member_inputs.GIVEN`); the rest is drawn given them."""
+    given = check_given(given)
     names = tuple(profiles or spec.validation.base_profiles)
     tensors = out if out is not None else allocate(spec, resolved, device)
     gen = torch.Generator().manual_seed(seed & (2**63 - 1))
@@ -115,6 +117,9 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     adv = torch.empty(tensors["advantages"].shape, dtype=torch.float64)
     dist = spec.validation.advantages
     covered["advantages"] = advantages.fill_advantages(adv, dist.mean, dist.std, dist.min_abs, gen, case)
+    if "advantages" in given:  # drawn all the same: the rest of the set is the seed's whatever is given
+        adv.copy_(given["advantages"].reshape(adv.shape))
+        covered["advantages"] = []
     tensors["advantages"].copy_(adv)
 
     weight = tensors["weight"]
@@ -144,16 +149,17 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
             src = tensors[base].detach()
             draws.fill(tensors[name], seed, stream, lambda z, rows, src=src, scale=scale: z.mul_(scale).add_(src[rows]))
     found: dict[str, Any] = {}
-    covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case, found))
+    covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case, found, given))
     return Inputs(tensors, seed, names, covered, found.get("rows"), found.get("temperature", 1.0))
 
 
-def _member_inputs(spec, resolved, tensors, gen, values, case, found: dict) -> dict[str, list[str]]:
+def _member_inputs(spec, resolved, tensors, gen, values, case, found: dict, given) -> dict[str, list[str]]:
     covered: dict[str, list[str]] = {}
     batch, seq = tensors["completion_ids"].shape
     keep = torch.ones(batch, seq, dtype=torch.bool)
     if "completion_mask" in tensors:
-        keep = fill_completion_mask(tensors["completion_mask"], resolved, spec.validation.member_inputs, gen, case)
+        keep = fill_completion_mask(tensors["completion_mask"], resolved, spec.validation.member_inputs, gen, case,
+                                    given)
         covered["mask_layouts"] = sorted(set(classify(keep)))
     if "old_logprobs" not in tensors and "ref_logprobs" not in tensors:
         return covered
@@ -163,7 +169,7 @@ def _member_inputs(spec, resolved, tensors, gen, values, case, found: dict) -> d
     logp = rows.logp.cpu()
     cfg = spec.validation.member_inputs
     if "old_logprobs" in tensors:
-        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen))
+        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, tensors["advantages"]))
     if "ref_logprobs" in tensors:
         sign = torch.sign(tensors["advantages"].detach().to("cpu", torch.float64))
         sign = torch.where(sign == 0, 1.0, sign)

@@ -95,8 +95,10 @@ class GrpoFusedLinear:
                            f"{', '.join(sorted(INPUT_KINDS))})") from None
 
     def generate(self, spec, resolved, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
-                 out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
-        return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
+                 out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None,
+                 given: Optional[Mapping[str, Any]] = None):
+        return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case,
+                                given=given)
 
     def keep_generated(self, x: Mapping[str, Any], generated) -> None:
         """The generator's row pass (members with old or reference log-probs) kept for the judge of `x`:

@@ -23,7 +23,7 @@ import torch
 
 from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
-from grpo_conform.ops.grpo_logits.member_inputs import fill_member_inputs, host_to
+from grpo_conform.ops.grpo_logits.member_inputs import check_given, fill_member_inputs, host_to
 from grpo_conform.ops.interface import fresh_seed  # noqa: F401  (re-exported: an operation-independent seed)
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
 
@@ -195,11 +195,14 @@ def generate(
     out: dict[str, torch.Tensor] | None = None,
     values: Mapping[str, Any] | None = None,
     case: int | None = None,
+    given: Mapping[str, torch.Tensor] | None = None,
 ) -> Inputs:
     """Seeded inputs for a workload. With `out`, values are written in place into those tensors.
     `values`: the call's parameter values (drawn ones), which the members' old log-probs follow.
     `case`: the index of this input set in its workload (generators rotate layouts with it; None:
-    drawn from the seed alone). `Inputs.covered` says what the set holds (for the workload's draws)."""
+    drawn from the seed alone). `Inputs.covered` says what the set holds (for the workload's draws).
+    `given`: advantages and a mask the caller fixes (`member_inputs.GIVEN`); the rest is drawn given them."""
+    given = check_given(given)
     profiles = tuple(profiles or spec.validation.base_profiles)
     tensors = out if out is not None else allocate(resolved, spec, device)
     device = tensors["logits"].device
@@ -211,6 +214,9 @@ def generate(
     covered["special_ids"] = token_ids.fill_ids(tensors["completion_ids"], vocab, cpu_gen, case)
     adv = torch.empty(tensors["advantages"].shape, dtype=tensors["advantages"].dtype)
     covered["advantages"] = fill_advantages(adv, spec, cpu_gen, case)
+    if "advantages" in given:  # drawn all the same: the rest of the set is the seed's whatever is given
+        adv.copy_(given["advantages"].reshape(adv.shape))
+        covered["advantages"] = []
     tensors["advantages"].copy_(adv)
     # Sequences of small |A| (the cases generators.advantages places) must be resolvable: see _resolvable_rows
     small = (adv.abs() <= advantages.SMALL_MAX) & (adv != 0)
@@ -218,7 +224,8 @@ def generate(
                          torch.tensor(token_ids.pool_ids(vocab), device=tensors["completion_ids"].device))
     fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small, unpeaked=special)
     found: dict[str, Any] = {}
-    covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case, found))  # mask, log-probs, ratios
+    # mask, log-probs, ratios
+    covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case, found, given))
     return Inputs(tensors, seed, profiles, covered, found.get("logp"))
 
 

@@ -4,10 +4,11 @@
   single token, full and empty rows), rotated over a workload's input sets; timed workloads aim
   at the spec's `unmasked_fraction` (~75%, the anchors' configuration), rows right- or left-padded.
   bool or int, as the buffer's dtype says.
-- `old_logprobs`: logp - log(r) with r drawn, token by token (or one s_b per sequence at
-  sequence level, with per-token spread of mean 0), evenly over the intervals the clip boundaries
-  cut (below 1 - eps_low, between, above 1 + eps_high, above delta; below/above the cispo cap),
-  each shrunk by `boundary_margin` so fp32 and float64 classify every token alike. logp is the
+- `old_logprobs`: logp - log(r) with r drawn, token by token (each row's positions in blocks that
+  take every interval once; or one s_b per sequence at sequence level, each advantage sign's first
+  where the clip binds, with per-token spread of mean 0), evenly over the intervals the clip
+  boundaries cut (below 1 - eps_low, between, above 1 + eps_high, above delta; below/above the
+  cispo cap), each shrunk by `boundary_margin` so fp32 and float64 classify every token alike. logp is the
   reference's own float64 value at the call's temperature, so pass the parameters of the call.
 - `ref_logprobs`: logp + sign(A) * U[ref_gap_min, ref_gap_max] (the KL term adds to the policy
   term and 1 - exp(ref - logp) stays away from 0: see MemberInputs); `sampling_ratio`:
@@ -42,11 +43,31 @@ def _cfg(spec: Spec) -> MemberInputs:
 
 
 def fill_completion_mask(mask: torch.Tensor, rw: ResolvedWorkload, cfg: MemberInputs, gen: torch.Generator,
-                         case: int | None = None) -> torch.Tensor:
+                         case: int | None = None, given: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """The drawn mask layouts written into `mask`, or the mask in `given` (drawn all the same, so the rest
+    of the set follows the seed whatever is given)."""
     batch, seq = mask.shape
     keep = draw_mask(batch, seq, case, rw.workload.timed, cfg.unmasked_fraction, gen)
+    if given and "completion_mask" in given:
+        keep = given["completion_mask"].reshape(batch, seq) != 0
     mask.copy_(keep.to(mask.dtype))
     return keep
+
+
+GIVEN = ("advantages", "completion_mask")  # what a caller may fix (the trainer-shaped probe), the rest drawn
+
+
+class GivenInputError(ValueError):
+    """A caller passed `given` values the generators do not take: a bug in the caller (a probe)."""
+
+
+def check_given(given: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """`given` as a dict of CPU tensors, refusing names outside GIVEN."""
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(GIVEN))
+    if unknown:
+        raise GivenInputError(f"given inputs {unknown} are not drawn given others: pass only {list(GIVEN)}")
+    return {k: v.detach().cpu() for k, v in given.items()}
 
 
 def ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, float]]:
@@ -76,6 +97,51 @@ def draw_log_ratios(n: int, intervals: list[tuple[float, float]], gen: torch.Gen
     return lo + u * (hi - lo)
 
 
+def draw_signed_log_ratios(sign: torch.Tensor, intervals: list[tuple[float, float]],
+                           gen: torch.Generator) -> torch.Tensor:
+    """One log-ratio per row (a sequence's, at sequence level), given each row's advantage sign: the rows of one
+    sign, in a drawn order, take the intervals in blocks as `draw_row_log_ratios` does, and the first block
+    starts where the clip binds for that sign: the top interval for a positive advantage, the bottom one for a
+    negative. So a set whose advantages hold both signs (a trainer's group-normalised ones: the trainer-shaped
+    probe) makes the clip bind on both sides on every draw; spread over the batch alone, one in five
+    trainer-shaped sets had no row where it bound (a sequence-level clip dropped on them went unseen)."""
+    k = len(intervals)
+    which = torch.empty(sign.shape[0], dtype=torch.long)
+    for s, first in ((1.0, k - 1), (-1.0, 0), (0.0, None)):
+        rows = torch.nonzero(sign == s).squeeze(-1)
+        if rows.numel() == 0:
+            continue
+        rows = rows[torch.randperm(rows.numel(), generator=gen)]
+        order = torch.rand(-(-rows.numel() // k), k, generator=gen).argsort(-1)
+        if first is not None:  # the first block leads with the binding interval (swapped with whatever was there)
+            lead = order[0].clone()
+            pos = int((lead == first).nonzero())
+            lead[0], lead[pos] = lead[pos].clone(), lead[0].clone()
+            order[0] = lead
+        which[rows] = order.reshape(-1)[:rows.numel()]
+    u = torch.rand(sign.shape[0], generator=gen, dtype=torch.float64)
+    lo = torch.tensor([math.log(a) for a, _ in intervals], dtype=torch.float64)[which]
+    hi = torch.tensor([math.log(b) for _, b in intervals], dtype=torch.float64)[which]
+    return lo + u * (hi - lo)
+
+
+def draw_row_log_ratios(batch: int, seq: int, intervals: list[tuple[float, float]],
+                        gen: torch.Generator) -> torch.Tensor:
+    """[batch, seq] log-ratios, each row in blocks of len(intervals) positions that each take every interval
+    once, in a drawn order (log-uniform inside). So every row's first k positions, and any k positions of one
+    block, span all k intervals: a right-padded row of at least k tokens (a trainer's mask, written after the
+    draw by the trainer-shaped probe) holds a token in every clip region whatever its advantage's sign. A draw
+    spread over the whole batch left some rows without one: a kernel that drops the clip on a trainer's batch
+    passed 1 run in ~450 (CI run 134's gallery failure; `tests/test_member_inputs_regions.py`)."""
+    k = len(intervals)
+    blocks = -(-seq // k)
+    which = torch.rand(batch, blocks, k, generator=gen).argsort(-1).reshape(batch, blocks * k)[:, :seq]
+    u = torch.rand(batch, seq, generator=gen, dtype=torch.float64)
+    lo = torch.tensor([math.log(a) for a, _ in intervals], dtype=torch.float64)[which]
+    hi = torch.tensor([math.log(b) for _, b in intervals], dtype=torch.float64)[which]
+    return lo + u * (hi - lo)
+
+
 def host_to(t: torch.Tensor, device) -> torch.Tensor:
     """A tensor drawn on the host, on `device` without waiting for its queue (a copy from pinned memory:
     a pageable copy waits for the GPU to finish the generation queued before it)."""
@@ -85,21 +151,23 @@ def host_to(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, cfg: MemberInputs,
-                     gen: torch.Generator) -> torch.Tensor:
+                     gen: torch.Generator, advantages: torch.Tensor) -> torch.Tensor:
     """float64 old log-probs on logp's device: logp - log r with r in every region, away from the
-    boundaries (r drawn on the host from `gen`: the same draws on every device)."""
+    boundaries (r drawn on the host from `gen`: the same draws on every device); at token level every row's
+    blocks of positions span the regions (`draw_row_log_ratios`); at sequence level each sign of `advantages`
+    gets a sequence where the clip binds (`draw_signed_log_ratios`)."""
     batch, seq = logp.shape
     intervals = ratio_intervals(p, cfg)
     if p.loss_type == "vespo":  # the weight depends on the sequence's *sum* of log-ratios: draw the sum
         return logp - host_to(vespo_log_ratios(keep, cfg, gen), logp.device)
     if p.importance_sampling_level == "sequence":
-        per_seq = draw_log_ratios(batch, intervals, gen)
+        per_seq = draw_signed_log_ratios(torch.sign(advantages.detach().cpu().double().reshape(batch)), intervals, gen)
         noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
         kf = keep.to(torch.float64)
         noise = noise - (noise * kf).sum(-1, keepdim=True) / kf.sum(-1, keepdim=True).clamp_min(1.0) * kf
         log_r = per_seq[:, None] + noise
     else:
-        log_r = draw_log_ratios(batch * seq, intervals, gen).view(batch, seq)
+        log_r = draw_row_log_ratios(batch, seq, intervals, gen)
     return logp - host_to(log_r, logp.device)
 
 
@@ -149,12 +217,14 @@ def sequence_sampling_ratios(keep: torch.Tensor, cap: float, cfg: MemberInputs, 
 
 def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torch.Tensor], seed: int,
                        values: Mapping[str, Any] | None = None, case: int | None = None,
-                       found: dict[str, Any] | None = None) -> dict[str, list[str]]:
+                       found: dict[str, Any] | None = None,
+                       given: Mapping[str, torch.Tensor] | None = None) -> dict[str, list[str]]:
     """Write the member's optional inputs into `tensors` (in place), given the logits, ids and advantages
     already there. `values` are the call's parameter values (default: the spec's); `case` the index of
     this input set in its workload (generators.masks rotates the mask layouts with it). Returns what
     the set covered (the mask's row layouts and dtype). `found` receives `logp`, the float64 log-probs
-    of these logits at the call's temperature, where they were computed (the judging reuses them)."""
+    of these logits at the call's temperature, where they were computed (the judging reuses them). A mask in
+    `given` (`check_given`) is written as it is, and the log-probs are drawn for it."""
     names = [t.name for t in spec.inputs if t.name in OPTIONAL_INPUTS]
     covered: dict[str, list[str]] = {}
     if not names:
@@ -165,7 +235,7 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
     batch, seq = tensors["completion_ids"].shape
     keep = torch.ones(batch, seq, dtype=torch.bool)
     if "completion_mask" in tensors:
-        keep = fill_completion_mask(tensors["completion_mask"], rw, cfg, gen, case)
+        keep = fill_completion_mask(tensors["completion_mask"], rw, cfg, gen, case, given)
         covered["mask_layouts"] = sorted(set(classify(keep)))
         covered["mask_dtypes"] = [dtype_name(tensors["completion_mask"].dtype)]
     logp = None
@@ -174,7 +244,8 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
         if found is not None:
             found["logp"] = logp
     if "old_logprobs" in tensors:
-        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen).to(tensors["old_logprobs"].dtype))
+        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, tensors["advantages"])
+                                      .to(tensors["old_logprobs"].dtype))
     if "ref_logprobs" in tensors:
         sign = torch.sign(tensors["advantages"].detach().to(logp.device, torch.float64))
         coin = host_to(torch.where(torch.rand(batch, generator=gen) < 0.5, -1.0, 1.0).double(), logp.device)

@@ -46,8 +46,9 @@ class GrpoLogits:
         return kind_of(name)
 
     def generate(self, spec, resolved, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
-                 out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None):
-        return generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case)
+                 out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None,
+                 given: Optional[Mapping[str, Any]] = None):
+        return generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case, given=given)
 
     def keep_generated(self, x: Mapping[str, Any], generated) -> None:
         """Nothing here: the generator's log-probs (`Inputs.logp`) go to the engine's reference cache by slot

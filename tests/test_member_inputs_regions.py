@@ -1,0 +1,136 @@
+"""Every trainer-shaped row holds a token in every clip region (CI run 134's gallery failure).
+
+The trainer-shaped probe (`ops/grpo_probes.py`) writes group-normalised advantages and right-padded masks over a
+drawn input set. When the token-level log-ratios were spread over the whole batch, a short row could miss the
+region where its advantage's sign makes the clip bind, and a kernel that drops the clip on a trainer's batch
+(tests/gallery/zero-mean-advantages, trl-shaped-mask) passed ~1 run in 450. Now each row's positions come in
+blocks that take every region (`member_inputs.draw_row_log_ratios`) and a trainer row keeps at least
+TRAINER_MIN_TOKENS: the tests below hold on every draw, not on most."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from grpo_conform.ops.grpo_logits import inputs as gen
+from grpo_conform.ops.grpo_logits.member_inputs import GivenInputError, draw_row_log_ratios, ratio_intervals
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters
+from grpo_conform.ops.grpo_probes import TRAINER_MIN_TOKENS, trainer_advantages, trainer_mask
+from member_cases import load_impl, member_names, member_spec
+from conftest import GALLERY
+
+DRAWS = 150  # per gallery folder; the old draws failed within 150 for each of them
+MEMBER_DRAWS = 25  # per member: the old draws left a row without a region within a few
+def _clip_members(level: str) -> list[str]:
+    """Members with old log-probs whose ratio is clipped at PPO's boundaries, at importance-sampling `level`."""
+    out = []
+    for m in member_names():
+        spec = member_spec(m)
+        p = GrpoParameters.from_spec(spec)
+        if ("old_logprobs" in {t.name for t in spec.inputs} and p.loss_type not in ("cispo", "vespo")
+                and p.importance_sampling_level == level):
+            out.append(m)
+    return out
+
+
+TOKEN_CLIP_MEMBERS = _clip_members("token")
+SEQUENCE_CLIP_MEMBERS = _clip_members("sequence")
+
+
+def _region(log_r: torch.Tensor, intervals) -> torch.Tensor:
+    """The index of the interval each log-ratio lies in (-1: in none)."""
+    out = torch.full(log_r.shape, -1, dtype=torch.long)
+    for i, (a, b) in enumerate(intervals):
+        out[(log_r >= math.log(a)) & (log_r <= math.log(b))] = i
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("seq", [1, 3, 4, 12, 13])
+def test_every_block_of_every_row_takes_every_interval_once(k, seq):
+    intervals = [(0.1 * 2**i, 0.15 * 2**i) for i in range(k)]
+    g = torch.Generator().manual_seed(seq * 10 + k)
+    for _ in range(20):
+        r = _region(draw_row_log_ratios(5, seq, intervals, g), intervals)
+        assert (r >= 0).all()  # every value inside its interval
+        for start in range(0, seq, k):
+            block = r[:, start:start + k]
+            for row in block:  # a whole block is a permutation; the last, cut short, repeats none
+                assert len(set(row.tolist())) == row.numel()
+
+
+def test_the_blocks_are_drawn_not_fixed():
+    intervals = [(0.1, 0.2), (0.5, 0.7), (1.5, 2.0)]
+    g = torch.Generator().manual_seed(1)
+    firsts = {tuple(_region(draw_row_log_ratios(1, 3, intervals, g), intervals)[0].tolist()) for _ in range(60)}
+    assert len(firsts) == 6  # every order of the three regions turns up
+
+
+def _trainer_set(member: str, seed: int):
+    """A set of `member` at mask-small-bf16 drawn as the trainer-shaped probe draws it: advantages and mask
+    given (`grpo_probes.trainer_advantages`, `trainer_mask`), the rest drawn given them."""
+    spec = member_spec(member)
+    rw = spec.resolve(spec.workload("mask-small-bf16"), random.Random(seed))
+    batch, seq = rw.shapes["completion_ids"]
+    g = torch.Generator().manual_seed(seed ^ 0x7EA2)
+    given = {"advantages": trainer_advantages(batch, g), "completion_mask": trainer_mask(batch, seq, g)}
+    x = gen.generate(spec, rw, seed, "cpu", values=spec.parameter_values, given=given)
+    assert torch.equal(x.tensors["advantages"].double(), given["advantages"].to(x.tensors["advantages"].dtype).double())
+    assert torch.equal(x.tensors["completion_mask"] != 0, given["completion_mask"])
+    return spec, x.tensors, x.logp
+
+
+@pytest.mark.parametrize("member", TOKEN_CLIP_MEMBERS)
+def test_every_trainer_row_holds_every_clip_region(member):
+    for seed in range(MEMBER_DRAWS):
+        spec, t, logp = _trainer_set(member, seed)
+        p = GrpoParameters.from_spec(spec)
+        intervals = ratio_intervals(p, spec.validation.member_inputs)
+        keep = t["completion_mask"] != 0
+        assert (keep.sum(-1) >= min(TRAINER_MIN_TOKENS, keep.shape[1])).all()
+        assert len(intervals) <= TRAINER_MIN_TOKENS
+        regions = _region(logp - t["old_logprobs"].double(), intervals)
+        for b in range(keep.shape[0]):
+            assert set(regions[b][keep[b]].tolist()) >= set(range(len(intervals))), (member, seed, b)
+
+
+@pytest.mark.parametrize("member", SEQUENCE_CLIP_MEMBERS)
+def test_every_trainer_set_has_a_sequence_where_the_clip_binds_for_each_sign(member):
+    assert SEQUENCE_CLIP_MEMBERS  # GSPO is a member of the family
+    for seed in range(DRAWS):
+        spec, t, logp = _trainer_set(member, seed)
+        intervals = ratio_intervals(GrpoParameters.from_spec(spec), spec.validation.member_inputs)
+        keep = (t["completion_mask"] != 0).double()
+        s = ((logp - t["old_logprobs"].double()) * keep).sum(-1) / keep.sum(-1)
+        region = _region(s, intervals)
+        adv = t["advantages"].double()
+        assert bool(((adv > 0) & (region == len(intervals) - 1)).any()), (member, seed, region, adv)
+        assert bool(((adv < 0) & (region == 0)).any()), (member, seed, region, adv)
+
+
+def test_a_given_input_the_generators_do_not_take_is_refused():
+    spec = member_spec("token-offpolicy-mask")
+    rw = spec.resolve(spec.workload("mask-small-bf16"), random.Random(0))
+    with pytest.raises(GivenInputError, match="old_logprobs.*pass only"):
+        gen.generate(spec, rw, 0, "cpu", given={"old_logprobs": torch.zeros(4, 12)})
+
+
+@pytest.mark.parametrize("folder,member", [("zero-mean-advantages", "token-offpolicy-mask"),
+                                           ("trl-shaped-mask", "token-offpolicy-mask"),
+                                           ("trainer-sequence-clip-dropped", "sequence-offpolicy-mask")])
+def test_a_clip_dropped_on_trainer_batches_changes_the_gradient_on_every_draw(folder, member):
+    """The gallery folders against the honest loss they wrap, on DRAWS trainer-shaped sets: the logits'
+    gradient differs on every one (token level: not on ~1 in 450 before; GSPO: not on ~1 in 5)."""
+    wrong = load_impl(GALLERY / folder)
+    honest = load_impl(GALLERY.parent.parent / "implementations" / "pytorch")
+    for seed in range(DRAWS):
+        spec, t, _ = _trainer_set(member, seed)
+        grads = []
+        for fn in (wrong, honest):
+            leaf = t["logits"].detach().clone().requires_grad_(True)
+            fn(leaf, **{k: v for k, v in t.items() if k != "logits"}, **spec.parameter_values).backward()
+            grads.append(leaf.grad.float())
+        assert (grads[0] - grads[1]).abs().max() > 1e-3, (folder, seed)
