@@ -134,3 +134,21 @@ def test_a_clip_dropped_on_trainer_batches_changes_the_gradient_on_every_draw(fo
             fn(leaf, **{k: v for k, v in t.items() if k != "logits"}, **spec.parameter_values).backward()
             grads.append(leaf.grad.float())
         assert (grads[0] - grads[1]).abs().max() > 1e-3, (folder, seed)
+
+
+@pytest.mark.parametrize("batch,seq", [(2, 5), (4, 12), (3, 4), (1, 12), (4, 3)])
+def test_trainer_masks_are_never_all_one_length_where_two_fit(batch, seq):
+    """Equal lengths make the normalisers agree and leave no row padded; seq <= TRAINER_MIN_TOKENS or a batch of
+    one leaves one possible length, and then the rows are what they can be."""
+    least = min(TRAINER_MIN_TOKENS, seq)
+    g = torch.Generator().manual_seed(batch * 100 + seq)
+    seen_equal = 0
+    for _ in range(400):
+        lengths = trainer_mask(batch, seq, g).sum(-1)
+        assert bool((lengths >= least).all()) and bool((lengths <= seq).all())
+        equal = bool((lengths == lengths[0]).all())
+        seen_equal += equal
+        if batch >= 2 and seq > least:
+            assert not equal and bool((lengths < seq).any()), lengths
+    if batch == 1 or seq <= least:
+        assert seen_equal == 400

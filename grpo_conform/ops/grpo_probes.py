@@ -110,8 +110,14 @@ LONE_GROUPS = (32, 64, 128)  # the lone success's advantage: 5.48, 7.87, 11.21
 
 def trainer_mask(batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
     """[batch, seq] bool: each row a right-padded prefix of TRAINER_MIN_TOKENS to seq kept tokens (all of a
-    shorter row), the lengths drawn."""
-    lengths = torch.randint(min(TRAINER_MIN_TOKENS, seq), seq + 1, (batch,), generator=gen)
+    shorter row), the lengths drawn, never all equal where two lengths fit: with equal lengths the
+    normalisers (per sequence, per token, per batch) agree and no row is padded, so a kernel with a wrong
+    normaliser or a shortcut keyed on a padded prefix (`trl-shaped-mask`) passed ((1/9)^3 of draws at seq 12)."""
+    least = min(TRAINER_MIN_TOKENS, seq)
+    lengths = torch.randint(least, seq + 1, (batch,), generator=gen)
+    if batch >= 2 and seq > least and bool((lengths == lengths[0]).all()):
+        # all full: the first row gets the least length; all padded alike: the first becomes full
+        lengths[0] = least if int(lengths[0]) == seq else seq
     return torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)
 
 
