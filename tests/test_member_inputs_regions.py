@@ -152,3 +152,34 @@ def test_trainer_masks_are_never_all_one_length_where_two_fit(batch, seq):
             assert not equal and bool((lengths < seq).any()), lengths
     if batch == 1 or seq <= least:
         assert seen_equal == 400
+
+
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "sequence-offpolicy-mask"])
+def test_the_fused_generator_draws_given_the_trainer_s_advantages_and_mask(member):
+    """grpo-fused-linear's generator honours `given` and draws its old log-probs with the same guarantees
+    (its log-probs come from hidden @ weight: the generator's row pass)."""
+    from grpo_conform.ops import operation_for
+    from grpo_conform.spec import find_spec
+
+    spec = find_spec(f"grpo-fused-linear/{member}")
+    rw = spec.resolve(spec.workload("tiny-bf16"), random.Random(0))
+    batch, seq = rw.shapes["completion_ids"]
+    op = operation_for(spec)
+    intervals = ratio_intervals(GrpoParameters.from_spec(spec), spec.validation.member_inputs)
+    for seed in range(10):
+        g = torch.Generator().manual_seed(seed)
+        given = {"advantages": trainer_advantages(batch, g), "completion_mask": trainer_mask(batch, seq, g)}
+        x = op.generate(spec, rw, seed, "cpu", values=spec.parameter_values, given=given)
+        t = x.tensors
+        assert torch.equal(t["completion_mask"] != 0, given["completion_mask"])
+        assert torch.allclose(t["advantages"].double(), given["advantages"], atol=1e-6)
+        keep = given["completion_mask"]
+        log_r = x.rows.logp.cpu() - t["old_logprobs"].double()
+        if member.startswith("sequence"):
+            s = (log_r * keep).sum(-1) / keep.sum(-1)
+            region, adv = _region(s, intervals), given["advantages"]
+            assert bool(((adv > 0) & (region == len(intervals) - 1)).any()) and bool(((adv < 0) & (region == 0)).any())
+        else:
+            regions = _region(log_r, intervals)
+            for b in range(batch):
+                assert set(regions[b][keep[b]].tolist()) >= set(range(len(intervals))), (seed, b)
