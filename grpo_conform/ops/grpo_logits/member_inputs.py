@@ -88,13 +88,18 @@ def ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, f
     return out
 
 
+def _log_uniform(which: torch.Tensor, u: torch.Tensor, intervals: list[tuple[float, float]]) -> torch.Tensor:
+    """Log-ratios log-uniform inside interval `which[i]` at fraction `u[i]` of its log-width."""
+    lo = torch.tensor([math.log(a) for a, _ in intervals], dtype=torch.float64)[which]
+    hi = torch.tensor([math.log(b) for _, b in intervals], dtype=torch.float64)[which]
+    return lo + u * (hi - lo)
+
+
 def draw_log_ratios(n: int, intervals: list[tuple[float, float]], gen: torch.Generator) -> torch.Tensor:
     """n log-ratios spread evenly over the intervals (each one hit when n allows), log-uniform inside."""
     which = torch.randperm(n, generator=gen) % len(intervals)
     u = torch.rand(n, generator=gen, dtype=torch.float64)
-    lo = torch.tensor([math.log(a) for a, _ in intervals], dtype=torch.float64)[which]
-    hi = torch.tensor([math.log(b) for _, b in intervals], dtype=torch.float64)[which]
-    return lo + u * (hi - lo)
+    return _log_uniform(which, u, intervals)
 
 
 def draw_signed_log_ratios(sign: torch.Tensor, intervals: list[tuple[float, float]],
@@ -120,9 +125,7 @@ def draw_signed_log_ratios(sign: torch.Tensor, intervals: list[tuple[float, floa
             order[0] = lead
         which[rows] = order.reshape(-1)[:rows.numel()]
     u = torch.rand(sign.shape[0], generator=gen, dtype=torch.float64)
-    lo = torch.tensor([math.log(a) for a, _ in intervals], dtype=torch.float64)[which]
-    hi = torch.tensor([math.log(b) for _, b in intervals], dtype=torch.float64)[which]
-    return lo + u * (hi - lo)
+    return _log_uniform(which, u, intervals)
 
 
 def draw_row_log_ratios(batch: int, seq: int, intervals: list[tuple[float, float]],
@@ -137,9 +140,7 @@ def draw_row_log_ratios(batch: int, seq: int, intervals: list[tuple[float, float
     blocks = -(-seq // k)
     which = torch.rand(batch, blocks, k, generator=gen).argsort(-1).reshape(batch, blocks * k)[:, :seq]
     u = torch.rand(batch, seq, generator=gen, dtype=torch.float64)
-    lo = torch.tensor([math.log(a) for a, _ in intervals], dtype=torch.float64)[which]
-    hi = torch.tensor([math.log(b) for _, b in intervals], dtype=torch.float64)[which]
-    return lo + u * (hi - lo)
+    return _log_uniform(which, u, intervals)
 
 
 def host_to(t: torch.Tensor, device) -> torch.Tensor:
