@@ -4,8 +4,9 @@ The trainer-shaped probe (`ops/grpo_probes.py`) writes group-normalised advantag
 drawn input set. When the token-level log-ratios were spread over the whole batch, a short row could miss the
 region where its advantage's sign makes the clip bind, and a kernel that drops the clip on a trainer's batch
 (tests/gallery/zero-mean-advantages, trl-shaped-mask) passed ~1 run in 450. Now each row's positions come in
-blocks that take every region (`member_inputs.draw_row_log_ratios`) and a trainer row keeps at least
-TRAINER_MIN_TOKENS: the tests below hold on every draw, not on most."""
+blocks that take every region (`member_inputs.draw_row_log_ratios`), the largest |advantage| of each sign sits
+on a row of at least SPAN_TOKENS, and at sequence level each sign's first sequence is where the clip binds
+(`draw_signed_log_ratios`): the tests below hold on every draw, not on most."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ import torch
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.ops.grpo_logits.member_inputs import GivenInputError, draw_row_log_ratios, ratio_intervals
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters
-from grpo_conform.ops.grpo_probes import TRAINER_MIN_TOKENS, trainer_advantages, trainer_mask
+from grpo_conform.ops.grpo_probes import (
+    SPAN_TOKENS, TRAINER_MIN_TOKENS, trainer_advantages, trainer_mask, trainer_profiles,
+)
 from member_cases import load_impl, member_names, member_spec
 from conftest import GALLERY
 
-DRAWS = 150  # per gallery folder; the old draws failed within 150 for each of them
+DRAWS = 300  # per gallery folder; the old draws failed within 150 for each of them
 MEMBER_DRAWS = 25  # per member: the old draws left a row without a region within a few
 def _clip_members(level: str) -> list[str]:
     """Members with old log-probs whose ratio is clipped at PPO's boundaries, at importance-sampling `level`."""
@@ -76,25 +79,31 @@ def _trainer_set(member: str, seed: int):
     rw = spec.resolve(spec.workload("mask-small-bf16"), random.Random(seed))
     batch, seq = rw.shapes["completion_ids"]
     g = torch.Generator().manual_seed(seed ^ 0x7EA2)
-    given = {"advantages": trainer_advantages(batch, g), "completion_mask": trainer_mask(batch, seq, g)}
-    x = gen.generate(spec, rw, seed, "cpu", values=spec.parameter_values, given=given)
+    adv = trainer_advantages(batch, g)
+    given = {"advantages": adv, "completion_mask": trainer_mask(batch, seq, g, adv)}
+    x = gen.generate(spec, rw, seed, "cpu", profiles=trainer_profiles(spec), values=spec.parameter_values, given=given)
     assert torch.equal(x.tensors["advantages"].double(), given["advantages"].to(x.tensors["advantages"].dtype).double())
     assert torch.equal(x.tensors["completion_mask"] != 0, given["completion_mask"])
     return spec, x.tensors, x.logp
 
 
 @pytest.mark.parametrize("member", TOKEN_CLIP_MEMBERS)
-def test_every_trainer_row_holds_every_clip_region(member):
+def test_the_largest_advantage_of_each_sign_has_a_row_in_every_clip_region(member):
+    short = 0
     for seed in range(MEMBER_DRAWS):
         spec, t, logp = _trainer_set(member, seed)
         p = GrpoParameters.from_spec(spec)
         intervals = ratio_intervals(p, spec.validation.member_inputs)
         keep = t["completion_mask"] != 0
         assert (keep.sum(-1) >= min(TRAINER_MIN_TOKENS, keep.shape[1])).all()
-        assert len(intervals) <= TRAINER_MIN_TOKENS
+        short += int((keep.sum(-1) < SPAN_TOKENS).sum())
+        assert len(intervals) <= SPAN_TOKENS
         regions = _region(logp - t["old_logprobs"].double(), intervals)
-        for b in range(keep.shape[0]):
-            assert set(regions[b][keep[b]].tolist()) >= set(range(len(intervals))), (member, seed, b)
+        adv = t["advantages"].double()
+        for side in (adv > 0, adv < 0):
+            b = int(torch.where(side, adv.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())
+            assert bool(side[b]) and set(regions[b][keep[b]].tolist()) >= set(range(len(intervals))), (member, seed, b)
+    assert short > 0  # rows of two and three tokens stay in the trainer sets
 
 
 @pytest.mark.parametrize("member", SEQUENCE_CLIP_MEMBERS)
@@ -109,6 +118,14 @@ def test_every_trainer_set_has_a_sequence_where_the_clip_binds_for_each_sign(mem
         adv = t["advantages"].double()
         assert bool(((adv > 0) & (region == len(intervals) - 1)).any()), (member, seed, region, adv)
         assert bool(((adv < 0) & (region == 0)).any()), (member, seed, region, adv)
+
+
+def test_the_trainer_set_has_no_near_one_hot_rows_and_every_other_profile():
+    for spec in (member_spec("token-offpolicy-mask"), member_spec("sequence-offpolicy-mask")):
+        names = trainer_profiles(spec)
+        kinds = {spec.validation.profile(n).kind for n in names}
+        assert "peaked" not in kinds
+        assert set(names) == {n for n in spec.validation.base_profiles if spec.validation.profile(n).kind != "peaked"}
 
 
 def test_a_given_input_the_generators_do_not_take_is_refused():
@@ -136,22 +153,25 @@ def test_a_clip_dropped_on_trainer_batches_changes_the_gradient_on_every_draw(fo
         assert (grads[0] - grads[1]).abs().max() > 1e-3, (folder, seed)
 
 
-@pytest.mark.parametrize("batch,seq", [(2, 5), (4, 12), (3, 4), (1, 12), (4, 3)])
-def test_trainer_masks_are_never_all_one_length_where_two_fit(batch, seq):
-    """Equal lengths make the normalisers agree and leave no row padded; seq <= TRAINER_MIN_TOKENS or a batch of
-    one leaves one possible length, and then the rows are what they can be."""
-    least = min(TRAINER_MIN_TOKENS, seq)
+@pytest.mark.parametrize("batch,seq", [(2, 3), (2, 5), (4, 12), (3, 4), (1, 12), (4, 2), (2, 12)])
+@pytest.mark.parametrize("with_advantages", [False, True])
+def test_trainer_masks_hold_their_rows_and_are_never_all_one_length_where_rows_can_differ(batch, seq, with_advantages):
+    """Equal lengths make the normalisers agree and leave no row padded. The rows can all be equal only where one
+    length fits (a batch of one, seq <= TRAINER_MIN_TOKENS), or where two held rows must both span a short seq."""
+    least, span = min(TRAINER_MIN_TOKENS, seq), min(SPAN_TOKENS, seq)
     g = torch.Generator().manual_seed(batch * 100 + seq)
-    seen_equal = 0
-    for _ in range(400):
-        lengths = trainer_mask(batch, seq, g).sum(-1)
+    for _ in range(300):
+        adv = trainer_advantages(batch, g) if with_advantages and batch >= 2 else None
+        lengths = trainer_mask(batch, seq, g, adv).sum(-1)
         assert bool((lengths >= least).all()) and bool((lengths <= seq).all())
+        if adv is not None:
+            for side in (adv > 0, adv < 0):
+                b = int(torch.where(side, adv.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())
+                assert lengths[b] >= span, (adv, lengths)
         equal = bool((lengths == lengths[0]).all())
-        seen_equal += equal
-        if batch >= 2 and seq > least:
+        forced = batch == 1 or seq <= least or (adv is not None and batch == 2 and span == seq)
+        if not forced:
             assert not equal and bool((lengths < seq).any()), lengths
-    if batch == 1 or seq <= least:
-        assert seen_equal == 400
 
 
 @pytest.mark.parametrize("member", ["token-offpolicy-mask", "sequence-offpolicy-mask"])
@@ -168,8 +188,10 @@ def test_the_fused_generator_draws_given_the_trainer_s_advantages_and_mask(membe
     intervals = ratio_intervals(GrpoParameters.from_spec(spec), spec.validation.member_inputs)
     for seed in range(10):
         g = torch.Generator().manual_seed(seed)
-        given = {"advantages": trainer_advantages(batch, g), "completion_mask": trainer_mask(batch, seq, g)}
-        x = op.generate(spec, rw, seed, "cpu", values=spec.parameter_values, given=given)
+        adv = trainer_advantages(batch, g)
+        given = {"advantages": adv, "completion_mask": trainer_mask(batch, seq, g, adv)}
+        x = op.generate(spec, rw, seed, "cpu", profiles=trainer_profiles(spec), values=spec.parameter_values,
+                        given=given)
         t = x.tensors
         assert torch.equal(t["completion_mask"] != 0, given["completion_mask"])
         assert torch.allclose(t["advantages"].double(), given["advantages"], atol=1e-6)
@@ -181,5 +203,6 @@ def test_the_fused_generator_draws_given_the_trainer_s_advantages_and_mask(membe
             assert bool(((adv > 0) & (region == len(intervals) - 1)).any()) and bool(((adv < 0) & (region == 0)).any())
         else:
             regions = _region(log_r, intervals)
-            for b in range(batch):
+            for side in (adv > 0, adv < 0):
+                b = int(torch.where(side, adv.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())
                 assert set(regions[b][keep[b]].tolist()) >= set(range(len(intervals))), (seed, b)

@@ -70,7 +70,9 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     normalised within groups of completions, (r - mean) / (std + 1e-4), so every group sums to 0 (the drawn
     advantages keep a mean away from 0, so that a dropped sign shows), and every mask row a right-padded
     prefix of at least TRAINER_MIN_TOKENS tokens (TRL's masks; the drawn sets mix left padding, holes and
-    empty rows), so that each kept prefix holds a token in every ratio region (the token-level draw's blocks).
+    empty rows), the largest |advantage| of each sign on a row of SPAN_TOKENS or more: drawn given these, the
+    set makes the clip bind for both signs (`trainer_mask`, `member_inputs`), on rows that are not near one-hot
+    (`trainer_profiles`): in the gradient as well as in the loss.
     A kernel that takes a shortcut when it recognises a training batch fails here only. A second call
     (TS-lone) keeps the set and writes the advantages of `lone_success_slice`: values up to ~11.2."""
     K = run.K
@@ -84,10 +86,10 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
     if mask is not None:
         m = K.tensors[mask]
-        given[mask] = trainer_mask(m.shape[0], m.shape[-1], gen)
+        given[mask] = trainer_mask(m.shape[0], m.shape[-1], gen, given.get("advantages"))
         run.draws["mask_layouts"] = sorted(set(run.draws.get("mask_layouts", ())) | {"trainer right-padded"})
     # drawn given the trainer's advantages and mask: the log-ratios make the clip bind for both signs
-    run.generate(K, run.seeds[0] ^ 0x7EA1, given=given)
+    run.generate(K, run.seeds[0] ^ 0x7EA1, profiles=trainer_profiles(run.spec), given=given)
     t = run.call("TS-trainer", K, run.out1, PLAIN)
     if t is not None:
         J.plain(run, t)
@@ -100,24 +102,50 @@ def trainer_shaped(run: WorkloadConformance) -> None:
         J.plain(run, t)
 
 
-# A trainer row's least kept length: the most ratio regions a member's clip boundaries cut (below 1 - eps_low,
-# between, above 1 + eps_high, above delta), so that a right-padded prefix spans them all at token level
-# (`member_inputs.draw_row_log_ratios`) and a kernel that drops a clip on such a batch fails on every draw,
-# whatever the signs of the rows' advantages (with two tokens it passed 1 run in ~450).
-TRAINER_MIN_TOKENS = 4
+# A trainer row keeps at least TRAINER_MIN_TOKENS tokens, as the probe always drew them (ones up to the first EOS);
+# the row of the largest |advantage| of each sign keeps at least SPAN_TOKENS, the most ratio regions a member's
+# clip boundaries cut (below 1 - eps_low, between, above 1 + eps_high, above delta): that prefix spans them all at
+# token level (`member_inputs.draw_row_log_ratios`), so a kernel that drops a clip on a trainer's batch fails on
+# every draw for either sign, while rows of two and three tokens stay in the set (with every row at two tokens
+# or more and nothing held, the clip bound on no row in ~1 draw of 450).
+TRAINER_MIN_TOKENS = 2
+SPAN_TOKENS = 4
 LONE_GROUPS = (32, 64, 128)  # the lone success's advantage: 5.48, 7.87, 11.21
 
 
-def trainer_mask(batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
+def trainer_profiles(spec: Spec) -> tuple[str, ...]:
+    """The row profiles of the trainer-shaped set: the spec's base profiles but the near one-hot ones. A token
+    whose target holds nearly all the probability has d logp / d z ~ 0 (1e-16 at a spike of 40), so a clip that
+    binds there shows in the loss only: one draw of 150 put every binding token of the probe's rows on such rows,
+    and a kernel that drops the clip in its backward alone would have passed. Peaked rows stay in every other
+    set; this one is for shortcuts keyed on the batch's advantages and mask."""
+    names = tuple(n for n in spec.validation.base_profiles if spec.validation.profile(n).kind != "peaked")
+    return names or tuple(spec.validation.base_profiles)
+
+
+def trainer_mask(batch: int, seq: int, gen: torch.Generator, advantages: torch.Tensor | None = None) -> torch.Tensor:
     """[batch, seq] bool: each row a right-padded prefix of TRAINER_MIN_TOKENS to seq kept tokens (all of a
-    shorter row), the lengths drawn, never all equal where two lengths fit: with equal lengths the
-    normalisers (per sequence, per token, per batch) agree and no row is padded, so a kernel with a wrong
-    normaliser or a shortcut keyed on a padded prefix (`trl-shaped-mask`) passed ((1/9)^3 of draws at seq 12)."""
-    least = min(TRAINER_MIN_TOKENS, seq)
+    shorter row), the lengths drawn; with `advantages`, the row of the largest |A| of each sign keeps at least
+    SPAN_TOKENS. The lengths are never all equal where the rows can differ: with equal lengths the normalisers
+    (per sequence, per token, per batch) agree and no row is padded, so a kernel with a wrong normaliser, or a
+    shortcut keyed on a padded prefix (`trl-shaped-mask`), passed ((1/11)^3 of draws at seq 12)."""
+    least, span = min(TRAINER_MIN_TOKENS, seq), min(SPAN_TOKENS, seq)
     lengths = torch.randint(least, seq + 1, (batch,), generator=gen)
+    held = torch.zeros(batch, dtype=torch.bool)
+    if advantages is not None:
+        a = advantages.detach().double().reshape(batch)
+        for side in (a > 0, a < 0):
+            if bool(side.any()):
+                row = int(torch.where(side, a.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())
+                lengths[row] = max(int(lengths[row]), span)
+                held[row] = True
     if batch >= 2 and seq > least and bool((lengths == lengths[0]).all()):
-        # all full: the first row gets the least length; all padded alike: the first becomes full
-        lengths[0] = least if int(lengths[0]) == seq else seq
+        if int(lengths[0]) < seq:  # all padded alike: one row becomes full (a longer row never breaks a hold)
+            lengths[0] = seq
+        else:  # all full: a row shortened, one not held to SPAN_TOKENS if there is one
+            free = torch.nonzero(~held).squeeze(-1)
+            row = int(free[0]) if free.numel() else 0
+            lengths[row] = least if free.numel() else span
     return torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)
 
 
