@@ -20,7 +20,8 @@ from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.ops.grpo_logits.member_inputs import GivenInputError, draw_row_log_ratios, ratio_intervals
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters
 from grpo_conform.ops.grpo_probes import (
-    SPAN_TOKENS, TRAINER_MIN_TOKENS, trainer_advantages, trainer_mask, trainer_profiles,
+    SPAN_TOKENS, TRAINER_MIN_TOKENS, largest_row, lone_success_slice, trainer_advantages, trainer_mask,
+    trainer_profiles,
 )
 from member_cases import load_impl, member_names, member_spec
 from conftest import GALLERY
@@ -72,9 +73,10 @@ def test_the_blocks_are_drawn_not_fixed():
     assert len(firsts) == 6  # every order of the three regions turns up
 
 
-def _trainer_set(member: str, seed: int):
+def _trainer_set(member: str, seed: int, lone: bool = False):
     """A set of `member` at mask-small-bf16 drawn as the trainer-shaped probe draws it: advantages and mask
-    given (`grpo_probes.trainer_advantages`, `trainer_mask`), the rest drawn given them."""
+    given (`grpo_probes.trainer_advantages`, `trainer_mask`), the rest drawn given them; `lone`: then with the
+    advantages of its second call (TS-lone), the lone success on the largest negative trainer advantage's row."""
     spec = member_spec(member)
     rw = spec.resolve(spec.workload("mask-small-bf16"), random.Random(seed))
     batch, seq = rw.shapes["completion_ids"]
@@ -84,6 +86,10 @@ def _trainer_set(member: str, seed: int):
     x = gen.generate(spec, rw, seed, "cpu", profiles=trainer_profiles(spec), values=spec.parameter_values, given=given)
     assert torch.equal(x.tensors["advantages"].double(), given["advantages"].to(x.tensors["advantages"].dtype).double())
     assert torch.equal(x.tensors["completion_mask"] != 0, given["completion_mask"])
+    if lone:
+        row = largest_row(adv, -1)
+        x.tensors["advantages"].copy_(lone_success_slice(batch, g, row).to(x.tensors["advantages"].dtype))
+        assert int(x.tensors["advantages"].argmax()) == row
     return spec, x.tensors, x.logp
 
 
@@ -128,6 +134,23 @@ def test_the_trainer_set_has_no_near_one_hot_rows_and_every_other_profile():
         assert set(names) == {n for n in spec.validation.base_profiles if spec.validation.profile(n).kind != "peaked"}
 
 
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "sequence-offpolicy-mask", "bnpo-mask"])
+def test_the_lone_success_sits_where_a_positive_advantage_is_not_clipped(member):
+    """TS-lone's large advantage must reach the gradient: its row (token level: some kept token; GSPO: the
+    sequence) has a ratio below 1 + eps_high, where min(r A, clip(r) A) = r A for A > 0."""
+    for seed in range(MEMBER_DRAWS):
+        spec, t, logp = _trainer_set(member, seed, lone=True)
+        p = GrpoParameters.from_spec(spec)
+        row = int(t["advantages"].argmax())
+        keep = (t["completion_mask"][row] != 0).double()
+        log_r = logp[row] - t["old_logprobs"][row].double()
+        if p.importance_sampling_level == "sequence":
+            unclipped = float((log_r * keep).sum() / keep.sum()) < math.log(1 + p.epsilon_high)
+        else:
+            unclipped = bool(((log_r < math.log(1 + p.epsilon_high)) & (keep > 0)).any())
+        assert unclipped, (member, seed, row)
+
+
 def test_a_given_input_the_generators_do_not_take_is_refused():
     spec = member_spec("token-offpolicy-mask")
     rw = spec.resolve(spec.workload("mask-small-bf16"), random.Random(0))
@@ -135,16 +158,19 @@ def test_a_given_input_the_generators_do_not_take_is_refused():
         gen.generate(spec, rw, 0, "cpu", given={"old_logprobs": torch.zeros(4, 12)})
 
 
-@pytest.mark.parametrize("folder,member", [("zero-mean-advantages", "token-offpolicy-mask"),
-                                           ("trl-shaped-mask", "token-offpolicy-mask"),
-                                           ("trainer-sequence-clip-dropped", "sequence-offpolicy-mask")])
-def test_a_clip_dropped_on_trainer_batches_changes_the_gradient_on_every_draw(folder, member):
-    """The gallery folders against the honest loss they wrap, on DRAWS trainer-shaped sets: the logits'
-    gradient differs on every one (token level: not on ~1 in 450 before; GSPO: not on ~1 in 5)."""
+@pytest.mark.parametrize("folder,member,lone", [("zero-mean-advantages", "token-offpolicy-mask", False),
+                                                ("trl-shaped-mask", "token-offpolicy-mask", False),
+                                                ("trainer-sequence-clip-dropped", "sequence-offpolicy-mask", False),
+                                                ("trainer-sequence-clamps-large-advantages", "sequence-offpolicy-mask",
+                                                 True)])
+def test_a_trainer_shortcut_changes_the_gradient_on_every_draw(folder, member, lone):
+    """The gallery folders against the honest loss they wrap, on DRAWS trainer-shaped sets (the lone ones: the
+    probe's second call): the logits' gradient differs on every one (token level: not on ~1 in 450 before;
+    GSPO: not on ~1 in 5; the GSPO clamp: not on ~1 in 3)."""
     wrong = load_impl(GALLERY / folder)
     honest = load_impl(GALLERY.parent.parent / "implementations" / "pytorch")
     for seed in range(DRAWS):
-        spec, t, _ = _trainer_set(member, seed)
+        spec, t, _ = _trainer_set(member, seed, lone)
         grads = []
         for fn in (wrong, honest):
             leaf = t["logits"].detach().clone().requires_grad_(True)

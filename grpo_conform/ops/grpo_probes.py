@@ -93,8 +93,10 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     t = run.call("TS-trainer", K, run.out1, PLAIN)
     if t is not None:
         J.plain(run, t)
-    # TS-lone: the same input set, the advantages a slice of one large group holding its lone success
-    adv.copy_(lone_success_slice(batch, gen).to(adv.dtype))
+    # TS-lone: the same input set, the advantages a slice of one large group holding its lone success, put on
+    # the row of the largest negative trainer advantage, where a positive one is not clipped (`trainer_mask`,
+    # `member_inputs.draw_signed_log_ratios`): its gradient shows the large advantage
+    adv.copy_(lone_success_slice(batch, gen, largest_row(given.get("advantages"), -1)).to(adv.dtype))
     run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"lone-success"})
     K.commit()
     t = run.call("TS-lone", K, run.out1, PLAIN)
@@ -133,10 +135,9 @@ def trainer_mask(batch: int, seq: int, gen: torch.Generator, advantages: torch.T
     lengths = torch.randint(least, seq + 1, (batch,), generator=gen)
     held = torch.zeros(batch, dtype=torch.bool)
     if advantages is not None:
-        a = advantages.detach().double().reshape(batch)
-        for side in (a > 0, a < 0):
-            if bool(side.any()):
-                row = int(torch.where(side, a.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())
+        for sign in (1, -1):
+            row = largest_row(advantages, sign)
+            if row is not None:
                 lengths[row] = max(int(lengths[row]), span)
                 held[row] = True
     if batch >= 2 and seq > least and bool((lengths == lengths[0]).all()):
@@ -166,13 +167,25 @@ def group_normalised(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-4)
 
 
-def lone_success_slice(batch: int, gen: torch.Generator) -> torch.Tensor:
+def largest_row(advantages: torch.Tensor | None, sign: int) -> int | None:
+    """The row of the largest |A| among the advantages of `sign` (of equal ones the lowest row, as the generator
+    picks: `member_inputs.draw_signed_log_ratios`), or None (no such advantage)."""
+    if advantages is None:
+        return None
+    a = advantages.detach().double().reshape(-1)
+    side = a * sign > 0
+    if not bool(side.any()):
+        return None
+    return int(torch.where(side, a.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())  # the first of equals
+
+
+def lone_success_slice(batch: int, gen: torch.Generator, row: int | None = None) -> torch.Tensor:
     """`batch` advantages cut from one group of G completions (drawn from LONE_GROUPS above the batch, else
     2 * batch: a workload a spec declares may hold more rows than the largest group) in which a
     single completion succeeded: a trainer whose group is larger than its micro-batch (generations split
     across steps) hands over such a slice. The success's normalised advantage is (G - 1) / sqrt(G) (TRL's
     unbiased std), far above what the drawn sets reach (~5 at most), and every other row gets -1 / sqrt(G);
-    the success sits at a drawn row. A kernel that clamps or saturates large advantages is right everywhere
+    the success sits at `row`, else at a drawn row. A kernel that clamps or saturates large advantages is right everywhere
     else."""
     groups = [g for g in LONE_GROUPS if g > batch] or [2 * batch]
     group = groups[int(torch.randint(0, len(groups), (1,), generator=gen))]
@@ -180,7 +193,8 @@ def lone_success_slice(batch: int, gen: torch.Generator) -> torch.Tensor:
     rewards[0] = 1.0
     a = group_normalised(rewards)
     rows = a[1: batch + 1].clone()
-    rows[int(torch.randint(0, batch, (1,), generator=gen))] = a[0]
+    drawn = int(torch.randint(0, batch, (1,), generator=gen))  # drawn either way: the stream stays the same
+    rows[drawn if row is None else row] = a[0]
     return rows
 
 

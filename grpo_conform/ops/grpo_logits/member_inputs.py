@@ -102,14 +102,18 @@ def draw_log_ratios(n: int, intervals: list[tuple[float, float]], gen: torch.Gen
     return _log_uniform(which, u, intervals)
 
 
-def draw_signed_log_ratios(sign: torch.Tensor, intervals: list[tuple[float, float]],
+def draw_signed_log_ratios(advantages: torch.Tensor, intervals: list[tuple[float, float]],
                            gen: torch.Generator) -> torch.Tensor:
-    """One log-ratio per row (a sequence's, at sequence level), given each row's advantage sign: the rows of one
-    sign, in a drawn order, take the intervals in blocks as `draw_row_log_ratios` does, and the first block
-    starts where the clip binds for that sign: the top interval for a positive advantage, the bottom one for a
-    negative. So a set whose advantages hold both signs (a trainer's group-normalised ones: the trainer-shaped
-    probe) makes the clip bind on both sides on every draw; spread over the batch alone, one in five
-    trainer-shaped sets had no row where it bound (a sequence-level clip dropped on them went unseen)."""
+    """One log-ratio per row (a sequence's, at sequence level), given each row's advantage: the rows of one
+    sign take the intervals in blocks as `draw_row_log_ratios` does, and the first block starts where the clip
+    binds for that sign, on the row of the largest |A| of the sign: the top interval for a positive advantage,
+    the bottom one for a negative (the other rows in a drawn order). So a set whose advantages hold both signs
+    (a trainer's group-normalised ones: the trainer-shaped probe) makes the clip bind on both sides on every
+    draw; spread over the batch alone, one in five trainer-shaped sets had no row where it bound (a
+    sequence-level clip dropped on them went unseen). The largest negative's row, below 1 - eps_low, is also
+    where a positive advantage is not clipped: the probe's second call puts its large one there."""
+    a = advantages.detach().cpu().double().reshape(-1)
+    sign = torch.sign(a)
     k = len(intervals)
     which = torch.empty(sign.shape[0], dtype=torch.long)
     for s, first in ((1.0, k - 1), (-1.0, 0), (0.0, None)):
@@ -117,6 +121,11 @@ def draw_signed_log_ratios(sign: torch.Tensor, intervals: list[tuple[float, floa
         if rows.numel() == 0:
             continue
         rows = rows[torch.randperm(rows.numel(), generator=gen)]
+        if first is not None:  # the largest |A| of the sign first (of equal ones, the lowest row: as the probe picks)
+            top = a[rows].abs().max()
+            pick = int(rows[a[rows].abs() == top].min())
+            lead = int((rows == pick).nonzero())
+            rows[[0, lead]] = rows[[lead, 0]]
         order = torch.rand(-(-rows.numel() // k), k, generator=gen).argsort(-1)
         if first is not None:  # the first block leads with the binding interval (swapped with whatever was there)
             lead = order[0].clone()
@@ -162,7 +171,7 @@ def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, 
     if p.loss_type == "vespo":  # the weight depends on the sequence's *sum* of log-ratios: draw the sum
         return logp - host_to(vespo_log_ratios(keep, cfg, gen), logp.device)
     if p.importance_sampling_level == "sequence":
-        per_seq = draw_signed_log_ratios(torch.sign(advantages.detach().cpu().double().reshape(batch)), intervals, gen)
+        per_seq = draw_signed_log_ratios(advantages.reshape(batch), intervals, gen)
         noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
         kf = keep.to(torch.float64)
         noise = noise - (noise * kf).sum(-1, keepdim=True) / kf.sum(-1, keepdim=True).clamp_min(1.0) * kf
