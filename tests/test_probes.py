@@ -233,3 +233,25 @@ def test_repeated_calls_make_two_worker_requests_a_call(monkeypatch):
     outcomes = {o.check: o.status for w in report.implementations[0].members[0].workloads for o in w.outcomes}
     assert outcomes["repeated-calls"] == "pass"
     assert Counter(asked) == {"forward": REPEATED_CALLS, "backward": REPEATED_CALLS}
+
+
+def test_the_zero_advantage_row_has_a_kept_token():
+    """zero-advantage zeroes a row with a kept token: on an empty row the gradient is 0 whatever the kernel
+    does (`revives-zero-advantage-masked` passed 4 runs of 12 when an empty row was drawn). No mask, or no
+    kept token at all: any row."""
+    import types
+
+    from grpo_conform.ops import operation_for
+    from grpo_conform.ops.grpo_probes import live_row
+
+    spec = find_spec("grpo/token-offpolicy-mask")
+    mask = torch.tensor([[0, 0, 0], [1, 0, 0], [0, 0, 0], [0, 1, 1]], dtype=torch.bool)
+    run = types.SimpleNamespace(rw=types.SimpleNamespace(axes={"batch": 4}), spec=spec, op=operation_for(spec),
+                                rng=random.Random(0))
+    picked = {live_row(run, types.SimpleNamespace(tensors={"completion_mask": mask})) for _ in range(200)}
+    assert picked == {1, 3}
+    empty = types.SimpleNamespace(tensors={"completion_mask": torch.zeros(4, 3, dtype=torch.int64)})
+    assert {live_row(run, empty) for _ in range(200)} == {0, 1, 2, 3}
+    token_is = find_spec("grpo/token-is")
+    run_is = types.SimpleNamespace(rw=run.rw, spec=token_is, op=operation_for(token_is), rng=random.Random(1))
+    assert {live_row(run_is, types.SimpleNamespace(tensors={})) for _ in range(200)} == {0, 1, 2, 3}
