@@ -17,6 +17,7 @@ import torch
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.compare import describe_outputs
+from grpo_conform.ops.grpo_logits.member_inputs import largest_by_sign
 from grpo_conform.spec import Spec
 
 
@@ -85,8 +86,8 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     advantages keep a mean away from 0, so that a dropped sign shows), and every mask row a right-padded
     prefix of at least TRAINER_MIN_TOKENS tokens (TRL's masks; the drawn sets mix left padding, holes and
     empty rows), the largest |advantage| of each sign on a row of SPAN_TOKENS or more: drawn given these, the
-    set makes the clip bind for both signs (`trainer_mask`, `member_inputs`), on rows that are not near one-hot
-    (`trainer_profiles`): in the gradient as well as in the loss.
+    set makes the clip bind for both signs (`trainer_mask`, `member_inputs`), on the rows of the largest |A| of
+    each sign, which are never near one-hot (`inputs.generate`): in the gradient as well as in the loss.
     A kernel that takes a shortcut when it recognises a training batch fails here only. A second call
     (TS-lone) keeps the set and writes the advantages of `lone_success_slice`: values up to ~11.2."""
     K = run.K
@@ -103,7 +104,7 @@ def trainer_shaped(run: WorkloadConformance) -> None:
         given[mask] = trainer_mask(m.shape[0], m.shape[-1], gen, given.get("advantages"))
         run.draws["mask_layouts"] = sorted(set(run.draws.get("mask_layouts", ())) | {"trainer right-padded"})
     # drawn given the trainer's advantages and mask: the log-ratios make the clip bind for both signs
-    run.generate(K, run.seeds[0] ^ 0x7EA1, profiles=trainer_profiles(run.spec), given=given)
+    run.generate(K, run.seeds[0] ^ 0x7EA1, given=given)
     t = run.call("TS-trainer", K, run.out1, PLAIN)
     if t is not None:
         J.plain(run, t)
@@ -127,16 +128,6 @@ def trainer_shaped(run: WorkloadConformance) -> None:
 TRAINER_MIN_TOKENS = 2
 SPAN_TOKENS = 4
 LONE_GROUPS = (32, 64, 128)  # the lone success's advantage: 5.48, 7.87, 11.21
-
-
-def trainer_profiles(spec: Spec) -> tuple[str, ...]:
-    """The row profiles of the trainer-shaped set: the spec's base profiles but the near one-hot ones. A token
-    whose target holds nearly all the probability has d logp / d z ~ 0 (1e-16 at a spike of 40), so a clip that
-    binds there shows in the loss only: one draw of 150 put every binding token of the probe's rows on such rows,
-    and a kernel that drops the clip in its backward alone would have passed. Peaked rows stay in every other
-    set; this one is for shortcuts keyed on the batch's advantages and mask."""
-    names = tuple(n for n in spec.validation.base_profiles if spec.validation.profile(n).kind != "peaked")
-    return names or tuple(spec.validation.base_profiles)
 
 
 def trainer_mask(batch: int, seq: int, gen: torch.Generator, advantages: torch.Tensor | None = None) -> torch.Tensor:
@@ -186,11 +177,7 @@ def largest_row(advantages: torch.Tensor | None, sign: int) -> int | None:
     picks: `member_inputs.draw_signed_log_ratios`), or None (no such advantage)."""
     if advantages is None:
         return None
-    a = advantages.detach().double().reshape(-1)
-    side = a * sign > 0
-    if not bool(side.any()):
-        return None
-    return int(torch.where(side, a.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())  # the first of equals
+    return largest_by_sign(advantages).get(sign)
 
 
 def lone_success_slice(batch: int, gen: torch.Generator, row: int | None = None) -> torch.Tensor:

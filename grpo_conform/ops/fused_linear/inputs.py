@@ -41,7 +41,9 @@ from grpo_conform.ops.fused_linear.reference import generated_row_stats
 from grpo_conform.ops.fused_linear.row_pass import RowPass
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
 from grpo_conform.ops.grpo_logits.generators.masks import classify
-from grpo_conform.ops.grpo_logits.member_inputs import check_given, fill_completion_mask, old_logprobs_for
+from grpo_conform.ops.grpo_logits.member_inputs import (
+    check_given, fill_completion_mask, largest_by_sign, old_logprobs_for,
+)
 from grpo_conform.ops.grpo_terms import GrpoParameters
 
 _SALT = 0x66757365  # separates the member inputs' draws from the hidden/weight stream of the same seed
@@ -129,7 +131,11 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     flat_ids = ids.reshape(-1)
     # no spike on the special ids' rows: a near one-hot row hides whatever a kernel does with its token
     # (grpo_logits/inputs.py, _unpeak)
-    special = torch.isin(flat_ids, torch.tensor(token_ids.pool_ids(vocab))).to(which.device)
+    special = torch.isin(flat_ids, torch.tensor(token_ids.pool_ids(vocab)))
+    if "advantages" in given:  # the rows where the clip is made to bind carry a gradient to show it by
+        for row in largest_by_sign(adv).values():
+            special.view(batch, seq)[row] = True
+    special = special.to(which.device)
     for k, prof in enumerate(profs):
         if prof.kind == "peaked":
             rows = torch.nonzero((which == k) & ~special).squeeze(-1)

@@ -70,6 +70,20 @@ def check_given(given: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Ten
     return {k: v.detach().cpu() for k, v in given.items()}
 
 
+def largest_by_sign(advantages: torch.Tensor) -> dict[int, int]:
+    """{sign: row} for sign +1 and -1: the row of the largest |A| among the advantages of that sign (of equal ones
+    the lowest row). With given advantages (a trainer's: the trainer-shaped probe) these rows are where the
+    generators guarantee the clip binds (`draw_signed_log_ratios`; at token level the probe's mask keeps them
+    long) and are never near one-hot (`inputs.generate`): the probe puts TS-lone's success on the -1 row."""
+    a = advantages.detach().cpu().double().reshape(-1)
+    out = {}
+    for sign in (1, -1):
+        side = a * sign > 0
+        if bool(side.any()):
+            out[sign] = int(torch.where(side, a.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())
+    return out
+
+
 def ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, float]]:
     """Ratio intervals between the boundaries, each kept `boundary_margin` (relative) away from them."""
     if p.loss_type == "cispo":
@@ -121,10 +135,8 @@ def draw_signed_log_ratios(advantages: torch.Tensor, intervals: list[tuple[float
         if rows.numel() == 0:
             continue
         rows = rows[torch.randperm(rows.numel(), generator=gen)]
-        if first is not None:  # the largest |A| of the sign first (of equal ones, the lowest row: as the probe picks)
-            top = a[rows].abs().max()
-            pick = int(rows[a[rows].abs() == top].min())
-            lead = int((rows == pick).nonzero())
+        if first is not None:  # the largest |A| of the sign first (`largest_by_sign`: the probe's row too)
+            lead = int((rows == largest_by_sign(a)[int(s)]).nonzero())
             rows[[0, lead]] = rows[[lead, 0]]
         order = torch.rand(-(-rows.numel() // k), k, generator=gen).argsort(-1)
         if first is not None:  # the first block leads with the binding interval (swapped with whatever was there)
