@@ -186,8 +186,8 @@ def lone_success_slice(batch: int, gen: torch.Generator, row: int | None = None)
     single completion succeeded: a trainer whose group is larger than its micro-batch (generations split
     across steps) hands over such a slice. The success's normalised advantage is (G - 1) / sqrt(G) (TRL's
     unbiased std), far above what the drawn sets reach (~5 at most), and every other row gets -1 / sqrt(G);
-    the success sits at `row`, else at a drawn row. A kernel that clamps or saturates large advantages is right everywhere
-    else."""
+    the success sits at `row`, else at a drawn row. A kernel that clamps or saturates large advantages is right
+    everywhere else."""
     groups = [g for g in LONE_GROUPS if g > batch] or [2 * batch]
     group = groups[int(torch.randint(0, len(groups), (1,), generator=gen))]
     rewards = torch.zeros(group, dtype=torch.float64)
