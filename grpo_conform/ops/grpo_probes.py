@@ -87,7 +87,8 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     prefix of at least TRAINER_MIN_TOKENS tokens (TRL's masks; the drawn sets mix left padding, holes and
     empty rows), the largest |advantage| of each sign on a row of SPAN_TOKENS or more: drawn given these, the
     set makes the clip bind for both signs (`trainer_mask`, `member_inputs`), on the rows of the largest |A| of
-    each sign, which are never near one-hot (`inputs.generate`): in the gradient as well as in the loss.
+    each sign, each with a binding token that is never near one-hot (`member_inputs.binding_positions`): in the
+    gradient as well as in the loss.
     A kernel that takes a shortcut when it recognises a training batch fails here only. A second call
     (TS-lone) keeps the set and writes the advantages of `lone_success_slice`: values up to ~11.2."""
     K = run.K

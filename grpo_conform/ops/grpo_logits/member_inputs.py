@@ -74,13 +74,27 @@ def largest_by_sign(advantages: torch.Tensor) -> dict[int, int]:
     """{sign: row} for sign +1 and -1: the row of the largest |A| among the advantages of that sign (of equal ones
     the lowest row). With given advantages (a trainer's: the trainer-shaped probe) these rows are where the
     generators guarantee the clip binds (`draw_signed_log_ratios`; at token level the probe's mask keeps them
-    long) and are never near one-hot (`inputs.generate`): the probe puts TS-lone's success on the -1 row."""
+    long) and hold a binding token that is never near one-hot (`binding_positions`): the probe puts TS-lone's
+    success on the -1 row."""
     a = advantages.detach().cpu().double().reshape(-1)
     out = {}
     for sign in (1, -1):
         side = a * sign > 0
         if bool(side.any()):
             out[sign] = int(torch.where(side, a.abs(), torch.tensor(-1.0, dtype=torch.float64)).argmax())
+    return out
+
+
+def binding_positions(advantages: torch.Tensor, seq: int, seed: int) -> dict[int, int]:
+    """{row: position} for the rows of `largest_by_sign` (given advantages): a drawn position among the first two
+    (every block of intervals holds them), where the token-level draw puts the interval in which the clip binds
+    for the row's sign and the logits generators never put a near one-hot row (a token whose target holds
+    nearly all the probability has no gradient to show the clip by). Only that token: confident tokens of real
+    batches have ratios near 1, and a whole row kept off the peaked profile was a feature a kernel could test."""
+    gen = torch.Generator().manual_seed((seed ^ 0xB1D1) & (2**63 - 1))
+    out = {}
+    for _, row in sorted(largest_by_sign(advantages).items()):
+        out[row] = int(torch.randint(0, min(2, max(seq, 1)), (1,), generator=gen))
     return out
 
 
@@ -150,7 +164,7 @@ def draw_signed_log_ratios(advantages: torch.Tensor, intervals: list[tuple[float
 
 
 def draw_row_log_ratios(batch: int, seq: int, intervals: list[tuple[float, float]],
-                        gen: torch.Generator) -> torch.Tensor:
+                        gen: torch.Generator, binding: dict[int, tuple[int, int]] | None = None) -> torch.Tensor:
     """[batch, seq] log-ratios, each row in blocks of len(intervals) positions that each take every interval
     once, in a drawn order (log-uniform inside). So every row's first k positions, and any k positions of one
     block, span all k intervals: a right-padded row of at least k tokens (a trainer's mask, written after the
@@ -160,6 +174,12 @@ def draw_row_log_ratios(batch: int, seq: int, intervals: list[tuple[float, float
     k = len(intervals)
     blocks = -(-seq // k)
     which = torch.rand(batch, blocks, k, generator=gen).argsort(-1).reshape(batch, blocks * k)[:, :seq]
+    for row, (pos, interval) in (binding or {}).items():  # `binding_positions`: swapped inside the first block
+        first = which[row, : min(k, seq)]
+        where = (first == interval).nonzero().flatten()
+        if pos < first.numel() and where.numel():
+            q = int(where[0])
+            first[q], first[pos] = first[pos].clone(), first[q].clone()
     u = torch.rand(batch, seq, generator=gen, dtype=torch.float64)
     return _log_uniform(which, u, intervals)
 
@@ -173,11 +193,13 @@ def host_to(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, cfg: MemberInputs,
-                     gen: torch.Generator, advantages: torch.Tensor) -> torch.Tensor:
+                     gen: torch.Generator, advantages: torch.Tensor,
+                     binding: dict[int, int] | None = None) -> torch.Tensor:
     """float64 old log-probs on logp's device: logp - log r with r in every region, away from the
     boundaries (r drawn on the host from `gen`: the same draws on every device); at token level every row's
     blocks of positions span the regions (`draw_row_log_ratios`); at sequence level each sign of `advantages`
-    gets a sequence where the clip binds (`draw_signed_log_ratios`)."""
+    gets a sequence where the clip binds (`draw_signed_log_ratios`). `binding` ({row: position},
+    `binding_positions`): at token level the clip binds there for the row's advantage sign."""
     batch, seq = logp.shape
     intervals = ratio_intervals(p, cfg)
     if p.loss_type == "vespo":  # the weight depends on the sequence's *sum* of log-ratios: draw the sum
@@ -189,7 +211,9 @@ def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, 
         noise = noise - (noise * kf).sum(-1, keepdim=True) / kf.sum(-1, keepdim=True).clamp_min(1.0) * kf
         log_r = per_seq[:, None] + noise
     else:
-        log_r = draw_row_log_ratios(batch, seq, intervals, gen)
+        a = advantages.detach().cpu().reshape(batch)
+        held = {row: (pos, len(intervals) - 1 if float(a[row]) > 0 else 0) for row, pos in (binding or {}).items()}
+        log_r = draw_row_log_ratios(batch, seq, intervals, gen, held)
     return logp - host_to(log_r, logp.device)
 
 
@@ -240,7 +264,8 @@ def sequence_sampling_ratios(keep: torch.Tensor, cap: float, cfg: MemberInputs, 
 def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torch.Tensor], seed: int,
                        values: Mapping[str, Any] | None = None, case: int | None = None,
                        found: dict[str, Any] | None = None,
-                       given: Mapping[str, torch.Tensor] | None = None) -> dict[str, list[str]]:
+                       given: Mapping[str, torch.Tensor] | None = None,
+                       binding: dict[int, int] | None = None) -> dict[str, list[str]]:
     """Write the member's optional inputs into `tensors` (in place), given the logits, ids and advantages
     already there. `values` are the call's parameter values (default: the spec's); `case` the index of
     this input set in its workload (generators.masks rotates the mask layouts with it). Returns what
@@ -266,7 +291,7 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
         if found is not None:
             found["logp"] = logp
     if "old_logprobs" in tensors:
-        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, tensors["advantages"])
+        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, tensors["advantages"], binding)
                                       .to(tensors["old_logprobs"].dtype))
     if "ref_logprobs" in tensors:
         sign = torch.sign(tensors["advantages"].detach().to(logp.device, torch.float64))
