@@ -22,7 +22,7 @@ from grpo_conform.ops.grpo_logits.member_inputs import (
 )
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters
 from grpo_conform.ops.grpo_probes import (
-    SPAN_TOKENS, TRAINER_MIN_TOKENS, largest_row, lone_success_slice, trainer_advantages, trainer_mask,
+    SPAN_TOKENS, TRAINER_MIN_TOKENS, lone_success_slice, trainer_advantages, trainer_mask,
 )
 from member_cases import load_impl, member_names, member_spec
 from conftest import GALLERY
@@ -88,7 +88,7 @@ def _trainer_set(member: str, seed: int, lone: bool = False):
     assert torch.equal(x.tensors["advantages"].double(), given["advantages"].to(x.tensors["advantages"].dtype).double())
     assert torch.equal(x.tensors["completion_mask"] != 0, given["completion_mask"])
     if lone:
-        row = largest_row(adv, -1)
+        row = largest_by_sign(adv)[-1]
         x.tensors["advantages"].copy_(lone_success_slice(batch, g, row).to(x.tensors["advantages"].dtype))
         assert int(x.tensors["advantages"].argmax()) == row
     return spec, x.tensors, x.logp

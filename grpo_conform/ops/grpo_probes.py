@@ -66,13 +66,18 @@ def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
 
 
 
+def mask_input(run: WorkloadConformance) -> str | None:
+    """The name of the operation's mask input, or None (a member without one)."""
+    return next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
+
+
 def live_row(run: WorkloadConformance, slot) -> int:
     """A drawn row of `slot` with a kept token (any row where no input is a mask, or none is kept). A sequence
     whose every token is masked has a zero gradient whatever its advantage, so zeroing the advantage of one of
     the drawn masks' empty rows tested nothing: a masked kernel that revives zero advantages passed 4 runs of 12
     (`revives-zero-advantage-masked`)."""
     batch = run.rw.axes["batch"]
-    mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
+    mask = mask_input(run)
     rows = list(range(batch))
     if mask is not None:
         kept = (slot.tensors[mask] != 0).reshape(batch, -1).any(-1).tolist()
@@ -99,7 +104,7 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     if batch >= 2:
         given["advantages"] = trainer_advantages(batch, gen).reshape(adv.shape)
         run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"group-normalised"})
-    mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
+    mask = mask_input(run)
     if mask is not None:
         m = K.tensors[mask]
         given[mask] = trainer_mask(m.shape[0], m.shape[-1], gen, given.get("advantages"))
@@ -112,7 +117,8 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     # TS-lone: the same input set, the advantages a slice of one large group holding its lone success, put on
     # the row of the largest negative trainer advantage, where a positive one is not clipped (`trainer_mask`,
     # `member_inputs.draw_signed_log_ratios`): its gradient shows the large advantage
-    adv.copy_(lone_success_slice(batch, gen, largest_row(given.get("advantages"), -1)).to(adv.dtype))
+    lone_row = largest_by_sign(given["advantages"]).get(-1) if "advantages" in given else None
+    adv.copy_(lone_success_slice(batch, gen, lone_row).to(adv.dtype))
     run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"lone-success"})
     K.commit()
     t = run.call("TS-lone", K, run.out1, PLAIN)
@@ -141,11 +147,9 @@ def trainer_mask(batch: int, seq: int, gen: torch.Generator, advantages: torch.T
     lengths = torch.randint(least, seq + 1, (batch,), generator=gen)
     held = torch.zeros(batch, dtype=torch.bool)
     if advantages is not None:
-        for sign in (1, -1):
-            row = largest_row(advantages, sign)
-            if row is not None:
-                lengths[row] = max(int(lengths[row]), span)
-                held[row] = True
+        for row in largest_by_sign(advantages).values():
+            lengths[row] = max(int(lengths[row]), span)
+            held[row] = True
     if batch >= 2 and seq > least and bool((lengths == lengths[0]).all()):
         if int(lengths[0]) < seq:  # all padded alike: one row becomes full (a longer row never breaks a hold)
             lengths[0] = seq
@@ -171,14 +175,6 @@ def trainer_advantages(batch: int, gen: torch.Generator) -> torch.Tensor:
 def group_normalised(rewards: torch.Tensor) -> torch.Tensor:
     """GRPO's advantages of each group (the last axis): (r - mean) / (std + 1e-4), TRL's scaling (unbiased std)."""
     return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-4)
-
-
-def largest_row(advantages: torch.Tensor | None, sign: int) -> int | None:
-    """The row of the largest |A| among the advantages of `sign` (of equal ones the lowest row, as the generator
-    picks: `member_inputs.draw_signed_log_ratios`), or None (no such advantage)."""
-    if advantages is None:
-        return None
-    return largest_by_sign(advantages).get(sign)
 
 
 def lone_success_slice(batch: int, gen: torch.Generator, row: int | None = None) -> torch.Tensor:

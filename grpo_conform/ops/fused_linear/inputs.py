@@ -42,7 +42,7 @@ from grpo_conform.ops.fused_linear.row_pass import RowPass
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
 from grpo_conform.ops.grpo_logits.generators.masks import classify
 from grpo_conform.ops.grpo_logits.member_inputs import (
-    binding_positions, check_given, fill_completion_mask, old_logprobs_for,
+    HostDraws, check_given, fill_completion_mask, old_logprobs_for,
 )
 from grpo_conform.ops.grpo_terms import GrpoParameters
 
@@ -132,8 +132,8 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     # no spike on the special ids' rows: a near one-hot row hides whatever a kernel does with its token
     # (grpo_logits/inputs.py, _unpeak)
     special = torch.isin(flat_ids, torch.tensor(token_ids.pool_ids(vocab)))
-    binding = binding_positions(adv, seq, seed) if "advantages" in given else {}
-    for row, pos in binding.items():  # where the clip is made to bind, a gradient to show it by
+    host = HostDraws.of(adv, given, seq, seed)
+    for row, pos in host.binding.items():  # where the clip is made to bind, a gradient to show it by
         special.view(batch, seq)[row, pos] = True
     special = special.to(which.device)
     for k, prof in enumerate(profs):
@@ -155,11 +155,11 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
             src = tensors[base].detach()
             draws.fill(tensors[name], seed, stream, lambda z, rows, src=src, scale=scale: z.mul_(scale).add_(src[rows]))
     found: dict[str, Any] = {}
-    covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case, found, given, binding))
+    covered.update(_member_inputs(spec, resolved, tensors, member_gen, values, case, found, given, host))
     return Inputs(tensors, seed, names, covered, found.get("rows"), found.get("temperature", 1.0))
 
 
-def _member_inputs(spec, resolved, tensors, gen, values, case, found: dict, given, binding) -> dict[str, list[str]]:
+def _member_inputs(spec, resolved, tensors, gen, values, case, found: dict, given, host) -> dict[str, list[str]]:
     covered: dict[str, list[str]] = {}
     batch, seq = tensors["completion_ids"].shape
     keep = torch.ones(batch, seq, dtype=torch.bool)
@@ -175,7 +175,7 @@ def _member_inputs(spec, resolved, tensors, gen, values, case, found: dict, give
     logp = rows.logp.cpu()
     cfg = spec.validation.member_inputs
     if "old_logprobs" in tensors:
-        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, tensors["advantages"], binding))
+        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, host))
     if "ref_logprobs" in tensors:
         sign = torch.sign(tensors["advantages"].detach().to("cpu", torch.float64))
         sign = torch.where(sign == 0, 1.0, sign)

@@ -24,7 +24,7 @@ import torch
 from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
 from grpo_conform.ops.grpo_logits.member_inputs import (
-    binding_positions, check_given, fill_member_inputs, host_to,
+    HostDraws, check_given, fill_member_inputs, host_to,
 )
 from grpo_conform.ops.interface import fresh_seed  # noqa: F401  (re-exported: an operation-independent seed)
 from grpo_conform.spec import Profile, ResolvedWorkload, Spec
@@ -224,13 +224,13 @@ def generate(
     small = (adv.abs() <= advantages.SMALL_MAX) & (adv != 0)
     special = torch.isin(tensors["completion_ids"].to(torch.long),
                          torch.tensor(token_ids.pool_ids(vocab), device=tensors["completion_ids"].device))
-    binding = binding_positions(adv, tensors["completion_ids"].shape[1], seed) if "advantages" in given else {}
-    for row, pos in binding.items():  # where the clip is made to bind, a gradient to show it by
+    host = HostDraws.of(adv, given, tensors["completion_ids"].shape[1], seed)
+    for row, pos in host.binding.items():  # where the clip is made to bind, a gradient to show it by
         special[row, pos] = True
     fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small, unpeaked=special)
     found: dict[str, Any] = {}
     # mask, log-probs, ratios
-    covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case, found, given, binding))
+    covered.update(fill_member_inputs(spec, resolved, tensors, seed, values, case, found, given, host))
     return Inputs(tensors, seed, profiles, covered, found.get("logp"))
 
 

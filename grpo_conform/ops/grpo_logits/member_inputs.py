@@ -24,6 +24,7 @@ probe) and `boundary_tie` (the reference's tests) make them; far gaps (|log r|, 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -98,6 +99,21 @@ def binding_positions(advantages: torch.Tensor, seq: int, seed: int) -> dict[int
     return out
 
 
+@dataclass(frozen=True)
+class HostDraws:
+    """What the generators hold on the host before a set's member inputs: the advantages as written (`[batch]`;
+    reading them back from the device would wait for the logits' generation queued before) and, where they were
+    given, the rows' binding positions (`binding_positions`)."""
+
+    advantages: torch.Tensor
+    binding: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, advantages: torch.Tensor, given: Mapping[str, torch.Tensor], seq: int, seed: int) -> "HostDraws":
+        a = advantages.detach().reshape(-1)
+        return cls(a, binding_positions(a, seq, seed) if "advantages" in given else {})
+
+
 def ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, float]]:
     """Ratio intervals between the boundaries, each kept `boundary_margin` (relative) away from them."""
     if p.loss_type == "cispo":
@@ -141,7 +157,7 @@ def draw_signed_log_ratios(advantages: torch.Tensor, intervals: list[tuple[float
     sequence-level clip dropped on them went unseen). The largest negative's row, below 1 - eps_low, is also
     where a positive advantage is not clipped: the probe's second call puts its large one there."""
     a = advantages.detach().cpu().double().reshape(-1)
-    sign = torch.sign(a)
+    sign, largest = torch.sign(a), largest_by_sign(a)
     k = len(intervals)
     which = torch.empty(sign.shape[0], dtype=torch.long)
     for s, first in ((1.0, k - 1), (-1.0, 0), (0.0, None)):
@@ -150,7 +166,7 @@ def draw_signed_log_ratios(advantages: torch.Tensor, intervals: list[tuple[float
             continue
         rows = rows[torch.randperm(rows.numel(), generator=gen)]
         if first is not None:  # the largest |A| of the sign first (`largest_by_sign`: the probe's row too)
-            lead = int((rows == largest_by_sign(a)[int(s)]).nonzero())
+            lead = int((rows == largest[int(s)]).nonzero())
             rows[[0, lead]] = rows[[lead, 0]]
         order = torch.rand(-(-rows.numel() // k), k, generator=gen).argsort(-1)
         if first is not None:  # the first block leads with the binding interval (swapped with whatever was there)
@@ -167,10 +183,11 @@ def draw_row_log_ratios(batch: int, seq: int, intervals: list[tuple[float, float
                         gen: torch.Generator, binding: dict[int, tuple[int, int]] | None = None) -> torch.Tensor:
     """[batch, seq] log-ratios, each row in blocks of len(intervals) positions that each take every interval
     once, in a drawn order (log-uniform inside). So every row's first k positions, and any k positions of one
-    block, span all k intervals: a right-padded row of at least k tokens (a trainer's mask, written after the
-    draw by the trainer-shaped probe) holds a token in every clip region whatever its advantage's sign. A draw
+    block, span all k intervals: a right-padded row of at least k tokens (a trainer's mask, which the
+    trainer-shaped probe gives) holds a token in every clip region whatever its advantage's sign. A draw
     spread over the whole batch left some rows without one: a kernel that drops the clip on a trainer's batch
-    passed 1 run in ~450 (CI run 134's gallery failure; `tests/test_member_inputs_regions.py`)."""
+    passed 1 run in ~450 (CI run 134's gallery failure; `tests/test_member_inputs_regions.py`). `binding`
+    ({row: (position, interval)}): that interval swapped to that position inside the row's first block."""
     k = len(intervals)
     blocks = -(-seq // k)
     which = torch.rand(batch, blocks, k, generator=gen).argsort(-1).reshape(batch, blocks * k)[:, :seq]
@@ -193,26 +210,25 @@ def host_to(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, cfg: MemberInputs,
-                     gen: torch.Generator, advantages: torch.Tensor,
-                     binding: dict[int, int] | None = None) -> torch.Tensor:
+                     gen: torch.Generator, host: HostDraws) -> torch.Tensor:
     """float64 old log-probs on logp's device: logp - log r with r in every region, away from the
     boundaries (r drawn on the host from `gen`: the same draws on every device); at token level every row's
-    blocks of positions span the regions (`draw_row_log_ratios`); at sequence level each sign of `advantages`
-    gets a sequence where the clip binds (`draw_signed_log_ratios`). `binding` ({row: position},
-    `binding_positions`): at token level the clip binds there for the row's advantage sign."""
+    blocks of positions span the regions (`draw_row_log_ratios`); at sequence level each sign of the advantages
+    gets a sequence where the clip binds (`draw_signed_log_ratios`). `host.binding` ({row: position}): at token
+    level the clip binds there for the row's advantage sign."""
     batch, seq = logp.shape
     intervals = ratio_intervals(p, cfg)
     if p.loss_type == "vespo":  # the weight depends on the sequence's *sum* of log-ratios: draw the sum
         return logp - host_to(vespo_log_ratios(keep, cfg, gen), logp.device)
     if p.importance_sampling_level == "sequence":
-        per_seq = draw_signed_log_ratios(advantages.reshape(batch), intervals, gen)
+        per_seq = draw_signed_log_ratios(host.advantages, intervals, gen)
         noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
         kf = keep.to(torch.float64)
         noise = noise - (noise * kf).sum(-1, keepdim=True) / kf.sum(-1, keepdim=True).clamp_min(1.0) * kf
         log_r = per_seq[:, None] + noise
     else:
-        a = advantages.detach().cpu().reshape(batch)
-        held = {row: (pos, len(intervals) - 1 if float(a[row]) > 0 else 0) for row, pos in (binding or {}).items()}
+        top = len(intervals) - 1
+        held = {row: (pos, top if float(host.advantages[row]) > 0 else 0) for row, pos in host.binding.items()}
         log_r = draw_row_log_ratios(batch, seq, intervals, gen, held)
     return logp - host_to(log_r, logp.device)
 
@@ -265,13 +281,14 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
                        values: Mapping[str, Any] | None = None, case: int | None = None,
                        found: dict[str, Any] | None = None,
                        given: Mapping[str, torch.Tensor] | None = None,
-                       binding: dict[int, int] | None = None) -> dict[str, list[str]]:
+                       host: HostDraws | None = None) -> dict[str, list[str]]:
     """Write the member's optional inputs into `tensors` (in place), given the logits, ids and advantages
     already there. `values` are the call's parameter values (default: the spec's); `case` the index of
     this input set in its workload (generators.masks rotates the mask layouts with it). Returns what
     the set covered (the mask's row layouts and dtype). `found` receives `logp`, the float64 log-probs
     of these logits at the call's temperature, where they were computed (the judging reuses them). A mask in
-    `given` (`check_given`) is written as it is, and the log-probs are drawn for it."""
+    `given` (`check_given`) is written as it is, and the log-probs are drawn for it. `host`: the advantages
+    on the host (read back from `tensors` where not passed) and the binding positions."""
     names = [t.name for t in spec.inputs if t.name in OPTIONAL_INPUTS]
     covered: dict[str, list[str]] = {}
     if not names:
@@ -291,8 +308,8 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
         if found is not None:
             found["logp"] = logp
     if "old_logprobs" in tensors:
-        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, tensors["advantages"], binding)
-                                      .to(tensors["old_logprobs"].dtype))
+        host = host or HostDraws(tensors["advantages"].detach().cpu().reshape(-1))
+        tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, host).to(tensors["old_logprobs"].dtype))
     if "ref_logprobs" in tensors:
         sign = torch.sign(tensors["advantages"].detach().to(logp.device, torch.float64))
         coin = host_to(torch.where(torch.rand(batch, generator=gen) < 0.5, -1.0, 1.0).double(), logp.device)
