@@ -29,6 +29,7 @@
 #                                               # and token-is at seed-b16 under the layout ceiling, the epilogue
 #                                               # kernel's row-block groups at b2/b4 (round32y ran in the 24th and
 #                                               # 25th sessions' calls and is in git history)
+#   bash benchmarks/h200_evidence.sh round35c   # the default check of triton with records, then three fused cells (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
@@ -300,6 +301,19 @@ PY
     timeout -s KILL 100 python3 benchmarks/research/epilogue_gemm.py --batches 2 4 --only-tma --tma-configs 2 \
       --group-m 4 8 16 32 --out "$R/epilogue-groups.json" > "$R/epilogue-groups.log" 2>&1
     status "epilogue_gemm b2 b4 groups: exit $?"; grep "^b" "$R/epilogue-groups.log"
+    ;;
+  round35c)  # twenty-seventh session (~7 min): the default check of triton on a first run, its records kept (issue
+             # 35's budget, the folder's identity unchanged); then the three fused cells round32aa's --deadline left
+             # untimed (token-offpolicy-mask at seed-b4, the reference-weight member at seed-b2 and b4)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    default_check 240 records
+    start=$SECONDS
+    timeout -s KILL 230 python3 -m grpo_conform check implementations/triton-fused --member token-offpolicy-mask \
+      --member token-offpolicy-mask-kl-ref-weight --workload seed-b2 --workload seed-b4 --evidence-dir "$OUT/h200" \
+      --deadline 180 --profile-phases --format json > "$R/fused-rest.json" 2> "$R/fused-rest.log"
+    status "triton-fused token-offpolicy-mask + ref-weight seed-b2/b4: exit $?, $((SECONDS - start)) s wall"
+    tail -2 "$R/fused-rest.log"
+    ls "$OUT/h200" | wc -l
     ;;
   round32z)  # issue 32, twenty-fourth session: the epilogue forward (implementations/triton-fused/epilogue.py) on CUDA.
              # Its tests beside the staged sweep's, the ceiling GEMM on its own operands against the workload's, the
