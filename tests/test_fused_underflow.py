@@ -61,11 +61,16 @@ def test_a_gemm_that_flushes_subnormal_terms_passes_and_a_real_error_still_fails
     assert not _judge(op, rw, x, p, bad, em).passed
 
 
-def test_no_underflow_floor_where_the_dtype_keeps_its_subnormals():
+def test_the_floor_follows_the_dtype_s_subnormal_handling():
+    """bf16 and fp32 GEMMs flush below 2^-126; float16 keeps its subnormals but holds a d logits term there to
+    the subnormal step 2^-24, once per rounding (two): its floor is 2^-23 where the others' is 2^-126."""
     from grpo_conform.ops.fused_linear.tolerance import _underflow
 
     op, rw, x, p, ref = _case()
-    assert _underflow(x, "float16") == {}
+    assert _underflow(x, "float64") == {}
+    half = _underflow(x, "float16")
     got = _underflow(x, "float32")
+    assert half["bias"] == 2.0**-23 * x["hidden"].reshape(-1, x["hidden"].shape[-1]).shape[0]
+    assert half["weight"] == got["weight"] * 2.0**103 and half["hidden"] == got["hidden"] * 2.0**103
     n = x["hidden"].reshape(-1, x["hidden"].shape[-1]).shape[0]
     assert got["bias"] == TINY * n and set(got) == {"weight", "hidden", "bias"}

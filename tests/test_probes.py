@@ -110,7 +110,8 @@ def test_call_pattern_probes_are_in_the_profiles_and_explore_call_in_none_but_it
 def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     names = lambda checks, profile="full": [p.name for p in select(profile, checks)]  # noqa: E731
     assert names(()) == list(PROFILES["full"])
-    assert names(("gradient",)) == ["baseline", "new-buffers", "extra-seeds", "input-cases", "trainer-shaped"]
+    assert names(("gradient",)) == ["baseline", "new-buffers", "extra-seeds", "input-cases", "one-sign", "trainer-shaped"]
+    assert names(("reach",)) == ["reach"]
     assert names(("advantage-sign",)) == ["baseline", "negated-advantages", "advantage-sign"]
     assert names(("row-locality",)) == ["new-buffers", "row-locality"]  # its call reuses D's inputs in Q
     assert names(("repeated-calls",)) == ["repeated-calls"]
@@ -118,7 +119,7 @@ def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     # a check every call feeds keeps every probe that calls: its verdict under -k is the full run's
     for check in ("runs", "no-mutation", "no-output-reuse"):
         calling = [n for n in PROFILES["full"] if n not in ("advantage-sign", "end-reread", "inference-mode",
-                                                             "forward-only", "repeated-calls", "process-state")]
+                                                             "forward-only", "repeated-calls", "reach", "process-state")]
         assert set(calling) <= set(names((check,))), check
     for check in CONFORMANCE_CHECKS:  # every probe of the profile that records a check is kept
         kept = names((check,))

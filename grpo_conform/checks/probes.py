@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
+from grpo_conform.checks.reach import reach
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.ops import grpo_probes as G
@@ -282,7 +283,9 @@ _PROBES = (
     *FUSED_PROBES,  # the lm_head weight held as trainers hold it: accumulated into, tied (ops/fused_linear/probes.py)
     Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),
     Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
+    G.ONE_SIGN,
     G.TRAINER_SHAPED,
+    Probe("reach", reach.__doc__, reach, ("reach", "runs", "no-mutation"), ("reach",)),
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
     Probe("repeated-calls", repeated_calls.__doc__, repeated_calls, ("repeated-calls", "runs", "no-mutation",
                                                                      "no-resource-growth")),

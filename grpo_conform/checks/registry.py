@@ -76,6 +76,8 @@ _CHECKS = (
               "frozen, or the trunk), the gradients asked for match the reference", (2,)),
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
+    CheckInfo("reach", "calls past the default workloads' sizes (a wider batch, longer rows, a wider vocabulary and "
+              "hidden size) in each declared dtype they leave out all match the reference", (2, 21)),
     CheckInfo("no-global-side-effects", "the process's global state is as each call found it: default dtype and "
               "device, grad mode, anomaly and determinism flags, TF32, cuDNN flags, thread count, and random "
               "generators never reseeded (a worker-side tripwire, like tamper-scan)", ()),

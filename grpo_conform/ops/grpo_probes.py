@@ -66,6 +66,28 @@ def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
 
 
 
+def one_sign(run: WorkloadConformance) -> None:
+    """S+ and S-: the baseline set with every advantage made positive, then negative (|A| and -|A|). The drawn
+    sets always hold both signs (a dropped sign must show), which left a batch of one sign unseen: a kernel
+    taking a fast path when every advantage is negative (a group that all failed, after a baseline that is
+    not their mean) passed every default run (the twenty-seventh session's adversarial round). Once per worker
+    process and member, at its first workload with two sequences or more."""
+    made = run.session.__dict__.setdefault("one_sign_made", {})
+    if run.rw.axes["batch"] < 2 or run.spec.identity in made:
+        return
+    made[run.spec.identity] = run.rw.name
+    P = run.P
+    original = P.tensors["advantages"].clone()
+    for label, sign in (("S+", 1.0), ("S-", -1.0)):
+        P.tensors["advantages"].copy_(original.abs() * sign)
+        P.commit()
+        call = run.call(label, P, run.out1, PLAIN)
+        if call is not None:
+            J.plain(run, call)
+    P.tensors["advantages"].copy_(original)
+    P.commit()
+
+
 def mask_input(run: WorkloadConformance) -> str | None:
     """The name of the operation's mask input, or None (a member without one)."""
     return next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
@@ -205,6 +227,15 @@ def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
     return small
 
 
+#: the reach probe's shapes (checks/reach.py): the least value a reached axis takes, past the tile sizes kernels
+#: use along a row (128-8192 positions or vocabulary entries, 64-256 hidden features per GEMM step) and the 8
+#: rows of a row group; the other axes of a reach call, small so that a call costs what a small workload does;
+#: the axes a call reaches together (a wide vocabulary and a wide hidden size make one GEMM)
+REACH_FLOOR = {"batch": 9, "seq": 257, "vocab": 8193, "hidden": 257}
+REACH_SMALL = {"batch": (1, 2), "seq": (1, 3), "vocab": (32, 96), "hidden": (8, 32)}
+REACH_TOGETHER = {"hidden": "vocab"}
+
+
 def without_kl(spec: Spec) -> str | None:
     kl = {"ref_logprobs", "ref_weight"} & {t.name for t in spec.inputs}  # given reference log-probs or a reference lm_head
     return "the KL term gives a sequence of zero advantage a gradient" if kl else None
@@ -214,4 +245,5 @@ NEGATED_ADVANTAGES = Probe("negated-advantages", negated.__doc__, negated, CALL 
                            needs=("baseline",))
 ZERO_ADVANTAGE = Probe("zero-advantage", zero_advantage.__doc__, zero_advantage, CALL + ("zero-advantage", "finite"),
                        ("zero-advantage",), without_kl, ("new-buffers",))
+ONE_SIGN = Probe("one-sign", one_sign.__doc__, one_sign, PLAIN + CALL, needs=("baseline",))
 TRAINER_SHAPED = Probe("trainer-shaped", trainer_shaped.__doc__, trainer_shaped, PLAIN + CALL)

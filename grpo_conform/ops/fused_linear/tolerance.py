@@ -52,8 +52,11 @@ from grpo_conform.ops.grpo_terms import GrpoParameters
 
 # below the normal range of float32 and bfloat16 (the same exponent range) GEMMs flush operands and results
 # to zero (GPUs' ftz, CPUs' DAZ/FTZ in BLAS): each d logits term may lose all of itself up to this value.
-# float16 keeps its subnormals (tensor cores): rounding there is within the spec's own floor.
-FLUSHED_BELOW = {"bfloat16": 2.0**-126, "float32": 2.0**-126}
+# float16 keeps its subnormals, but a d logits term below its normal range (2^-14) is held to the subnormal
+# step 2^-24 in absolute terms, once per rounding that forms it (p, then its scaled difference): a normaliser
+# of ~1e4 (dr-grpo's constant, long rows) puts whole rows there. Found by the reach probe's first float16
+# calls of this operation (twenty-seventh session): fused-torch at dr-grpo-mask, d weight 7.7e-7 for 4.4e-7.
+FLUSHED_BELOW = {"bfloat16": 2.0**-126, "float32": 2.0**-126, "float16": 2.0**-23}
 
 
 @dataclass(frozen=True)

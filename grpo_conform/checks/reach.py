@@ -1,0 +1,150 @@
+"""The `reach` probe: calls beyond the default workloads' shapes and dtypes, drawn from the declared domain.
+
+A spec declares its axes with a lower bound only (batch >= 1, vocab >= 2, ...) and each input's dtypes, but
+the workloads a default check runs on the CPU hold a narrow slice of that: batch <= 4, rows <= 72, vocab
+<= 1536, hidden <= 48, one dtype. A kernel that is right only there (a mean of 4-row tile means, a sequence
+ratio summed over its first 128 positions, an online log-sum-exp that never rescales across vocabulary
+tiles, a float16 path that drops the temperature) passed every default check (the twenty-seventh session's
+adversarial round: docs/checks.md). This probe makes the reach mechanical:
+
+- one call per free axis (no declared maximum), that axis past REACH_FLOOR and past twice the largest value
+  the member's default workloads on this device use, odd and off every power of two, the other axes small;
+- the calls take in turn each dtype the differentiable input declares that no default workload of the
+  member on this device uses (the inputs that declare the same dtypes follow it), then its own.
+
+Once per worker process and member, like repeated-calls: what it looks for is a property of the code, not
+of one workload. Each call is judged in full against the reference; one finding for all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes
+from grpo_conform.checks.conformance import Call, WorkloadConformance
+from grpo_conform.compare import describe_outputs
+from grpo_conform.dtypes import torch_dtype
+from grpo_conform.ops.grpo_probes import REACH_FLOOR, REACH_SMALL, REACH_TOGETHER
+
+CHECK = "reach"
+def _free_axes(run: WorkloadConformance) -> list[str]:
+    """The axes a workload gives a value (no `equals` derivation); the schema bounds none of them above."""
+    return [a.name for a in run.spec.axes if a.derivation() is None]  # axes declare a lower bound only
+
+
+def _default_workloads(run: WorkloadConformance) -> list[Any]:
+    return list(run.spec.workloads_for(run.device.type))
+
+
+def _largest(run: WorkloadConformance, axis: str) -> int:
+    values = []
+    for w in _default_workloads(run):
+        raw = w.axes.get(axis)
+        values.append(raw if isinstance(raw, int) else getattr(raw, "max", 0) or 0)
+    return max(values, default=1)
+
+
+def reach_axes(run: WorkloadConformance) -> list[dict[str, int]]:
+    """One shape per reached axis group, drawn from the run's `r` in the spec's axis order."""
+    r = run.rng
+    free = _free_axes(run)
+    groups = [a for a in free if a not in REACH_TOGETHER]
+    shapes = []
+    for lead in groups:
+        reached = [lead] + [a for a, with_ in REACH_TOGETHER.items() if with_ == lead and a in free]
+        shape = {}
+        for axis in free:
+            if axis in reached:
+                low = max(REACH_FLOOR.get(axis, 9), 2 * _largest(run, axis) + 1)
+                value = low + 2 * r.randint(0, 3)
+                shape[axis] = value + 1 if value & (value - 1) == 0 or value % 2 == 0 else value
+            else:
+                lo, hi = REACH_SMALL.get(axis, (1, 3))
+                shape[axis] = r.randint(lo, hi)
+        shapes.append(shape)
+    return shapes
+
+
+def reach_dtypes(run: WorkloadConformance, calls: int) -> list[str]:
+    """The lead input's dtype of each call: the declared ones no default workload uses first, then its own."""
+    lead = run.spec.differentiable_input
+    used = {w.dtypes.get(lead.name, lead.dtypes[0]) for w in _default_workloads(run)}
+    order = [d for d in lead.dtypes if d not in used] + [run.grad_dtype]
+    return [order[i % len(order)] for i in range(calls)]
+
+
+def _follows(run: WorkloadConformance) -> list[str]:
+    """The inputs whose dtype follows the lead input's (they declare the same dtypes: hidden, weight, bias...)."""
+    lead = run.spec.differentiable_input
+    return [t.name for t in run.spec.inputs if tuple(t.dtypes) == tuple(lead.dtypes)]
+
+
+def reach(run: WorkloadConformance) -> None:
+    """One call per free axis past the default workloads' sizes (REACH_FLOOR), each in a declared dtype no
+    default workload uses where one is left; every call judged against the reference."""
+    made = run.session.__dict__.setdefault("reach_made", {})  # member identity -> workload
+    made_in = made.get(run.spec.identity)
+    if made_in is not None:
+        run.book.not_applicable(CHECK, f"made once per worker process: its calls ran in workload {made_in}")
+        return
+    made[run.spec.identity] = run.rw.name
+    shapes = reach_axes(run)
+    dtypes = reach_dtypes(run, len(shapes))
+    follows = _follows(run)
+    bad: list[dict[str, Any]] = []
+    done: list[dict[str, Any]] = []
+    saved = (run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal)
+    base = run.seeds[-1] ^ 0x5EAC4ED
+    try:
+        for i, (axes, dtype) in enumerate(zip(shapes, dtypes)):
+            wanted = {**run.rw.workload.dtypes, **{name: dtype for name in follows}}
+            rw = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes, "dtypes": wanted}))
+            types = input_dtypes(run.spec, rw)
+            inp = InputSlot.create(run.session, f"RH{i}", rw.shapes, types)
+            out = OutputSlot.for_spec(run.session, f"RO{i}", run.spec, rw.shapes, types)
+            run.extra_slots += [inp.name, out.name]
+            run.rw, run.seq_next = rw, rw.axes.get("seq_next")
+            run.width = run.groupings[run.spec.differentiable_input.name].width(rw)
+            run.grad_dtype, run.tol = dtype, run.spec.tolerance(dtype)
+            info = torch.finfo(torch_dtype(dtype))
+            run.subnormal = 2.0 * info.tiny * info.eps
+            x = run.op.generate(run.spec, rw, base + i, run.device, out=inp.pristine, values=run.model.values)
+            inp.publish()
+            run.op.keep_generated(inp.pristine, x)
+            label = run._label(f"R{i + 1}")
+            what = {"call": label, "axes": axes, "dtype": dtype}
+            done.append(what)
+            f = run.forward(label, inp, (CHECK,))
+            if f is None:
+                return
+            finished = run.backward_export(label, inp, out, (CHECK,), f, 1.0, "backward", None, keep=False)
+            if finished is None:
+                return
+            skipped, exported = finished
+            run.book.record("runs", label, True, "every call returned")
+            run.mutation(label, inp, {"forward": f["forward"], "backward": inp.changes()})
+            report = exported["report"]
+            call = Call(label, inp, 1.0, float(out.loss[0]), report.get("loss"), report.get("grads") or {}, out.grads,
+                        skipped.get(label))
+            if call.missing:
+                bad.append({**what, "why": call.skipped_backward or "no gradient"})
+                continue
+            loss_cmp, cmp = run.judge(call)
+            if not (loss_cmp.passed and cmp.passed and cmp.nan == 0):
+                bad.append({**what, "why": describe_outputs(loss_cmp, cmp)})
+    finally:
+        run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal = saved
+        run.draws["reach"] = done
+    said = "; ".join(f"{d['call']} {_shape_text(d['axes'])} {d['dtype']}" for d in done)
+    first = bad[0] if bad else None
+    run.book.record(CHECK, "R1..R%d" % len(done), not bad,
+                    f"{len(done)} calls past the default workloads' sizes match the reference: {said}" if not bad else
+                    f"{len(bad)} of {len(done)} calls past the default workloads' sizes do not match the reference; "
+                    f"first {first['call']} at {_shape_text(first['axes'])} in {first['dtype']}: {first['why']}",
+                    {"calls": done, "failing": bad[:10]})
+
+
+def _shape_text(axes: dict[str, int]) -> str:
+    return "(" + ", ".join(f"{k} {v}" for k, v in axes.items()) + ")"
