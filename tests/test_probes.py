@@ -10,6 +10,7 @@ from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.checks.model import ReferenceModel, draw_values
 from grpo_conform.checks.probes import PROBES_BY_NAME, PROFILES, select
 from grpo_conform.ops.fused_linear.probes import FUSED_PROBES
+from grpo_conform.ops.fused_linear.value_probes import VALUE_PROBES
 from grpo_conform.checks.registry import CHECKS_BY_NAME, CONFORMANCE_CHECKS
 from grpo_conform.compare import fp32_floor
 from grpo_conform.spec import find_spec, load_spec
@@ -110,7 +111,8 @@ def test_call_pattern_probes_are_in_the_profiles_and_explore_call_in_none_but_it
 def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     names = lambda checks, profile="full": [p.name for p in select(profile, checks)]  # noqa: E731
     assert names(()) == list(PROFILES["full"])
-    assert names(("gradient",)) == ["baseline", "new-buffers", "extra-seeds", "input-cases", "one-sign", "trainer-shaped"]
+    assert names(("gradient",)) == ["baseline", "new-buffers", "zero-row", "reference-head", "extra-seeds", "input-cases",
+                                    "one-sign", "trainer-shaped"]
     assert names(("reach",)) == ["reach"]
     assert names(("advantage-sign",)) == ["baseline", "negated-advantages", "advantage-sign"]
     assert names(("row-locality",)) == ["new-buffers", "row-locality"]  # its call reuses D's inputs in Q
@@ -128,16 +130,17 @@ def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
 
 def test_probes_declare_where_they_apply():
     def ruled_out(spec):  # the fused operation's own probes: tests/test_fused_probes.py
-        fused = {p.name for p in FUSED_PROBES}
+        fused = {p.name for p in FUSED_PROBES + VALUE_PROBES}
         return {n: p.applies(spec) for n, p in PROBES_BY_NAME.items() if p.applies(spec) and n not in fused}
 
     seed = load_spec(SEED_FILE)  # on-policy token-is: no mask, no old or reference log-probs
-    assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "input-cases"}
+    assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "input-cases", "one-input"}
     kl = find_spec("grpo/token-offpolicy-mask-kl")
-    assert set(ruled_out(kl)) == {"advantage-sign", "zero-advantage"}
+    assert set(ruled_out(kl)) == {"advantage-sign", "zero-advantage", "one-input"}
     assert "KL term" in ruled_out(kl)["zero-advantage"]
     masked = find_spec("grpo/token-offpolicy-mask")
-    assert set(ruled_out(masked)) == {"advantage-sign"}
+    assert set(ruled_out(masked)) == {"advantage-sign", "one-input"}  # one-input: grpo-fused-linear only
+    assert ruled_out(find_spec("grpo-fused-linear/token-offpolicy-mask")).get("one-input") is None
 
 
 def test_the_engine_is_handed_its_probes_and_imports_no_probe_module():

@@ -26,11 +26,13 @@ from grpo_conform.checks.reach import reach
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.ops import grpo_probes as G
+from grpo_conform.ops.one_input import ONE_INPUT
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.grpo_logits import probes as L
 from grpo_conform.ops.grpo_logits.declared_cases import declared_calls, record, tie_value
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
 from grpo_conform.ops.fused_linear.probes import FUSED_PROBES
+from grpo_conform.ops.fused_linear.value_probes import VALUE_PROBES
 from grpo_conform.ops.grpo_logits.probes import ties_unsupported
 from grpo_conform.spec import Spec
 
@@ -281,8 +283,10 @@ _PROBES = (
     Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation")),
     Probe("retained-graph", retained_graph.__doc__, retained_graph, CALL + ("retained-graph", "finite")),
     *FUSED_PROBES,  # the lm_head weight held as trainers hold it: accumulated into, tied (ops/fused_linear/probes.py)
+    *VALUE_PROBES,  # values the fused draws avoid: a zero hidden row, a reference head far from the policy's
     Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),
     Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
+    ONE_INPUT,
     G.ONE_SIGN,
     G.TRAINER_SHAPED,
     Probe("reach", reach.__doc__, reach, ("reach", "runs", "no-mutation"), ("reach",)),

@@ -1,0 +1,108 @@
+"""Two probes of grpo-fused-linear on values its draws avoid (the twenty-seventh session's adversarial round):
+
+- `zero-row` (Z): one kept hidden row set to exact zeros. Every drawn row comes from a profile (normal, wide,
+  large, peaked, heavy-tailed), so none was ever exactly zero, and a kernel that takes zero rows for padding
+  (leaving them out of the loss and of the token counts) passed every default run
+  (`tests/gallery/fused-zero-row-as-padding`). A zero hidden state is a legal input: its logits are the bias,
+  or all equal.
+- `reference-head` (RH, members with `ref_weight`): the reference lm_head drawn far enough from the policy's
+  that the reference log-probs move by ~1 nat. The drawn one is the policy's plus 0.1% noise (a 'large' row
+  of logits ~1e3 then moves by ~1), which moves the KL term less than bfloat16's allowance: a kernel reading
+  the policy weight for the reference passed every default run (`tests/gallery/fused-reference-weight-ignored`).
+  Here the noise is scaled on the set itself: the 99th percentile of |(hidden @ noise^T) / T| over the rows is 1.
+
+Both judge loss and gradients against the reference (PLAIN) and run once per worker process and member.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpo_conform.checks import judging as J
+from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
+from grpo_conform.ops.grpo_probes import live_row, mask_input
+
+#: the reference log-probs' move the reference-head probe aims at: the 99th percentile of |d logit| over rows
+REFERENCE_MOVE = 1.0
+SAMPLE_ROWS = 256
+
+
+def _once(run: WorkloadConformance, probe: str) -> bool:
+    made = run.session.__dict__.setdefault(f"{probe}_made", {})
+    if run.spec.identity in made:
+        return False
+    made[run.spec.identity] = run.rw.name
+    return True
+
+
+def _restore(P, original: dict[str, torch.Tensor]) -> None:
+    for k, v in original.items():
+        P.tensors[k].copy_(v)
+    P.commit()
+
+
+def zero_row(run: WorkloadConformance) -> None:
+    """Z: one kept hidden row (and its reference hidden row, where given) set to exact zeros."""
+    if not _once(run, "zero_row"):
+        return
+    P = run.P
+    names = [n for n in ("hidden", "ref_hidden") if n in P.tensors]
+    original = {n: P.tensors[n].clone() for n in names}
+    b = live_row(run, P)
+    mask = mask_input(run)
+    kept = range(run.rw.axes["seq"]) if mask is None else (P.tensors[mask][b] != 0).nonzero().view(-1).tolist()
+    t = list(kept)[run.rng.randrange(len(kept))] if len(kept) else 0
+    try:
+        for n in names:
+            P.tensors[n][b, t].zero_()
+        P.commit()
+        run.draws["zero_row"] = [b, t]
+        call = run.call("Z", P, run.out1, PLAIN + CALL)
+        if call is not None:
+            J.plain(run, call)
+    finally:
+        _restore(P, original)
+
+
+def reference_head(run: WorkloadConformance) -> None:
+    """RH: the reference lm_head moved from the policy's so that the reference log-probs move by ~1 nat."""
+    if not _once(run, "reference_head"):
+        return
+    P = run.P
+    original = {"ref_weight": P.tensors["ref_weight"].clone()}
+    weight = P.tensors["weight"]
+    hidden = P.tensors.get("ref_hidden", P.tensors["hidden"]).reshape(-1, weight.shape[1])
+    gen = torch.Generator(device=weight.device).manual_seed(run.seeds[0] ^ 0x2EF1)
+    noise = torch.randn(weight.shape, generator=gen, device=weight.device, dtype=weight.dtype)
+    # the scale from at most SAMPLE_ROWS rows, in the operands' dtype: a seed shape's full product is ~1 GB
+    rows = torch.randperm(hidden.shape[0], generator=torch.Generator().manual_seed(run.seeds[0]))[:SAMPLE_ROWS]
+    temperature = float(run.model.values.get("temperature", 1.0))
+    moves = torch.nan_to_num(hidden[rows.to(hidden.device)] @ noise.t()).float().abs().reshape(-1) / temperature
+    top = float(torch.quantile(moves[: 1 << 24].double().cpu(), 0.99)) if moves.numel() else 0.0
+    scale = REFERENCE_MOVE / top if top > 0 else 0.0
+    try:
+        P.tensors["ref_weight"].copy_(weight + scale * noise)
+        P.commit()
+        run.draws["reference_head"] = {"noise_scale": scale}
+        call = run.call("RH", P, run.out1, PLAIN + CALL)
+        if call is not None:
+            J.plain(run, call)
+    finally:
+        _restore(P, original)
+
+
+def _has_ref_weight(spec: Any) -> str | None:
+    return None if spec.has_input("ref_weight") else "the member has no reference lm_head (ref_weight)"
+
+
+def _fused(spec: Any) -> str | None:
+    return None if spec.has_input("hidden") else "grpo-logits: its logits are given, so no hidden row exists"
+
+
+VALUE_PROBES = (
+    Probe("zero-row", zero_row.__doc__, zero_row, PLAIN + CALL, applies=_fused, needs=("baseline",)),
+    Probe("reference-head", reference_head.__doc__, reference_head, PLAIN + CALL, applies=_has_ref_weight,
+          needs=("baseline",)),
+)

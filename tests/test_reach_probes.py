@@ -1,0 +1,67 @@
+"""The twenty-seventh session's probes on their own: reach's shapes and dtypes come from the declared domain and the
+default workloads (checks/reach.py), one-input changes exactly one input at its end (ops/one_input.py). The
+gallery folders reach-*, fused-reach-*, fused-cache-by-prefix, fused-zero-row-as-padding,
+fused-reference-weight-ignored and one-sign-fast-path fail them through the validator (tests/test_gallery.py)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpo_conform.checks.reach import reach_axes, reach_dtypes
+from grpo_conform.ops.grpo_probes import REACH_FLOOR
+from grpo_conform.ops.one_input import change_end
+from grpo_conform.spec import find_spec
+
+
+def _run(spec_id: str, seed: int, device: str = "cpu"):
+    spec = find_spec(spec_id)
+    lead = spec.differentiable_input
+    return SimpleNamespace(spec=spec, rng=random.Random(seed), device=torch.device(device),
+                           grad_dtype=lead.dtypes[0])
+
+
+@pytest.mark.parametrize("spec_id", ["grpo/sapo-mask", "grpo/token-is", "grpo-fused-linear/bnpo-mask"])
+@pytest.mark.parametrize("seed", range(5))
+def test_each_free_axis_is_reached_past_the_floor_and_every_default_workload_odd(spec_id, seed):
+    run = _run(spec_id, seed)
+    shapes = reach_axes(run)
+    defaults = run.spec.workloads_for("cpu")
+    free = [a.name for a in run.spec.axes if a.derivation() is None]
+    reached = set()
+    for shape in shapes:
+        assert set(shape) == set(free)
+        for axis, value in shape.items():
+            largest = max(w.axes[axis] if isinstance(w.axes[axis], int) else w.axes[axis].max for w in defaults)
+            if value >= REACH_FLOOR[axis]:
+                reached.add(axis)
+                assert value > 2 * largest and value % 2 == 1 and value & (value - 1) != 0, (axis, value)
+            else:
+                assert value <= 96  # the others stay small
+    assert reached == set(free)  # every free axis in some call ("hidden" with "vocab" in the fused one)
+    assert len(shapes) == len(free) - ("hidden" in free)
+
+
+def test_the_dtypes_no_default_workload_uses_come_first():
+    masked = _run("grpo/sapo-mask", 0)  # default CPU workloads: bfloat16 only
+    assert reach_dtypes(masked, 3) == ["float16", "float32", "bfloat16"]
+    fused = _run("grpo-fused-linear/token-is", 0)  # no workload of the fused spec is float16; fp32-tiny is extended
+    assert reach_dtypes(fused, 3)[:2] == ["float16", "float32"]
+
+
+def test_change_end_changes_one_input_at_its_end_only():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    assert change_end(mask, "mask", False, None)
+    assert mask.tolist() == [[True, True, False], [False, False, False]]  # the last kept token masked
+    assert not change_end(torch.zeros(2, 3, dtype=torch.int64), "mask", False, None)  # nothing kept: unchanged
+    rows = torch.arange(12.0).reshape(2, 2, 3)
+    assert change_end(rows, "sequence", True, None)
+    assert rows[1, 1].tolist() == [6.0, 7.0, 8.0] and rows[1, 0].tolist() == [9.0, 10.0, 11.0]
+    assert rows[0].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]  # the first elements stay
+    ids = torch.tensor([[4, 9, 9]])
+    assert change_end(ids, "ids", False, 10) and ids.tolist() == [[4, 9, 0]]  # equal: the next id, modulo V
+    lone = torch.tensor([0.5])
+    assert change_end(lone, "sequence-scalar", False, None) and lone.item() != 0.5
