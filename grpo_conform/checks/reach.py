@@ -26,7 +26,7 @@ from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import describe_outputs
 from grpo_conform.dtypes import torch_dtype
-from grpo_conform.ops.grpo_probes import REACH_FLOOR, REACH_SMALL, REACH_TOGETHER
+from grpo_conform.ops.grpo_probes import REACH_FLOOR, REACH_SMALL, REACH_TOGETHER, mask_input
 
 CHECK = "reach"
 def _free_axes(run: WorkloadConformance) -> list[str]:
@@ -110,7 +110,12 @@ def reach(run: WorkloadConformance) -> None:
             run.grad_dtype, run.tol = dtype, run.spec.tolerance(dtype)
             info = torch.finfo(torch_dtype(dtype))
             run.subnormal = 2.0 * info.tiny * info.eps
-            x = run.op.generate(run.spec, rw, base + i, run.device, out=inp.pristine, values=run.model.values)
+            # every token kept: a reached row is long only where its tokens count (a left-padded row of 261
+            # positions keeping 40 tested nothing past the first tile); masks are varied by the other probes
+            mask = mask_input(run)
+            given = {mask: torch.ones(rw.shapes[mask], dtype=types[mask])} if mask else None
+            x = run.op.generate(run.spec, rw, base + i, run.device, out=inp.pristine, values=run.model.values,
+                                given=given)
             inp.publish()
             run.op.keep_generated(inp.pristine, x)
             label = run._label(f"R{i + 1}")

@@ -232,7 +232,7 @@ def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
 #: rows of a row group; the other axes of a reach call, small so that a call costs what a small workload does;
 #: the axes a call reaches together (a wide vocabulary and a wide hidden size make one GEMM)
 REACH_FLOOR = {"batch": 9, "seq": 257, "vocab": 8193, "hidden": 257}
-REACH_SMALL = {"batch": (1, 2), "seq": (1, 3), "vocab": (32, 96), "hidden": (8, 32)}
+REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 32)}
 REACH_TOGETHER = {"hidden": "vocab"}
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 
-TILE = 2048  # vocabulary entries per tile
+TILE = 1024  # vocabulary entries per tile
 
 
 def _token_logprobs(hidden, weight, bias, ids, temperature):
