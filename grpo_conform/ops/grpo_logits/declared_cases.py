@@ -11,7 +11,8 @@ From each numeric parameter with a domain or a draw range:
     `mixed_ends`: a few calls with each parameter at one of its ends so that every pair of
     parameters meets at all four combinations of their ends (one low and the other high too:
     one process with an accumulation factor of 8, a zero epsilon_low with the widest epsilon_high); and one
-    `near-zero` call where a domain starts at an inclusive 0 the draws stay away from (beta 0.001);
+    `near-zero` call where a domain starts at an inclusive 0 the draws stay away from (beta 0.001), and last
+    one `below-draws` call: every parameter whose domain reaches below its draws in that gap (`below_draws`);
 and from the spec's `cases` list (a member's own list replaces the family's common one):
   - `values`: the named parameters at the given values (GSPO's 3e-4 / 4e-4), the rest at defaults;
   - `equalities`: the named parameters at one common value, drawn inside every one's draw range
@@ -85,6 +86,31 @@ def near_zero(spec: Spec) -> dict[str, float]:
     return out
 
 
+def below_draws(spec: Spec) -> dict[str, Any]:
+    """Each numeric parameter whose domain reaches below its draw range, at a value between the two that
+    near-zero does not give: where the domain's low end is exclusive (temperature, a cap, SAPO's
+    temperatures: end + a quarter of the gap; a cap of 0.375 where the draws start at 1.5), a positive
+    inclusive end (the geometric mean of it and the draws' start), and integers (end + 2 where the draws
+    start past it, so a count of 3 that no small divisor divides; end + 1 where they start at it, so a second
+    process or step). An open end left the declared ends at the draw range: a cap at most 1 treated as no cap,
+    and a global normaliser floor-divided (3 // 2), passed every default run (twenty-seventh session)."""
+    out: dict[str, Any] = {}
+    for p, draw in _numeric(spec):
+        d = p.domain
+        if draw is None or d is None or d.min is None:
+            continue
+        low, start = d.min, draw.min
+        if p.type == "int":
+            value = int(low) + 2 if start > low + 2 else int(low) + 1 if start == low else None
+            if value is not None and (d.max is None or value <= d.max):
+                out[p.name] = value
+        elif d.min_exclusive and start > low:
+            out[p.name] = float(f"{low + (start - low) / 4:.6g}")
+        elif low > 0 and start > low:
+            out[p.name] = float(f"{math.sqrt(low * start):.6g}")
+    return out
+
+
 def mixed_ends(ends: dict[str, tuple[Any, Any]], rng: random.Random) -> list[dict[str, Any]]:
     """Rows of ends that, with all-min and all-max, put every pair of parameters at all four combinations of
     their ends (a covering array of strength 2). Each parameter takes a distinct m-bit pattern of
@@ -146,6 +172,10 @@ def declared_calls(spec: Spec, rng: random.Random) -> tuple[DeclaredCall, ...]:
     # last, so that the calls above keep their seeds (probes.declared_cases seeds a call by its index)
     for k, row in enumerate(mixed_ends(ends, rng), 1):
         calls.append(DeclaredCall(f"mixed-ends-{k}", {**defaults, **row}, None, (("boundaries", f"mixed-ends-{k}"),)))
+    below = below_draws(spec)  # after the others: their seeds stay
+    if below:
+        calls.append(DeclaredCall("below-draws", {**defaults, **below}, None,
+                                  tuple(("boundaries", f"{n}=below-draws") for n in below)))
     return tuple(calls)
 
 
