@@ -8,7 +8,8 @@ tiles, a float16 path that drops the temperature) passed every default check (th
 adversarial round: docs/checks.md). This probe makes the reach mechanical:
 
 - one call per free axis (no declared maximum), that axis past REACH_FLOOR and past twice the largest value
-  the member's default workloads on this device use, odd and off every power of two, the other axes small;
+  the member's default workloads on this device use (at most REACH_CAP: the GPU workloads are large already),
+  odd and off every power of two, the other axes small;
 - the calls take in turn each dtype the differentiable input declares that no default workload of the
   member on this device uses (the inputs that declare the same dtypes follow it), then its own.
 
@@ -26,7 +27,7 @@ from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import describe_outputs
 from grpo_conform.dtypes import torch_dtype
-from grpo_conform.ops.grpo_probes import REACH_FLOOR, REACH_SMALL, REACH_TOGETHER, mask_input
+from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_SMALL, REACH_TOGETHER, mask_input
 
 CHECK = "reach"
 def _free_axes(run: WorkloadConformance) -> list[str]:
@@ -57,7 +58,7 @@ def reach_axes(run: WorkloadConformance) -> list[dict[str, int]]:
         shape = {}
         for axis in free:
             if axis in reached:
-                low = max(REACH_FLOOR.get(axis, 9), 2 * _largest(run, axis) + 1)
+                low = min(max(REACH_FLOOR.get(axis, 9), 2 * _largest(run, axis) + 1), REACH_CAP.get(axis, 64))
                 value = low + 2 * r.randint(0, 3)
                 shape[axis] = value + 1 if value & (value - 1) == 0 or value % 2 == 0 else value
             else:

@@ -234,6 +234,9 @@ def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
 REACH_FLOOR = {"batch": 9, "seq": 257, "vocab": 8193, "hidden": 257}
 REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 32)}
 REACH_TOGETHER = {"hidden": "vocab"}
+#: the most a reached axis takes: past every tile size, not past the GPU workloads (mask-b8, the fused seed
+#: shapes run there already); a fused call at twice those would hold a 4 GB weight and a 17 GB float64 reference
+REACH_CAP = {"batch": 64, "seq": 4096, "vocab": 65536, "hidden": 1024}
 
 
 def without_kl(spec: Spec) -> str | None:
