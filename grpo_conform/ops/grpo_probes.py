@@ -67,25 +67,25 @@ def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
 
 
 def one_sign(run: WorkloadConformance) -> None:
-    """S+ and S-: the baseline set with every advantage made positive, then negative (|A| and -|A|). The drawn
-    sets always hold both signs (a dropped sign must show), which left a batch of one sign unseen: a kernel
-    taking a fast path when every advantage is negative (a group that all failed, after a baseline that is
-    not their mean) passed every default run (the twenty-seventh session's adversarial round). Once per worker
-    process and member, at its first workload with two sequences or more."""
+    """S+ and S-: fresh sets drawn given advantages all positive, then all negative (the same magnitudes). The
+    drawn sets always hold both signs (a dropped sign must show), which left a batch of one sign unseen: a kernel
+    taking a fast path when every advantage is negative (a group that all failed, after a baseline that is not
+    their mean) passed every default run (the twenty-seventh session's adversarial round). Drawn given the
+    advantages, so the other inputs suit them (the clip binds for their sign); not the set P holds by now, which
+    earlier probes leave with ratios far out on one side. Once per worker process and member, at its first
+    workload with two sequences or more."""
     made = run.session.__dict__.setdefault("one_sign_made", {})
-    if run.rw.axes["batch"] < 2 or run.spec.identity in made:
+    batch = run.rw.axes["batch"]
+    if batch < 2 or run.spec.identity in made:
         return
     made[run.spec.identity] = run.rw.name
-    P = run.P
-    original = P.tensors["advantages"].clone()
+    gen = torch.Generator().manual_seed(run.seeds[0] ^ 0x51C9)
+    magnitudes = 0.1 + 1.4 * torch.rand(batch, generator=gen, dtype=torch.float64)
     for label, sign in (("S+", 1.0), ("S-", -1.0)):
-        P.tensors["advantages"].copy_(original.abs() * sign)
-        P.commit()
-        call = run.call(label, P, run.out1, PLAIN)
+        run.generate(run.P, run.seeds[0] ^ (0x51C0 + int(sign > 0)), given={"advantages": (sign * magnitudes).float()})
+        call = run.call(label, run.P, run.out1, PLAIN)
         if call is not None:
             J.plain(run, call)
-    P.tensors["advantages"].copy_(original)
-    P.commit()
 
 
 def mask_input(run: WorkloadConformance) -> str | None:
