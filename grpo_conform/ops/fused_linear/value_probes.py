@@ -9,7 +9,8 @@
   that the reference log-probs move by ~1 nat. The drawn one is the policy's plus 0.1% noise (a 'large' row
   of logits ~1e3 then moves by ~1), which moves the KL term less than bfloat16's allowance: a kernel reading
   the policy weight for the reference passed every default run (`tests/gallery/fused-reference-weight-ignored`).
-  Here the noise is scaled on the set itself: the 99th percentile of |(hidden @ noise^T) / T| over the rows is 1.
+  Here the noise is scaled on the set itself (the 99th percentile of |(hidden @ noise^T) / T| over the rows is
+  1), and the KL coefficient is at least its draws' top.
 
 Both judge loss and gradients against the reference (PLAIN) and run once per worker process and member.
 """
@@ -22,6 +23,8 @@ import torch
 
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
+from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.spec.draws import draw_for
 from grpo_conform.ops.grpo_probes import live_row, mask_input
 
 #: the reference log-probs' move the reference-head probe aims at: the 99th percentile of |d logit| over rows
@@ -82,14 +85,22 @@ def reference_head(run: WorkloadConformance) -> None:
     moves = torch.nan_to_num(hidden[rows.to(hidden.device)] @ noise.t()).float().abs().reshape(-1) / temperature
     top = float(torch.quantile(moves[: 1 << 24].double().cpu(), 0.99)) if moves.numel() else 0.0
     scale = REFERENCE_MOVE / top if top > 0 else 0.0
+    # the KL coefficient at least its draws' top: at a drawn 0.01 the KL term moved the gradient less than the
+    # allowance (the folder passed CI run 146 once)
+    values = dict(run.model.values)
+    top_beta = draw_for(run.spec, "beta")
+    if top_beta is not None and "beta" in values:
+        values["beta"] = max(float(values["beta"]), float(top_beta.max))
+    drawn, run.model = run.model, ReferenceModel(run.spec, values)
     try:
         P.tensors["ref_weight"].copy_(weight + scale * noise)
         P.commit()
-        run.draws["reference_head"] = {"noise_scale": scale}
+        run.draws["reference_head"] = {"noise_scale": scale, "beta": values.get("beta")}
         call = run.call("RH", P, run.out1, PLAIN + CALL)
         if call is not None:
             J.plain(run, call)
     finally:
+        run.model = drawn
         _restore(P, original)
 
 
