@@ -67,3 +67,25 @@ def test_change_end_changes_one_input_at_its_end_only():
     assert change_end(ids, "ids", False, 10) and ids.tolist() == [[4, 9, 0]]  # equal: the next id, modulo V
     lone = torch.tensor([0.5])
     assert change_end(lone, "sequence-scalar", False, None) and lone.item() != 0.5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_below_draws_lie_strictly_between_the_domain_s_end_and_the_draws_and_are_drawn(seed):
+    from grpo_conform.ops.grpo_logits.declared_cases import below_draws
+    from grpo_conform.spec.draws import draw_for
+
+    for member in ("grpo/dapo-global-mask", "grpo/vllm-is-mask", "grpo/vespo-mask", "grpo/token-offpolicy-mask-delta"):
+        spec = find_spec(member)
+        got = below_draws(spec, random.Random(seed))
+        params = {p.name: p for p in spec.parameters}
+        assert "temperature" in got
+        for name, value in got.items():
+            d, start = params[name].domain, draw_for(spec, name).min
+            if params[name].type == "int" and start > d.min + 2:
+                assert d.min + 2 <= value < start and value % 2 == 1, (name, value)
+            elif params[name].type == "int":
+                assert value == d.min + 1 and start == d.min, (name, value)
+            else:
+                assert d.min < value < start, (name, value)
+    caps = {below_draws(find_spec("grpo/vllm-is-mask"), random.Random(s))["sampling_ratio_cap"] for s in range(6)}
+    assert len(caps) > 1 and max(caps) <= 0.75  # drawn, not one value a kernel could recognise; always under 1

@@ -306,6 +306,16 @@ class WorkloadConformance:
                 dtypes[t.name] = torch_dtype(others[(order - 1 + self._mask_shift) % len(others)])
         return dtypes
 
+    def made_in(self, probe: str) -> str | None:
+        """For a probe made once per worker process and member (what it looks for is a property of the process or
+        of the code, not of one workload): the workload where it already ran, or None, and it is recorded as
+        running in this one. A restarted worker is a new session and makes it again."""
+        made = self.session.__dict__.setdefault(f"{probe}_made", {})  # member identity -> workload
+        where = made.get(self.spec.identity)
+        if where is None:
+            made[self.spec.identity] = self.rw.name
+        return where
+
     def _label(self, label: str) -> str:
         self._count += 1
         return f"{label}#{self._count}"

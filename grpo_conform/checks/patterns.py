@@ -191,13 +191,11 @@ def repeated_calls(run: WorkloadConformance) -> None:
     # cache), and a hundred interpreted Triton calls cost ~30 s on 2 CPU cores. A restarted worker
     # (after a crash) is a new process and gets its hundred calls again.
     # One worker serves every member of an implementation (check.py): once per member in it, then.
-    made = run.session.__dict__.setdefault("repeated_calls_made", {})  # member identity -> workload
-    made_in = made.get(run.spec.identity)
+    made_in = run.made_in("repeated_calls")
     if made_in is not None:
         run.book.not_applicable(check, f"made once per worker process: its {REPEATED_CALLS} calls ran in "
                                        f"workload {made_in}")
         return
-    made[run.spec.identity] = run.rw.name
     r = run.rng
     axes = small_axes(r, run.rw.axes)
     small = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes}))

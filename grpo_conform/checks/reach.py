@@ -30,6 +30,8 @@ from grpo_conform.dtypes import torch_dtype
 from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_SMALL, REACH_TOGETHER, mask_input
 
 CHECK = "reach"
+
+
 def _free_axes(run: WorkloadConformance) -> list[str]:
     """The axes a workload gives a value (no `equals` derivation); the schema bounds none of them above."""
     return [a.name for a in run.spec.axes if a.derivation() is None]  # axes declare a lower bound only
@@ -59,8 +61,7 @@ def reach_axes(run: WorkloadConformance) -> list[dict[str, int]]:
         for axis in free:
             if axis in reached:
                 low = min(max(REACH_FLOOR.get(axis, 9), 2 * _largest(run, axis) + 1), REACH_CAP.get(axis, 64))
-                value = low + 2 * r.randint(0, 3)
-                shape[axis] = value + 1 if value & (value - 1) == 0 or value % 2 == 0 else value
+                shape[axis] = (low + 2 * r.randint(0, 3)) | 1  # odd: off every power of two (past 1)
             else:
                 lo, hi = REACH_SMALL.get(axis, (1, 3))
                 shape[axis] = r.randint(lo, hi)
@@ -85,12 +86,10 @@ def _follows(run: WorkloadConformance) -> list[str]:
 def reach(run: WorkloadConformance) -> None:
     """One call per free axis past the default workloads' sizes (REACH_FLOOR), each in a declared dtype no
     default workload uses where one is left; every call judged against the reference."""
-    made = run.session.__dict__.setdefault("reach_made", {})  # member identity -> workload
-    made_in = made.get(run.spec.identity)
+    made_in = run.made_in("reach")
     if made_in is not None:
         run.book.not_applicable(CHECK, f"made once per worker process: its calls ran in workload {made_in}")
         return
-    made[run.spec.identity] = run.rw.name
     shapes = reach_axes(run)
     dtypes = reach_dtypes(run, len(shapes))
     follows = _follows(run)

@@ -74,11 +74,9 @@ def one_sign(run: WorkloadConformance) -> None:
     advantages, so the other inputs suit them (the clip binds for their sign); not the set P holds by now, which
     earlier probes leave with ratios far out on one side. Once per worker process and member, at its first
     workload with two sequences or more."""
-    made = run.session.__dict__.setdefault("one_sign_made", {})
     batch = run.rw.axes["batch"]
-    if batch < 2 or run.spec.identity in made:
+    if batch < 2 or run.made_in("one_sign") is not None:
         return
-    made[run.spec.identity] = run.rw.name
     gen = torch.Generator().manual_seed(run.seeds[0] ^ 0x51C9)
     magnitudes = 0.1 + 1.4 * torch.rand(batch, generator=gen, dtype=torch.float64)
     for label, sign in (("S+", 1.0), ("S-", -1.0)):
@@ -248,5 +246,5 @@ NEGATED_ADVANTAGES = Probe("negated-advantages", negated.__doc__, negated, CALL 
                            needs=("baseline",))
 ZERO_ADVANTAGE = Probe("zero-advantage", zero_advantage.__doc__, zero_advantage, CALL + ("zero-advantage", "finite"),
                        ("zero-advantage",), without_kl, ("new-buffers",))
-ONE_SIGN = Probe("one-sign", one_sign.__doc__, one_sign, PLAIN + CALL, needs=("baseline",))
+ONE_SIGN = Probe("one-sign", one_sign.__doc__, one_sign, PLAIN + CALL)
 TRAINER_SHAPED = Probe("trainer-shaped", trainer_shaped.__doc__, trainer_shaped, PLAIN + CALL)

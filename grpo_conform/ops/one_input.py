@@ -7,7 +7,7 @@ stale key: it passed every default run of the twenty-seventh session's adversari
 (`tests/gallery/fused-cache-by-prefix`). In a trainer such keys collide: two micro-batches of one prompt
 group share their first hidden states, and binary rewards repeat their advantages.
 
-Here V0 calls the set as it is, then each input in turn is changed in place at its end (its last two rows
+Here V0 calls a fresh set, then each input in turn is changed in place at its end (its last two rows
 of features, or its last two elements, swapped; a mask's last kept token masked; a token id moved to the next
 id where the two are equal) and called again (V-<input>#n): the results must follow the inputs (`freshness`).
 Once per worker process and member, like repeated-calls: a cache is a property of the process. grpo-fused-linear
@@ -51,37 +51,27 @@ def change_end(t: torch.Tensor, kind: str, feature_rows: bool, vocab: int | None
 
 def one_input(run: WorkloadConformance) -> None:
     """V0, then one call per input with only that input changed at its end (in place): results follow."""
-    made = run.session.__dict__.setdefault("one_input_made", {})
-    if run.spec.identity in made:  # freshness is fed by other probes too: nothing to mark not applicable
+    if run.made_in("one_input") is not None:  # freshness is fed by other probes too: nothing to mark
         return
-    made[run.spec.identity] = run.rw.name
     P = run.P
-    original = {k: v.clone() for k, v in P.tensors.items()}
+    run.generate(P, run.seeds[0] ^ 0x0131)  # a set of its own, not what earlier probes left in P
     vocab = run.rw.axes.get("vocab")
     changed: list[str] = []
-    try:
-        first = run.call("V0", P, run.out1, CALL + ("freshness",))
-        if first is None:
-            return
-        J.fresh(run, first, "the set as it is, before its inputs change one at a time")
-        for spec_input in run.spec.inputs:
-            name = spec_input.name
-            if name not in P.tensors:
-                continue
-            shape = getattr(spec_input, "shape", None) or ()
-            feature_rows = bool(shape) and shape[-1] in FEATURE_AXES
-            if not change_end(P.tensors[name], run.op.input_kind(name), feature_rows, vocab):
-                continue
-            P.commit()
-            changed.append(name)
-            call = run.call(f"V-{name}", P, run.out1, CALL + ("freshness",))
-            if call is not None:
-                J.fresh(run, call, f"only {name} changed, at its end, in place")
-    finally:
-        for k, v in original.items():
-            P.tensors[k].copy_(v)
+    run.draws["one_input"] = changed
+    first = run.call("V0", P, run.out1, CALL + ("freshness",))
+    if first is None:
+        return
+    J.fresh(run, first, "a fresh set, before its inputs change one at a time")
+    for spec_input in run.spec.inputs:
+        name = spec_input.name
+        feature_rows = bool(spec_input.shape) and spec_input.shape[-1] in FEATURE_AXES
+        if name not in P.tensors or not change_end(P.tensors[name], run.op.input_kind(name), feature_rows, vocab):
+            continue
         P.commit()
-        run.draws["one_input"] = changed
+        changed.append(name)
+        call = run.call(f"V-{name}", P, run.out1, CALL + ("freshness",))
+        if call is not None:
+            J.fresh(run, call, f"only {name} changed, at its end, in place")
 
 
 def _without_given_logits(spec) -> str | None:
@@ -91,5 +81,4 @@ def _without_given_logits(spec) -> str | None:
     return None
 
 
-ONE_INPUT = Probe("one-input", one_input.__doc__, one_input, CALL + ("freshness",), applies=_without_given_logits,
-                  needs=("baseline",))
+ONE_INPUT = Probe("one-input", one_input.__doc__, one_input, CALL + ("freshness",), applies=_without_given_logits)

@@ -86,14 +86,15 @@ def near_zero(spec: Spec) -> dict[str, float]:
     return out
 
 
-def below_draws(spec: Spec) -> dict[str, Any]:
-    """Each numeric parameter whose domain reaches below its draw range, at a value between the two that
-    near-zero does not give: where the domain's low end is exclusive (temperature, a cap, SAPO's
-    temperatures: end + a quarter of the gap; a cap of 0.375 where the draws start at 1.5), a positive
-    inclusive end (the geometric mean of it and the draws' start), and integers (end + 2 where the draws
-    start past it, so a count of 3 that no small divisor divides; end + 1 where they start at it, so a second
-    process or step). An open end left the declared ends at the draw range: a cap at most 1 treated as no cap,
-    and a global normaliser floor-divided (3 // 2), passed every default run (twenty-seventh session)."""
+def below_draws(spec: Spec, rng: random.Random) -> dict[str, Any]:
+    """Each numeric parameter whose domain reaches below its draw range, at a value drawn between the two that
+    near-zero does not give: where the domain's low end is exclusive (temperature, a cap, SAPO's temperatures:
+    end + 1/8 to 1/2 of the gap; a cap in 0.19-0.75 where the draws start at 1.5), a positive inclusive end
+    (log-uniform between it and the draws' start), and integers (an odd count from end + 2 where the draws start
+    past it, which 2 does not divide; end + 1 where they start at it, so a second process or step). Drawn, not
+    fixed, so that no kernel can recognise the call by its values. An open end left the declared ends at the draw
+    range: a cap at most 1 treated as no cap, and a global normaliser floor-divided (3 // 2), passed every
+    default run (twenty-seventh session)."""
     out: dict[str, Any] = {}
     for p, draw in _numeric(spec):
         d = p.domain
@@ -101,13 +102,15 @@ def below_draws(spec: Spec) -> dict[str, Any]:
             continue
         low, start = d.min, draw.min
         if p.type == "int":
-            value = int(low) + 2 if start > low + 2 else int(low) + 1 if start == low else None
+            first = int(low) + 2
+            value = (rng.choice(range(first, min(int(start) - 1, first + 14) + 1, 2)) if start > low + 2 else
+                     int(low) + 1 if start == low else None)
             if value is not None and (d.max is None or value <= d.max):
                 out[p.name] = value
         elif d.min_exclusive and start > low:
-            out[p.name] = float(f"{low + (start - low) / 4:.6g}")
+            out[p.name] = float(f"{low + (start - low) * rng.uniform(0.125, 0.5):.6g}")
         elif low > 0 and start > low:
-            out[p.name] = float(f"{math.sqrt(low * start):.6g}")
+            out[p.name] = float(f"{math.exp(rng.uniform(math.log(low), math.log(start))):.6g}")
     return out
 
 
@@ -172,7 +175,9 @@ def declared_calls(spec: Spec, rng: random.Random) -> tuple[DeclaredCall, ...]:
     # last, so that the calls above keep their seeds (probes.declared_cases seeds a call by its index)
     for k, row in enumerate(mixed_ends(ends, rng), 1):
         calls.append(DeclaredCall(f"mixed-ends-{k}", {**defaults, **row}, None, (("boundaries", f"mixed-ends-{k}"),)))
-    below = below_draws(spec)  # after the others: their seeds stay
+    fork = random.Random()
+    fork.setstate(rng.getstate())  # leaves `rng` where it was, as mixed_ends does
+    below = below_draws(spec, fork)  # after the others: their seeds stay
     if below:
         calls.append(DeclaredCall("below-draws", {**defaults, **below}, None,
                                   tuple(("boundaries", f"{n}=below-draws") for n in below)))
