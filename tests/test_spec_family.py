@@ -196,6 +196,38 @@ def test_draws_stay_in_their_domains_keep_temperature_away_from_one_and_fix_the_
     assert draw_parameters(spec, random.Random(3)) == draw_parameters(spec, random.Random(3))
 
 
+def test_drawn_floats_in_one_another_s_range_stay_apart(family):
+    """Independent draws put epsilon_low and epsilon_high within 0.004 in 2% of runs, where a kernel using one
+    for the other passed (gallery one-sign-fast-path, 8 of 400 runs): drawn floats keep APART of the range."""
+    from grpo_conform.spec.draws import APART, draw_for
+
+    pairs = 0
+    for name in family.member_names:
+        spec = family.member(name)
+        floats = [p.name for p in spec.parameters if p.type == "float" and draw_for(spec, p.name) is not None]
+        rng = random.Random(name + "apart")
+        for _ in range(300):
+            values = draw_parameters(spec, rng)
+            for i, a in enumerate(floats):
+                for b in floats[i + 1:]:
+                    da, db = draw_for(spec, a), draw_for(spec, b)
+                    if da.min <= values[a] <= da.max and db.min <= values[a] <= db.max:  # a inside b's range
+                        pairs += 1
+                        gap = APART * (db.max - db.min)
+                        assert abs(values[a] - values[b]) >= gap - 1e-6, (name, a, b, values[a], values[b])
+    assert pairs > 1000  # the family's epsilon pairs, SAPO's and VESPO's temperatures and shapes
+
+
+def test_a_crowded_range_still_draws():
+    from grpo_conform.spec.draws import _draw_apart
+    from grpo_conform.spec.model import Draw
+
+    draw = Draw(min=0.0, max=1.0)
+    crowded = [i / 20 for i in range(21)]  # every value lies within APART of one of these
+    values = {_draw_apart(draw, "float", random.Random(s), "p", crowded) for s in range(20)}
+    assert len(values) == 20 and all(0.0 <= v <= 1.0 for v in values)
+
+
 def test_the_frozen_file_gets_the_documented_built_in_draws():
     seed = load_spec(SPEC_FILE)
     rng = random.Random(0)

@@ -10,6 +10,14 @@ Every drawn float also stays DEFAULT_AWAY of its draw range away from the parame
 default, whatever the spec's own `avoid` list says: an implementation that ignores the value it is
 passed and hard-codes the default (a beta of 0.04, an epsilon of 0.2) must not match by luck (the
 gallery's kl-beta-ignored passed its loss check when beta was drawn at 0.045).
+
+Two drawn floats whose draw ranges overlap also stay APART of the range apart (epsilon_low and epsilon_high,
+the SAPO and VESPO pairs): independent uniform draws are never exactly equal, but 2% of them were within 0.004
+of each other, where a kernel that uses one for the other (the wrong epsilon on a fast path, gallery
+`one-sign-fast-path`) moves the loss less than its allowance: it passed 8 of 400 runs and one CI run. So the
+drawn calls test distinct values and the declared case (`epsilon_low == epsilon_high`) tests equal ones;
+nothing falls in between. Integers keep plain draws: equal values come with a real probability, and
+both equal and unequal are then each reached. Separation yields where a range is too crowded to keep it.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ BUILTIN_DRAWS: dict[str, Draw] = {
 }
 _TRIES = 10_000
 DEFAULT_AWAY = 0.1  # of the draw range: how far a drawn float stays from the declared default
+APART = 0.08  # of the draw range: how far a drawn float stays from an earlier drawn float inside its range
 _DIGITS = 6  # drawn floats are rounded, so records show them exactly
 
 
@@ -59,6 +68,7 @@ def draw_value(draw: Draw, kind: str, rng: random.Random, name: str = "parameter
 def draw_parameters(spec: Spec, rng: random.Random) -> dict[str, Any]:
     """Every declared parameter: drawn where the spec (or the built-in table) says so, else the default."""
     out: dict[str, Any] = {}
+    drawn_floats: list[float] = []
     for p in spec.parameters:
         draw = draw_for(spec, p.name)
         if draw is None:
@@ -67,8 +77,25 @@ def draw_parameters(spec: Spec, rng: random.Random) -> dict[str, Any]:
         if p.type == "float" and isinstance(p.value, (int, float)) and draw.min <= p.value <= draw.max:
             away = Avoid(value=float(p.value), width=DEFAULT_AWAY * (draw.max - draw.min))
             draw = Draw(min=draw.min, max=draw.max, avoid=tuple(draw.avoid) + (away,))
-        v = draw_value(draw, p.type, rng, p.name)
+        v = _draw_apart(draw, p.type, rng, p.name, drawn_floats)
+        if p.type == "float":
+            drawn_floats.append(v)
         if p.domain is not None and not p.domain.contains(v):  # the spec check forbids this; keep it loud
             raise DrawError(f"{p.name}: drawn {v!r} is outside the domain")
         out[p.name] = v
     return out
+
+
+def _draw_apart(draw: Draw, kind: str, rng: random.Random, name: str,
+                drawn_floats: list[float]) -> Any:
+    """A float kept APART from the earlier drawn floats that lie in its range (module docstring); the plain
+    draw where those exclusions leave no room (a crowded range) and for integers."""
+    if kind == "float":
+        width = APART * (draw.max - draw.min)
+        near = tuple(Avoid(value=u, width=width) for u in drawn_floats if draw.min - width < u < draw.max + width)
+        if near:
+            try:
+                return draw_value(Draw(min=draw.min, max=draw.max, avoid=tuple(draw.avoid) + near), kind, rng, name)
+            except DrawError:
+                pass
+    return draw_value(draw, kind, rng, name)
