@@ -323,6 +323,48 @@ def test_far_ratios_lie_far_outside_the_clip_and_away_from_every_boundary(member
     assert float(ref.abs().max()) > 0
 
 
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_vespo_rows_put_one_token_past_the_token_clamp_and_the_sum_near_phi_s_peak(seed):
+    """W-vespo: without the per-token clamp the row's sum moves 2-5 and phi with it (gallery
+    vespo-token-clamp-dropped); with it the clamped sum sits within 0.5 of log(k / lambda)."""
+    from grpo_conform.ops.grpo_logits.generators.logprob_gaps import vespo_clamp_inputs
+    from grpo_conform.ops.grpo_terms import vespo_weight
+
+    spec, x, values, p = _member_inputs("vespo-mask", "mask-small-bf16", seed)
+    x["completion_mask"][0] = 1  # at least one row with three kept tokens
+    covered = {}
+    fx = vespo_clamp_inputs(spec, x, values, seed, covered)
+    assert all(torch.equal(fx[k], x[k]) for k in x if k != "old_logprobs") and covered["rows"] >= 1
+    keep = fx["completion_mask"] != 0
+    log_r = torch.where(keep, reference_logprobs(fx, p) - fx["old_logprobs"].double(), torch.zeros(()))
+    adv = fx["advantages"].double()
+    m = keep.double()
+    for b in range(keep.shape[0]):
+        if int(keep[b].sum()) < 3:
+            assert float(log_r[b].abs().max()) < 1e-5  # ratio 1
+            continue
+        far = log_r[b].abs() > 20.0
+        assert int(far.sum()) == 1 and 21.9 < float(log_r[b][far].abs()) < 25.1
+        assert (log_r[b][keep[b] & ~far] * log_r[b][far].sign() < 0).all()  # the others on the other side
+        clamped = float(log_r[b].clamp(-20, 20).sum())
+        k, lam = (p.vespo_k_pos, p.vespo_lambda_pos) if adv[b] >= 0 else (p.vespo_k_neg, p.vespo_lambda_neg)
+        assert abs(clamped - math.log(k / lam)) < 0.5 + 1e-4
+        assert 2.0 - 1e-4 < abs(float(log_r[b].sum()) - clamped) < 5.0 + 1e-4
+    phi = vespo_weight(log_r, m, adv[:, None], p)[:, 0]
+    unclamped = vespo_weight(_sum_only(log_r, m), m, adv[:, None], p)[:, 0]
+    live = keep.sum(-1) >= 3
+    assert ((phi[live] - unclamped[live]).abs() > 0.2 * phi[live].abs()).all()
+
+
+def _sum_only(log_r, m):
+    """Rows whose first kept token carries the whole unclamped sum (cut at 20, as the sum's clamp would), the
+    others 0: what phi is for a kernel that clamps only the sum (the gallery folder)."""
+    out = torch.zeros_like(log_r)
+    first = m.argmax(-1)
+    out[torch.arange(m.shape[0]), first] = (log_r * m).sum(-1).clamp(max=20.0)
+    return out
+
+
 # -- TRL 1.16 defaults (issue 33): bias-corrected KL, the vLLM modes, TRL's dapo normaliser ---------------
 def test_trl_dapo_normaliser_differs_below_p_and_with_the_accumulation_factor():
     spec, x, values, _ = _member_inputs("dapo-global-accum-mask", "mask-small-bf16", 11)

@@ -304,6 +304,7 @@ def _sapo_terms(r, A, rho, w, p: GrpoParameters, g=None):
 # allowance (1e-6 of the scale, float32) 2^-120 > 2^-126, and nothing that a phi above ~1e-30 feels.
 VESPO_PHI_FLOOR = 2.0**-100
 _VESPO_LOW = math.log(1e-8)  # TRL clamps the sequence's log ratio to [log 1e-8, 20], each token's to [-20, 20]
+VESPO_TOKEN_CLAMP = 20.0
 
 
 def _vespo_shape(A, p: GrpoParameters):
@@ -320,7 +321,7 @@ def _phi(u, k, lam):
 def vespo_weight(log_ratio, mf, A, p: GrpoParameters):
     """VESPO's gamma weight phi_b (TRL 1.16 `get_gamma_weights`), broadcast over the sequence: a
     constant of the loss (detached)."""
-    raw = (log_ratio.clamp(-20.0, 20.0) * mf).sum(-1, keepdim=True)
+    raw = (log_ratio.clamp(-VESPO_TOKEN_CLAMP, VESPO_TOKEN_CLAMP) * mf).sum(-1, keepdim=True)
     k, lam = _vespo_shape(A, p)
     return _phi(raw.clamp(_VESPO_LOW, 20.0), k, lam).expand_as(log_ratio)
 
@@ -329,7 +330,7 @@ def _vespo_weight_error(log_ratio, mf, A, p: GrpoParameters, err_sum, phi):
     """How far phi_b moves when the sequence's log-ratio sum moves by at most err_sum (both clamps are
     monotone and 1-Lipschitz, so the clamped sum stays in [clamp(s - E), clamp(s + E)]): phi is
     unimodal in u (peak at log(k / lambda)), so its ends and the peak bound it."""
-    raw = (log_ratio.clamp(-20.0, 20.0) * mf).sum(-1, keepdim=True)
+    raw = (log_ratio.clamp(-VESPO_TOKEN_CLAMP, VESPO_TOKEN_CLAMP) * mf).sum(-1, keepdim=True)
     k, lam = _vespo_shape(A, p)
     lo, hi = (raw - err_sum).clamp(_VESPO_LOW, 20.0), (raw + err_sum).clamp(_VESPO_LOW, 20.0)
     peak = torch.log(k.clamp_min(1e-300) / lam).clamp(min=lo, max=hi)

@@ -15,7 +15,7 @@ from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.ops import operation_name
 from grpo_conform.ops.grpo_logits import judging as L
 from grpo_conform.ops.grpo_logits.declared_cases import record
-from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs
+from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs, vespo_clamp_inputs
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs
 from grpo_conform.spec import Spec
 
@@ -138,7 +138,8 @@ def far_ratios(run: WorkloadConformance) -> None:
     A > 0; both signs present; reference log-probs up to 25 from logp on both sides;
     generators.logprob_gaps.far_ratio_inputs), the parameters as drawn: a clip the member does not
     declare (PPO's dual clip at 3) or a log-ratio or KL gap clamped for safety (verl: 20, 10) shows
-    only there."""
+    only there. W-vespo (VESPO members): one token beyond the per-token clamp, the row's others on the other
+    side (`vespo_clamp_inputs`): a far row pushed one way hides that clamp behind the sum's."""
     check = "far-ratios"
     seed = run.seeds[0] ^ 0xFA2
     run.generate(run.P, seed)
@@ -150,6 +151,16 @@ def far_ratios(run: WorkloadConformance) -> None:
         J.finite(run, w)
         J.versus_reference(run, check, w, "every ratio far out on its unclipped side: 3 to e^25 for A < 0, "
                                           "e^-25 to 0.3 for A > 0" + (", ref - logp to +-25" if "ref_gap" in reach else ""))
+    if run.model.values.get("loss_type") == "vespo":  # the per-token clamp behind the sum's (logprob_gaps)
+        run.generate(run.P, seed ^ 0x7E5)
+        mixed: dict = {}
+        run.P.write(vespo_clamp_inputs(run.spec, run.P.pristine, run.model.values, seed, mixed))
+        run.draws["vespo_clamp"] = mixed
+        v = run.call("W-vespo", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+        if v is not None and mixed["rows"]:
+            J.finite(run, v)
+            J.versus_reference(run, check, v, "a token 2-5 beyond VESPO's per-token clamp (+-20) in each row, the "
+                                              "row's other tokens on the other side")
 
 
 def ties_unsupported(spec: Spec) -> str | None:

@@ -22,6 +22,7 @@ import torch
 
 from grpo_conform.ops.grpo_logits.member_inputs import _SALT, _cfg, draw_log_ratios
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
+from grpo_conform.ops.grpo_terms import VESPO_TOKEN_CLAMP
 from grpo_conform.spec import MemberInputs, Spec
 
 FAR_LOG = 25.0
@@ -121,6 +122,45 @@ def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
         reach["ref_gap"] = _span(gap, keep)
     if covered is not None:
         covered.update(reach)
+    return out
+
+
+def vespo_clamp_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any], seed: int,
+                       covered: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """VESPO clamps each token's log-ratio to +-20, then the row's sum to [log 1e-8, 20] (TRL 1.16). A far row
+    pushed one way hides the first clamp behind the second (both cut at 20), so here every row with 3 kept
+    tokens or more holds one token 2-5 beyond +-20 (its side drawn) and its other kept tokens on the other
+    side, sized so that the clamped sum lands within 0.5 of phi's peak, log(k / lambda): a kernel that clamps
+    only the sum sees a sum 2-5 further out, where phi differs by a factor of 1.3 at least (k >= 0.5). Other
+    rows keep ratio 1. Logits, mask and advantages unchanged."""
+    out = {k: v.clone() for k, v in tensors.items()}
+    if "old_logprobs" not in out:
+        return out
+    p = GrpoParameters.from_spec(spec, values)
+    gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0x7E5) & (2**63 - 1))
+    batch, seq = out["completion_ids"].shape
+    keep = (out["completion_mask"].cpu() != 0) if "completion_mask" in out else torch.ones(batch, seq, dtype=torch.bool)
+    logp = reference_logprobs(out, p).cpu()
+    adv = out["advantages"].detach().to("cpu", torch.float64)
+    log_r = torch.zeros(batch, seq, dtype=torch.float64)
+    rows = 0
+    for b in range(batch):
+        idx = keep[b].nonzero().flatten()
+        if idx.numel() < 3:
+            continue
+        u = torch.rand(4, generator=gen, dtype=torch.float64).tolist()
+        side = 1.0 if u[0] < 0.5 else -1.0
+        k, lam = (p.vespo_k_pos, p.vespo_lambda_pos) if adv[b] >= 0 else (p.vespo_k_neg, p.vespo_lambda_neg)
+        target = math.log(max(k, 1e-300) / max(lam, 1e-4)) + (u[1] - 0.5)
+        far = int(idx[int(u[2] * idx.numel()) % idx.numel()])
+        rest = idx[idx != far]
+        noise = torch.randn(rest.numel(), generator=gen, dtype=torch.float64) * 0.5
+        log_r[b, rest] = (target - side * VESPO_TOKEN_CLAMP) / rest.numel() + noise - noise.mean()
+        log_r[b, far] = side * (VESPO_TOKEN_CLAMP + 2.0 + 3.0 * u[3])
+        rows += 1
+    out["old_logprobs"].copy_((logp - log_r).to(out["old_logprobs"].dtype))
+    if covered is not None:
+        covered.update({"rows": rows, "log_ratio": _span(log_r, keep)})
     return out
 
 
