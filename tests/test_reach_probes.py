@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_conform.checks.reach import reach_axes, reach_dtypes
-from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR
+from grpo_conform.checks.reach import KEPT, reach_axes, reach_dtypes, reach_mask
+from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA
 from grpo_conform.ops.one_input import change_end
 from grpo_conform.spec import find_spec
 
@@ -43,8 +43,31 @@ def test_each_free_axis_is_reached_past_the_floor_and_every_default_workload_odd
                 assert value % 2 == 1 and value & (value - 1) != 0, (axis, value)
             else:
                 assert value <= 96  # the others stay small
-    assert reached == set(free)  # every free axis in some call ("hidden" with "vocab" in the fused one)
-    assert len(shapes) == len(free) - ("hidden" in free)
+    assert reached == set(free)  # every free axis in a call of its own, the others small
+    assert len(shapes) == len(free) and all(sum(v >= REACH_FLOOR[a] for a, v in sh.items()) == 1 for sh in shapes)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_floors_cross_the_sizes_where_kernels_switch(device):
+    """Vocabulary past 16-bit ids, hidden past 512-blocks with a remainder, rows past 1024-row chunks, batch past
+    chunks of 32 sequences; on CUDA rows past a grid dimension's 65535 (seq past 2^15 with two sequences)."""
+    run = _run("grpo-fused-linear/bnpo-mask", 0, device)
+    by_lead = {next(a for a, v in sh.items() if v >= REACH_FLOOR[a]): sh for sh in reach_axes(run)}
+    assert by_lead["vocab"]["vocab"] > 2**16 and by_lead["hidden"]["hidden"] > 1024
+    assert by_lead["batch"]["batch"] > 32
+    rows = by_lead["seq"]["batch"] * by_lead["seq"]["seq"]
+    assert rows > (65535 if device == "cuda" else 2048) and (device == "cuda") == ("seq" in REACH_FLOOR_CUDA and
+                                                                                   rows > 65535)
+
+
+def test_the_reach_mask_varies_along_a_long_row_and_keeps_every_row():
+    keep = reach_mask((3, 4099), torch.int64, 7)
+    assert keep.dtype == torch.int64 and (keep[:, -1] == 1).all()
+    share = float(keep.float().mean())
+    assert abs(share - KEPT) < 0.03
+    tiles = keep[:, :4096].reshape(3, 4, 1024)
+    assert (tiles.sum(-1) > 0).all() and not torch.equal(tiles[:, 0], tiles[:, 1])  # t % 1024 reads the wrong one
+    assert not torch.equal(keep, reach_mask((3, 4099), torch.int64, 8))
 
 
 def test_the_dtypes_no_default_workload_uses_come_first():

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.reach import reach
+from grpo_conform.checks.upstreams import draw_upstream
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.ops import grpo_probes as G
@@ -37,22 +38,6 @@ from grpo_conform.ops.grpo_logits.probes import ties_unsupported
 from grpo_conform.spec import Spec
 
 
-def _upstream(run: WorkloadConformance, kind: str) -> float:
-    """A parent-drawn upstream scalar: negative, tiny, large or a fraction 1/k (what gradient accumulation,
-    loss scaling and loss weights do). Tiny stays above float16's subnormal range at seed scales."""
-    r = run.rng
-    fp16 = run.grad_dtype == "float16"
-    if kind == "negative":
-        c = -r.uniform(0.25, 4.0)
-    elif kind == "tiny":
-        c = r.uniform(1e-2, 5e-2) if fp16 else 10 ** r.uniform(-4.0, -3.0)
-    elif kind == "fraction":  # 1/k of gradient accumulation: (0.05, 1) was never drawn (round of 2026-12-05)
-        c = 1.0 / r.choice((2, 3, 4, 8, 16, 32, 64))
-    else:
-        c = r.uniform(64.0, 512.0) if fp16 else 2 ** r.uniform(6.0, 12.0)
-    c = float(f"{c:.6g}")
-    run.draws.setdefault("upstream", {})[kind] = c
-    return c
 
 
 def baseline(run: WorkloadConformance) -> None:
@@ -153,7 +138,7 @@ def upstream(run: WorkloadConformance) -> None:
                                         ("fraction", "backward"))):
         slot = run.P if i % 2 == 0 else run.Q
         run.generate(slot, run.seeds[i % len(run.seeds)] ^ (0x51ED270B + i))
-        c = _upstream(run, kind)
+        c = draw_upstream(run, kind)
         patterns.exercised(run, "upstream-" + kind)
         patterns.exercised(run, method)
         u = run.call(f"U-{kind}", slot, run.out1, ("upstream-gradient", "finite", "no-mutation", "no-aliasing"),
@@ -180,7 +165,7 @@ def non_leaf(run: WorkloadConformance) -> None:
 def interleaved(run: WorkloadConformance) -> None:
     """X: two forwards before one backward (micro-batches, recomputation), then two graphs
     backpropagated in the opposite order; state kept between calls shows."""
-    patterns.interleaved(run, _upstream(run, "negative"))
+    patterns.interleaved(run, draw_upstream(run, "negative"))
 
 
 def layouts(run: WorkloadConformance) -> None:
@@ -202,7 +187,7 @@ def inference_mode(run: WorkloadConformance) -> None:
 def retained_graph(run: WorkloadConformance) -> None:
     """RG: backward with retain_graph=True (a negative drawn upstream), then torch.autograd.grad
     through the same graph (a second drawn upstream): both gradients match the reference."""
-    c1 = _upstream(run, "negative")
+    c1 = draw_upstream(run, "negative")
     c2 = float(f"{run.rng.uniform(1.5, 3.0):.6g}")  # not 1: a gradient scaled in place by c1 shows
     patterns.retained_graph(run, c1, c2)
 

@@ -7,9 +7,12 @@ ratio summed over its first 128 positions, an online log-sum-exp that never resc
 tiles, a float16 path that drops the temperature) passed every default check (the twenty-seventh session's
 adversarial round: docs/checks.md). This probe makes the reach mechanical:
 
-- one call per free axis (no declared maximum), that axis past REACH_FLOOR and past twice the largest value
-  the member's default workloads on this device use (at most REACH_CAP: the GPU workloads are large already),
-  odd and off every power of two, the other axes small;
+- one call per free axis (no declared maximum), that axis past REACH_FLOOR (the sizes where kernels switch
+  tiles, index widths or paths; on CUDA rows past a grid dimension's 65535) and past twice the largest value
+  the member's default workloads on this device use (at most REACH_CAP), odd and off every power of two, the
+  other axes small;
+- each token kept with probability 3/4 (every tile keeps tokens, the mask varies along a long row), each call
+  backpropagating an upstream scalar of another kind, half of them through torch.autograd.grad;
 - the calls take in turn each dtype the differentiable input declares that no default workload of the
   member on this device uses (the inputs that declare the same dtypes follow it), then its own.
 
@@ -27,7 +30,9 @@ from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import describe_outputs
 from grpo_conform.dtypes import torch_dtype
-from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_SMALL, REACH_TOGETHER, mask_input
+from grpo_conform.checks.upstreams import draw_upstream
+from grpo_conform.ops.grpo_probes import (REACH_AUTOGRAD, REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_SMALL,
+                                          mask_input)
 
 CHECK = "reach"
 
@@ -49,24 +54,45 @@ def _largest(run: WorkloadConformance, axis: str) -> int:
     return max(values, default=1)
 
 
+def _floor(run: WorkloadConformance, axis: str) -> int:
+    floor = REACH_FLOOR_CUDA.get(axis) if run.device.type == "cuda" else None
+    return floor or REACH_FLOOR.get(axis, 9)
+
+
 def reach_axes(run: WorkloadConformance) -> list[dict[str, int]]:
-    """One shape per reached axis group, drawn from the run's `r` in the spec's axis order."""
+    """One shape per free axis, that axis reached and the others small, drawn from the run's `r` in the spec's
+    axis order. Each axis alone: a wide vocabulary with a wide hidden size would make one large GEMM, and a
+    kernel's switch on one of them shows with the other small."""
     r = run.rng
     free = _free_axes(run)
-    groups = [a for a in free if a not in REACH_TOGETHER]
     shapes = []
-    for lead in groups:
-        reached = [lead] + [a for a, with_ in REACH_TOGETHER.items() if with_ == lead and a in free]
+    for lead in free:
         shape = {}
         for axis in free:
-            if axis in reached:
-                low = min(max(REACH_FLOOR.get(axis, 9), 2 * _largest(run, axis) + 1), REACH_CAP.get(axis, 64))
+            if axis == lead:
+                low = min(max(_floor(run, axis), 2 * _largest(run, axis) + 1), REACH_CAP.get(axis, 64))
                 shape[axis] = (low + 2 * r.randint(0, 3)) | 1  # odd: off every power of two (past 1)
             else:
                 lo, hi = REACH_SMALL.get(axis, (1, 3))
                 shape[axis] = r.randint(lo, hi)
         shapes.append(shape)
     return shapes
+
+
+#: the upstream scalar of each reach call, in turn, of each kind `upstream` draws (a kernel switching to a
+#: large-input path scaled only some gradients by it)
+REACH_UPSTREAM = ("negative", "tiny", "large", "fraction")
+KEPT = 0.75  # the share of tokens a reach call's mask keeps, drawn per token (see `reach_mask`)
+
+
+def reach_mask(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Each token kept with probability KEPT, each row's last token always: a long row keeps tokens in every
+    tile (a left-padded row of 261 positions keeping 40 tested nothing past the first tile), and the mask
+    varies along it, so one read at the wrong position (t % 1024) shows."""
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.rand(shape, generator=gen) < KEPT
+    keep[..., -1] = True
+    return keep.to(dtype)
 
 
 def reach_dtypes(run: WorkloadConformance, calls: int) -> list[str]:
@@ -110,28 +136,29 @@ def reach(run: WorkloadConformance) -> None:
             run.grad_dtype, run.tol = dtype, run.spec.tolerance(dtype)
             info = torch.finfo(torch_dtype(dtype))
             run.subnormal = 2.0 * info.tiny * info.eps
-            # every token kept: a reached row is long only where its tokens count (a left-padded row of 261
-            # positions keeping 40 tested nothing past the first tile); masks are varied by the other probes
             mask = mask_input(run)
-            given = {mask: torch.ones(rw.shapes[mask], dtype=types[mask])} if mask else None
+            given = {mask: reach_mask(rw.shapes[mask], types[mask], base + i)} if mask else None
             x = run.op.generate(run.spec, rw, base + i, run.device, out=inp.pristine, values=run.model.values,
                                 given=given)
             inp.publish()
             run.op.keep_generated(inp.pristine, x)
             label = run._label(f"R{i + 1}")
-            what = {"call": label, "axes": axes, "dtype": dtype}
+            lead = next((a for a, v in axes.items() if v >= _floor(run, a)), "")
+            method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
+            c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
+            what = {"call": label, "axes": axes, "dtype": dtype, "upstream": c, "method": method}
             done.append(what)
             f = run.forward(label, inp, (CHECK,))
             if f is None:
                 return
-            finished = run.backward_export(label, inp, out, (CHECK,), f, 1.0, "backward", None, keep=False)
+            finished = run.backward_export(label, inp, out, (CHECK,), f, c, method, None, keep=False)
             if finished is None:
                 return
             skipped, exported = finished
             run.book.record("runs", label, True, "every call returned")
             run.mutation(label, inp, {"forward": f["forward"], "backward": inp.changes()})
             report = exported["report"]
-            call = Call(label, inp, 1.0, float(out.loss[0]), report.get("loss"), report.get("grads") or {}, out.grads,
+            call = Call(label, inp, c, float(out.loss[0]), report.get("loss"), report.get("grads") or {}, out.grads,
                         skipped.get(label))
             if call.missing:
                 bad.append({**what, "why": call.skipped_backward or "no gradient"})

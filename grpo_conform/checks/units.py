@@ -19,9 +19,9 @@ def judge_units(op: Any, spec: Any, rw: Any, tol: Any, params: Any, x: Mapping[s
                 ref_loss: float) -> tuple[LossComparison, GradientComparisons]:
     """(loss comparison, each gradient's comparison): the spec's tolerance per element plus `model`'s
     allowance of each unit (`model.allowance(name, start, stop, unit scale)`, element and Frobenius
-    alike), both scaled by |c| as the reference is by the upstream scalar c; the element floor is
-    `subnormal` plus `model.underflow` (not scaled: a flush threshold is the dtype's); the loss allowance
-    adds `model.loss`."""
+    alike), both scaled by |c| as the reference is by the upstream scalar c, plus `model.underflow` (not
+    scaled: a flush threshold is the dtype's); the element floor is `subnormal`; the loss allowance adds
+    `model.loss`."""
     comparisons = {}
     for name, chunks in op.reference_gradients(spec, x, params).items():
         if name not in grads:  # a call with frozen inputs (`only`) returns and is judged on the others
@@ -31,9 +31,12 @@ def judge_units(op: Any, spec: Any, rw: Any, tol: Any, params: Any, x: Mapping[s
         flat = grads[name].reshape(-1, width)
         for ch in chunks:
             scale = ch.scale * abs(c)
-            extra = model.allowance(name, ch.start, ch.stop, ch.scale) * abs(c)
-            # below the dtype's range, plus what a GEMM flushing subnormal terms may lose (model.underflow)
-            floor = torch.full_like(scale, subnormal + model.underflow.get(name, 0.0))
+            # what a GEMM flushing subnormal terms may lose (model.underflow) is part of the model's allowance,
+            # in the Frobenius norm too: where every term of a unit is below the flush threshold (a float16
+            # reach call with a wide last axis), all of them may go, and an honest float16 path's gradient was
+            # 95% off in norm with every element inside its floor (docs/checks.md, twenty-eighth session)
+            extra = model.allowance(name, ch.start, ch.stop, ch.scale) * abs(c) + model.underflow.get(name, 0.0)
+            floor = torch.full_like(scale, subnormal)  # below the dtype's range
             cmp.update(ch.start, flat[ch.start : ch.stop], ch.values.reshape(-1, width) * c, scale, floor, model=extra)
         comparisons[name] = cmp
     # the reference may hand its gradients in the order it computes them cheapest (grpo-fused-linear:

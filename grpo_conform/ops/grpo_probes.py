@@ -225,16 +225,21 @@ def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
     return small
 
 
-#: the reach probe's shapes (checks/reach.py): the least value a reached axis takes, past the tile sizes kernels
-#: use along a row (128-8192 positions or vocabulary entries, 64-256 hidden features per GEMM step) and the 8
-#: rows of a row group; the other axes of a reach call, small so that a call costs what a small workload does;
-#: the axes a call reaches together (a wide vocabulary and a wide hidden size make one GEMM)
-REACH_FLOOR = {"batch": 9, "seq": 257, "vocab": 8193, "hidden": 257}
+#: the reach probe's shapes (checks/reach.py): the least value a reached axis takes, past the sizes where kernels
+#: switch: tiles along a row (128-32768 positions or vocabulary entries), 16-bit token ids (vocabulary past
+#: 2^16), hidden blocks of 512 with a remainder, chunks of 1024 rows or 16-32 sequences (the twenty-eighth
+#: session's round: docs/checks.md); on CUDA also rows past the 65535 a grid dimension holds (seq past 2^15 with
+#: two sequences or more: cheap on a GPU, minutes for an interpreted kernel). The other axes of a reach call
+#: stay small (REACH_SMALL), so one large axis costs what a small workload does.
+REACH_FLOOR = {"batch": 33, "seq": 2049, "vocab": 131073, "hidden": 1025}
+REACH_FLOOR_CUDA = {"seq": 32769}
 REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 32)}
-REACH_TOGETHER = {"hidden": "vocab"}
-#: the most a reached axis takes: past every tile size, not past the GPU workloads (mask-b8, the fused seed
-#: shapes run there already); a fused call at twice those would hold a 4 GB weight and a 17 GB float64 reference
-REACH_CAP = {"batch": 64, "seq": 4096, "vocab": 65536, "hidden": 1024}
+#: the most a reached axis takes (past twice the largest default workload up to here)
+REACH_CAP = {"batch": 128, "seq": 65536, "vocab": 262144, "hidden": 4096}
+#: the axes whose reach calls go through torch.autograd.grad, the others through backward: rows and the
+#: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
+#: that added d weight into .grad itself and returned nothing passed every backward call)
+REACH_AUTOGRAD = ("seq", "vocab")
 
 
 def without_kl(spec: Spec) -> str | None:
