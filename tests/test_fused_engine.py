@@ -115,8 +115,34 @@ def test_an_all_zero_reference_admits_only_the_derived_allowance():
         assert cmp.passed is ok
 
 
-@pytest.mark.parametrize("probe", ["advantage-sign", "row-locality", "last-row", "masked-positions", "exact-ties",
-                                   "far-ratios"])
+def test_far_ratios_applies_to_the_fused_operation_where_a_member_has_old_log_probs():
+    """It changes only the [B, S] log-probs (placed from `Operation.policy_logprobs`): a log-ratio clamped at 20
+    passed the fused check while it was logits-only (gallery fused-far-log-ratio-clamp)."""
+    assert PROBES_BY_NAME["far-ratios"].applies(FAMILY.member("token-offpolicy-mask")) is None
+    assert "old log-probs" in PROBES_BY_NAME["far-ratios"].applies(FAMILY.member("token-is"))
+
+
+def test_policy_logprobs_of_both_operations_agree_on_the_same_logits():
+    """The fused operation's log-probs (far-ratios places old ones from them) are the logits operation's of
+    hidden @ weight.T."""
+    from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
+
+    spec = FAMILY.member("token-offpolicy-mask")
+    op = operation_for(spec)
+    rw = spec.resolve(spec.workload("tiny-bf16"), random.Random(3))
+    values = {**spec.parameter_values, "temperature": 0.7}
+    x = op.generate(spec, rw, 11, "cpu", values=values).tensors
+    got = op.policy_logprobs(spec, x, op.parameters(spec, values))
+    logits = x["hidden"].double() @ x["weight"].double().t()
+    batch, seq = x["completion_ids"].shape
+    logits = torch.cat([logits, torch.zeros(batch, 1, logits.shape[-1], dtype=logits.dtype)], dim=1)  # row S unread
+    want = reference_logprobs({"logits": logits, "completion_ids": x["completion_ids"]},
+                              GrpoParameters.from_spec(spec, values))
+    assert got.shape == (batch, seq) and got.dtype == torch.float64
+    assert torch.allclose(got, want.cpu(), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("probe", ["advantage-sign", "row-locality", "last-row", "masked-positions", "exact-ties"])
 def test_probes_that_need_given_logits_say_so_for_the_fused_operation(probe):
     fused = FAMILY.member("token-offpolicy-mask")
     why = PROBES_BY_NAME[probe].applies(fused)

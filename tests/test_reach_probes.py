@@ -56,8 +56,8 @@ def test_the_floors_cross_the_sizes_where_kernels_switch(device):
     assert by_lead["vocab"]["vocab"] > 2**16 and by_lead["hidden"]["hidden"] > 1024
     assert by_lead["batch"]["batch"] > 32
     rows = by_lead["seq"]["batch"] * by_lead["seq"]["seq"]
-    assert rows > (65535 if device == "cuda" else 2048) and (device == "cuda") == ("seq" in REACH_FLOOR_CUDA and
-                                                                                   rows > 65535)
+    assert by_lead["seq"]["batch"] == 1 and by_lead["seq"]["seq"] > 1024  # positions and rows past 1024
+    assert (rows > 65535) == (device == "cuda") and "seq" in REACH_FLOOR_CUDA
 
 
 def test_the_reach_mask_varies_along_a_long_row_and_keeps_every_row():

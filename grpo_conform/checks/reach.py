@@ -31,8 +31,8 @@ from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import describe_outputs
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.checks.upstreams import draw_upstream
-from grpo_conform.ops.grpo_probes import (REACH_AUTOGRAD, REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_SMALL,
-                                          mask_input)
+from grpo_conform.ops.grpo_probes import (REACH_AUTOGRAD, REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA,
+                                          REACH_LEAD_SMALL, REACH_SMALL, mask_input)
 
 CHECK = "reach"
 
@@ -73,7 +73,7 @@ def reach_axes(run: WorkloadConformance) -> list[dict[str, int]]:
                 low = min(max(_floor(run, axis), 2 * _largest(run, axis) + 1), REACH_CAP.get(axis, 64))
                 shape[axis] = (low + 2 * r.randint(0, 3)) | 1  # odd: off every power of two (past 1)
             else:
-                lo, hi = REACH_SMALL.get(axis, (1, 3))
+                lo, hi = REACH_LEAD_SMALL.get(lead, {}).get(axis) or REACH_SMALL.get(axis, (1, 3))
                 shape[axis] = r.randint(lo, hi)
         shapes.append(shape)
     return shapes

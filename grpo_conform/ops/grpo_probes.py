@@ -228,14 +228,19 @@ def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
 #: the reach probe's shapes (checks/reach.py): the least value a reached axis takes, past the sizes where kernels
 #: switch: tiles along a row (128-32768 positions or vocabulary entries), 16-bit token ids (vocabulary past
 #: 2^16), hidden blocks of 512 with a remainder, chunks of 1024 rows or 16-32 sequences (the twenty-eighth
-#: session's round: docs/checks.md); on CUDA also rows past the 65535 a grid dimension holds (seq past 2^15 with
-#: two sequences or more: cheap on a GPU, minutes for an interpreted kernel). The other axes of a reach call
-#: stay small (REACH_SMALL), so one large axis costs what a small workload does.
-REACH_FLOOR = {"batch": 33, "seq": 2049, "vocab": 131073, "hidden": 1025}
-REACH_FLOOR_CUDA = {"seq": 32769}
+#: session's round: docs/checks.md); on CUDA also rows past the 65535 a grid dimension holds (seq past 2^16 in
+#: one sequence: cheap on a GPU, minutes for an interpreted kernel). The other axes of a reach call stay small
+#: (REACH_SMALL), so one large axis costs what a small workload does.
+#: Each floor is well past its threshold, not 1 past: a row of 1027 positions read the mask at t % 1024 wrongly
+#: on 3 positions only, which matched by chance in 1 of 8 runs.
+REACH_FLOOR = {"batch": 47, "seq": 1279, "vocab": 139265, "hidden": 1279}
+REACH_FLOOR_CUDA = {"seq": 69631}
 REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 32)}
+#: where a reached axis wants the others smaller still: the long rows in one sequence (rows past 1024 and
+#: positions past 1024 with the fewest rows: an interpreted fused kernel spends ~5 ms a row)
+REACH_LEAD_SMALL = {"seq": {"batch": (1, 1)}}
 #: the most a reached axis takes (past twice the largest default workload up to here)
-REACH_CAP = {"batch": 128, "seq": 65536, "vocab": 262144, "hidden": 4096}
+REACH_CAP = {"batch": 128, "seq": 131072, "vocab": 262144, "hidden": 4096}
 #: the axes whose reach calls go through torch.autograd.grad, the others through backward: rows and the
 #: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
 #: that added d weight into .grad itself and returned nothing passed every backward call)

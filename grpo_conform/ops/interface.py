@@ -155,6 +155,11 @@ class Operation(Protocol):
         """The reduced loss in float64."""
         ...
 
+    def policy_logprobs(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any) -> "torch.Tensor":
+        """The float64 log-probs [batch, seq] of the completion ids under the policy at the parameters'
+        temperature, on the CPU: what probes place old and reference log-probs from (far-ratios)."""
+        ...
+
     def reference_gradients(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any,
                             **refinements: Any) -> dict[str, Iterator[GradientChunk]]:
         """Per differentiable input (keyed by its name), the float64 gradient chunk by chunk over units

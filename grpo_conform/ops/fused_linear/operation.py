@@ -146,6 +146,9 @@ class GrpoFusedLinear:
     def reference_loss(self, spec, x: Mapping[str, Any], params) -> float:
         return _reference.reference_loss(x, params)
 
+    def policy_logprobs(self, spec, x: Mapping[str, Any], params):
+        return _reference.generated_row_stats(x, params).logp.reshape(x["completion_ids"].shape).cpu()
+
     def reference_gradients(self, spec, x: Mapping[str, Any], params, **refinements) -> dict[str, Iterator[GradientChunk]]:
         """Chunks of d hidden (rows b, t), d weight (vocabulary rows) and d bias (entries), for the
         gradients the spec lists. No refinements yet (the fp32 log-prob bound is grpo-logits')."""

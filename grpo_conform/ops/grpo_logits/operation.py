@@ -14,7 +14,7 @@ from grpo_conform.ops.grpo_logits import traffic as _traffic
 from grpo_conform.ops.grpo_logits.generators import kind_of
 from grpo_conform.ops.grpo_logits.inputs import generate, refresh_in_place
 from grpo_conform.ops.grpo_logits.judge import RowJudge, recheck_gradient, recheck_loss_floor
-from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_loss
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_logprobs, reference_loss
 from grpo_conform.spec.operation_inputs import OPERATION_INPUTS
 from grpo_conform.ops.interface import Arithmetic, GradientChunk, GradientGrouping, WorkloadSize
 
@@ -66,6 +66,9 @@ class GrpoLogits:
 
     def reference_loss(self, spec, x: Mapping[str, Any], params) -> float:
         return reference_loss(x, params)
+
+    def policy_logprobs(self, spec, x: Mapping[str, Any], params):
+        return reference_logprobs(x, params).cpu()
 
     def reference_gradients(self, spec, x: Mapping[str, Any], params,
                             logp_error=None) -> dict[str, Iterator[GradientChunk]]:

@@ -4,7 +4,9 @@ lists their checks as not applicable, saying why (`applies`). The probe registry
 them in its order; their judging is `judging.py` beside this file. Moved unchanged from `checks/probes.py`.
 
 advantage-sign (C against A), row-locality (F), last-row (G), masked-positions (M), exact-ties (T) and
-far-ratios (W); `ties_unsupported` tells the declared-cases probe where tie cases cannot be built.
+far-ratios (W); `ties_unsupported` tells the declared-cases probe where tie cases cannot be built. far-ratios
+alone runs for grpo-fused-linear too: it changes only the [B, S] log-probs, placed from the operation's own
+log-probs (`Operation.policy_logprobs`; a log-ratio clamped at 20 passed the fused check before, docs/checks.md).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from grpo_conform.ops.grpo_logits.declared_cases import record
 from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs, vespo_clamp_inputs
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs
 from grpo_conform.spec import Spec
+
+
+#: the [batch, seq] inputs and advantages far-ratios rewrites (the fused operation's call writes only these)
+GRIDS = ("completion_ids", "completion_mask", "advantages", "old_logprobs", "ref_logprobs")
 
 
 def _inputs(spec: Spec) -> set[str]:
@@ -144,14 +150,21 @@ def far_ratios(run: WorkloadConformance) -> None:
     seed = run.seeds[0] ^ 0xFA2
     run.generate(run.P, seed)
     reach: dict = {}
-    run.P.write(far_ratio_inputs(run.spec, run.P.pristine, run.model.values, seed, reach))
+    x = run.P.pristine
+    if "logits" in x:
+        run.P.write(far_ratio_inputs(run.spec, x, run.model.values, seed, reach))
+    else:  # the fused operation: its log-probs from the lm_head, only the [B, S] grids rewritten
+        logp = run.op.policy_logprobs(run.spec, x, run.model.params)
+        grids = {k: x[k] for k in GRIDS if k in x}
+        run.P.write(far_ratio_inputs(run.spec, grids, run.model.values, seed, reach, logp, x["hidden"].dtype))
     run.draws["far_gaps"] = reach  # [min, max] of log r (and ref - logp) over the live tokens
     w = run.call("W", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
     if w is not None:
         J.finite(run, w)
         J.versus_reference(run, check, w, "every ratio far out on its unclipped side: 3 to e^25 for A < 0, "
                                           "e^-25 to 0.3 for A > 0" + (", ref - logp to +-25" if "ref_gap" in reach else ""))
-    if run.model.values.get("loss_type") == "vespo":  # the per-token clamp behind the sum's (logprob_gaps)
+    # VESPO's per-token clamp behind the sum's (logprob_gaps.vespo_clamp_inputs)
+    if run.model.values.get("loss_type") == "vespo" and "logits" in x:
         run.generate(run.P, seed ^ 0x7E5)
         mixed: dict = {}
         run.P.write(vespo_clamp_inputs(run.spec, run.P.pristine, run.model.values, seed, mixed))
@@ -182,4 +195,4 @@ MASKED_POSITIONS = Probe("masked-positions", masked_positions.__doc__, masked_po
 EXACT_TIES = Probe("exact-ties", exact_ties.__doc__, exact_ties, CALL + ("exact-ties", "finite"), ("exact-ties",),
                    _only_logits("exact-ties", _clipped))
 FAR_RATIOS = Probe("far-ratios", far_ratios.__doc__, far_ratios, CALL + ("far-ratios", "finite"), ("far-ratios",),
-                   _only_logits("far-ratios", _off_policy))
+                   _off_policy)

@@ -57,7 +57,8 @@ def _reach(values: torch.Tensor, where: torch.Tensor, lo: float, hi: float, gen:
 
 
 def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any], seed: int,
-                     covered: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+                     covered: dict[str, Any] | None = None, logp: torch.Tensor | None = None,
+                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """A copy of `tensors` whose old log-probs put every token's ratio (every sequence's, at sequence
     level) far out on the side where the unclipped term is active: above 3 for a negative advantage,
     below 0.3 for a positive one, up to e^+-25 (boundaries cut out), so every live token carries the
@@ -65,7 +66,9 @@ def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
     is negated, so that both tails are exercised. Reference log-probs, where the member has them, sit
     up to 25 from logp on both sides. Logits unchanged; an empty mask row gets one token live
     (its least likely token, batch >= 2). `covered` receives the reach of
-    the gaps on live tokens (for the workload's draws)."""
+    the gaps on live tokens (for the workload's draws). `logp` (float64 [B, S]) and `dtype` (the gradient's)
+    for an operation whose logits are not among `tensors` (grpo-fused-linear: `Operation.policy_logprobs`,
+    the hidden states' dtype); `tensors` then needs only the [B, S] grids and advantages."""
     out = {k: v.clone() for k, v in tensors.items()}
     if "old_logprobs" not in out:
         return out
@@ -73,7 +76,7 @@ def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
     gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0xFA2) & (2**63 - 1))
     batch, seq = out["completion_ids"].shape
     keep = (out["completion_mask"].cpu() != 0) if "completion_mask" in out else torch.ones(batch, seq, dtype=torch.bool)
-    logp = reference_logprobs(out, p).cpu()  # per token: the mask does not enter it
+    logp = reference_logprobs(out, p).cpu() if logp is None else logp  # per token: the mask does not enter it
     empty = (~keep.any(-1)).nonzero().flatten().tolist()
     if batch >= 2:
         # Both tails need a live sequence each: with an empty row in a batch of two (the mask layouts rotate
@@ -90,7 +93,7 @@ def far_ratio_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
             b = int(torch.argmax(torch.where(live, adv.abs(), torch.zeros_like(adv))))
             out["advantages"][b] = -out["advantages"][b]
             adv[b] = -adv[b]
-    cap = far_log_cap(out["logits"].dtype)
+    cap = far_log_cap(out["logits"].dtype if dtype is None else dtype)
     intervals = far_ratio_intervals(p, _cfg(spec), cap)
     high = [iv for iv in intervals if iv[0] > 1.0] or intervals
     low = [iv for iv in intervals if iv[1] < 1.0] or intervals
