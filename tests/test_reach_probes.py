@@ -112,3 +112,22 @@ def test_below_draws_lie_strictly_between_the_domain_s_end_and_the_draws_and_are
                 assert d.min < value < start, (name, value)
     caps = {below_draws(find_spec("grpo/vllm-is-mask"), random.Random(s))["sampling_ratio_cap"] for s in range(6)}
     assert len(caps) > 1 and max(caps) <= 0.75  # drawn, not one value a kernel could recognise; always under 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_above_draws_calls_each_unbounded_count_alone_past_float16_s_range(seed):
+    """A normaliser held in float16 passed with the draws' N <= 48 (gallery declared-above-draws-fp16-normaliser):
+    each integer reaches past 4 x 65504 in a call of its own (together, N / P would cancel)."""
+    from grpo_conform.ops.grpo_logits.declared_cases import ABOVE, above_draws, declared_calls
+
+    spec = find_spec("grpo/dapo-global-accum-mask")
+    got = above_draws(spec, random.Random(seed))
+    assert set(got) == {"num_items_in_batch", "num_processes", "gradient_accumulation_steps", "steps_per_generation"}
+    assert all(4 * 65504 < v < ABOVE[1] and v % 2 == 1 for v in got.values())
+    calls = [c for c in declared_calls(spec, random.Random(seed)) if c.label.startswith("above-draws-")]
+    defaults = dict(spec.parameter_values)
+    assert len(calls) == 4
+    for c in calls:  # one parameter past its draws, the others at their defaults
+        moved = [n for n in defaults if c.values[n] != defaults[n]]
+        assert moved == [c.label.removeprefix("above-draws-")]
+    assert not above_draws(find_spec("grpo/token-offpolicy-mask-delta"), random.Random(seed))  # floats left out

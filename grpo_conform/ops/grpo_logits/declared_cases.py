@@ -12,7 +12,8 @@ From each numeric parameter with a domain or a draw range:
     parameters meets at all four combinations of their ends (one low and the other high too:
     one process with an accumulation factor of 8, a zero epsilon_low with the widest epsilon_high); and one
     `near-zero` call where a domain starts at an inclusive 0 the draws stay away from (beta 0.001), and last
-    one `below-draws` call: every parameter whose domain reaches below its draws in that gap (`below_draws`);
+    one `below-draws` call: every parameter whose domain reaches below its draws in that gap (`below_draws`),
+    and one `above-draws-NAME` call per integer whose domain reaches above its draws (`above_draws`);
 and from the spec's `cases` list (a member's own list replaces the family's common one):
   - `values`: the named parameters at the given values (GSPO's 3e-4 / 4e-4), the rest at defaults;
   - `equalities`: the named parameters at one common value, drawn inside every one's draw range
@@ -114,6 +115,29 @@ def below_draws(spec: Spec, rng: random.Random) -> dict[str, Any]:
     return out
 
 
+ABOVE = (2**18, 2**21)  # where an integer without an upper bound is called past its draws
+
+
+def above_draws(spec: Spec, rng: random.Random) -> dict[str, int]:
+    """Each integer parameter whose domain reaches above its draw range, at a value drawn there: without an
+    upper bound, odd in ABOVE, at least 4 times float16's largest finite value (65504) and 16-bit counts, so
+    that a count divided by the others' defaults (4 processes) is still past them; with one, in the gap above
+    the draws. One call each, the others at their defaults: together they cancel (N / P with both large). A
+    normaliser held in float16 (inf above 65504) passed every default run with the draws' N <= 48 (twenty-eighth
+    session). Floats are left out: without an upper bound their far values (a temperature of 10^5, a clip
+    that never binds) change the loss's regime rather than cross a number format's end."""
+    out: dict[str, int] = {}
+    for p, draw in _numeric(spec):
+        d = p.domain
+        if p.type != "int" or draw is None or d is None:
+            continue
+        if d.max is None:
+            out[p.name] = rng.randrange(ABOVE[0] + 1, ABOVE[1], 2)
+        elif d.max > draw.max:
+            out[p.name] = rng.randint(int(draw.max) + 1, int(d.max))
+    return out
+
+
 def mixed_ends(ends: dict[str, tuple[Any, Any]], rng: random.Random) -> list[dict[str, Any]]:
     """Rows of ends that, with all-min and all-max, put every pair of parameters at all four combinations of
     their ends (a covering array of strength 2). Each parameter takes a distinct m-bit pattern of
@@ -181,6 +205,9 @@ def declared_calls(spec: Spec, rng: random.Random) -> tuple[DeclaredCall, ...]:
     if below:
         calls.append(DeclaredCall("below-draws", {**defaults, **below}, None,
                                   tuple(("boundaries", f"{n}=below-draws") for n in below)))
+    for name, value in above_draws(spec, fork).items():
+        calls.append(DeclaredCall(f"above-draws-{name}", {**defaults, name: value}, None,
+                                  (("boundaries", f"{name}=above-draws"),)))
     return tuple(calls)
 
 
