@@ -124,7 +124,7 @@ def reach(run: WorkloadConformance) -> None:
     saved = (run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal)
     base = run.seeds[-1] ^ 0x5EAC4ED
     try:
-        for i, (axes, dtype) in enumerate(zip(shapes, dtypes)):
+        for i, (lead, axes, dtype) in enumerate(zip(_free_axes(run), shapes, dtypes)):  # one shape per free axis
             wanted = {**run.rw.workload.dtypes, **{name: dtype for name in follows}}
             rw = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes, "dtypes": wanted}))
             types = input_dtypes(run.spec, rw)
@@ -143,7 +143,6 @@ def reach(run: WorkloadConformance) -> None:
             inp.publish()
             run.op.keep_generated(inp.pristine, x)
             label = run._label(f"R{i + 1}")
-            lead = next((a for a, v in axes.items() if v >= _floor(run, a)), "")
             method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
             c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
             what = {"call": label, "axes": axes, "dtype": dtype, "upstream": c, "method": method}

@@ -147,7 +147,8 @@ class GrpoFusedLinear:
         return _reference.reference_loss(x, params)
 
     def policy_logprobs(self, spec, x: Mapping[str, Any], params):
-        return _reference.generated_row_stats(x, params).logp.reshape(x["completion_ids"].shape).cpu()
+        # the memoised row pass: on a set just generated, the one the generator made (`keep_generated`)
+        return _reference.row_stats(x, params).logp.reshape(x["completion_ids"].shape).cpu()
 
     def reference_gradients(self, spec, x: Mapping[str, Any], params, **refinements) -> dict[str, Iterator[GradientChunk]]:
         """Chunks of d hidden (rows b, t), d weight (vocabulary rows) and d bias (entries), for the

@@ -10,7 +10,7 @@
   of logits ~1e3 then moves by ~1), which moves the KL term less than bfloat16's allowance: a kernel reading
   the policy weight for the reference passed every default run (`tests/gallery/fused-reference-weight-ignored`).
   Here the noise is scaled on the set itself (the 99th percentile of |(hidden @ noise^T) / T| over the rows is
-  1), and the KL coefficient is at least its draws' top.
+  1), and the KL coefficient and the temperature are at least their draws' tops.
 
 Both judge loss and gradients against the reference (PLAIN) and run once per worker process and member.
 """
