@@ -275,7 +275,9 @@ def test_sweep_jobs_end_to_end_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["prewarm"]["workers"] == 2 and doc["prewarm"]["notes"] == [], doc["prewarm"]
-    assert doc["meta"]["table"][-1] == "Rule('shipped')," and len(doc["meta"]["table"]) == 3 and doc["meta"]["copy_TBps"] == 4.0
+    configs = _configs()[0]
+    assert doc["meta"]["table"] == [configs.rule_source(r) for r in configs.TABLE] and doc["meta"]["copy_TBps"] == 4.0
+    assert doc["meta"]["table"][-1] == "Rule('shipped'),"
     assert [r["member"] for r in doc["rows"]] == list(sp.MEMBERS)
     assert all(r["ours_ms"] == 1.0 and r["ours_x_floor"] > 0 and "liger_ms" not in r for r in doc["rows"])
     names = [(c["member"], c["config"]) for c in doc["configs"]]
