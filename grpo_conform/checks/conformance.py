@@ -175,6 +175,7 @@ class WorkloadConformance:
         self._mask_shift = self.rng.randrange(2)  # which other mask dtype Q gets (K the remaining one)
         self.exported: dict[str, str] = {}  # output slot -> the call last exported into it (Call.grad is that buffer)
         self.refs = ReferenceCache()  # the reference of each pristine input set, computed once (reference_cache.py)
+        self.slot_tag = ""  # appended to the slot names and put before the call labels in another dtype's pass
 
     # -- the run ----------------------------------------------------------------------------
     def run(self):
@@ -249,8 +250,9 @@ class WorkloadConformance:
         # uses them: a smoke-profile workload (16.8 GB of logits at seq 65,536) cannot afford six
         # logits-sized buffers on one GPU.
         if name in ("Q", "K", "out2") and "dtypes" in self.__dict__:
-            slot = (InputSlot.create(self.session, name, self.rw.shapes, self.slot_dtypes(name)) if name != "out2" else
-                    OutputSlot.for_spec(self.session, "O2", self.spec, self.rw.shapes, self.dtypes))
+            tag = self.slot_tag
+            slot = (InputSlot.create(self.session, name + tag, self.rw.shapes, self.slot_dtypes(name)) if name != "out2"
+                    else OutputSlot.for_spec(self.session, "O2" + tag, self.spec, self.rw.shapes, self.dtypes))
             self.__dict__[name] = slot
             self.extra_slots.append(slot.name)
             return slot
@@ -318,7 +320,7 @@ class WorkloadConformance:
 
     def _label(self, label: str) -> str:
         self._count += 1
-        return f"{label}#{self._count}"
+        return f"{self.slot_tag}{':' if self.slot_tag else ''}{label}#{self._count}"
 
     def _fail(self, checks: tuple[str, ...], label: str, failure: WorkerFailure) -> None:
         self.book.failure(checks, label, failure)

@@ -23,7 +23,8 @@ from collections.abc import Iterable
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.reach import reach
-from grpo_conform.checks.upstreams import draw_upstream
+from grpo_conform.checks import other_dtypes
+from grpo_conform.checks.upstreams import draw_upstream, gradient_bound
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.ops import grpo_probes as G
@@ -138,7 +139,11 @@ def upstream(run: WorkloadConformance) -> None:
                                         ("fraction", "backward"))):
         slot = run.P if i % 2 == 0 else run.Q
         run.generate(slot, run.seeds[i % len(run.seeds)] ^ (0x51ED270B + i))
-        c = draw_upstream(run, kind)
+        # a float16 gradient's large scalar is a loss scale sized by the reference (draw_upstream), where the
+        # operation's gradients are formed once the upstream is known (Operation.loss_scaled)
+        scaled = kind == "large" and run.grad_dtype == "float16" and run.op.loss_scaled
+        bound = gradient_bound(run, slot) if scaled else None
+        c = draw_upstream(run, kind, bound=bound)
         patterns.exercised(run, "upstream-" + kind)
         patterns.exercised(run, method)
         u = run.call(f"U-{kind}", slot, run.out1, ("upstream-gradient", "finite", "no-mutation", "no-aliasing"),
@@ -244,6 +249,12 @@ def _contiguous_only(spec: Spec) -> str | None:
     return None
 
 
+ADVERSARIAL = Probe("adversarial", adversarial.__doc__, adversarial, CALL + ("adversarial-inputs", "finite"))
+UPSTREAM = Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradient", "finite"))
+#: the probes whose calls test values (exact ties, far ratios, extreme logits, upstream scalars up to a loss
+#: scale), made again in each dtype the member declares that no default workload uses
+OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM))
+
 # `feeds` is every check a probe records (CALL: what each of its calls feeds); `own`, `applies`
 # and `needs` as conformance.Probe says.
 _PROBES = (
@@ -258,8 +269,8 @@ _PROBES = (
     L.EXACT_TIES,
     Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite")),
     L.FAR_RATIOS,
-    Probe("adversarial", adversarial.__doc__, adversarial, CALL + ("adversarial-inputs", "finite")),
-    Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradient", "finite")),
+    ADVERSARIAL,
+    UPSTREAM,
     Probe("non-leaf", non_leaf.__doc__, non_leaf, CALL + ("non-leaf-logits", "finite")),
     Probe("interleaved", interleaved.__doc__, interleaved, CALL + ("interleaved-graphs", "finite")),
     Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "finite"), ("input-layouts",),
@@ -275,6 +286,7 @@ _PROBES = (
     G.ONE_SIGN,
     G.TRAINER_SHAPED,
     Probe("reach", reach.__doc__, reach, ("reach", "runs", "no-mutation"), ("reach",)),
+    OTHER_DTYPES,  # the value probes again in each declared dtype no default workload uses
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.
     Probe("repeated-calls", repeated_calls.__doc__, repeated_calls, ("repeated-calls", "runs", "no-mutation",
                                                                      "no-resource-growth")),

@@ -95,15 +95,20 @@ def reach_mask(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.T
     return keep.to(dtype)
 
 
-def reach_dtypes(run: WorkloadConformance, calls: int) -> list[str]:
-    """The lead input's dtype of each call: the declared ones no default workload uses first, then its own."""
+def unused_dtypes(run: WorkloadConformance) -> list[str]:
+    """The dtypes the differentiable input declares that no default workload of the member on this device uses."""
     lead = run.spec.differentiable_input
     used = {w.dtypes.get(lead.name, lead.dtypes[0]) for w in _default_workloads(run)}
-    order = [d for d in lead.dtypes if d not in used] + [run.grad_dtype]
+    return [d for d in lead.dtypes if d not in used]
+
+
+def reach_dtypes(run: WorkloadConformance, calls: int) -> list[str]:
+    """The lead input's dtype of each call: the declared ones no default workload uses first, then its own."""
+    order = unused_dtypes(run) + [run.grad_dtype]
     return [order[i % len(order)] for i in range(calls)]
 
 
-def _follows(run: WorkloadConformance) -> list[str]:
+def follows(run: WorkloadConformance) -> list[str]:
     """The inputs whose dtype follows the lead input's (they declare the same dtypes: hidden, weight, bias...)."""
     lead = run.spec.differentiable_input
     return [t.name for t in run.spec.inputs if tuple(t.dtypes) == tuple(lead.dtypes)]
@@ -118,14 +123,14 @@ def reach(run: WorkloadConformance) -> None:
         return
     shapes = reach_axes(run)
     dtypes = reach_dtypes(run, len(shapes))
-    follows = _follows(run)
+    followers = follows(run)
     bad: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []
     saved = (run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal)
     base = run.seeds[-1] ^ 0x5EAC4ED
     try:
         for i, (lead, axes, dtype) in enumerate(zip(_free_axes(run), shapes, dtypes)):  # one shape per free axis
-            wanted = {**run.rw.workload.dtypes, **{name: dtype for name in follows}}
+            wanted = {**run.rw.workload.dtypes, **{name: dtype for name in followers}}
             rw = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes, "dtypes": wanted}))
             types = input_dtypes(run.spec, rw)
             inp = InputSlot.create(run.session, f"RH{i}", rw.shapes, types)

@@ -113,6 +113,10 @@ class Operation(Protocol):
     # a failing call's outputs are compared with the family's neighbouring semantics (checks/judging.py,
     # likely_cause); the variants are written over this operation's inputs
     diagnosed: bool
+    # float16 gradients are judged at a loss scale (the upstream probe's large scalar up to 2^16): False where the
+    # operation's gradients are formed in forward, before the upstream scalar is known (docs/checks.md,
+    # "Twenty-ninth session")
+    loss_scaled: bool
 
     # -- workloads ---------------------------------------------------------------------------------
     def workload_size(self, spec: "Spec", resolved: "ResolvedWorkload") -> WorkloadSize: ...

@@ -65,6 +65,10 @@ def _dims(resolved) -> tuple[int, int, int]:
 class GrpoFusedLinear:
     name = "grpo-fused-linear"
     diagnosed = False  # the neighbouring semantics are written over logits (ops/grpo_logits/diagnosis.py)
+    # The gradients are formed in forward by design (the logits die chunk by chunk; Liger folds in 1, ours the
+    # last upstream): in float16 what lies below the range at the folded scalar is gone whatever the real one,
+    # so a loss scale would judge the design, not the semantics (docs/checks.md, "Twenty-ninth session")
+    loss_scaled = False
     requirements = OPERATION_INPUTS["grpo-fused-linear"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over hidden states [batch, seq, hidden] times an lm_head weight [vocab, hidden] "
                "(+ bias), logits never given; its gradients are d loss / d hidden, weight and bias")

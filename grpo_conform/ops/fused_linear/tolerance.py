@@ -72,6 +72,11 @@ class GemmAllowance:
     # per gradient name, an absolute floor of every element (not scaled by the upstream scalar: the flush
     # threshold is the dtype's): what a GEMM that flushes subnormal d logits to zero may lose (`_underflow`)
     underflow: Mapping[str, float] = field(default_factory=dict)
+    # The fused operation's gradients may be formed in forward, before the upstream scalar is known, at 1 or at
+    # a predicted scalar of magnitude >= 1 (Liger's fused path; ours: FusedPlan.observe), so the absolute floors
+    # (the dtype's subnormal step, `underflow`) are those of the gradient at upstream 1, scaled with it by
+    # max(1, |c|) (docs/checks.md, "Twenty-ninth session": float16 gradients after other-dtypes)
+    formed_before_upstream: bool = True
 
     def allowance(self, name: str, start: int, stop: int, scale: torch.Tensor) -> torch.Tensor:
         """Absolute allowance of units [start, stop) whose reference scale (at upstream 1) is `scale`; the

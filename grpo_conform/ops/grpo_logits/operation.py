@@ -26,6 +26,7 @@ class GrpoLogits:
     name = "grpo-logits"
     refresh_spans_protocols = False  # a rotation keeps each row's log-sum-exp: fresh draws per protocol
     diagnosed = True  # ops/grpo_logits/diagnosis.py
+    loss_scaled = True  # d logits is formed in backward: nothing stops a kernel from scaling before it rounds
     requirements = OPERATION_INPUTS["grpo-logits"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over given logits [batch, seq + 1, vocab] and the sampled completion ids; "
                "its gradient is d loss / d logits")

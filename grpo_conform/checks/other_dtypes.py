@@ -1,0 +1,104 @@
+"""The `other-dtypes` probe: the value probes again in each dtype the member declares that no default
+workload uses.
+
+A member's default workloads may all share one dtype while its spec declares others for the differentiable
+input; before this probe the only calls in those were reach's, with ordinary values. A kernel with a float16
+path of its own (an exact tie handed to the clipped branch, a log-sum-exp without the row max, a gradient
+rounded to float16 before a loss-scaling upstream multiplies it) passed every check (the twenty-eighth
+session's adversarial round: docs/checks.md). Which probes test values is data: the
+registry names them (`probes.IN_OTHER_DTYPES`) and hands this probe the selection's.
+
+For each such dtype, once per worker process and member (what it looks for is a property of the code): the
+member's smallest default workload on the device, in that dtype (the inputs that declare the same dtypes
+follow it), in fresh input and output slots; the named probes run there as they run in a workload, their
+findings under their own checks, every call label starting with the dtype ("float16:T#41"). Nothing of
+the pass is kept for the end re-read (its slots have other shapes and dtypes), and its draws are kept
+apart (`draws["other_dtypes"][dtype]`).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes
+from grpo_conform.checks.conformance import Probe, WorkloadConformance
+from grpo_conform.checks.reach import follows, unused_dtypes
+from grpo_conform.dtypes import torch_dtype
+from grpo_conform.phases import PHASES
+
+NAME = "other-dtypes"
+#: the run's state a pass replaces and gives back (the lazily made Q, K and O2 and the row judge are dropped)
+_SWAPPED = ("rw", "dtypes", "P", "out1", "grad_dtype", "tol", "subnormal", "seq_next", "width", "state", "draws",
+            "keep_budget", "slot_tag")
+_LAZY = ("Q", "K", "out2", "rows")
+
+
+def smallest_workload(run: WorkloadConformance) -> Any:
+    """The member's default workload on this device with the fewest elements (fixed axes only)."""
+    fixed = [w for w in run.spec.workloads_for(run.device.type) if all(isinstance(v, int) for v in w.axes.values())]
+    return min(fixed, key=lambda w: math.prod(w.axes.values())) if fixed else run.rw.workload
+
+
+@contextmanager
+def in_dtype(run: WorkloadConformance, dtype: str) -> Iterator[None]:
+    """The run's slots, workload and tolerances switched to the smallest default workload in `dtype`."""
+    saved = {k: run.__dict__[k] for k in _SWAPPED}
+    lazy = {k: run.__dict__.pop(k) for k in _LAZY if k in run.__dict__}
+    w = smallest_workload(run)
+    wanted = {**w.dtypes, **{name: dtype for name in follows(run)}}
+    rw = run.spec.resolve(w.model_copy(update={"dtypes": wanted}))
+    tag = dtype
+    try:
+        run.slot_tag, run.rw, run.seq_next = tag, rw, rw.axes.get("seq_next")
+        run.dtypes = input_dtypes(run.spec, rw)
+        run.P = InputSlot.create(run.session, "P" + tag, rw.shapes, run.dtypes)
+        run.out1 = OutputSlot.for_spec(run.session, "O1" + tag, run.spec, rw.shapes, run.dtypes)
+        run.extra_slots += [run.P.name, run.out1.name]
+        run.width = run.groupings[run.spec.differentiable_input.name].width(rw)
+        run.grad_dtype, run.tol = dtype, run.spec.tolerance(dtype)
+        info = torch.finfo(torch_dtype(dtype))
+        run.subnormal = 2.0 * info.tiny * info.eps
+        run.state, run.draws, run.keep_budget = {}, {"workload": w.name}, 0
+        yield
+    finally:
+        passed = run.draws
+        for k in _LAZY:
+            run.__dict__.pop(k, None)
+        run.__dict__.update(saved)
+        run.__dict__.update(lazy)
+        run.draws.setdefault("other_dtypes", {})[dtype] = passed
+
+
+def other_dtypes(run: WorkloadConformance, names: tuple[str, ...] = ()) -> None:
+    """The value probes (`names`, those of them this run selected) again in each declared dtype of the
+    differentiable input no default workload uses, at the smallest default workload's shape."""
+    probes = [p for p in run.probes if p.name in names and not p.applies(run.spec)]
+    dtypes = unused_dtypes(run)
+    if not probes or not dtypes:
+        run.draws[NAME] = "every declared dtype has a default workload" if not dtypes else "no value probe selected"
+        return
+    made_in = run.made_in(NAME)
+    if made_in is not None:
+        run.draws[NAME] = f"made once per worker process: its calls ran in workload {made_in}"
+        return
+    for dtype in dtypes:
+        with in_dtype(run, dtype):
+            for probe in probes:
+                with PHASES.inclusive("probes", f"{probe.name}@{dtype}"):
+                    probe.run(run)
+
+
+def make_probe(repeated: tuple[Probe, ...]) -> Probe:
+    """The probe as the registry lists it: it feeds every check of the probes it repeats (so `-k exact-ties`
+    keeps it, and it repeats only what the selection kept)."""
+    names = tuple(p.name for p in repeated)
+    feeds = tuple(dict.fromkeys(c for p in repeated for c in p.feeds))
+
+    def run(r: WorkloadConformance) -> None:
+        other_dtypes(r, names)
+    return Probe(NAME, "the value probes again in each dtype the differentiable input declares that no default "
+                       f"workload uses, at the smallest default workload's shape: {', '.join(names)}", run, feeds)

@@ -1,0 +1,83 @@
+"""The twenty-ninth session's `other-dtypes` probe and float16 loss scale on their own (checks/other_dtypes.py,
+checks/upstreams.py). The gallery folders other-dtypes-fp16-tie-to-clipped, other-dtypes-fp16-loss-scale and
+fused-other-dtypes-fp16-lse-no-max fail through them, fused-gradients-formed-in-forward passes
+(tests/test_gallery.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import ROOT
+from grpo_conform.check import CheckRequest, run_check
+from grpo_conform.checks.other_dtypes import smallest_workload
+from grpo_conform.checks.probes import PROBES_BY_NAME, select
+from grpo_conform.checks.reach import unused_dtypes
+from grpo_conform.checks.upstreams import FP16_HEADROOM, FP16_LOSS_SCALE, draw_upstream
+from grpo_conform.ops import operation_for
+from grpo_conform.spec import find_spec
+
+
+def _run(spec_id: str, grad_dtype: str = "bfloat16"):
+    spec = find_spec(spec_id)
+    return SimpleNamespace(spec=spec, rng=random.Random(3), device=torch.device("cpu"), grad_dtype=grad_dtype,
+                           draws={}, rw=None)
+
+
+def test_the_unused_dtypes_and_the_smallest_workload_come_from_the_spec():
+    masked = _run("grpo/dapo-mask")  # default CPU workloads: bfloat16 only
+    assert unused_dtypes(masked) == ["float16", "float32"]
+    small = smallest_workload(masked)
+    sizes = [w.axes["batch"] * w.axes["seq"] * w.axes["vocab"] for w in masked.spec.workloads_for("cpu")]
+    assert small.axes["batch"] * small.axes["seq"] * small.axes["vocab"] == min(sizes)
+    assert unused_dtypes(_run("grpo/token-is")) == []  # fp16-small and fp32-small are default workloads
+    assert unused_dtypes(_run("grpo-fused-linear/token-is")) == ["float16", "float32"]
+
+
+def test_the_probe_repeats_the_value_probes_and_k_keeps_it():
+    other = PROBES_BY_NAME["other-dtypes"]
+    for name in ("exact-ties", "far-ratios", "adversarial", "upstream"):
+        assert set(PROBES_BY_NAME[name].feeds) <= set(other.feeds), name
+    assert "other-dtypes" in [p.name for p in select("full", ("exact-ties",))]
+    assert "other-dtypes" not in [p.name for p in select("full", ("determinism",))]
+    assert "other-dtypes" not in [p.name for p in select("core")]
+
+
+@pytest.mark.parametrize("bound, want", [(1e-3, FP16_LOSS_SCALE), (0.1, 2.0**15), (3.0, 2.0**10), (1e5, 1.0)])
+def test_the_float16_loss_scale_is_the_largest_power_of_two_that_keeps_the_gradient_in_range(bound, want):
+    run = _run("grpo/dapo-mask", "float16")
+    c = draw_upstream(run, "large", bound=bound)
+    assert c == want and (c * bound <= FP16_HEADROOM or c == 1.0)
+    assert run.draws["upstream"]["large"] == c
+    plain = draw_upstream(_run("grpo/dapo-mask", "float16"), "large")  # no bound: the ordinary 64..512
+    assert 64.0 <= plain <= 512.0
+    assert 64.0 <= draw_upstream(_run("grpo/dapo-mask", "bfloat16"), "large", bound=bound) <= 4096.0
+
+
+def test_only_the_operation_whose_gradient_is_formed_in_backward_is_loss_scaled():
+    assert operation_for(find_spec("grpo/dapo-mask")).loss_scaled
+    assert not operation_for(find_spec("grpo-fused-linear/dapo-mask")).loss_scaled
+
+
+def test_the_pass_runs_each_unused_dtype_once_with_its_own_labels_and_draws():
+    """pytorch through the validator: the float16 and float32 calls are made (labels start with the dtype),
+    once per worker and member, their draws apart; the workload's own draws are left as they were."""
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
+                                    members=("dapo-mask",), checks=("exact-ties", "upstream-gradient"), jobs=1))
+    assert report.exit_code == 0
+    workloads = report.implementations[0].members[0].workloads
+    passes = [w.draws["other_dtypes"] for w in workloads if "other_dtypes" in w.draws]
+    assert len(passes) == 1 and set(passes[0]) == {"float16", "float32"}
+    f16 = passes[0]["float16"]
+    assert f16["upstream"]["large"] == 2.0 ** round(math.log2(f16["upstream"]["large"]))  # a loss scale
+    assert 64 <= passes[0]["float32"]["upstream"]["large"] <= 4096
+    labels = [c for w in workloads for o in w.outcomes if o.check == "exact-ties" for c in json.dumps(o.evidence)
+              .split('"') if c.startswith(("float16:", "float32:"))]
+    assert any(lab.startswith("float16:T#") for lab in labels) and any(lab.startswith("float32:T#") for lab in labels)
+    first = next(w for w in workloads if "other_dtypes" in w.draws)
+    assert first.draws["upstream"]["large"] != f16["upstream"]["large"]  # the workload's own draw kept
