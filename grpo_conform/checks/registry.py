@@ -42,9 +42,12 @@ _CHECKS = (
     CheckInfo("zero-advantage", "a zero advantage gives an exactly zero gradient for its sequence", (7,)),
     CheckInfo("row-locality", "changing one logits row changes that gradient row and no other", (7,)),
     CheckInfo("adversarial-inputs", "row profiles mixed in one batch (normal, wide, up to 1e4, near one-hot, "
-              "heavy-tailed) match the reference and stay finite", (4,)),
-    CheckInfo("upstream-gradient", "backward with parent-drawn upstream scalars (negative, tiny, large; through "
-              "loss.backward and torch.autograd.grad) gives that multiple of the reference gradient", (2,)),
+              "heavy-tailed), also in each declared dtype the default workloads leave out, match the reference "
+              "and stay finite", (4,)),
+    CheckInfo("upstream-gradient", "backward with parent-drawn upstream scalars (negative, tiny, large, in float16 "
+              "a loss scale up to 2^16 where the gradient is formed in backward; through loss.backward and "
+              "torch.autograd.grad; also in each declared dtype the default workloads leave out) gives that "
+              "multiple of the reference gradient", (2,)),
     CheckInfo("non-leaf-logits", "logits handed over as a view or an affine function of a leaf: the gradient "
               "reaches that leaf through autograd (an implementation writing logits.grad itself fails)", (2, 16)),
     CheckInfo("interleaved-graphs", "two forwards before one backward (backward of their sum, and backwards in "
@@ -55,8 +58,8 @@ _CHECKS = (
     CheckInfo("masked-positions", "positions the completion mask excludes get an exactly zero gradient, and "
               "redrawing their logits changes no output", (3, 7)),
     CheckInfo("exact-ties", "every ratio exactly at a clip bound (1 - epsilon_low, 1 + epsilon_high, epsilon = 0, "
-              "and every bound a member's cases name: delta, CISPO's cap) "
-              "gives the spec's gradient: at a tie the unclipped branch is active", (4,)),
+              "and every bound a member's cases name: delta, CISPO's cap), also in each declared dtype the default "
+              "workloads leave out, gives the spec's gradient: at a tie the unclipped branch is active", (4,)),
     CheckInfo("declared-cases", "the parameters at the values the spec declares (every default exactly, both ends "
               "of every range, every pair of parameters at each combination of its ends, the member's named cases "
               "and equalities) give the reference result", (2,)),
