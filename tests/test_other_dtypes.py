@@ -81,3 +81,39 @@ def test_the_pass_runs_each_unused_dtype_once_with_its_own_labels_and_draws():
     assert any(lab.startswith("float16:T#") for lab in labels) and any(lab.startswith("float32:T#") for lab in labels)
     first = next(w for w in workloads if "other_dtypes" in w.draws)
     assert first.draws["upstream"]["large"] != f16["upstream"]["large"]  # the workload's own draw kept
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_sampling_product_swings_out_of_float32_and_back_keeping_each_sequence_weight(seed):
+    """W-vllm (far-ratios, vLLM sequence modes): each row with 4 kept tokens or more keeps exp(sum of log
+    ratios) but its partial log-sum reaches +-112, past float32's e^-103 and e^88.7; masked tokens and shorter
+    rows unchanged (logprob_gaps.sampling_product_inputs)."""
+    from grpo_conform.ops.grpo_logits.generators.logprob_gaps import SAMPLING_SWING, sampling_product_inputs
+
+    spec = find_spec("grpo/vllm-sequence-mask")
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(3, 9, generator=g) < 0.7
+    keep[0, :] = True
+    keep[2, :] = False
+    keep[2, :3] = True  # three kept: left as drawn
+    x = {"completion_ids": torch.zeros(3, 9, dtype=torch.int64), "completion_mask": keep.to(torch.int64),
+         "sampling_ratio": torch.exp(torch.randn(3, 9, generator=g) * 0.3)}
+    values = {"vllm_importance_sampling_mode": "sequence_mask"}
+    covered: dict = {}
+    out = sampling_product_inputs(spec, x, values, seed, covered)
+    log_before = torch.log(x["sampling_ratio"].double())
+    log_after = torch.log(out["sampling_ratio"].double())
+    for b in range(3):
+        idx = keep[b].nonzero().flatten()
+        if idx.numel() < 4:
+            assert torch.equal(out["sampling_ratio"][b], x["sampling_ratio"][b])
+            continue
+        assert abs(float(log_after[b, idx].sum() - log_before[b, idx].sum())) < 1e-3  # q_b kept
+        partial = torch.cumsum(log_after[b, idx], 0)
+        assert float(partial.abs().max()) >= SAMPLING_SWING - 1.0  # out of float32's range part way
+        assert torch.isfinite(out["sampling_ratio"][b]).all() and (out["sampling_ratio"][b] > 0).all()
+        assert torch.equal(out["sampling_ratio"][b, ~keep[b]], x["sampling_ratio"][b, ~keep[b]])
+    assert covered["rows"] == sum(int(keep[b].sum()) >= 4 for b in range(3))
+    token = sampling_product_inputs(find_spec("grpo/vllm-token-mask"), x, {"vllm_importance_sampling_mode": "token_mask"},
+                                    seed)
+    assert torch.equal(token["sampling_ratio"], x["sampling_ratio"])  # token modes: nothing to swing

@@ -17,7 +17,8 @@ from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.ops import operation_name
 from grpo_conform.ops.grpo_logits import judging as L
 from grpo_conform.ops.grpo_logits.declared_cases import record
-from grpo_conform.ops.grpo_logits.generators.logprob_gaps import far_ratio_inputs, vespo_clamp_inputs
+from grpo_conform.ops.grpo_logits.generators.logprob_gaps import (far_ratio_inputs, sampling_product_inputs,
+                                                              vespo_clamp_inputs)
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs
 from grpo_conform.spec import Spec
 
@@ -145,7 +146,9 @@ def far_ratios(run: WorkloadConformance) -> None:
     generators.logprob_gaps.far_ratio_inputs), the parameters as drawn: a clip the member does not
     declare (PPO's dual clip at 3) or a log-ratio or KL gap clamped for safety (verl: 20, 10) shows
     only there. W-vespo (VESPO members): one token beyond the per-token clamp, the row's others on the other
-    side (`vespo_clamp_inputs`): a far row pushed one way hides that clamp behind the sum's."""
+    side (`vespo_clamp_inputs`): a far row pushed one way hides that clamp behind the sum's. W-vllm (vLLM
+    sequence modes): each row's sampling ratios swing its partial log-sum out of float32's range and back
+    (`sampling_product_inputs`): a running product of the ratios is 0 or inf there."""
     check = "far-ratios"
     seed = run.seeds[0] ^ 0xFA2
     run.generate(run.P, seed)
@@ -174,6 +177,17 @@ def far_ratios(run: WorkloadConformance) -> None:
             J.finite(run, v)
             J.versus_reference(run, check, v, "a token 2-5 beyond VESPO's per-token clamp (+-20) in each row, the "
                                               "row's other tokens on the other side")
+    # vLLM's sequence weight as exp of the summed logs, not a float32 running product (sampling_product_inputs)
+    if str(run.model.values.get("vllm_importance_sampling_mode", "")).startswith("sequence") and "logits" in x:
+        run.generate(run.P, seed ^ 0x5A3)
+        swung: dict = {}
+        run.P.write(sampling_product_inputs(run.spec, run.P.pristine, run.model.values, seed, swung))
+        run.draws["sampling_product"] = swung
+        q = run.call("W-vllm", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+        if q is not None and swung["rows"]:
+            J.finite(run, q)
+            J.versus_reference(run, check, q, "each row's sampling ratios swinging its partial log-sum to +-112 "
+                                              "and back: the sequence weight is exp of the sum")
 
 
 def ties_unsupported(spec: Spec) -> str | None:

@@ -167,6 +167,47 @@ def vespo_clamp_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: 
     return out
 
 
+#: the running product of a row's sampling ratios must leave float32's range (e^-103 below, e^88.7 above) part
+#: way along the row: the partial log-sum reaches +-SAMPLING_SWING
+SAMPLING_SWING = 112.0
+
+
+def sampling_product_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any], seed: int,
+                            covered: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """vLLM's sequence modes weight a sequence by exp of its kept tokens' summed log sampling ratios. The drawn
+    sets spread the tokens around q_b^(1/n), so every partial product stays in range and a float32 running
+    product of the ratios equals it (the twenty-eighth round's `vllm-seq-running-product`). Here every row
+    with 4 kept tokens or more keeps its q_b, but its first half of kept tokens moves one way (each at most
+    e^+-56) and its second half back: the partial log-sum reaches SAMPLING_SWING, down or up (drawn per row), where a
+    float32 running product is 0 or inf for good. Other rows, masked tokens, logits and log-probs unchanged."""
+    out = {k: v.clone() for k, v in tensors.items()}
+    p = GrpoParameters.from_spec(spec, values)
+    if "sampling_ratio" not in out or not p.vllm_importance_sampling_mode.startswith("sequence"):
+        return out
+    gen = torch.Generator().manual_seed((seed ^ _SALT ^ 0x5A3) & (2**63 - 1))
+    batch, seq = out["completion_ids"].shape
+    keep = (out["completion_mask"].cpu() != 0) if "completion_mask" in out else torch.ones(batch, seq, dtype=torch.bool)
+    log_rho = torch.log(out["sampling_ratio"].detach().to("cpu", torch.float64))
+    rows, swing = 0, []
+    for b in range(batch):
+        idx = keep[b].nonzero().flatten()
+        n = idx.numel()
+        if n < 4:
+            continue
+        q = float(log_rho[b, idx].sum())
+        h = n // 2
+        side = -1.0 if float(torch.rand(1, generator=gen)) < 0.5 else 1.0
+        d = SAMPLING_SWING / h
+        log_rho[b, idx[:h]] = q / n + side * d
+        log_rho[b, idx[h:]] = q / n - side * d * h / (n - h)
+        rows += 1
+        swing.append(side * SAMPLING_SWING)
+    out["sampling_ratio"].copy_(torch.exp(log_rho).to(out["sampling_ratio"].dtype))
+    if covered is not None:
+        covered.update({"rows": rows, "partial_log_sum": sorted(set(swing))})
+    return out
+
+
 def far_ref_gaps(batch: int, seq: int, keep: torch.Tensor, cap: float, gen: torch.Generator) -> torch.Tensor:
     """ref - logp per token: both signs, |gap| uniform in [0.5, 25] (the positive side to `cap`),
     one live token within 1 of each far end."""
