@@ -136,24 +136,26 @@ def _rename(item, nodeid: str) -> None:
 #: reorder: test_triton_members' fixture), then single tests in collection order: started first,
 #: the long ones do not end the lane alone on one worker while the other idles. A test that moved
 #: or was renamed only loses its place here.
-LONGEST_FIRST = (  # by wall seconds in a -n 2 run of both lanes (2026-12-03, fifth pass: re-ranked from
-    # /usr/bin/time'd runs with --durations=0; a waiting test holds its worker as long as a busy one;
-    # fused_engine's two peers checks left, ~3 s each in-process; the headless browser came in)
+LONGEST_FIRST = (  # by wall seconds in a -n 2 run of both lanes (2026-12-06, twenty-ninth session: re-ranked from
+    # --durations=30 of a 307 s run whose 547 s of CPU would pack into 274 s; the interpreted compare_fused
+    # process, 49 s, was not named and could start last)
+    "tests/test_compare_fused.py::test_the_interpreted_cases_in_a_process_of_their_own",
+    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
+    "tests/test_report.py::test_the_committed_page_is_what_report_builds_from_the_committed_evidence",
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
     "tests/test_fp32_logprob.py::test_sampled_false_failure_rate_of_honest_fp32",
     "tests/test_scale_out_slurm.py::test_slurm_array_and_afterok_merge_equal_the_serial_run",
-    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[triton]",
-    "tests/test_sweep_logits.py::test_sweep_jobs_end_to_end_on_the_cpu",
-    "tests/test_report.py::test_the_committed_page_is_what_report_builds_from_the_committed_evidence",
     "tests/test_isolation_slots.py",
-    "tests/test_members.py::test_liger_matches_the_reference_for_every_member_it_declares",
-    "tests/test_bundled.py::test_the_other_members_pass_every_probe_on_pytorch",
     "tests/test_report.py::test_the_page_loads_in_headless_chromium",
-    "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
     "tests/test_gate_e2e.py::test_a_hang_costs_one_timeout",
-    "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
-    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
-    "tests/test_members.py::test_torch_compile_matches_the_reference",
+    "tests/test_sweep_logits.py::test_sweep_jobs_end_to_end_on_the_cpu",
     "tests/test_fp32_logprob.py::test_pinned_seeds_pass_through_run_check",
+    "tests/test_bundled.py::test_bundled_implementation_is_conformant_on_cpu[pytorch]",
+    "tests/test_isolation_attacks.py::test_a_signal_to_the_validator_leaves_no_process_and_no_file",
+    "tests/test_scale_out_slurm.py::test_a_shard_that_cannot_run_holds_the_merge_back",
+    "tests/test_members.py::test_liger_matches_the_reference_for_every_member_it_declares",
+    "tests/test_members.py::test_torch_compile_matches_the_reference",
+    "tests/test_bundled.py::test_liger_inplace_fails_the_mutation_check",
 )
 
 
