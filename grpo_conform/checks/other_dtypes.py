@@ -5,8 +5,8 @@ A member's default workloads may all share one dtype while its spec declares oth
 input; before this probe the only calls in those were reach's, with ordinary values. A kernel with a float16
 path of its own (an exact tie handed to the clipped branch, a log-sum-exp without the row max, a gradient
 rounded to float16 before a loss-scaling upstream multiplies it) passed every check (the twenty-eighth
-session's adversarial round: docs/checks.md). Which probes test values is data: the
-registry names them (`probes.IN_OTHER_DTYPES`) and hands this probe the selection's.
+session's adversarial round: docs/checks.md). Which probes test values is data: the registry builds this probe
+from them (`probes.OTHER_DTYPES`), and it repeats those of them the run's selection kept.
 
 For each such dtype, once per worker process and member (what it looks for is a property of the code): the
 member's smallest default workload on the device, in that dtype (the inputs that declare the same dtypes
