@@ -115,7 +115,7 @@ class Operation(Protocol):
     diagnosed: bool
     # float16 gradients are judged at a loss scale (the upstream probe's large scalar up to 2^16): False where the
     # operation's gradients are formed in forward, before the upstream scalar is known (docs/checks.md,
-    # "Twenty-ninth session")
+    # "float16 and the other declared dtypes")
     loss_scaled: bool
 
     # -- workloads ---------------------------------------------------------------------------------

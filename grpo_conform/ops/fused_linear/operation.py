@@ -67,7 +67,7 @@ class GrpoFusedLinear:
     diagnosed = False  # the neighbouring semantics are written over logits (ops/grpo_logits/diagnosis.py)
     # The gradients are formed in forward by design (the logits die chunk by chunk; Liger folds in 1, ours the
     # last upstream): in float16 what lies below the range at the folded scalar is gone whatever the real one,
-    # so a loss scale would judge the design, not the semantics (docs/checks.md, "Twenty-ninth session")
+    # so a loss scale would judge the design, not the semantics (docs/checks.md, "float16 and the other declared dtypes")
     loss_scaled = False
     requirements = OPERATION_INPUTS["grpo-fused-linear"]  # what a spec of it must declare (the loader checks it)
     summary = ("GRPO-family loss over hidden states [batch, seq, hidden] times an lm_head weight [vocab, hidden] "

@@ -75,7 +75,7 @@ class GemmAllowance:
     # The fused operation's gradients may be formed in forward, before the upstream scalar is known, at 1 or at
     # a predicted scalar of magnitude >= 1 (Liger's fused path; ours: FusedPlan.observe), so the absolute floors
     # (the dtype's subnormal step, `underflow`) are those of the gradient at upstream 1, scaled with it by
-    # max(1, |c|) (docs/checks.md, "Twenty-ninth session": float16 gradients after other-dtypes)
+    # max(1, |c|) (docs/checks.md, "float16 and the other declared dtypes")
     formed_before_upstream: bool = True
 
     def allowance(self, name: str, start: int, stop: int, scale: torch.Tensor) -> torch.Tensor:
