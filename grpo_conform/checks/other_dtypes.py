@@ -56,8 +56,9 @@ def in_dtype(run: WorkloadConformance, dtype: str) -> Iterator[None]:
         run.slot_tag, run.rw, run.seq_next = tag, rw, rw.axes.get("seq_next")
         run.dtypes = input_dtypes(run.spec, rw)
         run.P = InputSlot.create(run.session, "P" + tag, rw.shapes, run.dtypes)
+        run.extra_slots.append(run.P.name)  # each named as soon as it exists: the run unbinds them at its end
         run.out1 = OutputSlot.for_spec(run.session, "O1" + tag, run.spec, rw.shapes, run.dtypes)
-        run.extra_slots += [run.P.name, run.out1.name]
+        run.extra_slots.append(run.out1.name)
         run.width = run.groupings[run.spec.differentiable_input.name].width(rw)
         run.grad_dtype, run.tol = dtype, run.spec.tolerance(dtype)
         info = torch.finfo(torch_dtype(dtype))
