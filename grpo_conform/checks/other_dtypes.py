@@ -9,7 +9,7 @@ session's adversarial round: docs/checks.md). Which probes test values is data: 
 from them (`probes.OTHER_DTYPES`), and it repeats those of them the run's selection kept.
 
 For each such dtype, once per worker process and member (what it looks for is a property of the code): the
-member's smallest default workload on the device, in that dtype (the inputs that declare the same dtypes
+member's smallest default workload on the device, its axes drawn up to 1.5x, in that dtype (the inputs that declare the same dtypes
 follow it), in fresh input and output slots; the named probes run there as they run in a workload, their
 findings under their own checks, every call label starting with the dtype ("float16:T#41"). Nothing of
 the pass is kept for the end re-read (its slots have other shapes and dtypes), and its draws are kept
@@ -19,6 +19,7 @@ apart (`draws["other_dtypes"][dtype]`).
 from __future__ import annotations
 
 import math
+import random
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -43,14 +44,22 @@ def smallest_workload(run: WorkloadConformance) -> Any:
     return min(fixed, key=lambda w: math.prod(w.axes.values())) if fixed else run.rw.workload
 
 
+def drawn_axes(run: WorkloadConformance, w: Any, dtype: str) -> dict[str, int]:
+    """`w`'s free axes, each drawn in [v, 3v/2]: a fixed, published shape in a dtype no other call uses would
+    let a kernel be right there alone. Drawn from the run's seeds, not `run.rng`, so no later draw moves."""
+    r = random.Random(f"{run.seeds[-1]}:{NAME}:{dtype}")
+    return {a: r.randint(v, v + v // 2) if isinstance(v, int) else v for a, v in w.axes.items()}
+
+
 @contextmanager
 def in_dtype(run: WorkloadConformance, dtype: str) -> Iterator[None]:
-    """The run's slots, workload and tolerances switched to the smallest default workload in `dtype`."""
+    """The run's slots, workload and tolerances switched to the smallest default workload in `dtype`, its axes
+    drawn (`drawn_axes`)."""
     saved = {k: run.__dict__[k] for k in _SWAPPED}
     lazy = {k: run.__dict__.pop(k) for k in _LAZY if k in run.__dict__}
     w = smallest_workload(run)
     wanted = {**w.dtypes, **{name: dtype for name in follows(run)}}
-    rw = run.spec.resolve(w.model_copy(update={"dtypes": wanted}))
+    rw = run.spec.resolve(w.model_copy(update={"dtypes": wanted, "axes": drawn_axes(run, w, dtype)}))
     tag = dtype
     try:
         run.slot_tag, run.rw, run.seq_next = tag, rw, rw.axes.get("seq_next")
@@ -63,7 +72,7 @@ def in_dtype(run: WorkloadConformance, dtype: str) -> Iterator[None]:
         run.grad_dtype, run.tol = dtype, run.spec.tolerance(dtype)
         info = torch.finfo(torch_dtype(dtype))
         run.subnormal = 2.0 * info.tiny * info.eps
-        run.state, run.draws, run.keep_budget = {}, {"workload": w.name}, 0
+        run.state, run.draws, run.keep_budget = {}, {"workload": w.name, "axes": dict(rw.axes)}, 0
         yield
     finally:
         passed = run.draws
@@ -76,7 +85,7 @@ def in_dtype(run: WorkloadConformance, dtype: str) -> Iterator[None]:
 
 def other_dtypes(run: WorkloadConformance, names: tuple[str, ...] = ()) -> None:
     """The value probes (`names`, those of them this run selected) again in each declared dtype of the
-    differentiable input no default workload uses, at the smallest default workload's shape."""
+    differentiable input no default workload uses, at the smallest default workload's shape, drawn up to 1.5x."""
     probes = [p for p in run.probes if p.name in names and not p.applies(run.spec)]
     dtypes = unused_dtypes(run)
     if not probes or not dtypes:
@@ -102,4 +111,4 @@ def make_probe(repeated: tuple[Probe, ...]) -> Probe:
     def run(r: WorkloadConformance) -> None:
         other_dtypes(r, names)
     return Probe(NAME, "the value probes again in each dtype the differentiable input declares that no default "
-                       f"workload uses, at the smallest default workload's shape: {', '.join(names)}", run, feeds)
+                       f"workload uses, at the smallest default workload's shape drawn up to 1.5x: {', '.join(names)}", run, feeds)
