@@ -505,16 +505,41 @@ def test_one_large_chunk_settles_as_smaller_chunks_do(fused, monkeypatch):
     assert differences(split, whole) == [] and differences(whole, pieces) == []
 
 
-def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch):
+def _few_rows_spec(path: Path) -> str:
+    """The logits family's spec with its mask-fp32 and small-bf16 workloads cut to 2 x 3 rows (same
+    vocabularies and dtypes): the interpreter costs ~75 ms a program, one program a row, so the three runs
+    below took 21 s at the published 27 and 24 rows and take ~7 s at 6."""
+    from conftest import ROOT
+
+    spec = json.loads((ROOT / "specs" / "grpo.v1.json").read_text())
+
+    def cut(node):
+        if isinstance(node, dict):
+            if node.get("name") in ("mask-fp32", "small-bf16") and isinstance(node.get("axes"), dict):
+                node["axes"].update(batch=2, seq=3)
+            for value in node.values():
+                cut(value)
+        elif isinstance(node, list):
+            for value in node:
+                cut(value)
+
+    cut(spec)
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch, tmp_path):
     """The logits judge as CUDA runs it (reference chunks without values, FormedRows queued for the fused
     comparison, one read per judged call), here with the interpreted kernel on the CPU: an honest member
     passes loss and gradient, and a kernel that ignores the mask (gallery mask-ignored) and one that drops
-    the advantage sign (sign-dropped) still fail gradient."""
+    the advantage sign (sign-dropped) still fail gradient. Their workloads have fewer rows here
+    (`_few_rows_spec`)."""
     from conftest import GALLERY, ROOT
     from grpo_conform import compare
     from grpo_conform.check import CheckRequest, run_check
     from grpo_conform.ops.grpo_logits import judge
 
+    spec = _few_rows_spec(tmp_path / "grpo.json")
     queued = []
     many = compare.GradientComparator.update_many
     monkeypatch.setattr(compare, "fused_comparison", lambda actual: True)
@@ -524,7 +549,7 @@ def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch):
 
     def gradient(path, member, workload):
         report = run_check(CheckRequest((str(path),), device="cpu", members=(member,), workloads=(workload,),
-                                        checks=("loss", "gradient"), jobs=1))
+                                        checks=("loss", "gradient"), jobs=1, spec_path=spec))
         return {o.check: o.status for w in report.implementations[0].members[0].workloads for o in w.outcomes}
 
     honest = gradient(ROOT / "implementations" / "pytorch", "token-offpolicy-mask", "mask-fp32")
