@@ -358,6 +358,7 @@ def test_requires_runs_nothing_of_the_folder_in_the_parent(tmp_path, monkeypatch
 FORGES = SIG + textwrap.indent(textwrap.dedent("""\
     import gc, json
     from multiprocessing.connection import Connection
+    gc.unfreeze()  # the worker froze its own objects before the import (worker.op_load): thaw them to find its pipe
     conn = next(o for o in gc.get_objects() if isinstance(o, Connection))
     # a forged reply to the parent's forward whose loss description has the wrong types
     conn.send_bytes(json.dumps({"status": "ok", "loss": {"type": 5, "exact_tensor": "yes"}}).encode())

@@ -313,13 +313,14 @@ def resource_growth(run: WorkloadConformance, first: dict, last: dict, span: str
     grew = growth(first, last)
     measured = {k: {"first": first.get(k), "last": last.get(k)} for k in ALLOWED}
     if not grew:
-        run.book.record("no-resource-growth", span, True, f"over {calls} calls no file descriptors, threads, tensors "
-                        "or CUDA memory were kept", {"calls": calls, "measured": measured, "allowed": ALLOWED})
+        run.book.record("no-resource-growth", span, True, f"over {calls} calls no file descriptors, threads, tensors, "
+                        "CUDA memory or frozen objects were kept", {"calls": calls, "measured": measured, "allowed": ALLOWED})
         return
     said = "; ".join(f"{k} {v['first']} -> {v['last']} (allowed +{v['allowed']})" for k, v in grew.items())
     run.book.record("no-resource-growth", span, False,
                     f"over {calls} calls the worker's holdings grew: {said}; likely cause: something kept per call "
-                    "(a list of outputs or graphs, a cache keyed by address, a file or thread opened per call)",
+                    "(a list of outputs or graphs, a cache keyed by address, a file or thread opened per call; frozen "
+                    "objects: gc.freeze() called by the implementation, which hides what it keeps from the count)",
                     {"calls": calls, "grew": grew, "measured": measured, "allowed": ALLOWED})
 
 

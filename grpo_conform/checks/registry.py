@@ -87,7 +87,8 @@ _CHECKS = (
               "device, grad mode, anomaly and determinism flags, TF32, cuDNN flags, thread count, and random "
               "generators never reseeded (a worker-side tripwire, like tamper-scan)", ()),
     CheckInfo("no-resource-growth", "over the repeated calls the worker keeps no more file descriptors, threads, "
-              "live tensors or CUDA memory than after its first ten (nothing kept per call; a worker-side tripwire)",
+              "live tensors, CUDA memory or frozen objects than after its first ten (nothing kept per call; a "
+              "worker-side tripwire)",
               ()),
     CheckInfo("tamper-scan", "the source names none of the validator's internals (grpo_conform, __main__, "
               "sys.modules writes, gc.get_objects, frame walking, ctypes, /proc/, ptrace): a static tripwire, not "

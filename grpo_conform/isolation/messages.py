@@ -133,6 +133,7 @@ class ResourcesReply(Ok):
     threads: Optional[Count]
     tensors: Optional[Count]
     cuda_bytes: Optional[Count]
+    frozen_objects: Optional[Count]  # gc.get_freeze_count()
 
 
 class ExportReply(Ok):

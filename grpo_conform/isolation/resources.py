@@ -8,10 +8,13 @@ Nothing measured that: the adversarial round of 2026-12-05 proposed the check.
 The repeated-calls probe asks for a sample after its first pass over its input sets (every buffer,
 shape-keyed cache and compiled kernel exists by then) and again after its last call; the judge
 (`checks/judging.py`, `resource_growth`) compares them. Counted: open file descriptors
-(/proc/self/fd), threads (/proc/self/task), live torch.Tensor objects (the garbage collector's list:
-tensors are Python objects it tracks) and the bytes the CUDA caching allocator has handed out. A
-tripwire: memory kept outside torch (ctypes, numpy arrays, Python lists of floats) or a leak that
-starts after the last sampled call is not seen.
+(/proc/self/fd), threads (/proc/self/task), the objects frozen out of the collector's view, live
+torch.Tensor objects (the garbage collector's list:
+tensors are Python objects it tracks; the worker freezes what existed before the implementation was
+imported, `worker.op_load`, so only what was made since is visited) and the bytes the CUDA caching
+allocator has handed out. A tripwire: memory kept outside torch (ctypes, numpy arrays, Python lists of
+floats), a leak that starts after the last sampled call, or one the implementation hides with a
+`gc.freeze()` of its own is not seen.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from typing import Any
 # Growth allowed between the two samples: one-off lazy initialisations (a library opening its
 # device file or starting a pool on first use) happen before the first sample; these leave room for
 # one more each, never for one per call.
-ALLOWED = {"file_descriptors": 2, "threads": 2, "tensors": 4, "cuda_bytes": 1 << 20}
+# frozen_objects: the collector's permanent generation (gc.get_freeze_count()). The worker freezes once,
+# before the implementation is imported; an implementation that freezes afterwards takes what it keeps
+# out of the tensor count (tests/gallery/hides-leak-with-gc-freeze), so any change there is growth.
+ALLOWED = {"file_descriptors": 2, "threads": 2, "tensors": 4, "cuda_bytes": 1 << 20, "frozen_objects": 0}
 
 
 def _count(path: str) -> int | None:
@@ -44,7 +50,8 @@ def sample(torch: Any) -> dict[str, int | None]:
         cuda = int(torch.cuda.memory_allocated())
     threads = _count("/proc/self/task")
     return {"file_descriptors": _count("/proc/self/fd"), "threads": threads if threads is not None
-            else threading.active_count(), "tensors": tensors, "cuda_bytes": cuda}
+            else threading.active_count(), "tensors": tensors, "cuda_bytes": cuda,
+            "frozen_objects": gc.get_freeze_count()}
 
 
 def growth(first: dict[str, Any], last: dict[str, Any]) -> dict[str, dict[str, int]]:

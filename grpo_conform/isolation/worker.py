@@ -161,6 +161,12 @@ class _Worker:
             torch.set_num_threads(1)
         module_name, attr = entry.split(":")
         package = "grpo_impl_" + name.replace("-", "_")
+        # torch's and the validator's own objects (~200k) leave the collector's generations before the
+        # implementation's code runs: a full collection then visits only what was made since, so a
+        # resources sample (isolation/resources.py) costs ~0.1 ms, not ~150 ms, and so does every
+        # automatic collection. Nothing the implementation makes is frozen (it runs after this line).
+        gc.collect()
+        gc.freeze()
         try:
             module = import_entry(folder, package, module_name)  # source only, never bytecode
         except BaseException as exc:  # SystemExit in a module body is a load failure too

@@ -19,6 +19,7 @@ def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, tem
     # The worker's connection to the validator, found among the live objects; a reply written
     # first claims a loss description of its own making (wrong types: a forged storage range or a
     # forged "exact tensor" would be just as easy).
+    gc.unfreeze()  # the worker froze its own objects before importing this module: thaw them to find its pipe
     conn = next(o for o in gc.get_objects() if isinstance(o, Connection))
     conn.send_bytes(json.dumps({"status": "ok", "loss": {"type": 1, "exact_tensor": "yes"}}).encode())
     return _eager(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature)

