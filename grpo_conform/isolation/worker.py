@@ -120,6 +120,7 @@ class _Worker:
         self.calls: dict[str, dict[str, Any]] = {}
         self.flush_buffer = None
         self.watch = Watch()  # process-global state around each call (no-global-side-effects)
+        self.frozen = False  # gc.freeze() done (op_load, the first load)
 
     # -- messages ---------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
@@ -164,9 +165,12 @@ class _Worker:
         # torch's and the validator's own objects (~200k) leave the collector's generations before the
         # implementation's code runs: a full collection then visits only what was made since, so a
         # resources sample (isolation/resources.py) costs ~0.1 ms, not ~150 ms, and so does every
-        # automatic collection. Nothing the implementation makes is frozen (it runs after this line).
-        gc.collect()
-        gc.freeze()
+        # automatic collection. Only at the first load: a later one (the next member in this worker) would
+        # also freeze what the implementation made, and frozen cycles are never collected.
+        if not self.frozen:
+            gc.collect()
+            gc.freeze()
+            self.frozen = True
         try:
             module = import_entry(folder, package, module_name)  # source only, never bytecode
         except BaseException as exc:  # SystemExit in a module body is a load failure too
