@@ -8,13 +8,12 @@ Nothing measured that: the adversarial round of 2026-12-05 proposed the check.
 The repeated-calls probe asks for a sample after its first pass over its input sets (every buffer,
 shape-keyed cache and compiled kernel exists by then) and again after its last call; the judge
 (`checks/judging.py`, `resource_growth`) compares them. Counted: open file descriptors
-(/proc/self/fd), threads (/proc/self/task), the objects frozen out of the collector's view, live
-torch.Tensor objects (the garbage collector's list:
+(/proc/self/fd), threads (/proc/self/task), live torch.Tensor objects (the garbage collector's list:
 tensors are Python objects it tracks; the worker freezes what existed before the implementation was
-imported, `worker.op_load`, so only what was made since is visited) and the bytes the CUDA caching
-allocator has handed out. A tripwire: memory kept outside torch (ctypes, numpy arrays, Python lists of
-floats), a leak that starts after the last sampled call, or one the implementation hides with a
-`gc.freeze()` of its own is not seen.
+imported, `worker.op_load`, so only what was made since is visited), the objects frozen out of the
+collector's view (an implementation's own `gc.freeze()` would hide what it keeps from the tensor count)
+and the bytes the CUDA caching allocator has handed out. A tripwire: memory kept outside torch (ctypes,
+numpy arrays, Python lists of floats) or a leak that starts after the last sampled call is not seen.
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ from typing import Any
 # one more each, never for one per call.
 # frozen_objects: the collector's permanent generation (gc.get_freeze_count()). The worker freezes once,
 # before the implementation is imported; an implementation that freezes afterwards takes what it keeps
-# out of the tensor count (tests/gallery/hides-leak-with-gc-freeze), so any change there is growth.
+# out of the tensor count (tests/gallery/hides-leak-with-gc-freeze), so any increase there is growth (a
+# gc.unfreeze() puts everything back in the count: the samples only get slower).
 ALLOWED = {"file_descriptors": 2, "threads": 2, "tensors": 4, "cuda_bytes": 1 << 20, "frozen_objects": 0}
 
 
