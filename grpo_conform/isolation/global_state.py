@@ -67,7 +67,7 @@ def _generators(torch: Any, advanced: set[str]) -> dict[str, str]:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         # ('MT19937', key array, pos, has_gauss, cached_gaussian): the key's bytes, not its repr (numpy's
-        # array printing took ~1 ms a call, twice per forward and backward: the worker's largest cost on the CPU)
+        # array printing took ~1.5 ms a call, twice per forward and backward: the worker's largest cost on the CPU)
         kind, key, *rest = numpy.random.get_state()
         out["NumPy's global generator"] = digest(key.tobytes() + repr((kind, *rest)).encode())
     return out

@@ -165,10 +165,10 @@ class _Worker:
         # torch's and the validator's own objects (~200k) leave the collector's generations before the
         # implementation's code runs: a full collection then visits only what was made since, so a
         # resources sample (isolation/resources.py) costs ~0.1 ms, not ~150 ms, and so does every
-        # automatic collection. Only at the first load: a later one (the next member in this worker) would
-        # also freeze what the implementation made, and frozen cycles are never collected.
+        # automatic collection. No collection first: it cost ~130 ms a worker, and the import garbage it
+        # would free is a little memory kept. Only at the first load: a later one (the next member in this
+        # worker) would also freeze what the implementation made, and frozen cycles are never collected.
         if not self.frozen:
-            gc.collect()
             gc.freeze()
             self.frozen = True
         try:
