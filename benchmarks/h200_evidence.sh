@@ -302,6 +302,26 @@ PY
       --group-m 4 8 16 32 --out "$R/epilogue-groups.json" > "$R/epilogue-groups.log" 2>&1
     status "epilogue_gemm b2 b4 groups: exit $?"; grep "^b" "$R/epilogue-groups.log"
     ;;
+  round35d)  # thirty-first session (issue 35): round35c's default check on an H100 stopped making progress at 79 s
+             # (killed at 285 s; token-is's seed-b17-big was the last workload started, 18.9 s in the 27th
+             # session). Every process's stacks every 20 s (GRPO_CONFORM_SAMPLE / _WORKER_PROFILE): seed-b17-big
+             # alone (one slot, untimed), then the default check, both killed with their stacks if they hang
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -l 2 > "$R/memory-used.csv" &
+    smi=$!
+    mkdir -p "$R/stacks" "$R/wstacks" && chmod 777 "$R/wstacks"
+    export GRPO_CONFORM_SAMPLE="$R/stacks" GRPO_CONFORM_WORKER_PROFILE="$R/wstacks"
+    start=$SECONDS
+    timeout -s KILL ${ALONE:-130} python3 -m grpo_conform check implementations/triton --member token-is \
+      --workload seed-b17-big --no-timing --no-evidence --jobs 1 --profile-phases > "$R/b17.txt" 2>&1
+    status "token-is seed-b17-big alone: exit $?, $((SECONDS - start)) s wall"; tail -4 "$R/b17.txt" | cut -c1-300
+    pkill -KILL -f grpo_conform; sleep 2
+    if [ "${DEFAULT:-1}" = 1 ]; then
+      default_check "${DEADLINE:-200}"
+    fi
+    unset GRPO_CONFORM_SAMPLE GRPO_CONFORM_WORKER_PROFILE
+    kill $smi
+    ;;
   round35c)  # twenty-seventh session (~7 min): the default check of triton on a first run, its records kept (issue
              # 35's budget, the folder's identity unchanged); then the three fused cells round32aa's --deadline left
              # untimed (token-offpolicy-mask at seed-b4, the reference-weight member at seed-b2 and b4)

@@ -19,6 +19,7 @@ exactly that, round34a's first try).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import threading
@@ -28,6 +29,7 @@ from typing import Iterator
 
 ENV = "GRPO_CONFORM_SAMPLE"
 INTERVAL_S = 0.002
+STACKS_EVERY_S = 20.0  # how often every thread's stack is written beside the report
 TOP = 60  # functions listed per phase (lines: half as many)
 
 
@@ -102,9 +104,16 @@ def sampling(phases) -> Iterator[None]:
         yield
         return
     sampler = Sampler(phases).start()
+    # Every thread's stack every STACKS_EVERY_S into DIR/stacks-PID.txt: a run that hangs never writes
+    # its report, and this says where each thread stood (a slot waiting on the GPU gate, a worker reply).
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    stacks = open(Path(folder) / f"stacks-{os.getpid()}.txt", "w")  # noqa: SIM115
+    faulthandler.dump_traceback_later(STACKS_EVERY_S, repeat=True, file=stacks)
     try:
         yield
     finally:
+        faulthandler.cancel_dump_traceback_later()
+        stacks.close()
         sampler.stop()
         path = Path(folder) / f"sample-{os.getpid()}.txt"
         try:

@@ -47,6 +47,7 @@ def spin_cycles_for(enqueue_ns: int) -> int:
 
 
 PROFILE_ENV = "GRPO_CONFORM_WORKER_PROFILE"
+STACKS_EVERY_S = 20.0  # with PROFILE_ENV set: how often every thread's stack is written (_profiler)
 GRAD_PREFIX = "grad:"  # an output slot's buffer for the gradient of input `name` is "grad:<name>"
 
 
@@ -755,7 +756,12 @@ def _profiler():
     if not folder:
         return None
     import cProfile  # only with the switch set: nothing more in a worker's modules otherwise
+    import faulthandler
 
+    # Every thread's stack every STACKS_EVERY_S into DIR/worker-PID.stacks: a worker that hangs never
+    # reaches the profile's dump, and this says where it stands (appended; the file is kept open).
+    stacks = open(os.path.join(folder, f"worker-{os.getpid()}.stacks"), "w")  # noqa: SIM115
+    faulthandler.dump_traceback_later(STACKS_EVERY_S, repeat=True, file=stacks)
     profile = cProfile.Profile()
     profile.enable()
     return profile
