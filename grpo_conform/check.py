@@ -27,7 +27,7 @@ import time
 import types
 from dataclasses import dataclass, field, replace
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -416,7 +416,8 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                         aheads += _begin_ahead(p, ctx, session, early, index)
                 started = time.monotonic()
                 with PHASES.inclusive("workloads", f"{name} {mp.label} {w.name}"):
-                    result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label)
+                    result, resolved = run_workload(session, mp.spec, w, ctx, request, say, name, mp.label,
+                                                    let_go=lambda: [a.let_go() for a in aheads])
                 results.append(result)
                 ahead_bytes = sum(a.held_bytes for a in aheads)  # the compile-ahead proxy's set while measured
                 if ahead_bytes:  # (cuda_allocated_after): not a leak
@@ -538,15 +539,16 @@ class ScaleDraw(random.Random):
 
 
 def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
-                 name: str, member: str) -> tuple[WorkloadResult, Any]:
+                 name: str, member: str, let_go: Callable[[], None] | None = None) -> tuple[WorkloadResult, Any]:
     """One workload of one member: the LEAD's conformance run, then the timed protocols (CUDA; deferred
     where slots share the GPU). Returns the result and the resolved workload (None if it raised before).
 
     An exception of grpo-conform's own code (checks/internal.py) ends this workload only: the
     conformance run keeps what it judged before (WorkloadConformance.run), the timed protocols and
-    anything else here report every check not judged; the workload's draws hold the error."""
+    anything else here report every check not judged; the workload's draws hold the error. `let_go`: what
+    the slot must release before it waits at the gate for this workload's memory (_memory_hold)."""
     try:
-        return _run_workload(session, spec, w, ctx, request, say, name, member)
+        return _run_workload(session, spec, w, ctx, request, say, name, member, let_go)
     except Exception as exc:
         if not internal.is_internal(exc):
             raise
@@ -563,7 +565,7 @@ def _internal_result(workload: str, ctx: RunContext, request: CheckRequest, exc:
 
 
 def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
-                  name: str, member: str) -> tuple[WorkloadResult, Any]:
+                  name: str, member: str, let_go: Callable[[], None] | None = None) -> tuple[WorkloadResult, Any]:
     probes = select_probes(w.probes, resolve_checks(request.checks))  # -k narrows what runs, not only what shows
     resolved = spec.resolve(w, ScaleDraw(secrets.randbits(64)))
     seeds = [fresh_seed() for _ in range(max(2, w.seeds))]
@@ -571,7 +573,7 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
     op = operation_for(spec)
     say(name, member, w.name, f"conformance {op.describe_workload(spec, resolved)}")
     grant = op.device_bytes(spec, resolved) if ctx.gate is not None else None
-    with _memory_hold(ctx, grant, draws):
+    with _memory_hold(ctx, grant, draws, let_go):
         outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
         with PHASES("scan"):
             outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
@@ -592,14 +594,25 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
 
 
 @contextmanager
-def _memory_hold(ctx: RunContext, grant: int | None, draws: dict[str, Any]) -> Iterator[None]:
-    """Where slots share the GPU: the workload's grant held at the gate, and what it sizes by."""
+def _memory_hold(ctx: RunContext, grant: int | None, draws: dict[str, Any],
+                 let_go: Callable[[], None] | None = None) -> Iterator[None]:
+    """Where slots share the GPU: the workload's grant held at the gate, and what it sizes by.
+
+    A slot never waits in the gate's queue while it holds memory: its compile-ahead worker's proxies
+    (check_ahead.py) hold a grant until their answer is collected. Waiting with it, behind a request that
+    cannot fit beside it (seed-b17-big's on an H100), stalled every slot of round35c for good (thirty-first
+    session). So the grant is tried at once first; refused, `let_go` collects that answer and releases its
+    memory before the queued wait."""
     if ctx.gate is None or grant is None:
         yield
         return
     asked = time.monotonic()
     with PHASES("gate-wait"):
-        token = ctx.gate.acquire("memory", grant)
+        token = ctx.gate.try_memory(grant)
+        if not token:
+            if let_go is not None:
+                let_go()
+            token = ctx.gate.acquire("memory", grant)
     draws["gpu_grant"] = {"bytes": grant, "waited_s": round(time.monotonic() - asked, 3)}
     try:
         with device_memory.granted(grant):

@@ -248,16 +248,17 @@ class AheadCompiler:
             self.stopped = f"{type(exc).__name__}: {exc}"[:300]
             self.close()
 
+    def let_go(self) -> None:
+        """Before the slot waits in the gate's queue: the request in flight answered (waited for) and its memory
+        released. A slot that waits holding memory can stall every slot (check._memory_hold says how)."""
+        if self.session is not None and self.pending is not None:
+            self._guarded(self._collect)
+
     def _step(self, current: int) -> None:
         if self.pending is not None:
             if not self.session.answered():
                 return
-            reply = self.session.receive(op="precompile")
-            self.side_by_side = bool(reply.get("side_by_side")) if self.side_by_side is None else self.side_by_side
-            self.session.request(op="unbind", slots=self.pending)
-            self.pending, self.held, self.held_bytes = None, [], 0
-            self._release()
-            self.session.share_compiled()
+            self._collect()
         # a member the slot has moved past is dropped, one it has begun is not queued (its requests queued before
         # it began still go: its later workloads gain)
         self.queue = [q for q in self.queue if q[0] >= current]
@@ -269,6 +270,15 @@ class AheadCompiler:
             self.close()  # nothing left to compile
             return
         self._send_next()
+
+    def _collect(self) -> None:
+        if self.pending is not None:
+            reply = self.session.receive(op="precompile")
+            self.side_by_side = bool(reply.get("side_by_side")) if self.side_by_side is None else self.side_by_side
+            self.session.request(op="unbind", slots=self.pending)
+            self.pending, self.held, self.held_bytes = None, [], 0
+            self._release()
+            self.session.share_compiled()
 
     def _requests(self, index: int, workloads) -> list:
         mp = self.members[index]

@@ -146,6 +146,9 @@ class _Recorder:
     def step(self, current):
         _Recorder.log.append(("step", current))
 
+    def let_go(self):
+        _Recorder.log.append(("let-go", None))
+
     settles = False  # what settle_first answers (the slot's worker then takes the store's kernels first)
 
     def settle_first(self, current):
@@ -190,8 +193,10 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     monkeypatch.setenv(check_ahead.ENV, "1" if on else "0")
     gate = FakeGate()
 
-    def fake_run(session, spec, w, ctx, req, say, name, member):
+    def fake_run(session, spec, w, ctx, req, say, name, member, let_go=None):
         gate.log.append(("workload", member, 0, ""))
+        if let_go is not None:  # conformance beside other slots (not the turn's rerun alone)
+            let_go()  # what _memory_hold does where the gate refuses the workload's memory at once
         if ctx.gate is not None and member == "bnpo-mask":  # out of memory beside others: a turn follows
             return _result(CheckOutcome("runs", "error", OOM), name=w.name), object()
         return _result(CheckOutcome("runs", "pass", "every call returned"), name=w.name), object()
@@ -217,6 +222,8 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     assert result.members[0].workloads[0].draws["cuda_held_by_compile_ahead"] == 5 << 30
     steps = [k for e, k in kinds if e == "step"]
     assert steps == [0, 1]  # after each workload, with the member's index
+    # each workload can make it let go of its memory before the slot waits at the gate (check._memory_hold)
+    assert [e for e, *_ in gate.log if e in ("workload", "let-go")][:4] == ["workload", "let-go"] * 2
     # closed before the slot asks for its turn (its worker may still run calls), and only once
     assert kinds.index(("close", None)) < kinds.index(("try", "exclusive"))
     assert kinds.index(("close", None)) < kinds.index(("close", "worker0"))
@@ -244,7 +251,7 @@ def test_a_settled_first_workload_takes_the_store_s_kernels_before_it_runs(monke
                 shared.append(len(gate.log))
                 gate.log.append(("share", None))
 
-        def fake_run(session, spec, w, ctx, req, say, name, member):
+        def fake_run(session, spec, w, ctx, req, say, name, member, let_go=None):
             gate.log.append(("workload", member, 0, ""))
             return _result(CheckOutcome("runs", "pass", "every call returned"), name=w.name), object()
 
@@ -464,6 +471,27 @@ def test_its_proxies_wait_for_room_on_the_gpu_and_give_it_back(tmp_path, monkeyp
     finally:
         ahead.close()
     assert gate.released == [7]  # once
+
+
+def test_let_go_waits_for_the_answer_and_gives_the_memory_back(tmp_path, monkeypatch):
+    """Before its slot waits in the gate's queue, the request in flight is collected (waited for, unlike `step`)
+    and its hold released; the next request goes only at the next step."""
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-is", ("small-bf16",)), ("token-offpolicy-mask", ("mask-small-bf16",)))
+    gate = _Gate()
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0, gate)
+    try:
+        ahead.let_go()  # nothing in flight: nothing to do
+        assert gate.released == [] and ahead.session is not None
+        ahead.step(0)  # refused
+        ahead.step(0)
+        assert ahead.pending is not None and gate.released == []
+        ahead.let_go()  # no _wait first: it waits itself
+        assert gate.released == [7] and ahead.pending is None and ahead.held_bytes == 0
+        assert len(gate.asked) == 2  # nothing sent again until the next step
+    finally:
+        ahead.close()
+    assert gate.released == [7]
 
 
 def test_workloads_that_differ_only_in_batch_are_one_proxy(tmp_path, monkeypatch):

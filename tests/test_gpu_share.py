@@ -154,7 +154,7 @@ def test_a_slot_that_exits_loses_what_it_held_and_asked_for():
     a.request("s1", "present", 0, got("p1"))
     a.request("s1", "memory", 8 * GB, got("m1"))
     a.request("s2", "memory", 8 * GB, got("m2"))
-    a.request("s1", "memory", GB, got("late"))
+    a.request("s1", "exclusive", 0, got("late"))  # waits: slots hold memory
     a.drop("s1")
     assert got.granted == ["p1", "m1", "m2"] and not a.pending  # s1's pending request went with it
     with pytest.raises(GateError):
@@ -279,13 +279,13 @@ def test_a_try_for_memory_is_granted_only_at_once_and_never_queued():
     assert a.try_memory("s2", 20 * GB) == 0  # no room
     token = a.try_memory("s2", 10 * GB)
     assert token and a.used() == 100 * GB
-    a.request("s2", "memory", 5 * GB, got("m2"))  # queued: no room
+    a.request("s3", "memory", 5 * GB, got("m2"))  # queued: no room
     a.release("s1", got.tokens["m1"])
     assert got.granted[-1] == "m2"
     a.request("s1", "memory", 90 * GB, got("m3"))  # queued: no room beside the 15 GB held
     assert a.try_memory("s2", 1) == 0  # a queued request is never passed
     a.release("s2", token)
-    a.release("s2", got.tokens["m2"])
+    a.release("s3", got.tokens["m2"])
     a.release("s1", got.tokens["m3"])
     a.request("s1", "exclusive", 0, got("x"))  # asked for (presences held): nothing more is granted
     assert a.try_memory("s2", 1) == 0
@@ -302,3 +302,101 @@ def test_a_try_for_memory_over_the_pipes(monkeypatch):
     client._out.close()
     thread.join(5)
     assert a.used() == 0
+
+
+class _LocalGate:
+    """A slot's GateClient talking to an arbiter in this process (blocking acquire, try, release)."""
+
+    def __init__(self, arbiter, slot):
+        self.arbiter, self.slot = arbiter, slot
+
+    def acquire(self, kind, nbytes=0, tag=""):
+        granted, box = threading.Event(), []
+        self.arbiter.request(self.slot, kind, nbytes, lambda token: (box.append(token), granted.set()), tag)
+        assert granted.wait(5), f"{self.slot}: {kind} {nbytes} never granted (the gate is stalled)"
+        return box[0]
+
+    def try_memory(self, nbytes):
+        return self.arbiter.try_memory(self.slot, nbytes)
+
+    def release(self, token):
+        self.arbiter.release(self.slot, token)
+
+
+@pytest.mark.parametrize("lets_go", [True, False])
+def test_a_slot_holding_memory_lets_go_before_it_waits_in_the_queue(lets_go):
+    """round35c on an H100 (thirty-first session): a slot whose compile-ahead proxies held memory waited for its
+    next workload's memory behind seed-b17-big's request, which could not fit beside those proxies: every slot
+    stalled. check._memory_hold tries at once, and refused, has the slot let go of what it holds before it
+    queues. Without letting go, the arbiter refuses the wait (it would stall: only the slot can let go)."""
+    from types import SimpleNamespace
+
+    from grpo_conform import check
+
+    a = GpuArbiter(slots=2, capacity=10 * GB)
+    s1, s2 = _LocalGate(a, "s1"), _LocalGate(a, "s2")
+    ahead = s1.try_memory(2 * GB)  # s1's compile-ahead proxies
+    assert ahead
+    big_granted = threading.Event()
+
+    def big():  # s2's seed-b17-big: 9 GB, no room beside the proxies
+        token = s2.acquire("memory", 9 * GB)
+        big_granted.set()
+        time.sleep(0.05)
+        s2.release(token)
+
+    t = threading.Thread(target=big, daemon=True)
+    t.start()
+    while not a.pending:
+        time.sleep(0.001)
+    released = []
+
+    def let_go():
+        s1.release(ahead)
+        released.append(ahead)
+
+    draws = {}
+    hold = check._memory_hold(SimpleNamespace(gate=s1), GB, draws, let_go if lets_go else None)
+    if not lets_go:  # the wait that stalled round35c: refused by the arbiter (GateError), never left to hang
+        with pytest.raises(GateError, match="while it holds memory"):
+            with hold:
+                pass
+        assert not big_granted.is_set()
+        s1.release(ahead)
+        t.join(5)
+        assert big_granted.is_set()
+        return
+    with hold:  # granted beside the big one (9 + 1 fit), or after it
+        assert released == [ahead] and big_granted.wait(5)
+    t.join(5)
+    assert not t.is_alive() and a.used() == 0 and draws["gpu_grant"]["bytes"] == GB
+
+
+def test_a_workload_granted_at_once_keeps_its_compile_ahead_running():
+    """Where the workload's memory fits at once, nothing is let go: the proxies keep compiling beside it."""
+    from types import SimpleNamespace
+
+    from grpo_conform import check
+
+    a = GpuArbiter(slots=1, capacity=10 * GB)
+    s1 = _LocalGate(a, "s1")
+    assert s1.try_memory(2 * GB)
+    called = []
+    with check._memory_hold(SimpleNamespace(gate=s1), 3 * GB, {}, lambda: called.append(1)):
+        assert a.used() == 5 * GB
+    assert called == [] and a.used() == 2 * GB
+
+
+def test_a_slot_cannot_queue_for_memory_while_it_holds_memory():
+    """The rule _memory_hold keeps, enforced by the arbiter: a queued wait while holding memory is refused (the
+    stall it could cause is silent); granted at once, the same request is fine."""
+    a, got = GpuArbiter(slots=2, capacity=10 * GB), Recorder()
+    held = a.try_memory("s1", 2 * GB)
+    a.request("s1", "memory", 3 * GB, got("fits"))  # granted at once: no wait
+    a.request("s2", "memory", 9 * GB, got("big"))  # waits for s1
+    with pytest.raises(GateError, match="while it holds memory"):
+        a.request("s1", "memory", GB, got("queued"))
+    assert got.granted == ["fits"] and [r.slot for r in a.pending] == ["s2"]
+    a.release("s1", held)
+    a.release("s1", got.tokens["fits"])
+    assert got.granted == ["fits", "big"]

@@ -93,6 +93,10 @@ class FakeGate:
         self.log.append(("acquire", kind, nbytes, tag))
         return self._n
 
+    def try_memory(self, nbytes):
+        """Refused, so that every workload's memory is a queued `acquire` in the log (check._memory_hold)."""
+        return 0
+
     def release(self, token):
         self.held.remove(token)
         self.log.append(("release", "", 0, ""))
@@ -155,7 +159,7 @@ def _slot_with_a_short_workload(monkeypatch, gate, stop=None):
     ran: list[str] = []
     alone: list = []
 
-    def fake_run(session, spec, w, ctx, req, say, name, member):
+    def fake_run(session, spec, w, ctx, req, say, name, member, let_go=None):
         ran.append(w.name + (" alone" if ctx.gate is None else ""))
         if ctx.gate is None:
             alone.append(session)

@@ -26,6 +26,11 @@ A slot holds, in order:
 - "memory" asked with `try` (never queued): granted only when it fits at once and nothing waits, for
   work a slot may skip (its compile-ahead calls, check_ahead.py).
 
+No slot waits for memory while it holds memory (a compile-ahead proxy's `try` hold): the request ahead of
+it may need exactly that memory, and then every slot waits for good (round35c on an H100, thirty-first
+session). The slot lets go first (check._memory_hold); a queued memory request from a slot that still holds
+memory is refused with a GateError.
+
 Grants: memory requests in arrival order (a large one is never passed by smaller ones, so it is not
 starved), one larger than the capacity when it is alone; exclusive requests in arrival order once
 nothing is held; a new "present" waits while an exclusive is held or asked for, so that timing is not
@@ -90,8 +95,15 @@ class GpuArbiter:
             self._tokens += 1
             if slot in self.retired:
                 return self._tokens  # never granted: the slot is gone
-            self.pending.append(Request(slot, kind, max(0, int(nbytes)), self._tokens, grant, tag))
+            req = Request(slot, kind, max(0, int(nbytes)), self._tokens, grant, tag)
+            self.pending.append(req)
             self._grant()
+            if kind == "memory" and req in self.pending and any(
+                    h.slot == slot and h.kind == "memory" for h in self.holds.values()):
+                # Waiting while holding memory can stall every slot: the request ahead may need that memory
+                # (check._memory_hold lets go first). Refused loudly, never left to hang.
+                self.pending.remove(req)
+                raise GateError(f"slot {slot} asked to wait for memory while it holds memory: it must let go first")
             return self._tokens
 
     def try_exclusive(self, slot: str) -> int:
