@@ -4,6 +4,7 @@ function that holds the thread, and nothing sampled outlives its sample (a kept 
 from __future__ import annotations
 
 import gc
+import os
 import time
 import weakref
 
@@ -70,5 +71,18 @@ def test_the_switch_writes_one_report_per_process_and_nothing_when_unset(tmp_pat
     with sampling(clock):
         with clock("inputs"):
             _spin_in_judging(0.1)
-    (report,) = (tmp_path / "samples").iterdir()
+    report, stacks = sorted((tmp_path / "samples").iterdir())
     assert report.name.startswith("sample-") and "== inputs:" in report.read_text()
+    assert stacks.name == f"stacks-{os.getpid()}.txt"  # written every STACKS_EVERY_S; the run was shorter
+
+
+def test_a_hung_run_leaves_every_thread_s_stack(tmp_path, monkeypatch):
+    """A run that never returns never writes its report: the stacks file says where it stood meanwhile."""
+    import grpo_conform.sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "STACKS_EVERY_S", 0.05)
+    monkeypatch.setenv(ENV, str(tmp_path))
+    with sampling(PhaseClock()):
+        _spin_in_judging(0.3)
+        text = (tmp_path / f"stacks-{os.getpid()}.txt").read_text()
+    assert "_spin_in_judging" in text and "Thread" in text
