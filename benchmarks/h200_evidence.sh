@@ -302,6 +302,26 @@ PY
       --group-m 4 8 16 32 --out "$R/epilogue-groups.json" > "$R/epilogue-groups.log" 2>&1
     status "epilogue_gemm b2 b4 groups: exit $?"; grep "^b" "$R/epilogue-groups.log"
     ;;
+  round35e)  # thirty-first session: the caching check's same-set comparison on the two masked members whose
+             # mask-b8 it judged (ours and PyTorch eager, records); round32z after it in the same command
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    start=$SECONDS
+    timeout -s KILL 200 python3 -m grpo_conform check implementations/triton implementations/pytorch \
+      --member sequence-offpolicy-mask --member token-offpolicy-mask --workload mask-b8 --evidence-dir "$OUT/h200" \
+      --deadline 150 --profile-phases --format json > "$R/caching.json" 2> "$R/caching.log"
+    status "caching at mask-b8 (triton, pytorch; two members): exit $?, $((SECONDS - start)) s wall"
+    python3 - "$R/caching.json" <<'PY' | tee -a "$R/status.txt"
+import json, sys
+for impl in json.load(open(sys.argv[1]))["implementations"]:
+    for m in impl["members"]:
+        for w in m["workloads"]:
+            for c in w["checks"]:
+                if c["check"] == "caching":
+                    for p in c["evidence"].get("protocols", []):
+                        print(impl["name"], m["spec"]["member"], p["protocol"], p.get("set"), round(p["ratio"], 3),
+                              p["identical_median_ns"], p["fresh_median_ns"], c["status"])
+PY
+    ;;
   round35d)  # thirty-first session (issue 35): round35c's default check on an H100 stopped making progress at 79 s
              # (killed at 285 s; token-is's seed-b17-big was the last workload started, 18.9 s in the 27th
              # session). Every process's stacks every 20 s (GRPO_CONFORM_SAMPLE / _WORKER_PROFILE): seed-b17-big
