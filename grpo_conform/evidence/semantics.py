@@ -20,6 +20,7 @@ from typing import Any
 
 import rfc8785
 
+from grpo_conform.canonical import is_canonical_fast
 from grpo_conform.evidence.identities import safe_relative
 
 PREDICATE_V1 = "https://grpo-conform.dev/attestation/check-result/v1"
@@ -62,6 +63,8 @@ def unsafe_text(value: str) -> str | None:
 
 
 def canonical_problem(payload: bytes, statement: Any) -> str | None:
+    if is_canonical_fast(payload):  # certain; else the full RFC 8785 serialization decides
+        return None
     try:
         canonical = rfc8785.dumps(statement)
     except Exception as exc:  # rfc8785 raises several types (integer range, floats, ...)
