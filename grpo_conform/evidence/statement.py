@@ -329,9 +329,15 @@ def schema_file_for(statement: Any) -> str:
     return SCHEMAS.get(kind, SCHEMA_FILE) if isinstance(kind, str) else SCHEMA_FILE
 
 
+@lru_cache(maxsize=4)
+def _validator(file: str) -> jsonschema.Draft202012Validator:
+    """One per schema: its resolver keeps the $refs it has looked up (10.5 -> 8.8 ms a record, 373 records)."""
+    return jsonschema.Draft202012Validator(statement_schema(file))
+
+
 def schema_problems(statement: Any) -> list[str]:
     """Every way `statement` breaks its published schema (v1 or v2 by predicateType), as '<JSON path>: <problem>'."""
-    validator = jsonschema.Draft202012Validator(statement_schema(schema_file_for(statement)))
+    validator = _validator(schema_file_for(statement))
     errors = sorted(validator.iter_errors(statement), key=lambda e: [str(p) for p in e.absolute_path])
     return [f"{_json_path(e.absolute_path)}: {e.message}" for e in errors]
 
