@@ -400,3 +400,20 @@ def test_a_slot_cannot_queue_for_memory_while_it_holds_memory():
     a.release("s1", held)
     a.release("s1", got.tokens["fits"])
     assert got.granted == ["fits", "big"]
+
+
+def test_a_refused_wait_reaches_the_slot_as_its_reason():
+    """Over the pipes: the slot that queues for memory while it holds memory gets the arbiter's reason (not a
+    bare "gate closed"), and loses its holds, so the others go on."""
+    arbiter = GpuArbiter(slots=2, capacity=10 * GB, try_wait=0)
+    one, t1 = _served(arbiter, "one")
+    two, t2 = _served(arbiter, "two")
+    held = one.try_memory(2 * GB)
+    waiter: list[int] = []
+    big = threading.Thread(target=lambda: waiter.append(two.acquire("memory", 9 * GB)), daemon=True)
+    big.start()
+    while not arbiter.pending:
+        time.sleep(0.001)
+    with pytest.raises(GateError, match="refused this slot: GateError: slot one asked to wait for memory while it"):
+        one.acquire("memory", GB)
+    assert held and (big.join(5) or waiter)  # one's holds dropped: the big request was granted

@@ -207,10 +207,10 @@ def serve(arbiter: GpuArbiter, slot: str, requests, grants) -> None:
     what it held (a slot that died holds nothing). `requests`/`grants`: text files of the two pipes."""
     lock = threading.Lock()
 
-    def answer(token: int) -> None:
+    def answer(token: int, error: str = "") -> None:
         with lock:
             try:
-                grants.write(json.dumps({"token": token}) + "\n")
+                grants.write(json.dumps({"error": error} if error else {"token": token}) + "\n")
                 grants.flush()
             except (BrokenPipeError, ValueError, OSError):
                 pass  # the slot is gone: its reader thread drops its holds
@@ -231,7 +231,8 @@ def serve(arbiter: GpuArbiter, slot: str, requests, grants) -> None:
                     arbiter.release(slot, int(msg["token"]))
                 else:
                     raise GateError(f"unknown message {line.strip()[:80]!r}")
-            except (ValueError, KeyError, TypeError, GateError):
+            except (ValueError, KeyError, TypeError, GateError) as exc:
+                answer(0, f"{type(exc).__name__}: {exc}")  # said to the slot, whose waiting call raises it
                 break  # a slot that speaks nonsense loses its holds; its own acquire then fails
     finally:
         arbiter.drop(slot)
@@ -269,32 +270,32 @@ class GateClient:
         except (BrokenPipeError, OSError) as exc:
             raise GateError(f"the run's GPU gate is gone ({exc})") from None
 
+    def _token(self, what: str) -> int:
+        line = self._in.readline()
+        if not line:
+            raise GateError(f"the run's GPU gate closed before {what}")
+        msg = json.loads(line)
+        if "error" in msg:  # the runner refused the request (gate/gpu_share.py, serve) and dropped this slot's holds
+            raise GateError(f"the run's GPU gate refused this slot: {msg['error']}")
+        return int(msg["token"])
+
     def report_total(self, total: int) -> None:
         self._send(gate="total", bytes=int(total))
 
     def acquire(self, kind: str, nbytes: int = 0, tag: str = "") -> int:
         self._send(gate="acquire", kind=kind, bytes=int(nbytes), tag=tag)
-        line = self._in.readline()
-        if not line:
-            raise GateError("the run's GPU gate closed before granting")
-        return int(json.loads(line)["token"])
+        return self._token("granting")
 
     def try_exclusive(self) -> int:
         """The exclusive hold, or 0: never queued; it waits at most TRY_WAIT_S for slots finishing at the same
         moment to let go (GpuArbiter.try_exclusive)."""
         self._send(gate="try", kind="exclusive")
-        line = self._in.readline()
-        if not line:
-            raise GateError("the run's GPU gate closed before answering")
-        return int(json.loads(line)["token"])
+        return self._token("answering")
 
     def try_memory(self, nbytes: int) -> int:
         """A memory hold, or 0 at once (GpuArbiter.try_memory)."""
         self._send(gate="try", kind="memory", bytes=int(nbytes))
-        line = self._in.readline()
-        if not line:
-            raise GateError("the run's GPU gate closed before answering")
-        return int(json.loads(line)["token"])
+        return self._token("answering")
 
     def release(self, token: int) -> None:
         self._send(gate="release", token=token)
