@@ -95,6 +95,20 @@ def _short(path: str) -> str:
     return "/".join(path.replace(os.sep, "/").split("/")[-2:])
 
 
+def stack_dumps(path: Path):
+    """Every thread's stack every STACKS_EVERY_S appended to `path` (the file, kept open; None where it cannot
+    be written, said on stderr): a run or worker that hangs never writes its report, and this says where each
+    thread stood (a slot waiting on the GPU gate, a worker reply)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stacks = open(path, "w")  # noqa: SIM115 (closed by the caller, or at the process's exit)
+    except OSError as exc:
+        print(f"grpo-conform: no stack dumps ({path}: {exc})", file=sys.stderr)
+        return None
+    faulthandler.dump_traceback_later(STACKS_EVERY_S, repeat=True, file=stacks)
+    return stacks
+
+
 @contextmanager
 def sampling(phases) -> Iterator[None]:
     """Samples the calling thread while the block runs, when GRPO_CONFORM_SAMPLE names a folder, and
@@ -104,16 +118,13 @@ def sampling(phases) -> Iterator[None]:
         yield
         return
     sampler = Sampler(phases).start()
-    # Every thread's stack every STACKS_EVERY_S into DIR/stacks-PID.txt: a run that hangs never writes
-    # its report, and this says where each thread stood (a slot waiting on the GPU gate, a worker reply).
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    stacks = open(Path(folder) / f"stacks-{os.getpid()}.txt", "w")  # noqa: SIM115
-    faulthandler.dump_traceback_later(STACKS_EVERY_S, repeat=True, file=stacks)
+    stacks = stack_dumps(Path(folder) / f"stacks-{os.getpid()}.txt")
     try:
         yield
     finally:
-        faulthandler.cancel_dump_traceback_later()
-        stacks.close()
+        if stacks is not None:
+            faulthandler.cancel_dump_traceback_later()
+            stacks.close()
         sampler.stop()
         path = Path(folder) / f"sample-{os.getpid()}.txt"
         try:

@@ -187,6 +187,18 @@ def test_indented_payload_is_refused(env) -> None:
     _sign_refuses(env, path, "RFC 8785")
 
 
+def test_python_encoded_payload_is_refused(env) -> None:
+    """Compact and sorted, as Python's own encoder writes it: the form the verifier's shortcut re-encodes with
+    (canonical.is_canonical_fast). It differs from RFC 8785 only in a float ("1e-07" against "1e-7")."""
+    project, key, trust = env
+    st = statement_for(project)
+    payload = json.dumps(st, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    assert payload != statement_bytes(st) and b"1e-07" in payload
+    path = signed_record(project / "evidence" / "py.json", payload, key)
+    step, message = _first_failure(verify(path, trust).files[0])
+    assert step == "semantics" and "RFC 8785" in message
+
+
 def test_huge_integer_is_refused(env) -> None:
     project, key, trust = env
     st = statement_for(project)

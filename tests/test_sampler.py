@@ -86,3 +86,13 @@ def test_a_hung_run_leaves_every_thread_s_stack(tmp_path, monkeypatch):
         _spin_in_judging(0.3)
         text = (tmp_path / f"stacks-{os.getpid()}.txt").read_text()
     assert "_spin_in_judging" in text and "Thread" in text
+
+
+def test_stacks_that_cannot_be_written_cost_nothing_but_a_line(tmp_path, capsys):
+    """A profiling switch pointing at a folder that cannot be written loses its stacks, not the run."""
+    from grpo_conform.sampler import stack_dumps
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert stack_dumps(blocker / "under-a-file" / "stacks.txt") is None
+    assert "no stack dumps" in capsys.readouterr().err

@@ -47,7 +47,6 @@ def spin_cycles_for(enqueue_ns: int) -> int:
 
 
 PROFILE_ENV = "GRPO_CONFORM_WORKER_PROFILE"
-STACKS_EVERY_S = 20.0  # with PROFILE_ENV set: how often every thread's stack is written (_profiler)
 GRAD_PREFIX = "grad:"  # an output slot's buffer for the gradient of input `name` is "grad:<name>"
 
 
@@ -756,12 +755,11 @@ def _profiler():
     if not folder:
         return None
     import cProfile  # only with the switch set: nothing more in a worker's modules otherwise
-    import faulthandler
+    from pathlib import Path
 
-    # Every thread's stack every STACKS_EVERY_S into DIR/worker-PID.stacks: a worker that hangs never
-    # reaches the profile's dump, and this says where it stands (appended; the file is kept open).
-    stacks = open(os.path.join(folder, f"worker-{os.getpid()}.stacks"), "w")  # noqa: SIM115
-    faulthandler.dump_traceback_later(STACKS_EVERY_S, repeat=True, file=stacks)
+    from grpo_conform.sampler import stack_dumps
+
+    stack_dumps(Path(folder) / f"worker-{os.getpid()}.stacks")  # a hung worker never reaches the profile's dump
     profile = cProfile.Profile()
     profile.enable()
     return profile
