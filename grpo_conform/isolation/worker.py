@@ -755,9 +755,9 @@ def _profiler():
     if not folder:
         return None
     import cProfile  # only with the switch set: nothing more in a worker's modules otherwise
-    from pathlib import Path
+    from pathlib import Path  # (as cProfile: only with the switch set)
 
-    from grpo_conform.sampler import stack_dumps
+    from grpo_conform.sampler import stack_dumps  # (as cProfile: only with the switch set)
 
     stack_dumps(Path(folder) / f"worker-{os.getpid()}.stacks")  # a hung worker never reaches the profile's dump
     profile = cProfile.Profile()
