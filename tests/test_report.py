@@ -104,6 +104,48 @@ def test_a_copy_of_a_record_counts_once_and_an_unknown_gpu_is_never_ranked(own, 
     assert all(r.rank is None and "GPU the catalogue does not know" in r.flag for r in section.rows)
 
 
+def test_a_record_rewritten_after_its_verification_is_shown_as_verified(own, tmp_path, monkeypatch):
+    """The page shows the statement verification parsed from the signed bytes: a file swapped for another
+    signed record (here: the tampered one's bytes) between verification and the page's own read never reaches
+    the page, since there is no second read (load.py)."""
+    from grpo_conform.report import load
+
+    target = tmp_path / "triton.intoto.json"
+    target.write_bytes((own / "good" / "triton.intoto.json").read_bytes())
+    real = load.run_verify
+
+    def verify_then_swap(request):
+        report = real(request)
+        target.write_bytes((own / "tampered.intoto.json").read_bytes())  # after every step passed
+        return report
+
+    monkeypatch.setattr(load, "run_verify", verify_then_swap)
+    verified, rejected, _ = load.load_records((str(target),), str(own / "trusted-keys.json"))
+    assert not rejected and len(verified) == 1
+    assert verified[0].statement == json.loads(_payload("triton"))
+    assert target.read_bytes() == (own / "tampered.intoto.json").read_bytes()  # the swap did happen
+
+
+def test_a_spec_edited_between_verifications_is_resolved_again(tmp_path):
+    """`find_spec_in` resolves once per state of the folder (names, sizes, mtimes): an edited member's new
+    identity is seen by the next record's identity check, not the cached one."""
+    from grpo_conform.spec.find import find_spec_in
+
+    from conftest import ROOT
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    source = ROOT / "specs" / "grpo.v1.json"
+    (specs / source.name).write_bytes(source.read_bytes())
+    first = find_spec_in("grpo/token-is", specs)
+    assert find_spec_in("grpo/token-is", specs) is first  # cached
+    doc = json.loads(source.read_text())
+    doc["summary"] += " (edited)"
+    (specs / source.name).write_text(json.dumps(doc))
+    again = find_spec_in("grpo/token-is", specs)
+    assert again is not first
+
+
 def test_ranks_vs_first_floor_ratio_and_the_non_conformant_one(own):
     board = build_leaderboard(ReportRequest(paths=(str(own / "good"),), trusted_keys=str(own / "trusted-keys.json"),
                                             out=None))

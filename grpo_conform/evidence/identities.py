@@ -26,6 +26,7 @@ import rfc8785
 
 from grpo_conform.implementations import ManifestError, folder_listing
 from grpo_conform.spec import find_spec
+from grpo_conform.spec.find import find_spec_in
 
 Status = Literal["match", "match-commit", "differs", "unverified"]
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -314,7 +315,7 @@ def _member_identity(spec: dict[str, Any], name: str, root: Path, where: str,
     already matched, so this checks the record's claim about which member it is)."""
     try:
         if at_commit is None:
-            identity = find_spec(name, dirs=[root / "specs"]).identity
+            identity = find_spec_in(name, root / "specs").identity  # once per state of specs/
         else:
             identity = _identity_at_commit(name, PurePosixPath(at_commit[0]).name, at_commit[1])
     except Exception as exc:  # noqa: BLE001 - any failure to resolve means "not recomputed", said plainly

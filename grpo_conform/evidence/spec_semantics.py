@@ -21,14 +21,13 @@ name and the report's section from another, and `cpu` skipped the floor.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from grpo_conform.evidence.gpu_named import resolve as resolve_gpu
 from grpo_conform.evidence.gpu_named import text_problems
 from grpo_conform.protocol_names import PROTOCOLS
-from grpo_conform.spec import find_spec
+from grpo_conform.spec.find import find_spec_in
 
 _BAD_COUNTS = ("mismatches", "nan", "inf")
 #: what the comparison writes when elements fail (compare.py); a `pass` saying it is a contradiction
@@ -38,24 +37,11 @@ _FAILURE_TEXT = re.compile(r"\b[1-9][0-9]*/[0-9]+ elements outside tolerance")
 def _resolve(spec: dict[str, Any], root: Path | None) -> Any:
     if root is None:
         return None
-    resolved = _find(str(spec["id"]), str(root / "specs"), _dir_state(root / "specs"))
-    return resolved if resolved is not None and resolved.identity == spec.get("identity") else None
-
-
-def _dir_state(folder: Path) -> tuple[tuple[str, int, int], ...]:
-    """What the cache key needs to notice an edited spec file (name, size, mtime)."""
     try:
-        return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.glob("*.json")))
-    except OSError:
-        return ()
-
-
-@lru_cache(maxsize=64)
-def _find(spec_id: str, folder: str, _state: tuple) -> Any:
-    try:
-        return find_spec(spec_id, dirs=[Path(folder)])
+        resolved = find_spec_in(str(spec["id"]), root / "specs")
     except Exception:  # noqa: BLE001 - a spec this checkout lacks cannot be judged here
         return None
+    return resolved if resolved.identity == spec.get("identity") else None
 
 
 def _counts(evidence: Any, depth: int = 0) -> list[str]:

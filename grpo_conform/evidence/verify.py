@@ -71,6 +71,9 @@ class FileVerification:
     hardware: str | None = None
     builder: str | None = None
     policy_applied: bool = False
+    #: the statement parsed from the payload bytes the signature covers (set once the schema step has run), so a
+    #: reader of verified records uses what was verified instead of reading the file a second time
+    statement: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -244,6 +247,7 @@ def _verify_file(path: str, trusted: tuple[TrustedKey, ...], request: VerifyRequ
         steps.append(StepResult("schema", "fail", f"breaks {schema}: {problems[0]}", tuple(problems[1:20])))
         return FileVerification(path, tuple(steps + _skipped("schema")), **done)
     steps.append(StepResult("schema", "pass", f"valid against {schema}"))
+    done["statement"] = statement
     problems = [p for p in (canonical_problem(payload, statement),) if p] + semantic_problems(statement)
     problems += spec_problems(statement, project_root_for(None, request.project))
     problems += [p for p in (future_problem(statement, now),) if p]

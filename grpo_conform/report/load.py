@@ -1,8 +1,9 @@
 """Records for the leaderboard: only statements whose envelope passes `verify` (all four steps,
 through the evidence package's API) are read; every other file is kept apart with the reason.
 
-The statement read is the payload whose sha256 is the record identity that verification reported,
-so the page never shows a byte that the signature did not cover.
+The statement shown is the one verification parsed from the payload bytes the signature covers
+(`FileVerification.statement`): the file is read once, so the page never shows a byte that the signature did
+not cover, and a file rewritten after its verification cannot slip in.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_conform.canonical import sha256_hex
 from grpo_conform.errors import EXIT_USAGE, GrpoConformError
-from grpo_conform.evidence import VerifyRequest, loads_strict, parse_envelope, run_verify
+from grpo_conform.evidence import VerifyRequest, run_verify
 
 RECORD_GLOB = "*.intoto.json"  # what a directory contributes (keys, pages and other JSON are not records)
 
@@ -95,11 +95,7 @@ def load_records(paths: tuple[str, ...], trusted_keys: str | None = None, *, pro
                                                    f"identity {v.record_identity[:12]}): counted once"))
             continue
         first_path[v.record_identity] = v.path
-        payload = parse_envelope(Path(v.path).read_bytes(), expected_type=None).payload
-        if sha256_hex(payload) != v.record_identity:  # the file changed between the two reads
-            rejected.append(RejectedRecord(v.path, "the file changed while it was read; run the report again"))
-            continue
         # keyid and owner only: a key file's path would name this machine and make the page differ
         signer = {k: str(v.signers[0][k]) for k in ("keyid", "owner") if k in v.signers[0]} if v.signers else {}
-        verified.append(VerifiedRecord(v.path, v.record_identity, loads_strict(payload), signer))
+        verified.append(VerifiedRecord(v.path, v.record_identity, v.statement, signer))  # the verified bytes' statement
     return verified, rejected, _trust_label(report)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,25 @@ def find_spec(reference: str, dirs: list[Path] | None = None) -> Spec:
         )
     return max(found, key=lambda s: tuple(int(x) for x in s.version.split(".")))
 
+
+
+def folder_state(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """What a cache key needs to notice an edited, added or removed spec file: (name, size, mtime) of each."""
+    try:
+        return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.glob("*.json")))
+    except OSError:
+        return ()
+
+
+def find_spec_in(reference: str, folder: Path) -> Spec:
+    """`find_spec(reference, dirs=[folder])`, resolved once per state of the folder's files: verifying hundreds
+    of records of one project resolved the same few members again for each (~1.5 ms a record)."""
+    return _find_in(reference, str(folder), folder_state(folder))
+
+
+@lru_cache(maxsize=256)
+def _find_in(reference: str, folder: str, _state: tuple) -> Spec:
+    return find_spec(reference, dirs=[Path(folder)])
 
 
 def specs_for_manifest(manifest: Any, spec_path: str | Path | None = None, dirs: list[Path] | None = None) -> tuple[Spec, ...]:
