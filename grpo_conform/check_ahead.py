@@ -18,6 +18,13 @@ sequence, as the real ones, at a fraction of their memory); the worker runs a fo
 one with grad and its backward, at the member's declared parameter values. Nothing of it is judged;
 conformance runs every call again in the slot's own worker.
 
+A member not yet begun also gets its once-per-member calls (reach's and other-dtypes', checks/member_calls.py:
+drawn per member from a secret of the process, so they are known here before the member runs) as proxies at
+their own shapes and dtypes, which are small. On an H100 reach took 4.6-6.4 s of each masked member's first
+workload (thirty-first session), nearly all of it compiling kernels nothing else launches. Only where kernels
+compile at their first launch (CUDA), and not for the slot's first member, whose first workload calls them
+before the slot's worker could take anything from the store.
+
 Side by side at the workloads' own shapes (GRPO_CONFORM_COMPILE_AHEAD_THREADS with _SHAPES=workload, `settles`),
 the first request is the slot's first workload's own shape, and the slot waits for it (`settle_first`, at most
 FIRST_WAIT_S) before that workload: its worker then takes those kernels from the store instead of compiling them
@@ -50,6 +57,7 @@ import time
 from typing import Callable
 
 from grpo_conform import device_memory
+from grpo_conform.checks import member_calls
 from grpo_conform.checks.buffers import InputSlot, input_dtypes
 from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.isolation.session import WorkerSession
@@ -145,11 +153,13 @@ def fill_proxy(spec, rw, seed: int, device, out: dict) -> None:
             t.copy_(small[name].repeat(*(batch if i in dims else 1 for i in range(t.dim()))))
 
 
-def _distinct(spec, workloads, full: bool) -> list:
-    """One proxy a distinct shape and dtype set, in the workloads' order (at batch 1, seed-b2..b16 are one)."""
+def _distinct(spec, workloads, full: bool, once: list | None = None) -> list:
+    """One proxy a distinct shape and dtype set, in the workloads' order (at batch 1, seed-b2..b16 are one), then
+    the once-per-member calls' (`once`: reach's and other-dtypes', member_calls.planned_workloads) at their own
+    shapes, which are small."""
     proxies, seen = [], set()
-    for w in workloads:
-        rw = proxy_workload(spec, w, full)
+    for w, own in [(w, full) for w in workloads] + [(w, True) for w in once or ()]:
+        rw = proxy_workload(spec, w, own)
         key = (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items())))
         if key not in seen:
             seen.add(key)
@@ -161,8 +171,12 @@ class AheadCompiler:
     """The second worker of one slot and the requests it has still to send (in the slot's order): one a member
     at batch 1, one a shape at the workloads' own shapes (`shapes()`)."""
 
-    def __init__(self, session: WorkerSession, members: list, first: int, gate=None) -> None:
+    def __init__(self, session: WorkerSession, members: list, first: int, gate=None,
+                 once_calls: bool | None = None) -> None:
         self.session, self.members, self.gate = session, members, gate  # gate: the slot's GateClient, or None
+        # the members not yet begun also get their once-per-member calls' proxies (reach, other-dtypes): where
+        # kernels compile at their first launch, i.e. on CUDA unless said
+        self.once_calls = session.device.type == "cuda" if once_calls is None else once_calls
         self.token = 0  # the memory hold of the request in flight
         self.next = first + 1  # the next member whose requests join the queue (members[first] runs now)
         self.shapes = shapes()  # SHAPES: at batch 1, or at the workloads' own shapes
@@ -198,7 +212,7 @@ class AheadCompiler:
 
     @classmethod
     def begin(cls, session: WorkerSession | None, members: list, first: int,
-              gate=None) -> "AheadCompiler | None":
+              gate=None, once_calls: bool | None = None) -> "AheadCompiler | None":
         """A spawned worker (`spawn`) loaded and given its first request, at once: the current member's
         workloads after its first, whose kernels (a mask-b8's above all) it compiles while the slot runs that
         first one (with `settles()`, its first workload too, which `settle_first` waits for). None when there is
@@ -213,10 +227,12 @@ class AheadCompiler:
         except Exception:
             session.close(graceful=False)
             return None
-        ahead = cls(session, list(members), first, gate)
+        ahead = cls(session, list(members), first, gate, once_calls)
         start = 0 if ahead.settles else 1  # the first workload's own kernels too, when the slot waits for them
         if len(members[first].workloads) > start:
-            ahead.queue = ahead._requests(first, members[first].workloads[start:])
+            # not its once-per-member calls: they run in the first workload, before the slot's worker could take
+            # what this one compiled (at the next workload boundary)
+            ahead.queue = ahead._requests(first, members[first].workloads[start:], once=False)
             ahead._guarded(ahead._send_next)
         return ahead
 
@@ -280,10 +296,12 @@ class AheadCompiler:
             self._release()
             self.session.share_compiled()
 
-    def _requests(self, index: int, workloads) -> list:
+    def _requests(self, index: int, workloads, once: bool = True) -> list:
         mp = self.members[index]
         full = self.shapes == "workload"
-        proxies = _distinct(mp.spec, workloads, full)
+        planned = (member_calls.planned_workloads(mp.spec, self.session.device.type, mp.workloads[0])
+                   if once and self.once_calls and mp.workloads else None)
+        proxies = _distinct(mp.spec, workloads, full, planned)
         return [(index, mp, [rw]) for rw in proxies] if full else [(index, mp, proxies)]
 
     def _send_next(self) -> None:

@@ -525,3 +525,51 @@ def test_the_current_member_s_later_workloads_go_at_once(tmp_path, monkeypatch):
     finally:
         ahead.close()
     assert not check_ahead.AheadCompiler.wanted(_members(("token-is", ("small-bf16",))), 0)  # nothing ahead
+
+
+def test_a_member_not_yet_begun_also_gets_its_once_per_member_calls(tmp_path, monkeypatch):
+    """reach's and other-dtypes' calls (checks/member_calls.py) join the next member's request at their own shapes
+    and dtypes where kernels compile at first launch (CUDA; forced here), so their kernels reach the store before
+    that member's first workload calls them. The first member's are not sent: they run in its first workload."""
+    from grpo_conform.checks import member_calls
+
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-offpolicy-mask", ("mask-small-bf16", "mask-b1-long")),
+                       ("bnpo-mask", ("mask-small-bf16",)))
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0,
+                                            once_calls=True)
+    try:
+        assert ahead.pending == ["A0"]  # the first member: its later workload only
+        _wait(ahead)
+        ahead.step(0)  # collected, then bnpo-mask's: its workload at batch 1, then the planned calls
+        spec = members[1].spec
+        reach = member_calls.reach_calls(spec, "cpu", "bfloat16")
+        others = member_calls.other_dtype_workloads(spec, "cpu")
+        assert [c.dtype for c in reach] == ["float16", "float32", "bfloat16"] and len(others) == 2
+        assert ahead.pending == [f"A{i}" for i in range(1 + len(reach) + len(others))]
+        shapes = [tuple(s.tensors["logits"].shape) for s in ahead.held]
+        dtypes = [s.tensors["logits"].dtype for s in ahead.held]
+        want = [spec.resolve(w).shapes["logits"] for w in member_calls.planned_workloads(spec, "cpu",
+                                                                                          members[1].workloads[0])]
+        assert shapes[1:] == [tuple(x) for x in want]  # reach's calls, then other-dtypes', as they will run
+        assert dtypes[1:] == [torch.float16, torch.float32, torch.bfloat16, torch.float16, torch.float32]
+        _wait(ahead)
+        store = ahead.session._cache_store
+        ahead.step(0)
+        vocab = {int(p.name.split("-")[1][1:]) for p in (store / ".triton").iterdir()}
+        assert {c.axes["vocab"] for c in reach} <= vocab  # compiled (here: a folder a call) before bnpo-mask begins
+    finally:
+        ahead.close()
+
+
+def test_reach_calls_the_shapes_compile_ahead_planned():
+    """In the process that planned them (the slot's): the reach probe's calls are member_calls.reach_calls."""
+    from grpo_conform.check import CheckRequest, run_check
+    from grpo_conform.checks import member_calls
+
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
+                                    members=("bnpo-mask",), workloads=("mask-small-bf16",), checks=("reach",)))
+    (w,) = report.implementations[0].workloads
+    spec = report.implementations[0].members[0].spec
+    planned = member_calls.reach_calls(spec, "cpu", "bfloat16")
+    assert [(d["axes"], d["dtype"]) for d in w.draws["reach"]] == [(c.axes, c.dtype) for c in planned]

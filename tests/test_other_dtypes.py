@@ -119,18 +119,22 @@ def test_the_sampling_product_swings_out_of_float32_and_back_keeping_each_sequen
     assert torch.equal(token["sampling_ratio"], x["sampling_ratio"])  # token modes: nothing to swing
 
 
-def test_the_pass_shape_is_drawn_around_the_smallest_workload_and_moves_with_the_seed():
+def test_the_pass_shape_is_drawn_around_the_smallest_workload_and_moves_with_the_secret(monkeypatch):
     """A fixed shape in float16 could be recognised (a kernel right at 4 x 12 x 1536 alone); the pass draws each
-    axis in [v, 3v/2] from the run's seeds (other_dtypes.drawn_axes)."""
+    axis in [v, 3v/2] per member from the process's secret (member_calls.drawn_axes), the shape compile-ahead
+    compiled (member_calls.other_dtype_workloads)."""
+    from grpo_conform.checks import member_calls
     from grpo_conform.checks.other_dtypes import drawn_axes
 
     run = _run("grpo/dapo-mask")
     w = smallest_workload(run)
     shapes = set()
-    for seed in range(12):
-        run.seeds = [seed, seed + 1]
+    for secret in range(12):
+        monkeypatch.setattr(member_calls, "SECRET", secret)
         axes = drawn_axes(run, w, "float16")
         assert all(w.axes[a] <= v <= w.axes[a] + w.axes[a] // 2 for a, v in axes.items())
-        assert axes == drawn_axes(run, w, "float16")  # the same seeds, the same shape
+        assert axes == drawn_axes(run, w, "float16")  # the same secret, the same shape
+        planned = dict(member_calls.other_dtype_workloads(run.spec, run.device.type))
+        assert planned["float16"].axes == axes and planned["float16"].dtypes["logits"] == "float16"
         shapes.add(tuple(axes.values()))
     assert len(shapes) > 6

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_conform.checks.reach import KEPT, reach_axes, reach_dtypes, reach_mask
+from grpo_conform.checks import member_calls
+from grpo_conform.checks.reach import KEPT, reach_mask
 from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA
 from grpo_conform.ops.one_input import change_end
 from grpo_conform.spec import find_spec
@@ -29,7 +30,7 @@ def _run(spec_id: str, seed: int, device: str = "cpu"):
 def test_each_free_axis_is_reached_past_the_floor_and_every_default_workload_odd(spec_id, seed):
     """Past twice every default workload's size, or at the cap where that is larger (token-is runs V 128256 on the CPU)."""
     run = _run(spec_id, seed)
-    shapes = reach_axes(run)
+    shapes = member_calls.reach_axes(run.spec, run.device.type, run.rng)
     defaults = run.spec.workloads_for("cpu")
     free = [a.name for a in run.spec.axes if a.derivation() is None]
     reached = set()
@@ -52,7 +53,7 @@ def test_the_floors_cross_the_sizes_where_kernels_switch(device):
     """Vocabulary past 16-bit ids, hidden past 512-blocks with a remainder, rows past 1024-row chunks, batch past
     chunks of 32 sequences; on CUDA rows past a grid dimension's 65535 (seq past 2^15 with two sequences)."""
     run = _run("grpo-fused-linear/bnpo-mask", 0, device)
-    by_lead = {next(a for a, v in sh.items() if v >= REACH_FLOOR[a]): sh for sh in reach_axes(run)}
+    by_lead = {next(a for a, v in sh.items() if v >= REACH_FLOOR[a]): sh for sh in member_calls.reach_axes(run.spec, device, run.rng)}
     assert by_lead["vocab"]["vocab"] > 2**16 and by_lead["hidden"]["hidden"] > 1024
     assert by_lead["batch"]["batch"] > 32
     rows = by_lead["seq"]["batch"] * by_lead["seq"]["seq"]
@@ -71,10 +72,24 @@ def test_the_reach_mask_varies_along_a_long_row_and_keeps_every_row():
 
 
 def test_the_dtypes_no_default_workload_uses_come_first():
-    masked = _run("grpo/sapo-mask", 0)  # default CPU workloads: bfloat16 only
-    assert reach_dtypes(masked, 3) == ["float16", "float32", "bfloat16"]
-    fused = _run("grpo-fused-linear/token-is", 0)  # no workload of the fused spec is float16; fp32-tiny is extended
-    assert reach_dtypes(fused, 3)[:2] == ["float16", "float32"]
+    masked = find_spec("grpo/sapo-mask")  # default CPU workloads: bfloat16 only
+    assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == ["float16", "float32", "bfloat16"]
+    fused = find_spec("grpo-fused-linear/token-is")  # no workload of the fused spec is float16; fp32-tiny is extended
+    assert [c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16")][:2] == ["float16", "float32"]
+
+
+def test_reach_calls_are_drawn_per_member_from_the_process_secret(monkeypatch):
+    """What compile-ahead compiles is what reach calls: the same member gives the same calls in this process,
+    another member or another process's secret other ones."""
+    sapo, dapo = find_spec("grpo/sapo-mask"), find_spec("grpo/dapo-mask")
+    first = member_calls.reach_calls(sapo, "cuda", "bfloat16")
+    assert member_calls.reach_calls(sapo, "cuda", "bfloat16") == first
+    drawn = set()
+    for secret in range(8):
+        monkeypatch.setattr(member_calls, "SECRET", secret)
+        drawn.add(tuple(tuple(c.axes.values()) for c in member_calls.reach_calls(sapo, "cuda", "bfloat16")))
+        drawn.add(tuple(tuple(c.axes.values()) for c in member_calls.reach_calls(dapo, "cuda", "bfloat16")))
+    assert len(drawn) > 8
 
 
 def test_change_end_changes_one_input_at_its_end_only():

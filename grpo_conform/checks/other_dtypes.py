@@ -18,8 +18,6 @@ apart (`draws["other_dtypes"][dtype]`).
 
 from __future__ import annotations
 
-import math
-import random
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -27,7 +25,7 @@ import torch
 
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes
 from grpo_conform.checks.conformance import Probe, WorkloadConformance
-from grpo_conform.checks.reach import follows, unused_dtypes
+from grpo_conform.checks import member_calls
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.phases import PHASES
 
@@ -40,15 +38,13 @@ _LAZY = ("Q", "K", "out2", "rows")
 
 def smallest_workload(run: WorkloadConformance) -> Any:
     """The member's default workload on this device with the fewest elements (fixed axes only)."""
-    fixed = [w for w in run.spec.workloads_for(run.device.type) if all(isinstance(v, int) for v in w.axes.values())]
-    return min(fixed, key=lambda w: math.prod(w.axes.values())) if fixed else run.rw.workload
+    return member_calls.smallest_workload(run.spec, run.device.type) or run.rw.workload
 
 
 def drawn_axes(run: WorkloadConformance, w: Any, dtype: str) -> dict[str, int]:
-    """`w`'s free axes, each drawn in [v, 3v/2]: a fixed, published shape in a dtype no other call uses would
-    let a kernel be right there alone. Drawn from the run's seeds, not `run.rng`, so no later draw moves."""
-    r = random.Random(f"{run.seeds[-1]}:{NAME}:{dtype}")
-    return {a: r.randint(v, v + v // 2) if isinstance(v, int) else v for a, v in w.axes.items()}
+    """`w`'s free axes, each drawn in [v, 3v/2] (member_calls.drawn_axes): per member from a secret of the process,
+    not from `run.rng`, so no later draw moves and the slot's compile-ahead worker compiles this shape first."""
+    return member_calls.drawn_axes(run.spec, w, dtype)
 
 
 @contextmanager
@@ -58,7 +54,7 @@ def in_dtype(run: WorkloadConformance, dtype: str) -> Iterator[None]:
     saved = {k: run.__dict__[k] for k in _SWAPPED}
     lazy = {k: run.__dict__.pop(k) for k in _LAZY if k in run.__dict__}
     w = smallest_workload(run)
-    wanted = {**w.dtypes, **{name: dtype for name in follows(run)}}
+    wanted = member_calls.with_dtype(run.spec, w, dtype)
     rw = run.spec.resolve(w.model_copy(update={"dtypes": wanted, "axes": drawn_axes(run, w, dtype)}))
     tag = dtype
     try:
@@ -87,7 +83,7 @@ def other_dtypes(run: WorkloadConformance, names: tuple[str, ...] = ()) -> None:
     """The value probes (`names`, those of them this run selected) again in each declared dtype of the
     differentiable input no default workload uses, at the smallest default workload's shape, drawn up to 1.5x."""
     probes = [p for p in run.probes if p.name in names and not p.applies(run.spec)]
-    dtypes = unused_dtypes(run)
+    dtypes = member_calls.unused_dtypes(run.spec, run.device.type)
     if not probes or not dtypes:
         run.draws[NAME] = "every declared dtype has a default workload" if not dtypes else "no value probe selected"
         return

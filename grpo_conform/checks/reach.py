@@ -17,7 +17,9 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   member on this device uses (the inputs that declare the same dtypes follow it), then its own.
 
 Once per worker process and member, like repeated-calls: what it looks for is a property of the code, not
-of one workload. Each call is judged in full against the reference; one finding for all of them.
+of one workload. Each call is judged in full against the reference; one finding for all of them. The shapes
+are drawn per member from a secret of the process (member_calls.py), so the slot's compile-ahead worker
+compiles their kernels before the member's first workload calls them.
 """
 
 from __future__ import annotations
@@ -31,52 +33,10 @@ from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import describe_outputs
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.checks.upstreams import draw_upstream
-from grpo_conform.ops.grpo_probes import (REACH_AUTOGRAD, REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA,
-                                          REACH_LEAD_SMALL, REACH_SMALL, mask_input)
+from grpo_conform.checks import member_calls
+from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, mask_input
 
 CHECK = "reach"
-
-
-def _free_axes(run: WorkloadConformance) -> list[str]:
-    """The axes a workload gives a value (no `equals` derivation); the schema bounds none of them above."""
-    return [a.name for a in run.spec.axes if a.derivation() is None]  # axes declare a lower bound only
-
-
-def _default_workloads(run: WorkloadConformance) -> list[Any]:
-    return list(run.spec.workloads_for(run.device.type))
-
-
-def _largest(run: WorkloadConformance, axis: str) -> int:
-    values = []
-    for w in _default_workloads(run):
-        raw = w.axes.get(axis)
-        values.append(raw if isinstance(raw, int) else getattr(raw, "max", 0) or 0)
-    return max(values, default=1)
-
-
-def _floor(run: WorkloadConformance, axis: str) -> int:
-    floor = REACH_FLOOR_CUDA.get(axis) if run.device.type == "cuda" else None
-    return floor or REACH_FLOOR.get(axis, 9)
-
-
-def reach_axes(run: WorkloadConformance) -> list[dict[str, int]]:
-    """One shape per free axis, that axis reached and the others small, drawn from the run's `r` in the spec's
-    axis order. Each axis alone: a wide vocabulary with a wide hidden size would make one large GEMM, and a
-    kernel's switch on one of them shows with the other small."""
-    r = run.rng
-    free = _free_axes(run)
-    shapes = []
-    for lead in free:
-        shape = {}
-        for axis in free:
-            if axis == lead:
-                low = min(max(_floor(run, axis), 2 * _largest(run, axis) + 1), REACH_CAP.get(axis, 64))
-                shape[axis] = (low + 2 * r.randint(0, 3)) | 1  # odd: off every power of two (past 1)
-            else:
-                lo, hi = REACH_LEAD_SMALL.get(lead, {}).get(axis) or REACH_SMALL.get(axis, (1, 3))
-                shape[axis] = r.randint(lo, hi)
-        shapes.append(shape)
-    return shapes
 
 
 #: the upstream scalar of each reach call, in turn, of each kind `upstream` draws (a kernel switching to a
@@ -97,21 +57,12 @@ def reach_mask(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.T
 
 def unused_dtypes(run: WorkloadConformance) -> list[str]:
     """The dtypes the differentiable input declares that no default workload of the member on this device uses."""
-    lead = run.spec.differentiable_input
-    used = {w.dtypes.get(lead.name, lead.dtypes[0]) for w in _default_workloads(run)}
-    return [d for d in lead.dtypes if d not in used]
-
-
-def reach_dtypes(run: WorkloadConformance, calls: int) -> list[str]:
-    """The lead input's dtype of each call: the declared ones no default workload uses first, then its own."""
-    order = unused_dtypes(run) + [run.grad_dtype]
-    return [order[i % len(order)] for i in range(calls)]
+    return member_calls.unused_dtypes(run.spec, run.device.type)
 
 
 def follows(run: WorkloadConformance) -> list[str]:
     """The inputs whose dtype follows the lead input's (they declare the same dtypes: hidden, weight, bias...)."""
-    lead = run.spec.differentiable_input
-    return [t.name for t in run.spec.inputs if tuple(t.dtypes) == tuple(lead.dtypes)]
+    return member_calls.follows(run.spec)
 
 
 def reach(run: WorkloadConformance) -> None:
@@ -121,15 +72,14 @@ def reach(run: WorkloadConformance) -> None:
     if made_in is not None:
         run.book.not_applicable(CHECK, f"made once per worker process: its calls ran in workload {made_in}")
         return
-    shapes = reach_axes(run)
-    dtypes = reach_dtypes(run, len(shapes))
+    calls = member_calls.reach_calls(run.spec, run.device.type, run.grad_dtype)  # what compile-ahead compiled
     followers = follows(run)
     bad: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []
     saved = (run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal)
     base = run.seeds[-1] ^ 0x5EAC4ED
     try:
-        for i, (lead, axes, dtype) in enumerate(zip(_free_axes(run), shapes, dtypes)):  # one shape per free axis
+        for i, (lead, axes, dtype) in enumerate((c.lead, c.axes, c.dtype) for c in calls):  # one per free axis
             wanted = {**run.rw.workload.dtypes, **{name: dtype for name in followers}}
             rw = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes, "dtypes": wanted}))
             types = input_dtypes(run.spec, rw)

@@ -1,0 +1,145 @@
+"""The calls the once-per-member probes make beyond the default workloads (`reach`, `other-dtypes`): their shapes
+and dtypes, drawn from a secret of this process and the member instead of a workload's seeds, so that the slot's
+compile-ahead worker (check_ahead.py) can compile their kernels before the member's first workload calls them.
+
+Why: on an H100 (thirty-first session, round35c) `reach` took 4.6-6.4 s of each masked member's first workload,
+almost all of it compiling kernels for shapes and dtypes no other call launches (three calls of a few thousand
+to a few million elements), one after another in the slot's own worker.
+
+What a hostile implementation gains: its second worker sees these shapes a workload earlier than its slot worker
+does. Every call at them is judged against the reference and none is timed, so seeing them early tells it
+nothing that the call itself does not; it already sees every workload's shapes ahead the same way.
+
+The secret is fresh in each process that runs a check: two runs draw other shapes. A member whose workloads span
+two worker processes (a worker restarted after a hang) meets the same shapes in both.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_LEAD_SMALL, REACH_SMALL
+
+#: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
+SECRET = secrets.randbits(64)
+REACH = "reach"
+OTHER_DTYPES = "other-dtypes"
+
+
+def member_random(spec: Any, *what: object) -> random.Random:
+    """The generator of one once-per-member draw (`what`: the probe, then what it draws for)."""
+    return random.Random(":".join(map(str, (SECRET, spec.member or spec.id, *what))))
+
+
+def default_workloads(spec: Any, device_type: str) -> list[Any]:
+    return list(spec.workloads_for(device_type))
+
+
+def unused_dtypes(spec: Any, device_type: str) -> list[str]:
+    """The dtypes the differentiable input declares that no default workload of the member on this device uses."""
+    lead = spec.differentiable_input
+    used = {w.dtypes.get(lead.name, lead.dtypes[0]) for w in default_workloads(spec, device_type)}
+    return [d for d in lead.dtypes if d not in used]
+
+
+def follows(spec: Any) -> list[str]:
+    """The inputs whose dtype follows the lead input's (they declare the same dtypes: hidden, weight, bias...)."""
+    lead = spec.differentiable_input
+    return [t.name for t in spec.inputs if tuple(t.dtypes) == tuple(lead.dtypes)]
+
+
+def with_dtype(spec: Any, workload: Any, dtype: str) -> dict[str, str]:
+    """`workload`'s dtypes with the lead input and its followers in `dtype`."""
+    return {**workload.dtypes, **{name: dtype for name in follows(spec)}}
+
+
+# -- reach ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReachCall:
+    lead: str  # the axis this call reaches
+    axes: dict[str, int]
+    dtype: str  # the lead input's
+
+
+def free_axes(spec: Any) -> list[str]:
+    """The axes a workload gives a value (no `equals` derivation); the schema bounds none of them above."""
+    return [a.name for a in spec.axes if a.derivation() is None]
+
+
+def _largest(spec: Any, device_type: str, axis: str) -> int:
+    values = []
+    for w in default_workloads(spec, device_type):
+        raw = w.axes.get(axis)
+        values.append(raw if isinstance(raw, int) else getattr(raw, "max", 0) or 0)
+    return max(values, default=1)
+
+
+def _floor(device_type: str, axis: str) -> int:
+    floor = REACH_FLOOR_CUDA.get(axis) if device_type == "cuda" else None
+    return floor or REACH_FLOOR.get(axis, 9)
+
+
+def reach_axes(spec: Any, device_type: str, r: random.Random) -> list[dict[str, int]]:
+    """One shape per free axis, that axis reached and the others small, in the spec's axis order. Each axis
+    alone: a wide vocabulary with a wide hidden size would make one large GEMM, and a kernel's switch on one of
+    them shows with the other small."""
+    free = free_axes(spec)
+    shapes = []
+    for lead in free:
+        shape = {}
+        for axis in free:
+            if axis == lead:
+                low = min(max(_floor(device_type, axis), 2 * _largest(spec, device_type, axis) + 1),
+                          REACH_CAP.get(axis, 64))
+                shape[axis] = (low + 2 * r.randint(0, 3)) | 1  # odd: off every power of two (past 1)
+            else:
+                lo, hi = REACH_LEAD_SMALL.get(lead, {}).get(axis) or REACH_SMALL.get(axis, (1, 3))
+                shape[axis] = r.randint(lo, hi)
+        shapes.append(shape)
+    return shapes
+
+
+def reach_calls(spec: Any, device_type: str, own_dtype: str) -> list[ReachCall]:
+    """The reach probe's calls for this member: one per free axis (`reach_axes`), the lead input's dtype taking in
+    turn each declared dtype no default workload uses, then `own_dtype` (the workload's)."""
+    shapes = reach_axes(spec, device_type, member_random(spec, REACH))
+    order = unused_dtypes(spec, device_type) + [own_dtype]
+    return [ReachCall(lead, axes, order[i % len(order)]) for i, (lead, axes) in enumerate(zip(free_axes(spec), shapes))]
+
+
+# -- other-dtypes -----------------------------------------------------------------------------------------------
+def smallest_workload(spec: Any, device_type: str, fallback: Any = None) -> Any:
+    """The member's default workload on this device with the fewest elements (fixed axes only)."""
+    fixed = [w for w in default_workloads(spec, device_type) if all(isinstance(v, int) for v in w.axes.values())]
+    return min(fixed, key=lambda w: math.prod(w.axes.values())) if fixed else fallback
+
+
+def drawn_axes(spec: Any, w: Any, dtype: str) -> dict[str, int]:
+    """`w`'s free axes, each drawn in [v, 3v/2]: a fixed, published shape in a dtype no other call uses would
+    let a kernel be right there alone."""
+    r = member_random(spec, OTHER_DTYPES, dtype)
+    return {a: r.randint(v, v + v // 2) if isinstance(v, int) else v for a, v in w.axes.items()}
+
+
+def other_dtype_workloads(spec: Any, device_type: str) -> list[tuple[str, Any]]:
+    """(dtype, workload) of each pass of the other-dtypes probe: the smallest default workload, its axes drawn
+    (`drawn_axes`), in each declared dtype no default workload uses."""
+    w = smallest_workload(spec, device_type)
+    if w is None:
+        return []
+    return [(d, w.model_copy(update={"dtypes": with_dtype(spec, w, d), "axes": drawn_axes(spec, w, d)}))
+            for d in unused_dtypes(spec, device_type)]
+
+
+def planned_workloads(spec: Any, device_type: str, first: Any) -> list[Any]:
+    """Every once-per-member call's workload (reach's, then other-dtypes'), as a compile-ahead proxy wants them;
+    `first`: the member's first workload, whose dtypes reach keeps for its inputs that do not follow the lead."""
+    lead = spec.differentiable_input
+    own = first.dtypes.get(lead.name, lead.dtypes[0])
+    out = [first.model_copy(update={"axes": c.axes, "dtypes": {**first.dtypes, **{n: c.dtype for n in follows(spec)}}})
+           for c in reach_calls(spec, device_type, own)]
+    return out + [w for _, w in other_dtype_workloads(spec, device_type)]
