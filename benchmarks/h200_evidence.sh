@@ -30,6 +30,8 @@
 #                                               # kernel's row-block groups at b2/b4 (round32y ran in the 24th and
 #                                               # 25th sessions' calls and is in git history)
 #   bash benchmarks/h200_evidence.sh round35c   # the default check of triton with records, then three fused cells (~7 min)
+#   B16_MEMBERS="..." bash benchmarks/h200_evidence.sh once32   # compile ahead without/with the once-per-member
+#                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
@@ -341,6 +343,37 @@ PY
     fi
     unset GRPO_CONFORM_SAMPLE GRPO_CONFORM_WORKER_PROFILE
     kill $smi
+    ;;
+  once32)  # thirty-second session (~4-8 min): compile ahead without and with the once-per-member calls' proxies
+           # (reach, other-dtypes: grpo_conform/checks/member_calls.py), each on a first run (compile stores cleared):
+           # eight masked members, two a slot, no timing, no records (ORDER, default "0 1"); then, with B16_MEMBERS,
+           # triton-fused's records at seed-b16 for those members in the time left
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    margs=()
+    for m in token-offpolicy-mask bnpo-mask dr-grpo-mask dapo-mask cispo-mask sapo-mask vespo-mask luspo-mask; do
+      margs+=(--member "$m")
+    done
+    for v in ${ORDER:-0 1}; do
+      export GRPO_CONFORM_COMPILE_AHEAD_ONCE=$v
+      rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+      start=$SECONDS
+      timeout -s KILL 200 python3 -m grpo_conform check implementations/triton "${margs[@]}" --no-timing --no-evidence \
+        --profile-phases --deadline 160 --format json > "$R/once-$v.json" 2> "$R/once-$v.log"
+      status "compile ahead, once-per-member calls $v: exit $?, $((SECONDS - start)) s wall"
+      grep -E "^  (gate-wait|worker|compile-ahead|reach|other-dtypes) " "$R/once-$v.log"
+    done
+    unset GRPO_CONFORM_COMPILE_AHEAD_ONCE
+    left=$(( ${BUDGET_S:-520} - SECONDS ))
+    if [ -n "${B16_MEMBERS:-}" ] && [ "$left" -gt 150 ]; then
+      margs=()
+      for m in $B16_MEMBERS; do margs+=(--member "$m"); done
+      start=$SECONDS
+      timeout -s KILL "$left" python3 -m grpo_conform check implementations/triton-fused "${margs[@]}" --workload seed-b16 \
+        --evidence-dir "$OUT/h200" --deadline $((left - 110)) --profile-phases --format json \
+        > "$R/triton-fused-b16.json" 2> "$R/triton-fused-b16.log"
+      status "triton-fused seed-b16 ($B16_MEMBERS): exit $?, $((SECONDS - start)) s wall (limit $left s)"
+      tail -2 "$R/triton-fused-b16.log"
+    fi
     ;;
   round35c)  # twenty-seventh session (~7 min): the default check of triton on a first run, its records kept (issue
              # 35's budget, the folder's identity unchanged); then the three fused cells round32aa's --deadline left

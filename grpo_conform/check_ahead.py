@@ -18,7 +18,7 @@ sequence, as the real ones, at a fraction of their memory); the worker runs a fo
 one with grad and its backward, at the member's declared parameter values. Nothing of it is judged;
 conformance runs every call again in the slot's own worker.
 
-A member not yet begun also gets its once-per-member calls (reach's and other-dtypes', checks/member_calls.py:
+A member not yet begun also gets, in a request of its own after its workloads', its once-per-member calls (reach's and other-dtypes', checks/member_calls.py:
 drawn per member from a secret of the process, so they are known here before the member runs) as proxies at
 their own shapes and dtypes, which are small. On an H100 reach took 4.6-6.4 s of each masked member's first
 workload (thirty-first session), nearly all of it compiling kernels nothing else launches. Only where kernels
@@ -72,6 +72,10 @@ ENV_THREADS = "GRPO_CONFORM_COMPILE_AHEAD_THREADS"
 #: measured to help, docs/timing.md "Seventeenth session").
 ENV_SHAPES = "GRPO_CONFORM_COMPILE_AHEAD_SHAPES"
 SHAPES = ("batch1", "workload")
+#: "0" leaves out the once-per-member calls' proxies (reach, other-dtypes: member_calls.py); on where calls
+#: compile at first launch (CUDA) otherwise. Measured against each other on one machine: docs/timing.md,
+#: "Thirty-second session".
+ENV_ONCE = "GRPO_CONFORM_COMPILE_AHEAD_ONCE"
 PROXY_AXIS = "batch"
 #: Free device memory left beside a request before it is sent: the gate's grants are estimates, and the slots'
 #: peaks (the judge's temporaries) pass them (H200, seventeenth session: full-size proxies sent on the gate's
@@ -104,6 +108,14 @@ def shapes() -> str:
     if raw not in SHAPES:
         raise EnvironmentProblem(f"{ENV_SHAPES}={raw!r}: expected one of {', '.join(SHAPES)}")
     return raw
+
+
+def once_calls_enabled(device) -> bool:
+    """Whether members not yet begun get their once-per-member calls' proxies: on CUDA unless ENV_ONCE is 0."""
+    raw = os.environ.get(ENV_ONCE, "").strip()
+    if raw not in ("", "0", "1"):
+        raise EnvironmentProblem(f"{ENV_ONCE}={raw!r}: expected 0 (off) or 1 (on; the default on CUDA)")
+    return raw == "1" or (raw == "" and device.type == "cuda")
 
 
 def settles() -> bool:
@@ -176,11 +188,12 @@ class AheadCompiler:
         self.session, self.members, self.gate = session, members, gate  # gate: the slot's GateClient, or None
         # the members not yet begun also get their once-per-member calls' proxies (reach, other-dtypes): where
         # kernels compile at their first launch, i.e. on CUDA unless said
-        self.once_calls = session.device.type == "cuda" if once_calls is None else once_calls
+        self.once_calls = once_calls_enabled(session.device) if once_calls is None else once_calls
         self.token = 0  # the memory hold of the request in flight
         self.next = first + 1  # the next member whose requests join the queue (members[first] runs now)
         self.shapes = shapes()  # SHAPES: at batch 1, or at the workloads' own shapes
-        self.queue: list[tuple[int, object, list]] = []  # (member index, member plan, proxies) not yet sent
+        # (member index, member plan, proxies, whether they are its once-per-member calls) not yet sent
+        self.queue: list[tuple[int, object, list, bool]] = []
         self.pending: list[str] | None = None
         self.held: list[InputSlot] = []  # the request's input sets, alive until it is answered
         self.held_bytes = 0  # theirs, in this process (check.memory_stop allows for them)
@@ -275,9 +288,9 @@ class AheadCompiler:
             if not self.session.answered():
                 return
             self._collect()
-        # a member the slot has moved past is dropped, one it has begun is not queued (its requests queued before
-        # it began still go: its later workloads gain)
-        self.queue = [q for q in self.queue if q[0] >= current]
+        # a member the slot has moved past is dropped, one it has begun is not queued (its workloads' requests queued
+        # before it began still go: its later workloads gain; its once-per-member calls ran in its first workload)
+        self.queue = [q for q in self.queue if q[0] > current or (q[0] == current and not q[3])]
         self.next = max(self.next, current + 1)
         if not self.queue and self.next < len(self.members):
             self.queue = self._requests(self.next, self.members[self.next].workloads)
@@ -299,15 +312,23 @@ class AheadCompiler:
     def _requests(self, index: int, workloads, once: bool = True) -> list:
         mp = self.members[index]
         full = self.shapes == "workload"
-        planned = (member_calls.planned_workloads(mp.spec, self.session.device.type, mp.workloads[0])
-                   if once and self.once_calls and mp.workloads else None)
-        proxies = _distinct(mp.spec, workloads, full, planned)
-        return [(index, mp, [rw]) for rw in proxies] if full else [(index, mp, proxies)]
+        proxies = _distinct(mp.spec, workloads, full)
+        out = [(index, mp, [rw], False) for rw in proxies] if full else [(index, mp, proxies, False)]
+        if once and self.once_calls and mp.workloads:
+            # a request of their own, after the workloads' (a mask-b8's kernels matter most): a slot that must let
+            # go before it waits at the gate waits for one request's answer only (`let_go`)
+            planned = member_calls.planned_workloads(mp.spec, self.session.device.type, mp.workloads[0])
+            seen = {(tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items()))) for rw in proxies}
+            extra = [rw for rw in _distinct(mp.spec, (), True, planned)
+                     if (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items()))) not in seen]
+            if extra:
+                out.append((index, mp, extra, True))
+        return out
 
     def _send_next(self) -> None:
         """The queue's first request sent, if the gate and the device have room for its proxies at once
         (twice their inputs and gradients); else it waits for the next step."""
-        _, mp, proxies = self.queue[0]
+        _, mp, proxies, _ = self.queue[0]
         spec, device = mp.spec, self.session.device
         if self.gate is not None:
             need = 2 * sum(sum(device_memory.set_and_gradient_bytes(spec, rw)) for rw in proxies)

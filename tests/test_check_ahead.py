@@ -541,18 +541,21 @@ def test_a_member_not_yet_begun_also_gets_its_once_per_member_calls(tmp_path, mo
     try:
         assert ahead.pending == ["A0"]  # the first member: its later workload only
         _wait(ahead)
-        ahead.step(0)  # collected, then bnpo-mask's: its workload at batch 1, then the planned calls
+        ahead.step(0)  # collected, then bnpo-mask's workload at batch 1
+        assert ahead.pending == ["A0"] and [q[3] for q in ahead.queue] == [True]
+        _wait(ahead)
+        ahead.step(0)  # then, in a request of their own, its planned calls
         spec = members[1].spec
         reach = member_calls.reach_calls(spec, "cpu", "bfloat16")
         others = member_calls.other_dtype_workloads(spec, "cpu")
         assert [c.dtype for c in reach] == ["float16", "float32", "bfloat16"] and len(others) == 2
-        assert ahead.pending == [f"A{i}" for i in range(1 + len(reach) + len(others))]
+        assert ahead.pending == [f"A{i}" for i in range(len(reach) + len(others))]
         shapes = [tuple(s.tensors["logits"].shape) for s in ahead.held]
         dtypes = [s.tensors["logits"].dtype for s in ahead.held]
         want = [spec.resolve(w).shapes["logits"] for w in member_calls.planned_workloads(spec, "cpu",
                                                                                           members[1].workloads[0])]
-        assert shapes[1:] == [tuple(x) for x in want]  # reach's calls, then other-dtypes', as they will run
-        assert dtypes[1:] == [torch.float16, torch.float32, torch.bfloat16, torch.float16, torch.float32]
+        assert shapes == [tuple(x) for x in want]  # reach's calls, then other-dtypes', as they will run
+        assert dtypes == [torch.float16, torch.float32, torch.bfloat16, torch.float16, torch.float32]
         _wait(ahead)
         store = ahead.session._cache_store
         ahead.step(0)
@@ -573,3 +576,35 @@ def test_reach_calls_the_shapes_compile_ahead_planned():
     spec = report.implementations[0].members[0].spec
     planned = member_calls.reach_calls(spec, "cpu", "bfloat16")
     assert [(d["axes"], d["dtype"]) for d in w.draws["reach"]] == [(c.axes, c.dtype) for c in planned]
+
+
+def test_once_calls_of_a_member_already_begun_are_dropped(tmp_path, monkeypatch):
+    """Its workloads' request still goes (its later workloads gain); its once-per-member calls do not: they ran in
+    its first workload."""
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "cache"))
+    members = _members(("token-is", ("small-bf16",)), ("bnpo-mask", ("mask-small-bf16", "mask-b1-long")))
+    ahead = check_ahead.AheadCompiler.begin(check_ahead.AheadCompiler.spawn(lambda: _session(tmp_path)), members, 0,
+                                            once_calls=True)
+    try:
+        ahead.step(0)  # bnpo-mask's workloads sent, its once-per-member calls queued
+        assert ahead.pending == ["A0", "A1"] and [q[3] for q in ahead.queue] == [True]
+        _wait(ahead)
+        ahead.step(1)  # the slot began bnpo-mask meanwhile
+        assert ahead.queue == [] and ahead.session is None
+    finally:
+        ahead.close()
+
+
+@pytest.mark.parametrize("raw, device, on", [("", "cuda", True), ("", "cpu", False), ("0", "cuda", False),
+                                             ("1", "cpu", True)])
+def test_once_calls_follow_the_device_and_the_switch(monkeypatch, raw, device, on):
+    monkeypatch.setenv(check_ahead.ENV_ONCE, raw)
+    assert check_ahead.once_calls_enabled(torch.device(device)) is on
+
+
+def test_a_bad_once_switch_is_refused_by_name(monkeypatch):
+    from grpo_conform.errors import EnvironmentProblem
+
+    monkeypatch.setenv(check_ahead.ENV_ONCE, "yes")
+    with pytest.raises(EnvironmentProblem, match="GRPO_CONFORM_COMPILE_AHEAD_ONCE"):
+        check_ahead.once_calls_enabled(torch.device("cuda"))
