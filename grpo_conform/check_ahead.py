@@ -18,9 +18,9 @@ sequence, as the real ones, at a fraction of their memory); the worker runs a fo
 one with grad and its backward, at the member's declared parameter values. Nothing of it is judged;
 conformance runs every call again in the slot's own worker.
 
-A member not yet begun also gets, in a request of its own after its workloads', its once-per-member calls (reach's and other-dtypes', checks/member_calls.py:
-drawn per member from a secret of the process, so they are known here before the member runs) as proxies at
-their own shapes and dtypes, which are small. On an H100 reach took 4.6-6.4 s of each masked member's first
+A member not yet begun also gets, in a request of its own after its workloads', its once-per-member calls
+(reach's and other-dtypes', checks/member_calls.py: drawn per member from a secret of the process, so they are
+known here before the member runs) as proxies at their own shapes and dtypes, which are small. On an H100 reach took 4.6-6.4 s of each masked member's first
 workload (thirty-first session), nearly all of it compiling kernels nothing else launches. Only where kernels
 compile at their first launch (CUDA), and not for the slot's first member, whose first workload calls them
 before the slot's worker could take anything from the store.
@@ -165,16 +165,18 @@ def fill_proxy(spec, rw, seed: int, device, out: dict) -> None:
             t.copy_(small[name].repeat(*(batch if i in dims else 1 for i in range(t.dim()))))
 
 
-def _distinct(spec, workloads, full: bool, once: list | None = None) -> list:
-    """One proxy a distinct shape and dtype set, in the workloads' order (at batch 1, seed-b2..b16 are one), then
-    the once-per-member calls' (`once`: reach's and other-dtypes', member_calls.planned_workloads) at their own
-    shapes, which are small."""
-    proxies, seen = [], set()
-    for w, own in [(w, full) for w in workloads] + [(w, True) for w in once or ()]:
-        rw = proxy_workload(spec, w, own)
-        key = (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items())))
-        if key not in seen:
-            seen.add(key)
+def _key(rw) -> tuple:
+    return tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items()))
+
+
+def _distinct(spec, workloads, full: bool, seen: set | None = None) -> list:
+    """One proxy a distinct shape and dtype set, in the workloads' order (at batch 1, seed-b2..b16 are one), none
+    of those in `seen` (which it extends)."""
+    proxies, seen = [], set() if seen is None else seen
+    for w in workloads:
+        rw = proxy_workload(spec, w, full)
+        if _key(rw) not in seen:
+            seen.add(_key(rw))
             proxies.append(rw)
     return proxies
 
@@ -312,15 +314,14 @@ class AheadCompiler:
     def _requests(self, index: int, workloads, once: bool = True) -> list:
         mp = self.members[index]
         full = self.shapes == "workload"
-        proxies = _distinct(mp.spec, workloads, full)
+        seen: set = set()
+        proxies = _distinct(mp.spec, workloads, full, seen)
         out = [(index, mp, [rw], False) for rw in proxies] if full else [(index, mp, proxies, False)]
         if once and self.once_calls and mp.workloads:
             # a request of their own, after the workloads' (a mask-b8's kernels matter most): a slot that must let
-            # go before it waits at the gate waits for one request's answer only (`let_go`)
+            # go before it waits at the gate waits for one request's answer only (`let_go`); at their own shapes
             planned = member_calls.planned_workloads(mp.spec, self.session.device.type, mp.workloads[0])
-            seen = {(tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items()))) for rw in proxies}
-            extra = [rw for rw in _distinct(mp.spec, (), True, planned)
-                     if (tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items()))) not in seen]
+            extra = _distinct(mp.spec, planned, True, seen)
             if extra:
                 out.append((index, mp, extra, True))
         return out
