@@ -51,17 +51,16 @@ only.
 from __future__ import annotations
 
 import os
-import random
 import secrets
 import time
 from typing import Callable
 
 from grpo_conform import device_memory
+from grpo_conform.ahead_proxies import distinct, fill_proxy
 from grpo_conform.checks import member_calls
 from grpo_conform.checks.buffers import InputSlot, input_dtypes
 from grpo_conform.errors import EnvironmentProblem
 from grpo_conform.isolation.session import WorkerSession
-from grpo_conform.ops import operation_for
 
 ENV = "GRPO_CONFORM_COMPILE_AHEAD"
 #: Threads the second worker compiles Triton kernels on, side by side and without running them
@@ -76,7 +75,6 @@ SHAPES = ("batch1", "workload")
 #: compile at first launch (CUDA) otherwise. Measured against each other on one machine: docs/timing.md,
 #: "Thirty-second session".
 ENV_ONCE = "GRPO_CONFORM_COMPILE_AHEAD_ONCE"
-PROXY_AXIS = "batch"
 #: Free device memory left beside a request before it is sent: the gate's grants are estimates, and the slots'
 #: peaks (the judge's temporaries) pass them (H200, seventeenth session: full-size proxies sent on the gate's
 #: word alone left 1.8 GiB free, and a slot's workload ran out of memory).
@@ -129,56 +127,6 @@ def has_room(device, need: int) -> bool:
     """Whether the device has `need` bytes free and HEADROOM beside them (the gate's grants are estimates:
     what is really free decides too). Not a CUDA device: yes."""
     return device.type != "cuda" or device_memory.device_free_bytes(device) >= need + HEADROOM
-
-
-def proxy_workload(spec, workload, full: bool = False):
-    """The workload resolved with its batch axis at 1, or at its own shapes (`full`); other ranges drawn as a
-    fixed seed draws them."""
-    axes = dict(workload.axes)
-    if PROXY_AXIS in axes and not full:
-        axes[PROXY_AXIS] = 1
-    return spec.resolve(workload.model_copy(update={"axes": axes}), random.Random(0))
-
-
-def fill_proxy(spec, rw, seed: int, device, out: dict) -> None:
-    """A proxy's inputs written into `out`. At the workloads' own shapes a set is drawn with the batch axis at 1 and
-    repeated along it: drawing full-size sets cost the slots 16.4 s summed on the H200 (seventeenth session), while
-    what a proxy steers, the kernels its calls compile, follows from the shapes and dtypes. Drawn whole where there is
-    no batch axis above 1, or an axis derived from it."""
-    op = operation_for(spec)
-    batch = rw.axes.get(PROXY_AXIS, 1)
-    derived = any(a.derivation() is not None and a.derivation()[0] == PROXY_AXIS for a in spec.axes)
-    if batch <= 1 or derived:
-        op.generate(spec, rw, seed, device, out=out)
-        return
-    axes = {a.name: rw.axes[a.name] for a in spec.axes if a.derivation() is None}
-    one = spec.resolve(rw.workload.model_copy(update={"axes": dict(axes, **{PROXY_AXIS: 1})}))
-    small = op.generate(spec, one, seed, device).tensors
-    for name, t in out.items():
-        dims = [i for i, a in enumerate(spec.input(name).shape) if a == PROXY_AXIS]
-        if not dims:
-            t.copy_(small[name])
-        elif len(dims) == 1:
-            for b in range(batch):  # one batch row at a time: no full-size temporary
-                t.narrow(dims[0], b, 1).copy_(small[name])
-        else:
-            t.copy_(small[name].repeat(*(batch if i in dims else 1 for i in range(t.dim()))))
-
-
-def _key(rw) -> tuple:
-    return tuple(sorted(rw.shapes.items())), tuple(sorted(rw.dtypes.items()))
-
-
-def _distinct(spec, workloads, full: bool, seen: set | None = None) -> list:
-    """One proxy a distinct shape and dtype set, in the workloads' order (at batch 1, seed-b2..b16 are one), none
-    of those in `seen` (which it extends)."""
-    proxies, seen = [], set() if seen is None else seen
-    for w in workloads:
-        rw = proxy_workload(spec, w, full)
-        if _key(rw) not in seen:
-            seen.add(_key(rw))
-            proxies.append(rw)
-    return proxies
 
 
 class AheadCompiler:
@@ -315,13 +263,13 @@ class AheadCompiler:
         mp = self.members[index]
         full = self.shapes == "workload"
         seen: set = set()
-        proxies = _distinct(mp.spec, workloads, full, seen)
+        proxies = distinct(mp.spec, workloads, full, seen)
         out = [(index, mp, [rw], False) for rw in proxies] if full else [(index, mp, proxies, False)]
         if once and self.once_calls and mp.workloads:
             # a request of their own, after the workloads' (a mask-b8's kernels matter most): a slot that must let
             # go before it waits at the gate waits for one request's answer only (`let_go`); at their own shapes
             planned = member_calls.planned_workloads(mp.spec, self.session.device.type, mp.workloads[0])
-            extra = _distinct(mp.spec, planned, True, seen)
+            extra = distinct(mp.spec, planned, True, seen)
             if extra:
                 out.append((index, mp, extra, True))
         return out

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_conform import check, check_ahead
+from grpo_conform import ahead_proxies, check, check_ahead
 from grpo_conform.gate.plan import MemberPlan, Stop
 from grpo_conform.implementations import load_implementation
 from grpo_conform.isolation import compile_cache
@@ -65,7 +65,7 @@ def _wait(ahead) -> None:
 
 def test_a_proxy_keeps_every_axis_but_the_batch():
     (mp,) = _members(("token-offpolicy-mask", ("mask-b8",)))
-    rw = check_ahead.proxy_workload(mp.spec, mp.workloads[0])
+    rw = ahead_proxies.proxy_workload(mp.spec, mp.workloads[0])
     real = mp.spec.resolve(mp.workloads[0])
     assert rw.shapes["logits"] == (1,) + real.shapes["logits"][1:] and rw.dtypes == real.dtypes
 
@@ -322,11 +322,11 @@ def test_a_full_shape_proxy_is_drawn_at_batch_one_and_repeated(monkeypatch, spec
 
     spec = load_family(ROOT / "specs" / spec_file).member(member)
     w = spec.workload(workload) if workload else next(w for w in spec.workloads if "cpu" in w.devices)
-    rw = check_ahead.proxy_workload(spec, w, full=True)
+    rw = ahead_proxies.proxy_workload(spec, w, full=True)
     batch = rw.axes["batch"]
     if batch < 2:
         w = w.model_copy(update={"axes": dict(w.axes, batch=3)})
-        rw, batch = check_ahead.proxy_workload(spec, w, full=True), 3
+        rw, batch = ahead_proxies.proxy_workload(spec, w, full=True), 3
     op = operation_for(spec)
     drawn = []
     real_generate = type(op).generate
@@ -338,7 +338,7 @@ def test_a_full_shape_proxy_is_drawn_at_batch_one_and_repeated(monkeypatch, spec
     monkeypatch.setattr(type(op), "generate", spy)
     dtypes = input_dtypes(spec, rw)
     out = {k: torch.empty(shape, dtype=dtypes[k]) for k, shape in rw.shapes.items()}
-    check_ahead.fill_proxy(spec, rw, 7, torch.device("cpu"), out)
+    ahead_proxies.fill_proxy(spec, rw, 7, torch.device("cpu"), out)
     assert drawn == [1]  # one draw, at batch 1
     for name, t in out.items():
         assert t.shape == rw.shapes[name] and t.dtype == dtypes[name], name
@@ -348,9 +348,9 @@ def test_a_full_shape_proxy_is_drawn_at_batch_one_and_repeated(monkeypatch, spec
             for b in range(1, batch):
                 assert torch.equal(t.narrow(dims[0], b, 1), first), (name, b)
     drawn.clear()
-    one = check_ahead.proxy_workload(spec, w)  # batch 1: drawn as it is
+    one = ahead_proxies.proxy_workload(spec, w)  # batch 1: drawn as it is
     out = {k: torch.empty(shape, dtype=input_dtypes(spec, one)[k]) for k, shape in one.shapes.items()}
-    check_ahead.fill_proxy(spec, one, 7, torch.device("cpu"), out)
+    ahead_proxies.fill_proxy(spec, one, 7, torch.device("cpu"), out)
     assert drawn == [1]
 
 
