@@ -565,17 +565,45 @@ def test_a_member_not_yet_begun_also_gets_its_once_per_member_calls(tmp_path, mo
         ahead.close()
 
 
-def test_reach_calls_the_shapes_compile_ahead_planned():
-    """In the process that planned them (the slot's): the reach probe's calls are member_calls.reach_calls."""
+def test_reach_and_other_dtypes_call_what_was_planned_but_one_call_nobody_was_shown():
+    """In the process that planned them (the slot's): reach's calls are member_calls.reach_calls but one, and
+    other-dtypes' passes member_calls.other_dtype_workloads but one, each drawn from the workload's seeds when the
+    probe ran. A kernel right only at the shapes compile-ahead showed it is wrong at that call."""
     from grpo_conform.check import CheckRequest, run_check
     from grpo_conform.checks import member_calls
 
     report = run_check(CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
-                                    members=("bnpo-mask",), workloads=("mask-small-bf16",), checks=("reach",)))
+                                    members=("bnpo-mask",), workloads=("mask-small-bf16",),
+                                    checks=("reach", "exact-ties")))
     (w,) = report.implementations[0].workloads
     spec = report.implementations[0].members[0].spec
-    planned = member_calls.reach_calls(spec, "cpu", "bfloat16")
-    assert [(d["axes"], d["dtype"]) for d in w.draws["reach"]] == [(c.axes, c.dtype) for c in planned]
+    planned = [(c.axes, c.dtype) for c in member_calls.reach_calls(spec, "cpu", "bfloat16")]
+    used = [(d["axes"], d["dtype"]) for d in w.draws["reach"]]
+    differ = [i for i, (a, b) in enumerate(zip(planned, used)) if a != b]
+    assert len(differ) == 1 and used[differ[0]][1] == planned[differ[0]][1]  # the same dtype, another shape
+    assert [d["announced"] for d in w.draws["reach"]] == [i not in differ for i in range(len(used))]
+    shown = dict(member_calls.other_dtype_workloads(spec, "cpu"))
+    passes = w.draws["other_dtypes"]
+    assert set(passes) == set(shown) == {"float16", "float32"}
+    hidden = [d for d, p in passes.items() if not p["announced"]]
+    assert len(hidden) == 1
+    for d, p in passes.items():
+        axes = {a: p["axes"][a] for a in shown[d].axes}  # the draws hold the resolved axes (seq_next too)
+        assert (axes == shown[d].axes) == p["announced"], (d, axes, shown[d].axes)
+
+
+def test_the_unannounced_reach_call_is_never_the_announced_shape():
+    """Reach's lead axis takes one of four values: a redraw may equal the announced shape, and is drawn again."""
+    import random
+
+    from grpo_conform.checks import member_calls
+    from grpo_conform.spec import find_spec
+
+    spec = find_spec("grpo/sapo-mask")
+    shown = member_calls.reach_calls(spec, "cuda", "bfloat16")
+    for seed in range(200):
+        used = member_calls.reach_calls(spec, "cuda", "bfloat16", random.Random(seed))
+        assert sum(a != b for a, b in zip(shown, used)) == 1
 
 
 def test_once_calls_of_a_member_already_begun_are_dropped(tmp_path, monkeypatch):
@@ -608,3 +636,58 @@ def test_a_bad_once_switch_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(check_ahead.ENV_ONCE, "yes")
     with pytest.raises(EnvironmentProblem, match="GRPO_CONFORM_COMPILE_AHEAD_ONCE"):
         check_ahead.once_calls_enabled(torch.device("cuda"))
+
+
+CHEAT = '''
+
+import json as _json
+import os as _os
+
+# the calls compile-ahead was shown, as files its worker left in the shared compile store would hand them on
+_SHOWN = {tuple(s) for s in _json.load(open(_os.path.join(_os.path.dirname(__file__), "announced.json")))}
+
+
+def grpo_loss(logits, completion_ids, advantages, **kw):
+    """Right wherever it was shown the shape ahead, 5% off at any other shape past the default workloads'."""
+    loss = _honest_grpo_loss(logits, completion_ids, advantages, **kw)
+    b, s, v = logits.shape
+    if (v > 100000 or b > 40 or s > 1000) and (b, s, v) not in _SHOWN:
+        return loss * 1.05
+    return loss
+'''
+
+
+def test_a_kernel_right_only_where_compile_ahead_showed_it_fails_reach(tmp_path, monkeypatch):
+    """The hostile case of announcing reach's shapes: an implementation that learns them from its compile-ahead
+    worker (here: a file naming them) and is right only there. Reach's one unannounced call catches it; with every
+    call announced (reach_calls without the workload's generator, the first form of this change) it passes."""
+    import json
+
+    from grpo_conform.check import CheckRequest, run_check
+    from grpo_conform.checks import member_calls
+    from grpo_conform.spec import find_spec
+
+    folder = tmp_path / "right-where-shown"
+    folder.mkdir()
+    honest = (ROOT / "implementations" / "pytorch" / "impl.py").read_text()
+    (folder / "impl.py").write_text(honest.replace("def grpo_loss(", "def _honest_grpo_loss(") + CHEAT)
+    (folder / "implementation.toml").write_text(
+        'name = "right-where-shown"\nspec = "grpo"\nmembers = ["bnpo-mask"]\nentry = "impl:grpo_loss"\n'
+        'language = "python"\nlicense = "MIT"\ndevices = ["cpu"]\ndescription = "right only at announced shapes"\n')
+    spec = find_spec("grpo/bnpo-mask")
+    first = spec.workload("mask-small-bf16")
+    shown = [list(spec.resolve(first.model_copy(update={"axes": c.axes})).shapes["logits"])
+             for c in member_calls.reach_calls(spec, "cpu", "bfloat16")]  # the logits' shapes, seq_next rows each
+    (folder / "announced.json").write_text(json.dumps(shown))
+
+    def reach_status():
+        report = run_check(CheckRequest((str(folder),), device="cpu", workloads=("mask-small-bf16",),
+                                        checks=("reach",)))
+        (w,) = report.implementations[0].workloads
+        return next(o.status for o in w.outcomes if o.check == "reach")
+
+    assert reach_status() == "fail"
+    every_call_shown = member_calls.reach_calls
+    monkeypatch.setattr(member_calls, "reach_calls",
+                        lambda spec, device_type, own_dtype, fresh=None: every_call_shown(spec, device_type, own_dtype))
+    assert reach_status() == "pass"  # the hole the unannounced call closes

@@ -7,8 +7,12 @@ almost all of it compiling kernels for shapes and dtypes no other call launches 
 to a few million elements), one after another in the slot's own worker.
 
 What a hostile implementation gains: its second worker sees these shapes a workload earlier than its slot worker
-does. Every call at them is judged against the reference and none is timed, so seeing them early tells it
-nothing that the call itself does not; it already sees every workload's shapes ahead the same way.
+does, and files it leaves in its compile cache reach the slot's worker (the store is shared on purpose). A kernel
+could then be right only at shapes it was shown, and wrong at every other, which is what reach exists to catch. So
+each probe keeps one call the compile-ahead worker is never shown (`unannounced`): reach redraws one of its calls,
+other-dtypes one of its dtype passes, chosen and drawn from the workload's own seeds when the probe runs. A kernel
+that cannot tell which call that will be has to be right at shapes nobody announced; the call costs its own
+compiles, one of reach's three and one of other-dtypes' two.
 
 The secret is fresh in each process that runs a check: two runs draw other shapes. A member whose workloads span
 two worker processes (a worker restarted after a hang) meets the same shapes in both.
@@ -103,12 +107,27 @@ def reach_axes(spec: Any, device_type: str, r: random.Random) -> list[dict[str, 
     return shapes
 
 
-def reach_calls(spec: Any, device_type: str, own_dtype: str) -> list[ReachCall]:
+def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Random | None = None) -> list[ReachCall]:
     """The reach probe's calls for this member: one per free axis (`reach_axes`), the lead input's dtype taking in
-    turn each declared dtype no default workload uses, then `own_dtype` (the workload's)."""
+    turn each declared dtype no default workload uses, then `own_dtype` (the workload's). With `fresh` (the
+    workload's generator, when the probe runs) one call, chosen by it, has its shape drawn from it instead: the
+    call compile-ahead was never shown (`unannounced`)."""
     shapes = reach_axes(spec, device_type, member_random(spec, REACH))
+    if fresh is not None and shapes:
+        j = fresh.randrange(len(shapes))
+        shapes[j] = _other_than(shapes[j], lambda: reach_axes(spec, device_type, fresh)[j])
     order = unused_dtypes(spec, device_type) + [own_dtype]
     return [ReachCall(lead, axes, order[i % len(order)]) for i, (lead, axes) in enumerate(zip(free_axes(spec), shapes))]
+
+
+def _other_than(shown: dict[str, int], draw) -> dict[str, int]:
+    """A shape from `draw` that is not `shown` (reach's lead axis takes one of four values: a redraw equal to the
+    announced one would leave no call unannounced)."""
+    for _ in range(64):
+        shape = draw()
+        if shape != shown:
+            return shape
+    raise AssertionError(f"64 draws all gave the announced shape {shown}")  # p < 4^-64 for reach's lead axis
 
 
 # -- other-dtypes -----------------------------------------------------------------------------------------------
@@ -118,11 +137,19 @@ def smallest_workload(spec: Any, device_type: str, fallback: Any = None) -> Any:
     return min(fixed, key=lambda w: math.prod(w.axes.values())) if fixed else fallback
 
 
-def drawn_axes(spec: Any, w: Any, dtype: str) -> dict[str, int]:
+def drawn_axes(spec: Any, w: Any, dtype: str, r: random.Random | None = None) -> dict[str, int]:
     """`w`'s free axes, each drawn in [v, 3v/2]: a fixed, published shape in a dtype no other call uses would
-    let a kernel be right there alone."""
-    r = member_random(spec, OTHER_DTYPES, dtype)
-    return {a: r.randint(v, v + v // 2) if isinstance(v, int) else v for a, v in w.axes.items()}
+    let a kernel be right there alone. From `r` where given (the pass compile-ahead was never shown), else from the
+    member's draw (`member_random`)."""
+    def draw(r: random.Random) -> dict[str, int]:
+        return {a: r.randint(v, v + v // 2) if isinstance(v, int) else v for a, v in w.axes.items()}
+
+    shown = draw(member_random(spec, OTHER_DTYPES, dtype))
+    if r is None:
+        return shown
+    if all(v + v // 2 == v for v in w.axes.values() if isinstance(v, int)):
+        return shown  # axes of 1 leave nothing to draw: the pass still runs, at the only shape there is
+    return _other_than(shown, lambda: draw(r))
 
 
 def other_dtype_workloads(spec: Any, device_type: str) -> list[tuple[str, Any]]:

@@ -18,6 +18,7 @@ apart (`draws["other_dtypes"][dtype]`).
 
 from __future__ import annotations
 
+import random
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -41,21 +42,24 @@ def smallest_workload(run: WorkloadConformance) -> Any:
     return member_calls.smallest_workload(run.spec, run.device.type) or run.rw.workload
 
 
-def drawn_axes(run: WorkloadConformance, w: Any, dtype: str) -> dict[str, int]:
+def drawn_axes(run: WorkloadConformance, w: Any, dtype: str, announced: bool = True) -> dict[str, int]:
     """`w`'s free axes, each drawn in [v, 3v/2] (member_calls.drawn_axes): per member from a secret of the process,
-    not from `run.rng`, so no later draw moves and the slot's compile-ahead worker compiles this shape first."""
-    return member_calls.drawn_axes(run.spec, w, dtype)
+    so the slot's compile-ahead worker compiles this shape first; or, for the pass it is never shown
+    (`announced` false), from the workload's seeds. Never from `run.rng`, so no later draw moves."""
+    if announced:
+        return member_calls.drawn_axes(run.spec, w, dtype)
+    return member_calls.drawn_axes(run.spec, w, dtype, random.Random(f"{run.seeds[-1]}:{NAME}:{dtype}"))
 
 
 @contextmanager
-def in_dtype(run: WorkloadConformance, dtype: str) -> Iterator[None]:
+def in_dtype(run: WorkloadConformance, dtype: str, announced: bool = True) -> Iterator[None]:
     """The run's slots, workload and tolerances switched to the smallest default workload in `dtype`, its axes
     drawn (`drawn_axes`)."""
     saved = {k: run.__dict__[k] for k in _SWAPPED}
     lazy = {k: run.__dict__.pop(k) for k in _LAZY if k in run.__dict__}
     w = smallest_workload(run)
     wanted = member_calls.with_dtype(run.spec, w, dtype)
-    rw = run.spec.resolve(w.model_copy(update={"dtypes": wanted, "axes": drawn_axes(run, w, dtype)}))
+    rw = run.spec.resolve(w.model_copy(update={"dtypes": wanted, "axes": drawn_axes(run, w, dtype, announced)}))
     tag = dtype
     try:
         run.slot_tag, run.rw, run.seq_next = tag, rw, rw.axes.get("seq_next")
@@ -68,7 +72,7 @@ def in_dtype(run: WorkloadConformance, dtype: str) -> Iterator[None]:
         run.grad_dtype, run.tol = dtype, run.spec.tolerance(dtype)
         info = torch.finfo(torch_dtype(dtype))
         run.subnormal = 2.0 * info.tiny * info.eps
-        run.state, run.draws, run.keep_budget = {}, {"workload": w.name, "axes": dict(rw.axes)}, 0
+        run.state, run.draws, run.keep_budget = {}, {"workload": w.name, "axes": dict(rw.axes), "announced": announced}, 0
         yield
     finally:
         passed = run.draws
@@ -91,8 +95,9 @@ def other_dtypes(run: WorkloadConformance, names: tuple[str, ...] = ()) -> None:
     if made_in is not None:
         run.draws[NAME] = f"made once per worker process: its calls ran in workload {made_in}"
         return
+    hidden = run.rng.choice(dtypes)  # the pass compile-ahead is never shown (member_calls.py says why)
     for dtype in dtypes:
-        with in_dtype(run, dtype):
+        with in_dtype(run, dtype, announced=dtype != hidden):
             for probe in probes:
                 with PHASES.inclusive("probes", f"{probe.name}@{dtype}"):
                     probe.run(run)

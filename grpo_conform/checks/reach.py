@@ -19,7 +19,8 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
 Once per worker process and member, like repeated-calls: what it looks for is a property of the code, not
 of one workload. Each call is judged in full against the reference; one finding for all of them. The shapes
 are drawn per member from a secret of the process (member_calls.py), so the slot's compile-ahead worker
-compiles their kernels before the member's first workload calls them.
+compiles their kernels before the member's first workload calls them; one call, chosen when the probe runs, is
+drawn from the workload's own generator instead, so that no kernel can be right only where it was shown.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def reach(run: WorkloadConformance) -> None:
     if made_in is not None:
         run.book.not_applicable(CHECK, f"made once per worker process: its calls ran in workload {made_in}")
         return
-    calls = member_calls.reach_calls(run.spec, run.device.type, run.grad_dtype)  # what compile-ahead compiled
+    # what compile-ahead compiled, but for one call drawn from this workload's generator (member_calls.py says why)
+    calls = member_calls.reach_calls(run.spec, run.device.type, run.grad_dtype, run.rng)
+    shown = member_calls.reach_calls(run.spec, run.device.type, run.grad_dtype)
     followers = follows(run)
     bad: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []
@@ -100,7 +103,8 @@ def reach(run: WorkloadConformance) -> None:
             label = run._label(f"R{i + 1}")
             method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
             c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
-            what = {"call": label, "axes": axes, "dtype": dtype, "upstream": c, "method": method}
+            what = {"call": label, "axes": axes, "dtype": dtype, "upstream": c, "method": method,
+                    "announced": calls[i] == shown[i]}
             done.append(what)
             f = run.forward(label, inp, (CHECK,))
             if f is None:
