@@ -486,7 +486,8 @@ def _spawn_ahead(p: ImplPlan, ctx: RunContext, request: CheckRequest, session: W
     slot's worker, just spawned, seeded nothing from the store: `reused_files` 0); None elsewhere."""
     if not check_ahead.enabled() or session.compile_cache_info.get("reused_files") != 0:
         return None
-    check_ahead.threads(), check_ahead.shapes()  # a malformed setting is named before anything starts
+    # a malformed setting is named before anything starts
+    check_ahead.threads(), check_ahead.shapes(), check_ahead.once_calls_enabled(ctx.device)
     if not check_ahead.AheadCompiler.wanted(p.members, index):
         return None
     return check_ahead.AheadCompiler.spawn(lambda: _worker(p, ctx, request, p.members[index]))

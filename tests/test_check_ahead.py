@@ -229,6 +229,26 @@ def test_check_starts_it_on_a_first_run_only_steps_it_and_closes_it_before_the_t
     assert kinds.index(("close", None)) < kinds.index(("close", "worker0"))
 
 
+def test_a_malformed_once_setting_is_named_before_any_worker_starts(monkeypatch):
+    from test_timed_phase import FakeGate, FakeSession
+
+    from grpo_conform.errors import EnvironmentProblem
+
+    monkeypatch.setenv(check_ahead.ENV, "1")
+    monkeypatch.setenv(check_ahead.ENV_ONCE, "yes")
+    gate = FakeGate()
+
+    class Session(FakeSession):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.info = {"compile_cache": {"reused_files": 0}}
+            self.compile_cache_info = self.info["compile_cache"]
+
+    with pytest.raises(EnvironmentProblem, match="GRPO_CONFORM_COMPILE_AHEAD_ONCE='yes'"):
+        _slot_check(monkeypatch, gate, Session)
+    assert _Recorder.begun == []
+
+
 def test_a_settled_first_workload_takes_the_store_s_kernels_before_it_runs(monkeypatch):
     """Where the compile-ahead worker compiled the first workload's kernels (settle_first True), the slot's worker
     takes them from the store before that workload; otherwise it does not wait for them."""
