@@ -9,7 +9,7 @@ to a few million elements), one after another in the slot's own worker.
 What a hostile implementation gains: its second worker sees these shapes a workload earlier than its slot worker
 does, and files it leaves in its compile cache reach the slot's worker (the store is shared on purpose). A kernel
 could then be right only at shapes it was shown, and wrong at every other, which is what reach exists to catch. So
-each probe keeps one call the compile-ahead worker is never shown (`unannounced`): reach redraws one of its calls,
+each probe keeps one call the compile-ahead worker is never shown (`announced: false` in the draws): reach redraws one of its calls,
 other-dtypes one of its dtype passes, chosen and drawn from the workload's own seeds when the probe runs. A kernel
 that cannot tell which call that will be has to be right at shapes nobody announced; the call costs its own
 compiles, one of reach's three and one of other-dtypes' two.
@@ -111,7 +111,7 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
     """The reach probe's calls for this member: one per free axis (`reach_axes`), the lead input's dtype taking in
     turn each declared dtype no default workload uses, then `own_dtype` (the workload's). With `fresh` (the
     workload's generator, when the probe runs) one call, chosen by it, has its shape drawn from it instead: the
-    call compile-ahead was never shown (`unannounced`)."""
+    call compile-ahead was never shown."""
     shapes = reach_axes(spec, device_type, member_random(spec, REACH))
     if fresh is not None and shapes:
         j = fresh.randrange(len(shapes))
