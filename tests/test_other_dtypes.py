@@ -17,7 +17,7 @@ from conftest import ROOT
 from grpo_conform.check import CheckRequest, run_check
 from grpo_conform.checks.other_dtypes import smallest_workload
 from grpo_conform.checks.probes import PROBES_BY_NAME, select
-from grpo_conform.checks.reach import unused_dtypes
+from grpo_conform.checks.member_calls import unused_dtypes
 from grpo_conform.checks.upstreams import FP16_HEADROOM, FP16_LOSS_SCALE, draw_upstream
 from grpo_conform.ops import operation_for
 from grpo_conform.spec import find_spec
@@ -31,12 +31,12 @@ def _run(spec_id: str, grad_dtype: str = "bfloat16"):
 
 def test_the_unused_dtypes_and_the_smallest_workload_come_from_the_spec():
     masked = _run("grpo/dapo-mask")  # default CPU workloads: bfloat16 only
-    assert unused_dtypes(masked) == ["float16", "float32"]
+    assert unused_dtypes(masked.spec, "cpu") == ["float16", "float32"]
     small = smallest_workload(masked)
     sizes = [w.axes["batch"] * w.axes["seq"] * w.axes["vocab"] for w in masked.spec.workloads_for("cpu")]
     assert small.axes["batch"] * small.axes["seq"] * small.axes["vocab"] == min(sizes)
-    assert unused_dtypes(_run("grpo/token-is")) == []  # fp16-small and fp32-small are default workloads
-    assert unused_dtypes(_run("grpo-fused-linear/token-is")) == ["float16", "float32"]
+    assert unused_dtypes(find_spec("grpo/token-is"), "cpu") == []  # fp16-small and fp32-small are default workloads
+    assert unused_dtypes(find_spec("grpo-fused-linear/token-is"), "cpu") == ["float16", "float32"]
 
 
 def test_the_probe_repeats_the_value_probes_and_k_keeps_it():

@@ -167,6 +167,6 @@ def planned_workloads(spec: Any, device_type: str, first: Any) -> list[Any]:
     `first`: the member's first workload, whose dtypes reach keeps for its inputs that do not follow the lead."""
     lead = spec.differentiable_input
     own = first.dtypes.get(lead.name, lead.dtypes[0])
-    out = [first.model_copy(update={"axes": c.axes, "dtypes": {**first.dtypes, **{n: c.dtype for n in follows(spec)}}})
+    out = [first.model_copy(update={"axes": c.axes, "dtypes": with_dtype(spec, first, c.dtype)})
            for c in reach_calls(spec, device_type, own)]
     return out + [w for _, w in other_dtype_workloads(spec, device_type)]

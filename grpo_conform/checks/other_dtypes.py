@@ -95,9 +95,9 @@ def other_dtypes(run: WorkloadConformance, names: tuple[str, ...] = ()) -> None:
     if made_in is not None:
         run.draws[NAME] = f"made once per worker process: its calls ran in workload {made_in}"
         return
-    hidden = run.rng.choice(dtypes)  # the pass compile-ahead is never shown (member_calls.py says why)
+    unshown = run.rng.choice(dtypes)  # the pass compile-ahead is never shown (member_calls.py says why)
     for dtype in dtypes:
-        with in_dtype(run, dtype, announced=dtype != hidden):
+        with in_dtype(run, dtype, announced=dtype != unshown):
             for probe in probes:
                 with PHASES.inclusive("probes", f"{probe.name}@{dtype}"):
                     probe.run(run)

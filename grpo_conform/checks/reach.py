@@ -56,16 +56,6 @@ def reach_mask(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.T
     return keep.to(dtype)
 
 
-def unused_dtypes(run: WorkloadConformance) -> list[str]:
-    """The dtypes the differentiable input declares that no default workload of the member on this device uses."""
-    return member_calls.unused_dtypes(run.spec, run.device.type)
-
-
-def follows(run: WorkloadConformance) -> list[str]:
-    """The inputs whose dtype follows the lead input's (they declare the same dtypes: hidden, weight, bias...)."""
-    return member_calls.follows(run.spec)
-
-
 def reach(run: WorkloadConformance) -> None:
     """One call per free axis past the default workloads' sizes (REACH_FLOOR), each in a declared dtype no
     default workload uses where one is left; every call judged against the reference."""
@@ -76,14 +66,13 @@ def reach(run: WorkloadConformance) -> None:
     # what compile-ahead compiled, but for one call drawn from this workload's generator (member_calls.py says why)
     calls = member_calls.reach_calls(run.spec, run.device.type, run.grad_dtype, run.rng)
     shown = member_calls.reach_calls(run.spec, run.device.type, run.grad_dtype)
-    followers = follows(run)
     bad: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []
     saved = (run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal)
     base = run.seeds[-1] ^ 0x5EAC4ED
     try:
         for i, (lead, axes, dtype) in enumerate((c.lead, c.axes, c.dtype) for c in calls):  # one per free axis
-            wanted = {**run.rw.workload.dtypes, **{name: dtype for name in followers}}
+            wanted = member_calls.with_dtype(run.spec, run.rw.workload, dtype)
             rw = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes, "dtypes": wanted}))
             types = input_dtypes(run.spec, rw)
             inp = InputSlot.create(run.session, f"RH{i}", rw.shapes, types)

@@ -242,8 +242,7 @@ class WorkloadTiming:
         return result
 
     def _mask_floor(self, protocol: str, mask) -> Floor:
-        """The floor of one mask's work, computed once per (protocol, unmasked rows) and shared by
-        the per-call ratios and the caching check."""
+        """The floor of one mask's work, computed once per (protocol, unmasked rows) for the per-call ratios."""
         cache = self.__dict__.setdefault("_floors", {})
         key = (protocol, mask.unmasked)
         if key not in cache:
