@@ -574,7 +574,7 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
     op = operation_for(spec)
     say(name, member, w.name, f"conformance {op.describe_workload(spec, resolved)}")
     grant = op.device_bytes(spec, resolved) if ctx.gate is not None else None
-    with _memory_hold(ctx, grant, draws, let_go):
+    with _memory_hold(ctx, grant, draws, let_go, session):
         outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
         with PHASES("scan"):
             outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
@@ -596,14 +596,15 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
 
 @contextmanager
 def _memory_hold(ctx: RunContext, grant: int | None, draws: dict[str, Any],
-                 let_go: Callable[[], None] | None = None) -> Iterator[None]:
+                 let_go: Callable[[], None] | None = None, session: WorkerSession | None = None) -> Iterator[None]:
     """Where slots share the GPU: the workload's grant held at the gate, and what it sizes by.
 
     A slot never waits in the gate's queue while it holds memory: its compile-ahead worker's proxies
     (check_ahead.py) hold a grant until their answer is collected. Waiting with it, behind a request that
     cannot fit beside it (seed-b17-big's on an H100), stalled every slot of round35c for good (thirty-first
     session). So the grant is tried at once first; refused, `let_go` collects that answer and releases its
-    memory before the queued wait."""
+    memory before the queued wait. The draws keep the grant, the wait and what the workload reserved
+    (device_memory.peaks): the measurements the grant's estimate is checked against (docs/timing.md)."""
     if ctx.gate is None or grant is None:
         yield
         return
@@ -616,10 +617,25 @@ def _memory_hold(ctx: RunContext, grant: int | None, draws: dict[str, Any],
             token = ctx.gate.acquire("memory", grant)
     draws["gpu_grant"] = {"bytes": grant, "waited_s": round(time.monotonic() - asked, 3)}
     try:
+        cuda = ctx.device.type == "cuda"  # the gate's own tests hold grants on the CPU
+        if cuda:
+            device_memory.reset_peak(ctx.device)
         with device_memory.granted(grant):
             yield
+        if cuda:
+            draws["gpu_grant"]["peak"] = device_memory.peaks(ctx.device, lambda: _worker_peak(session))
     finally:
         ctx.gate.release(token)
+
+
+def _worker_peak(session: WorkerSession | None) -> int | None:
+    """The worker's reserved peak since its last ask; None where it is gone or cannot say."""
+    if session is None or not session.alive():
+        return None
+    try:
+        return session.request(op="memory_peak").get("reserved_peak")
+    except WorkerFailure:  # its failure is the next request's to report
+        return None
 
 
 #: GPU memory grpo-conform's own process may still hold after a workload (it should hold next to none:

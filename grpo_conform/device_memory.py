@@ -11,7 +11,7 @@ what ran beside it. Sized by the grant, it does not.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -62,3 +62,16 @@ def granted(nbytes: int | None) -> Iterator[None]:
         yield
     finally:
         _grant = before
+
+
+def reset_peak(device: torch.device | str) -> None:
+    """Starts this process's peak of reserved bytes afresh (`peaks`)."""
+    torch.cuda.reset_peak_memory_stats(torch.device(device))
+
+
+def peaks(device: torch.device | str, worker_peak: Callable[[], int | None]) -> dict[str, int | None]:
+    """What a workload's grant was spent on: the most bytes this process's allocator reserved since
+    `reset_peak`, and the worker's own peak as it reports it (`worker_peak`; the implementation's process,
+    so a number to read, never to judge by). The two do not add up exactly: the worker's view of the
+    shared sets lives in this process's reservation (CUDA IPC), and contexts are outside both."""
+    return {"slot": int(torch.cuda.max_memory_reserved(torch.device(device))), "worker": worker_peak()}

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from grpo_conform import device_memory
 from grpo_conform.gate.gpu_share import ENV_FDS, GateClient, GateError, GpuArbiter, serve
@@ -356,7 +357,7 @@ def test_a_slot_holding_memory_lets_go_before_it_waits_in_the_queue(lets_go):
         released.append(ahead)
 
     draws = {}
-    hold = check._memory_hold(SimpleNamespace(gate=s1), GB, draws, let_go if lets_go else None)
+    hold = check._memory_hold(SimpleNamespace(gate=s1, device=torch.device("cpu")), GB, draws, let_go if lets_go else None)
     if not lets_go:  # the wait that stalled round35c: refused by the arbiter (GateError), never left to hang
         with pytest.raises(GateError, match="while it holds memory"):
             with hold:
@@ -382,7 +383,7 @@ def test_a_workload_granted_at_once_keeps_its_compile_ahead_running():
     s1 = _LocalGate(a, "s1")
     assert s1.try_memory(2 * GB)
     called = []
-    with check._memory_hold(SimpleNamespace(gate=s1), 3 * GB, {}, lambda: called.append(1)):
+    with check._memory_hold(SimpleNamespace(gate=s1, device=torch.device("cpu")), 3 * GB, {}, lambda: called.append(1)):
         assert a.used() == 5 * GB
     assert called == [] and a.used() == 2 * GB
 

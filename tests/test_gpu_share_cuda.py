@@ -24,6 +24,8 @@ def test_two_slots_share_the_gpu_and_each_times_alone():
     assert len(report.parts) == 2 and any("to itself" in n for n in report.notes)
     workloads = {w.workload: w for i in report.implementations for w in i.workloads}
     assert all(w.draws["gpu_grant"]["bytes"] > 0 for w in workloads.values())  # every one under a grant
+    peaks = [w.draws["gpu_grant"]["peak"] for w in workloads.values()]  # what each grant was spent on
+    assert all(p["slot"] > 0 and p["worker"] > 0 for p in peaks), peaks
     seed = workloads["seed-b2"]
     assert {t["protocol"] for t in seed.timings} >= {"forward", "full"}  # timed, in the exclusive turn
     assert any(o.check == "timing-floor" and o.status == "pass" for o in seed.outcomes)

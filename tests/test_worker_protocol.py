@@ -154,6 +154,14 @@ def test_an_operation_the_parent_never_sends_is_refused(two_gradient_worker):
     session.request(op="drop")
 
 
+def test_the_memory_peak_is_none_without_cuda_and_the_worker_serves_on(two_gradient_worker):
+    """`memory_peak` (check._memory_hold's reading beside a grant): nothing to say on the CPU, and the
+    worker goes on serving."""
+    session = two_gradient_worker[0]
+    assert session.request(op="memory_peak")["reserved_peak"] is None
+    session.request(op="drop")
+
+
 # -- the per-gradient contract and comparison (no worker) ------------------------------------------------
 
 def test_the_gradient_contract_names_each_gradient_and_what_is_wrong():

@@ -136,6 +136,10 @@ class ResourcesReply(Ok):
     frozen_objects: Optional[Count]  # gc.get_freeze_count()
 
 
+class MemoryPeakReply(Ok):
+    reserved_peak: Optional[Count]  # torch.cuda.max_memory_reserved() since the last ask; None without CUDA
+
+
 class ExportReply(Ok):
     report: ExportReport
 
@@ -174,6 +178,7 @@ REPLIES: dict[str, type[_Strict]] = {
     "reexport": Ok,
     "effects": EffectsReply,
     "resources": ResourcesReply,
+    "memory_peak": MemoryPeakReply,
     "drop": Ok,
     "time_setup": Ok,
     "time": TimeReply,

@@ -454,6 +454,18 @@ class _Worker:
 
         self.send(status="ok", **sample(torch))
 
+    def op_memory_peak(self) -> None:
+        """The most GPU memory this process's allocator reserved since the last ask (the peak is reset):
+        what a workload's conformance cost here, beside the gate's grant (check._memory_hold)."""
+        import torch  # lazily, as the other ops
+
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            self.send(status="ok", reserved_peak=None)
+            return
+        peak = int(torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+        self.send(status="ok", reserved_peak=peak)
+
     def op_drop(self, calls: list[str] | None = None) -> None:
         for name in (list(self.calls) if calls is None else calls):
             self.calls.pop(name, None)
@@ -608,6 +620,7 @@ OPS = {
     "reexport": _Worker.op_reexport,
     "effects": _Worker.op_effects,
     "resources": _Worker.op_resources,
+    "memory_peak": _Worker.op_memory_peak,
     "drop": _Worker.op_drop,
     "time_setup": _Worker.op_time_setup,
     "time": _Worker.op_time,
