@@ -32,6 +32,7 @@
 #   bash benchmarks/h200_evidence.sh round35c   # the default check of triton with records, then three fused cells (~7 min)
 #   B16_MEMBERS="..." bash benchmarks/h200_evidence.sh once32   # compile ahead without/with the once-per-member
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
+#   bash benchmarks/h200_evidence.sh mem35      # the grant's estimate before/after: two first runs without timing
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
@@ -343,6 +344,34 @@ PY
     fi
     unset GRPO_CONFORM_SAMPLE GRPO_CONFORM_WORKER_PROFILE
     kill $smi
+    ;;
+  mem35)  # thirty-third session (issue 35, ~6 min): the memory a workload's grant asks for, before (A: 16 sets + 6 GiB,
+          # a copy of the tree with device_memory.py's two constants put back) and after (B: HEAD). Each a first run
+          # (compile stores cleared) of the default check without timing; the GPU's used memory sampled every 0.25 s;
+          # every workload's draws keep its grant, its wait and the slot's and worker's reserved peaks. Then the
+          # gate's CUDA test (tests/test_gpu_share_cuda.py: the peaks present)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    rm -rf /tmp/A && mkdir /tmp/A && cp -a grpo_conform implementations specs pyproject.toml /tmp/A/
+    sed -i 's/^SETS_PER_WORKLOAD = .*/SETS_PER_WORKLOAD = 16/; s/^FIXED_BYTES = .*/FIXED_BYTES = 6 << 30/' \
+      /tmp/A/grpo_conform/device_memory.py
+    grep -hE "^(SETS_PER_WORKLOAD|FIXED_BYTES) =" /tmp/A/grpo_conform/device_memory.py grpo_conform/device_memory.py
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 250 > "$R/memory-used.csv" &
+    smi=$!
+    for v in ${ORDER:-A B}; do
+      rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+      dir=$PWD; [ "$v" = A ] && dir=/tmp/A
+      echo "$v start $(date -u +%H:%M:%S.%N)" >> "$R/marks.txt"
+      start=$SECONDS
+      (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout -s KILL ${LIMIT:-230} python3 -m grpo_conform check \
+        implementations/triton --no-timing --no-evidence --profile-phases --deadline ${DEADLINE:-200} --format json \
+        > "$R/default-$v.json" 2> "$R/default-$v.log")
+      status "default check without timing, grant estimate $v: exit $?, $((SECONDS - start)) s wall"
+      echo "$v end $(date -u +%H:%M:%S.%N)" >> "$R/marks.txt"
+      grep -E "^  (gate-wait|worker|inputs|judge|reference|other) " "$R/default-$v.log"
+    done
+    kill $smi
+    timeout -s KILL 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_share_cuda.py > "$R/gpu-share-tests.txt" 2>&1
+    status "tests/test_gpu_share_cuda.py: exit $?"; tail -2 "$R/gpu-share-tests.txt"
     ;;
   once32)  # thirty-second session (~4-8 min): compile ahead without and with the once-per-member calls' proxies
            # (reach, other-dtypes: grpo_conform/checks/member_calls.py), each on a first run (compile stores cleared):

@@ -24,8 +24,12 @@ _grant: int | None = None  # bytes granted to the running workload; None: the GP
 # judged outputs' copy, the implementation's own outputs and working set, and one kept output.
 # Plus a fixed part: the reference's float64 chunks (their budget is a 64th of the grant,
 # reference.budget_for), the kept outputs of small workloads, the worker's poisoned blocks.
-SETS_PER_WORKLOAD = 16
-FIXED_BYTES = 6 << 30
+# Was 16 sets + 6 GiB, a guess never measured: on an H100 (67.7 GiB grantable) it let one batch-8 workload
+# (37.3 GiB) run at a time, and those waits were 197 of the 322 slot-seconds a default check spent at the
+# gate (thirty-first session's round35c). The draws now record what each grant was spent on
+# (`peaks`; docs/timing.md, "Thirty-third session").
+SETS_PER_WORKLOAD = 12
+FIXED_BYTES = 4 << 30
 
 
 def estimate(set_bytes: int, grad_bytes: int) -> int:
