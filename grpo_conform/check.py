@@ -630,7 +630,7 @@ def _memory_hold(ctx: RunContext, grant: int | None, draws: dict[str, Any],
 
 def _worker_peak(session: WorkerSession | None) -> int | None:
     """The worker's reserved peak since its last ask; None where it is gone or cannot say."""
-    if session is None or not session.alive():
+    if session is None or not session.alive:
         return None
     try:
         return session.request(op="memory_peak").get("reserved_peak")

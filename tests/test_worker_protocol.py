@@ -157,8 +157,11 @@ def test_an_operation_the_parent_never_sends_is_refused(two_gradient_worker):
 def test_the_memory_peak_is_none_without_cuda_and_the_worker_serves_on(two_gradient_worker):
     """`memory_peak` (check._memory_hold's reading beside a grant): nothing to say on the CPU, and the
     worker goes on serving."""
+    from grpo_conform import check  # (the parent's side of the op: only this test needs it)
+
     session = two_gradient_worker[0]
     assert session.request(op="memory_peak")["reserved_peak"] is None
+    assert check._worker_peak(session) is None and check._worker_peak(None) is None
     session.request(op="drop")
 
 
