@@ -32,7 +32,7 @@
 #   bash benchmarks/h200_evidence.sh round35c   # the default check of triton with records, then three fused cells (~7 min)
 #   B16_MEMBERS="..." bash benchmarks/h200_evidence.sh once32   # compile ahead without/with the once-per-member
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
-#   bash benchmarks/h200_evidence.sh mem35      # the grant's estimate before/after: two first runs without timing
+#   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
@@ -345,14 +345,15 @@ PY
     unset GRPO_CONFORM_SAMPLE GRPO_CONFORM_WORKER_PROFILE
     kill $smi
     ;;
-  mem35)  # thirty-third session (issue 35, ~6 min): the memory a workload's grant asks for, before (A: 16 sets + 6 GiB,
-          # a copy of the tree with device_memory.py's two constants put back) and after (B: HEAD). Each a first run
-          # (compile stores cleared) of the default check without timing; the GPU's used memory sampled every 0.25 s;
-          # every workload's draws keep its grant, its wait and the slot's and worker's reserved peaks. Then the
-          # gate's CUDA test (tests/test_gpu_share_cuda.py: the peaks present)
+  mem35)  # thirty-third session (issue 35, ~8 min): the memory a workload's grant asks for, HEAD's estimate (B) against
+          # another (A: a copy of the tree with device_memory.py's two constants set from ALT="SETS GIB", default
+          # "12 4", what ran as B on 2026-12-06 at 31ed16e). Each a first run (compile stores cleared) of the default
+          # check without timing; the GPU's used memory sampled every 0.25 s; every workload's draws keep its grant,
+          # its wait and the slot's and worker's reserved peaks. Then the gate's CUDA test (tests/test_gpu_share_cuda.py)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    read -r alt_sets alt_gib <<< "${ALT:-12 4}"
     rm -rf /tmp/A && mkdir /tmp/A && cp -a grpo_conform implementations specs pyproject.toml /tmp/A/
-    sed -i 's/^SETS_PER_WORKLOAD = .*/SETS_PER_WORKLOAD = 16/; s/^FIXED_BYTES = .*/FIXED_BYTES = 6 << 30/' \
+    sed -i "s/^SETS_PER_WORKLOAD = .*/SETS_PER_WORKLOAD = $alt_sets/; s/^FIXED_BYTES = .*/FIXED_BYTES = $alt_gib << 30/" \
       /tmp/A/grpo_conform/device_memory.py
     grep -hE "^(SETS_PER_WORKLOAD|FIXED_BYTES) =" /tmp/A/grpo_conform/device_memory.py grpo_conform/device_memory.py
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 250 > "$R/memory-used.csv" &

@@ -24,12 +24,15 @@ _grant: int | None = None  # bytes granted to the running workload; None: the GP
 # judged outputs' copy, the implementation's own outputs and working set, and one kept output.
 # Plus a fixed part: the reference's float64 chunks (their budget is a 64th of the grant,
 # reference.budget_for), the kept outputs of small workloads, the worker's poisoned blocks.
-# Was 16 sets + 6 GiB, a guess never measured: on an H100 (67.7 GiB grantable) it let one batch-8 workload
-# (37.3 GiB) run at a time, and those waits were 197 of the 322 slot-seconds a default check spent at the
-# gate (thirty-first session's round35c). The draws now record what each grant was spent on
-# (`peaks`; docs/timing.md, "Thirty-third session").
-SETS_PER_WORKLOAD = 12
-FIXED_BYTES = 4 << 30
+# Measured (thirty-third session, H100, the default check without timing, `draws.gpu_grant.peak`): a batch-8
+# workload (a set of 1.96 GiB) reserved up to 32.0 GiB in the slot and 12.7 GiB in its worker, 44.6 GiB in all,
+# over its 37.3 GiB grant; the 46 small workloads at most 4.0 GiB (median 0.2) of their 6 GiB. The sum fits
+# because the small ones' slack covers the big ones' excess. 12 sets + 4 GiB was tried the same day: two batch-8
+# workloads side by side ran out of memory and went again alone, no faster (docs/timing.md, "Thirty-third
+# session"). So the grant stays 16 sets + 6 GiB; what would let two batch-8 workloads share an H100 is a smaller
+# footprint, not a smaller estimate.
+SETS_PER_WORKLOAD = 16
+FIXED_BYTES = 6 << 30
 
 
 def estimate(set_bytes: int, grad_bytes: int) -> int:
