@@ -369,6 +369,7 @@ PY
       status "default check without timing, grant estimate $v: exit $?, $((SECONDS - start)) s wall"
       echo "$v end $(date -u +%H:%M:%S.%N)" >> "$R/marks.txt"
       grep -E "^  (gate-wait|worker|inputs|judge|reference|other) " "$R/default-$v.log"
+      python3 benchmarks/phase_summary.py "$R/default-$v.json" | grep "^grant"
     done
     kill $smi
     timeout -s KILL 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_share_cuda.py > "$R/gpu-share-tests.txt" 2>&1
