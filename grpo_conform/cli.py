@@ -675,10 +675,9 @@ def report(evidence: tuple[str, ...], reported: tuple[str, ...], out: str, trust
                f"{len(board.reported)} reported record(s) audited; {len(board.rejected)} record(s) not shown")
     for r in board.rejected:
         click.echo(f"  not shown: {r.path}: {r.reason}")
-    if board.sweep is not None:
-        sw = board.sweep
-        click.echo(f"shape sweep (unsigned benchmark output): {len(sw.cells)} row(s) from {len(sw.files)} file(s); "
-                   f"{sum(t.met for t in sw.targets)} of {len(sw.targets)} target(s) met")
+    for sw in board.sweeps:
+        click.echo(f"shape sweep on {sw.gpu or 'no GPU'} (unsigned benchmark output): {len(sw.cells)} row(s) from "
+                   f"{len(sw.files)} file(s); {sum(t.met for t in sw.targets)} of {len(sw.targets)} target(s) met")
         for where, why in sw.set_aside:
             click.echo(f"  sweep not shown: {where}: {why}")
     for w in board.written:

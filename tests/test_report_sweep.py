@@ -11,7 +11,7 @@ import pytest
 
 from grpo_conform.report.build import SWEEPS, ReportRequest, build_leaderboard
 from grpo_conform.report.markdown import render_markdown
-from grpo_conform.report.sweep import SweepInputError, SweepRow, floor_ms, judge_run, load_sweep
+from grpo_conform.report.sweep import SweepInputError, SweepRow, floor_ms, judge_run, load_sweeps
 from grpo_conform.report.sweep_tables import grids, identity_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +45,12 @@ def _write(tmp_path, name, doc) -> str:
 def _seed_rows(x_token=1.10, x_masked=1.11, x_gspo=1.30, liger=1.4, vocab=128256, batch=8):
     return [_row(vocab, batch, "token-is", x_token, liger=liger), _row(vocab, batch, "token-offpolicy-mask", x_masked,
             liger=liger), _row(vocab, batch, "sequence-offpolicy-mask", x_gspo, liger=liger)]
+
+
+def load_sweep(paths, current_identity=None):
+    """The one sweep of files that all name one GPU (or none that could be read)."""
+    (sweep,) = load_sweeps(paths, current_identity)
+    return sweep
 
 
 def _targets(sweep) -> dict:
@@ -167,10 +173,43 @@ def test_the_run_s_own_verdicts_are_the_report_s():
 
 
 def test_the_committed_sweeps_load_whole():
-    """The three H200 sweeps the committed page shows: every floor follows from its shape."""
-    sweep = load_sweep(tuple(str(ROOT / p) for p in SWEEPS))
-    assert not sweep.set_aside and len(sweep.cells) == 300 and not any(c.impossible for c in sweep.cells)
-    assert {c.source for c in sweep.cells if c.vocab == 50257} == {1}  # round22's staged path for unaligned rows
+    """The committed page's sweeps, three H200 files and one H100 file: every floor follows from its shape, and
+    each GPU is its own sweep."""
+    h200, h100 = load_sweeps(tuple(str(ROOT / p) for p in SWEEPS))
+    assert (h200.gpu, len(h200.files), h100.gpu, len(h100.files)) == ("NVIDIA H200", 3, "NVIDIA H100 80GB HBM3", 1)
+    for sweep in (h200, h100):
+        assert not sweep.set_aside and len(sweep.cells) == 300 and not any(c.impossible for c in sweep.cells)
+    assert {c.source for c in h200.cells if c.vocab == 50257} == {1}  # round22's staged path for unaligned rows
+
+
+def test_gpus_are_never_merged_and_each_is_judged_on_its_own_rows(tmp_path):
+    """A newer file from another card used to replace this card's rows shape by shape, and the targets were judged
+    over the mix: a fast H100 file could stand in for slow H200 shapes. Now each GPU is a sweep of its own."""
+    h200 = _doc(_seed_rows(x_token=1.30), started="2026-12-01T00:00:00Z")  # over 1.15x: the token target missed
+    h100 = _doc(_seed_rows(x_token=1.05), started="2026-12-06T00:00:00Z", gpu="NVIDIA H100 80GB HBM3")
+    h100["meta"]["copy_TBps"] = 3.0  # under the H100's datasheet 3.35 TB/s: its rows are judged, none impossible
+    for r in h100["rows"]:
+        r["ours_ms"] *= COPY_TBPS / 3.0
+        r["floor_ms"] *= COPY_TBPS / 3.0
+        r["liger_ms"] *= COPY_TBPS / 3.0
+    older = _doc(_seed_rows(x_token=1.20, batch=2), started="2026-11-30T00:00:00Z")
+    sweeps = load_sweeps((_write(tmp_path, "h100.json", h100), _write(tmp_path, "h200.json", h200),
+                          _write(tmp_path, "older.json", older)))
+    assert [s.gpu for s in sweeps] == ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]  # the most files first
+    mine, other = sweeps
+    assert {(c.batch, c.member, round(c.x_floor, 2)) for c in mine.cells if c.member == "token-is"} == {
+        (8, "token-is", 1.3), (2, "token-is", 1.2)}
+    assert not _targets(mine)["token"].met and _targets(other)["token"].met
+    record = str(next((ROOT / "evidence" / "h200").glob("triton--*.intoto.json")))
+    board = build_leaderboard(ReportRequest(paths=(record,), out=None, project=str(ROOT), sweeps=(
+        _write(tmp_path, "a.json", h200), _write(tmp_path, "b.json", h100))))
+    page = board.to_json()
+    jsonschema.Draft202012Validator(SCHEMA).validate(page)
+    assert [s["gpu"] for s in page["sweeps"]] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]  # one file each: by name
+    assert page["sweep"] == page["sweeps"][0]
+    md = render_markdown(board)
+    assert "## Shape sweep of implementations/triton on NVIDIA H200 " in md
+    assert "## Shape sweep of implementations/triton on NVIDIA H100 80GB HBM3 " in md
 
 
 def test_the_command_line(tmp_path):
@@ -187,7 +226,7 @@ def test_the_command_line(tmp_path):
     ok = CliRunner().invoke(main, ["report", record, "--sweep", _write(tmp_path, "s.json", _doc(rows)), "--out",
                                    str(tmp_path / "page")])
     assert ok.exit_code == 0, ok.output
-    assert "shape sweep (unsigned benchmark output): 2 row(s) from 1 file(s); 4 of 4 target(s) met" in ok.output
+    assert "shape sweep on NVIDIA H200 (unsigned benchmark output): 2 row(s) from 1 file(s); 4 of 4 target(s) met" in ok.output
     assert "sweep not shown: " in ok.output and "token-is: floor_ms" in ok.output
     page = (tmp_path / "page" / "index.html").read_text()
     assert 'id="sweep"' in page and 'data-protocol="sweep"' in page

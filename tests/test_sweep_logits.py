@@ -291,9 +291,10 @@ def test_sweep_jobs_end_to_end_on_the_cpu(tmp_path):
     assert "PASS  launch-bound full call ≤ 0.12 ms wall: 1/1 (furthest: 0.1000 ms, token-is)" in proc.stdout
     # what the report needs to read it and to say which code was timed (grpo_conform/report/sweep.py)
     assert doc["format"] == "grpo-conform-sweep/1" and len(doc["meta"]["identity"]) == 64 and "commit" in doc["meta"]
-    from grpo_conform.report.sweep import load_sweep  # the report reads the run whole: every floor follows from its shape
+    from grpo_conform.report.sweep import load_sweeps  # the report reads the run whole: every floor follows from its shape
 
-    assert not load_sweep((str(out),)).set_aside
+    (sweep,) = load_sweeps((str(out),))
+    assert not sweep.set_aside
     assert proc.stdout.rstrip().splitlines()[-1].startswith("elapsed")
 
 

@@ -16,14 +16,15 @@ from grpo_conform.evidence.identities import project_root_for, tree_identity
 from grpo_conform.report.load import RejectedRecord, VerifiedRecord, load_records
 from grpo_conform.report.model import Section, build_sections
 from grpo_conform.report.reported import MEANINGS, ReportedRow, audit_reported
-from grpo_conform.report.sweep import Sweep, load_sweep
+from grpo_conform.report.sweep import Sweep, load_sweeps
 
 FORMAT = "grpo-conform-leaderboard/1"
 SWEPT = "implementations/triton"  # the folder benchmarks/sweep_logits.py times
 #: the shape sweeps of implementations/triton shown on the committed page (issue 36), oldest first
 SWEEPS = ("benchmarks/results/h200-2026-12-03d/round20c/reports/sweep.json",
           "benchmarks/results/h200-2026-12-03e/round22/r/sweep.json",
-          "benchmarks/results/h200-2026-12-03f/round26e/reports/sweep.json")
+          "benchmarks/results/h200-2026-12-03f/round26e/reports/sweep.json",
+          "benchmarks/results/h100-2026-12-06e/sweep36-69f694d/sweep.json")
 REGENERATE = ("grpo-conform report evidence/h200 evidence/h100 --reported tests/data/seed-records.csv "
               "--against tests/data/liger-fused-linear-grpo.csv " + " ".join(f"--sweep {p}" for p in SWEEPS)
               + " --out evidence/leaderboard")
@@ -40,7 +41,7 @@ class ReportRequest:
     formats: tuple[str, ...] = ("html", "markdown", "json")
     project: str | None = None  # the checkout that resolves members and implementation identities (default: cwd's)
     now: datetime | None = None  # the verification time (tests); default: the clock
-    sweeps: tuple[str, ...] = ()  # benchmarks/sweep_logits.py JSON files: the page's shape-sweep section (sweep.py)
+    sweeps: tuple[str, ...] = ()  # benchmarks/sweep_logits.py JSON files: the page's shape-sweep sections, one per GPU
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Leaderboard:
     trusted_keys: str
     audited_against: str  # the specs the reported rows were judged against, comma-separated (each row names its own)
     written: tuple[str, ...] = field(default_factory=tuple)
-    sweep: Sweep | None = None  # unsigned benchmark output, shown apart from the records
+    sweeps: tuple[Sweep, ...] = ()  # unsigned benchmark output, shown apart from the records: one per GPU
 
     @property
     def latest(self) -> str:
@@ -60,7 +61,8 @@ class Leaderboard:
         return max(((r.predicate.get("run") or {}).get("finished", "") for r in self.inputs), default="")
 
     def to_json(self) -> dict[str, Any]:
-        extra = {"sweep": self.sweep.to_json()} if self.sweep is not None else {}
+        # "sweep": the first GPU's, as format v1 had it before sweeps were kept apart by GPU; "sweeps": every GPU's
+        extra = {"sweep": self.sweeps[0].to_json(), "sweeps": [s.to_json() for s in self.sweeps]} if self.sweeps else {}
         return {
             **extra,
             "format": FORMAT,
@@ -81,12 +83,12 @@ def build_leaderboard(request: ReportRequest) -> Leaderboard:
                                                  now=request.now)
     reported = audit_reported(request.reported, request.spec, request.against) if request.reported else []
     against = ", ".join(dict.fromkeys(r.audited_against for r in reported)) or request.spec
-    sweep = None
+    sweeps: tuple[Sweep, ...] = ()
     if request.sweeps:
         root = project_root_for(None, request.project)
-        sweep = load_sweep(request.sweeps, tree_identity(root, SWEPT))
+        sweeps = load_sweeps(request.sweeps, tree_identity(root, SWEPT))
     return Leaderboard(tuple(build_sections(verified, request.project)), tuple(reported), tuple(rejected), tuple(verified),
-                       _display_path(keys_file), against, sweep=sweep)
+                       _display_path(keys_file), against, sweeps=sweeps)
 
 
 def _display_path(path: str) -> str:

@@ -109,9 +109,13 @@ def _contents(sections, others: list[tuple[str, str]]) -> str:
             + " · ".join(f'<a href="#{escape(i)}">{escape(t)}</a>' for i, t in others) + "</p></nav>")
 
 
-def _sweep(sweep) -> str:
-    parts = ['<section id="sweep"><h2>Shape sweep of implementations/triton (benchmark output, not signed '
-             f'evidence)</h2><p class="note">{escape(W.INTRO)}</p>',
+def _sweep_anchor(i: int) -> str:
+    return "sweep" if i == 0 else f"sweep-{i + 1}"
+
+
+def _sweep(sweep, anchor: str) -> str:
+    parts = [f'<section id="{anchor}"><h2>Shape sweep of implementations/triton on {escape(sweep.gpu or "no GPU")} '
+             f'(benchmark output, not signed evidence)</h2><p class="note">{escape(W.INTRO)}</p>',
              _table(W.FILE_HEADERS, W.file_rows(sweep), "sweep-files", numeric=(5,)),
              _table(W.TARGET_HEADERS, W.target_rows(sweep), "sweep-targets")]
     svg = W.sweep_svg(sweep)
@@ -142,7 +146,7 @@ def render_html(board: Leaderboard) -> str:
             f"<code>{escape(REGENERATE)}</code></p>"]
     if board.sections:
         others = [("reported", "Reported records")] if board.reported else []
-        others += [("sweep", "Shape sweep")] if board.sweep is not None else []
+        others += [(_sweep_anchor(i), f"Shape sweep ({sw.gpu})") for i, sw in enumerate(board.sweeps)]
         body.append(_contents(board.sections, others + [("rejected", "Records not shown")]))
     body += [_section(s) for s in board.sections]
     if board.reported:
@@ -156,8 +160,7 @@ def render_html(board: Leaderboard) -> str:
         body.append("</ul>")
         body.append(_table(T.REPORTED_HEADERS, T.reported_rows(board.reported), "reported", numeric=(4, 5)))
         body.append("</section>")
-    if board.sweep is not None:
-        body.append(_sweep(board.sweep))
+    body += [_sweep(sw, _sweep_anchor(i)) for i, sw in enumerate(board.sweeps)]
     body.append('<section id="rejected"><h2>Records not shown</h2>')
     if board.rejected:
         body.append(_table(("record", "why it is not shown"), [(r.path, r.reason) for r in board.rejected],

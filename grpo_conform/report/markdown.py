@@ -54,7 +54,8 @@ def _section(s: Section, level: int) -> list[str]:
 
 
 def _sweep(sweep) -> list[str]:
-    lines = ["## Shape sweep of implementations/triton (benchmark output, not signed evidence)", "", text(W.INTRO), ""]
+    lines = [f"## Shape sweep of implementations/triton on {text(sweep.gpu or 'no GPU')} (benchmark output, not signed "
+             "evidence)", "", text(W.INTRO), ""]
     lines += table(W.FILE_HEADERS, W.file_rows(sweep)) + [""]
     lines += table(W.TARGET_HEADERS, W.target_rows(sweep)) + [""]
     for title, headers, rows in W.grids(sweep):
@@ -92,8 +93,8 @@ def render_markdown(board: Leaderboard) -> str:
                   "spec, the others against the logits-level one. What each verdict means:", ""]
         lines += [f"- **{text(k)}**: {text(v)}" for k, v in MEANINGS.items()] + [""]
         lines += table(T.REPORTED_HEADERS, T.reported_rows(board.reported)) + [""]
-    if board.sweep is not None:
-        lines += _sweep(board.sweep)
+    for sw in board.sweeps:
+        lines += _sweep(sw)
     lines += ["## Records not shown", ""]
     if board.rejected:
         lines += table(("record", "why it is not shown"), [(r.path, r.reason) for r in board.rejected]) + [""]

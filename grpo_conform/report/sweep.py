@@ -12,7 +12,9 @@ follow from it is set aside with the reason), every ratio is formed here, and th
 judged here over the merged rows, so an edited `verdicts` or `ours_x_floor` in a file changes nothing. A
 time below the floor at the GPU's datasheet bandwidth is impossible: shown, flagged, kept out of the
 targets. Several files merge by shape: each shape (V, batch, seq, dtype) comes whole from the newest run
-that measured it, so the members compared at one shape were timed in one run.
+that measured it, so the members compared at one shape were timed in one run. Files of different GPUs never
+merge: each GPU (the name its file gives) is a sweep of its own, with its own targets (`load_sweeps`), so a
+newer file from another card cannot stand in for this card's shapes.
 """
 
 from __future__ import annotations
@@ -175,8 +177,14 @@ class Sweep:
     def targets(self) -> tuple[Target, ...]:
         return judge(self.cells, self.launch)
 
+    @property
+    def gpu(self) -> str:
+        """The GPU every file of this sweep names ("" for files none of which could be read)."""
+        return self.files[0].meta.gpu if self.files else ""
+
     def to_json(self) -> dict[str, Any]:
-        return {"files": [{"path": f.path, "sha256": f.sha256, "rows_read": f.rows_read, **f.meta.model_dump()}
+        return {"gpu": self.gpu,
+                "files": [{"path": f.path, "sha256": f.sha256, "rows_read": f.rows_read, **f.meta.model_dump()}
                           for f in self.files],
                 "current_identity": self.current_identity, "cells": [c.to_json() for c in self.cells],
                 "set_aside": [{"where": w, "why": y} for w, y in self.set_aside],
@@ -202,8 +210,9 @@ def _datasheet_bps(gpu: str) -> Optional[float]:
     return found.gpu.dram_gbps * 1e9 if found is not None else None
 
 
-def load_sweep(paths: tuple[str, ...], current_identity: Optional[str] = None) -> Sweep:
-    """The files read and merged (module docstring); a file that does not parse is set aside with the reason."""
+def load_sweeps(paths: tuple[str, ...], current_identity: Optional[str] = None) -> tuple[Sweep, ...]:
+    """The files read and merged, one sweep per GPU (module docstring): the GPU with the most files first, then
+    by name. A file that does not parse is set aside with the reason, in the first sweep."""
     files: list[SweepFile] = []
     aside: list[tuple[str, str]] = []
     docs: list[SweepDoc] = []
@@ -223,7 +232,18 @@ def load_sweep(paths: tuple[str, ...], current_identity: Optional[str] = None) -
             continue
         files.append(SweepFile(p, hashlib.sha256(raw).hexdigest(), doc.meta, len(doc.rows), doc.launch))
         docs.append(doc)
-    return _merge(files, docs, aside, current_identity)
+    by_gpu: dict[str, list[int]] = {}
+    for i, f in enumerate(files):
+        by_gpu.setdefault(f.meta.gpu, []).append(i)
+    order = sorted(by_gpu, key=lambda gpu: (-len(by_gpu[gpu]), gpu))
+    sweeps = [_merge([files[i] for i in by_gpu[gpu]], [docs[i] for i in by_gpu[gpu]], [], current_identity)
+              for gpu in order]
+    if not sweeps:
+        return (_merge([], [], aside, current_identity),)
+    first = sweeps[0]
+    sweeps[0] = Sweep(first.files, first.cells, tuple(aside) + first.set_aside, first.launch, first.launch_source,
+                      first.current_identity)
+    return tuple(sweeps)
 
 
 def judge_run(doc: dict[str, Any]) -> tuple[Target, ...]:
