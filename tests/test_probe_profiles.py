@@ -18,15 +18,18 @@ from grpo_conform.spec import find_spec
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(profile: str, keep_budget: int | None = None):
-    spec = find_spec("grpo/token-is")
-    w = spec.workload("small-bf16").model_copy(update={"probes": profile})
+def _run(profile: str, keep_budget: int | None = None, member: str = "grpo/token-is", workload: str = "small-bf16",
+         probes: tuple | None = None, spy=None):
+    spec = find_spec(member)
+    w = spec.workload(workload).model_copy(update={"probes": profile})
     resolved = spec.resolve(w, random.Random(1))
     session = WorkerSession(load_implementation(ROOT / "implementations" / "pytorch"), spec.parameter_values,
                             torch.device("cpu"), 120.0, True)
     session.start()
     try:
-        run = WorkloadConformance(session, spec, resolved, [11, 12], select(profile), profile)
+        if spy is not None:
+            spy(session)
+        run = WorkloadConformance(session, spec, resolved, [11, 12], probes or select(profile), profile)
         if keep_budget is not None:
             run.keep_budget = keep_budget
         outcomes = {o.check: o for o in run.run()}
@@ -52,6 +55,40 @@ def test_core_profile_rereads_what_it_kept_and_skips_when_nothing_was_kept():
     assert run.draws["kept_outputs"] == 0
     assert outcomes["no-output-reuse"].status == "skipped"  # never a pass without evidence
     assert "could not be kept" in outcomes["no-output-reuse"].message
+
+
+def test_the_layouts_set_is_let_go_after_its_probe_and_a_set_made_again_is_a_new_one():
+    """V (layouts) is read by one probe: unbound in the worker and dropped here right after it, not at the
+    workload's end, so K, made later by input-cases (and read again by trainer-shaped), can take its memory: a
+    batch-8 workload's peak no longer holds both (docs/timing.md, "Thirty-third session"). The verdicts stay
+    those of a run that kept it. A set let go and made again under its name is a new set to the reference cache:
+    with (name, version) alone it got the released set's cached reference (its first version is 1 again), which
+    this suite caught as a false gradient failure when K was let go too early."""
+    from grpo_conform.checks.probes import PROBES_BY_NAME
+
+    sent: list[tuple[str, tuple]] = []
+
+    def spy(session):
+        request = session.request
+
+        def recorded(timeout=None, **msg):
+            sent.append((msg.get("op"), tuple(msg.get("slots") or (msg.get("inputs"),))))
+            return request(timeout, **msg)
+
+        session.request = recorded
+
+    names = ("baseline", "layouts", "input-cases", "trainer-shaped", "end-reread")
+    run, outcomes = _run("full", member="grpo/token-offpolicy-mask", workload="mask-small-bf16",
+                         probes=tuple(PROBES_BY_NAME[n] for n in names), spy=spy)
+    assert run.draws["released"] == ["V"] and "V" not in run.__dict__ and "V" not in run.extra_slots
+    v_unbound = sent.index(("unbind", ("V",)))
+    k_forward = next(i for i, (op, inputs) in enumerate(sent) if op == "forward" and inputs == ("K",))
+    assert v_unbound < k_forward  # V gone before K's first call
+    for check in ("input-layouts", "gradient", "no-mutation", "no-output-reuse"):
+        assert outcomes[check].status == "pass", (check, outcomes[check].message)
+    old = run.slot_key(run.P)
+    again = type(run.P)(run.P.name, {}, {}, version=run.P.version)  # the same name and version, another set
+    assert run.slot_key(again) != old and run.slot_key(again)[::2] == old[::2]
 
 
 def test_validator_out_of_memory_skips_the_rest_instead_of_crashing(monkeypatch):

@@ -6,6 +6,7 @@ always computed from it, never from the shared buffer the implementation could h
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,10 @@ class InputSlot:
     tensors: dict[str, torch.Tensor]
     pristine: dict[str, torch.Tensor]
     layout: dict[str, dict[str, Any]] = field(default_factory=dict)  # views: offset and strides
-    version: int = 0  # bumped by every commit: (name, version) names one pristine content (reference_cache)
+    version: int = 0  # bumped by every commit: (name, serial, version) names one pristine content (reference_cache)
+    # one per slot object: a set let go and made again under its name (WorkloadConformance.release) starts at
+    # version 0 again, and (name, version) alone handed it the released set's cached reference
+    serial: int = field(default_factory=itertools.count().__next__)
 
     @classmethod
     def create(cls, session: WorkerSession, name: str, shapes: dict[str, tuple[int, ...]],

@@ -245,6 +245,26 @@ class WorkloadConformance:
         if extra:
             self.draws.setdefault("undeclared_findings", {})[probe.name] = extra
 
+    def release(self, name: str) -> None:
+        """Lets go of input set `name` once no later probe reads it (V, after layouts), here and in the worker.
+        V is a logits-sized buffer and its pristine copy; kept to the end it was alive at a batch-8 workload's peak
+        beside K, which input-cases makes later (and trainer-shaped reads again) and which can now take V's memory
+        (3.9 GiB of the 26.3 this process held; docs/timing.md, "Thirty-third session"). No kept output pins it: a
+        kept call keeps its outputs, not its inputs (worker._export). A storage the worker still holds is recorded,
+        as at the workload's end. A set made again under the name is a new one (`InputSlot.serial`)."""
+        slot = self.__dict__.pop(name, None)
+        if not isinstance(slot, InputSlot):
+            return
+        if slot.name in self.extra_slots:
+            self.extra_slots.remove(slot.name)
+        self.draws.setdefault("released", []).append(slot.name)
+        reply = self.ask((), f"release {slot.name}", op="unbind", slots=[slot.name])
+        if reply and reply.get("held"):
+            self.draws.setdefault("held_after_release", []).extend(reply["held"])
+        del slot
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # a buffer the worker opened waits in torch's IPC limbo until collected
+
     def __getattr__(self, name: str):
         # The second input set (and K, the input-cases probe's) and output slot are made when a probe first
         # uses them: a smoke-profile workload (16.8 GB of logits at seq 65,536) cannot afford six
@@ -446,10 +466,10 @@ class WorkloadConformance:
 
     # -- judging ----------------------------------------------------------------------------
     @staticmethod
-    def slot_key(slot: InputSlot) -> tuple[str, int] | None:
-        """Names one pristine content: every commit bumps the version (reference_cache.py). None for
-        tensors outside an InputSlot: never cached."""
-        return (slot.name, slot.version) if isinstance(slot, InputSlot) else None
+    def slot_key(slot: InputSlot) -> tuple[str, int, int] | None:
+        """Names one pristine content: every commit bumps the version, and a slot made again under a name is a new
+        serial (reference_cache.py). None for tensors outside an InputSlot: never cached."""
+        return (slot.name, slot.serial, slot.version) if isinstance(slot, InputSlot) else None
 
     @cached_property
     def rows(self) -> Any:

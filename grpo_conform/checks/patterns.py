@@ -79,6 +79,8 @@ def layouts(run: WorkloadConformance) -> None:
         J.finite(run, call)
         J.versus_reference(run, check, call, "offset, strided views: " + ", ".join(
             f"{k} stride {v['stride']} offset {v['storage_offset']}" for k, v in run.V.layout.items()))
+    del call
+    run.release("V")  # no later probe reads V
 
 
 def exercised(run: WorkloadConformance, pattern: str) -> None:
