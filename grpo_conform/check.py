@@ -603,8 +603,9 @@ def _memory_hold(ctx: RunContext, grant: int | None, draws: dict[str, Any],
     (check_ahead.py) hold a grant until their answer is collected. Waiting with it, behind a request that
     cannot fit beside it (seed-b17-big's on an H100), stalled every slot of round35c for good (thirty-first
     session). So the grant is tried at once first; refused, `let_go` collects that answer and releases its
-    memory before the queued wait. The draws keep the grant, the wait and what the workload reserved
-    (device_memory.peaks): the measurements the grant's estimate is checked against (docs/timing.md)."""
+    memory before the queued wait. The draws keep the grant, the wait and what the workload reserved here
+    (device_memory.reserved_peak) and in the worker (its `memory_peak`): the measurements the grant's
+    estimate is checked against (docs/timing.md)."""
     if ctx.gate is None or grant is None:
         yield
         return
@@ -623,7 +624,9 @@ def _memory_hold(ctx: RunContext, grant: int | None, draws: dict[str, Any],
         with device_memory.granted(grant):
             yield
         if cuda:
-            draws["gpu_grant"]["peak"] = device_memory.peaks(ctx.device, lambda: _worker_peak(session))
+            # the worker's number is the implementation's process's word: read, never judged
+            draws["gpu_grant"]["peak"] = {"slot": device_memory.reserved_peak(ctx.device),
+                                          "worker": _worker_peak(session)}
     finally:
         ctx.gate.release(token)
 

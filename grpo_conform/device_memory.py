@@ -11,7 +11,7 @@ what ran beside it. Sized by the grant, it does not.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -25,7 +25,7 @@ _grant: int | None = None  # bytes granted to the running workload; None: the GP
 # Plus a fixed part: the reference's float64 chunks (their budget is a 64th of the grant,
 # reference.budget_for), the kept outputs of small workloads, the worker's poisoned blocks.
 # Measured (thirty-third session, H100, the default check without timing, `draws.gpu_grant.peak`): a batch-8
-# workload (a set of 1.96 GiB) reserved up to 32.0 GiB in the slot and 12.7 GiB in its worker, 44.6 GiB in all,
+# workload (a set of 1.96 GiB) reserved up to 31.9 GiB in the slot and 12.7 GiB in its worker, 44.6 GiB in all,
 # over its 37.3 GiB grant; the 46 small workloads at most 4.0 GiB (median 0.2) of their 6 GiB. The sum fits
 # because the small ones' slack covers the big ones' excess. 12 sets + 4 GiB was tried the same day: two batch-8
 # workloads side by side ran out of memory and went again alone, no faster (docs/timing.md, "Thirty-third
@@ -72,13 +72,12 @@ def granted(nbytes: int | None) -> Iterator[None]:
 
 
 def reset_peak(device: torch.device | str) -> None:
-    """Starts this process's peak of reserved bytes afresh (`peaks`)."""
+    """Starts this process's peak of reserved bytes afresh (`reserved_peak`)."""
     torch.cuda.reset_peak_memory_stats(torch.device(device))
 
 
-def peaks(device: torch.device | str, worker_peak: Callable[[], int | None]) -> dict[str, int | None]:
-    """What a workload's grant was spent on: the most bytes this process's allocator reserved since
-    `reset_peak`, and the worker's own peak as it reports it (`worker_peak`; the implementation's process,
-    so a number to read, never to judge by). The two do not add up exactly: the worker's view of the
-    shared sets lives in this process's reservation (CUDA IPC), and contexts are outside both."""
-    return {"slot": int(torch.cuda.max_memory_reserved(torch.device(device))), "worker": worker_peak()}
+def reserved_peak(device: torch.device | str) -> int:
+    """The most bytes this process's allocator reserved since `reset_peak`: what a workload's grant was spent on
+    here (check._memory_hold records it beside the worker's own peak; the two do not add up exactly: the worker's
+    view of the shared sets lives in this process's reservation (CUDA IPC), and contexts are outside both)."""
+    return int(torch.cuda.max_memory_reserved(torch.device(device)))

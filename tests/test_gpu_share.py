@@ -246,6 +246,7 @@ def test_a_grant_caps_the_free_memory_a_workload_sizes_by(monkeypatch):
         with device_memory.granted(None):
             assert device_memory.free_bytes("cuda") == 80 * GB
     assert device_memory.free_bytes("cuda") == 80 * GB
+    assert device_memory.estimate(2 * GB, 2 * GB) == device_memory.SETS_PER_WORKLOAD * 2 * GB + device_memory.FIXED_BYTES
     assert device_memory.estimate(2 * GB, 3 * GB) == device_memory.estimate(3 * GB, 1 * GB)  # the larger set counts
     assert device_memory.estimate(2 * GB, 2 * GB) < device_memory.estimate(2 * GB, 3 * GB)
 

@@ -9,9 +9,10 @@ judged call computed the log-probs twice (loss, then gradient), the error bound,
 twice and a float64 log-sum-exp of every row once more, for each call again, though calls B, D
 (judged twice), the two non-leaf calls, the retained graph's two backwards and the upstream
 scalars' calls share their inputs. Now they are computed on the first judgment of an input set and
-kept, keyed by the slot (its name and serial: a set made again under a name is another), its `version` (bumped by every `InputSlot.commit`, so any change of the
-inputs is a new key) and the parameters; a different upstream scalar reuses them scaled. The
-values are the ones the first judgment computed, chunk for chunk, so verdicts are unchanged.
+kept, keyed by the slot (its name and serial: a set made again under a name is another), its
+`version` (bumped by every `InputSlot.commit`, so any change of the inputs is a new key) and the
+parameters; a different upstream scalar reuses them scaled. The values are the ones the first
+judgment computed, chunk for chunk, so verdicts are unchanged.
 
 A second shortcut (`Memo`): a call whose outputs are bitwise equal to those of a judged call on the
 same inputs (same slot version, parameters and upstream scalar) gets that call's comparisons: the
