@@ -11,6 +11,9 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   tiles, index widths or paths; on CUDA rows past a grid dimension's 65535) and past twice the largest value
   the member's default workloads on this device use (at most REACH_CAP), odd and off every power of two, the
   other axes small;
+- the vocabulary call's rows each peak in the vocabulary's upper half (`late_peaks`), clear of the lower half:
+  an online log-sum-exp that never rescales is then wrong on every row, not only on the draws that raise a
+  row's maximum late and by much;
 - each token kept with probability 3/4 (every tile keeps tokens, the mask varies along a long row), each call
   backpropagating an upstream scalar of another kind, half of them through torch.autograd.grad;
 - the calls take in turn each dtype the differentiable input declares that no default workload of the
@@ -35,7 +38,7 @@ from grpo_conform.compare import describe_outputs
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.checks.upstreams import draw_upstream
 from grpo_conform.checks import member_calls
-from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, mask_input
+from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_LATE_PEAKS, mask_input
 
 CHECK = "reach"
 
@@ -86,7 +89,7 @@ def reach(run: WorkloadConformance) -> None:
             mask = mask_input(run)
             given = {mask: reach_mask(rw.shapes[mask], types[mask], base + i)} if mask else None
             x = run.op.generate(run.spec, rw, base + i, run.device, out=inp.pristine, values=run.model.values,
-                                given=given)
+                                given=given, late_peaks=lead in REACH_LATE_PEAKS)
             inp.publish()
             run.op.keep_generated(inp.pristine, x)
             label = run._label(f"R{i + 1}")

@@ -1,0 +1,73 @@
+"""Late peaks: each row's largest logit placed in the upper half of the vocabulary, clear of the lower half.
+
+Why: an online log-sum-exp over vocabulary tiles that forgets to rescale its running sum when a later tile
+raises the maximum is exact wherever every row's maximum sits in the first tile, and only slightly wrong
+where the later maxima rise little. Drawn logits put the maximum anywhere and raise it by chance amounts, so
+on the reach probe's vocabulary call (4-9 rows, hidden 8-32) one draw in a few hundred left such a kernel
+inside tolerance (clean-clone CI run 182, docs/timing.md). A peak PEAK_MARGIN row scales above every logit of
+the lower half, in the upper half, makes that kernel's sum wrong on every row for every tile width up to V/2,
+by construction. The reach probe asks for it on its vocabulary call only (`late_peaks=True`); every other
+draw keeps the profiles' shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PEAK_MARGIN = 4.0  # row scales (the row's std, at least 1) times the temperature (at least 1) above the lower half
+
+
+def peak_columns(targets: torch.Tensor, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """One column per row, distinct, in [vocab // 2, vocab), never the row's own target (a peak on the target
+    makes the row near one-hot at the token, which hides what a kernel does with it)."""
+    rows = targets.numel()
+    low = vocab // 2
+    if vocab - low < 2 * rows:
+        raise ValueError(f"late peaks need a vocabulary of at least {4 * rows} for {rows} rows, got {vocab}")
+    cols = torch.randperm(vocab - low, generator=gen)[: 2 * rows] + low
+    own = cols[:rows] == targets.cpu().to(torch.int64)
+    return torch.where(own, cols[rows:], cols[:rows])  # the spare columns are distinct from the first ones
+
+
+def peak_heights(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """For rows of logits `z` [R, V] (float), the height each row's peak needs: its largest logit plus the
+    margin in row scales."""
+    scale = z.std(-1).clamp_min(1.0) * max(1.0, float(temperature))
+    return z.amax(-1) + PEAK_MARGIN * scale
+
+
+def place_logits(flat: torch.Tensor, targets: torch.Tensor, temperature: float, gen: torch.Generator) -> None:
+    """Logits rows `flat` [R, V] in place: each row's peak column set to its height (within the dtype's range
+    less a factor 4, where the generator clamps)."""
+    cols = peak_columns(targets, flat.shape[1], gen).to(flat.device)
+    z = flat.float()
+    height = peak_heights(z, temperature).clamp_max(torch.finfo(flat.dtype).max / 4)
+    flat[torch.arange(flat.shape[0], device=flat.device), cols] = height.to(flat.dtype)
+
+
+def place_weight_rows(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                      temperature: float, gen: torch.Generator) -> None:
+    """Through the lm_head (fused linear): weight rows of the peak columns written so that hidden row r's logit
+    at its column is its height. Where the rows are independent (R <= H) the new weight rows are solved so
+    each row's peak column gives every other row a logit of 0 (float64 Gram solve); else each is hidden row r
+    scaled, whose logits at the other rows' columns land wherever they land, all in the upper half."""
+    h = hidden.reshape(-1, hidden.shape[-1]).double()
+    cols = peak_columns(targets.reshape(-1), weight.shape[0], gen).to(weight.device)
+    z = (h @ weight.double().T) + (0.0 if bias is None else bias.double())
+    height = peak_heights(z, temperature)
+    own = height - (0.0 if bias is None else bias.double()[cols])
+    rows = h.shape[0]
+    gram = h @ h.T
+    tries = [own[:, None] * h / gram.diagonal().clamp_min(1e-300)[:, None]]
+    if rows <= h.shape[1]:
+        solved = torch.linalg.solve_ex(gram, torch.diag(own))
+        if int(solved.info.max()) == 0:
+            tries.insert(0, solved.result.T @ h)  # w_r . h_s = own_r * [r == s]
+    lower = z[:, : weight.shape[0] // 2].amax(-1)
+    for w in tries:
+        rounded = w.to(weight.dtype)
+        got = (h * rounded.double()).sum(-1) + (0.0 if bias is None else bias.double()[cols])
+        if bool((got - lower >= 0.5 * (height - lower)).all()):  # rounding kept at least half the margin
+            weight[cols] = rounded
+            return
+    raise AssertionError("no peak weight rows kept half their margin once rounded")  # the projection always does
