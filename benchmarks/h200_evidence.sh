@@ -33,6 +33,7 @@
 #   B16_MEMBERS="..." bash benchmarks/h200_evidence.sh once32   # compile ahead without/with the once-per-member
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
+#   bash benchmarks/h200_evidence.sh s34        # an H200: triton-fused records (MEMBERS); an H100: mem35's HEAD run
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
@@ -344,6 +345,19 @@ PY
     fi
     unset GRPO_CONFORM_SAMPLE GRPO_CONFORM_WORKER_PROFILE
     kill $smi
+    ;;
+  s34)  # thirty-fourth session: whichever card came. An H200: triton-fused at seed-b2..b16 with records (issue 32: the
+        # H200 has no record of identity 1a23faaacdef; MEMBERS, default the first five, DEADLINE default 440). An H100:
+        # mem35's HEAD run alone (the layouts set let go after its probe, e6cfea3: its batch-8 peaks, unmeasured)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    if grep -q H200 "$R/nvidia-smi.txt"; then
+      status "an H200: triton-fused records"
+      MEMBERS=${MEMBERS:-token-is token-is-bias token-offpolicy-mask token-offpolicy-mask-kl token-offpolicy-mask-kl-ref-weight} \
+        DEADLINE=${DEADLINE:-440} bash "$0" round32t
+    else
+      status "not an H200: the default check's memory (mem35, HEAD only)"
+      ORDER=B bash "$0" mem35
+    fi
     ;;
   mem35)  # thirty-third session (issue 35, ~8 min): the memory a workload's grant asks for, HEAD's estimate (B) against
           # another (A: a copy of the tree with device_memory.py's two constants set from ALT="SETS GIB", default
