@@ -123,8 +123,15 @@ def main():
         row("liger: forward + backward", liger_full)
     except ImportError:
         print("liger not installed")
+    profile("token-is (seed call)", full)
+    members(impl, lg)
+
+
+def profile(label, full) -> None:
+    """cProfile of 200 full calls (host), then the device kernels and the CPU-side ops of 20."""
     import cProfile
     import pstats
+    print(f"\n== {label}")
     torch.cuda.synchronize()
     prof_py = cProfile.Profile()
     prof_py.enable()
@@ -132,16 +139,62 @@ def main():
         full()
     torch.cuda.synchronize()
     prof_py.disable()
-    pstats.Stats(prof_py).sort_stats("tottime").print_stats(18)
+    pstats.Stats(prof_py).sort_stats("tottime").print_stats(14)
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
             full()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.key_averages()]
-    print("device kernels per full call:")
-    for e in kernels:
-        print(f"  {e.key[:70]:70s} count {e.count // 20:3d} x {e.device_time / max(1, e.count):7.2f} us")
+    print("per full call (20 profiled): op, count, CPU us, device us")
+    for e in sorted(prof.key_averages(), key=lambda e: -(e.self_cpu_time_total + e.self_device_time_total))[:25]:
+        print(f"  {e.key[:60]:60s} {e.count / 20:5.1f} x cpu {e.self_cpu_time_total / max(1, e.count):7.2f}"
+              f" dev {e.self_device_time_total / max(1, e.count):7.2f}")
+
+
+def members(impl, lg) -> None:
+    """The sweep's launch-bound rows (sweep_cuda.member_kwargs: token-is, the masked token member, GSPO):
+    why the masked member's full call took 0.318 ms against token-is's 0.136 on an H100 (2026-12-06)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import sweep_cuda as sc
+    import sweep_plan as sp
+    shape = sp.Shape(vocab=lg.shape[-1], batch=lg.shape[0], seq=lg.shape[1] - 1, dtype="bfloat16")
+    x, ids, adv, old, mask = sc.make_inputs(shape, seed=1)
+    leaf = x.detach().requires_grad_(True)
+    for member in sp.MEMBERS:
+        kw = sc.member_kwargs(member, ids, adv, old, mask)
+
+        def full(kw=kw):
+            leaf.grad = None
+            impl.grpo_loss(leaf, **kw).backward()
+
+        row(f"sweep {member}: forward + backward", full)
+        for name, t in (("bool mask", mask.bool()), ("float mask", mask.float())):
+            if "completion_mask" in kw:
+                row(f"sweep {member}: forward + backward, {name}", lambda kw=dict(kw, completion_mask=t):
+                    (setattr(leaf, "grad", None), impl.grpo_loss(leaf, **kw).backward()))
+        profile(f"sweep {member}", full)
+    # the masked member's deficit at V 32000 (1.14x its floor against token-is's 1.04x at b8 s1024 on an H100):
+    # each kernel's device time, both members, bf16
+    big = sp.Shape(vocab=32000, batch=8, seq=1024, dtype="bfloat16")
+    x, ids, adv, old, mask = sc.make_inputs(big, seed=2)
+    leaf = x.detach().requires_grad_(True)
+    print(f"\n== V 32000 b8 s1024: kept tokens {int(mask.sum())} of {mask.numel()}")
+    for member in sp.MEMBERS:
+        kw = sc.member_kwargs(member, ids, adv, old, mask)
+
+        def full(kw=kw):
+            leaf.grad = None
+            impl.grpo_loss(leaf, **kw).backward()
+
+        row(f"V32000 b8 {member}: forward + backward", full)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                full()
+            torch.cuda.synchronize()
+        for e in prof.key_averages():
+            if e.self_device_time_total > 0:
+                print(f"  {e.key[:60]:60s} {e.count / 10:5.1f} x dev {e.self_device_time_total / max(1, e.count):8.2f} us")
 
 
 if __name__ == "__main__":
