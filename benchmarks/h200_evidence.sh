@@ -349,12 +349,15 @@ PY
     ;;
   s34)  # thirty-fourth session: whichever card came. An H200: triton-fused at seed-b2..b16 with records (issue 32: the
         # H200 has no record of identity 1a23faaacdef; MEMBERS, default the first five, DEADLINE default 440). Another
-        # card: mem35's HEAD run alone, or with FALLBACK=default the default check of triton with timing, no records
+        # card: mem35's HEAD run alone, with FALLBACK=default the default check of triton with timing, no records, with
+        # FALLBACK=none nothing
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     if grep -q H200 "$R/nvidia-smi.txt"; then
       status "an H200: triton-fused records"
       MEMBERS=${MEMBERS:-token-is token-is-bias token-offpolicy-mask token-offpolicy-mask-kl token-offpolicy-mask-kl-ref-weight} \
         DEADLINE=${DEADLINE:-440} bash "$0" round32t
+    elif [ "${FALLBACK:-mem35}" = none ]; then
+      status "not an H200: nothing run (FALLBACK=none)"
     elif [ "${FALLBACK:-mem35}" = default ]; then
       status "not an H200: the default check of triton with timing, no records (a first run)"
       rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
