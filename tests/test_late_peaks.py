@@ -5,6 +5,9 @@ CI run 182; the gallery's fused-reach-vocab-tiles must fail reach on every draw)
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,16 @@ def test_without_late_peaks_the_drawn_maxima_fall_anywhere(family, member, axes,
         upper, _ = _late(_rows(spec, x), GrpoParameters.from_spec(spec).temperature)
         lower_seen += int((~upper).sum())
     assert lower_seen > 0
+
+
+def test_the_reach_draws_name_the_vocabulary_call_as_peaked():
+    """The record says which reach call had its rows peaked late: the vocabulary call, and only it."""
+    run = subprocess.run([sys.executable, "-m", "grpo_conform", "check", str(ROOT / "tests" / "gallery" / "reach-vocab-tiles-32768"),
+                          "--workload", "mask-small-bf16", "-k", "reach", "--no-evidence", "--format", "json"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 1, run.stderr[-2000:]  # the folder fails reach
+    report = json.loads(run.stdout)
+    calls = [d for w in report["implementations"][0]["workloads"] for d in w["draws"].get("reach", [])]
+    peaked = [d for d in calls if d["late_peaks"]]
+    assert len(calls) >= 3 and len(peaked) == 1
+    assert peaked[0]["axes"]["vocab"] >= 139265 and all(d["axes"]["vocab"] < 139265 for d in calls if not d["late_peaks"])

@@ -96,7 +96,7 @@ def reach(run: WorkloadConformance) -> None:
             method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
             c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
             what = {"call": label, "axes": axes, "dtype": dtype, "upstream": c, "method": method,
-                    "announced": calls[i] == shown[i]}
+                    "announced": calls[i] == shown[i], "late_peaks": lead in REACH_LATE_PEAKS}
             done.append(what)
             f = run.forward(label, inp, (CHECK,))
             if f is None:
