@@ -34,7 +34,7 @@
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
 #   bash benchmarks/h200_evidence.sh s34        # an H200: triton-fused records (MEMBERS); an H100: mem35's HEAD run
-#   bash benchmarks/h200_evidence.sh s34b       # reach's late peaks on CUDA; the launch-bound members' host profile
+#   bash benchmarks/h200_evidence.sh s34b       # reach's peaks on CUDA; the launch-bound members' host profile
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
@@ -367,7 +367,7 @@ PY
       ORDER=B bash "$0" mem35
     fi
     ;;
-  s34b)  # thirty-fourth session (~3 min): reach's late peaks on CUDA (honest kernels of both operations pass reach,
+  s34b)  # thirty-fourth session (~3 min): reach's peaks on CUDA (honest kernels of both operations pass reach,
          # the gallery's online log-sum-exp without a rescale fails it), then where the masked member's launch-bound
          # call goes (benchmarks/research/host_overhead_probe.py: host profile and device kernels, three members;
          # the kernels at V 32000 b8)

@@ -11,8 +11,9 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   tiles, index widths or paths; on CUDA rows past a grid dimension's 65535) and past twice the largest value
   the member's default workloads on this device use (at most REACH_CAP), odd and off every power of two, the
   other axes small;
-- the vocabulary call's rows each peak in the vocabulary's upper half (`late_peaks`), clear of the lower half:
-  an online log-sum-exp that never rescales is then wrong on every row, not only on the draws that raise a
+- the vocabulary call's rows each peak (`spread_peaks`): a planted largest logit clear of the rest of its row,
+  the rows' peaks spread over the vocabulary, so an online log-sum-exp that never rescales is wrong on every
+  row whose peak lies outside the first region it reads, whatever its order, not only on the draws that raise a
   row's maximum late and by much;
 - each token kept with probability 3/4 (every tile keeps tokens, the mask varies along a long row), each call
   backpropagating an upstream scalar of another kind, half of them through torch.autograd.grad;
@@ -38,7 +39,7 @@ from grpo_conform.compare import describe_outputs
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.checks.upstreams import draw_upstream
 from grpo_conform.checks import member_calls
-from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_LATE_PEAKS, mask_input
+from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_SPREAD_PEAKS, mask_input
 
 CHECK = "reach"
 
@@ -89,14 +90,14 @@ def reach(run: WorkloadConformance) -> None:
             mask = mask_input(run)
             given = {mask: reach_mask(rw.shapes[mask], types[mask], base + i)} if mask else None
             x = run.op.generate(run.spec, rw, base + i, run.device, out=inp.pristine, values=run.model.values,
-                                given=given, late_peaks=lead in REACH_LATE_PEAKS)
+                                given=given, spread_peaks=lead in REACH_SPREAD_PEAKS)
             inp.publish()
             run.op.keep_generated(inp.pristine, x)
             label = run._label(f"R{i + 1}")
             method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
             c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
             what = {"call": label, "axes": axes, "dtype": dtype, "upstream": c, "method": method,
-                    "announced": calls[i] == shown[i], "late_peaks": lead in REACH_LATE_PEAKS}
+                    "announced": calls[i] == shown[i], "spread_peaks": lead in REACH_SPREAD_PEAKS}
             done.append(what)
             f = run.forward(label, inp, (CHECK,))
             if f is None:

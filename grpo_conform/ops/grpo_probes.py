@@ -245,9 +245,10 @@ REACH_CAP = {"batch": 128, "seq": 131072, "vocab": 262144, "hidden": 4096}
 #: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
 #: that added d weight into .grad itself and returned nothing passed every backward call)
 REACH_AUTOGRAD = ("seq", "vocab")
-#: the axes whose reach call peaks every row in the vocabulary's upper half (the operation's `late_peaks`): an online
-#: log-sum-exp that never rescales is then wrong on every row of it (generators/late_peaks.py says why)
-REACH_LATE_PEAKS = ("vocab",)
+#: the axes whose reach call plants a peak in every row, the rows' peaks spread over the vocabulary (the operation's
+#: `spread_peaks`): an online log-sum-exp that never rescales is then wrong on most rows of it, whatever order it
+#: reads them in (generators/spread_peaks.py says why)
+REACH_SPREAD_PEAKS = ("vocab",)
 
 
 def without_kl(spec: Spec) -> str | None:

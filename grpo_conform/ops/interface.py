@@ -138,12 +138,12 @@ class Operation(Protocol):
     def generate(self, spec: "Spec", resolved: "ResolvedWorkload", seed: int, device: Any, *,
                  profiles: Optional[Sequence[str]] = None, out: Optional[dict] = None,
                  values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None,
-                 given: Optional[Mapping[str, Any]] = None, late_peaks: bool = False) -> Any:
+                 given: Optional[Mapping[str, Any]] = None, spread_peaks: bool = False) -> Any:
         """Seeded inputs (an object with `.tensors` {name: tensor} and `.covered`); with `out` written in place.
         `given`: inputs whose values the caller fixes (a probe shaping a set as a trainer makes it); the rest
-        is drawn given them, with the generator's guarantees about them (GRPO: `member_inputs`). `late_peaks`:
-        each row's largest logit in the vocabulary's upper half, clear of the lower half (reach's vocabulary
-        call: `generators.late_peaks` says why)."""
+        is drawn given them, with the generator's guarantees about them (GRPO: `member_inputs`). `spread_peaks`:
+        each row's largest logit a planted peak clear of the rest of its row, the rows' peaks spread over the
+        vocabulary (reach's vocabulary call: `generators.spread_peaks` says why)."""
         ...
 
     def keep_generated(self, x: Mapping[str, "torch.Tensor"], generated: Any) -> None:

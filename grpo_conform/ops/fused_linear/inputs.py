@@ -40,7 +40,7 @@ from grpo_conform.ops.fused_linear import draws
 from grpo_conform.ops.fused_linear.reference import generated_row_stats
 from grpo_conform.ops.fused_linear.row_pass import RowPass
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
-from grpo_conform.ops.grpo_logits.generators import late_peaks as late_peaks_
+from grpo_conform.ops.grpo_logits.generators import spread_peaks as spread_peaks_
 from grpo_conform.ops.grpo_logits.generators.masks import classify
 from grpo_conform.ops.grpo_logits.member_inputs import (
     HostDraws, check_given, fill_completion_mask, old_logprobs_for,
@@ -100,14 +100,15 @@ def _profiled_hidden(n: int, hidden: int, profiles: Sequence[Any], gen: torch.Ge
 def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
              out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None,
              case: Optional[int] = None, given: Optional[Mapping[str, torch.Tensor]] = None,
-             late_peaks: bool = False) -> Inputs:
+             spread_peaks: bool = False) -> Inputs:
     """Seeded inputs. The large tensors (weight, hidden, bias, the reference lm_head's) are drawn in
     float32 on their own device, block by block (`draws`: CUDA generators for a CUDA workload, CPU
     generators spread over threads for a CPU one), then rounded into the tensors' dtypes; the [B, T]
     grids (ids, advantages, the rows' profiles, mask, log-probs) with CPU generators, so one seed gives
     the same grids on every device. Log-probs derived from the rounded values in float64. `given`: advantages
-    and a mask the caller fixes (`member_inputs.GIVEN`); the rest is drawn given them. `late_peaks`: each row's
-    largest logit in the vocabulary's upper half, through the weight rows (`generators.late_peaks`)."""
+    and a mask the caller fixes (`member_inputs.GIVEN`); the rest is drawn given them. `spread_peaks`: each row's
+    largest logit a planted peak, the rows' peaks spread over the vocabulary, through the weight rows
+    (`generators.spread_peaks`)."""
     given = check_given(given)
     names = tuple(profiles or spec.validation.base_profiles)
     tensors = out if out is not None else allocate(spec, resolved, device)
@@ -149,8 +150,8 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     del h
     if "bias" in tensors:
         draws.fill(tensors["bias"], seed, draws.BIAS)
-    if late_peaks:  # before the reference lm_head copies the weight, and before the log-probs are derived
-        late_peaks_.place_weight_rows(tensors["hidden"], weight, tensors.get("bias"), ids,
+    if spread_peaks:  # before the reference lm_head copies the weight, and before the log-probs are derived
+        spread_peaks_.place_weight_rows(tensors["hidden"], weight, tensors.get("bias"), ids,
                                       float(GrpoParameters.from_spec(spec, values).temperature), gen)
     # The reference lm_head: the policy's rounded values plus noise drawn beside them, block by block.
     # Relative noise on a weight (bias) is REF_NOISE times its drawn std, 1/sqrt(H) (1): no pass for it.

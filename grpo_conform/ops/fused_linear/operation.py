@@ -100,9 +100,9 @@ class GrpoFusedLinear:
 
     def generate(self, spec, resolved, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
                  out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None,
-                 given: Optional[Mapping[str, Any]] = None, late_peaks: bool = False):
+                 given: Optional[Mapping[str, Any]] = None, spread_peaks: bool = False):
         return _inputs.generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case,
-                                given=given, late_peaks=late_peaks)
+                                given=given, spread_peaks=spread_peaks)
 
     def keep_generated(self, x: Mapping[str, Any], generated) -> None:
         """The generator's row pass (members with old or reference log-probs) kept for the judge of `x`:

@@ -23,7 +23,7 @@ import torch
 
 from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
-from grpo_conform.ops.grpo_logits.generators import late_peaks as late_peaks_
+from grpo_conform.ops.grpo_logits.generators import spread_peaks as spread_peaks_
 from grpo_conform.ops.grpo_logits.member_inputs import (
     HostDraws, check_given, fill_member_inputs, host_to,
 )
@@ -200,14 +200,15 @@ def generate(
     values: Mapping[str, Any] | None = None,
     case: int | None = None,
     given: Mapping[str, torch.Tensor] | None = None,
-    late_peaks: bool = False,
+    spread_peaks: bool = False,
 ) -> Inputs:
     """Seeded inputs for a workload. With `out`, values are written in place into those tensors.
     `values`: the call's parameter values (drawn ones), which the members' old log-probs follow.
     `case`: the index of this input set in its workload (generators rotate layouts with it; None:
     drawn from the seed alone). `Inputs.covered` says what the set holds (for the workload's draws).
     `given`: advantages and a mask the caller fixes (`member_inputs.GIVEN`); the rest is drawn given them.
-    `late_peaks`: each row's largest logit in the vocabulary's upper half (`generators.late_peaks`)."""
+    `spread_peaks`: each row's largest logit a planted peak, the rows' peaks spread over the vocabulary
+    (`generators.spread_peaks`)."""
     given = check_given(given)
     profiles = tuple(profiles or spec.validation.base_profiles)
     tensors = out if out is not None else allocate(resolved, spec, device)
@@ -232,9 +233,9 @@ def generate(
     for row, pos in host.binding.items():  # where the clip is made to bind, a gradient to show it by
         special[row, pos] = True
     fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small, unpeaked=special)
-    if late_peaks:  # before the log-probs are derived (the exact-tie rows drawn after keep their own shape)
+    if spread_peaks:  # before the log-probs are derived (the exact-tie rows drawn after keep their own shape)
         targets = torch.nn.functional.pad(tensors["completion_ids"].to(torch.int64), (0, 1)).reshape(-1)
-        late_peaks_.place_logits(tensors["logits"].view(-1, vocab), targets,
+        spread_peaks_.place_logits(tensors["logits"].view(-1, vocab), targets,
                                  float(GrpoParameters.from_spec(spec, values).temperature), cpu_gen)
     found: dict[str, Any] = {}
     # mask, log-probs, ratios

@@ -48,9 +48,9 @@ class GrpoLogits:
 
     def generate(self, spec, resolved, seed: int, device, *, profiles: Optional[Sequence[str]] = None,
                  out: Optional[dict] = None, values: Optional[Mapping[str, Any]] = None, case: Optional[int] = None,
-                 given: Optional[Mapping[str, Any]] = None, late_peaks: bool = False):
+                 given: Optional[Mapping[str, Any]] = None, spread_peaks: bool = False):
         return generate(spec, resolved, seed, device, profiles=profiles, out=out, values=values, case=case, given=given,
-                        late_peaks=late_peaks)
+                        spread_peaks=spread_peaks)
 
     def keep_generated(self, x: Mapping[str, Any], generated) -> None:
         """Nothing here: the generator's log-probs (`Inputs.logp`) go to the engine's reference cache by slot

@@ -1,32 +1,38 @@
-"""Late peaks: each row's largest logit placed in the upper half of the vocabulary, clear of the lower half.
+"""Spread peaks: each row's largest logit a planted peak, clear of the rest of the row, the rows' peaks spread over
+the vocabulary (one row in each of R equal strata).
 
 Why: an online log-sum-exp over vocabulary tiles that forgets to rescale its running sum when a later tile
-raises the maximum is exact wherever every row's maximum sits in the first tile, and only slightly wrong
-where the later maxima rise little. Drawn logits put the maximum anywhere and raise it by chance amounts, so
-on the reach probe's vocabulary call (4-9 rows, hidden 8-32) one draw in a few hundred left such a kernel
-inside tolerance (clean-clone CI run 182, docs/timing.md). A peak PEAK_MARGIN row scales above every logit of
-the lower half, in the upper half, makes that kernel's sum wrong on every row for every tile width up to V/2,
-by construction. The reach probe asks for it on its vocabulary call only (`late_peaks=True`); every other
-draw keeps the profiles' shapes.
+raises the maximum is exact wherever every row's maximum sits in the first tile it reads, and only slightly
+wrong where the later maxima rise little. Drawn logits put the maximum anywhere and raise it by chance amounts,
+so on the reach probe's vocabulary call (4-9 rows, hidden 8-32) one draw in a few hundred left such a kernel
+inside tolerance (clean-clone CI run 182, docs/timing.md). A peak PEAK_MARGIN row scales above every other
+logit of its row makes that kernel's sum wrong on every row whose peak lies outside the first region it reads.
+The strata put the peaks everywhere: whatever order a kernel reads the vocabulary in, and however it splits it,
+a first region of half the vocabulary or less holds at most about half the rows' peaks. (The first form put
+every peak in the upper half: a kernel reading the upper half first, as one tile, and the lower half after it
+without a rescale, then passed; gallery `reach-vocab-halves`.) The reach probe asks for them on its vocabulary
+call only (`spread_peaks=True`); every other draw keeps the profiles' shapes.
 """
 
 from __future__ import annotations
 
 import torch
 
-PEAK_MARGIN = 4.0  # row scales (the row's std, at least 1) times the temperature (at least 1) above the lower half
+PEAK_MARGIN = 4.0  # row scales (the row's std, at least 1) times the temperature (at least 1) above the rest of the row
 
 
 def peak_columns(targets: torch.Tensor, vocab: int, gen: torch.Generator) -> torch.Tensor:
-    """One column per row, distinct, in [vocab // 2, vocab), never the row's own target (a peak on the target
+    """One column per row: the rows, in a drawn order, take the R equal strata of the vocabulary in turn, each a
+    column drawn inside its stratum (so the columns are distinct), never the row's own target (a peak on the target
     makes the row near one-hot at the token, which hides what a kernel does with it)."""
     rows = targets.numel()
-    low = vocab // 2
-    if vocab - low < 2 * rows:
-        raise ValueError(f"late peaks need a vocabulary of at least {4 * rows} for {rows} rows, got {vocab}")
-    cols = torch.randperm(vocab - low, generator=gen)[: 2 * rows] + low
-    own = cols[:rows] == targets.cpu().to(torch.int64)
-    return torch.where(own, cols[rows:], cols[:rows])  # the spare columns are distinct from the first ones
+    if vocab < 2 * rows:
+        raise ValueError(f"spread peaks need a vocabulary of at least {2 * rows} for {rows} rows, got {vocab}")
+    stratum = torch.randperm(rows, generator=gen)
+    lo, hi = stratum * vocab // rows, (stratum + 1) * vocab // rows  # every stratum at least 2 wide
+    cols = lo + (torch.rand(rows, generator=gen, dtype=torch.float64) * (hi - lo)).long().clamp(max=hi - lo - 1)
+    own = cols == targets.reshape(-1).cpu().to(torch.int64)
+    return torch.where(own, lo + (cols - lo + 1) % (hi - lo), cols)
 
 
 def peak_heights(z: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -50,7 +56,9 @@ def place_weight_rows(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     """Through the lm_head (fused linear): weight rows of the peak columns written so that hidden row r's logit
     at its column is its height. Where the rows are independent (R <= H) the new weight rows are solved so
     each row's peak column gives every other row a logit of 0 (float64 Gram solve); else each is hidden row r
-    scaled, whose logits at the other rows' columns land wherever they land, all in the upper half."""
+    scaled, whose logits at the other rows' columns land wherever they land (a row's largest logit is then one of
+    the peak columns, at least its own height). Whichever keeps at least half of every row's margin once rounded
+    into the weight's dtype (a near-singular solve may not)."""
     h = hidden.reshape(-1, hidden.shape[-1]).double()
     cols = peak_columns(targets.reshape(-1), weight.shape[0], gen).to(weight.device)
     z = (h @ weight.double().T) + (0.0 if bias is None else bias.double())
@@ -63,11 +71,11 @@ def place_weight_rows(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         solved = torch.linalg.solve_ex(gram, torch.diag(own))
         if int(solved.info.max()) == 0:
             tries.insert(0, solved.result.T @ h)  # w_r . h_s = own_r * [r == s]
-    lower = z[:, : weight.shape[0] // 2].amax(-1)
+    top = z.amax(-1)
     for w in tries:
         rounded = w.to(weight.dtype)
         got = (h * rounded.double()).sum(-1) + (0.0 if bias is None else bias.double()[cols])
-        if bool((got - lower >= 0.5 * (height - lower)).all()):  # rounding kept at least half the margin
+        if bool((got - top >= 0.5 * (height - top)).all()):  # rounding kept at least half the margin
             weight[cols] = rounded
             return
     raise AssertionError("no peak weight rows kept half their margin once rounded")  # the projection always does
