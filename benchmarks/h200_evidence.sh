@@ -34,7 +34,7 @@
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
 #   bash benchmarks/h200_evidence.sh s34        # an H200: triton-fused records (MEMBERS); an H100: mem35's HEAD run
-#   bash benchmarks/h200_evidence.sh s34b       # reach's peaks on CUDA; the launch-bound members' host profile
+#   bash benchmarks/h200_evidence.sh s34b       # reach's peaks on CUDA; the launch-bound members' host profile (PROBE=0: not)
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
 #   bash benchmarks/h200_evidence.sh sweep36b   # the staged HEAD path's CUDA tests at V 50257, the sweep at V 32000
 #                                               # and 50257 (+ 128256 b8) with --configs there
@@ -374,14 +374,18 @@ PY
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     for what in "implementations/triton-fused --member token-offpolicy-mask --workload tiny-bf16" \
                 "implementations/triton --member token-offpolicy-mask --workload mask-small-bf16" \
-                "tests/gallery/fused-reach-vocab-tiles --workload tiny-bf16"; do
+                "tests/gallery/fused-reach-vocab-tiles --workload tiny-bf16" \
+                "tests/gallery/reach-vocab-halves --workload mask-small-bf16"; do
       tag=$(echo "$what" | cut -d' ' -f1 | tr / -)
       timeout -s KILL 150 python3 -m grpo_conform check $what --device cuda -k reach --no-timing --no-evidence \
         > "$R/reach-$tag.txt" 2>&1
       status "reach on CUDA, $what: exit $?"; grep -E "reach " "$R/reach-$tag.txt" | head -3 | cut -c1-400
     done
-    timeout -s KILL 240 python3 benchmarks/research/host_overhead_probe.py > "$R/host-overhead.txt" 2>&1
-    status "host_overhead_probe: exit $?"; grep -vE "^ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ " "$R/host-overhead.txt" | cut -c1-160 | head -150
+    if [ "${PROBE:-1}" = 1 ]; then
+      timeout -s KILL 240 python3 benchmarks/research/host_overhead_probe.py > "$R/host-overhead.txt" 2>&1
+      status "host_overhead_probe: exit $?"
+      grep -vE "^ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ " "$R/host-overhead.txt" | cut -c1-160 | head -150
+    fi
     ;;
   mem35)  # thirty-third session (issue 35, ~8 min): the memory a workload's grant asks for, HEAD's estimate (B) against
           # another (A: a copy of the tree with device_memory.py's two constants set from ALT="SETS GIB", default
