@@ -7,6 +7,7 @@ checks each)."""
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -169,12 +170,15 @@ def test_the_peers_check_end_to_end(folder):
     # every probe (no -k): the forward-only and pattern probes read the operation's own reference loss
     # (a logits-only reference path there crashed every off-policy member before 2026-12-03)
     run = _check(folder, "token-offpolicy-mask-kl-ref-weight")
-    if folder.endswith("liger"):  # Liger 0.8.5 raises under torch.inference_mode: `runs`, and only that, fails
+    if folder.endswith("liger"):  # Liger 0.8.5 raises under torch.inference_mode: `runs` fails on every draw
         assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-        # the summary lines first (which checks failed: one CI run, of ~20, saw a second), then the tail
         summary = "\n".join(line for line in run.stdout.splitlines() if "check(s) failed" in line)
-        assert "1 check(s) failed: runs" in run.stdout and "Inference tensors" in run.stdout, \
-            summary + "\n...\n" + run.stdout[-3000:]
+        failed = set(re.findall(r"([a-z][a-z-]+) \(\d+ of \d+ workloads\)", summary))
+        assert "runs" in failed and "Inference tensors" in run.stdout, summary + "\n...\n" + run.stdout[-3000:]
+        # On a rare draw Liger's outputs are also not finite under the baseline's huge poison and on the
+        # adversarial rows (clean-clone run 185, and one CI run of ~20 before it; 0 of 14 draws here): a
+        # finding about Liger, never one about its gradient
+        assert failed <= {"runs", "finite", "adversarial-inputs"}, summary
         return
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "gradient of hidden" in run.stdout or "gradient" in run.stdout
