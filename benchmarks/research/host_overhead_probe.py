@@ -152,6 +152,20 @@ def profile(label, full) -> None:
               f" dev {e.self_device_time_total / max(1, e.count):7.2f}")
 
 
+def _member_calls(impl, sc, sp, shape, seed: int):
+    """(member, kwargs, full call) for each of the sweep's members at `shape` (sweep_cuda's inputs)."""
+    x, ids, adv, old, mask = sc.make_inputs(shape, seed=seed)
+    leaf = x.detach().requires_grad_(True)
+    for member in sp.MEMBERS:
+        kw = sc.member_kwargs(member, ids, adv, old, mask)
+
+        def full(kw=kw):
+            leaf.grad = None
+            impl.grpo_loss(leaf, **kw).backward()
+
+        yield member, kw, full, mask, leaf
+
+
 def members(impl, lg) -> None:
     """The sweep's launch-bound rows (sweep_cuda.member_kwargs: token-is, the masked token member, GSPO):
     why the masked member's full call took 0.318 ms against token-is's 0.136 on an H100 (2026-12-06)."""
@@ -159,15 +173,7 @@ def members(impl, lg) -> None:
     import sweep_cuda as sc
     import sweep_plan as sp
     shape = sp.Shape(vocab=lg.shape[-1], batch=lg.shape[0], seq=lg.shape[1] - 1, dtype="bfloat16")
-    x, ids, adv, old, mask = sc.make_inputs(shape, seed=1)
-    leaf = x.detach().requires_grad_(True)
-    for member in sp.MEMBERS:
-        kw = sc.member_kwargs(member, ids, adv, old, mask)
-
-        def full(kw=kw):
-            leaf.grad = None
-            impl.grpo_loss(leaf, **kw).backward()
-
+    for member, kw, full, mask, leaf in _member_calls(impl, sc, sp, shape, 1):
         row(f"sweep {member}: forward + backward", full)
         for name, t in (("bool mask", mask.bool()), ("float mask", mask.float())):
             if "completion_mask" in kw:
@@ -175,18 +181,13 @@ def members(impl, lg) -> None:
                     (setattr(leaf, "grad", None), impl.grpo_loss(leaf, **kw).backward()))
         profile(f"sweep {member}", full)
     # the masked member's deficit at V 32000 (1.14x its floor against token-is's 1.04x at b8 s1024 on an H100):
-    # each kernel's device time, both members, bf16
+    # each kernel's device time, every member, bf16
     big = sp.Shape(vocab=32000, batch=8, seq=1024, dtype="bfloat16")
-    x, ids, adv, old, mask = sc.make_inputs(big, seed=2)
-    leaf = x.detach().requires_grad_(True)
-    print(f"\n== V 32000 b8 s1024: kept tokens {int(mask.sum())} of {mask.numel()}")
-    for member in sp.MEMBERS:
-        kw = sc.member_kwargs(member, ids, adv, old, mask)
-
-        def full(kw=kw):
-            leaf.grad = None
-            impl.grpo_loss(leaf, **kw).backward()
-
+    first = True
+    for member, _kw, full, mask, _leaf in _member_calls(impl, sc, sp, big, 2):
+        if first:
+            print(f"\n== V 32000 b8 s1024: kept tokens {int(mask.sum())} of {mask.numel()}")
+            first = False
         row(f"V32000 b8 {member}: forward + backward", full)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
