@@ -7,13 +7,12 @@ are derived. Without it a kernel whose online log-sum-exp never rescales passed 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import cli_here
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.fused_linear.reference import generated_row_stats
 from grpo_conform.ops.grpo_logits.generators.spread_peaks import PEAK_MARGIN, peak_columns
@@ -110,9 +109,8 @@ def test_without_the_peaks_no_row_stands_that_far_above_the_rest(family, member,
 
 def test_the_reach_draws_name_the_vocabulary_call_as_peaked():
     """The record says which reach call had its rows peaked late: the vocabulary call, and only it."""
-    run = subprocess.run([sys.executable, "-m", "grpo_conform", "check", str(ROOT / "tests" / "gallery" / "reach-vocab-tiles-32768"),
-                          "--workload", "mask-small-bf16", "-k", "reach", "--no-evidence", "--format", "json"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    run = cli_here("check", ROOT / "tests" / "gallery" / "reach-vocab-tiles-32768", "--workload", "mask-small-bf16",
+                   "-k", "reach", "--no-evidence", "--format", "json")
     assert run.returncode == 1, run.stderr[-2000:]  # the folder fails reach
     report = json.loads(run.stdout)
     calls = [d for w in report["implementations"][0]["workloads"] for d in w["draws"].get("reach", [])]
