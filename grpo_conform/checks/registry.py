@@ -82,7 +82,8 @@ _CHECKS = (
     CheckInfo("reach", "calls past the sizes where kernels switch (batch past 32, rows past 1024 in one sequence, "
               "vocabulary past 2^17, hidden past 1024; on CUDA rows past 65535), one axis at a time, in each declared dtype the "
               "default workloads leave out, with a mask drawn per token, an upstream scalar other than 1 and, for "
-              "rows and vocabulary, torch.autograd.grad: all match the reference", (2, 21)),
+              "rows and vocabulary, torch.autograd.grad, the vocabulary call's rows each with a planted peak, the peaks "
+              "spread over the vocabulary: all match the reference", (2, 21)),
     CheckInfo("no-global-side-effects", "the process's global state is as each call found it: default dtype and "
               "device, grad mode, anomaly and determinism flags, TF32, cuDNN flags, thread count, and random "
               "generators never reseeded (a worker-side tripwire, like tamper-scan)", ()),
