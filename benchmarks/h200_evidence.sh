@@ -354,8 +354,9 @@ PY
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     if grep -q H200 "$R/nvidia-smi.txt"; then
       status "an H200: triton-fused records"
-      MEMBERS=${MEMBERS:-token-is token-is-bias token-offpolicy-mask token-offpolicy-mask-kl token-offpolicy-mask-kl-ref-weight} \
-        DEADLINE=${DEADLINE:-440} bash "$0" round32t
+      # exec: the part it hands over to packs $OUT itself (a second pack here wrote an empty archive, call 1)
+      exec env MEMBERS="${MEMBERS:-token-is token-is-bias token-offpolicy-mask token-offpolicy-mask-kl token-offpolicy-mask-kl-ref-weight}" \
+        DEADLINE="${DEADLINE:-440}" bash "$0" round32t
     elif [ "${FALLBACK:-mem35}" = none ]; then
       status "not an H200: nothing run (FALLBACK=none)"
     elif [ "${FALLBACK:-mem35}" = default ]; then
@@ -364,7 +365,7 @@ PY
       default_check "${DEADLINE:-240}"
     else
       status "not an H200: the default check's memory (mem35, HEAD only)"
-      ORDER=B bash "$0" mem35
+      exec env ORDER=B bash "$0" mem35
     fi
     ;;
   s34b)  # thirty-fourth session (~3 min): reach's peaks on CUDA (honest kernels of both operations pass reach,

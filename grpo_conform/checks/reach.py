@@ -89,15 +89,16 @@ def reach(run: WorkloadConformance) -> None:
             run.subnormal = 2.0 * info.tiny * info.eps
             mask = mask_input(run)
             given = {mask: reach_mask(rw.shapes[mask], types[mask], base + i)} if mask else None
+            peaks = lead in REACH_SPREAD_PEAKS
             x = run.op.generate(run.spec, rw, base + i, run.device, out=inp.pristine, values=run.model.values,
-                                given=given, spread_peaks=lead in REACH_SPREAD_PEAKS)
+                                given=given, spread_peaks=peaks)
             inp.publish()
             run.op.keep_generated(inp.pristine, x)
             label = run._label(f"R{i + 1}")
             method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
             c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
             what = {"call": label, "axes": axes, "dtype": dtype, "upstream": c, "method": method,
-                    "announced": calls[i] == shown[i], "spread_peaks": lead in REACH_SPREAD_PEAKS}
+                    "announced": calls[i] == shown[i], "spread_peaks": peaks}
             done.append(what)
             f = run.forward(label, inp, (CHECK,))
             if f is None:
