@@ -33,6 +33,7 @@
 #   B16_MEMBERS="..." bash benchmarks/h200_evidence.sh once32   # compile ahead without/with the once-per-member
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
+#   bash benchmarks/h200_evidence.sh s36a       # h/norm36 on an H200: triton's records, then the sweep in what is left
 #   bash benchmarks/h200_evidence.sh s34        # an H200: triton-fused records (MEMBERS); an H100: mem35's HEAD run
 #   bash benchmarks/h200_evidence.sh s34b       # reach's peaks on CUDA; the launch-bound members' host profile (PROBE=0: not)
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
@@ -346,6 +347,28 @@ PY
     fi
     unset GRPO_CONFORM_SAMPLE GRPO_CONFORM_WORKER_PROFILE
     kill $smi
+    ;;
+  s36a)  # thirty-fifth session, first call (~9.5 min): h/norm36 (the tiled sequence kernels, the fp16 V 32000 rules).
+         # An H200: the CUDA member tests, the default check of triton with records (DEADLINE, default 220: its 20
+         # members at the new folder identity), then the sweep (issue 36) in what is left. Another card: the member
+         # tests and reach's peaks on CUDA (s34b, PROBE=0), no records
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py -k member_matches \
+      > "$R/cuda-member-tests.txt" 2>&1
+    status "CUDA member tests: exit $?"; tail -2 "$R/cuda-member-tests.txt"
+    if grep -q H200 "$R/nvidia-smi.txt"; then
+      rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+      default_check "${DEADLINE:-220}" records
+      left=$(( ${CALL_S:-585} - SECONDS - 25 ))
+      status "sweep: $left s left"
+      if [ "$left" -gt 120 ]; then
+        timeout -s KILL "$left" python3 benchmarks/sweep_logits.py --budget-s $((left - 30)) --out "$R/sweep.json" \
+          > "$R/sweep.log" 2>&1
+        status "sweep_logits: exit $?"; tail -c 6000 "$R/sweep.log"
+      fi
+    else
+      exec env PROBE=0 bash "$0" s34b  # its pack holds this part's reports too
+    fi
     ;;
   s34)  # thirty-fourth session: whichever card came. An H200: triton-fused at seed-b2..b16 with records (issue 32: the
         # H200 has no record of identity 1a23faaacdef; MEMBERS, default the first five, DEADLINE default 440). Another
