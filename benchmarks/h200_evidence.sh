@@ -349,14 +349,11 @@ PY
     kill $smi
     ;;
   s36a)  # thirty-fifth session, first call (~9.5 min): h/norm36 (the tiled sequence kernels, the fp16 V 32000 rules).
-         # An H200: the CUDA member tests, the default check of triton with records (DEADLINE, default 220: its 20
+         # An H200: the default check of triton with records (DEADLINE, default 220: its 20
          # members at the new folder identity), then the sweep (issue 36) in what is left. Another card: the member
          # tests and reach's peaks on CUDA (s34b, PROBE=0), no records
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py -k member_matches \
-      > "$R/cuda-member-tests.txt" 2>&1
-    status "CUDA member tests: exit $?"; tail -2 "$R/cuda-member-tests.txt"
-    if grep -q H200 "$R/nvidia-smi.txt"; then
+    if grep -q H200 "$R/nvidia-smi.txt"; then  # the default check is the branch's CUDA test here
       rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
       default_check "${DEADLINE:-220}" records
       left=$(( ${CALL_S:-585} - SECONDS - 25 ))
@@ -367,6 +364,9 @@ PY
         status "sweep_logits: exit $?"; tail -c 6000 "$R/sweep.log"
       fi
     else
+      timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_cuda.py -k member_matches \
+        > "$R/cuda-member-tests.txt" 2>&1
+      status "CUDA member tests: exit $?"; tail -2 "$R/cuda-member-tests.txt"
       exec env PROBE=0 bash "$0" s34b  # its pack holds this part's reports too
     fi
     ;;
