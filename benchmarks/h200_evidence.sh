@@ -33,7 +33,7 @@
 #   B16_MEMBERS="..." bash benchmarks/h200_evidence.sh once32   # compile ahead without/with the once-per-member
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
-#   bash benchmarks/h200_evidence.sh s36a       # h/norm36 on an H200: triton's records, then the sweep in what is left
+#   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
 #   bash benchmarks/h200_evidence.sh s34        # an H200: triton-fused records (MEMBERS); an H100: mem35's HEAD run
 #   bash benchmarks/h200_evidence.sh s34b       # reach's peaks on CUDA; the launch-bound members' host profile (PROBE=0: not)
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
@@ -348,12 +348,14 @@ PY
     unset GRPO_CONFORM_SAMPLE GRPO_CONFORM_WORKER_PROFILE
     kill $smi
     ;;
-  s36a)  # thirty-fifth session, first call (~9.5 min): h/norm36 (the tiled sequence kernels, the fp16 V 32000 rules).
+  s36a)  # thirty-fifth session (~9.5 min): pending/h-norm36 applied (the tiled sequence kernels, the fp16 V 32000 rules).
          # An H200: the default check of triton with records (DEADLINE, default 220: its 20
          # members at the new folder identity), then the sweep (issue 36) in what is left. Another card: the member
          # tests and reach's peaks on CUDA (s34b, PROBE=0), no records
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    if grep -q H200 "$R/nvidia-smi.txt"; then  # the default check is the branch's CUDA test here
+    [ -e implementations/triton/sequences.py ] || status "s36a: pending/h-norm36 is not applied (git am it first)"
+    if [ ! -e implementations/triton/sequences.py ]; then :
+    elif grep -q H200 "$R/nvidia-smi.txt"; then  # the default check is the branch's CUDA test here
       rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
       default_check "${DEADLINE:-220}" records
       left=$(( ${CALL_S:-585} - SECONDS - 25 ))
