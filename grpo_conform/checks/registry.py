@@ -59,7 +59,8 @@ _CHECKS = (
               "redrawing their logits changes no output", (3, 7)),
     CheckInfo("exact-ties", "every ratio exactly at a clip bound (1 - epsilon_low, 1 + epsilon_high, epsilon = 0, "
               "and every bound a member's cases name: delta, CISPO's cap), also in each declared dtype the default "
-              "workloads leave out, gives the spec's gradient: at a tie the unclipped branch is active", (4,)),
+              "workloads leave out, gives the spec's gradient: at a tie the unclipped branch is active; and every "
+              "ratio a hair (1e-5 to 4e-3, relative) either side of its bound gives the reference's branch", (4,)),
     CheckInfo("declared-cases", "the parameters at the values the spec declares (every default exactly, both ends "
               "of every range, every pair of parameters at each combination of its ends, the member's named cases "
               "and equalities) give the reference result", (2,)),

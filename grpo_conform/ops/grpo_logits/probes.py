@@ -19,6 +19,7 @@ from grpo_conform.ops.grpo_logits import judging as L
 from grpo_conform.ops.grpo_logits.declared_cases import record
 from grpo_conform.ops.grpo_logits.generators.logprob_gaps import (far_ratio_inputs, sampling_product_inputs,
                                                               vespo_clamp_inputs)
+from grpo_conform.ops.grpo_logits.generators.near_ties import NEAR_MAX, NEAR_MIN, near_tie_inputs, near_tie_reason
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs
 from grpo_conform.spec import Spec
 
@@ -138,6 +139,25 @@ def exact_ties(run: WorkloadConformance) -> None:
                 values["epsilon_low"], values["epsilon_high"]))
     finally:
         run.model = drawn
+    _near_ties(run, check, seed ^ 0x4E)
+
+
+def _near_ties(run: WorkloadConformance, check: str, seed: int) -> None:
+    """T-near: every live ratio at its bound times (1 + d), |d| in [1e-5, 4e-3], the drawn parameters
+    (generators/near_ties.py): a branch picked from a ratio rounded to a narrower dtype flips on about a
+    third of the tokens."""
+    if near_tie_reason(run.model.params, _inputs(run.spec)) is not None:
+        return  # the member's first call (T) has judged the check; nothing near a bound to build here
+    run.generate(run.P, seed)
+    near: dict = {}
+    run.P.write(near_tie_inputs(run.P.pristine, run.model.params, seed, near))
+    run.draws["near_ties"] = near
+    record(run.draws, "ties", "ratios within 1e-5..4e-3 of the bound on both sides")
+    t = run.call("T-near", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+    if t is not None:
+        J.finite(run, t)
+        J.versus_reference(run, check, t, f"every ratio at its clip bound times (1 + d), |d| {NEAR_MIN:g} to "
+                                          f"{NEAR_MAX:g}, both sides: a branch picked in a narrower dtype flips")
 
 
 def far_ratios(run: WorkloadConformance) -> None:

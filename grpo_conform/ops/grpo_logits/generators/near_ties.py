@@ -1,0 +1,76 @@
+"""Ratios a hair from the clip bounds (the `exact-ties` probe's second call, T-near).
+
+The drawn ratios keep `boundary_margin` (2%) from every bound so that a float32 kernel and the float64
+reference pick the same branch on every token. That margin also hides a kernel that picks the branch from a
+ratio rounded to a narrower dtype: in bfloat16 the ratio near 1.2 moves by up to 0.33%, so a token just under
+1 + epsilon_high counts as clipped and gets a zero gradient (red-team round of 2026-12-06,
+`ratio-saved-in-logits-dtype`). Real ratios sit densely there: most of a PPO step's tokens are near 1.
+
+Here every live token's ratio is its bound times (1 + d), d signed, |d| log-uniform in
+[NEAR_MIN, NEAR_MAX]: about a third of the tokens fall inside bfloat16's rounding band on the side that
+flips, and a float16 band too. A float32 kernel computes the ratio to ~1e-7 (the rows are `tie_rows`:
+logp = fp32(-log 2) exactly, and logp - old is exact), 100 times closer than NEAR_MIN, so honest kernels
+pick the reference's branch on every token. The bound follows the row's advantage (1 + epsilon_high where
+A > 0, 1 - epsilon_low where A < 0), the only one that decides the branch there.
+
+Hostile angle: a kernel cannot tell these calls from drawn ones by the ratios without computing them in a
+precision that already gets the branch right; the rows are `exact-ties`' own (p = 1/2 at the target).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+from grpo_conform.ops.grpo_logits.member_inputs import TIE_OLD_LOGPROB, tie_rows
+from grpo_conform.ops.grpo_logits.reference import reference_logprobs
+from grpo_conform.ops.grpo_terms import GrpoParameters
+
+NEAR_MIN = 1e-5  # 100x a float32 kernel's ratio error on these rows
+NEAR_MAX = 4e-3  # past bfloat16's half step at 1.2 (3.3e-3)
+HARD_CLIP = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # loss types whose branch is min(r A, clamp(r) A)
+_SALT = 0x6E656172
+
+
+def near_tie_reason(p: GrpoParameters, names: set[str]) -> str | None:
+    """Why T-near does not apply (None where it does): it needs old log-probs, a hard clip and a token-level ratio."""
+    if "old_logprobs" not in names:
+        return "no old log-probs: the ratio is exactly 1"
+    if p.loss_type.replace("-", "_") not in HARD_CLIP:
+        return f"loss_type {p.loss_type!r} has no hard clip branch"
+    if p.importance_sampling_level != "token":
+        return "a sequence-level ratio is a mean over the row, not set token by token"
+    if not 0.0 <= p.epsilon_low < 1.0 or p.epsilon_high < 0.0:
+        return "the drawn epsilons leave no bound to sit beside"
+    return None
+
+
+def near_tie_inputs(tensors: Mapping[str, torch.Tensor], p: GrpoParameters, seed: int,
+                    record: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A copy of `tensors` whose live tokens' ratios sit at their bound times (1 + d) (module docstring);
+    `record` gets the realised relative distances' range and how many live tokens lie below and above their bound."""
+    out = {k: v.clone() for k, v in tensors.items()}
+    gen = torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1))
+    out["logits"] = tie_rows(out["logits"], out["completion_ids"], gen)
+    logp = reference_logprobs(out, p).cpu()  # float64; a float32 kernel gets fp32(-log 2)
+    batch, seq = logp.shape
+    adv = out["advantages"].detach().to("cpu", torch.float64).reshape(batch, 1).expand(batch, seq)
+    bound = torch.where(adv < 0, torch.full_like(adv, 1.0 - p.epsilon_low), torch.full_like(adv, 1.0 + p.epsilon_high))
+    size = torch.exp(math.log(NEAR_MIN) + torch.rand(batch, seq, generator=gen, dtype=torch.float64)
+                     * math.log(NEAR_MAX / NEAR_MIN))
+    sign = torch.where(torch.rand(batch, seq, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+    old = (logp - torch.log(bound) - torch.log1p(sign * size)).to(torch.float32)
+    out["old_logprobs"].copy_(old.to(out["old_logprobs"].device, out["old_logprobs"].dtype))
+    if "ref_logprobs" in out:  # the KL term's gap away from 0, as exact_tie_inputs draws it
+        gap = 0.1 + 0.4 * torch.rand(batch, seq, generator=gen, dtype=torch.float64)
+        ref = TIE_OLD_LOGPROB + torch.where(adv < 0, -gap, gap)
+        out["ref_logprobs"].copy_(ref.to(out["ref_logprobs"].device, out["ref_logprobs"].dtype))
+    d = torch.exp(logp - out["old_logprobs"].detach().to("cpu", torch.float64)) / bound - 1.0
+    keep = (out["completion_mask"].detach().cpu() != 0) if "completion_mask" in out else torch.ones_like(d, dtype=torch.bool)
+    d = d[keep]
+    if d.numel():
+        record.update(min_abs=float(d.abs().min()), max_abs=float(d.abs().max()), below=int((d < 0).sum()),
+                      above=int((d > 0).sum()))
+    return out

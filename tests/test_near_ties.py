@@ -1,0 +1,70 @@
+"""generators/near_ties.py (the exact-ties probe's T-near call): every live ratio sits at its bound times
+(1 + d), |d| in [NEAR_MIN, NEAR_MAX] on both sides; a float32 ratio picks the reference's branch on every
+token, a ratio rounded to bfloat16 or float16 flips some."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_conform.ops.grpo_logits.generators.near_ties import (NEAR_MAX, NEAR_MIN, near_tie_inputs,
+                                                               near_tie_reason)
+from grpo_conform.ops.grpo_logits.reference import reference_logprobs
+from grpo_conform.ops.grpo_terms import GrpoParameters
+
+
+def _inputs(seed: int, batch: int = 6, seq: int = 40, vocab: int = 300, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(batch, seq, generator=g) < 0.8).long()
+    return {"logits": torch.randn(batch, seq + 1, vocab, generator=g).to(dtype),
+            "completion_ids": torch.randint(0, vocab, (batch, seq), generator=g),
+            "advantages": torch.tensor([0.7, -1.2, 0.3, -0.4, 1.5, -2.0][:batch]),
+            "old_logprobs": torch.zeros(batch, seq), "ref_logprobs": torch.zeros(batch, seq),
+            "completion_mask": mask}
+
+
+def _branches(x, p, ratio_dtype=None):
+    """(unclipped where A's bound decides, per live token) from a float32 ratio, or one rounded to ratio_dtype."""
+    logp32 = reference_logprobs(x, p).float()  # what a float32 kernel gets on tie rows: fp32(-log 2)
+    r = torch.exp(logp32 - x["old_logprobs"])
+    if ratio_dtype is not None:
+        r = r.to(ratio_dtype).float()
+    a = x["advantages"][:, None].expand_as(r)
+    unclipped = torch.where(a > 0, r <= 1 + p.epsilon_high, r >= 1 - p.epsilon_low)
+    return unclipped[x["completion_mask"] != 0]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_ratios_sit_beside_the_bound_and_only_a_narrower_dtype_flips_them(seed):
+    p = GrpoParameters(epsilon_low=0.2, epsilon_high=0.28, temperature=0.9)
+    record: dict = {}
+    x = near_tie_inputs(_inputs(seed), p, seed, record)
+    assert NEAR_MIN * 0.99 <= record["min_abs"] and record["max_abs"] <= NEAR_MAX * 1.01
+    assert record["below"] > 20 and record["above"] > 20
+    truth = (reference_logprobs(x, p) - x["old_logprobs"].double()).exp()
+    a = x["advantages"][:, None].double().expand_as(truth)
+    want = torch.where(a > 0, truth <= 1 + p.epsilon_high, truth >= 1 - p.epsilon_low)[x["completion_mask"] != 0]
+    assert torch.equal(_branches(x, p), want)  # float32: every token on the reference's side
+    for narrow in (torch.bfloat16, torch.float16):
+        flipped = int((_branches(x, p, narrow) != want).sum())
+        assert flipped >= 3, narrow
+
+
+def test_the_kl_gap_stays_away_from_zero_and_the_input_set_is_not_changed():
+    p = GrpoParameters(epsilon_low=0.1, epsilon_high=0.15, temperature=1.0, beta=0.04)
+    x = _inputs(5)
+    before = {k: v.clone() for k, v in x.items()}
+    y = near_tie_inputs(x, p, 5, {})
+    assert all(torch.equal(x[k], before[k]) for k in x)
+    gap = (y["ref_logprobs"].double() - reference_logprobs(y, p))[y["completion_mask"] != 0]
+    assert float(gap.abs().min()) > 0.09
+
+
+def test_where_it_applies():
+    p = GrpoParameters(epsilon_low=0.2, epsilon_high=0.2, temperature=1.0)
+    names = {"logits", "completion_ids", "advantages", "old_logprobs"}
+    assert near_tie_reason(p, names) is None
+    assert "old log-probs" in near_tie_reason(p, names - {"old_logprobs"})
+    for lt in ("cispo", "sapo", "vespo"):
+        assert "no hard clip" in near_tie_reason(GrpoParameters(0.2, 0.2, 1.0, loss_type=lt), names)
+    assert "sequence" in near_tie_reason(GrpoParameters(0.2, 0.2, 1.0, importance_sampling_level="sequence"), names)
