@@ -6,7 +6,7 @@ an ordinary call on its own input set, so state an implementation keeps between 
 from __future__ import annotations
 
 import random
-from typing import Any
+from dataclasses import dataclass
 
 from grpo_conform import device_memory
 from grpo_conform.checks import judging as J
@@ -40,55 +40,71 @@ ORDER_GRAPHS = (3, 5)
 GRAPHS_MEMORY_FRACTION = 0.25
 
 
+@dataclass(frozen=True)
+class Round:
+    name: str  # "sum" or "order": the calls' labels X-<name>-<input set>
+    drawn: int  # the graphs drawn for it
+    graphs: int  # the graphs it holds in flight: `drawn`, fewer where memory is short
+    scaled: int  # the graph whose upstream is c (the others' is 1)
+    groups: tuple[tuple[int, ...], ...]  # the backwards in order, each of the graphs backpropagated together
+
+
+def plan(seed: int, room: int) -> tuple[Round, ...]:
+    """The rounds of a workload, drawn from `seed` alone (the run's: secret, recorded), each with at most 2 + `room`
+    graphs: `sum`, SUM_GRAPHS graphs then one backward of them all; `order`, ORDER_GRAPHS graphs then backwards in
+    a drawn permutation, consecutive graphs of it in drawn groups of one or two (any order: not only the reverse or
+    the forward one, which a kernel could assume)."""
+    r = random.Random(seed)
+    rounds = []
+    for name, counts in (("sum", SUM_GRAPHS), ("order", ORDER_GRAPHS)):
+        drawn = r.randint(*counts)
+        n = min(drawn, 2 + room)  # bounded by memory (large GPU workloads), never below the two P and Q give
+        scaled = r.randrange(n)
+        order = r.sample(range(n), n)
+        groups, i = [], 0
+        while i < n:
+            size = 1 if i == n - 1 else r.randint(1, 2)
+            groups.append(tuple(order[i:i + size]))
+            i += size
+        rounds.append(Round(name, drawn, n, scaled, (tuple(range(n)),) if name == "sum" else tuple(groups)))
+    return tuple(rounds)
+
+
 def interleaved(run: WorkloadConformance, c: float) -> None:
     """Rounds of several graphs in flight, each on its own input set (values and addresses): all forwards, then
-    backward of their weighted sum (`sum`); all forwards, then backwards in a drawn order, consecutive graphs of it
-    in drawn groups of one or two backpropagated together (`order`). The graph counts, the order, the groups and
-    the graph `c` scales are drawn from the run's seed (draws["interleaved"]). Each gradient must match the
-    reference of its own inputs. A hostile kernel cannot tell the rounds from a pipeline's micro-batches: every
-    graph is an ordinary call on fresh drawn inputs, and how many are in flight shows only once it is too late."""
-    check = "interleaved-graphs"
-    checks = (check, "no-mutation")
-    r = random.Random(run.seeds[0] ^ 0x6A4F1E2D)  # its own stream: the later probes keep their draws
+    backward of their weighted sum (`sum`); all forwards, then backwards in a drawn order and grouping (`order`;
+    `plan`), recorded in draws["interleaved"]. Each gradient must match the reference of its own inputs. A hostile
+    kernel cannot tell the rounds from a pipeline's micro-batches: every graph is an ordinary call on fresh drawn
+    inputs, and how many are in flight shows only once its forward has returned."""
+    checks = ("interleaved-graphs", "no-mutation")
     room = _graph_room(run)
     seeds = (run.seeds[0] ^ 0x0F0F0F0F, run.seeds[1 % len(run.seeds)] ^ 0x70707070)
     exercised(run, "two-graphs")
-    record: dict[str, Any] = {"upstream": c, "room": room}
-    for round_, counts in (("sum", SUM_GRAPHS), ("order", ORDER_GRAPHS)):
-        drawn = r.randint(*counts)
-        n = min(drawn, 2 + room)  # bounded by memory (large GPU workloads), never below the two P and Q give
-        scaled = r.randrange(n)  # the graph whose upstream is c
-        order = r.sample(range(n), n)
-        groups, i = [], 0
-        while i < n:  # drawn groups of one or two consecutive graphs of `order`
-            size = 1 if i == n - 1 else r.randint(1, 2)
-            groups.append(order[i:i + size])
-            i += size
-        if round_ == "sum":
-            groups = [list(range(n))]
-        record[round_] = {"drawn": drawn, "graphs": n, "scaled": scaled, "groups": groups}
-        if n > 2:
+    run.draws["interleaved_upstream"] = c
+    record = run.draws["interleaved"] = {"room": room}
+    for round_ in plan(run.seeds[0] ^ 0x6A4F1E2D, room):  # its own stream: the later probes keep their draws
+        record[round_.name] = {"drawn": round_.drawn, "graphs": round_.graphs, "scaled": round_.scaled,
+                               "groups": [list(g) for g in round_.groups]}
+        if round_.graphs > 2:
             exercised(run, "more-graphs")
-        extra = [f"X{k + 1}" for k in range(2, n)]
+        extra = [f"X{k + 1}" for k in range(2, round_.graphs)]
         slots = [run.P, run.Q] + [_extra_slot(run, name) for name in extra]
         try:
-            if not _round(run, round_, slots, groups, scaled, c, seeds, checks):
+            if not _round(run, round_, slots, c, seeds, checks):
                 return
         finally:
             for name in extra:
                 run.release(name)
-    run.draws["interleaved"] = record
-    run.draws["interleaved_upstream"] = c
 
 
-def _round(run: WorkloadConformance, round_: str, slots: list[InputSlot], groups: list[list[int]], scaled: int,
-           c: float, seeds: tuple[int, int], checks: tuple[str, ...]) -> bool:
+def _round(run: WorkloadConformance, round_: Round, slots: list[InputSlot], c: float, seeds: tuple[int, int],
+           checks: tuple[str, ...]) -> bool:
     """One round: every slot drawn afresh, one forward each, the backwards group by group, then each graph judged.
     False where a call failed (recorded): the probe stops."""
     for k, slot in enumerate(slots):
-        run.generate(slot, seeds[k % 2] ^ len(round_) ^ (0x1357 * (k // 2)))
-    labels = [run._label(f"X-{round_}-{slot.name}") for slot in slots]
-    ups = [c if k == scaled else 1.0 for k in range(len(slots))]
+        run.generate(slot, seeds[k % 2] ^ len(round_.name) ^ (0x1357 * (k // 2)))
+    labels = [run._label(f"X-{round_.name}-{slot.name}") for slot in slots]
+    ups = [c if k == round_.scaled else 1.0 for k in range(len(slots))]
     fwd = []
     for label, slot in zip(labels, slots):
         f = run.forward(label, slot, checks)
@@ -96,14 +112,14 @@ def _round(run: WorkloadConformance, round_: str, slots: list[InputSlot], groups
             return False
         fwd.append(f)
     skipped: dict[str, str] = {}
-    for group in groups:
+    for group in round_.groups:
         part = run.backward([labels[k] for k in group], [ups[k] for k in group], checks)
         if part is None:
             return False
         skipped.update(part)
     n = len(slots)
-    how = (f"{n} graphs, backward of their sum, graph {scaled + 1} scaled by {c:g}" if round_ == "sum" else
-           f"{n} graphs, backwards in the order " + " ".join("+".join(str(k + 1) for k in g) for g in groups))
+    how = (f"{n} graphs, backward of their sum, graph {round_.scaled + 1} scaled by {c:g}" if round_.name == "sum" else
+           f"{n} graphs, backwards in the order " + " ".join("+".join(str(k + 1) for k in g) for g in round_.groups))
     for label, slot, f, u in zip(labels, slots, fwd, ups):
         run.book.record("runs", label, True, "every call returned")
         run.mutation(label, slot, {"forward": f["forward"], "backward": slot.changes()})
