@@ -6,7 +6,7 @@ the shared [batch, seq] terms (`grpo_terms.py`) rather than in the generic engin
 negated-advantages writes the advantages negated in place (call C, judged for freshness against the
 reference); zero-advantage sets one sequence's advantage to exactly 0 (call E) and wants an exactly zero
 gradient for that sequence in every gradient with a row per sequence (members without a KL term), then every
-advantage (call E-all, every member: the reference's result, exactly 0 without a KL term). Moved unchanged from
+advantage (call E-all, every member: the reference's result, exactly 0 without a KL term). Call E moved from
 `checks/probes.py` and `checks/judging.py`. trainer-shaped (since the adversarial round of 2026-12-05)
 writes the advantages (and the mask) as a trainer makes them.
 """
@@ -84,15 +84,17 @@ def judge_all_zero(run: WorkloadConformance, c: float) -> None:
     Q.commit()
     run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"all-zero"})
     e = run.call("E-all", Q, run.out1, ("zero-advantage", "finite", "no-mutation", "no-aliasing"), upstream=c)
-    if e is not None:
+    if e is not None and e.missing:  # a skipped batch whose loss autograd cannot differentiate
+        run.book.record("zero-advantage", e.label, False, "every advantage 0: backward left no gradient on "
+                        + ", ".join(e.missing), {"sequence": "all", "why": e.skipped_backward})
+    elif e is not None:
         J.finite(run, e)
         exact = without_kl(run.spec) is None  # no KL term: the reference loss and gradients are exactly 0
         nonzero = sum(int((g != 0).sum()) for n, g in e.grads.items() if e.grad_descs.get(n)) if exact else 0
         loss_cmp, cmp = run.judge(e)
-        ok = not e.missing and nonzero == 0 and cmp.passed and loss_cmp.passed
+        ok = nonzero == 0 and cmp.passed and loss_cmp.passed
         what = "an exactly zero gradient" if exact else "the KL term's loss and gradient (the reference)"
         msg = (f"every advantage 0 gives {what}" if ok else
-               f"every advantage 0: backward left no gradient on {', '.join(e.missing)}" if e.missing else
                f"every advantage 0: {nonzero} non-zero gradient values" if nonzero else
                "every advantage 0: " + describe_outputs(loss_cmp, cmp))
         run.book.record("zero-advantage", e.label, ok, msg, {"sequence": "all", "nonzero": nonzero,
