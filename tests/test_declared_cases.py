@@ -73,7 +73,28 @@ def test_the_frozen_seed_file_gets_defaults_and_ends_from_the_builtin_draws():
     spec = load_spec(PROJECT_ROOT / "specs" / "grpo-token-is.v1.json")
     assert parameter_ends(spec) == {"epsilon_low": (0.1, 0.3), "epsilon_high": (0.1, 0.35), "temperature": (0.45, 2.2)}
     assert [c.label for c in declared_calls(spec, random.Random(0))] == [
-        "defaults", "all-min", "all-max", "mixed-ends-1", "mixed-ends-2", "mixed-ends-3"]
+        "defaults", "all-min", "all-max", "mixed-ends-1", "mixed-ends-2", "mixed-ends-3", "avoided-below",
+        "avoided-above"]
+
+
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "token-is"])
+def test_the_band_the_draws_keep_around_1_is_called_on_both_sides(member):
+    """avoided-below / avoided-above: a temperature inside the band the drawn calls never reach (0.175 from 1 with
+    DEFAULT_AWAY), never 1 itself, one side inside the spec's own 0.05, at least INSIDE_FROM of it from 1 (closer, a
+    skipped 1/T is within a bfloat16 tolerance), drawn per run; the other parameters at their defaults."""
+    from grpo_conform.ops.grpo_logits.declared_cases import INSIDE_FROM
+
+    spec = _member(member)
+    seen = set()
+    for seed in range(40):
+        calls = {c.label: c.values for c in declared_calls(spec, random.Random(seed))}
+        below, above = calls["avoided-below"]["temperature"], calls["avoided-above"]["temperature"]
+        assert 1 - 0.175 <= below <= 1 - INSIDE_FROM * 0.05 and 1 + INSIDE_FROM * 0.05 <= above <= 1 + 0.175
+        assert min(1 - below, above - 1) < 0.05  # the spec's own band, on a drawn side
+        assert calls["avoided-below"]["epsilon_low"] == calls["defaults"]["epsilon_low"]
+        seen.add((below, above))
+    assert len(seen) == 40
+    assert "temperature=avoided-below" in declared_names(spec)["boundaries"]
 
 
 @pytest.mark.parametrize("member", ["token-is", "token-offpolicy-mask-kl", "dapo-global-mask", "dapo-global-accum-mask",

@@ -1,5 +1,6 @@
-"""Call patterns beyond one forward and one backward: several graphs alive at once, inputs as
-views of larger buffers, forward-only calls. Each is judged against the reference."""
+"""Call patterns beyond one forward and one backward: inputs as views of larger buffers, forward-only
+calls, retained graphs, repeated calls (several graphs alive at once: checks/graphs.py). Each is judged
+against the reference."""
 
 from __future__ import annotations
 
@@ -10,58 +11,6 @@ from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import bitwise_equal, compare_loss, describe_outputs, json_float
 from grpo_conform.ops.grpo_probes import small_axes
-
-
-def _finish(run: WorkloadConformance, label: str, slot: InputSlot, c: float, skipped: dict[str, str],
-            check: str, how: str) -> None:
-    exported = run.export(label, run.out1, (check,))
-    if exported is None:
-        return
-    report = exported["report"]
-    call = Call(label, slot, c, float(run.out1.loss[0]), report.get("loss"), report.get("grads") or {}, run.out1.grads,
-                skipped.get(label), exported["kept"])
-    run.aliasing(label, report)
-    J.finite(run, call)
-    J.versus_reference(run, check, call, how)
-
-
-def interleaved(run: WorkloadConformance, c: float) -> None:
-    """Two forwards, then backward of their weighted sum; two forwards, then backwards in the
-    opposite order. Each gradient must match the reference of its own inputs."""
-    check = "interleaved-graphs"
-    checks = (check, "no-mutation")
-    seeds = (run.seeds[0] ^ 0x0F0F0F0F, run.seeds[1 % len(run.seeds)] ^ 0x70707070)
-    exercised(run, "two-graphs")
-    for round_, order in (("sum", None), ("reversed", (1, 0))):
-        run.generate(run.P, seeds[0] ^ len(round_))
-        run.generate(run.Q, seeds[1] ^ len(round_))
-        slots = (run.P, run.Q)
-        labels = [run._label(f"X-{round_}-{name}") for name in ("P", "Q")]
-        fwd = []
-        for label, slot in zip(labels, slots):
-            f = run.forward(label, slot, checks)
-            if f is None:
-                return
-            fwd.append(f)
-        ups = [c, 1.0] if round_ == "sum" else [1.0, c]
-        if order is None:
-            skipped = run.backward(labels, ups, checks)
-            if skipped is None:
-                return
-        else:
-            skipped = {}
-            for k in order:
-                part = run.backward([labels[k]], [ups[k]], checks)
-                if part is None:
-                    return
-                skipped.update(part)
-        for label, slot, f, u in zip(labels, slots, fwd, ups):
-            run.book.record("runs", label, True, "every call returned")
-            run.mutation(label, slot, {"forward": f["forward"], "backward": slot.changes()})
-            how = ("two graphs, backward of c1*L1 + L2" if order is None else
-                   "two graphs, backward of the second first")
-            _finish(run, label, slot, u, skipped, check, how)
-    run.draws["interleaved_upstream"] = c
 
 
 def layouts(run: WorkloadConformance) -> None:

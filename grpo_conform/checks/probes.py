@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from grpo_conform.checks import judging as J
-from grpo_conform.checks import patterns
+from grpo_conform.checks import graphs, patterns
 from grpo_conform.checks.reach import reach
 from grpo_conform.checks import other_dtypes
 from grpo_conform.checks.upstreams import draw_upstream, gradient_bound
@@ -168,9 +168,10 @@ def non_leaf(run: WorkloadConformance) -> None:
 
 
 def interleaved(run: WorkloadConformance) -> None:
-    """X: two forwards before one backward (micro-batches, recomputation), then two graphs
-    backpropagated in the opposite order; state kept between calls shows."""
-    patterns.interleaved(run, draw_upstream(run, "negative"))
+    """X: several graphs in flight (micro-batches, recomputation), their number drawn per round (2-3, then 3-5,
+    fewer where memory is short): all forwards, then backward of their sum; all forwards, then backwards in a
+    drawn order and grouping. State kept between calls shows (checks/graphs.py)."""
+    graphs.interleaved(run, draw_upstream(run, "negative"))
 
 
 def layouts(run: WorkloadConformance) -> None:

@@ -39,7 +39,9 @@ _CHECKS = (
               "(allocator poisoned with NaN, then with a huge finite pattern)", (11,)),
     CheckInfo("last-row-ignored", "poisoning logits[:, S, :] with NaN or huge values changes no output", (6,)),
     CheckInfo("advantage-sign", "negating the advantages negates the gradient", (7,)),
-    CheckInfo("zero-advantage", "a zero advantage gives an exactly zero gradient for its sequence", (7,)),
+    CheckInfo("zero-advantage", "a zero advantage gives an exactly zero gradient for its sequence, and a batch "
+              "whose every advantage is 0 gives the reference's result (exactly zero without a KL term, the KL "
+              "term alone with one)", (7,)),
     CheckInfo("row-locality", "changing one logits row changes that gradient row and no other", (7,)),
     CheckInfo("adversarial-inputs", "row profiles mixed in one batch (normal, wide, up to 1e4, near one-hot, "
               "heavy-tailed), also in each declared dtype the default workloads leave out, match the reference "
@@ -50,9 +52,9 @@ _CHECKS = (
               "multiple of the reference gradient", (2,)),
     CheckInfo("non-leaf-logits", "logits handed over as a view or an affine function of a leaf: the gradient "
               "reaches that leaf through autograd (an implementation writing logits.grad itself fails)", (2, 16)),
-    CheckInfo("interleaved-graphs", "two forwards before one backward (backward of their sum, and backwards in "
-              "the opposite order): each gradient matches its own inputs' reference (no state between calls)",
-              (10, 13)),
+    CheckInfo("interleaved-graphs", "several forwards before their backwards (2-3 graphs, backward of their "
+              "sum; 3-5 graphs, backwards in a drawn order and grouping; the counts drawn per run): each gradient "
+              "matches its own inputs' reference (no state between calls)", (10, 13)),
     CheckInfo("input-layouts", "inputs passed as offset, strided views of larger buffers (slices such as "
               "input_ids[:, P:], padded vocabularies) give the reference result", (16,)),
     CheckInfo("masked-positions", "positions the completion mask excludes get an exactly zero gradient, and "
@@ -61,9 +63,10 @@ _CHECKS = (
               "and every bound a member's cases name: delta, CISPO's cap), also in each declared dtype the default "
               "workloads leave out, gives the spec's gradient: at a tie the unclipped branch is active; and every "
               "ratio a hair (1e-5 to 4e-3, relative) either side of its bound gives the reference's branch", (4,)),
-    CheckInfo("declared-cases", "the parameters at the values the spec declares (every default exactly, both ends "
-              "of every range, every pair of parameters at each combination of its ends, the member's named cases "
-              "and equalities) give the reference result", (2,)),
+    CheckInfo("declared-cases", "the parameters at the values the spec declares (every default exactly, both "
+              "ends of every range, every pair of parameters at each combination of its ends, the member's named "
+              "cases and equalities, and both sides of the band the draws keep around an avoided value: a "
+              "temperature near 1, not 1) give the reference result", (2,)),
     CheckInfo("far-ratios", "every ratio far out on its unclipped side (3 to 30 for A < 0, 0.02 to 0.3 for A > 0) "
               "gives the reference result: no clip the member does not declare", (4,)),
     CheckInfo("forward-only", "under torch.no_grad (evaluation, logging) the loss matches the reference", (1,)),

@@ -5,7 +5,8 @@ the shared [batch, seq] terms (`grpo_terms.py`) rather than in the generic engin
 
 negated-advantages writes the advantages negated in place (call C, judged for freshness against the
 reference); zero-advantage sets one sequence's advantage to exactly 0 (call E) and wants an exactly zero
-gradient for that sequence in every gradient with a row per sequence. Moved unchanged from
+gradient for that sequence in every gradient with a row per sequence (members without a KL term), then every
+advantage (call E-all, every member: the reference's result, exactly 0 without a KL term). Call E moved from
 `checks/probes.py` and `checks/judging.py`. trainer-shaped (since the adversarial round of 2026-12-05)
 writes the advantages (and the mask) as a trainer makes them.
 """
@@ -36,8 +37,12 @@ def negated(run: WorkloadConformance) -> None:
 
 
 def zero_advantage(run: WorkloadConformance) -> None:
-    """E: D's inputs with one sequence's advantage set to exactly 0."""
-    judge_zero_advantage(run, run.state.get("D", (None, None, 1.0))[2])
+    """E: D's inputs with one sequence's advantage set to exactly 0 (members without a KL term, whose
+    gradient there is exactly 0); E-all: D's inputs with every advantage exactly 0 (every member)."""
+    c = run.state.get("D", (None, None, 1.0))[2]
+    if without_kl(run.spec) is None:
+        judge_zero_advantage(run, c)
+    judge_all_zero(run, c)
 
 
 def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
@@ -63,6 +68,39 @@ def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
     Q.tensors["advantages"].copy_(original)
     Q.commit()
 
+
+def judge_all_zero(run: WorkloadConformance, c: float) -> None:
+    """E-all: every advantage exactly 0, as a micro-batch whose groups all tied (every completion solved, or
+    none) hands over. The drawn sets always mix signs and E zeroes one sequence only, so a kernel that returns
+    a zero loss and zero gradients for such a batch (no learning signal: skip it) passed, dropping a KL term
+    that still pulls toward the reference (adversarial round, `kl-skipped-when-no-advantage`,
+    `fused-all-zero-advantages-early-exit`). Judged against the reference: the KL term's loss and gradient
+    where the member has one; elsewhere the reference is exactly 0 and so must every gradient be, as E asks.
+    A kernel that recognises the call gains nothing: its inputs are a trainer's tied batch (D's other inputs,
+    which no call marks), and the only way to pass is the reference's answer for them."""
+    Q = run.Q
+    original = Q.tensors["advantages"].clone()
+    Q.tensors["advantages"].zero_()
+    Q.commit()
+    run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"all-zero"})
+    e = run.call("E-all", Q, run.out1, ("zero-advantage", "finite", "no-mutation", "no-aliasing"), upstream=c)
+    if e is not None and e.missing:  # a skipped batch whose loss autograd cannot differentiate
+        run.book.record("zero-advantage", e.label, False, "every advantage 0: backward left no gradient on "
+                        + ", ".join(e.missing), {"sequence": "all", "why": e.skipped_backward})
+    elif e is not None:
+        J.finite(run, e)
+        exact = without_kl(run.spec) is None  # no KL term: the reference loss and gradients are exactly 0
+        nonzero = sum(int((g != 0).sum()) for n, g in e.grads.items() if e.grad_descs.get(n)) if exact else 0
+        loss_cmp, cmp = run.judge(e)
+        ok = nonzero == 0 and cmp.passed and loss_cmp.passed
+        what = "an exactly zero gradient" if exact else "the KL term's loss and gradient (the reference)"
+        msg = (f"every advantage 0 gives {what}" if ok else
+               f"every advantage 0: {nonzero} non-zero gradient values" if nonzero else
+               "every advantage 0: " + describe_outputs(loss_cmp, cmp))
+        run.book.record("zero-advantage", e.label, ok, msg, {"sequence": "all", "nonzero": nonzero,
+                                                             "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
+    Q.tensors["advantages"].copy_(original)
+    Q.commit()
 
 
 
@@ -259,6 +297,6 @@ def without_kl(spec: Spec) -> str | None:
 NEGATED_ADVANTAGES = Probe("negated-advantages", negated.__doc__, negated, CALL + ("freshness", "finite"),
                            needs=("baseline",))
 ZERO_ADVANTAGE = Probe("zero-advantage", zero_advantage.__doc__, zero_advantage, CALL + ("zero-advantage", "finite"),
-                       ("zero-advantage",), without_kl, ("new-buffers",))
+                       ("zero-advantage",), needs=("new-buffers",))
 ONE_SIGN = Probe("one-sign", one_sign.__doc__, one_sign, PLAIN + CALL)
 TRAINER_SHAPED = Probe("trainer-shaped", trainer_shaped.__doc__, trainer_shaped, PLAIN + CALL)

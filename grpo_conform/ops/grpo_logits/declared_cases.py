@@ -13,7 +13,9 @@ From each numeric parameter with a domain or a draw range:
     one process with an accumulation factor of 8, a zero epsilon_low with the widest epsilon_high); and one
     `near-zero` call where a domain starts at an inclusive 0 the draws stay away from (beta 0.001), and last
     one `below-draws` call: every parameter whose domain reaches below its draws in that gap (`below_draws`),
-    and one `above-draws-NAME` call per integer whose domain reaches above its draws (`above_draws`);
+    and one `above-draws-NAME` call per integer whose domain reaches above its draws (`above_draws`), then
+    `avoided-below` and `avoided-above`: inside the band the draws keep around an avoided value (temperature
+    near 1, not 1: `inside_avoided`);
 and from the spec's `cases` list (a member's own list replaces the family's common one):
   - `values`: the named parameters at the given values (GSPO's 3e-4 / 4e-4), the rest at defaults;
   - `equalities`: the named parameters at one common value, drawn inside every one's draw range
@@ -138,6 +140,48 @@ def above_draws(spec: Spec, rng: random.Random) -> dict[str, int]:
     return out
 
 
+#: where `inside_avoided` starts, as a fraction of the band's half-width: closer to the avoided value a skipped
+#: factor (1/T at T = 1.001) moves the gradient less than a bfloat16 workload's tolerance, so no check could see it
+INSIDE_FROM = 0.2
+
+
+def avoided_band(p: Parameter, draw: Draw, avoid: Avoid) -> tuple[float, float]:
+    """(the spec's own half-width, the half-width the draws really keep) of the band around an avoided value: where
+    the value is the default, `draw_parameters` also keeps DEFAULT_AWAY of the range from it (temperature:
+    0.05 declared, 0.175 drawn)."""
+    width = avoid.width
+    if p.value is not None and float(p.value) == avoid.value and draw.min <= avoid.value <= draw.max:
+        return width, max(width, DEFAULT_AWAY * (draw.max - draw.min))
+    return width, width
+
+
+def inside_avoided(spec: Spec, rng: random.Random) -> tuple[dict[str, float], dict[str, float]]:
+    """(below, above): each float parameter whose draws avoid a value its domain holds (temperature 1.0: the draws
+    stay away so that a dropped 1/T always shows) at a value inside that band, one call on each side. The band held
+    every value but the avoided one itself (the `defaults` call's 1.0): a fast path taken when T rounds to 1.0 at
+    one decimal passed every default run (adversarial round, `temperature-rounded-to-one`). Which side draws from
+    the spec's own band (0.05 from 1) and which from the whole band the draws keep (0.175) is drawn; each distance
+    log-uniform from INSIDE_FROM of its band. The values come from the run's secret seed, so a kernel cannot
+    recognise them: to pass it computes the factor in the whole band, as anywhere else."""
+    below: dict[str, float] = {}
+    above: dict[str, float] = {}
+    for p, draw in _numeric(spec):
+        if p.type != "float" or draw is None:
+            continue
+        for avoid in draw.avoid:
+            if p.domain is not None and not p.domain.contains(avoid.value):
+                continue
+            own, kept = avoided_band(p, draw, avoid)
+            inner_below = rng.random() < 0.5
+            for side, out, inner in ((-1, below, inner_below), (1, above, not inner_below)):
+                width = own if inner else kept
+                distance = math.exp(rng.uniform(math.log(INSIDE_FROM * own), math.log(width)))
+                value = float(f"{avoid.value + side * distance:.6g}")
+                if value != avoid.value and (p.domain is None or p.domain.contains(value)):
+                    out[p.name] = value
+    return below, above
+
+
 def mixed_ends(ends: dict[str, tuple[Any, Any]], rng: random.Random) -> list[dict[str, Any]]:
     """Rows of ends that, with all-min and all-max, put every pair of parameters at all four combinations of
     their ends (a covering array of strength 2). Each parameter takes a distinct m-bit pattern of
@@ -208,6 +252,10 @@ def declared_calls(spec: Spec, rng: random.Random) -> tuple[DeclaredCall, ...]:
     for name, value in above_draws(spec, fork).items():
         calls.append(DeclaredCall(f"above-draws-{name}", {**defaults, name: value}, None,
                                   (("boundaries", f"{name}=above-draws"),)))
+    for side, inside in zip(("below", "above"), inside_avoided(spec, fork)):
+        if inside:
+            calls.append(DeclaredCall(f"avoided-{side}", {**defaults, **inside}, None,
+                                      tuple(("boundaries", f"{n}=avoided-{side}") for n in inside)))
     return tuple(calls)
 
 
