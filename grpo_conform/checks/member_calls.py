@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU,
-                                          REACH_LEAD_SMALL, REACH_LEAD_SMALL_PER_ROW_CPU, REACH_REMAINDER,
+                                          REACH_LEAD_SMALL, REACH_LEAD_SMALL_PER_ROW_CPU, REACH_REMAINDER, REACH_ROWS,
                                           REACH_SMALL)
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
@@ -119,6 +119,8 @@ def reach_axes(spec: Any, device_type: str, r: random.Random) -> list[dict[str, 
                 low = min(max(_floor(spec, device_type, axis), 2 * _largest(spec, device_type, axis) + 1),
                           REACH_CAP.get(axis, 64))
                 low = past_blocks(low, REACH_REMAINDER.get(axis, 0))
+                if axis == "seq" and shape.get("batch", 1) > 1:  # two or three sequences past REACH_ROWS rows
+                    low = max(low, -(-REACH_ROWS // shape["batch"]))
                 shape[axis] = (low + 2 * r.randint(0, 3)) | 1  # odd: off every power of two (past 1)
             else:
                 lo, hi = _others(spec, device_type, lead, axis)
