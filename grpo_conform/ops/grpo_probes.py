@@ -257,7 +257,7 @@ REACH_LEAD_SMALL = {"seq": {"batch": (2, 3), "vocab": (32, 48)}, "batch": {"seq"
 #: sequences or more past 16384 rows is caught on CUDA alone (REACH_FLOOR_CUDA: 2-3 sequences of 69631+ rows);
 #: the gallery's fused-large-rows-advantages-tiled is cuda_only for that reason.
 REACH_FLOOR_PER_ROW_CPU = {"seq": 1279}
-REACH_LEAD_SMALL_PER_ROW_CPU = {"seq": {"batch": (1, 1)}}
+REACH_LEAD_SMALL_PER_ROW_CPU = {"seq": {"batch": (1, 1)}, "batch": {"seq": (1, 1)}}  # the batch call: 263+ rows
 #: the most a reached axis takes (past twice the largest default workload up to here)
 REACH_CAP = {"batch": 288, "seq": 131072, "vocab": 262144, "hidden": 9216}
 #: a reached axis's least remainder modulo every power of two from 512 up to it (`member_calls.past_blocks`): past twice
