@@ -13,7 +13,8 @@ import torch
 
 from grpo_conform.checks import member_calls
 from grpo_conform.checks.reach import KEPT, reach_mask
-from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA
+from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU,
+                                          REACH_SMALL)
 from grpo_conform.ops.one_input import change_end
 from grpo_conform.spec import find_spec
 
@@ -25,6 +26,14 @@ def _run(spec_id: str, seed: int, device: str = "cpu"):
                            grad_dtype=lead.dtypes[0])
 
 
+def _lead(shape: dict[str, int], spec_id: str, device: str) -> str:
+    floors = {**REACH_FLOOR, **(REACH_FLOOR_CUDA if device == "cuda" else {})}
+    if device != "cuda" and spec_id.startswith("grpo-fused-linear"):
+        floors.update(REACH_FLOOR_PER_ROW_CPU)
+    (lead,) = [a for a, v in shape.items() if v >= floors[a]]  # exactly one axis reached a call
+    return lead
+
+
 @pytest.mark.parametrize("spec_id", ["grpo/sapo-mask", "grpo/token-is", "grpo-fused-linear/bnpo-mask"])
 @pytest.mark.parametrize("seed", range(5))
 def test_each_free_axis_is_reached_past_the_floor_and_every_default_workload_odd(spec_id, seed):
@@ -33,32 +42,45 @@ def test_each_free_axis_is_reached_past_the_floor_and_every_default_workload_odd
     shapes = member_calls.reach_axes(run.spec, run.device.type, run.rng)
     defaults = run.spec.workloads_for("cpu")
     free = [a.name for a in run.spec.axes if a.derivation() is None]
-    reached = set()
+    assert len(shapes) == len(free)
+    assert {_lead(sh, spec_id, "cpu") for sh in shapes} == set(free)  # every free axis in a call of its own
     for shape in shapes:
         assert set(shape) == set(free)
-        for axis, value in shape.items():
-            largest = max(w.axes[axis] if isinstance(w.axes[axis], int) else w.axes[axis].max for w in defaults)
-            if value >= REACH_FLOOR[axis]:
-                reached.add(axis)
-                assert value > min(2 * largest, REACH_CAP[axis]) and value <= REACH_CAP[axis] + 7, (axis, value)
-                assert value % 2 == 1 and value & (value - 1) != 0, (axis, value)
-            else:
-                assert value <= 96  # the others stay small
-    assert reached == set(free)  # every free axis in a call of its own, the others small
-    assert len(shapes) == len(free) and all(sum(v >= REACH_FLOOR[a] for a, v in sh.items()) == 1 for sh in shapes)
+        lead = _lead(shape, spec_id, "cpu")
+        value = shape[lead]
+        largest = max(w.axes[lead] if isinstance(w.axes[lead], int) else w.axes[lead].max for w in defaults)
+        assert value > min(2 * largest, REACH_CAP[lead]) and value <= REACH_CAP[lead] + 7, (lead, value)
+        assert value % 2 == 1 and value & (value - 1) != 0, (lead, value)
+        for axis, v in shape.items():
+            if axis != lead:
+                assert v <= max(REACH_SMALL[axis]), (lead, axis, v)  # the others stay small
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_the_floors_cross_the_sizes_where_kernels_switch(device):
-    """Vocabulary past 16-bit ids, hidden past 512-blocks with a remainder, rows past 1024-row chunks, batch past
-    chunks of 32 sequences; on CUDA rows past a grid dimension's 65535 (seq past 2^15 with two sequences)."""
-    run = _run("grpo-fused-linear/bnpo-mask", 0, device)
-    by_lead = {next(a for a, v in sh.items() if v >= REACH_FLOOR[a]): sh for sh in member_calls.reach_axes(run.spec, device, run.rng)}
-    assert by_lead["vocab"]["vocab"] > 2**16 and by_lead["hidden"]["hidden"] > 1024
-    assert by_lead["batch"]["batch"] > 32
-    rows = by_lead["seq"]["batch"] * by_lead["seq"]["seq"]
-    assert by_lead["seq"]["batch"] == 1 and by_lead["seq"]["seq"] > 1024  # positions and rows past 1024
-    assert (rows > 65535) == (device == "cuda") and "seq" in REACH_FLOOR_CUDA
+@pytest.mark.parametrize("seed", range(4))
+def test_the_floors_cross_the_sizes_where_kernels_switch(device, seed):
+    """Vocabulary past 16-bit ids; hidden past every block of 512-4096 by a quarter of a block or more (the
+    thirty-seventh round's split-K of 2048 passed 1279); batch past trainer micro-batches of 256 (an advantage tile
+    of 64 read at b % 64 passed 47); rows past 1024 in one sequence and, for the logits operation everywhere and
+    the fused one on CUDA, two or three sequences past 16384 rows (chunk-local advantage indices, per-tile partials
+    shared across sequences, repeat for repeat_interleave: all exact at batch 1); on CUDA rows past 65535."""
+    for spec_id in ("grpo-fused-linear/bnpo-mask", "grpo/sequence-offpolicy-mask"):
+        run = _run(spec_id, seed, device)
+        by_lead = {_lead(sh, spec_id, device): sh for sh in member_calls.reach_axes(run.spec, device, run.rng)}
+        assert by_lead["vocab"]["vocab"] > 2**17 and by_lead["batch"]["batch"] > 256
+        seq = by_lead["seq"]
+        assert seq["seq"] > 1024 and (seq["batch"] * seq["seq"] > 65535) == (device == "cuda")
+        per_row = device == "cpu" and "hidden" in seq  # the fused operation interpreted: one sequence
+        assert seq["batch"] == 1 if per_row else (2 <= seq["batch"] <= 3 and seq["batch"] * seq["seq"] > 16384)
+        if "hidden" in by_lead:
+            h = by_lead["hidden"]["hidden"]
+            assert h > 4096 and all(h % block >= 255 for block in (512, 1024, 2048, 4096, 8192)), h
+    assert "seq" in REACH_FLOOR_CUDA
+
+
+def test_past_blocks_moves_a_value_off_every_block_s_first_elements():
+    assert member_calls.past_blocks(8193, 255) == 8447  # twice the CUDA workloads' hidden 4096, plus one
+    assert member_calls.past_blocks(5375, 255) == 5375 and member_calls.past_blocks(263, 0) == 263
 
 
 def test_the_reach_mask_varies_along_a_long_row_and_keeps_every_row():

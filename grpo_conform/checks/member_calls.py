@@ -26,7 +26,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_LEAD_SMALL, REACH_SMALL
+from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU,
+                                          REACH_LEAD_SMALL, REACH_LEAD_SMALL_PER_ROW_CPU, REACH_REMAINDER, REACH_ROWS,
+                                          REACH_SMALL)
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
@@ -82,29 +84,59 @@ def _largest(spec: Any, device_type: str, axis: str) -> int:
     return max(values, default=1)
 
 
-def _floor(device_type: str, axis: str) -> int:
+def _per_row_cpu(spec: Any, device_type: str) -> bool:
+    """The fused operation (a GEMM over `hidden` per row) on the CPU, where its kernel runs interpreted, a program a
+    row (grpo_probes.REACH_FLOOR_PER_ROW_CPU says why its rows call stays one sequence there)."""
+    return device_type != "cuda" and "hidden" in free_axes(spec)
+
+
+def _floor(spec: Any, device_type: str, axis: str) -> int:
     floor = REACH_FLOOR_CUDA.get(axis) if device_type == "cuda" else None
+    if _per_row_cpu(spec, device_type):
+        floor = REACH_FLOOR_PER_ROW_CPU.get(axis)
     return floor or REACH_FLOOR.get(axis, 9)
+
+
+def _others(spec: Any, device_type: str, lead: str, axis: str) -> tuple[int, int]:
+    """The range of a small axis in the call that reaches `lead`."""
+    special = REACH_LEAD_SMALL_PER_ROW_CPU if _per_row_cpu(spec, device_type) else {}
+    return (special.get(lead, {}).get(axis) or REACH_LEAD_SMALL.get(lead, {}).get(axis)
+            or REACH_SMALL.get(axis, (1, 3)))
 
 
 def reach_axes(spec: Any, device_type: str, r: random.Random) -> list[dict[str, int]]:
     """One shape per free axis, that axis reached and the others small, in the spec's axis order. Each axis
     alone: a wide vocabulary with a wide hidden size would make one large GEMM, and a kernel's switch on one of
-    them shows with the other small."""
+    them shows with the other small. The rows call (`seq`) has two or three sequences (REACH_LEAD_SMALL) but on
+    the CPU for the fused operation: a hostile kernel cannot tell a reach call by its batch, every batch from 1
+    to 288 occurring in some call or workload, nor by its length (drawn, odd)."""
     free = free_axes(spec)
     shapes = []
     for lead in free:
         shape = {}
         for axis in free:
             if axis == lead:
-                low = min(max(_floor(device_type, axis), 2 * _largest(spec, device_type, axis) + 1),
+                low = min(max(_floor(spec, device_type, axis), 2 * _largest(spec, device_type, axis) + 1),
                           REACH_CAP.get(axis, 64))
+                low = past_blocks(low, REACH_REMAINDER.get(axis, 0))
+                if axis == "seq" and shape.get("batch", 1) > 1:  # two or three sequences past REACH_ROWS rows
+                    low = max(low, -(-REACH_ROWS // shape["batch"]))
                 shape[axis] = (low + 2 * r.randint(0, 3)) | 1  # odd: off every power of two (past 1)
             else:
-                lo, hi = REACH_LEAD_SMALL.get(lead, {}).get(axis) or REACH_SMALL.get(axis, (1, 3))
+                lo, hi = _others(spec, device_type, lead, axis)
                 shape[axis] = r.randint(lo, hi)
         shapes.append(shape)
     return shapes
+
+
+def past_blocks(value: int, least: int) -> int:
+    """`value` moved up until its remainder modulo every power of two from 512 up to it is at least `least`: a kernel
+    that drops the tail past its last full block then drops `least` or more of the axis, never one element."""
+    block = 512
+    while least and block <= value:
+        value += max(0, least - value % block)
+        block *= 2
+    return value
 
 
 def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Random | None = None) -> list[ReachCall]:

@@ -10,7 +10,9 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
 - one call per free axis (no declared maximum), that axis past REACH_FLOOR (the sizes where kernels switch
   tiles, index widths or paths; on CUDA rows past a grid dimension's 65535) and past twice the largest value
   the member's default workloads on this device use (at most REACH_CAP), odd and off every power of two, the
-  other axes small;
+  other axes small, but the rows call holds two or three sequences (a kernel mixing sequences up is exact at
+  batch 1; one sequence for the fused operation on the CPU, whose interpreted kernel pays per row) and the
+  batch call 1-2 positions a sequence (REACH_LEAD_SMALL);
 - the vocabulary call's rows each peak (`spread_peaks`): a planted largest logit clear of the rest of its row,
   the rows' peaks spread over the vocabulary, so an online log-sum-exp that never rescales is wrong on every
   row whose peak lies outside the first region it reads, whatever its order, not only on the draws that raise a

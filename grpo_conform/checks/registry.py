@@ -83,8 +83,9 @@ _CHECKS = (
               "frozen, or the trunk), the gradients asked for match the reference", (2,)),
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
-    CheckInfo("reach", "calls past the sizes where kernels switch (batch past 32, rows past 1024 in one sequence, "
-              "vocabulary past 2^17, hidden past 1024; on CUDA rows past 65535), one axis at a time, in each declared dtype the "
+    CheckInfo("reach", "calls past the sizes where kernels switch (batch past 256, rows past 1024 in each of two or "
+              "three sequences and past 16384 in all (one sequence for the fused operation on the CPU), vocabulary past "
+              "2^17, hidden past 4096 off every block; on CUDA rows past 65535), one axis at a time, in each declared dtype the "
               "default workloads leave out, with a mask drawn per token, an upstream scalar other than 1 and, for "
               "rows and vocabulary, torch.autograd.grad, the vocabulary call's rows each with a planted peak, the peaks "
               "spread over the vocabulary: all match the reference", (2, 21)),

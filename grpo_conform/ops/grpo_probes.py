@@ -265,20 +265,42 @@ def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
 
 #: the reach probe's shapes (checks/reach.py): the least value a reached axis takes, past the sizes where kernels
 #: switch: tiles along a row (128-32768 positions or vocabulary entries), 16-bit token ids (vocabulary past
-#: 2^16), hidden blocks of 512 with a remainder, chunks of 1024 rows or 16-32 sequences (the twenty-eighth
+#: 2^16), hidden blocks of 512-4096 with a remainder, chunks of 1024 rows or 16-32 sequences (the twenty-eighth
 #: session's round: docs/checks.md); on CUDA also rows past the 65535 a grid dimension holds (seq past 2^16 in
-#: one sequence: cheap on a GPU, minutes for an interpreted kernel). The other axes of a reach call stay small
+#: each sequence: cheap on a GPU, minutes for an interpreted kernel). The other axes of a reach call stay small
 #: (REACH_SMALL), so one large axis costs what a small workload does.
 #: Each floor is well past its threshold, not 1 past: a row of 1027 positions read the mask at t % 1024 wrongly
-#: on 3 positions only, which matched by chance in 1 of 8 runs.
-REACH_FLOOR = {"batch": 47, "seq": 1279, "vocab": 139265, "hidden": 1279}
+#: on 3 positions only, which matched by chance in 1 of 8 runs. Since the thirty-seventh session's round:
+#: - batch past 256 (trainer micro-batches are 64-256 sequences): an advantage tile of 64 read at b % 64 passed 47+;
+#: - rows past 17407 in two or three sequences (REACH_ROWS: 5803+ positions each): flat chunks of
+#:   16384 tokens indexing advantages chunk-locally, per-tile partial sums of a sequence shared across the batch,
+#:   and a large-rows path expanding advantages with repeat for repeat_interleave were all exact at batch 1;
+#: - hidden 5375+ (real models run 3584-8192; the remainder is 1279+ past every block of 512-4096, so a dropped
+#:   tail is a quarter of the GEMM, not 3 features of 4099, which a tolerance could absorb): split-K in blocks of
+#:   2048 dropping the tail passed hidden 1279.
+REACH_FLOOR = {"batch": 263, "seq": 1279, "vocab": 139265, "hidden": 5375}
+#: the least rows (batch x seq) of the rows call, its seq raised to reach them at the batch drawn: 1023 past 16384
+#: (a chunk of 16384 tokens misreads every row of the second chunk), and no more: rows are what the call costs
+REACH_ROWS = 17407
 REACH_FLOOR_CUDA = {"seq": 69631}
 REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 32)}
-#: where a reached axis wants the others smaller still: the long rows in one sequence (rows past 1024 and
-#: positions past 1024 with the fewest rows: an interpreted fused kernel spends ~5 ms a row)
-REACH_LEAD_SMALL = {"seq": {"batch": (1, 1)}}
+#: where a reached axis wants the others other than REACH_SMALL: the rows call has two or three sequences (a
+#: bug that mixes sequences up is exact at batch 1, which this call had until the thirty-seventh session), the
+#: batch call one or two positions a sequence (its 263+ sequences are rows of the fused operation's interpreted
+#: kernel: ~5-10 ms each on the CPU)
+REACH_LEAD_SMALL = {"seq": {"batch": (2, 3), "vocab": (32, 48)}, "batch": {"seq": (1, 2)}}
+#: the fused operation (an axis `hidden`) on the CPU: its Triton kernel runs interpreted there, one program a row
+#: (~5-10 ms each on the 2-core machine), so its rows call stays one sequence of 1279+ rows (~6-13 s a member; two
+#: sequences of 2049 cost 21.5 s, 16384+ rows would cost minutes a member). A fused kernel wrong only for two
+#: sequences or more past 16384 rows is caught on CUDA alone (REACH_FLOOR_CUDA: 2-3 sequences of 69631+ rows);
+#: the gallery's fused-large-rows-advantages-tiled is cuda_only for that reason.
+REACH_FLOOR_PER_ROW_CPU = {"seq": 1279}
+REACH_LEAD_SMALL_PER_ROW_CPU = {"seq": {"batch": (1, 1)}, "batch": {"seq": (1, 1)}}  # the batch call: 263+ rows
 #: the most a reached axis takes (past twice the largest default workload up to here)
-REACH_CAP = {"batch": 128, "seq": 131072, "vocab": 262144, "hidden": 4096}
+REACH_CAP = {"batch": 288, "seq": 131072, "vocab": 262144, "hidden": 9216}
+#: a reached axis's least remainder modulo every power of two from 512 up to it (`member_calls.past_blocks`): past twice
+#: the CUDA workloads' hidden 4096 the draw was 8193-8199, where a split-K dropping its tail drops 1-7 features
+REACH_REMAINDER = {"hidden": 255}
 #: the axes whose reach calls go through torch.autograd.grad, the others through backward: rows and the
 #: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
 #: that added d weight into .grad itself and returned nothing passed every backward call)
