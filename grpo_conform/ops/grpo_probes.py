@@ -270,7 +270,7 @@ def small_axes(r, axes: dict[str, int]) -> dict[str, int]:
 #: each sequence: cheap on a GPU, minutes for an interpreted kernel). The other axes of a reach call stay small
 #: (REACH_SMALL), so one large axis costs what a small workload does.
 #: Each floor is well past its threshold, not 1 past: a row of 1027 positions read the mask at t % 1024 wrongly
-#: on 3 positions only, which matched by chance in 1 of 8 runs. Since the thirty-seventh session's round:
+#: on 3 positions only, which matched by chance in 1 of 8 runs. Since the thirty-fifth session's round:
 #: - batch past 256 (trainer micro-batches are 64-256 sequences): an advantage tile of 64 read at b % 64 passed 47+;
 #: - rows past 17407 in two or three sequences (REACH_ROWS: 5803+ positions each): flat chunks of
 #:   16384 tokens indexing advantages chunk-locally, per-tile partial sums of a sequence shared across the batch,
@@ -285,7 +285,7 @@ REACH_ROWS = 17407
 REACH_FLOOR_CUDA = {"seq": 69631}
 REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 32)}
 #: where a reached axis wants the others other than REACH_SMALL: the rows call has two or three sequences (a
-#: bug that mixes sequences up is exact at batch 1, which this call had until the thirty-seventh session), the
+#: bug that mixes sequences up is exact at batch 1, which this call had until the thirty-fifth session), the
 #: batch call one or two positions a sequence (its 263+ sequences are rows of the fused operation's interpreted
 #: kernel: ~5-10 ms each on the CPU)
 REACH_LEAD_SMALL = {"seq": {"batch": (2, 3), "vocab": (32, 48)}, "batch": {"seq": (1, 2)}}
