@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_conform.checks import internal
+from grpo_conform.checks import internal, local_inputs
 from grpo_conform.checks.book import CheckBook
 from grpo_conform.checks.buffers import (InputSlot, OutputSlot, input_dtypes, only_gradient, overlap_text,
                                          storage_overlaps)
@@ -173,6 +173,7 @@ class WorkloadConformance:
         self._count = 0
         self._sets = 0  # input sets generated so far (the generators' `case`)
         self._mask_shift = self.rng.randrange(2)  # which other mask dtype Q gets (K the remaining one)
+        self._local_draws = local_inputs.draw_stream(self.seeds[0])  # which calls get local inputs
         self.exported: dict[str, str] = {}  # output slot -> the call last exported into it (Call.grad is that buffer)
         self.refs = ReferenceCache()  # the reference of each pristine input set, computed once (reference_cache.py)
         self.slot_tag = ""  # appended to the slot names and put before the call labels in another dtype's pass
@@ -358,15 +359,24 @@ class WorkloadConformance:
 
     def forward(self, label: str, slot: InputSlot, checks: tuple[str, ...], *, grad: bool = True,
                 leaf: str = "leaf", poison: str | None = None, inference: bool = False,
-                tie: dict[str, Any] | None = None, only: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+                tie: dict[str, Any] | None = None, only: tuple[str, ...] | None = None,
+                same: dict[str, list[str]] | None = None, omit: list[str] | None = None) -> dict[str, Any] | None:
         """Forward only; the inputs are compared with the pristine copy right after it.
         `inference`: under torch.inference_mode instead of torch.no_grad (with grad=False); `tie`: a
-        second use of an input in the graph (the worker's `_tied`: tied input embeddings)."""
+        second use of an input in the graph (the worker's `_tied`: tied input embeddings); `same`, `omit`:
+        an input passed as another's tensor, optional inputs left out (the worker's op_forward)."""
         extra = {"inference": True} if inference else {}
         extra.update({"tie": tie} if tie else {})
+        extra.update({"same": same} if same else {})
+        extra.update({"omit": omit} if omit else {})
+        # `only`: the differentiable inputs that require grad this call (the others frozen, as a trainer's)
+        names = [g.input for g in self.spec.gradients if only is None or g.input in only]
+        if self._local_draws.random() < local_inputs.LOCAL_FRACTION:  # the worker's own copies (local_inputs.py)
+            extra["local"], shared = local_inputs.copied(slot.tensors, names, leaf, grad)
+            self.draws.setdefault("local_calls", []).append(label)
+            if shared:
+                self.draws.setdefault("local_left_shared", {})[label] = shared
         try:
-            # `only`: the differentiable inputs that require grad this call (the others frozen, as a trainer's)
-            names = [g.input for g in self.spec.gradients if only is None or g.input in only]
             reply = self.session.request(op="forward", call=label, inputs=slot.name, params=self.model.call_values,
                                          grad=grad, gradients=names, leaf=leaf, poison=poison, **extra)
         except WorkerFailure as failure:
@@ -423,11 +433,13 @@ class WorkloadConformance:
 
     def call(self, label: str, slot: InputSlot, out: OutputSlot, checks: tuple[str, ...], *,
              upstream: float = 1.0, method: str = "backward", leaf: str = "leaf",
-             poison: str | None = None, keep: bool | None = None, only: tuple[str, ...] | None = None) -> Call | None:
+             poison: str | None = None, keep: bool | None = None, only: tuple[str, ...] | None = None,
+             same: dict[str, list[str]] | None = None, omit: list[str] | None = None) -> Call | None:
         """forward + backward + export, with the mutation and aliasing checks of the call; `only`: the
-        differentiable inputs that require grad (the call's gradients are those, the others frozen)."""
+        differentiable inputs that require grad (the call's gradients are those, the others frozen);
+        `same`, `omit`: as `forward`."""
         label = self._label(label)
-        fwd = self.forward(label, slot, checks, leaf=leaf, poison=poison, only=only)
+        fwd = self.forward(label, slot, checks, leaf=leaf, poison=poison, only=only, same=same, omit=omit)
         if fwd is None:
             return None
         done = self.backward_export(label, slot, out, checks, fwd, upstream, method, poison, keep)

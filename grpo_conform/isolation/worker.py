@@ -275,23 +275,38 @@ class _Worker:
 
     def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
                    leaf: str = "leaf", poison: str | None = None, inference: bool = False,
-                   tie: dict | None = None) -> None:
+                   tie: dict | None = None, local: list[str] | None = None, same: dict | None = None,
+                   omit: list[str] | None = None) -> None:
+        """`local`: inputs handed over as worker-local copies (`_local_copy`), written back after the
+        call; `same` ({input: [source, how]}): that input passed as the source's own tensor (how "object"),
+        a detach() of it ("detach") or a view of that ("view"); `omit`: optional inputs not passed at all."""
         import torch  # lazily, as op_load
 
         shared = self.slots[inputs]
-        if poison:
+        copies = {name: _local_copy(shared[name]) for name in local or () if name in shared}
+        handed = {**shared, **copies}
+        if poison:  # after the copies: the implementation's own allocations take the poisoned blocks
             self._poison(poison, shared, gradients)
-        leaves, args = self._leaves(shared, gradients, grad, leaf)
+        leaves, args = self._leaves(handed, gradients, grad, leaf)
+        for name, (source, how) in (same or {}).items():
+            t = args[source]
+            args[name] = t if how == "object" else t.detach() if how == "detach" else t.detach()[..., :]
+        for name in omit or ():
+            args.pop(name, None)
         crop = self._model_slices(leaves, args) if leaf == "slice" and grad else []
         # inference: torch.inference_mode (a serving or evaluation loop), a stricter no_grad
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
-        with grad_ctx:
-            loss = self._guarded("forward", lambda: self.watch.around(call, "forward", lambda: self.entry(**args,
-                                                                                                         **params)))
-            backprop = self._tied(loss, args, tie) if tie and grad else loss
-        self._sync("forward")
+        local = {n: (shared[n], c) for n, c in copies.items()}
+        try:
+            with grad_ctx:
+                loss = self._guarded("forward", lambda: self.watch.around(call, "forward", lambda: self.entry(
+                    **args, **params)))
+                backprop = self._tied(loss, args, tie) if tie and grad else loss
+            self._sync("forward")
+        finally:  # a failed call's writes are reported too ("after error")
+            _write_back(local)
         self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients),
-                            "backprop": backprop, "crop": crop}
+                            "backprop": backprop, "crop": crop, "local": local}
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
@@ -327,14 +342,18 @@ class _Worker:
             # Every (call, input) leaf, in one flat list for torch.autograd.grad.
             pairs = [(name, key, leaf) for name in names for key, leaf in self.calls[name]["leaves"].items()]
             label = "/".join(names)
-            if method == "autograd.grad":
-                grads = self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.grad(
-                    losses, [leaf for _, _, leaf in pairs], grads_in, allow_unused=True, retain_graph=retain)))
-            else:
-                self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.backward(
-                    losses, grads_in, retain_graph=retain)))
-                grads = [leaf.grad for _, _, leaf in pairs]
-            self._sync("backward")
+            try:
+                if method == "autograd.grad":
+                    grads = self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.grad(
+                        losses, [leaf for _, _, leaf in pairs], grads_in, allow_unused=True, retain_graph=retain)))
+                else:
+                    self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.backward(
+                        losses, grads_in, retain_graph=retain)))
+                    grads = [leaf.grad for _, _, leaf in pairs]
+                self._sync("backward")
+            finally:  # what backward wrote into a local copy reaches the parent's buffer (a failed one's too)
+                for name in names:
+                    _write_back(self.calls[name].get("local") or {})
             for (name, key, _), g in zip(pairs, grads):
                 if g is not None and key in self.calls[name].get("crop", ()):
                     g = g[:, :-1]  # the model output's dropped last position is not the input's
@@ -390,8 +409,9 @@ class _Worker:
         shared = self.slots[entry["inputs"]]
         report = {"loss": _describe(loss), "grads": {name: _describe(grads.get(name)) for name in entry["names"]},
                   "storage": {}}
-        for name, t in shared.items():
-            report["storage"][name] = _storage_range(t)
+        local = entry.get("local") or {}
+        for name, t in shared.items():  # a local call: the storage the implementation was handed
+            report["storage"][name] = _storage_range(local[name][1] if name in local else t)
         report["storage"]["loss"] = _storage_range(loss)
         for name in entry["names"]:
             report["storage"][GRAD_PREFIX + name] = _storage_range(grads.get(name))
@@ -401,6 +421,7 @@ class _Worker:
             if not entry.get("retained"):  # a retained graph is backpropagated again from these leaves
                 entry["leaves"] = {}  # outputs stay alive; the inputs' tensor objects need not
                 entry.pop("backprop", None)
+                entry.pop("local", None)
         else:
             del self.calls[call]
         return report
@@ -675,6 +696,29 @@ def _chain(base: Any) -> Any:
     for step in os.urandom(2 + os.urandom(1)[0] % 31):
         t = t * 1.0 if step % 3 == 0 else t + 0.0 if step % 3 == 1 else t.clone()
     return t
+
+
+def _local_copy(t: Any) -> Any:
+    """What `t` (a slot tensor: memfd or CUDA IPC memory) holds, as an ordinary tensor of this process:
+    torch's own allocator (a resizable storage, not page-aligned, not shared), version 0, the same shape,
+    strides, offset and storage size (a view's padding, PAD_BYTE, copied too). A tensor that fills its
+    storage is a clone (no `_base`, as a trainer's own tensor); a view into a larger buffer stays a view
+    of a fresh flat tensor (`_base` set, as `input_ids[:, P:]` has). A slot tensor differs from a
+    trainer's in all of these; a call that hands these over is one the implementation cannot tell from
+    a trainer's by its inputs' memory, and the parent picks such calls in secret (checks/local_inputs.py)."""
+    s, size = t.untyped_storage(), t.element_size()
+    n = s.nbytes() // size
+    if (t.storage_offset() == 0 and t.is_contiguous() and t.numel() == n) or s.nbytes() % size:
+        return t.detach().clone()
+    flat = t.detach().as_strided((n,), (1,), 0).clone()
+    return flat.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def _write_back(local: dict[str, Any]) -> None:
+    """Each local copy's bytes (padding included) into the slot buffer it was made from, so that the
+    parent's mutation check sees whatever the implementation wrote into its inputs on a local call."""
+    for shared, copy in local.values():
+        shared.untyped_storage().copy_(copy.untyped_storage())
 
 
 def _is_tensor(x: Any) -> bool:

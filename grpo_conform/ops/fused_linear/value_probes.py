@@ -10,13 +10,22 @@
   of logits ~1e3 then moves by ~1), which moves the KL term less than bfloat16's allowance: a kernel reading
   the policy weight for the reference passed every default run (`tests/gallery/fused-reference-weight-ignored`).
   Here the noise is scaled on the set itself (the 99th percentile of |(hidden @ noise^T) / T| over the rows is
-  1), and the KL coefficient and the temperature are at least their draws' tops.
+  1), and the KL coefficient and the temperature are at least their draws' tops. Two more calls follow on that
+  set, for the reference operands as trainers pass them (red team 2026-12; each input came from a buffer of
+  its own and ref_hidden was always given, so a kernel wrong only otherwise passed every run):
+  RA, ref_hidden left out (the spec: "ref_hidden absent: hidden"; every bundled fused implementation takes
+  that call), judged against the set with ref_hidden = hidden (`fused-ref-hidden-absent-drops-kl`);
+  RS, ref_weight the weight's own tensor (a frozen lm_head shared by policy and reference, as under LoRA:
+  the same object with weight and bias frozen; or, drawn, a detach() or a view of the trainable weight)
+  with ref_hidden the drawn one moved as ref_weight was (`fused-ref-head-shared-skips-ref-hidden`). A kernel
+  cannot tell either call from a trainer's: the aliasing and the omission are what a trainer hands over.
 
-Both judge loss and gradients against the reference (PLAIN) and run once per worker process and member.
+All judge loss and gradients against the reference (PLAIN) and run once per worker process and member.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -96,6 +105,41 @@ def _reference_head_call(run: WorkloadConformance, values: dict) -> None:
     call = run.call("RH", P, run.out1, PLAIN + CALL)
     if call is not None:
         J.plain(run, call)
+    if "ref_hidden" in P.tensors:
+        _reference_operands(run, rows, temperature)
+
+
+def _reference_operands(run: WorkloadConformance, rows: torch.Tensor, temperature: float) -> None:
+    """RA and RS (the module docstring) on RH's set."""
+    P = run.P
+    hidden, weight = P.tensors["hidden"], P.tensors["weight"]
+    drawn = P.tensors["ref_hidden"].clone()
+    P.tensors["ref_hidden"].copy_(hidden)  # the reference of the call without it
+    P.commit()
+    call = run.call("RA", P, run.out1, PLAIN + CALL, omit=["ref_hidden"])
+    if call is not None:
+        J.plain(run, call)
+    # ref_weight = weight; ref_hidden = hidden + s (drawn - hidden), s putting the reference log-probs ~1 nat
+    # from the policy's (as RH's noise): with the drawn 0.5 a kernel taking the policy's log-probs for the
+    # reference moved the KL term by less than bf16's allowance on some rows
+    d = (drawn.float() - hidden.float()).reshape(-1, weight.shape[1])
+    moves = (d[rows.to(d.device)] @ weight.float().t()).abs().reshape(-1) / temperature
+    top = float(torch.quantile(moves[: 1 << 24].double().cpu(), 0.99)) if moves.numel() else 0.0
+    scale = REFERENCE_MOVE / top if top > 0 else 1.0
+    P.tensors["ref_weight"].copy_(weight)
+    P.tensors["ref_hidden"].copy_(hidden.float() + scale * (drawn.float() - hidden.float()))
+    P.commit()
+    names = [g.input for g in run.spec.gradients]
+    # drawn on a stream of its own (the draws of later probes do not move): the same object with the head
+    # frozen, a detach() of the trainable weight, or a view of that
+    how = ("object", "detach", "view")[random.Random(run.seeds[0] ^ 0x2EF2).randrange(3)]
+    only = tuple(n for n in names if n not in ("weight", "bias")) if how == "object" else None
+    run.draws["reference_operands"] = {"ref_hidden_scale": scale, "ref_weight": how}
+    call = run.call("RS-" + how, P, run.out1, PLAIN + CALL, same={"ref_weight": ["weight", how]}, only=only)
+    if call is not None and only is None:
+        J.plain(run, call)
+    elif call is not None:  # the frozen head has no gradient: judged as the frozen probe judges its calls
+        J.versus_reference(run, "gradient", call, "ref_weight the frozen weight's own tensor, hidden alone trainable")
 
 
 def _has_ref_weight(spec: Any) -> str | None:
