@@ -173,7 +173,7 @@ class WorkloadConformance:
         self._count = 0
         self._sets = 0  # input sets generated so far (the generators' `case`)
         self._mask_shift = self.rng.randrange(2)  # which other mask dtype Q gets (K the remaining one)
-        self._local_draws = local_inputs.draw_stream(self.seeds[0])  # which calls get local inputs
+        self._local_draws = local_inputs.LocalDraws(self.seeds[0])  # which calls get local inputs
         self.exported: dict[str, str] = {}  # output slot -> the call last exported into it (Call.grad is that buffer)
         self.refs = ReferenceCache()  # the reference of each pristine input set, computed once (reference_cache.py)
         self.slot_tag = ""  # appended to the slot names and put before the call labels in another dtype's pass
@@ -371,7 +371,8 @@ class WorkloadConformance:
         extra.update({"omit": omit} if omit else {})
         # `only`: the differentiable inputs that require grad this call (the others frozen, as a trainer's)
         names = [g.input for g in self.spec.gradients if only is None or g.input in only]
-        if self._local_draws.random() < local_inputs.LOCAL_FRACTION:  # the worker's own copies (local_inputs.py)
+        # the worker's own copies (local_inputs.py), drawn for every call so the stream never shifts
+        if self._local_draws.is_local(checks):
             extra["local"], shared = local_inputs.copied(slot.tensors, names, leaf, grad)
             self.draws.setdefault("local_calls", []).append(label)
             if shared:
