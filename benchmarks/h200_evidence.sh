@@ -353,8 +353,8 @@ PY
          # members at the new folder identity), then the sweep (issue 36) in what is left. Another card: the member
          # tests and reach's peaks on CUDA (s34b, PROBE=0), no records
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    [ -e implementations/triton/sequences.py ] || status "s36a: pending/h-norm36 is not applied (git am it first)"
-    if [ ! -e implementations/triton/sequences.py ]; then :
+    if [ ! -e implementations/triton/sequences.py ]; then
+      status "s36a: pending/h-norm36 is not applied (git am it first)"
     elif grep -q H200 "$R/nvidia-smi.txt"; then  # the default check is the branch's CUDA test here
       rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
       default_check "${DEADLINE:-220}" records

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from member_cases import member_spec
+
 from grpo_conform.ops.grpo_logits.generators.near_ties import (NEAR_MAX, NEAR_MIN, near_tie_inputs,
                                                                near_tie_reason)
 from grpo_conform.ops.grpo_logits.reference import reference_logprobs
@@ -38,7 +40,7 @@ def _branches(x, p, ratio_dtype=None):
 def test_ratios_sit_beside_the_bound_and_only_a_narrower_dtype_flips_them(seed):
     p = GrpoParameters(epsilon_low=0.2, epsilon_high=0.28, temperature=0.9)
     record: dict = {}
-    x = near_tie_inputs(_inputs(seed), p, seed, record)
+    x = near_tie_inputs(member_spec("token-offpolicy-mask"), _inputs(seed), p, seed, record)
     assert NEAR_MIN * 0.99 <= record["min_abs"] and record["max_abs"] <= NEAR_MAX * 1.01
     assert record["below"] > 20 and record["above"] > 20
     truth = (reference_logprobs(x, p) - x["old_logprobs"].double()).exp()
@@ -54,10 +56,13 @@ def test_the_kl_gap_stays_away_from_zero_and_the_input_set_is_not_changed():
     p = GrpoParameters(epsilon_low=0.1, epsilon_high=0.15, temperature=1.0, beta=0.04)
     x = _inputs(5)
     before = {k: v.clone() for k, v in x.items()}
-    y = near_tie_inputs(x, p, 5, {})
+    spec = member_spec("token-offpolicy-mask-kl")
+    y = near_tie_inputs(spec, x, p, 5, {})
     assert all(torch.equal(x[k], before[k]) for k in x)
     gap = (y["ref_logprobs"].double() - reference_logprobs(y, p))[y["completion_mask"] != 0]
     assert float(gap.abs().min()) > 0.09
+    cfg = spec.validation.member_inputs  # the spec's declared gaps, as exact_tie_inputs draws them
+    assert cfg.ref_gap_min - 1e-6 <= float(gap.abs().min()) and float(gap.abs().max()) <= cfg.ref_gap_max + 1e-6
 
 
 def test_where_it_applies():

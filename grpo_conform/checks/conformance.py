@@ -127,6 +127,10 @@ class Kept:
     fingerprint: tuple[int, int]  # (the loss's float64 bits, the gradients' keyed checksum)
 
 
+#: the slots made on first use (`WorkloadConformance.__getattr__`)
+LAZY_SLOTS = ("Q", "K", "out2", "X3", "X4", "X5")
+
+
 @dataclass
 class WorkloadConformance:
     session: WorkerSession
@@ -267,10 +271,10 @@ class WorkloadConformance:
             torch.cuda.ipc_collect()  # a buffer the worker opened waits in torch's IPC limbo until collected
 
     def __getattr__(self, name: str):
-        # The second input set (and K, the input-cases probe's) and output slot are made when a probe first
-        # uses them: a smoke-profile workload (16.8 GB of logits at seq 65,536) cannot afford six
-        # logits-sized buffers on one GPU.
-        if name in ("Q", "K", "out2") and "dtypes" in self.__dict__:
+        # The second input set (and K, the input-cases probe's; X3-X5, the interleaved rounds' further graphs,
+        # released after their round) and output slot are made when a probe first uses them: a smoke-profile
+        # workload (16.8 GB of logits at seq 65,536) cannot afford six logits-sized buffers on one GPU.
+        if name in LAZY_SLOTS and "dtypes" in self.__dict__:
             tag = self.slot_tag
             slot = (InputSlot.create(self.session, name + tag, self.rw.shapes, self.slot_dtypes(name)) if name != "out2"
                     else OutputSlot.for_spec(self.session, "O2" + tag, self.spec, self.rw.shapes, self.dtypes))

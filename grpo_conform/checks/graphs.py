@@ -34,7 +34,7 @@ def _finish(run: WorkloadConformance, label: str, slot: InputSlot, c: float, ski
 #: implementation (the counts come from the run's secret seed), so a ring big enough to pass costs it
 #: ORDER_GRAPHS[1] saved states per shape, on every call of a real run too.
 SUM_GRAPHS = (2, 3)
-ORDER_GRAPHS = (3, 5)
+ORDER_GRAPHS = (3, 5)  # the graphs past P and Q are the lazy sets X3-X5 (conformance.LAZY_SLOTS)
 #: of the device's free memory (CUDA; the CPU: of 1 GiB), what a round's input sets beyond P and Q may take, each
 #: counted with its pristine copy and twice its gradients (the worker's, and what the implementation saves)
 GRAPHS_MEMORY_FRACTION = 0.25
@@ -88,7 +88,7 @@ def interleaved(run: WorkloadConformance, c: float) -> None:
         if round_.graphs > 2:
             exercised(run, "more-graphs")
         extra = [f"X{k + 1}" for k in range(2, round_.graphs)]
-        slots = [run.P, run.Q] + [_extra_slot(run, name) for name in extra]
+        slots = [run.P, run.Q] + [getattr(run, name) for name in extra]  # made on first use (conformance.py)
         try:
             if not _round(run, round_, slots, c, seeds, checks):
                 return
@@ -125,14 +125,6 @@ def _round(run: WorkloadConformance, round_: Round, slots: list[InputSlot], c: f
         run.mutation(label, slot, {"forward": f["forward"], "backward": slot.changes()})
         _finish(run, label, slot, u, skipped, checks[0], how)
     return True
-
-
-def _extra_slot(run: WorkloadConformance, name: str) -> InputSlot:
-    """A further input set for a graph in flight, made here and let go of after the round (`run.release`)."""
-    slot = InputSlot.create(run.session, name + run.slot_tag, run.rw.shapes, run.dtypes)
-    run.__dict__[name] = slot
-    run.extra_slots.append(slot.name)
-    return slot
 
 
 def _graph_room(run: WorkloadConformance) -> int:

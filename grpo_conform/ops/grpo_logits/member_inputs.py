@@ -382,6 +382,18 @@ def _reference_ratios(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> torch
     return r[keep]
 
 
+def tie_ref_logprobs(spec: Spec, out: dict[str, torch.Tensor], gen: torch.Generator) -> None:
+    """out["ref_logprobs"] on `tie_rows` (logp = -log 2), as fill_member_inputs draws them: each token's gap
+    U[ref_gap_min, ref_gap_max] from logp, on its advantage's side (the KL term adds to the policy term)."""
+    cfg = _cfg(spec)
+    batch, seq = out["completion_ids"].shape
+    sign = torch.sign(out["advantages"].detach().to("cpu", torch.float64))
+    sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+    gap = cfg.ref_gap_min + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (cfg.ref_gap_max - cfg.ref_gap_min)
+    ref = -math.log(2.0) + sign[:, None] * gap
+    out["ref_logprobs"].copy_(ref.to(out["ref_logprobs"].device, out["ref_logprobs"].dtype))
+
+
 def exact_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any], seed: int
                      ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Inputs and parameters where every token ties exactly (the `exact-ties` probe), with a
@@ -405,14 +417,8 @@ def exact_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], values: Ma
     out["logits"] = tie_rows(out["logits"], out["completion_ids"], gen)
     out["old_logprobs"].fill_(TIE_OLD_LOGPROB)
     p = GrpoParameters.from_spec(spec, params)
-    if "ref_logprobs" in out:  # as fill_member_inputs draws them, against the new logp
-        cfg = _cfg(spec)
-        batch, seq = out["completion_ids"].shape
-        sign = torch.sign(out["advantages"].detach().to("cpu", torch.float64))
-        sign = torch.where(sign == 0, torch.ones_like(sign), sign)
-        gap = cfg.ref_gap_min + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (cfg.ref_gap_max - cfg.ref_gap_min)
-        ref = -math.log(2.0) + sign[:, None] * gap
-        out["ref_logprobs"].copy_(ref.to(out["ref_logprobs"].dtype))
+    if "ref_logprobs" in out:
+        tie_ref_logprobs(spec, out, gen)
     if p.loss_type == "cispo":
         params["epsilon_high"] = 1.0  # the cap at r: it is detached, so no branch to choose
         return out, params

@@ -150,7 +150,7 @@ def _near_ties(run: WorkloadConformance, check: str, seed: int) -> None:
         return  # the member's first call (T) has judged the check; nothing near a bound to build here
     run.generate(run.P, seed)
     near: dict = {}
-    run.P.write(near_tie_inputs(run.P.pristine, run.model.params, seed, near))
+    run.P.write(near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, near))
     run.draws["near_ties"] = near
     record(run.draws, "ties", "ratios within 1e-5..4e-3 of the bound on both sides")
     t = run.call("T-near", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))

@@ -24,9 +24,10 @@ from typing import Any, Mapping
 
 import torch
 
-from grpo_conform.ops.grpo_logits.member_inputs import TIE_OLD_LOGPROB, tie_rows
+from grpo_conform.ops.grpo_logits.member_inputs import tie_ref_logprobs, tie_rows
 from grpo_conform.ops.grpo_logits.reference import reference_logprobs
 from grpo_conform.ops.grpo_terms import GrpoParameters
+from grpo_conform.spec import Spec
 
 NEAR_MIN = 1e-5  # 100x a float32 kernel's ratio error on these rows
 NEAR_MAX = 4e-3  # past bfloat16's half step at 1.2 (3.3e-3)
@@ -47,7 +48,7 @@ def near_tie_reason(p: GrpoParameters, names: set[str]) -> str | None:
     return None
 
 
-def near_tie_inputs(tensors: Mapping[str, torch.Tensor], p: GrpoParameters, seed: int,
+def near_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], p: GrpoParameters, seed: int,
                     record: dict[str, Any]) -> dict[str, torch.Tensor]:
     """A copy of `tensors` whose live tokens' ratios sit at their bound times (1 + d) (module docstring);
     `record` gets the realised relative distances' range and how many live tokens lie below and above their bound."""
@@ -64,9 +65,7 @@ def near_tie_inputs(tensors: Mapping[str, torch.Tensor], p: GrpoParameters, seed
     old = (logp - torch.log(bound) - torch.log1p(sign * size)).to(torch.float32)
     out["old_logprobs"].copy_(old.to(out["old_logprobs"].device, out["old_logprobs"].dtype))
     if "ref_logprobs" in out:  # the KL term's gap away from 0, as exact_tie_inputs draws it
-        gap = 0.1 + 0.4 * torch.rand(batch, seq, generator=gen, dtype=torch.float64)
-        ref = TIE_OLD_LOGPROB + torch.where(adv < 0, -gap, gap)
-        out["ref_logprobs"].copy_(ref.to(out["ref_logprobs"].device, out["ref_logprobs"].dtype))
+        tie_ref_logprobs(spec, out, gen)
     d = torch.exp(logp - out["old_logprobs"].detach().to("cpu", torch.float64)) / bound - 1.0
     keep = (out["completion_mask"].detach().cpu() != 0) if "completion_mask" in out else torch.ones_like(d, dtype=torch.bool)
     d = d[keep]
