@@ -34,6 +34,7 @@
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
+#   bash benchmarks/h200_evidence.sh nt36       # the near-ties check on CUDA (both operations, the fused gallery folder), then s36a
 #   bash benchmarks/h200_evidence.sh s34        # an H200: triton-fused records (MEMBERS); an H100: mem35's HEAD run
 #   bash benchmarks/h200_evidence.sh s34b       # reach's peaks on CUDA; the launch-bound members' host profile (PROBE=0: not)
 #   bash benchmarks/h200_evidence.sh sweep36    # issue 36: benchmarks/sweep_logits.py --configs (~7 min)
@@ -379,6 +380,20 @@ PY
         status "sweep_logits: exit $?"; tail -c 6000 "$R/sweep.log"
       fi
     fi
+    ;;
+  nt36)  # thirty-sixth session: the near-ties check on CUDA (honest kernels of both operations pass it, the fused
+         # gallery folder fails it: exit 1), then s36a in what is left of the call (CALL_S, default 585)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    for what in "implementations/triton-fused --member token-offpolicy-mask --member token-offpolicy-mask-kl-ref-weight --member dapo-mask --workload tiny-bf16 --workload seed-b2" \
+                "implementations/triton --member token-offpolicy-mask --member dapo-mask --workload mask-small-bf16 --workload mask-b8" \
+                "implementations/fused-liger --member token-offpolicy-mask --workload seed-b2" \
+                "tests/gallery/fused-ratio-branch-in-operand-dtype --workload tiny-bf16"; do
+      tag=$(echo "$what" | cut -d' ' -f1 | tr / -)
+      timeout -s KILL 150 python3 -m grpo_conform check $what --device cuda --no-timing --no-evidence -k near-ties \
+        -k gradient -k loss > "$R/nt-$tag.txt" 2>&1
+      status "near-ties on CUDA, $tag: exit $?"; tail -1 "$R/nt-$tag.txt"
+    done
+    exec env CALL_S=$(( ${CALL_S:-585} - SECONDS )) bash "$0" s36a
     ;;
   s34)  # thirty-fourth session: whichever card came. An H200: triton-fused at seed-b2..b16 with records (issue 32: the
         # H200 has no record of identity 1a23faaacdef; MEMBERS, default the first five, DEADLINE default 440). Another

@@ -1,11 +1,15 @@
-"""generators/near_ties.py (the exact-ties probe's T-near call): every live ratio sits at its bound times
+"""generators/near_ties.py and ops/fused_linear/near_ties.py (the near-ties probe's T-near call): every live ratio sits at its bound times
 (1 + d), |d| in [NEAR_MIN, NEAR_MAX] on both sides; a float32 ratio picks the reference's branch on every
 token, a ratio rounded to bfloat16 or float16 flips some."""
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from member_cases import member_spec
 
@@ -13,6 +17,11 @@ from grpo_conform.ops.grpo_logits.generators.near_ties import (NEAR_MAX, NEAR_MI
                                                                near_tie_reason)
 from grpo_conform.ops.grpo_logits.reference import reference_logprobs
 from grpo_conform.ops.grpo_terms import GrpoParameters
+from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.ops import operation_for
+from grpo_conform.ops.fused_linear.reference import row_stats
+from grpo_conform.ops.fused_linear.tolerance import logprob_allowance
+from grpo_conform.spec import load_family
 
 
 def _inputs(seed: int, batch: int = 6, seq: int = 40, vocab: int = 300, dtype=torch.bfloat16):
@@ -73,3 +82,75 @@ def test_where_it_applies():
     for lt in ("cispo", "sapo", "vespo"):
         assert "no hard clip" in near_tie_reason(GrpoParameters(0.2, 0.2, 1.0, loss_type=lt), names)
     assert "sequence" in near_tie_reason(GrpoParameters(0.2, 0.2, 1.0, importance_sampling_level="sequence"), names)
+
+
+# -- grpo-fused-linear: the logits quieted first (ops/fused_linear/near_ties.py) ---------------------------------
+
+FUSED = load_family(Path(__file__).resolve().parent.parent / "specs" / "grpo-fused-linear.v1.json")
+
+
+def _fused(member: str, seed: int, workload: str = "odd-bf16"):
+    spec = FUSED.member(member)
+    op = operation_for(spec)
+    model = ReferenceModel.drawn(spec, random.Random(seed))
+    x = op.generate(spec, spec.resolve(spec.workload(workload)), seed, "cpu", values=model.values, case=seed).tensors
+    return spec, op, model.params, x
+
+
+def _fused_branches(x, p, upcast: bool, ratio_dtype=None):
+    """(unclipped, per live token) as an eager fused kernel decides it: the GEMM in the operands' dtype (torch's
+    bf16 linear rounds the logits) or upcast to float32, a float32 log-softmax, the ratio maybe narrowed."""
+    h, w, b = x["hidden"], x["weight"], x.get("bias")
+    z = F.linear(h.float(), w.float(), None if b is None else b.float()) if upcast else F.linear(h, w, b).float()
+    logp = torch.log_softmax(z / p.temperature, -1).gather(-1, x["completion_ids"].long()[..., None])[..., 0]
+    r = torch.exp(logp - x["old_logprobs"].float())
+    if ratio_dtype is not None:
+        r = r.to(ratio_dtype).float()
+    a = x["advantages"].float()[:, None].expand_as(r)
+    return torch.where(a > 0, r <= 1 + p.epsilon_high, r >= 1 - p.epsilon_low)[x["completion_mask"] != 0]
+
+
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "token-offpolicy-mask-kl-ref-weight", "dapo-mask"])
+def test_fused_near_ties_pass_honest_gemms_and_catch_a_bf16_ratio(member):
+    flipped = 0
+    for seed in range(4):
+        spec, op, p, x = _fused(member, seed)
+        before = {k: v.clone() for k, v in x.items()}
+        record: dict = {}
+        y = op.near_tie_inputs(spec, x, p, seed, record)
+        assert all(torch.equal(x[k], before[k]) for k in x)  # a copy: the generated set is not changed
+        assert record["beyond_allowance"] == record["live"] > 0  # every live token is decisive
+        assert record["max_abs"] <= NEAR_MAX * 1.01 and record["min_abs"] >= NEAR_MIN
+        logp = row_stats(y, p).logp.reshape(y["completion_ids"].shape)
+        truth = (logp - y["old_logprobs"].double()).exp()
+        a = y["advantages"].double()[:, None].expand_as(truth)
+        want = torch.where(a > 0, truth <= 1 + p.epsilon_high, truth >= 1 - p.epsilon_low)[y["completion_mask"] != 0]
+        for upcast in (False, True):  # bf16 logits (the allowance's u |z|) and an fp32 upcast: no token flips
+            assert torch.equal(_fused_branches(y, p, upcast), want), (seed, upcast)
+        flipped += int((_fused_branches(y, p, True, torch.bfloat16) != want).sum())
+        # only powers of two scale the hidden rows (exact in bf16): the set stays the operands' own values
+        h0 = x["hidden"].double().reshape(-1, x["hidden"].shape[-1])
+        h1 = y["hidden"].double().reshape(h0.shape)
+        nz = h0.abs().amax(-1) > 0
+        k = torch.log2(h1[nz].abs().amax(-1) / h0[nz].abs().amax(-1))
+        assert torch.equal(k, k.round()) and bool((k <= 0).all())
+    assert flipped >= 5, flipped
+
+
+def test_fused_drawn_logits_would_hide_the_band():
+    """Why the logits are quieted: at the drawn heads the log-probs' allowance in bf16 exceeds bf16's ratio band
+    (3.3e-3 at 1.2) on some token of every set, so an honest GEMM's ratio may fall on either side there."""
+    for seed in range(3):
+        spec, op, p, x = _fused("token-offpolicy-mask", seed)
+        drawn = logprob_allowance(x, p)
+        quiet = logprob_allowance(op.near_tie_inputs(spec, x, p, seed, {}), p)
+        assert float(drawn.max()) > 3.3e-3 > NEAR_MAX / 2 > 2 * float(quiet.max()), (seed, float(drawn.max()))
+
+
+def test_fused_kl_gap_sits_at_the_declared_gaps():
+    spec, op, p, x = _fused("token-offpolicy-mask-kl", 3)
+    y = op.near_tie_inputs(spec, x, p, 3, {})
+    gap = (y["ref_logprobs"].double() - row_stats(y, p).logp.reshape(y["completion_ids"].shape))
+    gap = gap[y["completion_mask"] != 0].abs()
+    cfg = spec.validation.member_inputs
+    assert cfg.ref_gap_min - 1e-5 <= float(gap.min()) and float(gap.max()) <= cfg.ref_gap_max + 1e-5

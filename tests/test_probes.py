@@ -134,7 +134,7 @@ def test_probes_declare_where_they_apply():
         return {n: p.applies(spec) for n, p in PROBES_BY_NAME.items() if p.applies(spec) and n not in fused}
 
     seed = load_spec(SEED_FILE)  # on-policy token-is: no mask, no old or reference log-probs
-    assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "input-cases", "one-input"}
+    assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "near-ties", "input-cases", "one-input"}
     kl = find_spec("grpo/token-offpolicy-mask-kl")
     # zero-advantage applies: one zeroed sequence is left out there (the KL term gives it a gradient), every
     # advantage zeroed is not (call E-all, judged against the reference)
@@ -142,6 +142,9 @@ def test_probes_declare_where_they_apply():
     masked = find_spec("grpo/token-offpolicy-mask")
     assert set(ruled_out(masked)) == {"advantage-sign", "one-input"}  # one-input: grpo-fused-linear only
     assert ruled_out(find_spec("grpo-fused-linear/token-offpolicy-mask")).get("one-input") is None
+    # near-ties runs for both operations where old log-probs meet a clip (the fused one's logits quieted)
+    assert ruled_out(find_spec("grpo-fused-linear/token-offpolicy-mask")).get("near-ties") is None
+    assert "old log-probs" in ruled_out(find_spec("grpo-fused-linear/token-is"))["near-ties"]
 
 
 def test_the_engine_is_handed_its_probes_and_imports_no_probe_module():

@@ -252,9 +252,9 @@ def _contiguous_only(spec: Spec) -> str | None:
 
 ADVERSARIAL = Probe("adversarial", adversarial.__doc__, adversarial, CALL + ("adversarial-inputs", "finite"))
 UPSTREAM = Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradient", "finite"))
-#: the probes whose calls test values (exact ties, far ratios, extreme logits, upstream scalars up to a loss
+#: the probes whose calls test values (exact and near ties, far ratios, extreme logits, upstream scalars up to a loss
 #: scale), made again in each dtype the member declares that no default workload uses
-OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM))
+OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES, L.NEAR_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM))
 
 # `feeds` is every check a probe records (CALL: what each of its calls feeds); `own`, `applies`
 # and `needs` as conformance.Probe says.
@@ -268,6 +268,7 @@ _PROBES = (
     L.LAST_ROW,
     L.MASKED_POSITIONS,
     L.EXACT_TIES,
+    L.NEAR_TIES,
     Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite")),
     L.FAR_RATIOS,
     ADVERSARIAL,

@@ -61,8 +61,11 @@ _CHECKS = (
               "redrawing their logits changes no output", (3, 7)),
     CheckInfo("exact-ties", "every ratio exactly at a clip bound (1 - epsilon_low, 1 + epsilon_high, epsilon = 0, "
               "and every bound a member's cases name: delta, CISPO's cap), also in each declared dtype the default "
-              "workloads leave out, gives the spec's gradient: at a tie the unclipped branch is active; and every "
-              "ratio a hair (1e-5 to 4e-3, relative) either side of its bound gives the reference's branch", (4,)),
+              "workloads leave out, gives the spec's gradient: at a tie the unclipped branch is active", (4,)),
+    CheckInfo("near-ties", "every ratio a hair either side of the clip bound its advantage decides by (1e-5 to "
+              "4e-3, relative, each farther than an honest implementation's log-probs may stray: the fused "
+              "operation's logits quieted first), also in each declared dtype the default workloads leave out, "
+              "gives the reference's branch (a branch picked from a ratio in a narrower dtype flips)", (4,)),
     CheckInfo("declared-cases", "the parameters at the values the spec declares (every default exactly, both "
               "ends of every range, every pair of parameters at each combination of its ends, the member's named "
               "cases and equalities, and both sides of the band the draws keep around an avoided value: a "

@@ -166,6 +166,14 @@ class Operation(Protocol):
         temperature, on the CPU: what probes place old and reference log-probs from (far-ratios)."""
         ...
 
+    def near_tie_inputs(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any, seed: int,
+                        record: dict) -> dict[str, "torch.Tensor"]:
+        """A copy of input set `x` whose live tokens' ratios sit a hair from the clip bound their advantage
+        decides by (relative 1e-5..4e-3, both sides), each farther from it than an honest implementation's
+        log-probs may stray, so that only a branch picked in a narrower dtype crosses (the `near-ties` probe);
+        `record` gets what was realised (distances, counts). Asked only where `near_tie_reason` allows."""
+        ...
+
     def reference_gradients(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any,
                             **refinements: Any) -> dict[str, Iterator[GradientChunk]]:
         """Per differentiable input (keyed by its name), the float64 gradient chunk by chunk over units

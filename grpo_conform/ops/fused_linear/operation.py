@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from grpo_conform import device_memory
 from grpo_conform.ops.fused_linear import inputs as _inputs
+from grpo_conform.ops.fused_linear import near_ties as _near_ties
 from grpo_conform.ops.fused_linear import reference as _reference
 from grpo_conform.ops.fused_linear.tolerance import gemm_allowance
 from grpo_conform.ops.grpo_logits.traffic import Counted
@@ -153,6 +154,10 @@ class GrpoFusedLinear:
     def policy_logprobs(self, spec, x: Mapping[str, Any], params):
         # the memoised row pass: on a set just generated, the one the generator made (`keep_generated`)
         return _reference.row_stats(x, params).logp.reshape(x["completion_ids"].shape).cpu()
+
+    def near_tie_inputs(self, spec, x: Mapping[str, Any], params, seed: int, record: dict):
+        # the logits quieted first, so that the GEMM's allowance stays under the distances (near_ties.py)
+        return _near_ties.near_tie_inputs(spec, x, params, seed, record)
 
     def reference_gradients(self, spec, x: Mapping[str, Any], params, **refinements) -> dict[str, Iterator[GradientChunk]]:
         """Chunks of d hidden (rows b, t), d weight (vocabulary rows) and d bias (entries), for the

@@ -47,7 +47,8 @@ import torch
 from grpo_conform.ops.fused_linear import memo
 from grpo_conform.ops.fused_linear.moves import coefficient_moves
 from grpo_conform.ops.fused_linear.reference import Blocks, _blocks, logprobs_and_lse, row_stats
-from grpo_conform.ops.fused_linear.row_pass import FP32_U, UNIT_ROUNDOFF, flat, logits, row_pass, spans
+from grpo_conform.ops.fused_linear.row_pass import (FP32_U, UNIT_ROUNDOFF, flat, logits, operand_roundoff, row_pass,
+                                                     spans)
 from grpo_conform.ops.grpo_terms import GrpoParameters
 
 # below the normal range of float32 and bfloat16 (the same exponent range) GEMMs flush operands and results
@@ -192,6 +193,17 @@ def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks):
     # the implementation's own fp32 log-softmax: about 2 u32 (1 + max|z|/T + ln V) on every log-prob
     softmax = 2.0 * FP32_U * (1.0 + errors.zmax / p.temperature + math.log(vocab))
     return errors.emax / p.temperature + softmax, errors.d / p.temperature + softmax
+
+
+def logprob_allowance(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> torch.Tensor | None:
+    """[B, T] float64: how far an implementation's log-prob of each completion token may lie from the reference's
+    (d_r of the policy's head for operands in their own dtype, the memoised row pass's), or None for operands the
+    error model has no roundoff for. What near ties keep their distances above (`near_ties.py`)."""
+    u = operand_roundoff(x)
+    if u is None:
+        return None
+    _, d = _row_errors(x, p, u, "", _blocks(x, None))
+    return d.view(x["completion_ids"].shape).cpu()
 
 
 def _unit_sums(x, p: GrpoParameters, blocks: Blocks, lse: torch.Tensor, a: torch.Tensor):

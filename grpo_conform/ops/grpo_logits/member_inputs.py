@@ -382,15 +382,17 @@ def _reference_ratios(x: Mapping[str, torch.Tensor], p: GrpoParameters) -> torch
     return r[keep]
 
 
-def tie_ref_logprobs(spec: Spec, out: dict[str, torch.Tensor], gen: torch.Generator) -> None:
-    """out["ref_logprobs"] on `tie_rows` (logp = -log 2), as fill_member_inputs draws them: each token's gap
-    U[ref_gap_min, ref_gap_max] from logp, on its advantage's side (the KL term adds to the policy term)."""
+def tie_ref_logprobs(spec: Spec, out: dict[str, torch.Tensor], gen: torch.Generator,
+                     logp: torch.Tensor | None = None) -> None:
+    """out["ref_logprobs"] on `tie_rows` (logp = -log 2), or beside the float64 log-probs `logp` [B, S] where
+    given, as fill_member_inputs draws them: each token's gap U[ref_gap_min, ref_gap_max] from logp, on its
+    advantage's side (the KL term adds to the policy term)."""
     cfg = _cfg(spec)
     batch, seq = out["completion_ids"].shape
     sign = torch.sign(out["advantages"].detach().to("cpu", torch.float64))
     sign = torch.where(sign == 0, torch.ones_like(sign), sign)
     gap = cfg.ref_gap_min + torch.rand(batch, seq, generator=gen, dtype=torch.float64) * (cfg.ref_gap_max - cfg.ref_gap_min)
-    ref = -math.log(2.0) + sign[:, None] * gap
+    ref = (-math.log(2.0) if logp is None else logp.to("cpu", torch.float64)) + sign[:, None] * gap
     out["ref_logprobs"].copy_(ref.to(out["ref_logprobs"].device, out["ref_logprobs"].dtype))
 
 

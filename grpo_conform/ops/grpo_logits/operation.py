@@ -11,7 +11,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from grpo_conform import device_memory
 from grpo_conform.ops.grpo_logits import traffic as _traffic
-from grpo_conform.ops.grpo_logits.generators import kind_of
+from grpo_conform.ops.grpo_logits.generators import kind_of, near_ties
 from grpo_conform.ops.grpo_logits.inputs import generate, refresh_in_place
 from grpo_conform.ops.grpo_logits.judge import RowJudge, recheck_gradient, recheck_loss_floor
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient, reference_logprobs, reference_loss
@@ -71,6 +71,10 @@ class GrpoLogits:
 
     def policy_logprobs(self, spec, x: Mapping[str, Any], params):
         return reference_logprobs(x, params).cpu()
+
+    def near_tie_inputs(self, spec, x: Mapping[str, Any], params, seed: int, record: dict):
+        # rows whose log-prob every float32 kernel computes exactly (tie_rows): ratios down to 1e-5 from a bound
+        return near_ties.near_tie_inputs(spec, x, params, seed, record)
 
     def reference_gradients(self, spec, x: Mapping[str, Any], params,
                             logp_error=None) -> dict[str, Iterator[GradientChunk]]:

@@ -3,10 +3,11 @@ row per (sequence, position), the vocabulary along it), so an operation that giv
 lists their checks as not applicable, saying why (`applies`). The probe registry (`checks/probes.py`) lists
 them in its order; their judging is `judging.py` beside this file. Moved unchanged from `checks/probes.py`.
 
-advantage-sign (C against A), row-locality (F), last-row (G), masked-positions (M), exact-ties (T) and
-far-ratios (W); `ties_unsupported` tells the declared-cases probe where tie cases cannot be built. far-ratios
-alone runs for grpo-fused-linear too: it changes only the [B, S] log-probs, placed from the operation's own
-log-probs (`Operation.policy_logprobs`; a log-ratio clamped at 20 passed the fused check before, docs/checks.md).
+advantage-sign (C against A), row-locality (F), last-row (G), masked-positions (M), exact-ties (T), near-ties
+(T-near) and far-ratios (W); `ties_unsupported` tells the declared-cases probe where tie cases cannot be built.
+near-ties and far-ratios run for grpo-fused-linear too: far-ratios changes only the [B, S] log-probs, placed
+from the operation's own log-probs (`Operation.policy_logprobs`; a log-ratio clamped at 20 passed the fused
+check before, docs/checks.md); near-ties asks the operation for its inputs (`Operation.near_tie_inputs`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from grpo_conform.ops.grpo_logits import judging as L
 from grpo_conform.ops.grpo_logits.declared_cases import record
 from grpo_conform.ops.grpo_logits.generators.logprob_gaps import (far_ratio_inputs, sampling_product_inputs,
                                                               vespo_clamp_inputs)
-from grpo_conform.ops.grpo_logits.generators.near_ties import NEAR_MAX, NEAR_MIN, near_tie_inputs, near_tie_reason
+from grpo_conform.ops.grpo_logits.generators.near_ties import NEAR_MAX, NEAR_MIN, near_tie_reason
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs
 from grpo_conform.spec import Spec
 
@@ -93,6 +94,10 @@ def _off_policy(spec: Spec) -> str | None:
     return None if "old_logprobs" in _inputs(spec) else "this member has no old log-probs: its ratio is exactly 1"
 
 
+def _off_policy_clipped(spec: Spec) -> str | None:
+    return _off_policy(spec) or _clipped(spec)
+
+
 def row_locality(run: WorkloadConformance) -> None:
     """F: D's inputs with one logits row redrawn: only that gradient row may change."""
     if "D" not in run.state:
@@ -139,25 +144,31 @@ def exact_ties(run: WorkloadConformance) -> None:
                 values["epsilon_low"], values["epsilon_high"]))
     finally:
         run.model = drawn
-    _near_ties(run, check, seed ^ 0x4E)
 
 
-def _near_ties(run: WorkloadConformance, check: str, seed: int) -> None:
-    """T-near: every live ratio at its bound times (1 + d), |d| in [1e-5, 4e-3], the drawn parameters
-    (generators/near_ties.py): a branch picked from a ratio rounded to a narrower dtype flips on about a
-    third of the tokens."""
-    if near_tie_reason(run.model.params, _inputs(run.spec)) is not None:
-        return  # the member's first call (T) has judged the check; nothing near a bound to build here
+def near_ties(run: WorkloadConformance) -> None:
+    """T-near: every live ratio at its clip bound times (1 + d), both sides, each token farther from its bound
+    than an honest implementation's log-probs may stray (`Operation.near_tie_inputs`: on the logits operation
+    rows every float32 kernel computes exactly, |d| 1e-5 to 4e-3; on the fused one the logits quieted first,
+    |d| from twice the token's allowance): a branch picked from a ratio rounded to a narrower dtype flips on
+    about a third of the tokens."""
+    check = "near-ties"
+    reason = near_tie_reason(run.model.params, _inputs(run.spec))
+    if reason is not None:  # the drawn parameters leave no hard clip bound to sit beside
+        run.book.not_applicable(check, reason)
+        return
+    seed = run.seeds[0] ^ 0x71E5 ^ 0x4E
     run.generate(run.P, seed)
     near: dict = {}
-    run.P.write(near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, near))
+    run.P.write(run.op.near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, near))
     run.draws["near_ties"] = near
     record(run.draws, "ties", "ratios within 1e-5..4e-3 of the bound on both sides")
     t = run.call("T-near", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
     if t is not None:
         J.finite(run, t)
-        J.versus_reference(run, check, t, f"every ratio at its clip bound times (1 + d), |d| {NEAR_MIN:g} to "
-                                          f"{NEAR_MAX:g}, both sides: a branch picked in a narrower dtype flips")
+        J.versus_reference(run, check, t, f"every ratio at its clip bound times (1 + d), |d| up to {NEAR_MAX:g} "
+                                          f"(at least {NEAR_MIN:g} and beyond the log-probs' allowance), both "
+                                          "sides: a branch picked in a narrower dtype flips")
 
 
 def far_ratios(run: WorkloadConformance) -> None:
@@ -228,5 +239,7 @@ MASKED_POSITIONS = Probe("masked-positions", masked_positions.__doc__, masked_po
                          _only_logits("masked-positions", _masked), ("new-buffers",))
 EXACT_TIES = Probe("exact-ties", exact_ties.__doc__, exact_ties, CALL + ("exact-ties", "finite"), ("exact-ties",),
                    _only_logits("exact-ties", _clipped))
+NEAR_TIES = Probe("near-ties", near_ties.__doc__, near_ties, CALL + ("near-ties", "finite"), ("near-ties",),
+                  _off_policy_clipped)
 FAR_RATIOS = Probe("far-ratios", far_ratios.__doc__, far_ratios, CALL + ("far-ratios", "finite"), ("far-ratios",),
                    _off_policy)

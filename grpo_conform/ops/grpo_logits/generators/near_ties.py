@@ -19,7 +19,6 @@ precision that already gets the branch right; the rows are `exact-ties`' own (p 
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import torch
@@ -48,6 +47,41 @@ def near_tie_reason(p: GrpoParameters, names: set[str]) -> str | None:
     return None
 
 
+def near_old_logprobs(logp: torch.Tensor, advantages: torch.Tensor, p: GrpoParameters, gen: torch.Generator,
+                      floor: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 old log-probs [B, S] that put every token's ratio exp(logp - old) at its bound times (1 + d):
+    the bound its sequence's advantage decides by (1 + epsilon_high for A > 0, else 1 - epsilon_low), d signed,
+    |d| log-uniform in [lo, NEAR_MAX]. lo is NEAR_MIN, or per token `floor` [B, S] (at least NEAR_MIN, at most
+    NEAR_MAX): how far an implementation's own log-probs may honestly stray (the fused operation's GEMM)."""
+    batch, seq = logp.shape
+    adv = advantages.detach().to("cpu", torch.float64).reshape(batch, 1).expand(batch, seq)
+    bound = torch.where(adv < 0, torch.full_like(adv, 1.0 - p.epsilon_low), torch.full_like(adv, 1.0 + p.epsilon_high))
+    lo = torch.full_like(logp, NEAR_MIN) if floor is None else floor.to(logp).clamp(NEAR_MIN, NEAR_MAX)
+    size = torch.exp(torch.log(lo) + torch.rand(batch, seq, generator=gen, dtype=torch.float64)
+                     * torch.log(NEAR_MAX / lo))
+    sign = torch.where(torch.rand(batch, seq, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+    return logp - torch.log(bound) - torch.log1p(sign * size)
+
+
+def near_record(logp: torch.Tensor, x: Mapping[str, torch.Tensor], p: GrpoParameters, record: dict[str, Any],
+                floor: torch.Tensor | None = None) -> None:
+    """The realised relative distances |d| of the live tokens (as stored: `x["old_logprobs"]`), how many lie
+    below and above their bound and, given `floor`, how many lie beyond it (where an honest implementation's
+    branch is the reference's)."""
+    batch, seq = logp.shape
+    adv = x["advantages"].detach().to("cpu", torch.float64).reshape(batch, 1).expand(batch, seq)
+    bound = torch.where(adv < 0, torch.full_like(adv, 1.0 - p.epsilon_low), torch.full_like(adv, 1.0 + p.epsilon_high))
+    d = torch.exp(logp - x["old_logprobs"].detach().to("cpu", torch.float64)) / bound - 1.0
+    keep = (x["completion_mask"].detach().cpu() != 0) if "completion_mask" in x else torch.ones_like(d, dtype=torch.bool)
+    if not keep.any():
+        return
+    record.update(min_abs=float(d[keep].abs().min()), max_abs=float(d[keep].abs().max()),
+                  below=int((d[keep] < 0).sum()), above=int((d[keep] > 0).sum()))
+    if floor is not None:
+        record["beyond_allowance"] = int((d[keep].abs() > floor.to(d)[keep]).sum())
+        record["live"] = int(keep.sum())
+
+
 def near_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], p: GrpoParameters, seed: int,
                     record: dict[str, Any]) -> dict[str, torch.Tensor]:
     """A copy of `tensors` whose live tokens' ratios sit at their bound times (1 + d) (module docstring);
@@ -56,20 +90,9 @@ def near_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], p: GrpoPara
     gen = torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1))
     out["logits"] = tie_rows(out["logits"], out["completion_ids"], gen)
     logp = reference_logprobs(out, p).cpu()  # float64; a float32 kernel gets fp32(-log 2)
-    batch, seq = logp.shape
-    adv = out["advantages"].detach().to("cpu", torch.float64).reshape(batch, 1).expand(batch, seq)
-    bound = torch.where(adv < 0, torch.full_like(adv, 1.0 - p.epsilon_low), torch.full_like(adv, 1.0 + p.epsilon_high))
-    size = torch.exp(math.log(NEAR_MIN) + torch.rand(batch, seq, generator=gen, dtype=torch.float64)
-                     * math.log(NEAR_MAX / NEAR_MIN))
-    sign = torch.where(torch.rand(batch, seq, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
-    old = (logp - torch.log(bound) - torch.log1p(sign * size)).to(torch.float32)
+    old = near_old_logprobs(logp, out["advantages"], p, gen).to(torch.float32)
     out["old_logprobs"].copy_(old.to(out["old_logprobs"].device, out["old_logprobs"].dtype))
     if "ref_logprobs" in out:  # the KL term's gap away from 0, as exact_tie_inputs draws it
         tie_ref_logprobs(spec, out, gen)
-    d = torch.exp(logp - out["old_logprobs"].detach().to("cpu", torch.float64)) / bound - 1.0
-    keep = (out["completion_mask"].detach().cpu() != 0) if "completion_mask" in out else torch.ones_like(d, dtype=torch.bool)
-    d = d[keep]
-    if d.numel():
-        record.update(min_abs=float(d.abs().min()), max_abs=float(d.abs().max()), below=int((d < 0).sum()),
-                      above=int((d > 0).sum()))
+    near_record(logp, out, p, record)
     return out
