@@ -81,7 +81,38 @@ def test_where_it_applies():
     assert "old log-probs" in near_tie_reason(p, names - {"old_logprobs"})
     for lt in ("cispo", "sapo", "vespo"):
         assert "no hard clip" in near_tie_reason(GrpoParameters(0.2, 0.2, 1.0, loss_type=lt), names)
-    assert "sequence" in near_tie_reason(GrpoParameters(0.2, 0.2, 1.0, importance_sampling_level="sequence"), names)
+    assert near_tie_reason(GrpoParameters(0.2, 0.2, 1.0, importance_sampling_level="sequence"), names) is None
+
+
+def _sequence_branches(x, p, ratio_dtype=None):
+    """(unclipped, per sequence with a live token) from a float32 GSPO ratio exp(mean of the log-ratios), or one
+    rounded to ratio_dtype, and the reference's."""
+    m = (x["completion_mask"] != 0)
+    out = []
+    for logp in (reference_logprobs(x, p).float(), reference_logprobs(x, p)):
+        lr = ((logp - x["old_logprobs"].to(logp.dtype)) * m).sum(-1) / m.sum(-1).clamp(min=1)
+        r = torch.exp(lr)
+        if ratio_dtype is not None and logp.dtype == torch.float32:
+            r = r.to(ratio_dtype).float()
+        a = x["advantages"].to(r.dtype)
+        out.append(torch.where(a > 0, r <= 1 + p.epsilon_high, r >= 1 - p.epsilon_low)[m.any(-1)])
+    return out
+
+
+def test_sequence_level_ratios_sit_beside_the_bound():
+    """GSPO: one distance per sequence, every token of it at the same log-ratio, so the mean over the mask is the
+    sequence's; a float32 sequence ratio takes the reference's branch, a bf16 one flips some over the seeds."""
+    p = GrpoParameters(epsilon_low=3e-4, epsilon_high=4e-4, temperature=0.9, importance_sampling_level="sequence")
+    flipped = 0
+    for seed in range(12):
+        record: dict = {}
+        x = near_tie_inputs(member_spec("sequence-offpolicy-mask"), _inputs(seed), p, seed, record)
+        assert NEAR_MIN * 0.99 <= record["min_abs"] and record["max_abs"] <= NEAR_MAX * 1.01
+        assert record["below"] + record["above"] == int((x["completion_mask"] != 0).any(-1).sum())
+        f32, want = _sequence_branches(x, p)
+        assert torch.equal(f32, want)
+        flipped += int((_sequence_branches(x, p, torch.bfloat16)[0] != want).sum())
+    assert flipped >= 3, flipped
 
 
 # -- grpo-fused-linear: the logits quieted first (ops/fused_linear/near_ties.py) ---------------------------------
@@ -110,7 +141,8 @@ def _fused_branches(x, p, upcast: bool, ratio_dtype=None):
     return torch.where(a > 0, r <= 1 + p.epsilon_high, r >= 1 - p.epsilon_low)[x["completion_mask"] != 0]
 
 
-@pytest.mark.parametrize("member", ["token-offpolicy-mask", "token-offpolicy-mask-kl-ref-weight", "dapo-mask"])
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "token-offpolicy-mask-kl-ref-weight", "dapo-mask",
+                                    "sequence-offpolicy-mask"])
 def test_fused_near_ties_pass_honest_gemms_and_catch_a_bf16_ratio(member):
     flipped = 0
     for seed in range(4):

@@ -29,7 +29,7 @@ import torch
 
 from grpo_conform.ops.fused_linear.reference import row_stats
 from grpo_conform.ops.fused_linear.tolerance import logprob_allowance
-from grpo_conform.ops.grpo_logits.generators.near_ties import near_old_logprobs, near_record
+from grpo_conform.ops.grpo_logits.generators.near_ties import near_old_logprobs, near_record, sequence_floor
 from grpo_conform.ops.grpo_logits.member_inputs import tie_ref_logprobs
 from grpo_conform.ops.grpo_terms import GrpoParameters
 from grpo_conform.spec import Spec
@@ -86,6 +86,9 @@ def near_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], p: GrpoPara
     logp = row_stats(out, p).logp.reshape(ids.shape).cpu()
     allowed = logprob_allowance(out, p)
     floor = None if allowed is None else FLOOR_FACTOR * allowed
+    if floor is not None and p.importance_sampling_level == "sequence":  # the mean of its tokens' errors
+        floor = sequence_floor(floor, out["completion_mask"].cpu() != 0 if "completion_mask" in out
+                               else torch.ones_like(floor, dtype=torch.bool))
     old = near_old_logprobs(logp, out["advantages"], p, gen, floor).to(torch.float32)
     out["old_logprobs"].copy_(old.to(out["old_logprobs"].device, out["old_logprobs"].dtype))
     if "ref_logprobs" in out:  # the KL term's gap away from 0, on the advantage's side

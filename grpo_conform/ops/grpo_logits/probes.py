@@ -146,25 +146,35 @@ def exact_ties(run: WorkloadConformance) -> None:
         run.model = drawn
 
 
+SEQUENCE_CALLS = 3  # T-near calls of a sequence-level member (one ratio per sequence)
+
+
 def near_ties(run: WorkloadConformance) -> None:
     """T-near: every live ratio at its clip bound times (1 + d), both sides, each token farther from its bound
     than an honest implementation's log-probs may stray (`Operation.near_tie_inputs`: on the logits operation
     rows every float32 kernel computes exactly, |d| 1e-5 to 4e-3; on the fused one the logits quieted first,
-    |d| from twice the token's allowance): a branch picked from a ratio rounded to a narrower dtype flips on
-    about a third of the tokens."""
+    |d| from twice the token's allowance; at sequence level (GSPO) one distance per sequence, three calls): a
+    branch picked from a ratio rounded to a narrower dtype flips on about a third of the tokens."""
     check = "near-ties"
     reason = near_tie_reason(run.model.params, _inputs(run.spec))
     if reason is not None:  # the drawn parameters leave no hard clip bound to sit beside
         run.book.not_applicable(check, reason)
         return
-    seed = run.seeds[0] ^ 0x71E5 ^ 0x4E
-    run.generate(run.P, seed)
-    near: dict = {}
-    run.P.write(run.op.near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, near))
-    run.draws["near_ties"] = near
+    # A sequence-level member has one ratio per sequence: a call's few sequences (4-8 at the CPU workloads) may all
+    # miss a narrow dtype's rounding band (its width at the drawn bound is 0 to 0.33%), so it makes three calls.
+    calls = SEQUENCE_CALLS if run.model.params.importance_sampling_level == "sequence" else 1
+    run.draws["near_ties"] = []
     record(run.draws, "ties", "ratios within 1e-5..4e-3 of the bound on both sides")
-    t = run.call("T-near", run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
-    if t is not None:
+    for i in range(calls):
+        seed = run.seeds[0] ^ 0x71E5 ^ 0x4E ^ (i * 0x9E37)
+        run.generate(run.P, seed)
+        near: dict = {}
+        run.P.write(run.op.near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, near))
+        run.draws["near_ties"].append(near)
+        t = run.call("T-near" if i == 0 else f"T-near-{i + 1}", run.P, run.out1,
+                     (check, "finite", "no-mutation", "no-aliasing"))
+        if t is None:
+            return
         J.finite(run, t)
         J.versus_reference(run, check, t, f"every ratio at its clip bound times (1 + d), |d| up to {NEAR_MAX:g} "
                                           f"(at least {NEAR_MIN:g} and beyond the log-probs' allowance), both "

@@ -35,44 +35,64 @@ _SALT = 0x6E656172
 
 
 def near_tie_reason(p: GrpoParameters, names: set[str]) -> str | None:
-    """Why T-near does not apply (None where it does): it needs old log-probs, a hard clip and a token-level ratio."""
+    """Why T-near does not apply (None where it does): it needs old log-probs and a hard clip."""
     if "old_logprobs" not in names:
         return "no old log-probs: the ratio is exactly 1"
     if p.loss_type.replace("-", "_") not in HARD_CLIP:
         return f"loss_type {p.loss_type!r} has no hard clip branch"
-    if p.importance_sampling_level != "token":
-        return "a sequence-level ratio is a mean over the row, not set token by token"
     if not 0.0 <= p.epsilon_low < 1.0 or p.epsilon_high < 0.0:
         return "the drawn epsilons leave no bound to sit beside"
     return None
 
 
+def _live(x: Mapping[str, torch.Tensor], shape) -> torch.Tensor:
+    return (x["completion_mask"].detach().cpu() != 0) if "completion_mask" in x else torch.ones(shape, dtype=torch.bool)
+
+
+def _bounds(advantages: torch.Tensor, p: GrpoParameters, shape) -> torch.Tensor:
+    """[B, S] float64: the bound each sequence's advantage decides by (1 + epsilon_high for A > 0, else 1 - epsilon_low)."""
+    adv = advantages.detach().to("cpu", torch.float64).reshape(shape[0], 1).expand(*shape)
+    return torch.where(adv < 0, torch.full_like(adv, 1.0 - p.epsilon_low), torch.full_like(adv, 1.0 + p.epsilon_high))
+
+
+def sequence_floor(floor: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """A sequence ratio's allowance from its tokens' (`floor` [B, S]): their mean over the live tokens, expanded."""
+    m = live.to(floor.dtype)
+    return ((floor * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)).expand_as(floor)
+
+
 def near_old_logprobs(logp: torch.Tensor, advantages: torch.Tensor, p: GrpoParameters, gen: torch.Generator,
                       floor: torch.Tensor | None = None) -> torch.Tensor:
     """float64 old log-probs [B, S] that put every token's ratio exp(logp - old) at its bound times (1 + d):
-    the bound its sequence's advantage decides by (1 + epsilon_high for A > 0, else 1 - epsilon_low), d signed,
-    |d| log-uniform in [lo, NEAR_MAX]. lo is NEAR_MIN, or per token `floor` [B, S] (at least NEAR_MIN, at most
-    NEAR_MAX): how far an implementation's own log-probs may honestly stray (the fused operation's GEMM)."""
+    the bound its sequence's advantage decides by, d signed, |d| log-uniform in [lo, NEAR_MAX]. lo is NEAR_MIN,
+    or per token `floor` [B, S] (at least NEAR_MIN, at most NEAR_MAX): how far an implementation's own log-probs
+    may honestly stray (the fused operation's GEMM). At sequence level (GSPO) d is one draw per sequence, every
+    token of it gets the same log-ratio, so their mean over any mask is the sequence's (pass a floor that is one
+    value per sequence: `sequence_floor`)."""
     batch, seq = logp.shape
-    adv = advantages.detach().to("cpu", torch.float64).reshape(batch, 1).expand(batch, seq)
-    bound = torch.where(adv < 0, torch.full_like(adv, 1.0 - p.epsilon_low), torch.full_like(adv, 1.0 + p.epsilon_high))
+    bound = _bounds(advantages, p, logp.shape)
     lo = torch.full_like(logp, NEAR_MIN) if floor is None else floor.to(logp).clamp(NEAR_MIN, NEAR_MAX)
-    size = torch.exp(torch.log(lo) + torch.rand(batch, seq, generator=gen, dtype=torch.float64)
-                     * torch.log(NEAR_MAX / lo))
-    sign = torch.where(torch.rand(batch, seq, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+    cols = 1 if p.importance_sampling_level == "sequence" else seq
+    u = torch.rand(batch, cols, generator=gen, dtype=torch.float64).expand(batch, seq)
+    sign = torch.where(torch.rand(batch, cols, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64).expand(batch, seq)
+    size = torch.exp(torch.log(lo) + u * torch.log(NEAR_MAX / lo))
     return logp - torch.log(bound) - torch.log1p(sign * size)
 
 
 def near_record(logp: torch.Tensor, x: Mapping[str, torch.Tensor], p: GrpoParameters, record: dict[str, Any],
                 floor: torch.Tensor | None = None) -> None:
-    """The realised relative distances |d| of the live tokens (as stored: `x["old_logprobs"]`), how many lie
-    below and above their bound and, given `floor`, how many lie beyond it (where an honest implementation's
-    branch is the reference's)."""
-    batch, seq = logp.shape
-    adv = x["advantages"].detach().to("cpu", torch.float64).reshape(batch, 1).expand(batch, seq)
-    bound = torch.where(adv < 0, torch.full_like(adv, 1.0 - p.epsilon_low), torch.full_like(adv, 1.0 + p.epsilon_high))
-    d = torch.exp(logp - x["old_logprobs"].detach().to("cpu", torch.float64)) / bound - 1.0
-    keep = (x["completion_mask"].detach().cpu() != 0) if "completion_mask" in x else torch.ones_like(d, dtype=torch.bool)
+    """The realised relative distances |d| of the live tokens' ratios (of the sequences' at sequence level), as
+    stored (`x["old_logprobs"]`), how many lie below and above their bound and, given `floor`, how many lie
+    beyond it (where an honest implementation's branch is the reference's)."""
+    keep = _live(x, logp.shape)
+    log_r = logp - x["old_logprobs"].detach().to("cpu", torch.float64)
+    bound = _bounds(x["advantages"], p, logp.shape)
+    if p.importance_sampling_level == "sequence":  # one ratio per sequence with a live token
+        m = keep.to(torch.float64)
+        log_r = (log_r * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
+        floor = None if floor is None else sequence_floor(floor.to(m), keep)[:, :1]
+        bound, keep = bound[:, :1], keep.any(-1, keepdim=True)
+    d = torch.exp(log_r) / bound - 1.0
     if not keep.any():
         return
     record.update(min_abs=float(d[keep].abs().min()), max_abs=float(d[keep].abs().max()),
