@@ -83,10 +83,13 @@ def in_dtype(run: WorkloadConformance, dtype: str, announced: bool = True) -> It
         run.draws.setdefault("other_dtypes", {})[dtype] = passed
 
 
-def other_dtypes(run: WorkloadConformance, names: tuple[str, ...] = ()) -> None:
-    """The value probes (`names`, those of them this run selected) again in each declared dtype of the
-    differentiable input no default workload uses, at the smallest default workload's shape, drawn up to 1.5x."""
-    probes = [p for p in run.probes if p.name in names and not p.applies(run.spec)]
+def other_dtypes(run: WorkloadConformance, repeated: tuple[Probe, ...] = ()) -> None:
+    """The value probes (`repeated`, those of them whose names this run selected) again in each declared dtype
+    of the differentiable input no default workload uses, at the smallest default workload's shape, drawn up to
+    1.5x. A repeated probe may be a lighter variant of the registry's of the same name (declared-cases: the
+    defaults and equalities only)."""
+    selected = {p.name for p in run.probes}
+    probes = [p for p in repeated if p.name in selected and not p.applies(run.spec)]
     dtypes = member_calls.unused_dtypes(run.spec, run.device.type)
     if not probes or not dtypes:
         run.draws[NAME] = "every declared dtype has a default workload" if not dtypes else "no value probe selected"
@@ -110,6 +113,6 @@ def make_probe(repeated: tuple[Probe, ...]) -> Probe:
     feeds = tuple(dict.fromkeys(c for p in repeated for c in p.feeds))
 
     def run(r: WorkloadConformance) -> None:
-        other_dtypes(r, names)
+        other_dtypes(r, repeated)
     return Probe(NAME, "the value probes again in each dtype the differentiable input declares that no default "
                        f"workload uses, at the smallest default workload's shape drawn up to 1.5x: {', '.join(names)}", run, feeds)

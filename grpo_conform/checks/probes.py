@@ -18,6 +18,7 @@ baseline call, which the metamorphic probes compare with).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 
 from grpo_conform.checks import judging as J
@@ -85,7 +86,7 @@ def new_buffers(run: WorkloadConformance) -> None:
         J.reread_first(run, "after D")
 
 
-def declared(run: WorkloadConformance) -> None:
+def declared(run: WorkloadConformance, only=None) -> None:
     """K: one call per declared case (grpo_conform.declared_cases): every parameter at its default
     exactly (temperature 1.0), all at the low ends of their ranges, all at the high ends, each of the
     member's named cases and equalities, each tie its cases name (every ratio exactly on that
@@ -93,7 +94,10 @@ def declared(run: WorkloadConformance) -> None:
     combination of its ends). The random draws never reach these values."""
     drawn = run.model
     try:
-        for i, dc in enumerate(declared_calls(run.spec, run.rng)):
+        rng = run.rng if only is None else random.Random(f"{run.seeds[-1]}:declared-defaults")  # run.rng unmoved
+        for i, dc in enumerate(declared_calls(run.spec, rng)):
+            if only is not None and not only(dc):
+                continue
             seed = run.seeds[i % len(run.seeds)] ^ (0xDC00 + i)
             run.model = ReferenceModel(run.spec, dict(dc.values))  # inputs follow the call's parameters
             run.generate(run.P, seed)
@@ -118,6 +122,18 @@ def declared(run: WorkloadConformance) -> None:
                 record(run.draws, category, name)
     finally:
         run.model = drawn
+
+
+def _defaults_and_equalities(dc) -> bool:
+    return dc.label == "defaults" or any(category == "equalities" for category, _ in dc.exercised)
+
+
+def declared_defaults(run: WorkloadConformance) -> None:
+    """K in another dtype: every parameter at its declared default exactly (temperature 1.0, equal epsilons) and
+    the member's equalities, the values a path of that dtype's own may special-case (an fp32 kernel's log-space
+    clip for equal epsilons, an fp32 scratch path at T = 1: the thirty-sixth session's round). The other
+    declared cases stay in the workloads' own dtype (their cost would multiply by the dtypes)."""
+    declared(run, _defaults_and_equalities)
 
 
 def adversarial(run: WorkloadConformance) -> None:
@@ -254,7 +270,12 @@ ADVERSARIAL = Probe("adversarial", adversarial.__doc__, adversarial, CALL + ("ad
 UPSTREAM = Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradient", "finite"))
 #: the probes whose calls test values (exact and near ties, far ratios, extreme logits, upstream scalars up to a loss
 #: scale), made again in each dtype the member declares that no default workload uses
-OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES, L.NEAR_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM))
+DECLARED = Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite"))
+LAYOUTS = Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "finite"), ("input-layouts",),
+                _contiguous_only)
+OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES, L.NEAR_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM, LAYOUTS,
+                                        Probe(DECLARED.name, declared_defaults.__doc__, declared_defaults,
+                                              DECLARED.feeds)))
 
 # `feeds` is every check a probe records (CALL: what each of its calls feeds); `own`, `applies`
 # and `needs` as conformance.Probe says.
@@ -269,14 +290,13 @@ _PROBES = (
     L.MASKED_POSITIONS,
     L.EXACT_TIES,
     L.NEAR_TIES,
-    Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite")),
+    DECLARED,
     L.FAR_RATIOS,
     ADVERSARIAL,
     UPSTREAM,
     Probe("non-leaf", non_leaf.__doc__, non_leaf, CALL + ("non-leaf-logits", "finite")),
     Probe("interleaved", interleaved.__doc__, interleaved, CALL + ("interleaved-graphs", "finite")),
-    Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "finite"), ("input-layouts",),
-          _contiguous_only),
+    LAYOUTS,
     Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation")),
     Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation")),
     Probe("retained-graph", retained_graph.__doc__, retained_graph, CALL + ("retained-graph", "finite")),

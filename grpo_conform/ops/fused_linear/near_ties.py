@@ -29,7 +29,8 @@ import torch
 
 from grpo_conform.ops.fused_linear.reference import row_stats
 from grpo_conform.ops.fused_linear.tolerance import logprob_allowance
-from grpo_conform.ops.grpo_logits.generators.near_ties import near_old_logprobs, near_record, sequence_floor
+from grpo_conform.ops.grpo_logits.generators.near_ties import (mix_signs, near_old_logprobs, near_record,
+                                                                sequence_floor)
 from grpo_conform.ops.grpo_logits.member_inputs import tie_ref_logprobs
 from grpo_conform.ops.grpo_terms import GrpoParameters
 from grpo_conform.spec import Spec
@@ -83,6 +84,7 @@ def near_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], p: GrpoPara
             b = out[name]
             rms = b.to(torch.float64).square().mean().sqrt().reshape(1)
             out[name] = b * _shrink(rms, t).to(b.dtype)
+    mix_signs(out, seed)
     logp = row_stats(out, p).logp.reshape(ids.shape).cpu()
     allowed = logprob_allowance(out, p)
     floor = None if allowed is None else FLOOR_FACTOR * allowed

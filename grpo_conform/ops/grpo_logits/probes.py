@@ -165,20 +165,34 @@ def near_ties(run: WorkloadConformance) -> None:
     calls = SEQUENCE_CALLS if run.model.params.importance_sampling_level == "sequence" else 1
     run.draws["near_ties"] = []
     record(run.draws, "ties", "ratios within 1e-5..4e-3 of the bound on both sides")
-    for i in range(calls):
-        seed = run.seeds[0] ^ 0x71E5 ^ 0x4E ^ (i * 0x9E37)
-        run.generate(run.P, seed)
-        near: dict = {}
-        run.P.write(run.op.near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, near))
-        run.draws["near_ties"].append(near)
-        t = run.call("T-near" if i == 0 else f"T-near-{i + 1}", run.P, run.out1,
-                     (check, "finite", "no-mutation", "no-aliasing"))
-        if t is None:
-            return
-        J.finite(run, t)
-        J.versus_reference(run, check, t, f"every ratio at its clip bound times (1 + d), |d| up to {NEAR_MAX:g} "
-                                          f"(at least {NEAR_MIN:g} and beyond the log-probs' allowance), both "
-                                          "sides: a branch picked in a narrower dtype flips")
+    labels = ["T-near"] + [f"T-near-{i + 1}" for i in range(1, calls)]
+    # and once at the declared defaults (equal epsilons, T = 1: the drawn epsilons are never equal), where a
+    # kernel specialising a symmetric clip (one EPS, the trust region in log space, 1 / (1 + EPS) for 1 - EPS)
+    # differs only near the lower bound (the thirty-sixth session's round); in every dtype via other-dtypes
+    drawn = run.model
+    defaults = ReferenceModel(run.spec, dict(run.spec.parameter_values))
+    if near_tie_reason(defaults.params, _inputs(run.spec)) is None:
+        # one sequence a call: both signs of its advantage, one call each (mix_signs alternates with the seed)
+        labels += ["T-near-defaults"] + (["T-near-defaults-2"] if run.P.tensors["advantages"].shape[0] == 1 else [])
+    try:
+        for i, label in enumerate(labels):
+            if label.startswith("T-near-defaults"):
+                run.model = defaults  # the inputs and the reference follow the call's parameters
+            seed = run.seeds[0] ^ 0x71E5 ^ 0x4E ^ (i * 0x9E37)
+            run.generate(run.P, seed)
+            near: dict = {"call": label}
+            run.P.write(run.op.near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, near))
+            run.draws["near_ties"].append(near)
+            t = run.call(label, run.P, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+            if t is None:
+                return
+            J.finite(run, t)
+            J.versus_reference(run, check, t, f"every ratio at its clip bound times (1 + d), |d| up to {NEAR_MAX:g} "
+                                              f"(at least {NEAR_MIN:g} and beyond the log-probs' allowance), both "
+                                              "sides: a branch picked in a narrower dtype flips" +
+                                              (" (the declared defaults)" if "defaults" in label else ""))
+    finally:
+        run.model = drawn
 
 
 def far_ratios(run: WorkloadConformance) -> None:

@@ -61,6 +61,29 @@ def sequence_floor(floor: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     return ((floor * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)).expand_as(floor)
 
 
+def mix_signs(x: dict[str, torch.Tensor], seed: int) -> None:
+    """Both bounds met, in place: rows with under half their tokens live made fully live; then the advantages
+    rewritten so that the live sequences hold both signs (the
+    largest |A| negated where they share one), and a call with one live sequence takes the sign of the seed's
+    parity (the probe's calls alternate it). A clip specialised at one bound only (equal epsilons as one EPS with
+    1 / (1 + EPS) below) shows only where a ratio sits beside that bound with an advantage of its side."""
+    if "completion_mask" in x:  # a row of few live tokens holds few near ties: such rows become fully live
+        m = x["completion_mask"]
+        sparse = ((m != 0).sum(-1) * 2 < m.shape[-1]).to(m.device)
+        m[sparse] = 1
+    adv = x["advantages"]
+    a = adv.detach().to("cpu", torch.float64).reshape(-1)
+    live = (_live(x, x["completion_ids"].shape).any(-1) & (a != 0)).reshape(-1)
+    n = int(live.sum())
+    if n == 1:
+        b = int(torch.nonzero(live)[0])
+        if (a[b] > 0) == bool(seed & 1):
+            adv[b] = -adv[b]
+    elif n >= 2 and not ((a[live] > 0).any() and (a[live] < 0).any()):
+        b = int(torch.argmax(torch.where(live, a.abs(), torch.full_like(a, -1.0))))
+        adv[b] = -adv[b]
+
+
 def near_old_logprobs(logp: torch.Tensor, advantages: torch.Tensor, p: GrpoParameters, gen: torch.Generator,
                       floor: torch.Tensor | None = None) -> torch.Tensor:
     """float64 old log-probs [B, S] that put every token's ratio exp(logp - old) at its bound times (1 + d):
@@ -109,6 +132,7 @@ def near_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], p: GrpoPara
     out = {k: v.clone() for k, v in tensors.items()}
     gen = torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1))
     out["logits"] = tie_rows(out["logits"], out["completion_ids"], gen)
+    mix_signs(out, seed)
     logp = reference_logprobs(out, p).cpu()  # float64; a float32 kernel gets fp32(-log 2)
     old = near_old_logprobs(logp, out["advantages"], p, gen).to(torch.float32)
     out["old_logprobs"].copy_(old.to(out["old_logprobs"].device, out["old_logprobs"].dtype))
