@@ -35,10 +35,9 @@ from typing import Any
 
 import torch
 
-from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes
 from grpo_conform.checks.conformance import Call, WorkloadConformance
+from grpo_conform.checks.shaped import at_shape
 from grpo_conform.compare import describe_outputs
-from grpo_conform.dtypes import torch_dtype
 from grpo_conform.checks.upstreams import draw_upstream
 from grpo_conform.checks import member_calls
 from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_SPREAD_PEAKS, mask_input
@@ -74,54 +73,19 @@ def reach(run: WorkloadConformance) -> None:
     shown = member_calls.reach_calls(run.spec, run.device.type, run.grad_dtype)
     bad: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []
-    saved = (run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal)
     base = run.seeds[-1] ^ 0x5EAC4ED
     try:
         for i, (lead, axes, dtype) in enumerate((c.lead, c.axes, c.dtype) for c in calls):  # one per free axis
             wanted = member_calls.with_dtype(run.spec, run.rw.workload, dtype)
-            rw = run.spec.resolve(run.rw.workload.model_copy(update={"axes": axes, "dtypes": wanted}))
-            types = input_dtypes(run.spec, rw)
-            inp = InputSlot.create(run.session, f"RH{i}", rw.shapes, types)
-            out = OutputSlot.for_spec(run.session, f"RO{i}", run.spec, rw.shapes, types)
-            run.extra_slots += [inp.name, out.name]
-            run.rw, run.seq_next = rw, rw.axes.get("seq_next")
-            run.width = run.groupings[run.spec.differentiable_input.name].width(rw)
-            run.grad_dtype, run.tol = dtype, run.spec.tolerance(dtype)
-            info = torch.finfo(torch_dtype(dtype))
-            run.subnormal = 2.0 * info.tiny * info.eps
-            mask = mask_input(run)
-            given = {mask: reach_mask(rw.shapes[mask], types[mask], base + i)} if mask else None
-            peaks = lead in REACH_SPREAD_PEAKS
-            x = run.op.generate(run.spec, rw, base + i, run.device, out=inp.pristine, values=run.model.values,
-                                given=given, spread_peaks=peaks)
-            inp.publish()
-            run.op.keep_generated(inp.pristine, x)
-            label = run._label(f"R{i + 1}")
-            method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
-            c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
-            what = {"call": label, "axes": axes, "dtype": dtype, "upstream": c, "method": method,
-                    "announced": calls[i] == shown[i], "spread_peaks": peaks}
-            done.append(what)
-            f = run.forward(label, inp, (CHECK,))
-            if f is None:
-                return
-            finished = run.backward_export(label, inp, out, (CHECK,), f, c, method, None, keep=False)
-            if finished is None:
-                return
-            skipped, exported = finished
-            run.book.record("runs", label, True, "every call returned")
-            run.mutation(label, inp, {"forward": f["forward"], "backward": inp.changes()})
-            report = exported["report"]
-            call = Call(label, inp, c, float(out.loss[0]), report.get("loss"), report.get("grads") or {}, out.grads,
-                        skipped.get(label))
-            if call.missing:
-                bad.append({**what, "why": call.skipped_backward or "no gradient"})
-                continue
-            loss_cmp, cmp = run.judge(call)
-            if not (loss_cmp.passed and cmp.passed and cmp.nan == 0):
-                bad.append({**what, "why": describe_outputs(loss_cmp, cmp)})
+            with at_shape(run, f"RH{i}", f"RO{i}", axes, wanted, dtype) as (inp, out):
+                what = {"axes": axes, "dtype": dtype, "announced": calls[i] == shown[i]}
+                done.append(what)
+                why = _reach_call(run, i, lead, inp, out, base, what)
+                if why is None:
+                    return
+                if why:
+                    bad.append({**what, "why": why})
     finally:
-        run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal = saved
         run.draws["reach"] = done
     said = "; ".join(f"{d['call']} {_shape_text(d['axes'])} {d['dtype']}" for d in done)
     first = bad[0] if bad else None
@@ -131,6 +95,37 @@ def reach(run: WorkloadConformance) -> None:
                     f"first {first['call']} at {_shape_text(first['axes'])} in {first['dtype']}: {first['why']}",
                     {"calls": done, "failing": bad[:10]})
 
+
+def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int, what: dict[str, Any]) -> str | None:
+    """Reach call i, the run set to its shape (`shaped.at_shape`), `what` filled in with how it was made: "" where it
+    matches the reference, why not where it does not, None where the worker failed (recorded against the check)."""
+    mask = mask_input(run)
+    given = {mask: reach_mask(inp.tensors[mask].shape, inp.tensors[mask].dtype, base + i)} if mask else None
+    peaks = lead in REACH_SPREAD_PEAKS
+    x = run.op.generate(run.spec, run.rw, base + i, run.device, out=inp.pristine, values=run.model.values,
+                        given=given, spread_peaks=peaks)
+    inp.publish()
+    run.op.keep_generated(inp.pristine, x)
+    label = run._label(f"R{i + 1}")
+    method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
+    c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
+    what.update({"call": label, "upstream": c, "method": method, "spread_peaks": peaks})
+    f = run.forward(label, inp, (CHECK,))
+    if f is None:
+        return None
+    finished = run.backward_export(label, inp, out, (CHECK,), f, c, method, None, keep=False)
+    if finished is None:
+        return None
+    skipped, exported = finished
+    run.book.record("runs", label, True, "every call returned")
+    run.mutation(label, inp, {"forward": f["forward"], "backward": inp.changes()})
+    report = exported["report"]
+    call = Call(label, inp, c, float(out.loss[0]), report.get("loss"), report.get("grads") or {}, out.grads,
+                skipped.get(label))
+    if call.missing:
+        return call.skipped_backward or "no gradient"
+    loss_cmp, cmp = run.judge(call)
+    return "" if loss_cmp.passed and cmp.passed and cmp.nan == 0 else describe_outputs(loss_cmp, cmp)
 
 def _shape_text(axes: dict[str, int]) -> str:
     return "(" + ", ".join(f"{k} {v}" for k, v in axes.items()) + ")"

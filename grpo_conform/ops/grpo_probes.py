@@ -19,6 +19,8 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.compare import describe_outputs
 from grpo_conform.ops.grpo_logits.member_inputs import largest_by_sign
+from grpo_conform.ops.grpo_near_reference import near_reference
+from grpo_conform.ops.grpo_padded import padded_batch
 from grpo_conform.spec import Spec
 
 
@@ -77,7 +79,9 @@ def judge_all_zero(run: WorkloadConformance, c: float) -> None:
     `fused-all-zero-advantages-early-exit`). Judged against the reference: the KL term's loss and gradient
     where the member has one; elsewhere the reference is exactly 0 and so must every gradient be, as E asks.
     A kernel that recognises the call gains nothing: its inputs are a trainer's tied batch (D's other inputs,
-    which no call marks), and the only way to pass is the reference's answer for them."""
+    which no call marks), and the only way to pass is the reference's answer for them. Members with given
+    ref_logprobs then make E-near on the same set, those log-probs within 0.5 of the policy's
+    (`grpo_near_reference.py`)."""
     Q = run.Q
     original = Q.tensors["advantages"].clone()
     Q.tensors["advantages"].zero_()
@@ -99,6 +103,8 @@ def judge_all_zero(run: WorkloadConformance, c: float) -> None:
                "every advantage 0: " + describe_outputs(loss_cmp, cmp))
         run.book.record("zero-advantage", e.label, ok, msg, {"sequence": "all", "nonzero": nonzero,
                                                              "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
+    if run.spec.has_input("ref_logprobs"):  # E-near: the KL term alone, near the reference (grpo_near_reference.py)
+        near_reference(run, c)
     Q.tensors["advantages"].copy_(original)
     Q.commit()
 
@@ -153,7 +159,9 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     each sign, each with a binding token that is never near one-hot (`member_inputs.binding_positions`): in the
     gradient as well as in the loss.
     A kernel that takes a shortcut when it recognises a training batch fails here only. A second call
-    (TS-lone) keeps the set and writes the advantages of `lone_success_slice`: values up to ~11.2."""
+    (TS-lone) keeps the set and writes the advantages of `lone_success_slice`: values up to ~11.2. Members with a
+    mask, once per worker process: TS-padded, a batch padded to its longest completion, hundreds of rows of which
+    9-12% are kept (`grpo_padded.padded_batch`)."""
     K = run.K
     gen = torch.Generator().manual_seed(run.seeds[0] ^ 0x7EA2)
     adv = K.tensors["advantages"]
@@ -182,6 +190,8 @@ def trainer_shaped(run: WorkloadConformance) -> None:
     t = run.call("TS-lone", K, run.out1, PLAIN)
     if t is not None:
         J.plain(run, t)
+    if mask is not None:
+        padded_batch(run, mask, trainer_advantages)
 
 
 # A trainer row keeps at least TRAINER_MIN_TOKENS tokens, as the probe always drew them (ones up to the first EOS);

@@ -166,6 +166,14 @@ class Operation(Protocol):
         temperature, on the CPU: what probes place old and reference log-probs from (far-ratios)."""
         ...
 
+    def quiet_inputs(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any, seed: int
+                     ) -> dict[str, "torch.Tensor"]:
+        """The inputs of set `x` to replace so that its logits are quiet (RMS / T at most 2^-6), where the
+        allowance of an implementation's log-probs grows with the logits (grpo-fused-linear: its GEMM in the
+        operands' dtype); {} where it does not (grpo-logits: given logits). A probe whose signal is a small
+        change of the log-probs' coefficients asks for it (zero-advantage's E-near)."""
+        ...
+
     def near_tie_inputs(self, spec: "Spec", x: Mapping[str, "torch.Tensor"], params: Any, seed: int,
                         record: dict) -> dict[str, "torch.Tensor"]:
         """A copy of input set `x` whose live tokens' ratios sit a hair from the clip bound their advantage

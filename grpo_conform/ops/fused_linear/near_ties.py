@@ -67,6 +67,29 @@ def _quiet_rows(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, t
     return (flat * scale[:, None]).reshape(hidden.shape)
 
 
+def quiet_logits(tensors: Mapping[str, torch.Tensor], p: GrpoParameters,
+                 gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """New hidden (and ref_hidden, bias, ref_bias where given) for quiet logits: each hidden row scaled by a power of
+    two (exact) until its logits' RMS / T is at most QUIET_RMS (`_quiet_rows`), each bias as a whole likewise. The
+    log-prob allowance of a GEMM in the operands' dtype shrinks with the logits (`Operation.quiet_inputs`)."""
+    t = float(p.temperature)
+    ids = tensors["completion_ids"]
+    out = {"hidden": _quiet_rows(tensors["hidden"], tensors["weight"], ids, t, gen)}
+    if "ref_hidden" in tensors and "ref_weight" in tensors:
+        out["ref_hidden"] = _quiet_rows(tensors["ref_hidden"], tensors["ref_weight"], ids, t, gen)
+    for name in ("bias", "ref_bias"):
+        if tensors.get(name) is not None:
+            b = tensors[name]
+            rms = b.to(torch.float64).square().mean().sqrt().reshape(1)
+            out[name] = b * _shrink(rms, t).to(b.dtype)
+    return out
+
+
+def quiet_inputs(tensors: Mapping[str, torch.Tensor], p: GrpoParameters, seed: int) -> dict[str, torch.Tensor]:
+    """`quiet_logits` drawn from `seed` (`Operation.quiet_inputs`)."""
+    return quiet_logits(tensors, p, torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1)))
+
+
 def near_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], p: GrpoParameters, seed: int,
                     record: dict[str, Any]) -> dict[str, torch.Tensor]:
     """A copy of `tensors` with quiet logits (module docstring) whose live tokens' ratios sit at their bound
@@ -74,16 +97,8 @@ def near_tie_inputs(spec: Spec, tensors: Mapping[str, torch.Tensor], p: GrpoPara
     `record` gets the distances, the scaling and how many live tokens lie beyond their allowance."""
     out = {k: v.clone() for k, v in tensors.items()}
     gen = torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1))
-    t = float(p.temperature)
     ids = out["completion_ids"]
-    out["hidden"] = _quiet_rows(out["hidden"], out["weight"], ids, t, gen)
-    if "ref_hidden" in out and "ref_weight" in out:
-        out["ref_hidden"] = _quiet_rows(out["ref_hidden"], out["ref_weight"], ids, t, gen)
-    for name in ("bias", "ref_bias"):
-        if out.get(name) is not None:
-            b = out[name]
-            rms = b.to(torch.float64).square().mean().sqrt().reshape(1)
-            out[name] = b * _shrink(rms, t).to(b.dtype)
+    out.update(quiet_logits(out, p, gen))
     mix_signs(out, seed)
     logp = row_stats(out, p).logp.reshape(ids.shape).cpu()
     allowed = logprob_allowance(out, p)

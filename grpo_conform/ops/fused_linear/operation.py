@@ -155,6 +155,10 @@ class GrpoFusedLinear:
         # the memoised row pass: on a set just generated, the one the generator made (`keep_generated`)
         return _reference.row_stats(x, params).logp.reshape(x["completion_ids"].shape).cpu()
 
+    def quiet_inputs(self, spec, x: Mapping[str, Any], params, seed: int) -> dict:
+        # the GEMM's log-prob allowance grows with the logits (~2^-8 |z| in bf16): scaled down to RMS/T 2^-6
+        return _near_ties.quiet_inputs(x, params, seed)
+
     def near_tie_inputs(self, spec, x: Mapping[str, Any], params, seed: int, record: dict):
         # the logits quieted first, so that the GEMM's allowance stays under the distances (near_ties.py)
         return _near_ties.near_tie_inputs(spec, x, params, seed, record)

@@ -5,6 +5,8 @@
   (leaving them out of the loss and of the token counts) passed every default run
   (`tests/gallery/fused-zero-row-as-padding`). A zero hidden state is a legal input: its logits are the bias,
   or all equal.
+  A second call (ZV) zeroes lm_head rows instead: trailing ones (a padded vocabulary) and a few interior ones
+  (`zero_vocab_rows`), a legal head that the drawn N(0, 1/H) weight never was.
 - `reference-head` (RH, members with `ref_weight`): the reference lm_head drawn far enough from the policy's
   that the reference log-probs move by ~1 nat. The drawn one is the policy's plus 0.1% noise (a 'large' row
   of logits ~1e3 then moves by ~1), which moves the KL term less than bfloat16's allowance: a kernel reading
@@ -36,6 +38,9 @@ from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.spec.draws import draw_for
 from grpo_conform.ops.grpo_probes import live_row, mask_input
 
+ZERO_TRAILING_MAX = 127  # a padded vocabulary's zero rows: up to one short of a multiple of 128
+ZERO_INTERIOR = 3  # zero-initialised rows among the others
+
 #: the reference log-probs' move the reference-head probe aims at: the 99th percentile of |d logit| over rows
 REFERENCE_MOVE = 1.0
 SAMPLE_ROWS = 256
@@ -57,6 +62,49 @@ def zero_row(run: WorkloadConformance) -> None:
     P.commit()
     run.draws["zero_row"] = [b, t]
     call = run.call("Z", P, run.out1, PLAIN + CALL)
+    if call is not None:
+        J.plain(run, call)
+    zero_vocab_rows(run)
+
+
+def zero_vocab_rows(run: WorkloadConformance) -> None:
+    """ZV: a fresh set whose lm_head has exactly zero rows: a drawn number of trailing ones (a vocabulary padded to a
+    multiple of 64 or 128, as Megatron and tensor-parallel heads are; Qwen2.5 pads 151,665 tokens to 151,936) and
+    ZERO_INTERIOR interior ones (tokens added with zero-initialised rows), their bias entries 0 where the member has
+    a bias, the reference head's rows likewise, one kept token's id on an interior zero row. Every such row is a
+    real entry of the softmax (logit = bias = 0) with a weight gradient. The drawn weight is N(0, 1/H), so no row was
+    ever zero, and a kernel masking trailing zero rows as padding passed every default run
+    (`tests/gallery/fused-padded-vocab-zero-rows`). Old and reference log-probs move with the policy's (the drawn
+    ratios and KL gaps stay). How a hostile kernel tells it apart: by the zero rows themselves, which is what a
+    padded or grown vocabulary hands over; one that treats zero rows as padding only past some count (or only
+    at 64/128-aligned ends) passes where the drawn count misses it."""
+    P, params = run.P, run.model.params
+    run.generate(P, run.seeds[0] ^ 0x2E41)
+    x = P.pristine
+    vocab = x["weight"].shape[0]
+    r = random.Random(run.seeds[0] ^ 0x2E42)
+    trailing = r.randint(1, max(1, min(ZERO_TRAILING_MAX, vocab // 8)))
+    interior = r.sample(range(vocab - trailing), min(ZERO_INTERIOR, vocab - trailing - 1))
+    rows = torch.tensor(sorted(interior) + list(range(vocab - trailing, vocab)))
+    drawn = run.op.policy_logprobs(run.spec, x, params)
+    new = {}
+    for n in ("weight", "bias", "ref_weight", "ref_bias"):
+        if x.get(n) is not None:
+            new[n] = x[n].clone()
+            new[n][rows.to(x[n].device)] = 0
+    ids, mask = x["completion_ids"].clone(), mask_input(run)
+    b = live_row(run, P)
+    kept = (x[mask][b] != 0).nonzero().view(-1).tolist() if mask else list(range(ids.shape[1]))
+    if kept and interior:
+        ids[b, kept[r.randrange(len(kept))]] = interior[0]
+        new["completion_ids"] = ids
+    P.write(new)
+    logp = run.op.policy_logprobs(run.spec, P.pristine, params)
+    moved = {n: (x[n].cpu().double() + (logp - drawn)).to(x[n].device, x[n].dtype)
+             for n in ("old_logprobs", "ref_logprobs") if n in x}
+    P.write(moved)
+    run.draws["zero_vocab_rows"] = {"trailing": trailing, "interior": sorted(interior)}
+    call = run.call("ZV", P, run.out1, PLAIN + CALL)
     if call is not None:
         J.plain(run, call)
 

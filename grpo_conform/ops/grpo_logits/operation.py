@@ -72,6 +72,9 @@ class GrpoLogits:
     def policy_logprobs(self, spec, x: Mapping[str, Any], params):
         return reference_logprobs(x, params).cpu()
 
+    def quiet_inputs(self, spec, x: Mapping[str, Any], params, seed: int) -> dict:
+        return {}  # the logits are given: an implementation's log-probs are judged at float32's floors already
+
     def near_tie_inputs(self, spec, x: Mapping[str, Any], params, seed: int, record: dict):
         # rows whose log-prob every float32 kernel computes exactly (tie_rows): ratios down to 1e-5 from a bound
         return near_ties.near_tie_inputs(spec, x, params, seed, record)
