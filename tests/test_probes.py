@@ -111,8 +111,8 @@ def test_call_pattern_probes_are_in_the_profiles_and_explore_call_in_none_but_it
 def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     names = lambda checks, profile="full": [p.name for p in select(profile, checks)]  # noqa: E731
     assert names(()) == list(PROFILES["full"])
-    assert names(("gradient",)) == ["baseline", "new-buffers", "zero-row", "reference-head", "extra-seeds", "input-cases",
-                                    "one-sign", "trainer-shaped"]
+    assert names(("gradient",)) == ["baseline", "new-buffers", "deterministic-mode", "zero-row", "reference-head",
+                                    "extra-seeds", "input-cases", "one-sign", "trainer-shaped"]
     assert names(("reach",)) == ["reach"]
     assert names(("advantage-sign",)) == ["baseline", "negated-advantages", "advantage-sign"]
     assert names(("row-locality",)) == ["new-buffers", "row-locality"]  # its call reuses D's inputs in Q

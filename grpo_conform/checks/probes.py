@@ -28,6 +28,7 @@ from grpo_conform.checks import other_dtypes
 from grpo_conform.checks.upstreams import draw_upstream, gradient_bound
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
+from grpo_conform.checks.trainer_modes import TRAINER_MODES
 from grpo_conform.ops import grpo_probes as G
 from grpo_conform.ops.one_input import ONE_INPUT
 from grpo_conform.ops import operation_for
@@ -300,6 +301,7 @@ _PROBES = (
     Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation")),
     Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation")),
     Probe("retained-graph", retained_graph.__doc__, retained_graph, CALL + ("retained-graph", "finite")),
+    *TRAINER_MODES,  # .grad pre-filled before the forward; torch's deterministic mode (checks/trainer_modes.py)
     *FUSED_PROBES,  # the lm_head weight held as trainers hold it: accumulated into, tied (ops/fused_linear/probes.py)
     *VALUE_PROBES,  # values the fused draws avoid: a zero hidden row, a reference head far from the policy's
     Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),

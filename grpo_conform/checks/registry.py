@@ -79,12 +79,14 @@ _CHECKS = (
     CheckInfo("retained-graph", "a backward with retain_graph=True, then torch.autograd.grad through the same graph "
               "again (other upstream scalars): both gradients match the reference", (2, 10)),
     CheckInfo("grad-accumulation", "every .grad already holds a value when backward runs (a first backward with "
-              "retain_graph=True, then loss.backward again): hidden, weight and bias gradients are accumulated "
-              "into it, not written over it", (2, 10)),
+              "retain_graph=True, then loss.backward again), or before the forward (an earlier micro-batch's, then "
+              "backward with 1/k): every gradient is accumulated into it at the call's upstream, not written over "
+              "it", (2, 10)),
     CheckInfo("tied-weights", "the lm_head weight also used as the input embedding in the same graph: autograd "
               "sums both uses into weight.grad (an implementation setting weight.grad itself loses one)", (2, 16)),
     CheckInfo("frozen-inputs", "grpo-fused-linear: with only some differentiable inputs requiring grad (the lm_head "
-              "frozen, or the trunk), the gradients asked for match the reference", (2,)),
+              "frozen, or the trunk), the gradients asked for match the reference, with the inputs contiguous and "
+              "as offset, strided views", (2,)),
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
     CheckInfo("reach", "calls past the sizes where kernels switch (batch past 256, rows past 1024 in each of two or "

@@ -22,8 +22,9 @@ import hashlib
 import os
 import random
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 MAX_EFFECTS = 16  # what one workload reports at most (the reply model's bound)
 
@@ -99,6 +100,34 @@ def _seeds(torch: Any) -> dict[str, int]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["torch.cuda.initial_seed()"] = torch.cuda.initial_seed()
     return out
+
+
+@contextmanager
+def deterministic_algorithms(on: bool) -> Iterator[None]:
+    """The validator's own switch for a call made as under transformers' `full_determinism`:
+    torch.use_deterministic_algorithms(True, warn_only=True) (warn_only: an op without a deterministic
+    implementation warns instead of failing an honest kernel), the previous setting put back after. The worker
+    sets it outside `Watch.around`, so the tripwire compares what the call found with what it left.
+    torch.use_deterministic_algorithms also sets torch._inductor.config.deterministic, importing it (dynamo and
+    Triton: ~0.5 s in every worker, +10% on the CPU tier's check): here torch's own flag, and inductor's only
+    where an implementation has loaded it (torch.compile's users)."""
+    if not on:
+        yield
+        return
+    import torch  # lazily, as the worker's ops
+
+    inductor = sys.modules.get("torch._inductor.config")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              getattr(inductor, "deterministic", None))
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    if inductor is not None:
+        inductor.deterministic = True
+    try:
+        yield
+    finally:
+        torch._C._set_deterministic_algorithms(before[0], warn_only=before[1])
+        if inductor is not None:
+            inductor.deterministic = before[2]
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_conform.isolation import compile_only, triton_keys
-from grpo_conform.isolation.global_state import Watch
+from grpo_conform.isolation.global_state import Watch, deterministic_algorithms
 from grpo_conform.isolation.resources import sample
 from grpo_conform.isolation.loading import harden_worker, import_entry
 
@@ -276,10 +276,13 @@ class _Worker:
     def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
                    leaf: str = "leaf", poison: str | None = None, inference: bool = False,
                    tie: dict | None = None, local: list[str] | None = None, same: dict | None = None,
-                   omit: list[str] | None = None) -> None:
+                   omit: list[str] | None = None, prefill: dict | None = None, deterministic: bool = False) -> None:
         """`local`: inputs handed over as worker-local copies (`_local_copy`), written back after the
         call; `same` ({input: [source, how]}): that input passed as the source's own tensor (how "object"),
-        a detach() of it ("detach") or a view of that ("view"); `omit`: optional inputs not passed at all."""
+        a detach() of it ("detach") or a view of that ("view"); `omit`: optional inputs not passed at all;
+        `prefill` ({"outputs": slot, "inputs": [names]}): each named leaf's .grad set before the forward to a copy
+        of that output slot's gradient buffer (a trainer's earlier micro-batch); `deterministic`: forward and
+        backward under torch.use_deterministic_algorithms(True, warn_only=True) (global_state.py)."""
         import torch  # lazily, as op_load
 
         shared = self.slots[inputs]
@@ -294,11 +297,13 @@ class _Worker:
         for name in omit or ():
             args.pop(name, None)
         crop = self._model_slices(leaves, args) if leaf == "slice" and grad else []
+        for name in (prefill or {}).get("inputs", ()) if grad else ():
+            leaves[name].grad = self.slots[prefill["outputs"]][GRAD_PREFIX + name].detach().clone()
         # inference: torch.inference_mode (a serving or evaluation loop), a stricter no_grad
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         local = {n: (shared[n], c) for n, c in copies.items()}
         try:
-            with grad_ctx:
+            with grad_ctx, deterministic_algorithms(deterministic):
                 loss = self._guarded("forward", lambda: self.watch.around(call, "forward", lambda: self.entry(
                     **args, **params)))
                 backprop = self._tied(loss, args, tie) if tie and grad else loss
@@ -306,7 +311,7 @@ class _Worker:
         finally:  # a failed call's writes are reported too ("after error")
             _write_back(local)
         self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients),
-                            "backprop": backprop, "crop": crop, "local": local}
+                            "backprop": backprop, "crop": crop, "local": local, "deterministic": deterministic}
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
@@ -342,15 +347,17 @@ class _Worker:
             # Every (call, input) leaf, in one flat list for torch.autograd.grad.
             pairs = [(name, key, leaf) for name in names for key, leaf in self.calls[name]["leaves"].items()]
             label = "/".join(names)
+            strict = any(self.calls[name].get("deterministic") for name in names)
             try:
-                if method == "autograd.grad":
-                    grads = self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.grad(
-                        losses, [leaf for _, _, leaf in pairs], grads_in, allow_unused=True, retain_graph=retain)))
-                else:
-                    self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.backward(
-                        losses, grads_in, retain_graph=retain)))
-                    grads = [leaf.grad for _, _, leaf in pairs]
-                self._sync("backward")
+                with deterministic_algorithms(strict):  # set outside the watch: the validator's switch, not the call's
+                    if method == "autograd.grad":
+                        grads = self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.grad(
+                            losses, [leaf for _, _, leaf in pairs], grads_in, allow_unused=True, retain_graph=retain)))
+                    else:
+                        self._guarded("backward", lambda: self.watch.around(label, "backward", lambda: torch.autograd.backward(
+                            losses, grads_in, retain_graph=retain)))
+                        grads = [leaf.grad for _, _, leaf in pairs]
+                    self._sync("backward")
             finally:  # what backward wrote into a local copy reaches the parent's buffer (a failed one's too)
                 for name in names:
                     _write_back(self.calls[name].get("local") or {})

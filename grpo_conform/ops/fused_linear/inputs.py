@@ -105,7 +105,7 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     float32 on their own device, block by block (`draws`: CUDA generators for a CUDA workload, CPU
     generators spread over threads for a CPU one), then rounded into the tensors' dtypes; the [B, T]
     grids (ids, advantages, the rows' profiles, mask, log-probs) with CPU generators, so one seed gives
-    the same grids on every device. Log-probs derived from the rounded values in float64. `given`: advantages
+    the same grids on every device. Log-probs derived from the rounded values in float64. `given`: advantages, ids
     and a mask the caller fixes (`member_inputs.GIVEN`); the rest is drawn given them. `spread_peaks`: each row's
     largest logit a planted peak, the rows' peaks spread over the vocabulary, through the weight rows
     (`generators.spread_peaks`)."""
@@ -119,6 +119,9 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     covered: dict[str, list[str]] = {}
     ids = torch.empty(batch, seq, dtype=torch.int64)
     covered["special_ids"] = token_ids.fill_ids(ids, vocab, gen, case)
+    if "completion_ids" in given:  # drawn all the same, as the advantages below
+        ids.copy_(given["completion_ids"].reshape(ids.shape))
+        covered["special_ids"] = []
     tensors["completion_ids"].copy_(ids)
     adv = torch.empty(tensors["advantages"].shape, dtype=torch.float64)
     dist = spec.validation.advantages

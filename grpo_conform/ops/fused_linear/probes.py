@@ -40,7 +40,9 @@ tier's odd-bf16 has 21 rows, seq 7, vocab 1003; tests/test_fused_probes.py keeps
   of its own (`ctx.needs_input_grad`): one that dropped 1/T there was accepted in the adversarial round
   of 2026-12-05, since every call had all three requiring grad. Since the twentieth session every proper
   subset is called (`frozen_subsets`: six with a bias, two without), so the weight frozen with the bias
-  trainable is met too.
+  trainable is met too; since the thirty-sixth session each again with every input an offset, strided view
+  (FZV: a frozen trunk's hidden sliced from a model output).
+- `grad-accumulation` also has GP (checks/trainer_modes.py, every operation): .grad set before the forward.
 
 Where they apply: members whose spec differentiates `weight` (every grpo-fused-linear member).
 What the other issue-31 items already get from the generic probes is in docs/operations.md.
@@ -56,6 +58,7 @@ import torch
 
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
+from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import CALL, Call, Probe, WorkloadConformance
 from grpo_conform.ops.grpo_logits.declared_cases import record
 
@@ -271,6 +274,31 @@ def frozen(run: WorkloadConformance) -> None:
             J.finite(run, call)
             J.versus_reference(run, FROZEN, call, f"only {', '.join(subset)} requiring grad "
                                                   f"({', '.join(n for n in names if n not in subset)} frozen)")
+    _frozen_views(run, names)
+
+
+def _frozen_views(run: WorkloadConformance, names: list[str]) -> None:
+    """FZV: every subset again with every input an offset, strided view of a larger buffer (the layouts probe's
+    set V): a frozen trunk's hidden is `out[:, P-1:-1]` of a model output, and a backward path taken only with
+    some inputs frozen (the weight-only one) read hidden as contiguous rows while FZ's set was contiguous and
+    the layouts probe's inputs all required grad (gallery fused-frozen-trunk-strided-hidden, thirty-sixth session).
+    A hostile kernel cannot tell these calls from a trainer's: a frozen model output sliced is what one hands over;
+    one right only on strided frozen inputs fails the contiguous FZ calls above."""
+    if "V" not in run.extra_slots:
+        run.V = InputSlot.create_views(run.session, "V", run.rw.shapes, run.dtypes, run.rng)
+        run.extra_slots.append("V")
+    run.generate(run.V, run.seeds[0] ^ 0xF205F)
+    for subset in frozen_subsets(names):
+        c = float(f"{run.rng.uniform(0.5, 2.0):.6g}")
+        patterns.exercised(run, "frozen-strided-views")
+        call = run.call("FZV-" + "+".join(subset), run.V, run.out2,
+                        (FROZEN, "finite", "no-mutation", "no-aliasing"), upstream=c, only=subset)
+        if call is not None:
+            J.finite(run, call)
+            J.versus_reference(run, FROZEN, call, f"only {', '.join(subset)} requiring grad, every input an offset, "
+                                                  "strided view: " + ", ".join(
+                                                      f"{k} stride {v['stride']}" for k, v in run.V.layout.items()))
+    run.release("V")  # no later probe reads V
 
 
 def frozen_subsets(names: list[str]) -> list[tuple[str, ...]]:
@@ -298,7 +326,8 @@ def _has_sequence_input(spec: Any) -> str | None:
 
 
 FUSED_PROBES = (
-    Probe("accumulation", accumulation.__doc__, accumulation, CALL + (ACCUMULATION, "finite"), (ACCUMULATION,),
+    # no check of its own: prefilled-grad (checks/trainer_modes.py, every operation) stands for grad-accumulation
+    Probe("accumulation", accumulation.__doc__, accumulation, CALL + (ACCUMULATION, "finite"), (),
           _differentiates_weight),
     Probe("tied", tied.__doc__, tied, CALL + (TIED, "finite"), (TIED,), _differentiates_weight),
     # Feeds the generic non-leaf check (no check of its own: the view and affine calls already stand for it).

@@ -206,7 +206,7 @@ def generate(
     `values`: the call's parameter values (drawn ones), which the members' old log-probs follow.
     `case`: the index of this input set in its workload (generators rotate layouts with it; None:
     drawn from the seed alone). `Inputs.covered` says what the set holds (for the workload's draws).
-    `given`: advantages and a mask the caller fixes (`member_inputs.GIVEN`); the rest is drawn given them.
+    `given`: advantages, a mask and ids the caller fixes (`member_inputs.GIVEN`); the rest is drawn given them.
     `spread_peaks`: each row's largest logit a planted peak, the rows' peaks spread over the vocabulary
     (`generators.spread_peaks`)."""
     given = check_given(given)
@@ -219,6 +219,9 @@ def generate(
     cpu_gen = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
     covered: dict[str, list[str]] = {}
     covered["special_ids"] = token_ids.fill_ids(tensors["completion_ids"], vocab, cpu_gen, case)
+    if "completion_ids" in given:  # drawn all the same, as the advantages below
+        tensors["completion_ids"].copy_(given["completion_ids"].reshape(tensors["completion_ids"].shape))
+        covered["special_ids"] = []
     adv = torch.empty(tensors["advantages"].shape, dtype=tensors["advantages"].dtype)
     covered["advantages"] = fill_advantages(adv, spec, cpu_gen, case)
     if "advantages" in given:  # drawn all the same: the rest of the set is the seed's whatever is given

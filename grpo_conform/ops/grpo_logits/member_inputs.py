@@ -55,7 +55,8 @@ def fill_completion_mask(mask: torch.Tensor, rw: ResolvedWorkload, cfg: MemberIn
     return keep
 
 
-GIVEN = ("advantages", "completion_mask")  # what a caller may fix (the trainer-shaped probe), the rest drawn
+# what a caller may fix (the trainer-shaped probe; ids: the deterministic-mode call's repeated tokens), the rest drawn
+GIVEN = ("advantages", "completion_mask", "completion_ids")
 
 
 class GivenInputError(ValueError):

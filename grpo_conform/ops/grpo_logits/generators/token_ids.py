@@ -10,6 +10,8 @@ every id appears (a tiny vocabulary: every id is a special one).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 POOL = (0, 1, 2, 3, -4, -3, -2, -1)  # vocab-4 .. vocab-1 as negative offsets
@@ -61,3 +63,15 @@ def fill_ids(ids: torch.Tensor, vocab: int, gen: torch.Generator, case: int | No
     flat = flat[torch.randperm(n, generator=gen)]
     ids.copy_(flat.view(ids.shape))
     return sorted(placed)
+
+
+def repeated_given(spec, resolved, seed: int) -> dict[str, torch.Tensor]:
+    """The ids as `given` (Operation.generate) for a set whose ids repeat: drawn out of a pool of a quarter as many
+    distinct ids as tokens (each id ~4 times, as frequent tokens repeat in text), so a kernel that scatters per id
+    and keeps one of a repeated id's rows shows (the deterministic-mode call, checks/trainer_modes.py)."""
+    shape = resolved.shapes["completion_ids"]
+    vocab = resolved.axes[spec.input("completion_ids").range.max_exclusive]
+    n = math.prod(shape)
+    gen = torch.Generator().manual_seed(seed & (2**63 - 1))
+    pool = torch.randperm(vocab, generator=gen)[: max(2, min(vocab, n // 4))]
+    return {"completion_ids": pool[torch.randint(0, pool.numel(), (n,), generator=gen)].view(shape)}

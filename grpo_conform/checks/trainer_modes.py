@@ -1,0 +1,94 @@
+"""Two probes of states a trainer's process is in when it calls the loss, which the generic calls (fresh leaves
+without .grad, torch's default flags) never showed (red-team round of the thirty-sixth session):
+
+- `prefilled-grad` (GP, check `grad-accumulation`): every .grad already holds a value BEFORE the forward, as a
+  trainer's earlier micro-batch leaves the lm_head's weight.grad. `accumulation` (GA) and `tied` pre-fill only
+  before backward, so a kernel that, finding weight.grad at forward, formed d weight there at upstream 1 and added
+  it in place (losing the micro-batch's 1/k) passed every run (gallery fused-grad-accumulated-in-forward).
+- `deterministic-mode` (DM, checks `loss`, `gradient`, ...): one call under
+  torch.use_deterministic_algorithms(True, warn_only=True), as transformers' `full_determinism` sets it; a kernel
+  with a path of its own there (index_add_ has no deterministic CUDA kernel) was never called on it, since the
+  validator only checked the flags are left as found (gallery fused-deterministic-onehot-index-put).
+
+Both apply to every operation and run once per workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo_conform.checks import judging as J
+from grpo_conform.checks import patterns
+from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
+from grpo_conform.ops.grpo_logits.generators.token_ids import repeated_given
+
+ACCUMULATION = "grad-accumulation"
+FRACTIONS = (2, 3, 4, 8, 16)  # c2 = 1/k: far from 1, so a gradient formed at upstream 1 is >= 29% off
+
+
+def prefilled(run: WorkloadConformance) -> None:
+    """GP: every parameter's .grad (the lm_head's weight and bias; every input's where no parameter is
+    differentiated, as grpo-logits) holds c1 x its reference gradient, rounded to its dtype, before the forward; backward with c2 = 1/k; each .grad must
+    end at (c1 + c2) x the reference. Activations (hidden) hold one too in a drawn half of the workloads, else
+    none (their gradient then c2 x the reference).
+
+    How a hostile kernel could tell this call from a trainer's second micro-batch: the pre-filled .grad is
+    proportional to this batch's own gradient (a trainer's holds other batches'); seeing that costs it a second
+    backward in the forward. With hidden's .grad absent in half the workloads, "hidden.grad is set" is no tell."""
+    checks = (ACCUMULATION, "finite", "no-mutation", "no-aliasing")
+    run.generate(run.P, run.seeds[1 % len(run.seeds)] ^ 0x6AF111)
+    c2 = 1.0 / run.rng.choice(FRACTIONS)
+    c1 = float(f"{c2 * run.rng.uniform(1.8, 2.4):.6g}")  # as GA: c1 + c2 keeps bf16's relative precision
+    names = [g.input for g in run.spec.gradients]
+    params = [n for n in names if len(run.spec.input(n).shape) < 3]
+    filled = names if not params or run.rng.random() < 0.5 else params
+    out = run.out2  # the prefill: the worker copies each buffer into a leaf's .grad before the forward
+    for name, chunks in run.op.reference_gradients(run.spec, run.P.pristine, run.model.params).items():
+        if name not in filled:
+            continue
+        buf = out.grads[name]
+        buf.zero_()
+        width = run.groupings[name].width(run.rw)
+        flat = buf.view(-1, width)
+        for ch in chunks:
+            flat[ch.start : ch.stop] = (ch.values.reshape(-1, width) * c1).to(buf.device, buf.dtype)
+    run.exported.pop(out.name, None)  # O2 now holds the prefill, no call's outputs
+    run.draws["prefilled_grad"] = {"upstream": [c1, c2], "filled": list(filled)}
+    patterns.exercised(run, "grad-prefilled-before-forward")
+    call = run.call("GP", run.P, run.out1, checks, upstream=c2, prefill={"outputs": out.name, "inputs": filled})
+    if call is None:
+        return
+    J.finite(run, call)
+    held = dataclasses.replace(call, upstream=c1 + c2, grads={n: g for n, g in call.grads.items() if n in filled})
+    J.versus_reference(run, ACCUMULATION, held, f"{', '.join(filled)} .grad held {c1:g} x the gradient before the "
+                                               f"forward; backward {c2:g}: accumulated {c1 + c2:g} x")
+    rest = {n: g for n, g in call.grads.items() if n not in filled}
+    if rest:
+        J.versus_reference(run, ACCUMULATION, dataclasses.replace(call, grads=rest),
+                           f"{', '.join(rest)} without .grad beside pre-filled {', '.join(filled)}; backward {c2:g}")
+
+
+def deterministic_mode(run: WorkloadConformance) -> None:
+    """DM: one call with torch.use_deterministic_algorithms(True, warn_only=True) set around its forward and
+    backward (the worker's `deterministic`; the previous setting put back, the global-state tripwire not told).
+
+    How a hostile kernel could tell it from a trainer's: warn_only (torch.is_deterministic_algorithms_warn_only_
+    enabled()) is True here, False under transformers' full_determinism; strict mode would fail an honest kernel
+    that uses an op without a deterministic implementation, so that tell stays; so does torch._inductor.config.
+    deterministic, set only where already imported (global_state.deterministic_algorithms). The ids repeat
+    (`token_ids.repeated_given`: each ~4 times), so a deterministic path that scatters per id shows; a tiny
+    workload's uniform ids (16 of 257) repeated on a kept token in about a third of the sets. A kernel could key
+    on that repetition too, as on any statistic of one call's inputs."""
+    given = repeated_given(run.spec, run.rw, run.rng.getrandbits(62))
+    run.draws["deterministic_mode"] = {"distinct_ids": [int(t.unique().numel()) for t in given.values()]}
+    run.generate(run.P, run.seeds[0] ^ 0xDE7E, given=given)
+    patterns.exercised(run, "deterministic-algorithms")
+    call = run.call("DM", run.P, run.out1, PLAIN, deterministic=True)
+    if call is not None:
+        J.plain(run, call)
+
+
+TRAINER_MODES = (
+    Probe("prefilled-grad", prefilled.__doc__, prefilled, CALL + (ACCUMULATION, "finite"), (ACCUMULATION,)),
+    Probe("deterministic-mode", deterministic_mode.__doc__, deterministic_mode, PLAIN + CALL),
+)
