@@ -42,22 +42,27 @@ def near_reference(run: WorkloadConformance, c: float) -> None:
     kernel right only when all hold passes; telling that apart costs a pass over the advantages and the gaps,
     and gains nothing over computing k3, which the same kernel does at every other call."""
     Q, params = run.Q, run.model.params
-    seed = run.seeds[0] ^ 0xE6A9
-    quiet = run.op.quiet_inputs(run.spec, Q.pristine, params, seed)
-    saved = {k: Q.pristine[k].clone() for k in ("ref_logprobs", "old_logprobs", *quiet) if k in Q.pristine}
-    if quiet:
-        drawn = run.op.policy_logprobs(run.spec, Q.pristine, params)
-        Q.write(quiet)
-    logp = run.op.policy_logprobs(run.spec, Q.pristine, params)
-    if quiet and "old_logprobs" in saved:
-        old = saved["old_logprobs"]
-        Q.write({"old_logprobs": (old.cpu().double() + (logp - drawn)).to(old.device, old.dtype)})
-    gap = small_gaps(tuple(logp.shape), torch.Generator().manual_seed(seed))
-    ref = saved["ref_logprobs"]
-    Q.write({"ref_logprobs": (logp + gap).to(ref.device, ref.dtype)})
-    run.draws["near_reference"] = {"gaps": [float(gap.min()), float(gap.max())], "quiet": sorted(quiet)}
-    e = run.call("E-near", Q, run.out1, (CHECK, "finite", "no-mutation", "no-aliasing"), upstream=c)
-    if e is not None:
-        J.versus_reference(run, CHECK, e, "every advantage 0, ref - logp within +-0.5: the KL term alone")
-        J.finite(run, e)
-    Q.write(saved)
+    # two calls with their own gaps: one call's error sat near bf16's allowance (the gallery case failed ~3 runs of 4)
+    for i, label in enumerate(("E-near", "E-near-2")):
+        seed = run.seeds[0] ^ 0xE6A9 ^ (i << 24)
+        quiet = run.op.quiet_inputs(run.spec, Q.pristine, params, seed)
+        saved = {k: Q.pristine[k].clone() for k in ("ref_logprobs", "old_logprobs", *quiet) if k in Q.pristine}
+        if quiet:
+            drawn = run.op.policy_logprobs(run.spec, Q.pristine, params)
+            Q.write(quiet)
+        logp = run.op.policy_logprobs(run.spec, Q.pristine, params)
+        if quiet and "old_logprobs" in saved:
+            old = saved["old_logprobs"]
+            Q.write({"old_logprobs": (old.cpu().double() + (logp - drawn)).to(old.device, old.dtype)})
+        gap = small_gaps(tuple(logp.shape), torch.Generator().manual_seed(seed))
+        ref = saved["ref_logprobs"]
+        Q.write({"ref_logprobs": (logp + gap).to(ref.device, ref.dtype)})
+        run.draws.setdefault("near_reference", []).append({"gaps": [float(gap.min()), float(gap.max())],
+                                                           "quiet": sorted(quiet)})
+        e = run.call(label, Q, run.out1, (CHECK, "finite", "no-mutation", "no-aliasing"), upstream=c)
+        if e is not None:
+            J.versus_reference(run, CHECK, e, "every advantage 0, ref - logp within +-0.5: the KL term alone")
+            J.finite(run, e)
+        Q.write(saved)
+        if e is None:
+            return
