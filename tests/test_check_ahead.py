@@ -568,14 +568,14 @@ def test_a_member_not_yet_begun_also_gets_its_once_per_member_calls(tmp_path, mo
         spec = members[1].spec
         reach = member_calls.reach_calls(spec, "cpu", "bfloat16")
         others = member_calls.other_dtype_workloads(spec, "cpu")
-        assert [c.dtype for c in reach] == ["float16", "float32", "bfloat16"] and len(others) == 2
+        assert [c.dtype for c in reach] == ["float16", "float32", "bfloat16", "bfloat16"] and len(others) == 2
         assert ahead.pending == [f"A{i}" for i in range(len(reach) + len(others))]
         shapes = [tuple(s.tensors["logits"].shape) for s in ahead.held]
         dtypes = [s.tensors["logits"].dtype for s in ahead.held]
         want = [spec.resolve(w).shapes["logits"] for w in member_calls.planned_workloads(spec, "cpu",
                                                                                           members[1].workloads[0])]
         assert shapes == [tuple(x) for x in want]  # reach's calls, then other-dtypes', as they will run
-        assert dtypes == [torch.float16, torch.float32, torch.bfloat16, torch.float16, torch.float32]
+        assert dtypes == [torch.float16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float16, torch.float32]
         _wait(ahead)
         store = ahead.session._cache_store
         ahead.step(0)
@@ -671,7 +671,7 @@ def grpo_loss(logits, completion_ids, advantages, **kw):
     """Right wherever it was shown the shape ahead, 5% off at any other shape past the default workloads'."""
     loss = _honest_grpo_loss(logits, completion_ids, advantages, **kw)
     b, s, v = logits.shape
-    if (v > 100000 or b > 40 or s > 1000) and (b, s, v) not in _SHOWN:
+    if (v > 100000 or b > 40 or s > 1000 or v % 4096 == 0) and (b, s, v) not in _SHOWN:  # reach's, aligned too
         return loss * 1.05
     return loss
 '''

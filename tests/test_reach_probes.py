@@ -14,7 +14,7 @@ import torch
 from grpo_conform.checks import member_calls
 from grpo_conform.checks.reach import KEPT, reach_mask
 from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU,
-                                          REACH_SMALL)
+                                          REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_SMALL)
 from grpo_conform.ops.one_input import change_end
 from grpo_conform.spec import find_spec
 
@@ -29,7 +29,8 @@ def _run(spec_id: str, seed: int, device: str = "cpu"):
 def _lead(shape: dict[str, int], spec_id: str, device: str) -> str:
     floors = {**REACH_FLOOR, **(REACH_FLOOR_CUDA if device == "cuda" else {})}
     if device != "cuda" and spec_id.startswith("grpo-fused-linear"):
-        floors.update(REACH_FLOOR_PER_ROW_CPU)
+        floors.update(REACH_FLOOR_PER_ROW_CPU_SEQUENCE if spec_id.endswith("/sequence-offpolicy-mask")
+                      else REACH_FLOOR_PER_ROW_CPU)
     (lead,) = [a for a, v in shape.items() if v >= floors[a]]  # exactly one axis reached a call
     return lead
 
@@ -63,19 +64,48 @@ def test_the_floors_cross_the_sizes_where_kernels_switch(device, seed):
     thirty-seventh round's split-K of 2048 passed 1279); batch past trainer micro-batches of 256 (an advantage tile
     of 64 read at b % 64 passed 47); rows past 1024 in one sequence and, for the logits operation everywhere and
     the fused one on CUDA, two or three sequences past 16384 rows (chunk-local advantage indices, per-tile partials
-    shared across sequences, repeat for repeat_interleave: all exact at batch 1); on CUDA rows past 65535."""
-    for spec_id in ("grpo-fused-linear/bnpo-mask", "grpo/sequence-offpolicy-mask"):
+    shared across sequences, repeat for repeat_interleave: all exact at batch 1), the fused one's sequence-level
+    member on the CPU two sequences past 2048 rows (its log-ratio summed per flat chunk of 2048); on CUDA rows past
+    65535."""
+    for spec_id in ("grpo-fused-linear/bnpo-mask", "grpo-fused-linear/sequence-offpolicy-mask",
+                    "grpo/sequence-offpolicy-mask"):
         run = _run(spec_id, seed, device)
         by_lead = {_lead(sh, spec_id, device): sh for sh in member_calls.reach_axes(run.spec, device, run.rng)}
         assert by_lead["vocab"]["vocab"] > 2**17 and by_lead["batch"]["batch"] > 256
         seq = by_lead["seq"]
         assert seq["seq"] > 1024 and (seq["batch"] * seq["seq"] > 65535) == (device == "cuda")
-        per_row = device == "cpu" and "hidden" in seq  # the fused operation interpreted: one sequence
-        assert seq["batch"] == 1 if per_row else (2 <= seq["batch"] <= 3 and seq["batch"] * seq["seq"] > 16384)
+        per_row = device == "cpu" and "hidden" in seq  # the fused operation interpreted: one sequence, or two
+        if per_row and spec_id.endswith("sequence-offpolicy-mask"):  # a chunk of 2048 rows splits the second one
+            assert seq["batch"] == 2 and seq["seq"] > 1024 + 63 and seq["batch"] * seq["seq"] > 2048 + 127
+        elif per_row:
+            assert seq["batch"] == 1 and seq["seq"] > 1024 + 254
+        else:
+            assert 2 <= seq["batch"] <= 3 and seq["batch"] * seq["seq"] > 16384
         if "hidden" in by_lead:
             h = by_lead["hidden"]["hidden"]
             assert h > 4096 and all(h % block >= 255 for block in (512, 1024, 2048, 4096, 8192)), h
     assert "seq" in REACH_FLOOR_CUDA
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("spec_id", ["grpo/sapo-mask", "grpo-fused-linear/dapo-mask"])
+def test_the_aligned_call_divides_every_axis_by_its_tiles(spec_id, device):
+    """The corner every other CPU size avoids (thirty-sixth session): rows 128, vocabulary and hidden multiples of
+    their range's low end (512 and 64 on the fused operation, 4096 on the logits one), so a last tile `size % TILE`
+    wide is empty for every tile up to there; drawn, not one shape."""
+    spec = find_spec(spec_id)
+    fused = "hidden" in [a.name for a in spec.axes]
+    calls = member_calls.reach_calls(spec, device, "bfloat16")
+    assert [c.lead for c in calls] == member_calls.free_axes(spec) + [member_calls.ALIGNED]
+    assert calls[-1].dtype == "bfloat16"  # the member's own, after the other dtypes
+    seen = set()
+    for seed in range(40):
+        a = member_calls.aligned_axes(spec, device, random.Random(seed))
+        assert a["batch"] * a["seq"] == 128 and a["batch"] in (2, 4, 8)
+        assert a["vocab"] % (512 if fused else 4096) == 0 and a["vocab"] <= (4096 if fused else 32768)
+        assert not fused or (a["hidden"] % 64 == 0 and a["hidden"] <= 512)
+        seen.add(tuple(a.values()))
+    assert len(seen) > 10
 
 
 def test_past_blocks_moves_a_value_off_every_block_s_first_elements():
@@ -95,7 +125,8 @@ def test_the_reach_mask_varies_along_a_long_row_and_keeps_every_row():
 
 def test_the_dtypes_no_default_workload_uses_come_first():
     masked = find_spec("grpo/sapo-mask")  # default CPU workloads: bfloat16 only
-    assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == ["float16", "float32", "bfloat16"]
+    assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == ["float16", "float32", "bfloat16",
+                                                                                     "bfloat16"]  # then aligned
     fused = find_spec("grpo-fused-linear/token-is")  # no workload of the fused spec is float16; fp32-tiny is extended
     assert [c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16")][:2] == ["float16", "float32"]
 

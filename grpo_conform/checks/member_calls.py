@@ -26,13 +26,16 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU,
-                                          REACH_LEAD_SMALL, REACH_LEAD_SMALL_PER_ROW_CPU, REACH_REMAINDER, REACH_ROWS,
-                                          REACH_SMALL)
+from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, REACH_ALIGNED_FUSED,
+                                          REACH_ALIGNED_ROWS, REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA,
+                                          REACH_FLOOR_PER_ROW_CPU, REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_LEAD_SMALL,
+                                          REACH_LEAD_SMALL_PER_ROW_CPU, REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE,
+                                          REACH_REMAINDER, REACH_ROWS, REACH_ROWS_PER_ROW_CPU, REACH_SMALL)
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
 REACH = "reach"
+ALIGNED = "aligned"  # the lead of reach's aligned call (no one axis: all of them tile-aligned)
 OTHER_DTYPES = "other-dtypes"
 
 
@@ -90,16 +93,24 @@ def _per_row_cpu(spec: Any, device_type: str) -> bool:
     return device_type != "cuda" and "hidden" in free_axes(spec)
 
 
+def _sequence_level(spec: Any) -> bool:
+    """A member whose ratio is taken over each sequence's tokens (GSPO): its fused rows call on the CPU holds two
+    sequences past 2048 rows (grpo_probes.REACH_FLOOR_PER_ROW_CPU_SEQUENCE says why only its)."""
+    return dict(spec.parameter_values).get("importance_sampling_level") == "sequence"
+
+
 def _floor(spec: Any, device_type: str, axis: str) -> int:
     floor = REACH_FLOOR_CUDA.get(axis) if device_type == "cuda" else None
     if _per_row_cpu(spec, device_type):
-        floor = REACH_FLOOR_PER_ROW_CPU.get(axis)
+        floor = (REACH_FLOOR_PER_ROW_CPU_SEQUENCE if _sequence_level(spec) else REACH_FLOOR_PER_ROW_CPU).get(axis)
     return floor or REACH_FLOOR.get(axis, 9)
 
 
 def _others(spec: Any, device_type: str, lead: str, axis: str) -> tuple[int, int]:
     """The range of a small axis in the call that reaches `lead`."""
-    special = REACH_LEAD_SMALL_PER_ROW_CPU if _per_row_cpu(spec, device_type) else {}
+    special = {}
+    if _per_row_cpu(spec, device_type):
+        special = REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE if _sequence_level(spec) else REACH_LEAD_SMALL_PER_ROW_CPU
     return (special.get(lead, {}).get(axis) or REACH_LEAD_SMALL.get(lead, {}).get(axis)
             or REACH_SMALL.get(axis, (1, 3)))
 
@@ -107,8 +118,8 @@ def _others(spec: Any, device_type: str, lead: str, axis: str) -> tuple[int, int
 def reach_axes(spec: Any, device_type: str, r: random.Random) -> list[dict[str, int]]:
     """One shape per free axis, that axis reached and the others small, in the spec's axis order. Each axis
     alone: a wide vocabulary with a wide hidden size would make one large GEMM, and a kernel's switch on one of
-    them shows with the other small. The rows call (`seq`) has two or three sequences (REACH_LEAD_SMALL) but on
-    the CPU for the fused operation: a hostile kernel cannot tell a reach call by its batch, every batch from 1
+    them shows with the other small. The rows call (`seq`) has two or three sequences (REACH_LEAD_SMALL), but on
+    the CPU for the fused operation one, or two past 2048 rows for a sequence-level member: a hostile kernel cannot tell a reach call by its batch, every batch from 1
     to 288 occurring in some call or workload, nor by its length (drawn, odd)."""
     free = free_axes(spec)
     shapes = []
@@ -120,13 +131,50 @@ def reach_axes(spec: Any, device_type: str, r: random.Random) -> list[dict[str, 
                           REACH_CAP.get(axis, 64))
                 low = past_blocks(low, REACH_REMAINDER.get(axis, 0))
                 if axis == "seq" and shape.get("batch", 1) > 1:  # two or three sequences past REACH_ROWS rows
-                    low = max(low, -(-REACH_ROWS // shape["batch"]))
+                    rows = REACH_ROWS_PER_ROW_CPU if _per_row_cpu(spec, device_type) else REACH_ROWS
+                    low = max(low, -(-rows // shape["batch"]))
                 shape[axis] = (low + 2 * r.randint(0, 3)) | 1  # odd: off every power of two (past 1)
             else:
                 lo, hi = _others(spec, device_type, lead, axis)
                 shape[axis] = r.randint(lo, hi)
         shapes.append(shape)
     return shapes
+
+
+def aligned_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:
+    """Reach's aligned call: the corner the odd sizes of every other CPU call never reach, each axis a multiple of
+    a large power of two. Rows (batch x seq) REACH_ALIGNED_ROWS, batch a power of two (REACH_ALIGNED_BATCH, so seq
+    is one too); vocabulary and hidden m x 2^k, m 1 or 3, in REACH_ALIGNED's ranges (the fused operation's
+    vocabulary in REACH_ALIGNED_FUSED's), each a multiple of its range's low end. A kernel whose last tile along an
+    axis is `size % TILE` wide drops a full tile here for every power-of-two TILE up to that multiple (and 3 x 2^j
+    where m is 3): vocabulary tiles of 256 at V 32768/128256, split-K of 64 at H 4096 (thirty-sixth session).
+
+    How a hostile kernel tells this call apart: every axis divisible by a large power of two at once. That is the
+    property under test and the one real models have (V 32768, 128256, 262144; H 2048-8192; rows a multiple of
+    the micro-batch), so a kernel right only when aligned is right on them too; a kernel right here but wrong at
+    larger aligned sizes (V past 4096 on the fused operation, rows past 128) passes the CPU and is caught only by
+    CUDA's default workloads (V 32768 and 128256, H 2048 and 4096, rows 2048-16384). The sizes are drawn (six
+    values an axis, one call redrawn unannounced: `reach_calls`), so no one shape can be recognised."""
+    free = free_axes(spec)
+    ranges = {**REACH_ALIGNED, **(REACH_ALIGNED_FUSED if "hidden" in free else {})}
+    lo, hi = REACH_ALIGNED_BATCH
+    batch = r.choice([1 << k for k in range(lo.bit_length() - 1, hi.bit_length()) if lo <= 1 << k <= hi])
+    shape = {}
+    for axis in free:
+        if axis == "batch":
+            shape[axis] = batch
+        elif axis == "seq":
+            shape[axis] = REACH_ALIGNED_ROWS // batch
+        else:
+            low, high = ranges[axis]
+            shape[axis] = r.choice([m << k for m in (1, 3) for k in range(high.bit_length())
+                                    if low <= m << k <= high and (m << k) % low == 0])
+    return shape
+
+
+def reach_shapes(spec: Any, device_type: str, r: random.Random) -> list[tuple[str, dict[str, int]]]:
+    """(lead, shape) of each reach call: one per free axis (`reach_axes`), then the aligned call (`aligned_axes`)."""
+    return list(zip(free_axes(spec) + [ALIGNED], reach_axes(spec, device_type, r) + [aligned_axes(spec, device_type, r)]))
 
 
 def past_blocks(value: int, least: int) -> int:
@@ -141,15 +189,17 @@ def past_blocks(value: int, least: int) -> int:
 
 def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Random | None = None) -> list[ReachCall]:
     """The reach probe's calls for this member: one per free axis (`reach_axes`), the lead input's dtype taking in
-    turn each declared dtype no default workload uses, then `own_dtype` (the workload's). With `fresh` (the
-    workload's generator, when the probe runs) one call, chosen by it, has its shape drawn from it instead: the
-    call compile-ahead was never shown."""
-    shapes = reach_axes(spec, device_type, member_random(spec, REACH))
+    turn each declared dtype no default workload uses, then `own_dtype` (the workload's); last the aligned call
+    (`aligned_axes`) in `own_dtype`, the dtype real models run at such sizes. With `fresh` (the workload's
+    generator, when the probe runs) one call, chosen by it, has its shape drawn from it instead: the call
+    compile-ahead was never shown."""
+    shapes = reach_shapes(spec, device_type, member_random(spec, REACH))
     if fresh is not None and shapes:
         j = fresh.randrange(len(shapes))
-        shapes[j] = _other_than(shapes[j], lambda: reach_axes(spec, device_type, fresh)[j])
+        shapes[j] = _other_than(shapes[j], lambda: reach_shapes(spec, device_type, fresh)[j])
     order = unused_dtypes(spec, device_type) + [own_dtype]
-    return [ReachCall(lead, axes, order[i % len(order)]) for i, (lead, axes) in enumerate(zip(free_axes(spec), shapes))]
+    return [ReachCall(lead, axes, own_dtype if lead == ALIGNED else order[i % len(order)])
+            for i, (lead, axes) in enumerate(shapes)]
 
 
 def _other_than(shown: dict[str, int], draw) -> dict[str, int]:

@@ -11,7 +11,8 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   tiles, index widths or paths; on CUDA rows past a grid dimension's 65535) and past twice the largest value
   the member's default workloads on this device use (at most REACH_CAP), odd and off every power of two, the
   other axes small, but the rows call holds two or three sequences (a kernel mixing sequences up is exact at
-  batch 1; one sequence for the fused operation on the CPU, whose interpreted kernel pays per row) and the
+  batch 1; one sequence for the fused operation on the CPU, whose interpreted kernel pays per row, two past
+  2048 rows for its sequence-level member) and the
   batch call 1-2 positions a sequence (REACH_LEAD_SMALL);
 - the vocabulary call's rows each peak (`spread_peaks`): a planted largest logit clear of the rest of its row,
   the rows' peaks spread over the vocabulary, so an online log-sum-exp that never rescales is wrong on every
@@ -20,7 +21,11 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
 - each token kept with probability 3/4 (every tile keeps tokens, the mask varies along a long row), each call
   backpropagating an upstream scalar of another kind, half of them through torch.autograd.grad;
 - the calls take in turn each dtype the differentiable input declares that no default workload of the
-  member on this device uses (the inputs that declare the same dtypes follow it), then its own.
+  member on this device uses (the inputs that declare the same dtypes follow it), then its own;
+- a last call, in the member's own dtype, at aligned sizes (`member_calls.aligned_axes`): rows 128, vocabulary
+  and hidden multiples of 512-4096 (logits: 4096-32768) and 64-512. Every size above is odd, so a kernel whose
+  last tile is `size % TILE` wide, dropping a full tile when TILE divides the size (real models' V 32768, 128256,
+  H 2048-8192), passed every CPU call (thirty-sixth session).
 
 Once per worker process and member, like repeated-calls: what it looks for is a property of the code, not
 of one workload. Each call is judged in full against the reference; one finding for all of them. The shapes
@@ -78,7 +83,7 @@ def reach(run: WorkloadConformance) -> None:
         for i, (lead, axes, dtype) in enumerate((c.lead, c.axes, c.dtype) for c in calls):  # one per free axis
             wanted = member_calls.with_dtype(run.spec, run.rw.workload, dtype)
             with at_shape(run, f"RH{i}", f"RO{i}", axes, wanted, dtype) as (inp, out):
-                what = {"axes": axes, "dtype": dtype, "announced": calls[i] == shown[i]}
+                what = {"lead": lead, "axes": axes, "dtype": dtype, "announced": calls[i] == shown[i]}
                 done.append(what)
                 why = _reach_call(run, i, lead, inp, out, base, what)
                 if why is None:
@@ -87,13 +92,18 @@ def reach(run: WorkloadConformance) -> None:
                     bad.append({**what, "why": why})
     finally:
         run.draws["reach"] = done
-    said = "; ".join(f"{d['call']} {_shape_text(d['axes'])} {d['dtype']}" for d in done)
+    said = "; ".join(f"{d['call']} {_shape_text(d['axes'])} {d['dtype']}{_aligned(d)}" for d in done)
     first = bad[0] if bad else None
+    what = "calls past the default workloads' sizes or aligned"
     run.book.record(CHECK, "R1..R%d" % len(done), not bad,
-                    f"{len(done)} calls past the default workloads' sizes match the reference: {said}" if not bad else
-                    f"{len(bad)} of {len(done)} calls past the default workloads' sizes do not match the reference; "
-                    f"first {first['call']} at {_shape_text(first['axes'])} in {first['dtype']}: {first['why']}",
+                    f"{len(done)} {what} match the reference: {said}" if not bad else
+                    f"{len(bad)} of {len(done)} {what} do not match the reference; first {first['call']} at "
+                    f"{_shape_text(first['axes'])} in {first['dtype']}{_aligned(first)}: {first['why']}",
                     {"calls": done, "failing": bad[:10]})
+
+
+def _aligned(call: dict[str, Any]) -> str:
+    return " (aligned: every axis a multiple of a large power of two)" if call["lead"] == member_calls.ALIGNED else ""
 
 
 def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int, what: dict[str, Any]) -> str | None:

@@ -90,11 +90,13 @@ _CHECKS = (
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
     CheckInfo("reach", "calls past the sizes where kernels switch (batch past 256, rows past 1024 in each of two or "
-              "three sequences and past 16384 in all (one sequence for the fused operation on the CPU), vocabulary past "
+              "three sequences and past 16384 in all (one sequence for the fused operation on the CPU, two past 2048 "
+              "rows for its sequence-level member), vocabulary past "
               "2^17, hidden past 4096 off every block; on CUDA rows past 65535), one axis at a time, in each declared dtype the "
               "default workloads leave out, with a mask drawn per token, an upstream scalar other than 1 and, for "
               "rows and vocabulary, torch.autograd.grad, the vocabulary call's rows each with a planted peak, the peaks "
-              "spread over the vocabulary: all match the reference", (2, 21)),
+              "spread over the vocabulary, and one call at aligned sizes (rows 128, vocabulary a multiple of 512 (4096 "
+              "for the logits operation), hidden of 64): all match the reference", (2, 21)),
     CheckInfo("no-global-side-effects", "the process's global state is as each call found it: default dtype and "
               "device, grad mode, anomaly and determinism flags, TF32, cuDNN flags, thread count, and random "
               "generators never reseeded (a worker-side tripwire, like tamper-scan)", ()),

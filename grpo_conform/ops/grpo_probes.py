@@ -300,17 +300,35 @@ REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 
 #: kernel: ~5-10 ms each on the CPU)
 REACH_LEAD_SMALL = {"seq": {"batch": (2, 3), "vocab": (32, 48)}, "batch": {"seq": (1, 2)}}
 #: the fused operation (an axis `hidden`) on the CPU: its Triton kernel runs interpreted there, one program a row
-#: (~5-10 ms each on the 2-core machine), so its rows call stays one sequence of 1279+ rows (~6-13 s a member; two
-#: sequences of 2049 cost 21.5 s, 16384+ rows would cost minutes a member). A fused kernel wrong only for two
-#: sequences or more past 16384 rows is caught on CUDA alone (REACH_FLOOR_CUDA: 2-3 sequences of 69631+ rows);
-#: the gallery's fused-large-rows-advantages-tiled is cuda_only for that reason.
+#: (~3.5 ms each on the 2-core machine), so its rows call stays one sequence of 1279+ rows (4.7 s for triton-fused's
+#: forward and backward), not 16384+ (minutes a member). A fused kernel wrong only for two sequences or more past
+#: 16384 rows is caught on CUDA alone (REACH_FLOOR_CUDA: 2-3 sequences of 69631+ rows); the gallery's
+#: fused-large-rows-advantages-tiled is cuda_only for that reason.
 REACH_FLOOR_PER_ROW_CPU = {"seq": 1279}
 REACH_LEAD_SMALL_PER_ROW_CPU = {"seq": {"batch": (1, 1)}, "batch": {"seq": (1, 1)}}  # the batch call: 263+ rows
+#: ... but for a sequence-level member (a ratio over each sequence's tokens: GSPO) two sequences of 1089-1095
+#: (2178+ rows, 7.6 s): a sequence's log-ratio summed per flat chunk of 1024 or 2048 rows is then split (~960 / ~130
+#: for 2048; thirty-sixth session). Token-level members keep one sequence: two would cost each ~3 s more, ~13% of
+#: triton-fused's CPU run; a chunk of 2048 that splits another per-sequence quantity (advantages indexed
+#: chunk-locally, a per-sequence token mean) is caught there on CUDA alone, like any chunk of 4096 rows or more.
+REACH_FLOOR_PER_ROW_CPU_SEQUENCE = {"seq": 1087}  # 63+ positions past 1024 in each sequence (a mask read at t % 1024)
+REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE = {"seq": {"batch": (2, 2)}, "batch": {"seq": (1, 1)}}
+REACH_ROWS_PER_ROW_CPU = 2175  # 127 past 2048
 #: the most a reached axis takes (past twice the largest default workload up to here)
 REACH_CAP = {"batch": 288, "seq": 131072, "vocab": 262144, "hidden": 9216}
 #: a reached axis's least remainder modulo every power of two from 512 up to it (`member_calls.past_blocks`): past twice
 #: the CUDA workloads' hidden 4096 the draw was 8193-8199, where a split-K dropping its tail drops 1-7 features
 REACH_REMAINDER = {"hidden": 255}
+#: reach's aligned call (member_calls.aligned_axes): every size above is odd, so a kernel whose last tile is
+#: `size % TILE` wide (0 when TILE divides the size: the last full tile dropped) passed every CPU call, while real
+#: models run V 32768/128256/262144 and H 2048-8192 (thirty-sixth session). Rows (batch x seq) REACH_ALIGNED_ROWS, a
+#: power of two batch; vocabulary and hidden m x 2^k (m 1 or 3: tiles of 3 x 2^j too) in these ranges, each a
+#: multiple of the range's low end. The fused operation's interpreted kernel pays per row and per vocabulary block
+#: (128 rows at V 4096, H 512: 1.2 s; at V 32768: 4.4 s), the logits operation's little (V 32768: 0.4 s).
+REACH_ALIGNED_ROWS = 128
+REACH_ALIGNED_BATCH = (2, 8)
+REACH_ALIGNED = {"vocab": (4096, 32768), "hidden": (64, 512)}
+REACH_ALIGNED_FUSED = {"vocab": (512, 4096)}
 #: the axes whose reach calls go through torch.autograd.grad, the others through backward: rows and the
 #: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
 #: that added d weight into .grad itself and returned nothing passed every backward call)
