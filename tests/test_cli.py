@@ -73,8 +73,8 @@ def test_check_json_names_every_check_with_status_and_evidence(json_run):
     # by the member's semantics: no mask here, and no old log-probs (the ratio is exactly 1)
     ruled_out = set(workload["draws"].get("not_applicable", {}))
     # ... and the fused operation's weight probes (grpo-logits differentiates no weight)
-    assert ruled_out == {"masked-positions", "far-ratios", "near-ties", "grad-accumulation", "tied-weights",
-                         "frozen-inputs"}
+    # grad-accumulation applies (prefilled-grad's GP pre-fills the logits' .grad)
+    assert ruled_out == {"masked-positions", "far-ratios", "near-ties", "tied-weights", "frozen-inputs"}
     assert sorted(names) == sorted(set(WORKLOAD_CHECKS) - ruled_out) and len(names) == len(set(names))
     for c in workload["checks"]:
         assert c["status"] in STATUSES
