@@ -1,4 +1,5 @@
-"""Ratios a hair from the clip bounds (the `exact-ties` probe's second call, T-near).
+"""Ratios a hair from the clip bounds (the `near-ties` probe's calls on the logits operation; the fused operation's
+are `ops/fused_linear/near_ties.py`, which shares the placement below).
 
 The drawn ratios keep `boundary_margin` (2%) from every bound so that a float32 kernel and the float64
 reference pick the same branch on every token. That margin also hides a kernel that picks the branch from a
