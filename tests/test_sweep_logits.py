@@ -205,12 +205,13 @@ def test_configs_default_is_the_shipped_launch_except_where_measured():
     import torch
 
     assert configs.TABLE[-1] == configs.Rule("shipped") and configs.CANDIDATES["shipped"] == configs.Choice()
-    measured = {(32000, torch.bfloat16, "token"): "s16k-b1024", (32000, torch.bfloat16, "sequence"): "stats16k-item"}
+    measured = {(32000, dt, "token"): "s16k-b1024" for dt in (torch.bfloat16, torch.float16)} | {
+        (32000, dt, "sequence"): "stats16k-item" for dt in (torch.bfloat16, torch.float16)}
     for vocab in (32000, 50257, 128256, 262144):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             for level in configs.LEVELS:
                 choice = configs.choose(vocab, 8200, dtype, level)
-                if (vocab, dtype, level) in measured:  # the rules round22's sweep measured (configs.TABLE)
+                if (vocab, dtype, level) in measured:  # the rules round22's and sweep36c's sweeps measured
                     assert choice is configs.CANDIDATES[measured[vocab, dtype, level]], (vocab, dtype, level)
                     continue
                 assert choice.settings(vocab, dtype) == launch.GPU_DEFAULT

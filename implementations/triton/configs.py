@@ -8,8 +8,8 @@ a sequence (plan.Semantics.coupled: GSPO, VESPO: statistics in forward, gradient
 
 Decision (2026-12-03): "shipped" is exactly the launch of rounds 4-9 (launch.GPU_DEFAULT for the staged
 kernels, the Tuning the plan was given for the plain ones), and every shape takes it except V 32000 in
-bf16, where the sweep of device call round22 measured two candidates faster (the rules below say by how
-much). The other choices are candidates only: benchmarks/sweep_logits.py --configs times them per
+bf16 and fp16, where the sweeps of device calls round22 and sweep36c measured two candidates faster (the
+rules below say by how much). The other choices are candidates only: benchmarks/sweep_logits.py --configs times them per
 shape on the GPU (`forced`), checks each one's gradient against the shipped launch, and prints a
 replacement TABLE in this module's syntax. A rule moves off "shipped" only after such a measurement
 is committed (benchmarks/results/) and the implementation has been run through the validator with it.
@@ -144,6 +144,12 @@ TABLE: tuple[Rule, ...] = (
     # candidate's gradient matched the shipped launch's (relative difference <= 6e-6).
     Rule("stats16k-item", vocab=(32000, 32000), dtype="bfloat16", level="sequence"),
     Rule("s16k-b1024", vocab=(32000, 32000), dtype="bfloat16", level="token"),
+    # V 32000, fp16 (device call sweep36c, benchmarks/results/h200-2026-12-05d/sweep36c/sweep.log, --configs at b2
+    # and b8, s1024, over token-is, token-offpolicy-mask and GSPO): s16k-b1024 took token-is 0.3165 -> 0.2868 ms and
+    # the masked member 0.2826 -> 0.2634 ms at b8 (7.5% over shipped by geometric mean); stats16k-item took GSPO
+    # 0.3619 -> 0.3439 ms (5.1%). Every candidate's gradient matched the shipped launch's (relative difference 0).
+    Rule("stats16k-item", vocab=(32000, 32000), dtype="float16", level="sequence"),
+    Rule("s16k-b1024", vocab=(32000, 32000), dtype="float16", level="token"),
     Rule("shipped"),
 )
 
