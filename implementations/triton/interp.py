@@ -7,7 +7,7 @@ one program per logits row: ~12 ms of CPU per row for a forward and backward (a 
 0.5-0.7 s). Here one program handles every row as 2-D tiles, so a call costs two launches and a few
 hundred operations whatever the row count (docs/timing.md, CPU section, has the measurements).
 
-The twins (interp_rows.py, interp_seq.py) share the member semantics with the plain kernels
+The twins (interp_rows.py) share the member semantics with the plain kernels
 (`_differences`, `_token_terms`, `_policy_terms`, `_kl_terms` of members.py, called on tiles of
 tokens as `_terms_kernel` already does), the per-call buffer `ws`, the plan's `flag` and the gradient
 modes; what differs is the loop structure. Each is the single-chunk case of its plain twin (the
@@ -17,8 +17,8 @@ interpreter's only case: its programs cannot wait for each other):
   and order) when one program holds every row (`InterpPlan`);
 - `_rows_stats_kernel` = `_stats_kernel` with NUM_CHUNKS = 1;
 - `_rows_grad_kernel` = `_grad_kernel` with one work item per row;
-- `_rows_terms_kernel`, `_rows_norm_kernel` = `_terms_kernel`, `_norm_kernel` with the loop over the
-  sequences as the tile's first axis (the loss summed over the sequences in order, then the lanes).
+The kernels that reduce over sequences (sequences.py) need no twin: they run with the whole batch as
+one tile here.
 The running (max, sum of exp) over a row's blocks is `_block_update` of kernels.py, per row, with the
 exponent's base set to 0 where a row has no finite maximum yet (masked rows of the tile, which the
 plain kernels never run). Masked rows are never read (every load of a row is masked by its
@@ -53,8 +53,8 @@ import triton.language as tl
 
 from . import fastlaunch
 from .interp_rows import _rows_grad_kernel, _rows_main_kernel, _rows_stats_kernel
-from .interp_seq import _rows_norm_kernel, _rows_terms_kernel
 from .plan import Plan, interpreting
+from .sequences import _norm_kernel, _terms_kernel
 
 # Tile budget of one operation (elements): numpy's per-call overhead is amortised above ~2^14
 # elements, and the interpreter refuses blocks above 2^20.
@@ -93,8 +93,8 @@ class _Bits:
 
 
 def launches(plan, Launch) -> None:
-    """Replace a plan's row-per-program launches (stats, main, grad) with the row-blocked twins, and its
-    one-program loops over the sequences (terms, norm) with their tiled twins."""
+    """Replace a plan's row-per-program launches (stats, main, grad) with the row-blocked twins, and give
+    its kernels that reduce over sequences (terms, norm) the whole batch as one tile."""
     s = plan.sem
     sw = dict(plan.switches)
     bf16 = plan.dtype == torch.bfloat16
@@ -115,14 +115,14 @@ def launches(plan, Launch) -> None:
                                                                   UPDATE_FLAG=not s.coupled), {}, False), 0, 2)
                    for f in (False, True)]
     batch_p2 = triton.next_power_of_2(plan.batch)
-    if batch_p2 * plan.block_t <= TILE:  # else the plain one-program kernels (a loop over the sequences)
-        plan.l_terms = [Launch(_rows_terms_kernel, (1,), dict(**sw, NEEDS_LOGP=s.needs_logp, NORM=s.norm,
-                                                             SEQUENCE=s.sequence, VESPO=s.vespo, WRITE_COEF=w,
-                                                             BLOCK_T=plan.block_t, BATCH_P2=batch_p2), {}, False)
+    if batch_p2 * plan.block_t <= TILE:  # every sequence in one tile (else the GPU's tile height)
+        tile = dict(BLOCK_T=plan.block_t, BLOCK_B=batch_p2)
+        plan.l_terms = [Launch(_terms_kernel, (1,), dict(**sw, NEEDS_LOGP=s.needs_logp, NORM=s.norm,
+                                                         SEQUENCE=s.sequence, VESPO=s.vespo, WRITE_COEF=w, **tile),
+                               {}, False)
                         for w in (False, True)]
-        plan.l_norm = Launch(_rows_norm_kernel, (1,), dict(GLOBAL=s.norm == 2, WRITE_W=s.norm != 0, SEQ_RHO=s.seq_rho,
-                                                           HAS_MASK=s.has_mask, BLOCK_T=plan.block_t,
-                                                           BATCH_P2=batch_p2), {}, False)
+        plan.l_norm = Launch(_norm_kernel, (1,), dict(GLOBAL=s.norm == 2, WRITE_W=s.norm != 0, SEQ_RHO=s.seq_rho,
+                                                      HAS_MASK=s.has_mask, **tile), {}, False)
 
 
 class InterpPlan(Plan):

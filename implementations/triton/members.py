@@ -24,12 +24,12 @@ The two differences are formed in float64 (`_differences`): where |logp| ~ 5e5 (
 is far above its target) one fp32 rounding of logp is 0.03, i.e. 3% of exp(logp - old); in float64
 (1/T passed as two fp32 halves) the ratio keeps fp32 accuracy.
 
-  _norm_kernel   one program: per-sequence weights wb[b] from the mask (grpo: 1 / (B max(1, n_b)),
+  _norm_kernel   (sequences.py) per-sequence weights wb[b] from the mask (grpo: 1 / (B max(1, n_b)),
                  bnpo/dapo: 1 / max(1, N)); constant weights need no kernel. For TRL's sequence-level
                  vLLM modes also each sequence's sampling ratio rb[b] (issue 33).
   _stats_kernel  per (token, chunk), last arriver combines: row max, ln S and logp of every unmasked
                  token; masked rows are never read. Counters reset by whoever used them last.
-  _terms_kernel  one program: the loss (and for sequence-level ratios the per-token coef) from logp.
+  _terms_kernel  (sequences.py) the loss (and for sequence-level ratios the per-token coef) from logp.
   _main_kernel   per (row, chunk), programs of a row wait for each other (one chunk per row under
                  the interpreter): stats, token loss and coef of token-level members, and, when the
                  call's mode is 0, c_pred times the gradient too (masked and last rows: zeros,
@@ -135,37 +135,6 @@ def _token_terms(logp, lr, dref, token, adv, w, rho_ptr, eps_low, eps_high, delt
 
 
 @triton.jit
-def _norm_kernel(mask_ptr, rho_ptr, wb_ptr, rb_ptr, batch, seq, GLOBAL: tl.constexpr, WRITE_W: tl.constexpr,
-                 SEQ_RHO: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_T: tl.constexpr):
-    """WRITE_W: the per-sequence weights wb; SEQ_RHO: rb[b] = exp(sum_t m log sampling_ratio[b, t]), the
-    sequence's ratio of TRL's sequence modes (logs summed in float64)."""
-    total = 0.0
-    for b in range(batch):
-        n = tl.zeros([BLOCK_T], tl.float32)
-        lq = tl.zeros([BLOCK_T], tl.float64)
-        for t0 in range(0, seq, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            live = t < seq
-            if HAS_MASK:
-                live = live & (tl.load(mask_ptr + b * seq + t, mask=t < seq, other=0) != 0)
-            n += tl.where(live, 1.0, 0.0)
-            if SEQ_RHO:
-                q = tl.load(rho_ptr + b * seq + t, mask=live, other=1.0).to(tl.float32)
-                lq += tl.where(live, tl.log(q), 0.0).to(tl.float64)
-        n_b = tl.sum(n, axis=0)
-        total += n_b
-        if SEQ_RHO:
-            tl.store(rb_ptr + b, tl.exp(tl.sum(lq, axis=0).to(tl.float32)))
-        if WRITE_W:
-            if not GLOBAL:
-                tl.store(wb_ptr + b, 1.0 / (batch * tl.maximum(n_b, 1.0)))
-    if WRITE_W:
-        if GLOBAL:
-            for b in range(batch):
-                tl.store(wb_ptr + b, 1.0 / tl.maximum(total, 1.0))
-
-
-@triton.jit
 def _stats_kernel(logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, part_ptr, count_ptr, ws_ptr, tokens,
                   stride_b, stride_t, seq, vocab, inv_temp, inv_lo,
                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
@@ -199,126 +168,6 @@ def _stats_kernel(logits_ptr, ids_ptr, mask_ptr, old_ptr, ref_ptr, part_ptr, cou
             tl.store(ws_ptr + 2 * tokens + token, logp)
             tl.store(ws_ptr + 5 * tokens + token, lr)
             tl.store(ws_ptr + 6 * tokens + token, dref)
-
-
-@triton.jit
-def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, loss_ptr,
-                  batch, seq, tokens, inv_temp, inv_lo, eps_low, eps_high, delta, beta, cap, w_const,
-                  vk_pos, vl_pos, vk_neg, vl_neg,
-                  HAS_OLD: tl.constexpr, HAS_KL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RHO: tl.constexpr,
-                  HAS_DELTA: tl.constexpr, HAS_CAP: tl.constexpr, CISPO: tl.constexpr, KL_BC: tl.constexpr,
-                  RHO_MASK: tl.constexpr, SEQ_RHO: tl.constexpr, SAPO: tl.constexpr, NEEDS_LOGP: tl.constexpr,
-                  NORM: tl.constexpr, SEQUENCE: tl.constexpr, VESPO: tl.constexpr, WRITE_COEF: tl.constexpr,
-                  BLOCK_T: tl.constexpr):
-    """NORM: 0 constant weight w_const, 1 per sequence (grpo), 2 over the batch (bnpo, dapo). SEQ_RHO:
-    rb_ptr holds each sequence's sampling ratio (_norm_kernel ran first); sequence level (SEQUENCE)
-    supports neither SEQ_RHO nor KL_BC (plan.semantics_of refuses them).
-    VESPO: phi_b = exp(lambda + k u - lambda e^u) of u = clamp(sum_t m clamp(logp - old, +-20), ln 1e-8, 20),
-    (k, lambda) = (vk_pos, vl_pos) where A >= 0 else (vk_neg, vl_neg); l = -phi_b A logp, phi_b constant."""
-    total_n = 0.0
-    if HAS_MASK and NORM == 2:
-        acc = tl.zeros([BLOCK_T], tl.float32)
-        for i0 in range(0, tokens, BLOCK_T):
-            i = i0 + tl.arange(0, BLOCK_T)
-            acc += tl.where(tl.load(mask_ptr + i, mask=i < tokens, other=0) != 0, 1.0, 0.0)
-        total_n = tl.sum(acc, axis=0)
-    loss_acc = tl.zeros([BLOCK_T], tl.float32)
-    for b in range(batch):
-        adv = tl.load(adv_ptr + b).to(tl.float32)
-        n_acc = tl.zeros([BLOCK_T], tl.float32)
-        lr_acc = tl.zeros([BLOCK_T], tl.float32)
-        rho_acc = tl.zeros([BLOCK_T], tl.float32)
-        if (HAS_MASK and NORM == 1) or SEQUENCE or VESPO:
-            for t0 in range(0, seq, BLOCK_T):
-                t = t0 + tl.arange(0, BLOCK_T)
-                live = t < seq
-                if HAS_MASK:
-                    live = live & (tl.load(mask_ptr + b * seq + t, mask=t < seq, other=0) != 0)
-                n_acc += tl.where(live, 1.0, 0.0)
-                if SEQUENCE:
-                    lr_acc += tl.where(live, tl.load(ws_ptr + 5 * tokens + b * seq + t, mask=live, other=0.0), 0.0)
-                if VESPO:
-                    if HAS_OLD:
-                        lr_t = tl.load(ws_ptr + 5 * tokens + b * seq + t, mask=live, other=0.0)
-                        lr_acc += tl.where(live, tl.minimum(tl.maximum(lr_t, -20.0), 20.0), 0.0)
-                    if HAS_RHO:
-                        rho = tl.load(rho_ptr + b * seq + t, mask=live, other=0.0).to(tl.float32)
-                        if HAS_CAP:
-                            if RHO_MASK:
-                                rho = tl.where(rho > cap, 0.0, rho)
-                            else:
-                                rho = tl.minimum(rho, cap)
-                        rho_acc += tl.where(live, rho, 0.0)
-        n_b = tl.sum(n_acc, axis=0)
-        if NORM == 1 and HAS_MASK:
-            wb = 1.0 / (batch * tl.maximum(n_b, 1.0))
-        elif NORM == 2 and HAS_MASK:
-            wb = 1.0 / tl.maximum(total_n, 1.0)
-        else:
-            wb = w_const
-        seq_coef = 0.0
-        phi = 0.0
-        if VESPO:  # TRL's get_gamma_weights; a non-finite weight counts as 0, as its nan_to_num
-            u = tl.minimum(tl.maximum(tl.sum(lr_acc, axis=0), -18.420680743952367), 20.0)
-            k_b = tl.where(adv >= 0, vk_pos, vk_neg)
-            lam_b = tl.where(adv >= 0, vl_pos, vl_neg)
-            phi = tl.exp(lam_b + k_b * u - lam_b * tl.exp(u))
-            phi = tl.where(tl.abs(phi) < float("inf"), phi, 0.0)
-        if SEQUENCE:  # every token of sequence b uses s_b = exp(sum_t m (logp - old) / max(1, n_b))
-            mean_lr = tl.sum(lr_acc, axis=0) / tl.maximum(n_b, 1.0)
-            l_s, dl_s = _policy_terms(mean_lr, mean_lr, adv, eps_low, eps_high, delta, HAS_DELTA, False, False)
-            if HAS_RHO:
-                weight_sum = wb * tl.sum(rho_acc, axis=0)
-            else:
-                weight_sum = wb * n_b
-            loss_acc += tl.where(tl.arange(0, BLOCK_T) == 0, l_s * weight_sum, 0.0)
-            # dL/dlogp[b, t] = m[b, t] / max(1, n_b) * (sum_t w rho) * dl/dlogs
-            seq_coef = dl_s * weight_sum / tl.maximum(n_b, 1.0)
-        for t0 in range(0, seq, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            token = b * seq + t
-            live = t < seq
-            if HAS_MASK:
-                live = live & (tl.load(mask_ptr + token, mask=t < seq, other=0) != 0)
-            if NEEDS_LOGP:
-                logp = tl.load(ws_ptr + 2 * tokens + token, mask=live, other=0.0)
-                lr = tl.zeros([BLOCK_T], tl.float32)
-                if HAS_OLD:
-                    lr = tl.load(ws_ptr + 5 * tokens + token, mask=live, other=0.0)
-                dref = tl.load(ws_ptr + 6 * tokens + token, mask=live, other=0.0)
-            else:
-                logp = tl.zeros([BLOCK_T], tl.float32)
-                lr = logp
-                dref = logp
-            if SEQUENCE:
-                dlogp = tl.zeros([BLOCK_T], tl.float32) + seq_coef
-                if HAS_KL:
-                    kl, dkl = _kl_terms(dref, beta)
-                    loss_acc += tl.where(live, kl * wb, 0.0)
-                    dlogp = dlogp + dkl * wb
-            elif VESPO:
-                loss = -phi * adv * logp
-                dlogp = tl.zeros([BLOCK_T], tl.float32) - phi * adv
-                if HAS_KL:
-                    kl, dkl = _kl_terms(dref, beta)
-                    loss = loss + kl
-                    dlogp = dlogp + dkl
-                loss_acc += tl.where(live, loss * wb, 0.0)
-                dlogp = dlogp * wb
-            else:
-                if SEQ_RHO:
-                    q_ptr = rb_ptr
-                    q_idx = b
-                else:
-                    q_ptr = rho_ptr
-                    q_idx = tl.where(live, token, 0)
-                loss, dlogp = _token_terms(logp, lr, dref, q_idx, adv, wb, q_ptr,
-                                           eps_low, eps_high, delta, beta, cap, HAS_KL, HAS_RHO, HAS_DELTA,
-                                           HAS_CAP, CISPO, KL_BC, RHO_MASK, SAPO)
-                loss_acc += tl.where(live, loss, 0.0)
-            if WRITE_COEF:
-                tl.store(ws_ptr + 3 * tokens + token, tl.where(live, -dlogp * inv_temp, 0.0), mask=t < seq)
-    tl.store(loss_ptr, tl.sum(loss_acc, axis=0))
 
 
 @triton.jit
