@@ -84,7 +84,9 @@ def _terms_kernel(ws_ptr, adv_ptr, old_ptr, ref_ptr, mask_ptr, rho_ptr, rb_ptr, 
     supports neither SEQ_RHO nor KL_BC (plan.semantics_of refuses them).
     VESPO: phi_b = exp(lambda + k u - lambda e^u) of u = clamp(sum_t m clamp(logp - old, +-20), ln 1e-8, 20),
     (k, lambda) = (vk_pos, vl_pos) where A >= 0 else (vk_neg, vl_neg); l = -phi_b A logp, phi_b constant."""
-    T = tokens.to(tl.int64)
+    # tokens + an int64 zero, not tokens.to(): the JIT passes an argument equal to 1 as a constexpr (batch 1,
+    # seq 1), which has no .to()
+    T = tokens + tl.zeros((), tl.int64)
     total_n = 0.0
     if HAS_MASK and NORM == 2:
         total_n = _mask_count(mask_ptr, batch, seq, BLOCK_T, BLOCK_B)
