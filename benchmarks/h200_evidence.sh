@@ -34,6 +34,7 @@
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
+#   bash benchmarks/h200_evidence.sh z37        # the float16 zero-advantage crash on CUDA (synchronous launches), then s36a
 #   bash benchmarks/h200_evidence.sh nt36       # the near-ties check on CUDA (both operations, the fused gallery folder), then s36a
 #   bash benchmarks/h200_evidence.sh s34        # an H200: triton-fused records (MEMBERS); an H100: mem35's HEAD run
 #   bash benchmarks/h200_evidence.sh s34b       # reach's peaks on CUDA; the launch-bound members' host profile (PROBE=0: not)
@@ -380,6 +381,30 @@ PY
         status "sweep_logits: exit $?"; tail -c 6000 "$R/sweep.log"
       fi
     fi
+    ;;
+  z37)  # thirty-seventh session: the float16 zero-advantage crash (4a27fd0 took zero-advantage out of other-dtypes after
+         # triton's float16 E/E-all calls hit an illegal memory access on an H100). Puts it back in this copy only
+         # (sed), then runs the three masked members at mask-small-bf16 with launches synchronous, so the failing
+         # kernel is named; compute-sanitizer where the image has it. Then s36a in what is left (CALL_S)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    sed -i 's/^OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES,/OTHER_DTYPES = other_dtypes.make_probe((G.ZERO_ADVANTAGE, L.EXACT_TIES,/' \
+      grpo_conform/checks/probes.py
+    grep -c "make_probe((G.ZERO_ADVANTAGE" grpo_conform/checks/probes.py | sed 's/^/zero-advantage back in other-dtypes: /' | tee -a "$R/status.txt"
+    CUDA_LAUNCH_BLOCKING=1 timeout -s KILL 150 python3 -m grpo_conform check implementations/triton --member dapo-mask \
+      --member token-offpolicy-mask-kl --workload mask-small-bf16 --device cuda --no-timing --no-evidence --format json \
+      > "$R/z37.json" 2> "$R/z37.log"
+    status "zero-advantage in float16, launches synchronous: exit $?"; grep -E "FAILED|passed \(" "$R/z37.log" | head
+    python3 - "$R/z37.json" <<'PY' | tee -a "$R/status.txt"
+import json, sys
+for r in json.load(open(sys.argv[1]))["implementations"]:
+    for w in r["workloads"]:
+        for c in w["checks"]:
+            if c["status"] not in ("pass", "skipped"):
+                print(w["workload"], c["check"], c["status"], str(c.get("message"))[:1500])
+PY
+    git checkout -- grpo_conform/checks/probes.py 2>/dev/null || sed -i 's/make_probe((G.ZERO_ADVANTAGE, /make_probe((/' \
+      grpo_conform/checks/probes.py
+    exec env CALL_S=$(( ${CALL_S:-585} - SECONDS )) bash "$0" s36a
     ;;
   nt36)  # thirty-sixth session: the near-ties check on CUDA (honest kernels of both operations pass it, the fused
          # gallery folder fails it: exit 1), then s36a in what is left of the call (CALL_S, default 585)
