@@ -110,7 +110,7 @@ def autocast_dtype(run: WorkloadConformance) -> str:
 def lowered_operands(run: WorkloadConformance, dtype: str) -> list[str]:
     """The inputs of the operation's matrix products held in a dtype wider than `dtype`: autocast runs torch's
     matmul of those in `dtype`, which is the caller's instruction (autocast exists to lower the precision of
-    matrix products), so a call there has no float32 reference to meet. Empty over given logits (no product)."""
+    matrix products), so a call there has no float32 reference to meet. Empty for an operation without a product (grpo-logits)."""
     names = {n for g in run.op.gemms(run.spec, run.rw, "full") for n in g.operands if n}
     wide = torch_dtype(dtype).itemsize
     return sorted(n for n in names if n in run.P.tensors and run.P.tensors[n].dtype.itemsize > wide)
@@ -120,7 +120,7 @@ def autocast(run: WorkloadConformance) -> None:
     """AC: a call whose forward runs under torch.autocast(<device>, dtype) (`autocast_dtype`; the backward outside
     it, as PyTorch's AMP recipe runs a step) on a fresh drawn set; AC-near: the same on near-ties' set (every live
     ratio a hair from its clip bound: `Operation.near_tie_inputs`), where a member has a hard clip bound. Autocast
-    changes no declared input: the logits, float32 advantages and log-probs stay as given, so both are judged
+    changes no declared input: every input (the float32 ones too) stays as given, so both are judged
     against the float64 reference at the inputs' dtypes' tolerance, and the loss stays the declared float32/float64
     (`contract`; every honest bundled implementation returns float32 there). An input cast to the autocast dtype
     moves a log-ratio by up to 2^-9 |old log-prob|, which flips AC-near's branches (autocast-casts-fp32-inputs).
