@@ -111,8 +111,9 @@ def test_call_pattern_probes_are_in_the_profiles_and_explore_call_in_none_but_it
 def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     names = lambda checks, profile="full": [p.name for p in select(profile, checks)]  # noqa: E731
     assert names(()) == list(PROFILES["full"])
-    assert names(("gradient",)) == ["baseline", "new-buffers", "deterministic-mode", "zero-row", "reference-head",
-                                    "extra-seeds", "input-cases", "one-sign", "trainer-shaped"]
+    assert names(("gradient",)) == ["baseline", "new-buffers", "deterministic-mode", "autocast", "zero-row",
+                                    "reference-head", "extra-seeds", "input-cases", "one-sign", "trainer-shaped",
+                                    "mask-runs"]
     assert names(("reach",)) == ["reach"]
     assert names(("advantage-sign",)) == ["baseline", "negated-advantages", "advantage-sign"]
     assert names(("row-locality",)) == ["new-buffers", "row-locality"]  # its call reuses D's inputs in Q
@@ -134,7 +135,8 @@ def test_probes_declare_where_they_apply():
         return {n: p.applies(spec) for n, p in PROBES_BY_NAME.items() if p.applies(spec) and n not in fused}
 
     seed = load_spec(SEED_FILE)  # on-policy token-is: no mask, no old or reference log-probs
-    assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "near-ties", "input-cases", "one-input"}
+    assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "near-ties", "input-cases", "one-input",
+                                    "mask-runs"}
     kl = find_spec("grpo/token-offpolicy-mask-kl")
     # zero-advantage applies: one zeroed sequence is left out there (the KL term gives it a gradient), every
     # advantage zeroed is not (call E-all, judged against the reference)

@@ -365,19 +365,21 @@ class WorkloadConformance:
                 leaf: str = "leaf", poison: str | None = None, inference: bool = False,
                 tie: dict[str, Any] | None = None, only: tuple[str, ...] | None = None,
                 same: dict[str, list[str]] | None = None, omit: list[str] | None = None,
-                prefill: dict[str, Any] | None = None, deterministic: bool = False) -> dict[str, Any] | None:
+                prefill: dict[str, Any] | None = None, deterministic: bool = False,
+                autocast: str | None = None) -> dict[str, Any] | None:
         """Forward only; the inputs are compared with the pristine copy right after it.
         `inference`: under torch.inference_mode instead of torch.no_grad (with grad=False); `tie`: a
         second use of an input in the graph (the worker's `_tied`: tied input embeddings); `same`, `omit`:
         an input passed as another's tensor, optional inputs left out; `prefill`: leaves whose .grad holds an
         output slot's gradient before the forward; `deterministic`: under torch's deterministic mode (the
-        worker's op_forward)."""
+        worker's op_forward); `autocast`: the forward under torch.autocast in that dtype (trainer_modes.py)."""
         extra = {"inference": True} if inference else {}
         extra.update({"tie": tie} if tie else {})
         extra.update({"same": same} if same else {})
         extra.update({"omit": omit} if omit else {})
         extra.update({"prefill": prefill} if prefill else {})
         extra.update({"deterministic": True} if deterministic else {})
+        extra.update({"autocast": autocast} if autocast else {})
         # `only`: the differentiable inputs that require grad this call (the others frozen, as a trainer's)
         names = [g.input for g in self.spec.gradients if only is None or g.input in only]
         # the worker's own copies (local_inputs.py), drawn for every call so the stream never shifts
@@ -445,13 +447,14 @@ class WorkloadConformance:
              upstream: float = 1.0, method: str = "backward", leaf: str = "leaf",
              poison: str | None = None, keep: bool | None = None, only: tuple[str, ...] | None = None,
              same: dict[str, list[str]] | None = None, omit: list[str] | None = None,
-             prefill: dict[str, Any] | None = None, deterministic: bool = False) -> Call | None:
+             prefill: dict[str, Any] | None = None, deterministic: bool = False,
+             autocast: str | None = None) -> Call | None:
         """forward + backward + export, with the mutation and aliasing checks of the call; `only`: the
         differentiable inputs that require grad (the call's gradients are those, the others frozen);
-        `same`, `omit`, `prefill`, `deterministic`: as `forward`."""
+        `same`, `omit`, `prefill`, `deterministic`, `autocast`: as `forward`."""
         label = self._label(label)
         fwd = self.forward(label, slot, checks, leaf=leaf, poison=poison, only=only, same=same, omit=omit,
-                           prefill=prefill, deterministic=deterministic)
+                           prefill=prefill, deterministic=deterministic, autocast=autocast)
         if fwd is None:
             return None
         done = self.backward_export(label, slot, out, checks, fwd, upstream, method, poison, keep)

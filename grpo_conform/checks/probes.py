@@ -30,6 +30,7 @@ from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConforma
 from grpo_conform.checks.model import ReferenceModel
 from grpo_conform.checks.trainer_modes import TRAINER_MODES
 from grpo_conform.ops import grpo_probes as G
+from grpo_conform.ops.grpo_mask_runs import MASK_RUNS
 from grpo_conform.ops.one_input import ONE_INPUT
 from grpo_conform.ops import operation_for
 from grpo_conform.ops.grpo_logits import probes as L
@@ -314,6 +315,7 @@ _PROBES = (
     ONE_INPUT,
     G.ONE_SIGN,
     G.TRAINER_SHAPED,
+    MASK_RUNS,  # a shape's first call unpadded, then live rows with 256+ position padding runs (ops/grpo_mask_runs.py)
     Probe("reach", reach.__doc__, reach, ("reach", "runs", "no-mutation"), ("reach",)),
     OTHER_DTYPES,  # the value probes again in each declared dtype no default workload uses
     # Late: a kernel that turns wrong after N calls fails here, not in the probes above.

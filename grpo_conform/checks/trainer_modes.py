@@ -1,4 +1,4 @@
-"""Two probes of states a trainer's process is in when it calls the loss, which the generic calls (fresh leaves
+"""Three probes of states a trainer's process is in when it calls the loss, which the generic calls (fresh leaves
 without .grad, torch's default flags) never showed (red-team round of the thirty-sixth session):
 
 - `prefilled-grad` (GP, check `grad-accumulation`): every .grad already holds a value BEFORE the forward, as a
@@ -9,8 +9,11 @@ without .grad, torch's default flags) never showed (red-team round of the thirty
   torch.use_deterministic_algorithms(True, warn_only=True), as transformers' `full_determinism` sets it; a kernel
   with a path of its own there (index_add_ has no deterministic CUDA kernel) was never called on it, since the
   validator only checked the flags are left as found (gallery fused-deterministic-onehot-index-put).
+- `autocast` (AC, AC-near, checks `loss`, `gradient`, `contract`, ...): calls whose forward runs under
+  torch.autocast, as every bf16 mixed-precision training step runs the loss; no call ever did, so a kernel casting
+  its float32 inputs to the autocast dtype there passed (gallery autocast-casts-fp32-inputs).
 
-Both apply to every operation and run once per workload.
+All three apply to every operation and run once per workload.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import dataclasses
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import patterns
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
+from grpo_conform.dtypes import torch_dtype
+from grpo_conform.ops.grpo_logits.generators.near_ties import near_tie_reason
 from grpo_conform.ops.grpo_logits.generators.token_ids import repeated_given
 
 ACCUMULATION = "grad-accumulation"
@@ -92,7 +97,63 @@ def deterministic_mode(run: WorkloadConformance) -> None:
         J.plain(run, call)
 
 
+#: the dtypes torch.autocast lowers to; on the CPU bfloat16 (CPU training's autocast), on CUDA the lead input's own
+#: where it is one of these (the dtype its model runs in), else bfloat16
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+
+
+def autocast_dtype(run: WorkloadConformance) -> str:
+    """The autocast dtype of the workload's calls (AUTOCAST_DTYPES)."""
+    return run.grad_dtype if run.device.type == "cuda" and run.grad_dtype in AUTOCAST_DTYPES else "bfloat16"
+
+
+def lowered_operands(run: WorkloadConformance, dtype: str) -> list[str]:
+    """The inputs of the operation's matrix products held in a dtype wider than `dtype`: autocast runs torch's
+    matmul of those in `dtype`, which is the caller's instruction (autocast exists to lower the precision of
+    matrix products), so a call there has no float32 reference to meet. Empty for an operation without a product (grpo-logits)."""
+    names = {n for g in run.op.gemms(run.spec, run.rw, "full") for n in g.operands if n}
+    wide = torch_dtype(dtype).itemsize
+    return sorted(n for n in names if n in run.P.tensors and run.P.tensors[n].dtype.itemsize > wide)
+
+
+def autocast(run: WorkloadConformance) -> None:
+    """AC: a call whose forward runs under torch.autocast(<device>, dtype) (`autocast_dtype`; the backward outside
+    it, as PyTorch's AMP recipe runs a step) on a fresh drawn set; AC-near: the same on near-ties' set (every live
+    ratio a hair from its clip bound: `Operation.near_tie_inputs`), where a member has a hard clip bound. Autocast
+    changes no declared input: every input (the float32 ones too) stays as given, so both are judged
+    against the float64 reference at the inputs' dtypes' tolerance, and the loss stays the declared float32/float64
+    (`contract`; every honest bundled implementation returns float32 there). An input cast to the autocast dtype
+    moves a log-ratio by up to 2^-9 |old log-prob|, which flips AC-near's branches (autocast-casts-fp32-inputs).
+
+    On the fused operation the call runs only where the GEMM's operands (hidden, weight) are already in the
+    autocast dtype: with wider operands autocast lowers torch's matmul by the caller's instruction
+    (`lowered_operands`), recorded as skipped in the draws; the other-dtypes pass makes no autocast call.
+    How a hostile kernel could tell it apart: torch.is_autocast_enabled() is true, which is the point of the call,
+    and a kernel keyed on that, right here, is right under every autocast a trainer uses at this dtype. Left: a
+    kernel wrong only under float16 autocast on the CPU, or under an autocast dtype other than the lead input's
+    on CUDA, or wrong only in a backward run inside the autocast block (the recipe runs it outside)."""
+    dtype = autocast_dtype(run)
+    lowered = lowered_operands(run, dtype)
+    run.draws["autocast"] = {"dtype": dtype, "calls": []}
+    if lowered:
+        run.draws["autocast"]["skipped"] = f"{', '.join(lowered)} wider than {dtype}: autocast lowers the product"
+        return
+    patterns.exercised(run, "autocast")
+    near = near_tie_reason(run.model.params, {t.name for t in run.spec.inputs}) is None
+    for i, label in enumerate(("AC", "AC-near") if near else ("AC",)):
+        seed = run.seeds[0] ^ 0xA17C ^ (i << 24)
+        run.generate(run.P, seed)
+        if label == "AC-near":
+            run.P.write(run.op.near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, {}))
+        call = run.call(label, run.P, run.out1, PLAIN, autocast=dtype)
+        if call is None:
+            return
+        run.draws["autocast"]["calls"].append(label)
+        J.plain(run, call)
+
+
 TRAINER_MODES = (
     Probe("prefilled-grad", prefilled.__doc__, prefilled, CALL + (ACCUMULATION, "finite"), (ACCUMULATION,)),
     Probe("deterministic-mode", deterministic_mode.__doc__, deterministic_mode, PLAIN + CALL),
+    Probe("autocast", autocast.__doc__, autocast, PLAIN + CALL),
 )

@@ -18,6 +18,7 @@ other op is refused with an error reply: the process that runs untrusted code of
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -276,13 +277,16 @@ class _Worker:
     def op_forward(self, call: str, inputs: str, params: dict, grad: bool, gradients: list[str],
                    leaf: str = "leaf", poison: str | None = None, inference: bool = False,
                    tie: dict | None = None, local: list[str] | None = None, same: dict | None = None,
-                   omit: list[str] | None = None, prefill: dict | None = None, deterministic: bool = False) -> None:
+                   omit: list[str] | None = None, prefill: dict | None = None, deterministic: bool = False,
+                   autocast: str | None = None) -> None:
         """`local`: inputs handed over as worker-local copies (`_local_copy`), written back after the
         call; `same` ({input: [source, how]}): that input passed as the source's own tensor (how "object"),
         a detach() of it ("detach") or a view of that ("view"); `omit`: optional inputs not passed at all;
         `prefill` ({"outputs": slot, "inputs": [names]}): each named leaf's .grad set before the forward to a copy
         of that output slot's gradient buffer (a trainer's earlier micro-batch); `deterministic`: forward and
-        backward under torch.use_deterministic_algorithms(True, warn_only=True) (global_state.py)."""
+        backward under torch.use_deterministic_algorithms(True, warn_only=True) (global_state.py); `autocast` (a
+        dtype name): the forward under torch.autocast(<the worker's device>, dtype), the backward outside it, as
+        PyTorch's mixed-precision recipe runs a training step."""
         import torch  # lazily, as op_load
 
         shared = self.slots[inputs]
@@ -303,7 +307,8 @@ class _Worker:
         grad_ctx = torch.enable_grad() if grad else torch.inference_mode() if inference else torch.no_grad()
         local = {n: (shared[n], c) for n, c in copies.items()}
         try:
-            with grad_ctx, deterministic_algorithms(deterministic):
+            amp = torch.autocast(self.device, dtype=getattr(torch, autocast)) if autocast else contextlib.nullcontext()
+            with grad_ctx, deterministic_algorithms(deterministic), amp:
                 loss = self._guarded("forward", lambda: self.watch.around(call, "forward", lambda: self.entry(
                     **args, **params)))
                 backprop = self._tied(loss, args, tie) if tie and grad else loss
