@@ -70,7 +70,11 @@ def fused():
                     "(docs/timing.md, round27c)")
 def test_the_interpreted_cases_in_a_process_of_their_own():
     """Every case that needs the `fused` fixture, in one pytest process started with TRITON_INTERPRET=1."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    # one intra-op thread, as test_triton_fused's interpreter run: the suite's other xdist worker holds the second
+    # core, and a second thread spins at every parallel region (this process alone at load ~4, two pairs back to
+    # back: 60.6 and 64.9 s wall, 30.4 and 31.1 s CPU with the default two threads; 41.9 and 34.9 s, 28.6 and 28.1
+    # s CPU with one; docs/timing.md, "Thirty-seventh session")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = str(SOURCE.parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", __file__], env=env, capture_output=True, text=True, timeout=900,
                           cwd=SOURCE.parent.parent)
