@@ -15,6 +15,8 @@ workload (1.7 s of its 13 s, round31b's profile); one pass over the bytes takes 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 MODULUS = 65521  # the largest prime below 2^16
@@ -49,13 +51,33 @@ def keyed_checksum(tensors: list[torch.Tensor], k1: int, k2: int) -> torch.Tenso
 
 
 def torch_sum(raw: torch.Tensor, offset: int, k1: int, k2: int) -> torch.Tensor:
-    """The sum over uint8 `raw` whose first byte is at position `offset`, in torch int64 (slices)."""
+    """The sum over uint8 `raw` whose first byte is at position `offset`, in torch int64 (slices).
+    A byte's weight depends on its position modulo MODULUS only, so the weights are read from the key's
+    table of them (`_weights`) instead of computed per byte (an arange and two int64 remainders per byte:
+    ~18% of a small gallery folder's check on the CPU under cProfile), and the bytes of whole periods are
+    summed per residue before the product: the same integer, 10-16x faster at 4 KB-2 MB."""
     total = torch.zeros((), dtype=torch.int64, device=raw.device)
+    table = _weights(k1, k2, raw.device)
     for start in range(0, raw.numel(), _CPU_SLICE):
-        part = raw[start : start + _CPU_SLICE].to(torch.int64)
-        pos = torch.arange(offset + start, offset + start + part.numel(), dtype=torch.int64, device=raw.device)
-        total += (part * (torch.remainder(torch.remainder(pos, MODULUS) * k1 + k2, MODULUS) + 1)).sum()
+        part = raw[start : start + _CPU_SLICE]
+        first = (offset + start) % MODULUS
+        weights = table[first : first + MODULUS]  # the weights of MODULUS positions from the slice's first
+        whole = part.numel() // MODULUS * MODULUS
+        if whole:  # whole periods: bytes of equal residue summed first (each sum < 2^8 * 2^24: exact)
+            total += (part[:whole].view(-1, MODULUS).sum(dim=0, dtype=torch.int64) * weights).sum()
+        rest = part[whole:]  # starts at a position of the same residue as the slice's first
+        total += (rest.to(torch.int64) * weights[: rest.numel()]).sum()
     return total
+
+
+@functools.lru_cache(maxsize=8)
+def _weights(k1: int, k2: int, device: torch.device) -> torch.Tensor:
+    """int64 [2 * MODULUS]: entry j is ((j mod MODULUS) * k1 + k2) mod MODULUS + 1, the weight of every byte
+    at a position congruent to j; twice over, so that any MODULUS consecutive positions are one slice of it.
+    One per key (a conformance run draws one per workload), kept in the parent as the key is."""
+    j = torch.arange(MODULUS, dtype=torch.int64, device=device)
+    w = torch.remainder(j * k1 + k2, MODULUS) + 1
+    return torch.cat([w, w])
 
 
 def _cuda_sum(raw: torch.Tensor, offset: int, k1: int, k2: int) -> torch.Tensor:

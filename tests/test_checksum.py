@@ -59,6 +59,20 @@ def test_positions_past_four_gigabytes_do_not_overflow():
         assert int(torch_sum(raw, offset, *KEY)) == python_sum(bytes(range(64)), offset, *KEY)
 
 
+@pytest.mark.parametrize("n, offset", [(1, 0), (3, MODULUS - 1), (70, MODULUS - 30), (MODULUS, 0), (MODULUS, 17),
+                                       (MODULUS + 1, MODULUS - 1), (3 * MODULUS + 5, 2 * MODULUS + 9),
+                                       (2 * MODULUS, 2**32 - 7), (500, 5 * 2**32 + 3)])
+def test_the_weights_table_wraps_at_the_modulus(n, offset):
+    """torch_sum reads a slice's weights from the key's table (one residue each, twice over): slices that start
+    near the end of a period, span one exactly, or several, give the plain sum."""
+    g = torch.Generator().manual_seed(n + offset % 1000)
+    raw = torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8)
+    data = raw.numpy().tobytes()
+    assert int(torch_sum(raw, offset, *KEY)) == python_sum(data, offset, *KEY)
+    other = (KEY[0] + 2, KEY[1] + 1)  # another key: another table
+    assert int(torch_sum(raw, offset, *other)) == python_sum(data, offset, *other)
+
+
 def test_a_key_out_of_range_is_refused():
     with pytest.raises(ValueError, match="k1"):
         keyed_checksum([torch.zeros(3)], 0, 5)

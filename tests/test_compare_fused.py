@@ -70,7 +70,11 @@ def fused():
                     "(docs/timing.md, round27c)")
 def test_the_interpreted_cases_in_a_process_of_their_own():
     """Every case that needs the `fused` fixture, in one pytest process started with TRITON_INTERPRET=1."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    # one intra-op thread, as test_triton_fused's interpreter run: the suite's other xdist worker holds the second
+    # core, and a second thread spins at every parallel region (this process alone at load ~4, two pairs back to
+    # back: 60.6 and 64.9 s wall, 30.4 and 31.1 s CPU with the default two threads; 41.9 and 34.9 s, 28.6 and 28.1
+    # s CPU with one; docs/timing.md, "Thirty-seventh session")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = str(SOURCE.parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", __file__], env=env, capture_output=True, text=True, timeout=900,
                           cwd=SOURCE.parent.parent)
@@ -528,18 +532,32 @@ def _few_rows_spec(path: Path) -> str:
     return str(path)
 
 
+def _few_padded_rows(monkeypatch) -> None:
+    """The trainer-shaped probe's padded batch (ops/grpo_padded.py, TS-padded: 16-20 sequences of 33-40, at least
+    512 rows) cut to 2-3 sequences of 3-4 positions, one of them the full length as before: at ~75 ms a row for the
+    interpreted kernel its 512-800 rows were ~20 s of each masked run below (38 s of the test's 44 s), and what
+    this test asks of the call (judged through the formed path, the same verdicts) does not depend on its rows."""
+    from grpo_conform.ops import grpo_padded
+
+    monkeypatch.setattr(grpo_padded, "PADDED_BATCH", (2, 3))
+    monkeypatch.setattr(grpo_padded, "PADDED_SEQ", (3, 4))
+    monkeypatch.setattr(grpo_padded, "PADDED_ROWS", 6)
+
+
 def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch, tmp_path):
     """The logits judge as CUDA runs it (reference chunks without values, FormedRows queued for the fused
     comparison, one read per judged call), here with the interpreted kernel on the CPU: an honest member
     passes loss and gradient, and a kernel that ignores the mask (gallery mask-ignored) and one that drops
     the advantage sign (sign-dropped) still fail gradient. Their workloads have fewer rows here
-    (`_few_rows_spec`)."""
+    (`_few_rows_spec`), and so has the trainer-shaped probe's padded batch (`_few_padded_rows`)."""
     from conftest import GALLERY, ROOT
     from grpo_conform import compare
     from grpo_conform.check import CheckRequest, run_check
     from grpo_conform.ops.grpo_logits import judge
 
     spec = _few_rows_spec(tmp_path / "grpo.json")
+    _few_padded_rows(monkeypatch)
+    padded = []
     queued = []
     many = compare.GradientComparator.update_many
     monkeypatch.setattr(compare, "fused_comparison", lambda actual: True)
@@ -550,6 +568,7 @@ def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch, tmp_path
     def gradient(path, member, workload):
         report = run_check(CheckRequest((str(path),), device="cpu", members=(member,), workloads=(workload,),
                                         checks=("loss", "gradient"), jobs=1, spec_path=spec))
+        padded.extend(w.draws.get("padded_batch") for w in report.implementations[0].members[0].workloads)
         return {o.check: o.status for w in report.implementations[0].members[0].workloads for o in w.outcomes}
 
     honest = gradient(ROOT / "implementations" / "pytorch", "token-offpolicy-mask", "mask-fp32")
@@ -557,3 +576,6 @@ def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch, tmp_path
     assert queued and all(n >= 1 for n in queued)  # the formed path judged them
     assert gradient(GALLERY / "mask-ignored", "token-offpolicy-mask", "mask-fp32")["gradient"] == "fail"
     assert gradient(GALLERY / "sign-dropped", "token-is", "small-bf16")["gradient"] == "fail"
+    # TS-padded ran in both masked runs (token-is has no mask: none there), at the cut shape
+    cut = [p for p in padded if p is not None]
+    assert len(cut) == 2 and all(p["batch"] * p["seq"] <= 12 for p in cut), padded

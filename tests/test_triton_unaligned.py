@@ -71,22 +71,25 @@ def _split(offset, vocab, vec):
 
 
 def _owners(offset, vocab, vec, shape):
-    """Element -> list of (program k, part) as staged.py's HEAD path assigns them: body elements by the
-    chunks' blocks (masked at `body`), head and tail by chunk 0's extras lanes (staged_rows._extra_offsets)."""
+    """Each element's count of owners as staged.py's HEAD path assigns them: body elements by the chunks'
+    blocks (masked at `body`), head and tail by chunk 0's extras lanes (staged_rows._extra_offsets). Counted
+    over ranges (int64 [max(vocab, h + body) + 2 VEC], past the row to hold an element beyond it) instead of
+    an element -> owners dict filled one element at a time: 50257 elements x 21 offsets x 2 shapes was ~4.5 s
+    of Python for the same counts."""
     h, body = _split(offset, vocab, vec)
-    owned: dict[int, list] = {}
+    owners = torch.zeros(max(vocab, h + body) + 2 * vec, dtype=torch.int64)
     chunk, block, n = shape["CHUNK"], shape["BLOCK"], shape["NUM_CHUNKS"]
     for k in range(n):
         for i in range(chunk // block):
             first = k * chunk + i * block  # each thread copies VEC elements from first + a multiple of VEC
             assert first % vec == 0 and (offset + h + first) % vec == 0
-            for rel in range(first, min(first + block, body)):
-                owned.setdefault(h + rel, []).append((k, "body"))
+            if first < body:
+                owners[h + first : h + min(first + block, body)] += 1
     for j in range(2 * vec):
         idx = j if j < vec else h + body + j - vec
         if (j < h) if j < vec else (idx < vocab):
-            owned.setdefault(idx, []).append((0, "extra"))
-    return h, body, owned
+            owners[idx] += 1
+    return h, body, owners
 
 
 def _target_owner(target, h, body, chunk, n):
@@ -113,10 +116,10 @@ def test_head_body_tail_cover_every_element_once(vocab, dtype):
     assert {o % vec for o in offsets} == set(range(vec))
     for shape in shapes:
         for offset in offsets:
-            h, body, owned = _owners(offset, vocab, vec, shape)
+            h, body, owners = _owners(offset, vocab, vec, shape)
             assert (offset + h) % vec == 0 and body % vec == 0 and h < vec and vocab - h - body < vec
-            counts = Counter(len(v) for v in owned.values())
-            assert sorted(owned) == list(range(vocab)) and counts == {1: vocab}, (offset, counts)
+            # every element of the row owned exactly once, none past it
+            assert bool(owners[:vocab].eq(1).all()) and not bool(owners[vocab:].any()), (offset, Counter(owners.tolist()))
             for target in {0, h - 1, h, h + body - 1, h + body, vocab - 1, vocab // 2} - {-1}:
                 if 0 <= target < vocab:
                     assert len(_target_owner(target, h, body, shape["CHUNK"], shape["NUM_CHUNKS"])) == 1
