@@ -181,19 +181,18 @@ def wide_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:
 
     How a hostile kernel passes it while wrong: a path taken only past REACH_WIDE's top (2^18 + 2^14), or only in
     a band between the two calls' draws; a path wrong only in a dtype other than the member's own (this call runs
-    in its own dtype, as the aligned call does) or only at many rows (4-9 here)."""
-    free = free_axes(spec)
-    lo, hi = REACH_WIDE["vocab"]
-    return {axis: (r.randint(lo, hi) | 1) if axis == "vocab" else r.randint(*REACH_WIDE_SMALL.get(axis, (1, 2)))
-            for axis in free}
+    in its own dtype, as the aligned call does) or only at more rows (1-4 here)."""
+    ((wide, (lo, hi)),) = REACH_WIDE.items()
+    return {axis: (r.randint(lo, hi) | 1) if axis == wide else r.randint(*REACH_WIDE_SMALL.get(axis, (1, 2)))
+            for axis in free_axes(spec)}
 
 
 def wide_applies(spec: Any, device_type: str) -> bool:
     """Whether reach makes its wide-vocabulary call for this member on this device: every member with a vocabulary
     axis, but the fused operation on the CPU, whose interpreted kernel pays per vocabulary block (2 rows at V
-    275547: 3.8 s of triton-fused, against 0.4 s for the logits operation; thirty-seventh session), so a fused
+    275547: 3.8 s of triton-fused, against 0.4 s for the other operation; thirty-seventh session), so a fused
     kernel's path past 2^18 is caught on CUDA alone."""
-    return "vocab" in free_axes(spec) and not _per_row_cpu(spec, device_type)
+    return set(REACH_WIDE) <= set(free_axes(spec)) and not _per_row_cpu(spec, device_type)
 
 
 def reach_shapes(spec: Any, device_type: str, r: random.Random) -> list[tuple[str, dict[str, int]]]:
