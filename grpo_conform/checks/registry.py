@@ -87,6 +87,9 @@ _CHECKS = (
     CheckInfo("frozen-inputs", "grpo-fused-linear: with only some differentiable inputs requiring grad (the lm_head "
               "frozen, or the trunk), the gradients asked for match the reference, with the inputs contiguous and "
               "as offset, strided views", (2,)),
+    CheckInfo("rewritten-inputs", "each input the member declares, written over in place between forward and "
+              "backward (a caller must not; one call per input): backward gives the forward's inputs' gradient or "
+              "raises, never the gradient of the new values", (2,)),
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
     CheckInfo("reach", "calls past the sizes where kernels switch (batch past 256, rows past 1024 in each of two or "
