@@ -206,7 +206,7 @@ def test_above_draws_calls_each_unbounded_count_alone_past_float16_s_range(seed)
 @pytest.mark.parametrize("spec_id", ["grpo/vllm-is-mask", "grpo-token-is", "grpo-fused-linear/dapo-mask"])
 def test_the_wide_vocabulary_call_goes_past_2_18_with_few_rows(spec_id, device):
     """Gemma 3's vocabulary is 262208: the vocabulary call stays at most 2^18 (REACH_CAP), the wide call goes past
-    it, odd, drawn, with 1-4 rows (thirty-seventh session); the fused operation makes it on CUDA only."""
+    it, odd, drawn, with 4-6 rows (thirty-seventh session); the fused operation makes it on CUDA only."""
     spec = find_spec(spec_id)
     calls = member_calls.reach_calls(spec, device, "bfloat16")
     wide = [c for c in calls if c.lead == member_calls.WIDE]
@@ -219,6 +219,6 @@ def test_the_wide_vocabulary_call_goes_past_2_18_with_few_rows(spec_id, device):
     for seed in range(40):
         a = member_calls.wide_axes(spec, device, random.Random(seed))
         assert 2 ** 18 < a["vocab"] < 2 ** 18 + 2 ** 14 and a["vocab"] % 2 == 1
-        assert a["batch"] * a["seq"] <= 4
+        assert 4 <= a["batch"] * a["seq"] <= 6
         seen.add(a["vocab"])
     assert len(seen) > 30

@@ -22,7 +22,7 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   backpropagating an upstream scalar of another kind, half of them through torch.autograd.grad;
 - the calls take in turn each dtype the differentiable input declares that no default workload of the
   member on this device uses (the inputs that declare the same dtypes follow it), then its own;
-- a wide-vocabulary call, in the member's own dtype, past 2^18 (`member_calls.wide_axes`: 262145-278527, 1-4
+- a wide-vocabulary call, in the member's own dtype, past 2^18 (`member_calls.wide_axes`: 262145-278527, 4-6
   rows; Gemma 3 runs 262208, and the vocabulary call stays in (2^17, 2^18]), at the workload's drawn temperature
   (never 1) and epsilons: a path past one block of 2^18 that drops 1/T in backward passed every call before
   (thirty-seventh session); not for the fused operation on the CPU (`member_calls.wide_applies` says why);

@@ -325,16 +325,18 @@ REACH_REMAINDER = {"hidden": 255}
 #: power of two batch; vocabulary and hidden m x 2^k (m 1 or 3: tiles of 3 x 2^j too) in these ranges, each a
 #: multiple of the range's low end. The fused operation's interpreted kernel pays per row and per vocabulary block
 #: (128 rows at V 4096, H 512: 1.2 s; at V 32768: 4.4 s), the logits operation's little (V 32768: 0.4 s).
-#: reach's wide-vocabulary call (member_calls.wide_axes): the vocabulary call's floor sits past 2^17, its cap at 2^18,
-#: but Gemma 3 runs V 262208, and a kernel switching path past 2^18 (a row no longer one block) passed every call
-#: (thirty-sixth session's `large-vocab-path-backward-drops-temperature`); odd, drawn in this range, the other axes
-#: REACH_WIDE_SMALL's: 1-4 rows, since a row costs what the vocabulary does (interpreted fused kernel: ~0.5 s a row)
-REACH_WIDE = {"vocab": (262145, 278527)}
-REACH_WIDE_SMALL = {"batch": (1, 2), "seq": (1, 2), "hidden": (8, 16)}
 REACH_ALIGNED_ROWS = 128
 REACH_ALIGNED_BATCH = (2, 8)
 REACH_ALIGNED = {"vocab": (4096, 32768), "hidden": (64, 512)}
 REACH_ALIGNED_FUSED = {"vocab": (512, 4096)}
+#: reach's wide-vocabulary call (member_calls.wide_axes): the vocabulary call's floor sits past 2^17, its cap at 2^18,
+#: but Gemma 3 runs V 262208, and a kernel switching path past 2^18 (a row no longer one block) passed every call
+#: (thirty-sixth session's `large-vocab-path-backward-drops-temperature`); odd, drawn in this range, the other axes
+#: REACH_WIDE_SMALL's: 4-6 rows in two or three sequences, since a row costs what the vocabulary does; not fewer:
+#: with 1-4 a call's few kept tokens could all be clipped (no policy gradient: a dropped 1/T shows nowhere; one run
+#: of ~14 of the gallery's case gave no failure line)
+REACH_WIDE = {"vocab": (262145, 278527)}
+REACH_WIDE_SMALL = {"batch": (2, 3), "seq": (2, 2), "hidden": (8, 16)}
 #: the axes whose reach calls go through torch.autograd.grad, the others through backward: rows and the
 #: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
 #: that added d weight into .grad itself and returned nothing passed every backward call)
