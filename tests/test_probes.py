@@ -122,7 +122,8 @@ def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     # a check every call feeds keeps every probe that calls: its verdict under -k is the full run's
     for check in ("runs", "no-mutation", "no-output-reuse"):
         calling = [n for n in PROFILES["full"] if n not in ("advantage-sign", "end-reread", "inference-mode",
-                                                             "forward-only", "repeated-calls", "reach", "process-state")]
+                                                             "forward-only", "repeated-calls", "reach", "process-state",
+                                                             "rewritten-inputs")]
         assert set(calling) <= set(names((check,))), check
     for check in CONFORMANCE_CHECKS:  # every probe of the profile that records a check is kept
         kept = names((check,))

@@ -96,7 +96,8 @@ def test_the_aligned_call_divides_every_axis_by_its_tiles(spec_id, device):
     spec = find_spec(spec_id)
     fused = "hidden" in [a.name for a in spec.axes]
     calls = member_calls.reach_calls(spec, device, "bfloat16")
-    assert [c.lead for c in calls] == member_calls.free_axes(spec) + [member_calls.ALIGNED]
+    wide = [member_calls.WIDE] if not (fused and device == "cpu") else []
+    assert [c.lead for c in calls] == member_calls.free_axes(spec) + wide + [member_calls.ALIGNED]
     assert calls[-1].dtype == "bfloat16"  # the member's own, after the other dtypes
     seen = set()
     for seed in range(40):
@@ -126,7 +127,7 @@ def test_the_reach_mask_varies_along_a_long_row_and_keeps_every_row():
 def test_the_dtypes_no_default_workload_uses_come_first():
     masked = find_spec("grpo/sapo-mask")  # default CPU workloads: bfloat16 only
     assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == ["float16", "float32", "bfloat16",
-                                                                                     "bfloat16"]  # then aligned
+                                                                                     "bfloat16", "bfloat16"]  # wide, aligned
     fused = find_spec("grpo-fused-linear/token-is")  # no workload of the fused spec is float16; fp32-tiny is extended
     assert [c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16")][:2] == ["float16", "float32"]
 
@@ -199,3 +200,25 @@ def test_above_draws_calls_each_unbounded_count_alone_past_float16_s_range(seed)
         moved = [n for n in defaults if c.values[n] != defaults[n]]
         assert moved == [c.label.removeprefix("above-draws-")]
     assert not above_draws(find_spec("grpo/token-offpolicy-mask-delta"), random.Random(seed))  # floats left out
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("spec_id", ["grpo/vllm-is-mask", "grpo-token-is", "grpo-fused-linear/dapo-mask"])
+def test_the_wide_vocabulary_call_goes_past_2_18_with_few_rows(spec_id, device):
+    """Gemma 3's vocabulary is 262208: the vocabulary call stays at most 2^18 (REACH_CAP), the wide call goes past
+    it, odd, drawn, with 4-6 rows (thirty-seventh session); the fused operation makes it on CUDA only."""
+    spec = find_spec(spec_id)
+    calls = member_calls.reach_calls(spec, device, "bfloat16")
+    wide = [c for c in calls if c.lead == member_calls.WIDE]
+    if "hidden" in member_calls.free_axes(spec) and device == "cpu":
+        assert not wide
+        return
+    assert len(wide) == 1 and wide[0].dtype == "bfloat16"
+    assert max(c.axes["vocab"] for c in calls if c.lead == "vocab") <= 2 ** 18 + 7
+    seen = set()
+    for seed in range(40):
+        a = member_calls.wide_axes(spec, device, random.Random(seed))
+        assert 2 ** 18 < a["vocab"] < 2 ** 18 + 2 ** 14 and a["vocab"] % 2 == 1
+        assert 4 <= a["batch"] * a["seq"] <= 6
+        seen.add(a["vocab"])
+    assert len(seen) > 30

@@ -30,12 +30,14 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
                                           REACH_ALIGNED_ROWS, REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA,
                                           REACH_FLOOR_PER_ROW_CPU, REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_LEAD_SMALL,
                                           REACH_LEAD_SMALL_PER_ROW_CPU, REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE,
-                                          REACH_REMAINDER, REACH_ROWS, REACH_ROWS_PER_ROW_CPU, REACH_SMALL)
+                                          REACH_REMAINDER, REACH_ROWS, REACH_ROWS_PER_ROW_CPU, REACH_SMALL,
+                                          REACH_WIDE, REACH_WIDE_SMALL)
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
 REACH = "reach"
 ALIGNED = "aligned"  # the lead of reach's aligned call (no one axis: all of them tile-aligned)
+WIDE = "vocab-wide"  # the lead of reach's second vocabulary call, past 2^18 (`wide_axes`)
 OTHER_DTYPES = "other-dtypes"
 
 
@@ -172,9 +174,34 @@ def aligned_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int
     return shape
 
 
+def wide_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:
+    """Reach's wide-vocabulary call: the vocabulary odd in REACH_WIDE's range, past 2^18 (Gemma 3's 262208), the
+    other axes small as in the vocabulary call. The vocabulary call stays in (2^17, 2^18] (REACH_CAP), so a kernel
+    with a path for each band meets both.
+
+    How a hostile kernel passes it while wrong: a path taken only past REACH_WIDE's top (2^18 + 2^14), or only in
+    a band between the two calls' draws; a path wrong only in a dtype other than the member's own (this call runs
+    in its own dtype, as the aligned call does) or only at more rows (1-4 here)."""
+    ((wide, (lo, hi)),) = REACH_WIDE.items()
+    return {axis: (r.randint(lo, hi) | 1) if axis == wide else r.randint(*REACH_WIDE_SMALL.get(axis, (1, 2)))
+            for axis in free_axes(spec)}
+
+
+def wide_applies(spec: Any, device_type: str) -> bool:
+    """Whether reach makes its wide-vocabulary call for this member on this device: every member with a vocabulary
+    axis, but the fused operation on the CPU, whose interpreted kernel pays per vocabulary block (2 rows at V
+    275547: 3.8 s of triton-fused, against 0.4 s for the other operation; thirty-seventh session), so a fused
+    kernel's path past 2^18 is caught on CUDA alone."""
+    return set(REACH_WIDE) <= set(free_axes(spec)) and not _per_row_cpu(spec, device_type)
+
+
 def reach_shapes(spec: Any, device_type: str, r: random.Random) -> list[tuple[str, dict[str, int]]]:
-    """(lead, shape) of each reach call: one per free axis (`reach_axes`), then the aligned call (`aligned_axes`)."""
-    return list(zip(free_axes(spec) + [ALIGNED], reach_axes(spec, device_type, r) + [aligned_axes(spec, device_type, r)]))
+    """(lead, shape) of each reach call: one per free axis (`reach_axes`), the wide-vocabulary call (`wide_axes`),
+    then the aligned call (`aligned_axes`)."""
+    leads, shapes = free_axes(spec), reach_axes(spec, device_type, r)
+    if wide_applies(spec, device_type):
+        leads, shapes = leads + [WIDE], shapes + [wide_axes(spec, device_type, r)]
+    return list(zip(leads + [ALIGNED], shapes + [aligned_axes(spec, device_type, r)]))
 
 
 def past_blocks(value: int, least: int) -> int:
@@ -198,7 +225,7 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
         j = fresh.randrange(len(shapes))
         shapes[j] = _other_than(shapes[j], lambda: reach_shapes(spec, device_type, fresh)[j])
     order = unused_dtypes(spec, device_type) + [own_dtype]
-    return [ReachCall(lead, axes, own_dtype if lead == ALIGNED else order[i % len(order)])
+    return [ReachCall(lead, axes, own_dtype if lead in (ALIGNED, WIDE) else order[i % len(order)])
             for i, (lead, axes) in enumerate(shapes)]
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from grpo_conform.checks import judging as J
 from grpo_conform.checks import graphs, patterns
 from grpo_conform.checks.reach import reach
+from grpo_conform.checks.rewritten import rewritten_inputs
 from grpo_conform.checks import other_dtypes
 from grpo_conform.checks.upstreams import draw_upstream, gradient_bound
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
@@ -307,6 +308,8 @@ _PROBES = (
     Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation")),
     Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation")),
     Probe("retained-graph", retained_graph.__doc__, retained_graph, CALL + ("retained-graph", "finite")),
+    Probe("rewritten-inputs", rewritten_inputs.__doc__, rewritten_inputs,
+          ("rewritten-inputs", "runs", "no-mutation"), ("rewritten-inputs",)),
     *TRAINER_MODES,  # .grad pre-filled before the forward; torch's deterministic mode (checks/trainer_modes.py)
     *FUSED_PROBES,  # the lm_head weight held as trainers hold it: accumulated into, tied (ops/fused_linear/probes.py)
     *VALUE_PROBES,  # values the fused draws avoid: a zero hidden row, a reference head far from the policy's

@@ -22,6 +22,10 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   backpropagating an upstream scalar of another kind, half of them through torch.autograd.grad;
 - the calls take in turn each dtype the differentiable input declares that no default workload of the
   member on this device uses (the inputs that declare the same dtypes follow it), then its own;
+- a wide-vocabulary call, in the member's own dtype, past 2^18 (`member_calls.wide_axes`: 262145-278527, 4-6
+  rows; Gemma 3 runs 262208, and the vocabulary call stays in (2^17, 2^18]), at the workload's drawn temperature
+  (never 1) and epsilons: a path past one block of 2^18 that drops 1/T in backward passed every call before
+  (thirty-seventh session); not for the fused operation on the CPU (`member_calls.wide_applies` says why);
 - a last call, in the member's own dtype, at aligned sizes (`member_calls.aligned_axes`): rows 128, vocabulary
   and hidden multiples of 512-4096 (logits: 4096-32768) and 64-512. Every size above is odd, so a kernel whose
   last tile is `size % TILE` wide, dropping a full tile when TILE divides the size (real models' V 32768, 128256,
@@ -119,7 +123,9 @@ def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int
     label = run._label(f"R{i + 1}")
     method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
     c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
-    what.update({"call": label, "upstream": c, "method": method, "spread_peaks": peaks})
+    # the workload's drawn parameters (temperature away from 1): a path that drops 1/T is exact at T = 1
+    what.update({"call": label, "upstream": c, "method": method, "spread_peaks": peaks,
+                 "temperature": run.model.values.get("temperature")})
     f = run.forward(label, inp, (CHECK,))
     if f is None:
         return None

@@ -87,12 +87,15 @@ _CHECKS = (
     CheckInfo("frozen-inputs", "grpo-fused-linear: with only some differentiable inputs requiring grad (the lm_head "
               "frozen, or the trunk), the gradients asked for match the reference, with the inputs contiguous and "
               "as offset, strided views", (2,)),
+    CheckInfo("rewritten-inputs", "each input the member declares, written over in place between forward and "
+              "backward (a caller must not; one call per input): backward gives the forward's inputs' gradient or "
+              "raises, never the gradient of the new values", (2,)),
     CheckInfo("repeated-calls", "100 calls at one small shape with fresh inputs each all match the reference (no "
               "switch after some calls, no result cached by shape)", (13,)),
     CheckInfo("reach", "calls past the sizes where kernels switch (batch past 256, rows past 1024 in each of two or "
               "three sequences and past 16384 in all (one sequence for the fused operation on the CPU, two past 2048 "
               "rows for its sequence-level member), vocabulary past "
-              "2^17, hidden past 4096 off every block; on CUDA rows past 65535), one axis at a time, in each declared dtype the "
+              "2^17 and, in a call of 4-6 rows, past 2^18 (but the fused operation on the CPU), hidden past 4096 off every block; on CUDA rows past 65535), one axis at a time, in each declared dtype the "
               "default workloads leave out, with a mask drawn per token, an upstream scalar other than 1 and, for "
               "rows and vocabulary, torch.autograd.grad, the vocabulary call's rows each with a planted peak, the peaks "
               "spread over the vocabulary, and one call at aligned sizes (rows 128, vocabulary a multiple of 512 (4096 "

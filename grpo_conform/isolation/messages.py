@@ -174,6 +174,7 @@ REPLIES: dict[str, type[_Strict]] = {
     "forward": ForwardReply,
     "backward": BackwardReply,
     "export": ExportReply,
+    "rewrite": Ok,
     "precompile": PrecompileReply,
     "reexport": Ok,
     "effects": EffectsReply,

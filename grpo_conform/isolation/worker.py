@@ -316,7 +316,8 @@ class _Worker:
         finally:  # a failed call's writes are reported too ("after error")
             _write_back(local)
         self.calls[call] = {"loss": loss, "leaves": leaves, "grads": {}, "inputs": inputs, "names": list(gradients),
-                            "backprop": backprop, "crop": crop, "local": local, "deterministic": deterministic}
+                            "backprop": backprop, "crop": crop, "local": local, "deterministic": deterministic,
+                            "handed": args}
         self.send(status="ok", loss=_describe(loss))
 
     def op_backward(self, calls: list[str], upstream: list[float], method: str = "backward",
@@ -381,6 +382,19 @@ class _Worker:
             except Exception as exc:  # as the dispatcher reports an export op's own error
                 raise _CallError(_error_info(exc, self.folder, phase="export")) from None
         self.send(**reply)
+
+    def op_rewrite(self, call: str, source: str, names: list[str]) -> None:
+        """Between a call's forward and its backward: each named input, the tensor the implementation was handed,
+        written over in place with slot `source`'s values under torch.no_grad, so autograd's version counters
+        count the write, as a caller refilling static input buffers before a pending backward does (probe
+        `rewritten-inputs`, checks/rewritten.py: the backward must give the forward's inputs' gradient or raise)."""
+        import torch  # lazily, as op_load
+
+        handed = self.calls[call]["handed"]
+        with torch.no_grad():
+            for name in names:
+                handed[name].copy_(self.slots[source][name])
+        self.send(status="ok")
 
     def op_export(self, call: str, outputs: str, keep: bool = True) -> None:
         self.send(status="ok", report=self._export(call, outputs, keep))
@@ -649,6 +663,7 @@ OPS = {
     "forward": _Worker.op_forward,
     "backward": _Worker.op_backward,
     "export": _Worker.op_export,
+    "rewrite": _Worker.op_rewrite,
     "precompile": _Worker.op_precompile,
     "reexport": _Worker.op_reexport,
     "effects": _Worker.op_effects,

@@ -329,14 +329,22 @@ REACH_ALIGNED_ROWS = 128
 REACH_ALIGNED_BATCH = (2, 8)
 REACH_ALIGNED = {"vocab": (4096, 32768), "hidden": (64, 512)}
 REACH_ALIGNED_FUSED = {"vocab": (512, 4096)}
+#: reach's wide-vocabulary call (member_calls.wide_axes): the vocabulary call's floor sits past 2^17, its cap at 2^18,
+#: but Gemma 3 runs V 262208, and a kernel switching path past 2^18 (a row no longer one block) passed every call
+#: (thirty-sixth session's `large-vocab-path-backward-drops-temperature`); odd, drawn in this range, the other axes
+#: REACH_WIDE_SMALL's: 4-6 rows in two or three sequences, since a row costs what the vocabulary does; not fewer:
+#: with 1-4 a call's few kept tokens could all be clipped (no policy gradient: a dropped 1/T shows nowhere; one run
+#: of ~14 of the gallery's case gave no failure line)
+REACH_WIDE = {"vocab": (262145, 278527)}
+REACH_WIDE_SMALL = {"batch": (2, 3), "seq": (2, 2), "hidden": (8, 16)}
 #: the axes whose reach calls go through torch.autograd.grad, the others through backward: rows and the
 #: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
 #: that added d weight into .grad itself and returned nothing passed every backward call)
-REACH_AUTOGRAD = ("seq", "vocab")
+REACH_AUTOGRAD = ("seq", "vocab", "vocab-wide")
 #: the axes whose reach call plants a peak in every row, the rows' peaks spread over the vocabulary (the operation's
 #: `spread_peaks`): an online log-sum-exp that never rescales is then wrong on most rows of it, whatever order it
 #: reads them in (generators/spread_peaks.py says why)
-REACH_SPREAD_PEAKS = ("vocab",)
+REACH_SPREAD_PEAKS = ("vocab", "vocab-wide")
 
 
 def without_kl(spec: Spec) -> str | None:

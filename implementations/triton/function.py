@@ -19,14 +19,15 @@ class GrpoLossFunction(torch.autograd.Function):
     def forward(ctx, logits, plan, others):
         x = (logits,) + others
         loss, grad, ws = plan.forward_full(x)
-        ctx.save_for_backward(logits)
-        ctx.others, ctx.plan, ctx.grad, ctx.ws = others, plan, grad, ws
+        # every input through save_for_backward, none kept on ctx: autograd then raises where a caller rewrote one in
+        # place before backward, which reads them again (the check rewritten-inputs; a tuple on ctx read the new values)
+        ctx.save_for_backward(logits, *others)
+        ctx.plan, ctx.grad, ctx.ws = plan, grad, ws
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        (logits,) = ctx.saved_tensors
-        x = (logits,) + ctx.others
+        x = tuple(ctx.saved_tensors)
         plan = ctx.plan
         if ctx.grad is not None:
             grad, ctx.grad = ctx.grad, None  # handed to the caller: never touched again
