@@ -542,6 +542,12 @@ def _few_padded_rows(monkeypatch) -> None:
     monkeypatch.setattr(grpo_padded, "PADDED_BATCH", (2, 3))
     monkeypatch.setattr(grpo_padded, "PADDED_SEQ", (3, 4))
     monkeypatch.setattr(grpo_padded, "PADDED_ROWS", 6)
+    # and the mask-runs probe's 4 rows of 600-664 positions (~2,600 interpreted comparison rows a call, ~195 s in CI
+    # run 199) to runs of 2-3 in rows of 8-10: its calls still take the formed path, at a few rows
+    from grpo_conform.ops import grpo_mask_runs
+    monkeypatch.setattr(grpo_mask_runs, "RUN", 2)
+    monkeypatch.setattr(grpo_mask_runs, "RUN_SPAN", (2, 3))
+    monkeypatch.setattr(grpo_mask_runs, "SEQ", (8, 10))
 
 
 def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch, tmp_path):
@@ -557,7 +563,7 @@ def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch, tmp_path
 
     spec = _few_rows_spec(tmp_path / "grpo.json")
     _few_padded_rows(monkeypatch)
-    padded = []
+    padded, runs = [], []
     queued = []
     many = compare.GradientComparator.update_many
     monkeypatch.setattr(compare, "fused_comparison", lambda actual: True)
@@ -569,6 +575,7 @@ def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch, tmp_path
         report = run_check(CheckRequest((str(path),), device="cpu", members=(member,), workloads=(workload,),
                                         checks=("loss", "gradient"), jobs=1, spec_path=spec))
         padded.extend(w.draws.get("padded_batch") for w in report.implementations[0].members[0].workloads)
+        runs.extend(w.draws.get("mask_runs") for w in report.implementations[0].members[0].workloads)
         return {o.check: o.status for w in report.implementations[0].members[0].workloads for o in w.outcomes}
 
     honest = gradient(ROOT / "implementations" / "pytorch", "token-offpolicy-mask", "mask-fp32")
@@ -579,3 +586,5 @@ def test_the_judge_s_formed_path_keeps_the_verdicts(fused, monkeypatch, tmp_path
     # TS-padded ran in both masked runs (token-is has no mask: none there), at the cut shape
     cut = [p for p in padded if p is not None]
     assert len(cut) == 2 and all(p["batch"] * p["seq"] <= 12 for p in cut), padded
+    made = [r for r in runs if r is not None]  # mask-runs too, at its cut shape
+    assert len(made) == 2 and all(r["seq"] <= 10 and r["calls"] for r in made), runs

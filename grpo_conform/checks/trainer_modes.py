@@ -9,7 +9,7 @@ without .grad, torch's default flags) never showed (red-team round of the thirty
   torch.use_deterministic_algorithms(True, warn_only=True), as transformers' `full_determinism` sets it; a kernel
   with a path of its own there (index_add_ has no deterministic CUDA kernel) was never called on it, since the
   validator only checked the flags are left as found (gallery fused-deterministic-onehot-index-put).
-- `autocast` (AC, AC-near, checks `loss`, `gradient`, `contract`, ...): calls whose forward runs under
+- `autocast` (AC: `loss`, `gradient`, `contract`, ...; AC-near: `near-ties`): calls whose forward runs under
   torch.autocast, as every bf16 mixed-precision training step runs the loss; no call ever did, so a kernel casting
   its float32 inputs to the autocast dtype there passed (gallery autocast-casts-fp32-inputs).
 
@@ -28,6 +28,7 @@ from grpo_conform.ops.grpo_logits.generators.near_ties import near_tie_reason
 from grpo_conform.ops.grpo_logits.generators.token_ids import repeated_given
 
 ACCUMULATION = "grad-accumulation"
+NEAR_TIES = "near-ties"  # AC-near's check (the near-ties probe's own calls feed it too)
 FRACTIONS = (2, 3, 4, 8, 16)  # c2 = 1/k: far from 1, so a gradient formed at upstream 1 is >= 29% off
 
 
@@ -119,7 +120,8 @@ def lowered_operands(run: WorkloadConformance, dtype: str) -> list[str]:
 def autocast(run: WorkloadConformance) -> None:
     """AC: a call whose forward runs under torch.autocast(<device>, dtype) (`autocast_dtype`; the backward outside
     it, as PyTorch's AMP recipe runs a step) on a fresh drawn set; AC-near: the same on near-ties' set (every live
-    ratio a hair from its clip bound: `Operation.near_tie_inputs`), where a member has a hard clip bound. Autocast
+    ratio a hair from its clip bound: `Operation.near_tie_inputs`), where a member has a hard clip bound, judged
+    under `near-ties` as that check's own calls are (its folders' flipped branches are near ties). Autocast
     changes no declared input: every input (the float32 ones too) stays as given, so both are judged
     against the float64 reference at the inputs' dtypes' tolerance, and the loss stays the declared float32/float64
     (`contract`; every honest bundled implementation returns float32 there). An input cast to the autocast dtype
@@ -145,15 +147,21 @@ def autocast(run: WorkloadConformance) -> None:
         run.generate(run.P, seed)
         if label == "AC-near":
             run.P.write(run.op.near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, {}))
-        call = run.call(label, run.P, run.out1, PLAIN, autocast=dtype)
+        near_call = label == "AC-near"  # judged as near-ties' calls are: a branch flipped there is a near tie missed
+        feeds = (NEAR_TIES, "finite", "no-mutation", "no-aliasing") if near_call else PLAIN
+        call = run.call(label, run.P, run.out1, feeds, autocast=dtype)
         if call is None:
             return
         run.draws["autocast"]["calls"].append(label)
-        J.plain(run, call)
+        if near_call:
+            J.finite(run, call)
+            J.versus_reference(run, NEAR_TIES, call, "under torch.autocast, every ratio a hair from its clip bound")
+        else:
+            J.plain(run, call)
 
 
 TRAINER_MODES = (
     Probe("prefilled-grad", prefilled.__doc__, prefilled, CALL + (ACCUMULATION, "finite"), (ACCUMULATION,)),
     Probe("deterministic-mode", deterministic_mode.__doc__, deterministic_mode, PLAIN + CALL),
-    Probe("autocast", autocast.__doc__, autocast, PLAIN + CALL),
+    Probe("autocast", autocast.__doc__, autocast, PLAIN + CALL + (NEAR_TIES,)),
 )
