@@ -62,7 +62,7 @@ _CHECKS = (
     CheckInfo("exact-ties", "every ratio exactly at a clip bound (1 - epsilon_low, 1 + epsilon_high, epsilon = 0, "
               "and every bound a member's cases name: delta, CISPO's cap), also in each declared dtype the default "
               "workloads leave out, gives the spec's gradient: at a tie the unclipped branch is active", (4,)),
-    CheckInfo("near-ties", "every ratio (every sequence's, three calls, at sequence level) a hair either side of "
+    CheckInfo("near-ties", "every ratio (every sequence's, six calls, at sequence level) a hair either side of "
               "the clip bound its advantage decides by (1e-5 to "
               "4e-3, relative, each farther than an honest implementation's log-probs may stray: the fused "
               "operation's logits quieted first), also in each declared dtype the default workloads leave out, "

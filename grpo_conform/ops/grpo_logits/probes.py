@@ -154,7 +154,7 @@ def near_ties(run: WorkloadConformance) -> None:
     """T-near: every live ratio at its clip bound times (1 + d), both sides, each token farther from its bound
     than an honest implementation's log-probs may stray (`Operation.near_tie_inputs`: on the logits operation
     rows every float32 kernel computes exactly, |d| 1e-5 to 4e-3; on the fused one the logits quieted first,
-    |d| from twice the token's allowance; at sequence level (GSPO) one distance per sequence, three calls): a
+    |d| from twice the token's allowance; at sequence level (GSPO) one distance per sequence, six calls): a
     branch picked from a ratio rounded to a narrower dtype flips on about a third of the tokens."""
     check = "near-ties"
     reason = near_tie_reason(run.model.params, _inputs(run.spec))
@@ -162,7 +162,7 @@ def near_ties(run: WorkloadConformance) -> None:
         run.book.not_applicable(check, reason)
         return
     # A sequence-level member has one ratio per sequence: a call's few sequences (4-8 at the CPU workloads) may all
-    # miss a narrow dtype's rounding band (its width at the drawn bound is 0 to 0.33%), so it makes three calls.
+    # miss a narrow dtype's rounding band (its width at the drawn bound is 0 to 0.33%), so it makes SEQUENCE_CALLS calls.
     calls = SEQUENCE_CALLS if run.model.params.importance_sampling_level == "sequence" else 1
     run.draws["near_ties"] = []
     record(run.draws, "ties", "ratios within 1e-5..4e-3 of the bound on both sides")
