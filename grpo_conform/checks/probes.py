@@ -154,13 +154,14 @@ def upstream(run: WorkloadConformance) -> None:
     """U: fresh seeds backpropagating parent-drawn upstream scalars (negative, tiny, large, and 1/k as
     gradient accumulation divides the loss), the tiny one through torch.autograd.grad (the caller gets the
     returned tensor itself, without the copy .grad accumulation may make: a reused buffer is visible)."""
-    calls = [("negative", "backward"), ("tiny", "autograd.grad"), ("large", "backward"), ("fraction", "backward")]
+    calls = [("U-negative", "negative", "backward"), ("U-tiny", "tiny", "autograd.grad"),
+             ("U-large", "large", "backward"), ("U-fraction", "fraction", "backward")]
     if run.grad_dtype == "float16" and run.op.loss_scaled:
         # a second loss-scaled call on its own set: whether a gradient rounded to float16 before the scale shows
         # depends on how many of its elements are small, which the set's mask layouts move (the gallery's
         # other-dtypes-fp16-loss-scale passed one call in about 1 run of 6, then 1 in 2 once more calls came first)
-        calls.append(("large", "backward"))
-    for i, (kind, method) in enumerate(calls):
+        calls.append(("U-large-2", "large", "backward"))
+    for i, (label, kind, method) in enumerate(calls):
         slot = run.P if i % 2 == 0 else run.Q
         run.generate(slot, run.seeds[i % len(run.seeds)] ^ (0x51ED270B + i))
         # a float16 gradient's large scalar is a loss scale sized by the reference (draw_upstream), where the
@@ -170,7 +171,7 @@ def upstream(run: WorkloadConformance) -> None:
         c = draw_upstream(run, kind, bound=bound)
         patterns.exercised(run, "upstream-" + kind)
         patterns.exercised(run, method)
-        u = run.call(f"U-{kind}" + ("-2" if i == 4 else ""), slot, run.out1, ("upstream-gradient", "finite", "no-mutation", "no-aliasing"),
+        u = run.call(label, slot, run.out1, ("upstream-gradient", "finite", "no-mutation", "no-aliasing"),
                      upstream=c, method=method)
         if u is not None:
             J.finite(run, u)

@@ -145,7 +145,7 @@ def exact_ties(run: WorkloadConformance) -> None:
     seed = run.seeds[0] ^ 0x71E5
     run.generate(run.P, seed)
     x, values = exact_tie_inputs(run.spec, run.P.pristine, run.model.values, seed)
-    x = {**x, "advantages": audible(x.get("advantages", run.P.pristine["advantages"]))}
+    x["advantages"] = audible(x["advantages"])  # exact_tie_inputs returns a copy of every input
     run.P.write(x)
     run.draws["exact_ties"] = {k: values[k] for k in ("epsilon_low", "epsilon_high")}
     cispo = values.get("loss_type") == "cispo"  # exact_tie_inputs puts CISPO's cap (epsilon_high) at r = 1
