@@ -12,8 +12,6 @@ check before, docs/checks.md); near-ties asks the operation for its inputs (`Ope
 
 from __future__ import annotations
 
-import torch
-
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import CALL, Probe, WorkloadConformance
 from grpo_conform.checks.model import ReferenceModel
@@ -125,18 +123,6 @@ def masked_positions(run: WorkloadConformance) -> None:
     L.masked_positions(run, *run.state["D"])
 
 
-TIE_ADVANTAGE = 0.25  # T's least |advantage|: a tie's gradient scales with it
-
-
-def audible(advantages):
-    """The set's advantages, each at least TIE_ADVANTAGE in magnitude, signs kept (0 taken as +): a drawn set may hold
-    only tiny ones (its 'tiny' and 'exact-tiny' cases), whose tie gradient a float16 call's tolerance covers, so a
-    kernel giving ties to the clipped branch passed about 1 run in 3 (other-dtypes-fp16-tie-to-clipped, thirty-seventh
-    session). Tiny advantages are other calls' business; here only the tie matters."""
-    sign = torch.where(advantages < 0, -1.0, 1.0).to(advantages.dtype)
-    return sign * advantages.abs().clamp(min=TIE_ADVANTAGE)
-
-
 def exact_ties(run: WorkloadConformance) -> None:
     """T: every token at an exact tie of the clip, in the kernel's float32 arithmetic and in the
     float64 reference (member_inputs.exact_tie_inputs): the spec gives the gradient to the
@@ -145,7 +131,6 @@ def exact_ties(run: WorkloadConformance) -> None:
     seed = run.seeds[0] ^ 0x71E5
     run.generate(run.P, seed)
     x, values = exact_tie_inputs(run.spec, run.P.pristine, run.model.values, seed)
-    x["advantages"] = audible(x["advantages"])  # exact_tie_inputs returns a copy of every input
     run.P.write(x)
     run.draws["exact_ties"] = {k: values[k] for k in ("epsilon_low", "epsilon_high")}
     cispo = values.get("loss_type") == "cispo"  # exact_tie_inputs puts CISPO's cap (epsilon_high) at r = 1
