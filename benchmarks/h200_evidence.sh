@@ -34,6 +34,7 @@
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
+#   bash benchmarks/h200_evidence.sh z38        # the same fault narrowed: in process, -k zero-advantage, compute-sanitizer; then s36a
 #   bash benchmarks/h200_evidence.sh z37        # the float16 zero-advantage crash on CUDA (synchronous launches), then s36a
 #   bash benchmarks/h200_evidence.sh nt36       # the near-ties check on CUDA (both operations, the fused gallery folder), then s36a
 #   bash benchmarks/h200_evidence.sh s34        # an H200: triton-fused records (MEMBERS); an H100: mem35's HEAD run
@@ -381,6 +382,65 @@ PY
         status "sweep_logits: exit $?"; tail -c 6000 "$R/sweep.log"
       fi
     fi
+    ;;
+  z38)  # thirty-eighth session: the float16 zero-advantage fault narrowed (~2.5 min), then s36a in what is left (CALL_S).
+         # (1) triton's kernels in this process, no validator: float16 [4, 13, 1536], zero advantages (one row, all),
+         # upstream 1 and 0.37, under compute-sanitizer's memcheck; (2) the validator with zero-advantage back in
+         # other-dtypes (this copy only), one member, `-k zero-advantage`, launches synchronous; (3) the same under
+         # compute-sanitizer, every process. Which process faults, and in which kernel, is what this asks.
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    cat > /tmp/z38.py <<'PY'
+import importlib, sys, types, torch
+pkg = types.ModuleType("tri"); pkg.__path__ = ["implementations/triton"]; sys.modules["tri"] = pkg
+grpo_loss = importlib.import_module("tri.impl").grpo_loss
+dev = torch.device("cuda")
+B, S, V = 4, 13, 1536
+for dtype in (torch.float16, torch.bfloat16):
+    for member, kw in (("dapo-mask", dict(loss_type="dapo")), ("kl", dict(beta=0.04))):
+        for zero in ("one", "all"):
+            for c in (1.0, 0.37, 1.0):
+                g = torch.Generator(device="cpu").manual_seed(1)
+                logits = (torch.randn(B, S + 1, V, generator=g) * 2).to(dtype).to(dev).requires_grad_()
+                ids = torch.randint(0, V, (B, S), generator=g).to(dev)
+                adv = torch.randn(B, generator=g).to(dev)
+                if zero == "one": adv[1] = 0
+                else: adv.zero_()
+                old = (torch.randn(B, S, generator=g) * 0.1 - 8).to(dev)
+                mask = (torch.rand(B, S, generator=g) < 0.8).to(dev).to(torch.int64)
+                extra = dict(ref_logprobs=old + 0.05) if member == "kl" else {}
+                loss = grpo_loss(logits, ids, adv, 0.2, 0.28, 0.7, old_logprobs=old, completion_mask=mask, **kw, **extra)
+                (loss * c).backward()
+                torch.cuda.synchronize()
+                print(dtype, member, zero, c, float(loss), bool(torch.isfinite(logits.grad).all()), flush=True)
+print("in-process: no fault")
+PY
+    timeout -s KILL 60 python3 /tmp/z38.py > "$R/z38-inproc.txt" 2>&1
+    status "z38 (1) in process: exit $?"; tail -4 "$R/z38-inproc.txt"
+    if [ -n "$SAN" ]; then
+      timeout -s KILL 90 "$SAN" --tool memcheck --print-limit 8 python3 /tmp/z38.py > "$R/z38-inproc-san.txt" 2>&1
+      status "z38 (1) in process under compute-sanitizer: exit $?"; grep -m 30 -E "Invalid|ERROR SUMMARY|at 0x|of size|Address|in process|no fault" "$R/z38-inproc-san.txt"
+    else
+      status "z38: no compute-sanitizer on this image"
+    fi
+    sed -i 's/^OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES,/OTHER_DTYPES = other_dtypes.make_probe((G.ZERO_ADVANTAGE, L.EXACT_TIES,/' \
+      grpo_conform/checks/probes.py
+    grep -c "make_probe((G.ZERO_ADVANTAGE" grpo_conform/checks/probes.py | sed 's/^/zero-advantage back in other-dtypes: /' | tee -a "$R/status.txt"
+    CUDA_LAUNCH_BLOCKING=1 PYTHONFAULTHANDLER=1 timeout -s KILL 100 python3 -m grpo_conform check implementations/triton \
+      --member dapo-mask --workload mask-small-bf16 --device cuda --no-timing --no-evidence -k zero-advantage \
+      > "$R/z38-check.txt" 2>&1
+    status "z38 (2) the validator, -k zero-advantage, synchronous: exit $?"
+    grep -m 12 -E "illegal|Error|zero-advantage|conformant|FAILED" "$R/z38-check.txt"
+    if [ -n "$SAN" ]; then
+      GRPO_CONFORM_WORKER_USER=root timeout -s KILL 150 "$SAN" --tool memcheck --target-processes all --print-limit 8 \
+        python3 -m grpo_conform check implementations/triton --member dapo-mask --workload mask-small-bf16 --device cuda \
+        --no-timing --no-evidence -k zero-advantage > "$R/z38-check-san.txt" 2>&1
+      status "z38 (3) the validator under compute-sanitizer: exit $?"
+      grep -m 40 -E "Invalid|ERROR SUMMARY|at 0x|of size|Address|illegal|Saved host backtrace|Program hit" "$R/z38-check-san.txt"
+    fi
+    git checkout -- grpo_conform/checks/probes.py 2>/dev/null || sed -i 's/make_probe((G.ZERO_ADVANTAGE, /make_probe((/' \
+      grpo_conform/checks/probes.py
+    exec env CALL_S=$(( ${CALL_S:-585} - SECONDS )) bash "$0" s36a
     ;;
   z37)  # thirty-seventh session: the float16 zero-advantage crash (4a27fd0 took zero-advantage out of other-dtypes after
          # triton's float16 E/E-all calls hit an illegal memory access on an H100). Puts it back in this copy only
