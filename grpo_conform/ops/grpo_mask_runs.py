@@ -33,6 +33,8 @@ SEQ = (RUN + RUN_SPAN[1] + 24, RUN + RUN_SPAN[1] + 88)  # room for a run startin
 #: at one (the rest padding), left padding, and a run at a drawn start
 LAYOUTS = ("interior-at-tile", "trailing-at-tile", "leading", "interior-drawn")
 PADDED_CALLS = ("MR", "MR-2")  # two padded sets: each live row's stale-partial error crosses the cap about half the time
+FAR_SHIFT = (0.5, 1.5)  # a call's per-row shift of its log-ratios (`far_ratios`)
+AUDIBLE = 0.25  # the least |advantage| of a mask-runs call (`far_ratios`)
 VOCAB_CPU = (33, 47)  # on the CPU the rows cost what the vocabulary does; a tile over positions does not depend on it
 
 
@@ -52,6 +54,38 @@ def run_row(layout: str, seq: int, r: random.Random) -> torch.Tensor:
     return keep
 
 
+def far_ratios(run: WorkloadConformance, inp, keep: torch.Tensor, r: random.Random) -> list[str]:
+    """Every call's per-token log-ratios moved far from 0 tile by tile, by input kind (never by member): in each row
+    a drawn shift d in FAR_SHIFT, +d over the first half of the row's kept positions and -d over the rest (sign drawn
+    per row); log-probs move by it (kept <= 0), ratios are scaled by exp of it; and every per-sequence scalar (the
+    advantages) at least AUDIBLE in magnitude, signs kept. A tile's sum of a per-position log quantity is then large
+    (a tile inside one half sums d per position) while a row's sum over its kept tokens stays where it was drawn
+    (near 0: the sequence's ratio stays unclipped, a vLLM sequence ratio finite), so a call that adds an earlier
+    call's stale partial is off by far more than any tolerance, and no row's gradient is 0 whatever its ratio (a
+    zero advantage hid the stale row). With the drawn near-on-policy values alone a stale GSPO partial moved the
+    sequence's mean log-ratio by ~1e-3, inside the tolerance unless it crossed a clip bound
+    (tests/gallery/gspo-tile-partials-512-skip-padded-tiles passed gradient 4 runs in 10; with these moves 0 in 24). The names it moved."""
+    order = torch.cumsum(keep.to(torch.int64), dim=-1)  # 1-based rank of each kept position in its row
+    first = order * 2 <= keep.sum(-1, keepdim=True)  # [rows, seq]: the first half of the row's kept positions
+    moved = []
+    for name in (t.name for t in run.spec.inputs if t.name in inp.tensors):
+        t, kind = inp.tensors[name], run.op.input_kind(name)
+        wide = t.to(torch.float64)
+        if kind == "sequence-scalar":
+            t.copy_((torch.where(wide < 0, -1.0, 1.0) * wide.abs().clamp(min=AUDIBLE)).to(t.dtype))
+        elif kind in ("token-logprobs", "token-ratio") and tuple(t.shape) == tuple(keep.shape):
+            d = torch.tensor([r.uniform(*FAR_SHIFT) * r.choice((-1.0, 1.0)) for _ in range(t.shape[0])],
+                             dtype=torch.float64)
+            shift = (d[:, None] * torch.where(first, 1.0, -1.0).to(torch.float64)).to(t.device)
+            t.copy_(((wide - shift).clamp(max=0.0) if kind == "token-logprobs" else wide * torch.exp(shift)).to(t.dtype))
+        else:
+            continue
+        moved.append(name)
+    if moved:
+        inp.commit()
+    return moved
+
+
 def mask_runs(run: WorkloadConformance) -> None:
     """MR-full, then MR and MR-2, at a shape of their own drawn from the run's secret seeds (4 rows, seq SEQ: never
     a workload's, reach's or trainer-shaped's, never announced to the compile-ahead worker): MR-full keeps every
@@ -64,7 +98,7 @@ def mask_runs(run: WorkloadConformance) -> None:
     How a hostile kernel passes it: by keying on the shape (4 x ~620 at a vocabulary of 33-47 on the CPU) or on a
     first call that keeps every token at a shape it then sees padded, which is what a trainer's first full-length
     micro-batch is; by specialising on a later call than the first (a second unpadded call is never made); or with
-    tiles wider than RUN (512+, only runs starting at a multiple of them, or runs of 512+, would cover one)."""
+    tiles of 1024+ (a row of SEQ positions is one such tile)."""
     mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
     if mask is None or run.made_in("mask_runs") is not None:
         return
@@ -88,6 +122,7 @@ def mask_runs(run: WorkloadConformance) -> None:
                 keep = torch.stack([run_row(name, seq, r) for name in layouts])
                 drawn.setdefault("layouts", []).append(layouts)
             run.generate(inp, run.seeds[0] ^ 0x3A5D ^ (i << 20), given={mask: keep})
+            drawn["far"] = far_ratios(run, inp, keep, r)
             call = run.call(label, inp, out, PLAIN, keep=False)
             if call is None:
                 return
