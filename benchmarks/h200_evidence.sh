@@ -383,6 +383,39 @@ PY
       fi
     fi
     ;;
+  z38b)  # thirty-eighth session, after z38 (the validator faults in 10 s with -k zero-advantage, in the slot process;
+          # the kernels alone in one process, and under memcheck, do not): where the first exception was raised
+          # (the workload's draws.internal_error), with and without zero-advantage in other-dtypes
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    for variant in plain fp16; do
+      [ "$variant" = fp16 ] && sed -i 's/^OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES,/OTHER_DTYPES = other_dtypes.make_probe((G.ZERO_ADVANTAGE, L.EXACT_TIES,/' \
+        grpo_conform/checks/probes.py
+      for member in dapo-mask token-offpolicy-mask-kl; do
+        CUDA_LAUNCH_BLOCKING=1 timeout -s KILL 100 python3 -m grpo_conform check implementations/triton --member $member \
+          --workload mask-small-bf16 --device cuda --no-timing --no-evidence -k zero-advantage --format json \
+          > "$R/z38b-$variant-$member.json" 2> "$R/z38b-$variant-$member.log"
+        status "z38b $variant $member: exit $?"
+        python3 - "$R/z38b-$variant-$member.json" <<'PY' | tee -a "$R/status.txt"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("  no JSON:", e); sys.exit()
+for r in d["implementations"]:
+    for w in r["workloads"]:
+        ie = (w.get("draws") or {}).get("internal_error")
+        if ie:
+            print("  internal_error:", ie.get("where"), ie.get("type"), ie.get("message", "")[:200])
+            for f in ie.get("traceback", []):
+                print("    ", f)
+        for c in w["checks"]:
+            print("  ", c["check"], c["status"], str(c.get("message"))[:160])
+PY
+      done
+    done
+    git checkout -- grpo_conform/checks/probes.py 2>/dev/null || sed -i 's/make_probe((G.ZERO_ADVANTAGE, /make_probe((/' \
+      grpo_conform/checks/probes.py
+    ;;
   z38)  # thirty-eighth session: the float16 zero-advantage fault narrowed (~2.5 min), then s36a in what is left (CALL_S).
          # (1) triton's kernels in this process, no validator: float16 [4, 13, 1536], zero advantages (one row, all),
          # upstream 1 and 0.37, under compute-sanitizer's memcheck; (2) the validator with zero-advantage back in
