@@ -450,6 +450,11 @@ def _check_members(p: ImplPlan, ctx: RunContext, request: CheckRequest, say: Rep
                     # the next workload gets a fresh one
                     session.close()
                     session = None
+                if broke and cuda_context_lost(broke) and not stop.reason:
+                    stop.reason = (f"not run: this process's CUDA context failed on {mp.label} {w.name} "
+                                   f"({broke['message'].splitlines()[0][:120]}); every later CUDA call here would "
+                                   f"raise the same error, so the run stops (please report it)")
+                    say(name, mp.label, w.name, stop.reason)
                 if hung is not None:
                     ended = (f"not run: the implementation hung on {mp.label} {w.name} ({hung.check}: no answer "
                              f"within {timeout:g} s); a hang ends its implementation at the first timeout")
@@ -555,6 +560,13 @@ def run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request
             raise
         checks = CONFORMANCE_CHECKS + (() if ctx.device.type != "cuda" or not w.timed else TIMING_CHECKS)
         return _internal_result(w.name, ctx, request, exc, checks), None
+
+
+def cuda_context_lost(info: dict[str, Any]) -> bool:
+    """An internal error that leaves this process's CUDA context unusable: torch's AcceleratorError (an illegal
+    memory access, a launch failure: CUDA's sticky errors), after which every CUDA call of the process raises it.
+    Other internal errors end their workload only."""
+    return info.get("type", "").endswith("AcceleratorError")
 
 
 def _internal_result(workload: str, ctx: RunContext, request: CheckRequest, exc: Exception,

@@ -133,3 +133,53 @@ def test_junit_and_summary_name_the_internal_error(monkeypatch):
     assert merged.status == "skipped" and "internal error" in merged.members[0].message
     again = CheckReport({"kind": "cpu"}, True, (merged,), {}, "t0", "t1")
     assert again.exit_code == 3 and again.internal_errors == report.internal_errors
+
+
+@pytest.mark.slow
+def test_a_lost_cuda_context_stops_the_run_after_its_workload(monkeypatch):
+    """A CUDA sticky error (torch.AcceleratorError: an illegal memory access) leaves the process's context unusable:
+    the workload is an internal error and the rest of the run is not run, with the reason, instead of each later
+    workload failing the same way or the worker's closing raising out of the run (H100, 2026-12-06: the float16
+    zero-advantage fault ended `check` with a traceback and no report). Here judging raises it on every workload."""
+    import torch
+
+    judge = WorkloadConformance.judge
+
+    def lost(self, *args, **kwargs):
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(WorkloadConformance, "judge", lost)
+    report = run_check(CheckRequest((PYTORCH,), device="cpu", members=("token-is",), workloads=(FINE, BROKEN)))
+    assert report.exit_code == 3
+    (impl,) = report.implementations
+    (member,) = impl.members
+    assert len(member.workloads) == 1 and internal_error(member.workloads[0])["type"].endswith("AcceleratorError")
+    stopped = [n for n in member.coverage.not_run if "CUDA context failed" in n.reason]
+    assert len(stopped) == 1, member.coverage.not_run
+    monkeypatch.setattr(WorkloadConformance, "judge", judge)
+
+
+def test_an_error_surfacing_at_empty_cache_keeps_the_first_report(monkeypatch):
+    """conformance's closing empty_cache is where an unreported CUDA error surfaces: it becomes the workload's internal
+    error with every check not failed left not judged, unless an internal error was already recorded (kept: the
+    later one only says the context was already gone)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from grpo_conform.checks.book import CheckBook
+
+    def raising():
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", raising)
+    first = {"type": "KeyError", "message": "x", "where": "probe 'baseline'", "traceback": [], "report": "r"}
+    kept = SimpleNamespace(draws={INTERNAL_ERROR: first}, book=None)
+    WorkloadConformance._empty_cache(kept)
+    assert kept.draws[INTERNAL_ERROR] is first
+    book = CheckBook(("loss", "gradient"))
+    book.record("loss", "A", True, "ok", {})
+    late = SimpleNamespace(draws={}, book=book)
+    WorkloadConformance._empty_cache(late)
+    assert late.draws[INTERNAL_ERROR]["type"].endswith("AcceleratorError")
+    assert "no earlier call reported" in late.draws[INTERNAL_ERROR]["where"] and set(book.internal) == {"loss", "gradient"}

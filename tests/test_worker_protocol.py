@@ -290,3 +290,30 @@ def test_a_plain_call_is_two_round_trips(monkeypatch):
     forwards = sum(1 for op, _ in ops if op == "forward")
     assert forwards >= 3 and ("export", False) not in ops
     assert sum(1 for op, merged in ops if op == "backward" and merged) == forwards
+
+
+def test_the_worker_waits_for_its_writes_before_it_answers_a_rewrite_or_an_error(monkeypatch):
+    """On CUDA the worker's writes into shared buffers are asynchronous. A rewrite's copies (probe rewritten-inputs)
+    and whatever a call launched before raising must land before the worker answers: the parent then writes the
+    same buffers again on its own stream (an H100 run failed no-mutation on two members' RW calls, "logits changed
+    during forward", a late rewrite overwriting the parent's restore). Here the synchronisation is counted."""
+    from types import SimpleNamespace
+
+    synced, sent = [], []
+    w = SimpleNamespace(calls={"RW": {"handed": {"advantages": torch.zeros(3)}}},
+                        slots={"Q": {"advantages": torch.ones(3)}},
+                        _sync=lambda phase: synced.append(phase), send=lambda **m: sent.append(m))
+    worker._Worker.op_rewrite(w, call="RW", source="Q", names=["advantages"])
+    assert synced == ["rewrite"] and sent == [{"status": "ok"}]
+    assert torch.equal(w.calls["RW"]["handed"]["advantages"], torch.ones(3))
+
+    messages_in = iter([{"op": "backward"}, {"op": "exit"}])
+
+    def failing(self, **_):
+        raise worker._CallError({"message": "boom", "phase": "backward"})
+
+    monkeypatch.setitem(worker.OPS, "backward", failing)
+    w2 = SimpleNamespace(recv=lambda: next(messages_in), _sync=lambda phase: synced.append(phase),
+                         send=lambda **m: sent.append(m))
+    worker._Worker.serve(w2)
+    assert synced[-1] == "backward" and sent[-1]["status"] == "error"

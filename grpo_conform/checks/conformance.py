@@ -231,7 +231,7 @@ class WorkloadConformance:
         finally:
             self.state.clear()
             if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+                self._empty_cache()
             if self.book.inapplicable:
                 self.draws["not_applicable"] = dict(self.book.inapplicable)
             if s.alive:  # the worker's mappings pin CUDA IPC memory in this process until dropped
@@ -242,7 +242,27 @@ class WorkloadConformance:
                         self.draws["held_after_unbind"] = held
                 except WorkerFailure:
                     pass
+                except Exception:  # the CUDA context already failed (the internal error above): nothing to drop
+                    if INTERNAL_ERROR not in self.draws:
+                        raise
         return self.book.outcomes()
+
+    def _empty_cache(self) -> None:
+        """torch.cuda.empty_cache, where a CUDA error no earlier call reported surfaces (an illegal memory access is
+        sticky, and asynchronous: CUDA_LAUNCH_BLOCKING=1 still raised it here first in the float16 zero-advantage
+        fault, H100 2026-12-06). Then nothing judged since that error can be trusted: every check not failed is not
+        judged, with the error as this workload's internal error. An internal error recorded before it is kept as
+        the first report (this one raised only because the context was already unusable)."""
+        try:
+            torch.cuda.empty_cache()
+        except Exception as exc:
+            if INTERNAL_ERROR in self.draws:
+                return
+            if not internal.is_internal(exc):
+                raise
+            info = self.draws[INTERNAL_ERROR] = internal.describe(exc, "the conformance run (a CUDA error that no "
+                                                                       "earlier call reported)")
+            self.book.internal_error(tuple(self.book.names), internal.message(info), info)
 
     def _declared(self, probe: Probe, before: dict[str, int]) -> None:
         """Findings outside the probe's `feeds` (a registry mistake: `-k` would leave the probe out)."""

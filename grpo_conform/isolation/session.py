@@ -387,6 +387,8 @@ class WorkerSession:
                 left_normally = self.proc.wait(timeout=10) == 0
             except (OSError, subprocess.TimeoutExpired, WorkerFailure):
                 pass
+            except Exception:  # _send's synchronize on a CUDA context an earlier error left unusable: end it below
+                pass
         self._kill()
         if self.proc is not None:  # every process of the worker has ended: sweep what it left outside
             namespaces.clean_up(self._isolation, self.identity, self._started_at)

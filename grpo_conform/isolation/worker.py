@@ -146,6 +146,8 @@ class _Worker:
             try:
                 handler(self, **msg)
             except _CallError as exc:
+                # what the call launched before raising lands before the parent writes the shared buffers again
+                self._sync(str(exc.info.get("phase") or op))
                 self.send(status="error", error=exc.info)
             except Exception as exc:  # a bug in the harness itself: report, keep serving
                 self.send(status="error", error=_error_info(exc, self.folder, phase=op))
@@ -394,6 +396,10 @@ class _Worker:
         with torch.no_grad():
             for name in names:
                 handed[name].copy_(self.slots[source][name])
+        # the copies are asynchronous on CUDA: a backward that raises launches nothing after them, and the parent
+        # then restores the shared buffer on its own stream, which a late copy overwrote (no-mutation failed RW-*
+        # calls of two members on an H100, 2026-12-06: "logits changed during forward")
+        self._sync("rewrite")
         self.send(status="ok")
 
     def op_export(self, call: str, outputs: str, keep: bool = True) -> None:
