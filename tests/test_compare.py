@@ -423,6 +423,15 @@ def test_loss_floor_widens_a_small_loss_allowance_only_up_to_the_floor():
     assert not compare_loss(3e-6 + tol.allowed(0.0), 0.0, tol, floor=tol.allowed(0.0) + 2e-6).passed
 
 
+def _bitwise_pairs():
+    a = torch.randn(50)
+    nan = a.clone()
+    nan[33] = float("nan")
+    zero, negzero = torch.zeros(20), -torch.zeros(20)
+    ids = torch.arange(30)
+    return [(a, a.clone()), (a, nan), (zero, negzero), (ids, ids.clone()), (a, a[:49]), (nan, nan.clone())]
+
+
 def test_bitwise_comparisons_of_a_slot_wait_for_the_device_once(monkeypatch):
     """The mutation check compares every input of a slot with its pristine copy after every call: each
     tensor slice by slice on the device, all answers in one read (torch.equal per slice waited 16 times a
@@ -432,14 +441,12 @@ def test_bitwise_comparisons_of_a_slot_wait_for_the_device_once(monkeypatch):
     from grpo_conform import compare as C
 
     monkeypatch.setattr(C, "CHUNK_ELEMENTS", 7)  # several slices per tensor
+    pairs_cpu = _bitwise_pairs()
+    assert C.bitwise_equal_all(pairs_cpu) == [True, False, False, True, False, True]  # CPU: torch.equal per pair
+    monkeypatch.setattr(C, "EQUAL_ON_CPU", False)  # the device path, on CPU tensors
     tolist, reads = torch.Tensor.tolist, []
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.numel()) or tolist(self))
-    a = torch.randn(50)
-    nan = a.clone()
-    nan[33] = float("nan")
-    zero, negzero = torch.zeros(20), -torch.zeros(20)
-    ids = torch.arange(30)
-    pairs = [(a, a.clone()), (a, nan), (zero, negzero), (ids, ids.clone()), (a, a[:49]), (nan, nan.clone())]
+    pairs = _bitwise_pairs()
     with DeviceReads() as mode:
         got = C.bitwise_equal_all(pairs)
     assert got == [True, False, False, True, False, True]
