@@ -190,6 +190,7 @@ class WorkloadConformance:
         self.P = InputSlot.create(s, "P", self.rw.shapes, dtypes)
         self.out1 = OutputSlot.for_spec(s, "O1", self.spec, self.rw.shapes, dtypes)
         self.extra_slots: list[str] = []  # Q and O2 join when a probe first asks (see __getattr__)
+        self.shaped: list[InputSlot] = []  # at_shape's input slots while they are in use (`_slot_of` finds them)
         self.state: dict[str, Any] = {}
         if self.seq_next is None:  # d logits' own properties: an operation without given logits has neither
             for check in LOGITS_ROW_CHECKS:
@@ -526,7 +527,7 @@ class WorkloadConformance:
 
     def _slot_of(self, x: dict[str, torch.Tensor]) -> InputSlot | None:
         """The input slot whose pristine copy `x` is (None: tensors of no slot, never cached)."""
-        for value in self.__dict__.values():
+        for value in (*self.__dict__.values(), *self.__dict__.get("shaped", ())):
             if isinstance(value, InputSlot) and value.pristine is x:
                 return value
         return None

@@ -120,6 +120,8 @@ def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int
                         given=given, spread_peaks=peaks)
     inp.publish()
     run.op.keep_generated(inp.pristine, x)
+    # the generator's float64 log-probs of exactly these values: the judgment does not compute them again
+    run.refs.seed_logp(run.slot_key(inp), run.model.temperature, getattr(x, "logp", None))
     label = run._label(f"R{i + 1}")
     method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
     c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)

@@ -398,7 +398,7 @@ class _Worker:
                 handed[name].copy_(self.slots[source][name])
         # the copies are asynchronous on CUDA: a backward that raises launches nothing after them, and the parent
         # then restores the shared buffer on its own stream, which a late copy overwrote (no-mutation failed RW-*
-        # calls of two members on an H100, 2026-12-06: "logits changed during forward")
+        # calls of two members on an H100, 2026-12-06: the differentiable input changed during forward)
         self._sync("rewrite")
         self.send(status="ok")
 
