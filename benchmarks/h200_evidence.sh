@@ -34,6 +34,7 @@
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
+#   bash benchmarks/h200_evidence.sh z38c       # the worker's rewrite race and the lost-context stop, on CUDA
 #   bash benchmarks/h200_evidence.sh z38        # the same fault narrowed: in process, -k zero-advantage, compute-sanitizer; then s36a
 #   bash benchmarks/h200_evidence.sh z37        # the float16 zero-advantage crash on CUDA (synchronous launches), then s36a
 #   bash benchmarks/h200_evidence.sh nt36       # the near-ties check on CUDA (both operations, the fused gallery folder), then s36a
@@ -382,6 +383,24 @@ PY
         status "sweep_logits: exit $?"; tail -c 6000 "$R/sweep.log"
       fi
     fi
+    ;;
+  z38c)  # thirty-eighth session, the fixes on CUDA (~1.5 min): (1) rewritten-inputs and no-mutation on the two members
+          # whose RW calls raced the parent's restore at 796a39f; (2) the float16 zero-advantage fault put back (this
+          # copy only): the run must now stop after that workload with its report, exit 3, not a traceback
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    timeout -s KILL 150 python3 -m grpo_conform check implementations/triton --member sequence-offpolicy-mask \
+      --member vllm-is-mask --workload mask-small-bf16 --device cuda --no-timing --no-evidence -k rewritten-inputs \
+      -k no-mutation > "$R/z38c-rewrite.txt" 2>&1
+    status "z38c (1) rewritten-inputs and no-mutation, two members: exit $?"; grep -E "rewritten-inputs|no-mutation|exit code" "$R/z38c-rewrite.txt" | head -8
+    sed -i 's/^OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES,/OTHER_DTYPES = other_dtypes.make_probe((G.ZERO_ADVANTAGE, L.EXACT_TIES,/' \
+      grpo_conform/checks/probes.py
+    timeout -s KILL 100 python3 -m grpo_conform check implementations/triton --member dapo-mask --workload mask-small-bf16 \
+      --workload mask-b1-long --device cuda --no-timing --no-evidence -k zero-advantage --format json \
+      > "$R/z38c-lost.json" 2> "$R/z38c-lost.log"
+    status "z38c (2) the lost CUDA context: exit $?"; grep -cE "^Traceback" "$R/z38c-lost.log" | sed 's/^/tracebacks: /'
+    grep -E "CUDA context|NOT JUDGED" "$R/z38c-lost.log" | cut -c1-300 | head -4
+    git checkout -- grpo_conform/checks/probes.py 2>/dev/null || sed -i 's/make_probe((G.ZERO_ADVANTAGE, /make_probe((/' \
+      grpo_conform/checks/probes.py
     ;;
   z38b)  # thirty-eighth session, after z38 (the validator faults in 10 s with -k zero-advantage, in the slot process;
           # the kernels alone in one process, and under memcheck, do not): where the first exception was raised
