@@ -399,6 +399,17 @@ PY
       > "$R/z38c-lost.json" 2> "$R/z38c-lost.log"
     status "z38c (2) the lost CUDA context: exit $?"; grep -cE "^Traceback" "$R/z38c-lost.log" | sed 's/^/tracebacks: /'
     grep -E "CUDA context|NOT JUDGED" "$R/z38c-lost.log" | cut -c1-300 | head -4
+    # (3) the same under compute-sanitizer, the validator's own process only (traced, the worker's load never
+    # finished): a fault in one of its kernels is named there; none reported while the fault still comes means the
+    # fault is not in a kernel the validator launched
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    if [ -n "$SAN" ]; then
+      timeout -s KILL 150 "$SAN" --tool memcheck --target-processes application-only --print-limit 6 python3 -m grpo_conform \
+        check implementations/triton --member dapo-mask --workload mask-small-bf16 --device cuda --no-timing \
+        --no-evidence -k zero-advantage > "$R/z38c-san-slot.txt" 2>&1
+      status "z38c (3) memcheck of the validator's process: exit $?"
+      grep -E "^=========|NOT JUDGED|CUDA context" "$R/z38c-san-slot.txt" | cut -c1-240 | head -40
+    fi
     git checkout -- grpo_conform/checks/probes.py 2>/dev/null || sed -i 's/make_probe((G.ZERO_ADVANTAGE, /make_probe((/' \
       grpo_conform/checks/probes.py
     ;;
