@@ -30,8 +30,11 @@ RUN = 256  # the least padding run: a tile of 256 positions (Liger's and TRL's T
 RUN_SPAN = (RUN, RUN + 64)  # a run's drawn length
 SEQ = (RUN + RUN_SPAN[1] + 24, RUN + RUN_SPAN[1] + 88)  # room for a run starting at 256 and kept tokens after
 #: the rows' layouts, one row each: a run starting at a tile boundary inside the completion, the completion ending
-#: at one (the rest padding), left padding, and a run at a drawn start
-LAYOUTS = ("interior-at-tile", "trailing-at-tile", "leading", "interior-drawn")
+#: at one (the rest padding), the completion ending at two tiles (2 RUN: every tile of up to 2 RUN after it padded),
+#: left padding, and a run at a drawn start. Two trailing rows a call: a row whose sequence the clip binds hides a
+#: stale partial that keeps it clipped, and a gallery kernel with 512-position tiles, whose only padded tiles are the
+#: trailing rows', passed once in ~80 runs with one (CI run 204)
+LAYOUTS = ("interior-at-tile", "trailing-at-tile", "trailing-at-two-tiles", "leading", "interior-drawn")
 PADDED_CALLS = ("MR", "MR-2")  # two padded sets: each live row's stale-partial error crosses the cap about half the time
 FAR_SHIFT = (0.5, 1.5)  # a call's per-row shift of its log-ratios (`far_ratios`)
 AUDIBLE = 0.25  # the least |advantage| of a mask-runs call (`far_ratios`)
@@ -46,6 +49,8 @@ def run_row(layout: str, seq: int, r: random.Random) -> torch.Tensor:
         keep[RUN : RUN + n] = False
     elif layout == "trailing-at-tile":
         keep[RUN * r.randint(1, (seq - RUN) // RUN) :] = False
+    elif layout == "trailing-at-two-tiles":
+        keep[2 * RUN :] = False
     elif layout == "leading":
         keep[:n] = False
     else:
@@ -87,7 +92,7 @@ def far_ratios(run: WorkloadConformance, inp, keep: torch.Tensor, r: random.Rand
 
 
 def mask_runs(run: WorkloadConformance) -> None:
-    """MR-full, then MR and MR-2, at a shape of their own drawn from the run's secret seeds (4 rows, seq SEQ: never
+    """MR-full, then MR and MR-2, at a shape of their own drawn from the run's secret seeds (5 rows, seq SEQ: never
     a workload's, reach's or trainer-shaped's, never announced to the compile-ahead worker): MR-full keeps every
     token, so it is that shape's first call in the worker and unpadded; MR and MR-2 (fresh sets) give each row one
     LAYOUTS run of 256+ positions, rows shuffled. All judged as plain calls (loss, gradient, masked positions at
@@ -95,7 +100,7 @@ def mask_runs(run: WorkloadConformance) -> None:
     property of the code); on the fused operation on CUDA only: interpreted on the CPU its ~2,500 rows a call
     cost ~9 s a member.
 
-    How a hostile kernel passes it: by keying on the shape (4 x ~620 at a vocabulary of 33-47 on the CPU) or on a
+    How a hostile kernel passes it: by keying on the shape (5 x ~630 at a vocabulary of 33-47 on the CPU) or on a
     first call that keeps every token at a shape it then sees padded, which is what a trainer's first full-length
     micro-batch is; by specialising on a later call than the first (a second unpadded call is never made); or with
     tiles of 1024+ (a row of SEQ positions is one such tile)."""
