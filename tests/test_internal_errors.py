@@ -183,3 +183,43 @@ def test_an_error_surfacing_at_empty_cache_keeps_the_first_report(monkeypatch):
     WorkloadConformance._empty_cache(late)
     assert late.draws[INTERNAL_ERROR]["type"].endswith("AcceleratorError")
     assert "no earlier call reported" in late.draws[INTERNAL_ERROR]["where"] and set(book.internal) == {"loss", "gradient"}
+
+
+def test_a_call_on_an_input_set_no_step_drew_is_the_validator_s_error():
+    """A slot is allocated uninitialised and `commit` records whatever it holds: zero-advantage, repeated in the
+    other-dtypes pass where no baseline drew Q, edited and called an undrawn set, handing the kernel leftover GPU
+    memory as token ids, and the validator's reference kernel then read out of bounds (an illegal memory access
+    blamed on triton for two sessions; compute-sanitizer named reference_kernel.py, H100 2026-12-06). Only `publish`
+    and a full `write` mark a set drawn; a call on one that is not raises before anything reaches the worker."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from grpo_conform.checks.buffers import InputSlot, UndrawnInputSet
+
+    q = InputSlot("Q", {"ids": torch.zeros(3)}, {"ids": torch.zeros(3)})
+    q.commit()
+    assert not q.drawn
+    with pytest.raises(UndrawnInputSet, match="input set Q was never drawn"):
+        WorkloadConformance.forward(SimpleNamespace(), "E", q, ("zero-advantage",))
+    q.write({"ids": torch.ones(3)})
+    assert q.drawn
+    p = InputSlot("P", {"a": torch.zeros(2), "b": torch.zeros(2)}, {"a": torch.ones(2), "b": torch.ones(2)})
+    p.write({"a": torch.ones(2)})  # one input of two: still not drawn
+    assert not p.drawn
+    p.pristine["b"].fill_(2.0)  # the generator writes the pristine copies, then publishes them
+    p.publish()
+    assert p.drawn and torch.equal(p.tensors["b"], torch.full((2,), 2.0))
+
+
+@pytest.mark.slow
+def test_zero_advantage_draws_its_own_set_in_the_other_dtypes_pass():
+    """The pass repeats zero-advantage again (it was taken out for the illegal memory access above): its calls run
+    on a set drawn in the pass, in each dtype no default workload uses."""
+    report = run_check(CheckRequest((str(ROOT / "implementations" / "pytorch"),), device="cpu",
+                                    members=("dapo-mask",), workloads=("mask-small-bf16",), checks=("zero-advantage",)))
+    (impl,) = report.implementations
+    (w,) = impl.workloads
+    passes = w.draws["other_dtypes"]
+    assert set(passes) == {"float16", "float32"} and all("all-zero" in p["advantage_cases"] for p in passes.values())
+    assert INTERNAL_ERROR not in w.draws and report.exit_code == 0

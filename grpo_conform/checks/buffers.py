@@ -27,6 +27,11 @@ def input_dtypes(spec: Spec, resolved) -> dict[str, torch.dtype]:
     return {t.name: torch_dtype(resolved.dtypes.get(t.name, t.dtypes[0])) for t in spec.inputs}
 
 
+class UndrawnInputSet(RuntimeError):
+    """A call on an input set no step drew values into: the validator's bug (a probe's order or `needs`), reported
+    as the workload's internal error, never a kernel run on leftover memory."""
+
+
 @dataclass
 class InputSlot:
     name: str
@@ -37,6 +42,11 @@ class InputSlot:
     # one per slot object: a set let go and made again under its name (WorkloadConformance.release) starts at
     # version 0 again, and (name, version) alone handed it the released set's cached reference
     serial: int = field(default_factory=itertools.count().__next__)
+    # whether any values were ever written into the set (`publish`, `write`): a slot is allocated uninitialised, and
+    # `commit` alone records whatever the memory held as pristine. A probe that edits a set no step drew (zero-
+    # advantage in other-dtypes' pass, where no baseline drew Q) handed the kernel leftover GPU memory as ids, and
+    # the validator's own reference kernel then read out of bounds (an illegal memory access, H100 2026-12-06)
+    drawn: bool = False
 
     @classmethod
     def create(cls, session: WorkerSession, name: str, shapes: dict[str, tuple[int, ...]],
@@ -92,12 +102,14 @@ class InputSlot:
         """The other direction of `commit`: contents the parent wrote into the pristine copies, copied to the
         shared buffers (the pristine tensors are only read, so their version counters stay)."""
         self.version += 1
+        self.drawn = True
         for k, v in self.pristine.items():
             self.tensors[k].copy_(v)
 
     def write(self, values: dict[str, torch.Tensor]) -> None:
         for k, v in values.items():
             self.tensors[k].copy_(v)
+        self.drawn = self.drawn or set(values) >= set(self.tensors)
         self.commit()
 
     def restore(self) -> None:

@@ -29,7 +29,7 @@ import torch
 
 from grpo_conform.checks import internal, local_inputs
 from grpo_conform.checks.book import CheckBook
-from grpo_conform.checks.buffers import (InputSlot, OutputSlot, input_dtypes, only_gradient, overlap_text,
+from grpo_conform.checks.buffers import (InputSlot, OutputSlot, UndrawnInputSet, input_dtypes, only_gradient, overlap_text,
                                          storage_overlaps)
 from grpo_conform.checks.reference_cache import ReferenceCache
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
@@ -394,6 +394,9 @@ class WorkloadConformance:
         an input passed as another's tensor, optional inputs left out; `prefill`: leaves whose .grad holds an
         output slot's gradient before the forward; `deterministic`: under torch's deterministic mode (the
         worker's op_forward); `autocast`: the forward under torch.autocast in that dtype (trainer_modes.py)."""
+        if not slot.drawn:
+            raise UndrawnInputSet(f"call {label}: input set {slot.name} was never drawn (no probe before it wrote "
+                                  "values there): a probe's order or `needs` is wrong")
         extra = {"inference": True} if inference else {}
         extra.update({"tie": tie} if tie else {})
         extra.update({"same": same} if same else {})

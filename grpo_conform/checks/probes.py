@@ -282,7 +282,7 @@ UPSTREAM = Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradi
 DECLARED = Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite"))
 LAYOUTS = Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "finite"), ("input-layouts",),
                 _contiguous_only)
-OTHER_DTYPES = other_dtypes.make_probe((L.EXACT_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM, L.NEAR_TIES, LAYOUTS,
+OTHER_DTYPES = other_dtypes.make_probe((G.ZERO_ADVANTAGE, L.EXACT_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM, L.NEAR_TIES, LAYOUTS,
                                         Probe(DECLARED.name, declared_defaults.__doc__, declared_defaults,
                                               DECLARED.feeds)))
 
