@@ -68,8 +68,9 @@ def far_ratios(run: WorkloadConformance, inp, keep: torch.Tensor, r: random.Rand
     (near 0: the sequence's ratio stays unclipped, a vLLM sequence ratio finite), so a call that adds an earlier
     call's stale partial is off by far more than any tolerance, and no row's gradient is 0 whatever its ratio (a
     zero advantage hid the stale row). With the drawn near-on-policy values alone a stale GSPO partial moved the
-    sequence's mean log-ratio by ~1e-3, inside the tolerance unless it crossed a clip bound
-    (tests/gallery/gspo-tile-partials-512-skip-padded-tiles passed gradient 4 runs in 10; with these moves 0 in 24). The names it moved."""
+    sequence's mean log-ratio by ~1e-3, inside the tolerance unless it crossed a clip
+    bound (a gallery kernel summing GSPO from 512-position partials, at 61b419a, passed gradient 4 runs in 10;
+    with these moves 0 in 24). The names it moved."""
     order = torch.cumsum(keep.to(torch.int64), dim=-1)  # 1-based rank of each kept position in its row
     first = order * 2 <= keep.sum(-1, keepdim=True)  # [rows, seq]: the first half of the row's kept positions
     moved = []
