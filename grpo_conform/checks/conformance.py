@@ -29,8 +29,8 @@ import torch
 
 from grpo_conform.checks import internal, local_inputs
 from grpo_conform.checks.book import CheckBook
-from grpo_conform.checks.buffers import (InputSlot, OutputSlot, UndrawnInputSet, input_dtypes, only_gradient, overlap_text,
-                                         storage_overlaps)
+from grpo_conform.checks.buffers import (InputSlot, OutputSlot, UndrawnInputSet, input_dtypes, only_gradient,
+                                         overlap_text, storage_overlaps)
 from grpo_conform.checks.reference_cache import ReferenceCache
 from grpo_conform.checks.registry import CONFORMANCE_CHECKS
 from grpo_conform.checks.units import judge_units

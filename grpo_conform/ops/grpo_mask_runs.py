@@ -25,6 +25,7 @@ import torch
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.shaped import at_shape
+from grpo_conform.ops.grpo_logits.member_inputs import audible
 
 RUN = 256  # the least padding run: a tile of 256 positions (Liger's and TRL's Triton blocks), aligned or not
 RUN_SPAN = (RUN, RUN + 64)  # a run's drawn length
@@ -37,7 +38,6 @@ SEQ = (RUN + RUN_SPAN[1] + 24, RUN + RUN_SPAN[1] + 88)  # room for a run startin
 LAYOUTS = ("interior-at-tile", "trailing-at-tile", "trailing-at-two-tiles", "leading", "interior-drawn")
 PADDED_CALLS = ("MR", "MR-2")  # two padded sets: each live row's stale-partial error crosses the cap about half the time
 FAR_SHIFT = (0.5, 1.5)  # a call's per-row shift of its log-ratios (`far_ratios`)
-AUDIBLE = 0.25  # the least |advantage| of a mask-runs call (`far_ratios`)
 VOCAB_CPU = (33, 47)  # on the CPU the rows cost what the vocabulary does; a tile over positions does not depend on it
 
 
@@ -63,8 +63,8 @@ def far_ratios(run: WorkloadConformance, inp, keep: torch.Tensor, r: random.Rand
     """Every call's per-token log-ratios moved far from 0 tile by tile, by input kind (never by member): in each row
     a drawn shift d in FAR_SHIFT, +d over the first half of the row's kept positions and -d over the rest (sign drawn
     per row); log-probs move by it (kept <= 0), ratios are scaled by exp of it; and every per-sequence scalar (the
-    advantages) at least AUDIBLE in magnitude, signs kept. A tile's sum of a per-position log quantity is then large
-    (a tile inside one half sums d per position) while a row's sum over its kept tokens stays where it was drawn
+    advantages) `audible`: at least 0.25 in magnitude, signs kept. A tile's sum of a per-position log quantity is
+    then large (a tile inside one half sums d per position) while a row's sum over its kept tokens stays where it was drawn
     (near 0: the sequence's ratio stays unclipped, a vLLM sequence ratio finite), so a call that adds an earlier
     call's stale partial is off by far more than any tolerance, and no row's gradient is 0 whatever its ratio (a
     zero advantage hid the stale row). With the drawn near-on-policy values alone a stale GSPO partial moved the
@@ -76,14 +76,15 @@ def far_ratios(run: WorkloadConformance, inp, keep: torch.Tensor, r: random.Rand
     moved = []
     for name in (t.name for t in run.spec.inputs if t.name in inp.tensors):
         t, kind = inp.tensors[name], run.op.input_kind(name)
-        wide = t.to(torch.float64)
         if kind == "sequence-scalar":
-            t.copy_((torch.where(wide < 0, -1.0, 1.0) * wide.abs().clamp(min=AUDIBLE)).to(t.dtype))
+            t.copy_(audible(t))
         elif kind in ("token-logprobs", "token-ratio") and tuple(t.shape) == tuple(keep.shape):
+            wide = t.to(torch.float64)  # only these: a float64 copy of the logits would be a logits-sized waste
             d = torch.tensor([r.uniform(*FAR_SHIFT) * r.choice((-1.0, 1.0)) for _ in range(t.shape[0])],
                              dtype=torch.float64)
             shift = (d[:, None] * torch.where(first, 1.0, -1.0).to(torch.float64)).to(t.device)
-            t.copy_(((wide - shift).clamp(max=0.0) if kind == "token-logprobs" else wide * torch.exp(shift)).to(t.dtype))
+            moved_to = (wide - shift).clamp(max=0.0) if kind == "token-logprobs" else wide * torch.exp(shift)
+            t.copy_(moved_to.to(t.dtype))
         else:
             continue
         moved.append(name)

@@ -41,11 +41,9 @@ def negated(run: WorkloadConformance) -> None:
 def zero_advantage(run: WorkloadConformance) -> None:
     """E: D's inputs with one sequence's advantage set to exactly 0 (members without a KL term, whose
     gradient there is exactly 0); E-all: D's inputs with every advantage exactly 0 (every member)."""
-    if "D" in run.state:
-        c = run.state["D"][2]
-    else:  # a pass where baseline never drew Q (other-dtypes): D's set drawn here, upstream 1
+    if not run.Q.drawn:  # a pass where nothing drew D's set (other-dtypes: no baseline there): drawn here
         run.generate(run.Q, run.seeds[1 % len(run.seeds)] ^ 0xE0)
-        c = 1.0
+    c = run.state.get("D", (None, None, 1.0))[2]
     if without_kl(run.spec) is None:
         judge_zero_advantage(run, c)
     judge_all_zero(run, c)
