@@ -9,6 +9,7 @@ A passing folder runs every probe (a verdict of conformance needs all of them)."
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -53,6 +54,14 @@ def test_every_check_has_a_failing_example():
     assert not missing, f"checks without a gallery implementation that must fail them: {sorted(missing)}"
 
 
+def _draws(impl, limit: int = 6000) -> str:
+    """What each workload drew (the secret seeds' outcomes), for a folder a run did not catch: the validator draws
+    afresh in every process, so a miss in CI cannot be replayed, only read (clean-clone runs 204 and 207 lost
+    a miss for want of it). Truncated: enough to see the draw that hid the bug."""
+    text = json.dumps({w.workload: w.draws for w in impl.workloads}, default=str, sort_keys=True)
+    return "draws: " + (text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
 def test_gallery(folder):
@@ -75,8 +84,8 @@ def test_gallery(folder):
     report = run_check(CheckRequest((str(folder),), device="auto", workloads=workloads, timeout=timeout,
                                     sandbox=sandbox, checks=checks))
     elapsed = time.monotonic() - started
-    assert report.exit_code == expect["exit_code"], report.implementations[0].message
     (impl,) = report.implementations
+    assert report.exit_code == expect["exit_code"], f"{impl.message}\n{_draws(impl)}"
     # a narrowed run says so (never a full verdict), and every probe's findings were declared
     assert ("-k:" in (report_partial(report) or "")) == bool(checks) and impl.members[0].coverage.checks == checks
     assert not [w.draws["undeclared_findings"] for w in impl.workloads if "undeclared_findings" in w.draws]
@@ -92,7 +101,7 @@ def test_gallery(folder):
             # (docs/checks.md): then the check it defers to must have failed.
             assert any(outcomes[alt].failed for alt in instead[name]), (name, o.message)
             continue
-        assert o.failed, f"{name} should fail: {o.status} {o.message}"
+        assert o.failed, f"{name} should fail: {o.status} {o.message}\n{_draws(impl)}"
         if "status" in expect:
             assert outcomes[name].status == expect["status"]
     if "diagnosis" in expect:  # the failure names the neighbouring semantics (grpo_conform/ops/grpo_logits/diagnosis.py)
