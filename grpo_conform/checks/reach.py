@@ -40,6 +40,7 @@ drawn from the workload's own generator instead, so that no kernel can be right 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -47,7 +48,8 @@ import torch
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.checks.shaped import at_shape
 from grpo_conform.compare import describe_outputs
-from grpo_conform.checks.upstreams import draw_upstream
+from grpo_conform.checks.upstreams import RANGE_MARGIN, draw_upstream, gradient_bound, room
+from grpo_conform.dtypes import torch_dtype
 from grpo_conform.checks import member_calls
 from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_SPREAD_PEAKS, mask_input
 
@@ -58,6 +60,9 @@ CHECK = "reach"
 #: large-input path scaled only some gradients by it)
 REACH_UPSTREAM = ("negative", "tiny", "large", "fraction")
 KEPT = 0.75  # the share of tokens a reach call's mask keeps, drawn per token (see `reach_mask`)
+NARROW = 1e6  # a gradient dtype whose largest finite value is below this (float16) has its range checked
+REDRAWS = 8  # draws of a reach call's values tried before its range is an internal error
+REDRAW_SALT = 0x52414E47
 
 
 def reach_mask(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -116,15 +121,15 @@ def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int
     mask = mask_input(run)
     given = {mask: reach_mask(inp.tensors[mask].shape, inp.tensors[mask].dtype, base + i)} if mask else None
     peaks = lead in REACH_SPREAD_PEAKS
-    x = run.op.generate(run.spec, run.rw, base + i, run.device, out=inp.pristine, values=run.model.values,
-                        given=given, spread_peaks=peaks)
+    kind = REACH_UPSTREAM[i % len(REACH_UPSTREAM)]
+    c = draw_upstream(run, kind, record=False)
+    x, c = _in_range(run, inp, base + i, given, peaks, kind, c, what)
     inp.publish()
     run.op.keep_generated(inp.pristine, x)
     # the generator's float64 log-probs of exactly these values: the judgment does not compute them again
     run.refs.seed_logp(run.slot_key(inp), run.model.temperature, getattr(x, "logp", None))
     label = run._label(f"R{i + 1}")
     method = "autograd.grad" if lead in REACH_AUTOGRAD else "backward"
-    c = draw_upstream(run, REACH_UPSTREAM[i % len(REACH_UPSTREAM)], record=False)
     # the workload's drawn parameters (temperature away from 1): a path that drops 1/T is exact at T = 1
     what.update({"call": label, "upstream": c, "method": method, "spread_peaks": peaks,
                  "temperature": run.model.values.get("temperature")})
@@ -144,6 +149,36 @@ def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int
         return call.skipped_backward or "no gradient"
     loss_cmp, cmp = run.judge(call)
     return "" if loss_cmp.passed and cmp.passed and cmp.nan == 0 else describe_outputs(loss_cmp, cmp)
+
+class ReachRangeError(RuntimeError):
+    """No redraw of a reach call kept its reference gradient inside its dtype's range: a bug of the generators
+    (an internal error: the workload's checks are reported not judged)."""
+
+
+def _in_range(run: WorkloadConformance, inp, seed: int, given, peaks: bool, kind: str, c: float,
+              what: dict[str, Any]) -> tuple[Any, float]:
+    """The call's inputs drawn into `inp.pristine` and its upstream scalar, such that c times the float64 reference
+    gradient stays within 1/RANGE_MARGIN of the gradient dtype's finite range. Only float16's range is narrow
+    enough to matter (bfloat16 and wider share float32's exponents). An honest float16 kernel cannot return a
+    gradient past 65504: the eager fused peer returned Inf there, the correctly rounded value, and failed reach
+    (a CI run: hidden 9, vocabulary 139265, a reference hidden gradient of -3e6). A large upstream is cut to the
+    largest power of two that fits (never below 1); values that do not fit are redrawn (`what["redrawn"]`)."""
+    top = torch.finfo(torch_dtype(run.grad_dtype)).max
+    for k in range(REDRAWS):
+        x = run.op.generate(run.spec, run.rw, seed if k == 0 else seed ^ (k * REDRAW_SALT), run.device,
+                            out=inp.pristine, values=run.model.values, given=given, spread_peaks=peaks)
+        if top > NARROW:
+            return x, c
+        fits = room(gradient_bound(run, inp), top)
+        if kind == "large" and fits >= 1.0:
+            c = min(c, 2.0 ** math.floor(math.log2(fits)))
+        if abs(c) <= fits:
+            if k:
+                what["redrawn"] = k
+            return x, c
+    raise ReachRangeError(f"{REDRAWS} draws of reach's {run.grad_dtype} call at {_shape_text(run.rw.axes)} all had "
+                          f"a reference gradient past 1/{RANGE_MARGIN} of the dtype's range at upstream {c:g}")
+
 
 def _shape_text(axes: dict[str, int]) -> str:
     return "(" + ", ".join(f"{k} {v}" for k, v in axes.items()) + ")"

@@ -9,6 +9,7 @@ from grpo_conform.phases import PHASES
 
 FP16_LOSS_SCALE = 2.0 ** 16  # torch.amp.GradScaler's initial scale
 FP16_HEADROOM = 65504.0 / 16  # the largest scaled gradient element a loss scale may make: 1/16 of float16's max
+RANGE_MARGIN = 16  # a reach call's reference gradient may use 1/16 of its dtype's finite range (FP16_HEADROOM's)
 
 
 def draw_upstream(run: Any, kind: str, record: bool = True, bound: float | None = None) -> float:
@@ -43,3 +44,9 @@ def gradient_bound(run: Any, slot: Any) -> float:
         grads = run.op.reference_gradients(run.spec, slot.pristine, run.model.params)
         return max((float(chunk.values.abs().max()) for chunks in grads.values() for chunk in chunks
                     if chunk.values.numel()), default=0.0)
+
+
+def room(bound: float, top: float) -> float:
+    """The largest |upstream scalar| that keeps a reference gradient of largest |element| `bound` within
+    1/RANGE_MARGIN of `top` (its dtype's largest finite value); inf for an all-zero gradient."""
+    return top / RANGE_MARGIN / bound if bound > 0 else math.inf

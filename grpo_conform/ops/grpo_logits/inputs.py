@@ -25,7 +25,7 @@ from grpo_conform.dtypes import DTYPES, dtype_name, torch_dtype  # noqa: F401  (
 from grpo_conform.ops.grpo_logits.generators import advantages, token_ids
 from grpo_conform.ops.grpo_logits.generators import spread_peaks as spread_peaks_
 from grpo_conform.ops.grpo_logits.member_inputs import (
-    HostDraws, check_given, fill_member_inputs, host_to,
+    HostDraws, check_given, drawn_keep, fill_member_inputs, host_to,
 )
 from grpo_conform.ops.grpo_terms import GrpoParameters
 from grpo_conform.ops.interface import fresh_seed  # noqa: F401  (re-exported: an operation-independent seed)
@@ -88,11 +88,12 @@ def _sample(profile: Profile, n: int, vocab: int, gen: torch.Generator, device) 
 
 def fill_logits(
     logits: torch.Tensor, ids: torch.Tensor, spec: Spec, profiles: Sequence[str], gen: torch.Generator,
-    resolvable: torch.Tensor | None = None, unpeaked: torch.Tensor | None = None,
+    resolvable: torch.Tensor | None = None, unpeaked: torch.Tensor | None = None, keep: torch.Tensor | None = None,
 ) -> None:
     """Write seeded values into `logits` in place (its address does not change). `resolvable` [batch]
-    (bool): sequences that get at least one scored row of a profile other than `peaked`. `unpeaked`
-    [batch, seq] (bool): scored rows that never get a `peaked` profile (`_unpeak`)."""
+    (bool): sequences that get at least one kept scored row (`keep` [batch, seq] on the host, default all) of a
+    profile other than `peaked`. `unpeaked` [batch, seq] (bool): scored rows that never get a `peaked` profile
+    (`_unpeak`)."""
     batch, seq_next, vocab = logits.shape
     seq = seq_next - 1
     flat = logits.view(batch * seq_next, vocab)
@@ -100,7 +101,7 @@ def fill_logits(
     device = logits.device
     order = torch.randperm(n_rows, generator=gen, device=device) % len(profiles)
     if resolvable is not None and seq > 0:
-        _resolvable_rows(order.view(batch, seq_next), resolvable.to(device), spec, profiles, gen)
+        _resolvable_rows(order.view(batch, seq_next), resolvable.to(device), spec, profiles, gen, keep)
     if unpeaked is not None and seq > 0:
         _unpeak(order.view(batch, seq_next), unpeaked.to(device), spec, profiles, gen)
     limit = torch.finfo(logits.dtype).max / 4
@@ -167,20 +168,25 @@ def _unpeak(order: torch.Tensor, unpeaked: torch.Tensor, spec: Spec, profiles: S
 
 
 def _resolvable_rows(order: torch.Tensor, resolvable: torch.Tensor, spec: Spec, profiles: Sequence[str],
-                     gen: torch.Generator) -> None:
+                     gen: torch.Generator, keep: torch.Tensor | None = None) -> None:
     """A near one-hot row (`peaked`: p_t ~ 1) has a gradient s * (1 - p_t) below every fp32 floor, so a
-    sequence whose scored rows are all peaked is judged on nothing: a kernel that zeroes the gradient
+    sequence whose kept scored rows are all peaked is judged on nothing: a kernel that zeroes the gradient
     of small-|A| sequences passed batch1-seq1 whenever its one row was peaked (half the draws; docs/
-    checks.md, row 7). Such a sequence gets a drawn other profile on its first scored row."""
+    checks.md, row 7). Such a sequence gets a drawn other profile on its first kept scored row. Masked rows
+    count for nothing (batch-one-shortcut passed `gradient` on mask-b1-long's call A when both kept rows
+    were peaked, ~1 draw in 1,700; generators/judged_rows.py keeps such a row unclipped)."""
     peaked = [k for k, n in enumerate(profiles) if spec.validation.profile(n).kind == "peaked"]
     others = [k for k in range(len(profiles)) if k not in peaked]
     if not peaked or not others:
         return
     scored = order[:, : order.shape[1] - 1]
-    fix = resolvable & torch.isin(scored, torch.tensor(peaked, device=order.device)).all(dim=1)
+    live = torch.ones(scored.shape, dtype=torch.bool) if keep is None else keep.to("cpu", torch.bool)
+    dead = ~live.to(order.device)
+    fix = resolvable & live.any(dim=1).to(order.device) & (dead | torch.isin(scored, torch.tensor(
+        peaked, device=order.device))).all(dim=1)
     for b in fix.nonzero().flatten().tolist():
         pick = int(torch.randint(len(others), (1,), generator=gen, device=order.device))
-        order[b, 0] = others[pick]
+        scored[b, int(live[b].nonzero()[0])] = others[pick]
 
 
 def fill_advantages(adv: torch.Tensor, spec: Spec, gen: torch.Generator, case: int | None = None) -> list[str]:
@@ -235,7 +241,10 @@ def generate(
     host = HostDraws.of(adv, given, tensors["completion_ids"].shape[1], seed)
     for row, pos in host.binding.items():  # where the clip is made to bind, a gradient to show it by
         special[row, pos] = True
-    fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small, unpeaked=special)
+    keep = drawn_keep(spec, resolved, tuple(tensors["completion_ids"].shape), seed, case, given) \
+        if "completion_mask" in tensors else None
+    fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small, unpeaked=special,
+                keep=keep)
     if spread_peaks:  # before the log-probs are derived (the exact-tie rows drawn after keep their own shape)
         targets = torch.nn.functional.pad(tensors["completion_ids"].to(torch.int64), (0, 1)).reshape(-1)
         spread_peaks_.place_logits(tensors["logits"].view(-1, vocab), targets,

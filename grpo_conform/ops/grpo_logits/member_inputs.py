@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import torch
 
 from grpo_conform.dtypes import dtype_name
+from grpo_conform.ops.grpo_logits.generators.judged_rows import one_judged_token
 from grpo_conform.ops.grpo_logits.generators.masks import classify, draw_mask
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.spec import MemberInputs, ResolvedWorkload, Spec
@@ -47,12 +48,24 @@ def fill_completion_mask(mask: torch.Tensor, rw: ResolvedWorkload, cfg: MemberIn
                          case: int | None = None, given: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """The drawn mask layouts written into `mask`, or the mask in `given` (drawn all the same, so the rest
     of the set follows the seed whatever is given)."""
-    batch, seq = mask.shape
-    keep = draw_mask(batch, seq, case, rw.workload.timed, cfg.unmasked_fraction, gen)
-    if given and "completion_mask" in given:
-        keep = given["completion_mask"].reshape(batch, seq) != 0
+    keep = _keep(tuple(mask.shape), rw, cfg, gen, case, given)
     mask.copy_(keep.to(mask.dtype))
     return keep
+
+
+def _keep(shape: tuple[int, int], rw: ResolvedWorkload, cfg: MemberInputs, gen: torch.Generator,
+          case: int | None, given: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
+    keep = draw_mask(*shape, case, rw.workload.timed, cfg.unmasked_fraction, gen)
+    if given and "completion_mask" in given:
+        keep = given["completion_mask"].reshape(shape) != 0
+    return keep
+
+
+def drawn_keep(spec: Spec, rw: ResolvedWorkload, shape: tuple[int, int], seed: int, case: int | None,
+               given: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
+    """The keep mask `fill_member_inputs` will write for this seed, drawn ahead from a copy of its stream (the
+    logits are drawn first, and `inputs._resolvable_rows` reads which rows are kept)."""
+    return _keep(shape, rw, _cfg(spec), torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1)), case, given)
 
 
 # what a caller may fix (the trainer-shaped probe; ids: the deterministic-mode call's repeated tokens), the rest drawn
@@ -231,6 +244,9 @@ def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, 
         top = len(intervals) - 1
         held = {row: (pos, top if float(host.advantages[row]) > 0 else 0) for row, pos in host.binding.items()}
         log_r = draw_row_log_ratios(batch, seq, intervals, gen, held)
+        # a small-|A| row judged on a kept token that is neither clipped nor near one-hot (judged_rows.py)
+        return logp - one_judged_token(host_to(log_r, logp.device), logp, keep, host.advantages, intervals,
+                                       gen.initial_seed(), held)
     return logp - host_to(log_r, logp.device)
 
 

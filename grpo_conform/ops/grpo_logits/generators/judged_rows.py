@@ -1,0 +1,74 @@
+"""Small-|A| sequences judged on a token that carries a gradient (kind `token-logprobs`, token level).
+
+A sequence's gradient is the sum of its kept tokens' s * (onehot - p), each 0 where the clip binds and ~0 where
+the row is near one-hot (p_t ~ 1). A sequence of small |A| (`generators.advantages`: tiny, exact-tiny) exists to be
+judged (a kernel cutting off or rescaling small advantages), so it must hold a kept token with neither: else an
+honest gradient and a wrong one are both ~0. Two draws see to it. The logits (`inputs._resolvable_rows`): not
+every kept row of such a sequence peaked. The ratios (`one_judged_token`, here): if no kept token of 1 - p_t >=
+AUDIBLE_GAP has its ratio in the band around 1 (unclipped under every clip rule), the kept token of least p_t is
+moved into that band (swapped with a band token's ratio where the row has one). Without it, batch-one-shortcut (the advantage replaced by its sign at batch 1) passed
+`gradient` on call A of mask-b1-long in ~0.37% of draws (11 of 3000): two kept tokens, one clipped and the other
+near one-hot (clean-clone CI run, 2026-12-07; docs/checks.md). Left: sequence-level ratios (a batch-1 sequence is
+where that sign's clip binds, by design) and VESPO's weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grpo_conform.ops.grpo_logits.generators.advantages import SMALL_MAX
+
+AUDIBLE_GAP = 1e-2  # least 1 - p_t of the judged token: 1000x the gradient allowance's absolute floor (1e-5 s)
+_SALT = 0x4A0D6ED  # the band's draw: a stream of its own, so every other draw of the set stays as it was
+
+
+def small_rows(advantages: torch.Tensor) -> torch.Tensor:
+    """[batch] bool: the sequences of small, non-zero |A| (the cases generators.advantages places)."""
+    a = advantages.detach().reshape(-1)
+    return (a.abs() <= SMALL_MAX) & (a != 0)
+
+
+def middle_band(intervals: list[tuple[float, float]]) -> int | None:
+    """The ratio interval holding 1 (between 1 - eps_low and 1 + eps_high: no clip binds there), if any."""
+    for k, (lo, hi) in enumerate(intervals):
+        if lo <= 1.0 <= hi:
+            return k
+    return None
+
+
+def one_judged_token(log_r: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, advantages: torch.Tensor,
+                     intervals: list[tuple[float, float]], seed: int, held: dict[int, tuple[int, int]]) -> torch.Tensor:
+    """`log_r` [B, S] (float64, on logp's device) with, in each small-|A| row lacking one, a judged token: a
+    kept token of 1 - p_t >= AUDIBLE_GAP whose ratio lies in the middle band. The row's kept token of least p_t
+    (never a `held` binding position) takes the ratio of a kept token in the band, which takes its ratio in turn
+    (the row's regions stay as drawn), or a fresh one log-uniform in the band where no kept token is there.
+    Nothing waits for the device."""
+    band = middle_band(intervals)
+    small = small_rows(advantages.to("cpu"))
+    if band is None or not bool(small.any()):
+        return log_r
+    device, (batch, seq) = logp.device, log_r.shape
+    lo, hi = (math.log(x) for x in intervals[band])
+    gen = torch.Generator().manual_seed((seed ^ _SALT) & (2**63 - 1))
+    fresh = _to(lo + torch.rand(batch, generator=gen, dtype=torch.float64) * (hi - lo), device)
+    free = keep.clone()
+    for row, (pos, _) in held.items():
+        free[row, pos] = False
+    keep, free, lp = _to(keep, device), _to(free, device), logp.to(torch.float64)
+    audible, in_band = -torch.expm1(lp) >= AUDIBLE_GAP, (log_r >= lo) & (log_r <= hi)  # 1 - p_t; unclipped
+    pick = torch.where(free, lp, torch.full_like(lp, math.inf)).argmin(-1, keepdim=True)  # the least p_t
+    fix = _to(small, device) & ~(keep & audible & in_band).any(-1) & (free & audible).gather(-1, pick).squeeze(-1)
+    swap = free & in_band
+    other = swap.to(torch.int8).argmax(-1, keepdim=True)  # the row's first free kept token in the band
+    has_other = swap.any(-1)
+    r_pick, r_other = log_r.gather(-1, pick), log_r.gather(-1, other)
+    at = torch.arange(seq, device=device)[None, :]
+    out = torch.where((at == other) & (fix & has_other)[:, None], r_pick, log_r)
+    return torch.where((at == pick) & fix[:, None], torch.where(has_other[:, None], r_other, fresh[:, None]), out)
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # from pinned memory: a pageable copy to a GPU waits for the generation queued before it
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
