@@ -11,6 +11,7 @@ from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import bitwise_equal, compare_loss, describe_outputs, json_float
 from grpo_conform.ops.grpo_probes import small_axes
+from grpo_conform.ops.grpo_views import draw_views
 
 
 def layouts(run: WorkloadConformance) -> None:
@@ -20,7 +21,8 @@ def layouts(run: WorkloadConformance) -> None:
     if "V" not in run.extra_slots:
         run.V = InputSlot.create_views(run.session, "V", run.rw.shapes, run.dtypes, run.rng)
         run.extra_slots.append("V")
-    run.generate(run.V, run.seeds[0] ^ 0x7A7A7A7A)
+    # every row audible (mask, advantages, live sequence ratios): a wrong pitch misreads every row but the first
+    run.draws["layouts_rows"] = draw_views(run, run.V, run.seeds[0] ^ 0x7A7A7A7A)
     run.draws["layouts"] = run.V.layout
     exercised(run, "strided-views")
     call = run.call("L", run.V, run.out1, (check, "finite", "no-mutation", "no-aliasing"))

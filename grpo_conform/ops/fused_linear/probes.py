@@ -61,6 +61,7 @@ from grpo_conform.checks import patterns
 from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import CALL, Call, Probe, WorkloadConformance
 from grpo_conform.ops.grpo_logits.declared_cases import record
+from grpo_conform.ops.grpo_views import draw_views
 
 ACCUMULATION = "grad-accumulation"
 TIED = "tied-weights"
@@ -287,7 +288,7 @@ def _frozen_views(run: WorkloadConformance, names: list[str]) -> None:
     if "V" not in run.extra_slots:
         run.V = InputSlot.create_views(run.session, "V", run.rw.shapes, run.dtypes, run.rng)
         run.extra_slots.append("V")
-    run.generate(run.V, run.seeds[0] ^ 0xF205F)
+    run.draws["frozen_views_rows"] = draw_views(run, run.V, run.seeds[0] ^ 0xF205F)  # every row audible (grpo_views)
     for subset in frozen_subsets(names):
         c = float(f"{run.rng.uniform(0.5, 2.0):.6g}")
         patterns.exercised(run, "frozen-strided-views")

@@ -1,0 +1,108 @@
+"""The layouts probe's input set (V: every input an offset, strided view of a padded buffer) drawn so that every
+row of it reaches the loss and the gradient audibly.
+
+A kernel that walks a strided input at the pitch of a contiguous tensor (rows `vocab` apart, sequences
+`(seq + 1) * vocab` apart, from the data pointer) reads every row but the first wrongly, and a call shows that
+only where those rows count. The ordinary sets promise no such thing: the float16 pass's V (other-dtypes, at the
+smallest workload: one sequence) had the mask rotation's `single` layout, one kept token, and where its ratio
+sat in a region where the clip binds (loss flat, gradient 0) a wrong read that pushed the ratio further out
+changed nothing (gallery fp16-rows-at-vocab-pitch passed about 1 run in 8). At sequence level the generators put
+the first sequence of each advantage sign where the clip binds, which in a batch of one is the whole call.
+
+So V is drawn with (`draw_views`):
+- a mask (members with one) keeping at least 2/3 of every row: one masked run a row, as left or right padding
+  or a hole (`view_mask`); never a single token, never an empty row;
+- every advantage `audible` (at least 0.25 in magnitude, signs kept);
+- at token level the drawn old log-probs (every row's blocks of positions span every clip region, so about a
+  third of a row's kept tokens are live on either sign); at sequence level each sequence's ratio moved into the
+  region holding r = 1, unclipped for every clip and inside CISPO's cap, and for VESPO each sequence's sum of
+  log-ratios near its weight's peak, by shifting that row's old log-probs (`live_sequences`).
+Clipped sequences are the business of the other calls (far-ratios, near-ties, trainer-shaped); what a strided
+view hides is read here.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+
+from grpo_conform.ops.grpo_logits.member_inputs import _cfg, audible, ratio_intervals
+from grpo_conform.ops.grpo_logits.reference import GrpoParameters
+
+KEPT = 2 / 3  # the least fraction of every row the mask keeps
+
+
+def view_mask(batch: int, seq: int, r: random.Random) -> torch.Tensor:
+    """[batch, seq] bool: each row keeps all but one run of at most seq/3 positions (left or right padding, or
+    an interior hole), so every row holds at least ceil(2 seq / 3) kept tokens."""
+    keep = torch.ones(batch, seq, dtype=torch.bool)
+    for b in range(batch):
+        n = r.randint(0, int(seq * (1 - KEPT)))
+        where = r.choice(("right", "left", "hole")) if n and seq - n >= 2 else "right"
+        start = {"right": seq - n, "left": 0}.get(where) if where != "hole" else r.randint(1, seq - n - 1)
+        keep[b, start: start + n] = False
+    return keep
+
+
+def live_interval(p: GrpoParameters, cfg: Any) -> tuple[float, float]:
+    """The drawn ratio interval holding 1, else the nearest to it (`ratio_intervals`: boundary_margin from every
+    bound): between the clip bounds for a clip, below CISPO's cap where it exceeds 1, where SAPO's gate is steepest."""
+    return min(ratio_intervals(p, cfg), key=lambda iv: max(math.log(iv[0]), -math.log(iv[1]), 0.0))
+
+
+def live_sequences(old: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, advantages: torch.Tensor,
+                   p: GrpoParameters, cfg: Any, r: random.Random) -> tuple[torch.Tensor, list[float]]:
+    """float64 old log-probs that put every sequence where its gradient is full, each row's old log-probs shifted by
+    one constant (the tokens' spread around it kept): the sequence ratio (exp of the kept tokens' mean log-ratio)
+    log-uniform in `live_interval`; for VESPO the kept tokens' sum u of log-ratios 1/4 to 3/4 from the peak
+    log(k / lambda) of its weight phi(u) (either side: phi's slope is not 0 there, phi within ~1/3 of its peak),
+    since with drawn k and lambda the generator's sums left phi ~1e-6, below float16's smallest normal in the
+    gradient. Returns them and the sequences' targets (mean log-ratio, or VESPO's sum)."""
+    kf = keep.to(torch.float64)
+    n = kf.sum(-1).clamp_min(1.0)
+    log_r = (logp.to(torch.float64) - old.to(torch.float64)) * kf
+    if p.loss_type == "vespo":
+        targets = []
+        for a in advantages.tolist():
+            k, lam = (p.vespo_k_pos, p.vespo_lambda_pos) if a >= 0 else (p.vespo_k_neg, p.vespo_lambda_neg)
+            peak = math.log(max(k, 1e-6) / max(lam, 1e-4))
+            targets.append(min(max(peak + r.choice((-1, 1)) * r.uniform(0.25, 0.75), math.log(1e-8) + 1.0), 19.0))
+        target = torch.tensor(targets, dtype=torch.float64)
+        shift = (log_r.sum(-1) - target) / n
+    else:
+        lo, hi = (math.log(v) for v in live_interval(p, cfg))
+        target = torch.tensor([r.uniform(lo, hi) for _ in range(old.shape[0])], dtype=torch.float64)
+        shift = log_r.sum(-1) / n - target
+    return old.to(torch.float64) + shift[:, None], target.tolist()
+
+
+def draw_views(run: Any, slot: Any, seed: int) -> dict[str, Any]:
+    """Draw `slot` (the views) from `seed` as the module docstring says; what was drawn, for the workload's draws."""
+    r = random.Random(seed ^ 0x51DE)
+    mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
+    batch, seq = run.rw.shapes["completion_ids"]
+    keep = view_mask(batch, seq, r) if mask else torch.ones(batch, seq, dtype=torch.bool)
+    run.generate(slot, seed, given={mask: keep} if mask else None)
+    x = slot.pristine
+    values = {n: x[n].clone() for n in x if run.op.input_kind(n) == "sequence-scalar"}
+    for t in values.values():
+        t.copy_(audible(t))
+    drawn: dict[str, Any] = {"least_kept": int(keep.sum(-1).min()) if batch else 0, "seq": seq}
+    p = GrpoParameters.from_spec(run.spec, run.model.values)
+    logp = None
+    if (p.importance_sampling_level == "sequence" or p.loss_type == "vespo") and "old_logprobs" in x:
+        logits = "logits" in x
+        compute = lambda: run.op.policy_logprobs(run.spec, x, run.model.params)  # noqa: E731
+        # the logits operation's generator seeded the cache with these log-probs: no second pass
+        logp = run.refs.logp(run.slot_key(slot), run.model.temperature, compute) if logits else compute()
+        adv = values["advantages"].detach().to("cpu", torch.float64).reshape(-1)
+        old, drawn["sequence_targets"] = live_sequences(x["old_logprobs"].cpu(), logp.cpu(), keep, adv, p,
+                                                        _cfg(run.spec), r)
+        values["old_logprobs"] = old.to(x["old_logprobs"].device, x["old_logprobs"].dtype)
+    slot.write(values)
+    if logp is not None and "logits" in x:  # the logits did not change: the new version's log-probs are the same
+        run.refs.seed_logp(run.slot_key(slot), run.model.temperature, logp)
+    return drawn
