@@ -33,6 +33,8 @@
 #   B16_MEMBERS="..." bash benchmarks/h200_evidence.sh once32   # compile ahead without/with the once-per-member
 #                                               # calls' proxies (first runs, 8 members, no timing), then fused b16 records
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
+#   bash benchmarks/h200_evidence.sh s39        # this session's draws on CUDA: triton's default check with records,
+#                                               # triton-fused's masked members at seed-b2, the sweep (H200)
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
 #   bash benchmarks/h200_evidence.sh z38c       # the worker's rewrite race and the lost-context stop, on CUDA
 #   bash benchmarks/h200_evidence.sh z38        # the same fault narrowed: in process, -k zero-advantage, compute-sanitizer; then s36a
@@ -351,6 +353,27 @@ PY
     fi
     unset GRPO_CONFORM_SAMPLE GRPO_CONFORM_WORKER_PROFILE
     kill $smi
+    ;;
+  s39)  # thirty-ninth session (~9.5 min): this session's new draws on CUDA (the layouts set drawn live, small-|A| rows
+        # judged on a live token, reach's float16 range) in the default check of triton with records (an H200: its
+        # records; another card with RECORDS_ANY=1: that card's), then triton-fused's two masked members at seed-b2 with
+        # every probe and no timing (the same draws through the fused operation), then the sweep in what is left (H200)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+    if grep -q H200 "$R/nvidia-smi.txt"; then default_check "${DEADLINE:-220}" records
+    else default_check "${DEADLINE:-220}" ${RECORDS_ANY:+records}; fi
+    timeout -s KILL 150 python3 -m grpo_conform check implementations/triton-fused --member token-offpolicy-mask \
+      --member sequence-offpolicy-mask --workload seed-b2 --device cuda --no-timing --no-evidence --format json \
+      > "$R/fused-b2.json" 2> "$R/fused-b2.log"
+    status "triton-fused token-offpolicy-mask, sequence-offpolicy-mask at seed-b2, every probe, no timing: exit $?"
+    tail -5 "$R/fused-b2.log"
+    left=$(( ${CALL_S:-585} - SECONDS - 25 ))
+    if grep -q H200 "$R/nvidia-smi.txt" && [ "$left" -gt 120 ]; then
+      status "sweep: $left s left"
+      timeout -s KILL "$left" python3 benchmarks/sweep_logits.py --budget-s $((left - 30)) --out "$R/sweep.json" \
+        > "$R/sweep.log" 2>&1
+      status "sweep_logits: exit $?"; tail -c 6000 "$R/sweep.log"
+    fi
     ;;
   s36a)  # thirty-fifth session (~9.5 min): pending/h-norm36 applied (the tiled sequence kernels, the fp16 V 32000 rules).
          # An H200: the default check of triton with records (DEADLINE, default 220: its 20
