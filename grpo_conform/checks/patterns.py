@@ -21,7 +21,7 @@ def layouts(run: WorkloadConformance) -> None:
     if "V" not in run.extra_slots:
         run.V = InputSlot.create_views(run.session, "V", run.rw.shapes, run.dtypes, run.rng)
         run.extra_slots.append("V")
-    # every row audible (mask, advantages, live sequence ratios): a wrong pitch misreads every row but the first
+    # every row audible (mask, per-sequence scalars, live sequence ratios): a wrong pitch misreads every row but the first
     run.draws["layouts_rows"] = draw_views(run, run.V, run.seeds[0] ^ 0x7A7A7A7A)
     run.draws["layouts"] = run.V.layout
     exercised(run, "strided-views")
