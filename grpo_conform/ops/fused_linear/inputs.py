@@ -139,7 +139,7 @@ def generate(spec: Any, resolved: Any, seed: int, device, *, profiles: Optional[
     # no spike on the special ids' rows: a near one-hot row hides whatever a kernel does with its token
     # (grpo_logits/inputs.py, _unpeak)
     special = torch.isin(flat_ids, torch.tensor(token_ids.pool_ids(vocab)))
-    host = HostDraws.of(adv, given, seq, seed)
+    host = HostDraws.of(adv, given, seq, seed, case)
     for row, pos in host.binding.items():  # where the clip is made to bind, a gradient to show it by
         special.view(batch, seq)[row, pos] = True
     special = special.to(which.device)

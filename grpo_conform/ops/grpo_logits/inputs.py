@@ -238,7 +238,7 @@ def generate(
     small = (adv.abs() <= advantages.SMALL_MAX) & (adv != 0)
     special = torch.isin(tensors["completion_ids"].to(torch.long),
                          torch.tensor(token_ids.pool_ids(vocab), device=tensors["completion_ids"].device))
-    host = HostDraws.of(adv, given, tensors["completion_ids"].shape[1], seed)
+    host = HostDraws.of(adv, given, tensors["completion_ids"].shape[1], seed, case)
     for row, pos in host.binding.items():  # where the clip is made to bind, a gradient to show it by
         special[row, pos] = True
     keep = drawn_keep(spec, resolved, tuple(tensors["completion_ids"].shape), seed, case, given) \

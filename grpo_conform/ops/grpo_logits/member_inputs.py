@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import torch
 
 from grpo_conform.dtypes import dtype_name
-from grpo_conform.ops.grpo_logits.generators.judged_rows import one_judged_token
+from grpo_conform.ops.grpo_logits.generators.judged_rows import free_one_sequence, one_judged_token
 from grpo_conform.ops.grpo_logits.generators.masks import classify, draw_mask
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.spec import MemberInputs, ResolvedWorkload, Spec
@@ -117,15 +117,21 @@ def binding_positions(advantages: torch.Tensor, seq: int, seed: int) -> dict[int
 class HostDraws:
     """What the generators hold on the host before a set's member inputs: the advantages as written (`[batch]`;
     reading them back from the device would wait for the logits' generation queued before) and, where they were
-    given, the rows' binding positions (`binding_positions`)."""
+    given, the rows' binding positions (`binding_positions`); else (drawn) `case`, the set's index in its workload
+    (`judged_rows.free_one_sequence` turns with it)."""
 
     advantages: torch.Tensor
     binding: dict[int, int] = field(default_factory=dict)
+    drawn: bool = True
+    case: int | None = None
 
     @classmethod
-    def of(cls, advantages: torch.Tensor, given: Mapping[str, torch.Tensor], seq: int, seed: int) -> "HostDraws":
+    def of(cls, advantages: torch.Tensor, given: Mapping[str, torch.Tensor], seq: int, seed: int,
+           case: int | None = None) -> "HostDraws":
         a = advantages.detach().reshape(-1)
-        return cls(a, binding_positions(a, seq, seed) if "advantages" in given else {})
+        if "advantages" in given:
+            return cls(a, binding_positions(a, seq, seed), drawn=False)
+        return cls(a, case=case)
 
 
 def ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, float]]:
@@ -161,7 +167,8 @@ def draw_log_ratios(n: int, intervals: list[tuple[float, float]], gen: torch.Gen
 
 
 def draw_signed_log_ratios(advantages: torch.Tensor, intervals: list[tuple[float, float]],
-                           gen: torch.Generator) -> torch.Tensor:
+                           gen: torch.Generator, judged: torch.Tensor | None = None,
+                           case: int | None = None) -> torch.Tensor:
     """One log-ratio per row (a sequence's, at sequence level), given each row's advantage: the rows of one
     sign take the intervals in blocks as `draw_row_log_ratios` does, and the first block starts where the clip
     binds for that sign, on the row of the largest |A| of the sign: the top interval for a positive advantage,
@@ -169,7 +176,11 @@ def draw_signed_log_ratios(advantages: torch.Tensor, intervals: list[tuple[float
     (a trainer's group-normalised ones: the trainer-shaped probe) makes the clip bind on both sides on every
     draw; spread over the batch alone, one in five trainer-shaped sets had no row where it bound (a
     sequence-level clip dropped on them went unseen). The largest negative's row, below 1 - eps_low, is also
-    where a positive advantage is not clipped: the probe's second call puts its large one there."""
+    where a positive advantage is not clipped: the probe's second call puts its large one there. `judged` ([batch]
+    bool: the sequences with a kept token), for drawn advantages only: a set whose judged sequences are all such
+    firsts (batch 1, a drawn batch of 2) has a gradient of exactly 0, so one is moved where it is not clipped
+    (`judged_rows.free_one_sequence`; sequence-batch-one-shortcut passed `gradient` on every batch-1 call). Given
+    advantages (the trainer-shaped probe) keep both signs bound: its second call relies on it."""
     a = advantages.detach().cpu().double().reshape(-1)
     sign, largest = torch.sign(a), largest_by_sign(a)
     k = len(intervals)
@@ -189,6 +200,8 @@ def draw_signed_log_ratios(advantages: torch.Tensor, intervals: list[tuple[float
             lead[0], lead[pos] = lead[pos].clone(), lead[0].clone()
             order[0] = lead
         which[rows] = order.reshape(-1)[:rows.numel()]
+    if judged is not None:  # its own stream: every other draw of the set stays as it was
+        which = free_one_sequence(which, a, judged, k, largest, case, gen.initial_seed())
     u = torch.rand(sign.shape[0], generator=gen, dtype=torch.float64)
     return _log_uniform(which, u, intervals)
 
@@ -235,7 +248,8 @@ def old_logprobs_for(logp: torch.Tensor, keep: torch.Tensor, p: GrpoParameters, 
     if p.loss_type == "vespo":  # the weight depends on the sequence's *sum* of log-ratios: draw the sum
         return logp - host_to(vespo_log_ratios(keep, cfg, gen), logp.device)
     if p.importance_sampling_level == "sequence":
-        per_seq = draw_signed_log_ratios(host.advantages, intervals, gen)
+        judged = keep.any(-1) if host.drawn else None
+        per_seq = draw_signed_log_ratios(host.advantages, intervals, gen, judged, host.case)
         noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
         kf = keep.to(torch.float64)
         noise = noise - (noise * kf).sum(-1, keepdim=True) / kf.sum(-1, keepdim=True).clamp_min(1.0) * kf
@@ -325,7 +339,8 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
         if found is not None:
             found["logp"] = logp
     if "old_logprobs" in tensors:
-        host = host or HostDraws(tensors["advantages"].detach().cpu().reshape(-1))
+        host = host or HostDraws(tensors["advantages"].detach().cpu().reshape(-1),
+                                 drawn="advantages" not in (given or {}), case=case)
         tensors["old_logprobs"].copy_(old_logprobs_for(logp, keep, p, cfg, gen, host).to(tensors["old_logprobs"].dtype))
     if "ref_logprobs" in tensors:
         sign = torch.sign(tensors["advantages"].detach().to(logp.device, torch.float64))

@@ -8,8 +8,12 @@ every kept row of such a sequence peaked. The ratios (`one_judged_token`, here):
 AUDIBLE_GAP has its ratio in the band around 1 (unclipped under every clip rule), the kept token of least p_t is
 moved into that band (swapped with a band token's ratio where the row has one). Without it, batch-one-shortcut (the advantage replaced by its sign at batch 1) passed
 `gradient` on call A of mask-b1-long in ~0.37% of draws (11 of 3000): two kept tokens, one clipped and the other
-near one-hot (clean-clone CI run, 2026-12-07; docs/checks.md). Left: sequence-level ratios (a batch-1 sequence is
-where that sign's clip binds, by design) and VESPO's weights.
+near one-hot (clean-clone CI run, 2026-12-07; docs/checks.md).
+
+Sequence level (`free_one_sequence`): each sign's first sequence sits where that sign's clip binds, which makes a
+whole call's gradient exactly 0 where every judged sequence is such a first one: every batch-1 set, and every
+drawn batch-2 set (one sequence of each sign). sequence-batch-one-shortcut passed `gradient` on every such call.
+Left: VESPO's weights.
 """
 
 from __future__ import annotations
@@ -72,3 +76,47 @@ def one_judged_token(log_r: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     # from pinned memory: a pageable copy to a GPU waits for the generation queued before it
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
+_LIVE_SALT = 0x11FE5E0  # the freed sequence's draws: a stream of their own, as _SALT
+
+
+def turn(case: int | None, gen: torch.Generator) -> int:
+    """0 or 1, alternating over a workload's sets (`case` 0, call A: 0), the parity turned every 4 sets so that each
+    of batch 1's advantage kinds (generators.advantages: tiny, ordinary, exact-tiny, 1/G, period 4) meets both; a
+    coin from `gen` where `case` is None."""
+    if case is None:
+        return int(torch.randint(0, 2, (1,), generator=gen))
+    return (case + case // 4) % 2
+
+
+def free_one_sequence(which: torch.Tensor, advantages: torch.Tensor, judged: torch.Tensor, k: int,
+                      leads: dict[int, int], case: int | None, seed: int) -> torch.Tensor:
+    """`which` ([batch] interval indices of the sequences' ratios, of `k` intervals: the top one binds the clip for
+    A > 0, the bottom one for A < 0) with, where no `judged` sequence (A != 0, a kept token) lies outside its
+    sign's binding interval, one moved to a drawn other interval (unclipped for its sign, so a gradient to judge).
+    Which: a judged sequence that is not its sign's first (`leads`) if any; else with both signs' firsts judged
+    (a drawn batch of 2), the first of the sign `turn` names (the other keeps the clip bound in the call); else (one
+    judged sequence: batch 1) the first on the sets `turn` gives 0, call A's among them: the others keep the clip
+    bound, so a kernel dropping the clip only at batch 1 still meets a call where it binds."""
+    a = advantages.detach().cpu().double().reshape(-1)
+    binding = torch.where(a > 0, torch.full_like(which, k - 1), torch.zeros_like(which))
+    judged = judged.cpu() & (a != 0)
+    if k < 2 or not bool(judged.any()) or bool((judged & (which != binding)).any()):
+        return which
+    gen = torch.Generator().manual_seed((seed ^ _LIVE_SALT) & (2**63 - 1))
+    t = turn(case, gen)
+    rows = torch.nonzero(judged).flatten().tolist()
+    others = [row for row in rows if row not in leads.values()]
+    if others:
+        row = others[0]
+    elif len(rows) == 2:  # the two signs' firsts
+        row = leads[1 if t == 0 else -1]
+    elif t == 0:
+        row = rows[0]
+    else:
+        return which
+    choices = [i for i in range(k) if i != int(binding[row])]
+    out = which.clone()
+    out[row] = choices[int(torch.randint(0, len(choices), (1,), generator=gen))]
+    return out

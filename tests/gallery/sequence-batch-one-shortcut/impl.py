@@ -1,0 +1,24 @@
+import torch
+
+
+def grpo_loss(logits, completion_ids, advantages, old_logprobs, completion_mask, epsilon_low, epsilon_high,
+              temperature, loss_type, importance_sampling_level):
+    # GSPO (one ratio per sequence: the exp of its kept tokens' mean log-ratio) with a single-completion
+    # shortcut: a group of one has no spread to normalise by, so the advantage is taken as its sign.
+    # Only a batch of one shows it (the default tier's mask-b1-long).
+    seq = completion_ids.shape[1]
+    keep = completion_mask != 0
+    m = keep.float()
+    logp = torch.log_softmax(logits[:, :seq].float() / temperature, -1)
+    logp = logp.gather(-1, completion_ids.long().unsqueeze(-1)).squeeze(-1)
+    log_ratio = torch.where(keep, logp - old_logprobs.float(), torch.zeros_like(logp))
+    ratio = torch.exp((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1).expand_as(logp)
+    adv = advantages.float()
+    if adv.shape[0] == 1:
+        adv = torch.sign(adv)
+    adv = adv.unsqueeze(-1)
+    coef_2 = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+    unclipped, clipped = ratio * adv, coef_2 * adv
+    per_token = -torch.where(clipped >= unclipped, unclipped, clipped)
+    per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
+    return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
