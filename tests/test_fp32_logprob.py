@@ -11,9 +11,7 @@ seeds exactly as `probes.adversarial` derives them; the last runs `run_check` wi
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
-import math
 import random
 import types
 from pathlib import Path
@@ -31,6 +29,7 @@ from grpo_conform.compare import (
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.ops.grpo_terms import needs_logprobs, token_terms
 from grpo_conform.spec import find_spec
+from in_process import load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIO_MEMBERS = ("token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask", "dr-grpo-mask", "dapo-mask",
@@ -50,14 +49,7 @@ PINNED = {  # re-pinned when each row's token-level log-ratios became blocks ove
 EPS32 = 2.0**-23
 
 
-def _load(path: Path, name: str):
-    s = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(s)
-    s.loader.exec_module(m)
-    return m
-
-
-PYTORCH = _load(ROOT / "implementations" / "pytorch" / "impl.py", "fp32_logprob_pytorch_impl")
+PYTORCH = load_module(ROOT / "implementations" / "pytorch" / "impl.py", "fp32_logprob_pytorch_impl")
 
 
 @functools.lru_cache(maxsize=None)
@@ -259,7 +251,7 @@ def test_sampled_false_failure_rate_of_honest_fp32(capsys):
 def test_wrong_members_still_fail_where_the_allowance_is_widest(folder, member):
     """The gallery's wrong members, judged on the adversarial probe (logits to 1e4, where the log-prob
     term is largest): every draw fails."""
-    impl = _load(ROOT / "tests" / "gallery" / folder / "impl.py", f"fp32_logprob_{folder.replace('-', '_')}")
+    impl = load_module(ROOT / "tests" / "gallery" / folder / "impl.py", f"fp32_logprob_{folder.replace('-', '_')}")
     for s0, s1 in _draws(12, 7000):
         run = _run(member, s0, s1)
         loss_cmp, cmp = run.judge(_adversarial(run, impl.grpo_loss))

@@ -8,7 +8,6 @@ both near one-hot (the last two). 11 of 3,000 call-A draws passed it before, 0 o
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import types
 from pathlib import Path
@@ -16,12 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_conform.checks.conformance import Call, WorkloadConformance
+from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.ops.grpo_logits.generators.judged_rows import AUDIBLE_GAP, middle_band
 from grpo_conform.ops.grpo_logits.member_inputs import ratio_intervals
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters
 from grpo_conform.spec import find_spec
+from in_process import judge, load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 HIDING = [(1562258775266490317, 2573747441449230842), (3734906243004017112, 4003741738209954596),
@@ -29,15 +29,8 @@ HIDING = [(1562258775266490317, 2573747441449230842), (3734906243004017112, 4003
           (3732012220053183931, 3121984121001252857), (957928858780490309, 78565654030721351)]
 
 
-def _load(path: Path, name: str):
-    s = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(s)
-    s.loader.exec_module(m)
-    return m
-
-
-SHORTCUT = _load(ROOT / "tests" / "gallery" / "batch-one-shortcut" / "impl.py", "batch_one_shortcut")
-PYTORCH = _load(ROOT / "implementations" / "pytorch" / "impl.py", "judged_rows_pytorch")
+SHORTCUT = load_module(ROOT / "tests" / "gallery" / "batch-one-shortcut" / "impl.py", "batch_one_shortcut")
+PYTORCH = load_module(ROOT / "implementations" / "pytorch" / "impl.py", "judged_rows_pytorch")
 
 
 def _call_a(seeds: tuple[int, int]) -> tuple[WorkloadConformance, dict]:
@@ -45,16 +38,6 @@ def _call_a(seeds: tuple[int, int]) -> tuple[WorkloadConformance, dict]:
     rw = spec.resolve(spec.workload("mask-b1-long"), random.Random(0))
     run = WorkloadConformance(types.SimpleNamespace(device=torch.device("cpu")), spec, rw, list(seeds), ())
     return run, gen.generate(spec, rw, run.seeds[0], "cpu", values=run.model.values, case=0).tensors
-
-
-def _passes(run: WorkloadConformance, x: dict, impl) -> tuple[bool, bool]:
-    leaf = x["logits"].detach().clone().requires_grad_(True)
-    loss = impl.grpo_loss(leaf, **{k: v for k, v in x.items() if k != "logits"}, **run.model.call_values)
-    loss.backward()
-    call = Call("A#1", types.SimpleNamespace(pristine=x), 1.0, float(loss.detach()), {}, {"logits": {}},
-                {"logits": leaf.grad}, None)
-    loss_cmp, cmp = run.judge(call)
-    return loss_cmp.passed, cmp.passed
 
 
 @pytest.mark.parametrize("seeds", HIDING, ids=range(len(HIDING)))
@@ -69,5 +52,5 @@ def test_call_a_of_batch_one_holds_a_judged_token_and_the_shortcut_fails(seeds):
     r = torch.exp(logp - x["old_logprobs"][0].double())
     judged = keep & (-torch.expm1(logp) >= AUDIBLE_GAP) & (r >= lo * (1 - 1e-6)) & (r <= hi * (1 + 1e-6))
     assert bool(judged.any()), (r[keep], logp[keep])
-    assert _passes(run, x, SHORTCUT) == (False, False)
-    assert _passes(run, x, PYTORCH) == (True, True)
+    assert judge(run, x, SHORTCUT.grpo_loss) == (False, False)
+    assert judge(run, x, PYTORCH.grpo_loss) == (True, True)

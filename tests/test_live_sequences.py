@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from conftest import GALLERY
-from grpo_conform.checks.conformance import Call, WorkloadConformance
+from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters
+from in_process import judge
 from member_cases import load_impl, member_names, member_spec
 
 SEQUENCE_MEMBERS = [m for m in member_names() if GrpoParameters.from_spec(member_spec(m)).importance_sampling_level
@@ -66,12 +67,7 @@ def test_the_batch_one_shortcut_fails_call_a_and_the_honest_loss_passes():
         run, x = _set("sequence-offpolicy-mask", seed, 0)
         verdicts = []
         for fn in (wrong, honest):
-            leaf = x["logits"].detach().clone().requires_grad_(True)
-            loss = fn(leaf, **{k: v for k, v in x.items() if k != "logits"}, **run.model.call_values)
-            loss.backward()
-            call = Call("A#1", types.SimpleNamespace(pristine=x), 1.0, float(loss.detach()), {}, {"logits": {}},
-                        {"logits": leaf.grad}, None)
-            verdicts.append(run.judge(call)[1].passed)
+            verdicts.append(judge(run, x, fn)[1])
         assert verdicts == [False, True], seed
 
 

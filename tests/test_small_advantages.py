@@ -14,7 +14,6 @@ as the baseline probe generates it (the workload's first input set: a tiny |A| i
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import types
 from pathlib import Path
@@ -22,23 +21,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_conform.checks.conformance import Call, WorkloadConformance
+from grpo_conform.checks.conformance import WorkloadConformance
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.spec import find_spec
+from in_process import judge, load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAWS = 30
 
 
-def _load(path: Path, name: str):
-    s = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(s)
-    s.loader.exec_module(m)
-    return m
-
-
-CUTOFF = _load(ROOT / "tests" / "gallery" / "small-advantage-cutoff-b1" / "impl.py", "small_adv_cutoff_b1")
-PYTORCH = _load(ROOT / "implementations" / "pytorch" / "impl.py", "small_adv_pytorch")
+CUTOFF = load_module(ROOT / "tests" / "gallery" / "small-advantage-cutoff-b1" / "impl.py", "small_adv_cutoff_b1")
+PYTORCH = load_module(ROOT / "implementations" / "pytorch" / "impl.py", "small_adv_pytorch")
 
 
 @pytest.fixture(autouse=True)
@@ -62,13 +55,7 @@ def _call_a(seed: int) -> tuple[WorkloadConformance, dict]:
 
 def _judge(run: WorkloadConformance, x: dict, impl) -> tuple[bool, bool]:
     """(loss passed, gradient passed) of `impl` on `x`, the logits a leaf of the workload's dtype."""
-    leaf = x["logits"].detach().clone().requires_grad_(True)
-    loss = impl.grpo_loss(leaf, **{k: v for k, v in x.items() if k != "logits"}, **run.model.call_values)
-    loss.backward()
-    call = Call("A#1", types.SimpleNamespace(pristine=x), 1.0, float(loss.detach()), {}, {"logits": {}},
-                {"logits": leaf.grad}, None)
-    loss_cmp, cmp = run.judge(call)
-    return loss_cmp.passed, cmp.passed
+    return judge(run, x, impl.grpo_loss)
 
 
 def test_call_a_of_batch1_holds_a_small_advantage_below_the_cutoff():
