@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from grpo_conform.ops.grpo_logits.member_inputs import _cfg, audible, ratio_intervals
+from grpo_conform.ops.grpo_logits.member_inputs import audible, ratio_intervals
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters
 
 KEPT = 2 / 3  # the least fraction of every row the mask keeps
@@ -100,7 +100,7 @@ def draw_views(run: Any, slot: Any, seed: int) -> dict[str, Any]:
         logp = run.refs.logp(run.slot_key(slot), run.model.temperature, compute) if logits else compute()
         adv = values["advantages"].detach().to("cpu", torch.float64).reshape(-1)
         old, drawn["sequence_targets"] = live_sequences(x["old_logprobs"].cpu(), logp.cpu(), keep, adv, p,
-                                                        _cfg(run.spec), r)
+                                                        run.spec.validation.member_inputs, r)
         values["old_logprobs"] = old.to(x["old_logprobs"].device, x["old_logprobs"].dtype)
     slot.write(values)
     if logp is not None and "logits" in x:  # the logits did not change: the new version's log-probs are the same
