@@ -62,6 +62,9 @@ EXCEPTIONS: dict[str, tuple[str, str]] = {
                                  "hidden) and the kernels' mistakes the probe reaches; its shapes are grpo_probes'"),
     "checks/conformance.py": ("prose", "comments on the buffers' sizes (logits-sized at seq 65,536) and on what "
                                        "the first differentiable input is"),
+    "checks/calls.py": ("prose", "the comment on the row checks: properties of d logits rows, not applicable where "
+                                 "a spec gives no logits"),
+    "checks/judge_calls.py": ("prose", "the comment on the fused operation's reference loss (no given logits)"),
     "checks/probes.py": ("prose", "the probes' docstrings (docs/checks.md's text) name the logits they hand over"),
     "checks/buffers.py": ("prose", "only_gradient's docstring and error say why one gradient (GRPO over logits)"),
     "checks/reference_cache.py": ("prose", "the docstring lists what one cached entry depends on"),
