@@ -13,7 +13,7 @@ near one-hot (clean-clone CI run, 2026-12-07; docs/checks.md).
 Sequence level (`free_one_sequence`): each sign's first sequence sits where that sign's clip binds, which makes a
 whole call's gradient exactly 0 where every judged sequence is such a first one: every batch-1 set, and every
 drawn batch-2 set (one sequence of each sign). sequence-batch-one-shortcut passed `gradient` on every such call.
-Left: VESPO's weights.
+VESPO's small weights were examined and are judged row by row: not a blind spot (docs/checks.md).
 """
 
 from __future__ import annotations
