@@ -11,6 +11,8 @@ from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import bitwise_equal, compare_loss, describe_outputs, json_float
 from grpo_conform.ops.grpo_probes import small_axes
+from grpo_conform.checks import member_calls
+from grpo_conform.checks.shaped import at_shape
 from grpo_conform.ops.grpo_views import draw_views
 
 
@@ -32,6 +34,23 @@ def layouts(run: WorkloadConformance) -> None:
             f"{k} stride {v['stride']} offset {v['storage_offset']}" for k, v in run.V.layout.items()))
     del call
     run.release("V")  # no later probe reads V
+    if run.rw.axes.get("batch") == 1 and run.grad_dtype in member_calls.unused_dtypes(run.spec, run.device.type):
+        _layouts_batch_pitch(run, check)
+
+
+def _layouts_batch_pitch(run: WorkloadConformance, check: str) -> None:
+    """The other-dtypes pass runs at the smallest workload, one sequence, and no other workload uses its dtype: a
+    float16 path that walks sequences at a contiguous tensor's batch pitch ((seq + 1) * row pitch) read right in
+    every strided call there (gallery fp16-batch-at-contiguous-pitch). So one more strided call, at two sequences."""
+    axes = {a.name: run.rw.axes[a.name] for a in run.spec.axes if a.derivation() is None}
+    with at_shape(run, "VB", "VBO", {**axes, "batch": 2}, views=True) as (inp, out):
+        run.draws["layouts_batch_rows"] = draw_views(run, inp, run.seeds[0] ^ 0x7A7A7A7B)
+        run.draws["layouts_batch"] = inp.layout
+        call = run.call("L2", inp, out, (check, "finite", "no-mutation", "no-aliasing"), keep=False)
+        if call is not None:
+            J.finite(run, call)
+            J.versus_reference(run, check, call, "two sequences, offset, strided views: " + ", ".join(
+                f"{k} stride {v['stride']} offset {v['storage_offset']}" for k, v in inp.layout.items()))
 
 
 def exercised(run: WorkloadConformance, pattern: str) -> None:

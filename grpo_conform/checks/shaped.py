@@ -17,17 +17,19 @@ from grpo_conform.dtypes import torch_dtype
 
 @contextmanager
 def at_shape(run: WorkloadConformance, inputs: str, outputs: str, axes: dict[str, int],
-             dtypes: dict[str, str] | None = None, grad_dtype: str | None = None
+             dtypes: dict[str, str] | None = None, grad_dtype: str | None = None, views: bool = False
              ) -> Iterator[tuple[InputSlot, OutputSlot]]:
     """(input slot `inputs`, output slot `outputs`) at the workload's `axes` (every free axis; `dtypes`: the
     workload's dtypes where not given), the run set to that shape inside and back to its own after. The slots
     are released with the workload's (`extra_slots`). Their calls keep nothing (keep=False): the kept outputs
-    are re-read into the workload's own slots at its end."""
+    are re-read into the workload's own slots at its end. `views`: the inputs offset, strided views of padded
+    buffers (`InputSlot.create_views`, the layouts probe's)."""
     saved = (run.rw, run.seq_next, run.width, run.grad_dtype, run.tol, run.subnormal)
     update = {"axes": axes, **({"dtypes": dtypes} if dtypes is not None else {})}
     rw = run.spec.resolve(run.rw.workload.model_copy(update=update))
     types = input_dtypes(run.spec, rw)
-    inp = InputSlot.create(run.session, inputs, rw.shapes, types)
+    inp = InputSlot.create_views(run.session, inputs, rw.shapes, types, run.rng) if views else \
+        InputSlot.create(run.session, inputs, rw.shapes, types)
     out = OutputSlot.for_spec(run.session, outputs, run.spec, rw.shapes, types)
     run.extra_slots += [inp.name, out.name]
     # known to the engine's caches while in use: its float64 log-probs, reference loss and row floors computed once
