@@ -8,8 +8,8 @@ from typing import Any
 from grpo_conform.phases import PHASES
 
 FP16_LOSS_SCALE = 2.0 ** 16  # torch.amp.GradScaler's initial scale
-FP16_HEADROOM = 65504.0 / 16  # the largest scaled gradient element a loss scale may make: 1/16 of float16's max
-RANGE_MARGIN = 16  # a reach call's reference gradient may use 1/16 of its dtype's finite range (FP16_HEADROOM's)
+RANGE_MARGIN = 16  # a scaled reference gradient may use 1/16 of its dtype's finite range (the upstream probe, reach)
+FP16_HEADROOM = 65504.0 / RANGE_MARGIN  # the largest scaled gradient element a loss scale may make in float16
 
 
 def draw_upstream(run: Any, kind: str, record: bool = True, bound: float | None = None) -> float:
