@@ -23,7 +23,7 @@ from grpo_conform.ops import operation_for
 from grpo_conform.ops.grpo_logits.reference import (GrpoParameters, reference_gradient_dense, reference_logprobs,
                                                   reference_loss)
 from grpo_conform.ops.grpo_terms import token_terms, token_weights
-from grpo_conform.ops.grpo_views import KEPT, draw_views
+from grpo_conform.ops.grpo_views import KEPT, draw_views, edge_kinds, edge_rows, view_mask
 from member_cases import load_impl, member_names, member_spec
 
 DRAWS = 4  # per member (~50 ms a draw): the old sets failed the first on every member's first draw
@@ -69,12 +69,14 @@ def test_every_row_of_the_float16_views_holds_live_tokens_with_audible_advantage
         p = GrpoParameters.from_spec(run.spec, run.model.values)
         batch, seq = x["completion_ids"].shape
         keep = x["completion_mask"] != 0 if "completion_mask" in x else torch.ones(batch, seq, dtype=torch.bool)
-        assert drawn["least_kept"] >= math.ceil(KEPT * seq) and (keep.sum(-1) >= math.ceil(KEPT * seq)).all()
+        rows = [b for b in range(batch) if str(b) not in drawn["edge_rows"]]  # edge rows: the test below
+        assert rows and (batch < 2 or 1 in rows or rows != [0]), drawn  # a row past the first is audible
+        assert drawn["least_kept"] >= math.ceil(KEPT * seq) and (keep[rows].sum(-1) >= math.ceil(KEPT * seq)).all()
         assert (x["advantages"].abs() >= 0.25).all(), (seed, x["advantages"])
         coef = token_terms(x, p, reference_logprobs(x, p)).dlogp.abs()
         scale = token_weights(keep, p) * x["advantages"].double().abs()[:, None]  # a term linear in r, at r = 1
         live = (coef > 1e-3 * scale)[:, 1:] & keep[:, 1:]  # VESPO's weight phi(w) goes down to ~2e-3
-        assert (live.sum(-1) >= 2).all(), (seed, live.sum(-1).tolist(), drawn)
+        assert (live[rows].sum(-1) >= 2).all(), (seed, live.sum(-1).tolist(), drawn)
 
 
 def _strided(logits: torch.Tensor, pad: int) -> torch.Tensor:
@@ -102,3 +104,43 @@ def test_the_contiguous_pitch_kernel_is_wrong_on_every_float16_views_draw():
         grad_off = float((grad.double() - want).norm()) > 0.05 * float(want.norm())  # both 0: a deaf call
         loss_off = abs(loss - want_loss) > 0.05 * abs(want_loss)
         assert not finite or grad_off or loss_off, (seed, loss, want_loss, float(want.norm()))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 7])
+def test_edge_rows_take_the_layouts_the_audible_rows_exclude(batch):
+    """From batch 2 on, batch // 2 rows (up to one per kind) are an empty row, a single kept token or a sequence
+    left as drawn; at batch 2 the edge is row 0, so row 1 (a wrong batch pitch misreads it) stays audible; a batch
+    of one has no edge. Without them a strided-only path that mishandles an empty row passed every call
+    (gallery strided-mean-over-nonempty-rows)."""
+    kinds = edge_kinds(True, True)
+    for seed in range(20):
+        r = random.Random(seed)
+        edges = edge_rows(batch, kinds, r)
+        assert len(edges) == min(3, batch // 2) and len(set(edges.values())) == len(edges)
+        if batch == 2:
+            assert list(edges) == [0]
+        keep = view_mask(batch, 9, r, edges)
+        for b in range(batch):
+            want = {"empty": 0, "single": 1}.get(edges.get(b))
+            assert (int(keep[b].sum()) == want) if want is not None else int(keep[b].sum()) >= 6, (b, edges, keep)
+    assert edge_kinds(False, False) == () and edge_kinds(False, True) == ("clipped",)
+
+
+def test_an_edge_sequence_keeps_its_drawn_ratio():
+    """live_sequences moves every row's ratio into the live interval but a `left` (clipped edge) row's, whose old
+    log-probs and reported target stay the generator's."""
+    from grpo_conform.ops.grpo_views import live_sequences
+
+    spec = member_spec("sequence-offpolicy-mask")
+    model = ReferenceModel.drawn(spec, random.Random(0))
+    p = GrpoParameters.from_spec(spec, model.values)
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 10, generator=g, dtype=torch.float64) * 3
+    old = logp + 2.0  # every ratio exp(-2): far below any live interval
+    keep = torch.ones(4, 10, dtype=torch.bool)
+    moved, targets = live_sequences(old, logp, keep, torch.ones(4), p, spec.validation.member_inputs,
+                                    random.Random(1), left=(2,))
+    assert torch.equal(moved[2], old[2]) and targets[2] == pytest.approx(-2.0)
+    for b in (0, 1, 3):
+        assert not torch.equal(moved[b], old[b]) and abs((logp[b] - moved[b]).mean() - targets[b]) < 1e-12
+        assert abs(targets[b]) < 0.5

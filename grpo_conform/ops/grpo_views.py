@@ -17,8 +17,13 @@ So V is drawn with (`draw_views`):
   third of a row's kept tokens are live on either sign); at sequence level each sequence's ratio moved into the
   region holding r = 1, unclipped for every clip and inside CISPO's cap, and for VESPO each sequence's sum of
   log-ratios near its weight's peak, by shifting that row's old log-probs (`live_sequences`).
-Clipped sequences are the business of the other calls (far-ratios, near-ties, trainer-shaped); what a strided
-view hides is read here.
+Edge rows (`edge_rows`): from batch 2 on, up to batch // 2 rows (row 0 at batch 2, so that row 1, which a wrong
+batch pitch misreads, stays audible) take the layouts the rows above exclude, one kind each, drawn from those the
+member's inputs allow: an empty row, a single kept token (mask members), a sequence left where the generator drew
+it, its clip often binding (sequence level and VESPO). A kernel with a second path for strided inputs (a staging
+copy, a gather) that mishandles such a row would otherwise pass every call: the other probes draw these rows on
+contiguous inputs only (gallery strided-mean-over-nonempty-rows: a staging path that left empty rows out of the
+batch mean passed the whole default check before). Batch-1 calls keep their one row audible.
 """
 
 from __future__ import annotations
@@ -35,11 +40,31 @@ from grpo_conform.ops.grpo_logits.reference import GrpoParameters
 KEPT = 2 / 3  # the least fraction of every row the mask keeps
 
 
-def view_mask(batch: int, seq: int, r: random.Random) -> torch.Tensor:
+def edge_kinds(masked: bool, sequence_level: bool) -> tuple[str, ...]:
+    """The edge layouts a member's inputs allow: an empty row and a single kept token need a mask; a sequence left
+    where the generator drew it (its clip often binding) differs from the live ones only at sequence level."""
+    return (("empty", "single") if masked else ()) + (("clipped",) if sequence_level else ())
+
+
+def edge_rows(batch: int, kinds: tuple[str, ...], r: random.Random) -> dict[int, str]:
+    """{row: kind}: min(len(kinds), batch // 2) rows, distinct kinds; at batch 2 the edge is row 0."""
+    n = min(len(kinds), batch // 2)
+    rows = [0] if batch == 2 and n else r.sample(range(batch), n)
+    return dict(zip(rows, r.sample(kinds, n)))
+
+
+def view_mask(batch: int, seq: int, r: random.Random, edges: dict[int, str] | None = None) -> torch.Tensor:
     """[batch, seq] bool: each row keeps all but one run of at most seq/3 positions (left or right padding, or
-    an interior hole), so every row holds at least ceil(2 seq / 3) kept tokens."""
+    an interior hole), so every row holds at least ceil(2 seq / 3) kept tokens; an `edges` row of kind "empty"
+    keeps none, one of kind "single" keeps one position."""
     keep = torch.ones(batch, seq, dtype=torch.bool)
     for b in range(batch):
+        kind = (edges or {}).get(b)
+        if kind in ("empty", "single"):
+            keep[b] = False
+            if kind == "single" and seq:
+                keep[b, r.randrange(seq)] = True
+            continue
         n = r.randint(0, int(seq * (1 - KEPT)))
         where = r.choice(("right", "left", "hole")) if n and seq - n >= 2 else "right"
         start = {"right": seq - n, "left": 0}.get(where) if where != "hole" else r.randint(1, seq - n - 1)
@@ -54,13 +79,15 @@ def live_interval(p: GrpoParameters, cfg: Any) -> tuple[float, float]:
 
 
 def live_sequences(old: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, advantages: torch.Tensor,
-                   p: GrpoParameters, cfg: Any, r: random.Random) -> tuple[torch.Tensor, list[float]]:
+                   p: GrpoParameters, cfg: Any, r: random.Random,
+                   left: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[float]]:
     """float64 old log-probs that put every sequence where its gradient is full, each row's old log-probs shifted by
     one constant (the tokens' spread around it kept): the sequence ratio (exp of the kept tokens' mean log-ratio)
     log-uniform in `live_interval`; for VESPO the kept tokens' sum u of log-ratios 1/4 to 3/4 from the peak
     log(k / lambda) of its weight phi(u) (either side: phi's slope is not 0 there, phi within ~1/3 of its peak),
     since with drawn k and lambda the generator's sums left phi ~1e-6, below float16's smallest normal in the
-    gradient. Returns them and the sequences' targets (mean log-ratio, or VESPO's sum)."""
+    gradient. Rows in `left` keep their drawn old log-probs. Returns them and the sequences' targets (mean log-ratio,
+    or VESPO's sum; a `left` row's is its drawn one)."""
     kf = keep.to(torch.float64)
     n = kf.sum(-1).clamp_min(1.0)
     log_r = (logp.to(torch.float64) - old.to(torch.float64)) * kf
@@ -76,6 +103,9 @@ def live_sequences(old: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, ad
         lo, hi = (math.log(v) for v in live_interval(p, cfg))
         target = torch.tensor([r.uniform(lo, hi) for _ in range(old.shape[0])], dtype=torch.float64)
         shift = log_r.sum(-1) / n - target
+    for b in left:
+        target[b] += shift[b] * (n[b] if p.loss_type == "vespo" else 1.0)
+        shift[b] = 0.0
     return old.to(torch.float64) + shift[:, None], target.tolist()
 
 
@@ -84,23 +114,28 @@ def draw_views(run: Any, slot: Any, seed: int) -> dict[str, Any]:
     r = random.Random(seed ^ 0x51DE)
     mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
     batch, seq = run.rw.shapes["completion_ids"]
-    keep = view_mask(batch, seq, r) if mask else torch.ones(batch, seq, dtype=torch.bool)
+    p = GrpoParameters.from_spec(run.spec, run.model.values)
+    sequence = p.importance_sampling_level == "sequence" or p.loss_type == "vespo"
+    edges = edge_rows(batch, edge_kinds(mask is not None, sequence), r)
+    keep = view_mask(batch, seq, r, edges) if mask else torch.ones(batch, seq, dtype=torch.bool)
     run.generate(slot, seed, given={mask: keep} if mask else None)
     x = slot.pristine
     values = {n: x[n].clone() for n in x if run.op.input_kind(n) == "sequence-scalar"}
     for t in values.values():
         t.copy_(audible(t))
-    drawn: dict[str, Any] = {"least_kept": int(keep.sum(-1).min()) if batch else 0, "seq": seq}
-    p = GrpoParameters.from_spec(run.spec, run.model.values)
+    audible_rows = [b for b in range(batch) if b not in edges]
+    drawn: dict[str, Any] = {"least_kept": int(keep[audible_rows].sum(-1).min()) if audible_rows else 0, "seq": seq,
+                             "edge_rows": {str(b): k for b, k in sorted(edges.items())}}
     logp = None
-    if (p.importance_sampling_level == "sequence" or p.loss_type == "vespo") and "old_logprobs" in x:
+    if sequence and "old_logprobs" in x:
         logits = "logits" in x
         compute = lambda: run.op.policy_logprobs(run.spec, x, run.model.params)  # noqa: E731
         # the logits operation's generator seeded the cache with these log-probs: no second pass
         logp = run.refs.logp(run.slot_key(slot), run.model.temperature, compute) if logits else compute()
         adv = values["advantages"].detach().to("cpu", torch.float64).reshape(-1)
         old, drawn["sequence_targets"] = live_sequences(x["old_logprobs"].cpu(), logp.cpu(), keep, adv, p,
-                                                        run.spec.validation.member_inputs, r)
+                                                        run.spec.validation.member_inputs, r,
+                                                        left=tuple(b for b, k in edges.items() if k == "clipped"))
         values["old_logprobs"] = old.to(x["old_logprobs"].device, x["old_logprobs"].dtype)
     slot.write(values)
     if logp is not None and "logits" in x:  # the logits did not change: the new version's log-probs are the same
