@@ -12,7 +12,7 @@ import torch
 from grpo_conform.ops.grpo_logits import inputs as gen
 from grpo_conform.ops.grpo_logits.generators import INPUT_KINDS, kind_of
 from grpo_conform.ops.grpo_logits.generators.logprob_gaps import FAR_LOG, far_log_cap, far_ratio_inputs
-from grpo_conform.ops.grpo_logits.generators.masks import UNTIMED, classify, draw_mask, row_layouts
+from grpo_conform.ops.grpo_logits.generators.masks import EDGES, ORDINARY, UNTIMED, classify, draw_mask, row_layouts
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_gradient_dense, reference_logprobs, reference_loss
 from grpo_conform.spec import load_member
 from member_cases import FAMILY
@@ -39,14 +39,19 @@ def test_classify_reads_the_layout_back():
     assert classify(rows) == ["right", "left", "holes", "single", "full", "empty", "holes"]
 
 
-@pytest.mark.parametrize("batch", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 5, 6, 8])
 def test_every_layout_within_the_first_sets_of_a_workload(batch):
     wanted = set(UNTIMED) - ({"empty"} if batch == 1 else set())
     seen = set()
-    for case in range(math.ceil(len(UNTIMED) / batch) + (batch == 1)):
+    for case in range(len(UNTIMED) if batch == 1 else 3):
         keep = draw_mask(batch, 12, case, False, 0.75, torch.Generator().manual_seed(case))
         assert keep.any(), case  # never a dead batch: the all-masked batch is a call of its own
-        seen |= set(classify(keep))
+        rows = classify(keep)
+        seen |= set(rows)
+        if batch >= 4:  # every set: a row of each kept count a normaliser can get wrong (0, 1, S)
+            assert set(EDGES) <= set(rows), (case, rows)
+        if batch >= 2:
+            assert set(rows) & set(ORDINARY) and set(rows) & set(EDGES), (case, rows)
     assert wanted <= seen, wanted - seen
     assert "empty" not in row_layouts(1, 5, torch.Generator())
 

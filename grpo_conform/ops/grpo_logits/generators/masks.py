@@ -75,14 +75,28 @@ def _row(layout: str, seq: int, gen: torch.Generator) -> torch.Tensor:
     return keep
 
 
+EDGES = ("empty", "single", "full")  # the kept counts a per-row normaliser can get wrong: 0, 1 and S
+ORDINARY = ("right", "left", "holes")
+
+
 def row_layouts(batch: int, case: int | None, gen: torch.Generator) -> list[str]:
-    """The layouts asked for, one per row: the rotation of UNTIMED by `case` (every layout within
-    ceil(6 / batch) sets), rows shuffled; a batch of one never gets `empty` (see all_masked)."""
+    """The layouts asked for, one per row, rows shuffled. With `case` (the workload's input-set count): from batch 2
+    on, min(3, batch - 1) rows take EDGES (all three from batch 4 on, in every set) and the rest ORDINARY, each
+    rotated by `case`; from batch 6 on every set holds all six. Every probe's set so meets the edge rows whatever
+    its place in the workload's order: with the plain rotation of UNTIMED by `case`, a set at batch 4 held 4 of 6
+    layouts, always the same 4 for the same probe (a kernel wrong only for a single-token row under autocast, or
+    for a non-leaf view of the logits, passed every run). A batch of one rotates UNTIMED and never gets `empty`
+    (see all_masked). Without `case`: drawn."""
     if case is None:
-        picks = torch.randint(0, len(UNTIMED), (batch,), generator=gen).tolist()
+        names = [UNTIMED[i] for i in torch.randint(0, len(UNTIMED), (batch,), generator=gen).tolist()]
+    elif batch == 1:
+        names = [UNTIMED[case % len(UNTIMED)]]
+    elif batch >= len(UNTIMED):
+        names = list(UNTIMED) + [UNTIMED[(case * batch + b) % len(UNTIMED)] for b in range(batch - len(UNTIMED))]
     else:
-        picks = [(case * batch + b) % len(UNTIMED) for b in range(batch)]
-    names = [UNTIMED[i] for i in picks]
+        k = min(len(EDGES), batch - 1)
+        names = [EDGES[(case * k + i) % len(EDGES)] for i in range(k)]
+        names += [ORDINARY[(case * (batch - k) + i) % len(ORDINARY)] for i in range(batch - k)]
     if batch == 1 and names[0] == "empty":
         names[0] = "holes"
     order = torch.randperm(batch, generator=gen).tolist()
