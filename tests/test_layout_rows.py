@@ -110,8 +110,8 @@ def test_the_contiguous_pitch_kernel_is_wrong_on_every_float16_views_draw():
 def test_edge_rows_take_the_layouts_the_audible_rows_exclude(batch):
     """From batch 2 on, batch // 2 rows (up to one per kind) are an empty row, a single kept token or a sequence
     left as drawn; at batch 2 the edge is row 0, so row 1 (a wrong batch pitch misreads it) stays audible; a batch
-    of one has no edge. Without them a strided-only path that mishandles an empty row passed every call
-    (gallery strided-mean-over-nonempty-rows)."""
+    of one has no edge; of two or more other rows one keeps every position. Without them a strided-only path that
+    mishandles an empty row passed every call (gallery strided-mean-over-nonempty-rows)."""
     kinds = edge_kinds(True, True)
     for seed in range(20):
         r = random.Random(seed)
@@ -123,6 +123,8 @@ def test_edge_rows_take_the_layouts_the_audible_rows_exclude(batch):
         for b in range(batch):
             want = {"empty": 0, "single": 1}.get(edges.get(b))
             assert (int(keep[b].sum()) == want) if want is not None else int(keep[b].sum()) >= 6, (b, edges, keep)
+        rest = [b for b in range(batch) if b not in edges]
+        assert len(rest) < 2 or any(bool(keep[b].all()) for b in rest), (edges, keep)  # one unpadded row
     assert edge_kinds(False, False) == () and edge_kinds(False, True) == ("clipped",)
 
 

@@ -24,13 +24,20 @@ from typing import Any, Iterator
 
 import torch
 
+from grpo_conform.checks import judging as J
 from grpo_conform.checks.buffers import InputSlot, OutputSlot, input_dtypes
+from grpo_conform.checks.calls import PLAIN
 from grpo_conform.checks.conformance import Probe, WorkloadConformance
 from grpo_conform.checks import member_calls
+from grpo_conform.checks.shaped import at_shape
 from grpo_conform.dtypes import torch_dtype
+from grpo_conform.ops.grpo_logits.generators.masks import EDGES
 from grpo_conform.phases import PHASES
 
 NAME = "other-dtypes"
+#: rows of the pass's multi-row calls: a set holds every edge row (masks.EDGES: 0, 1 and all positions kept) and an
+#: ordinary one from here on
+ROWS = len(EDGES) + 1
 #: the run's state a pass replaces and gives back (the lazily made Q, K and O2 and the row judge are dropped)
 _SWAPPED = ("rw", "dtypes", "P", "out1", "grad_dtype", "tol", "subnormal", "seq_next", "width", "state", "draws",
             "keep_budget", "slot_tag")
@@ -81,6 +88,32 @@ def in_dtype(run: WorkloadConformance, dtype: str, announced: bool = True) -> It
         run.__dict__.update(saved)
         run.__dict__.update(lazy)
         run.draws.setdefault("other_dtypes", {})[dtype] = passed
+
+
+def multi_row_axes(run: WorkloadConformance) -> dict[str, int] | None:
+    """The axes of the pass's multi-row calls (ROWS sequences, a quarter of the pass's positions each, at least
+    4), or None where the pass's own sets hold ROWS rows already. The pass runs at the smallest default workload,
+    one sequence where that is mask-b1-long: no set of it can hold an empty row beside a kept one, and a kernel
+    path of the dtype's own that divided by zero kept tokens, or left such rows out of the batch mean, passed."""
+    if run.rw.axes.get("batch", ROWS) >= ROWS:
+        return None
+    axes = {a.name: run.rw.axes[a.name] for a in run.spec.axes if a.derivation() is None}
+    return {**axes, "batch": ROWS, "seq": max(4, -(-axes["seq"] // ROWS))}
+
+
+def rows_in_dtype(run: WorkloadConformance) -> None:
+    """B4 (the other-dtypes pass's baseline): one plain call in the pass's dtype at `multi_row_axes`, contiguous,
+    its mask holding an empty row, a single kept token and a full row beside an ordinary one (masks.row_layouts),
+    judged as the baseline is (loss, gradient, row sums, last row)."""
+    axes = multi_row_axes(run)
+    if axes is None:
+        return
+    with at_shape(run, "RB", "RBO", axes) as (inp, out):
+        run.generate(inp, run.seeds[0] ^ 0x4B0E5)
+        run.draws["multi_row_axes"] = dict(axes)
+        call = run.call("B4", inp, out, PLAIN, keep=False)
+        if call is not None:
+            J.plain(run, call)
 
 
 def other_dtypes(run: WorkloadConformance, repeated: tuple[Probe, ...] = ()) -> None:

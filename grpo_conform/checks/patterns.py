@@ -14,6 +14,7 @@ from grpo_conform.ops.grpo_probes import small_axes
 from grpo_conform.checks import member_calls
 from grpo_conform.checks.shaped import at_shape
 from grpo_conform.ops.grpo_views import draw_views
+from grpo_conform.checks.other_dtypes import multi_row_axes
 
 
 def layouts(run: WorkloadConformance) -> None:
@@ -34,22 +35,23 @@ def layouts(run: WorkloadConformance) -> None:
             f"{k} stride {v['stride']} offset {v['storage_offset']}" for k, v in run.V.layout.items()))
     del call
     run.release("V")  # no later probe reads V
-    if run.rw.axes.get("batch") == 1 and run.grad_dtype in member_calls.unused_dtypes(run.spec, run.device.type):
-        _layouts_batch_pitch(run, check)
+    axes = multi_row_axes(run)
+    if axes is not None and run.grad_dtype in member_calls.unused_dtypes(run.spec, run.device.type):
+        _layouts_batch_pitch(run, check, axes)
 
 
-def _layouts_batch_pitch(run: WorkloadConformance, check: str) -> None:
+def _layouts_batch_pitch(run: WorkloadConformance, check: str, axes: dict[str, int]) -> None:
     """The other-dtypes pass runs at the smallest workload, one sequence, and no other workload uses its dtype: a
     float16 path that walks sequences at a contiguous tensor's batch pitch ((seq + 1) * row pitch) read right in
-    every strided call there (gallery fp16-batch-at-contiguous-pitch). So one more strided call, at two sequences."""
-    axes = {a.name: run.rw.axes[a.name] for a in run.spec.axes if a.derivation() is None}
-    with at_shape(run, "VB", "VBO", {**axes, "batch": 2}, views=True) as (inp, out):
+    every strided call there (gallery fp16-batch-at-contiguous-pitch). So one more strided call, at the pass's
+    multi-row axes (other_dtypes.multi_row_axes: four sequences, so V's edge rows come too)."""
+    with at_shape(run, "VB", "VBO", axes, views=True) as (inp, out):
         run.draws["layouts_batch_rows"] = draw_views(run, inp, run.seeds[0] ^ 0x7A7A7A7B)
         run.draws["layouts_batch"] = inp.layout
         call = run.call("L2", inp, out, (check, "finite", "no-mutation", "no-aliasing"), keep=False)
         if call is not None:
             J.finite(run, call)
-            J.versus_reference(run, check, call, "two sequences, offset, strided views: " + ", ".join(
+            J.versus_reference(run, check, call, f"{axes['batch']} sequences, offset, strided views: " + ", ".join(
                 f"{k} stride {v['stride']} offset {v['storage_offset']}" for k, v in inp.layout.items()))
 
 
@@ -61,8 +63,11 @@ def exercised(run: WorkloadConformance, pattern: str) -> None:
 
 
 def forward_only(run: WorkloadConformance) -> None:
-    """A call under torch.no_grad: the loss must match the reference."""
+    """A call under torch.no_grad, and one with grad enabled and no input requiring grad (an evaluation step
+    outside no_grad, a frozen model: `ctx.needs_input_grad` all False, the forward-only path a kernel may pick
+    from it rather than from the grad mode): the loss must match the reference."""
     _forward_only(run, "forward-only", "O", run.seeds[0] ^ 0x0BAD5EED, inference=False)
+    _forward_only(run, "forward-only", "OF", run.seeds[-1] ^ 0x0F205E, inference=False, frozen=True)
 
 
 def inference_mode(run: WorkloadConformance) -> None:
@@ -72,12 +77,16 @@ def inference_mode(run: WorkloadConformance) -> None:
     _forward_only(run, "inference-mode", "IM", run.seeds[0] ^ 0x1F3E7E, inference=True)
 
 
-def _forward_only(run: WorkloadConformance, check: str, prefix: str, seed: int, inference: bool) -> None:
-    ctx = "torch.inference_mode" if inference else "torch.no_grad"
+def _forward_only(run: WorkloadConformance, check: str, prefix: str, seed: int, inference: bool,
+                  frozen: bool = False) -> None:
+    ctx = ("torch.inference_mode" if inference else "torch.enable_grad with no input requiring grad" if frozen else
+           "torch.no_grad")
     run.generate(run.P, seed)
     label = run._label(prefix)
-    f = run.forward(label, run.P, (check,) if inference else (check, "no-mutation"), grad=False, inference=inference)
-    exercised(run, "inference-mode" if inference else "no-grad")
+    checks = (check,) if inference else (check, "no-mutation")
+    # frozen: grad mode on, and `only` names no differentiable input, so none requires grad
+    f = run.forward(label, run.P, checks, grad=frozen, inference=inference, only=() if frozen else None)
+    exercised(run, "inference-mode" if inference else "frozen-all" if frozen else "no-grad")
     if f is None:
         return
     exported = run.export(label, run.out1, (check,), keep=False)

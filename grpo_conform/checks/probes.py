@@ -284,7 +284,9 @@ LAYOUTS = Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "f
                 _contiguous_only)
 OTHER_DTYPES = other_dtypes.make_probe((G.ZERO_ADVANTAGE, L.EXACT_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM, L.NEAR_TIES, LAYOUTS,
                                         Probe(DECLARED.name, declared_defaults.__doc__, declared_defaults,
-                                              DECLARED.feeds)))
+                                              DECLARED.feeds),
+                                        Probe("baseline", other_dtypes.rows_in_dtype.__doc__,
+                                              other_dtypes.rows_in_dtype, PLAIN + CALL)))
 
 # `feeds` is every check a probe records (CALL: what each of its calls feeds); `own`, `applies`
 # and `needs` as conformance.Probe says.

@@ -11,7 +11,7 @@ the first sequence of each advantage sign where the clip binds, which in a batch
 
 So V is drawn with (`draw_views`):
 - a mask (members with one) keeping at least 2/3 of every row: one masked run a row, as left or right padding
-  or a hole (`view_mask`); never a single token, never an empty row;
+  or a hole, one row of two or more unpadded (`view_mask`); no single token, no empty row but the edge rows';
 - every advantage `audible` (at least 0.25 in magnitude, signs kept);
 - at token level the drawn old log-probs (every row's blocks of positions span every clip region, so about a
   third of a row's kept tokens are live on either sign); at sequence level each sequence's ratio moved into the
@@ -55,11 +55,16 @@ def edge_rows(batch: int, kinds: tuple[str, ...], r: random.Random) -> dict[int,
 
 def view_mask(batch: int, seq: int, r: random.Random, edges: dict[int, str] | None = None) -> torch.Tensor:
     """[batch, seq] bool: each row keeps all but one run of at most seq/3 positions (left or right padding, or
-    an interior hole), so every row holds at least ceil(2 seq / 3) kept tokens; an `edges` row of kind "empty"
-    keeps none, one of kind "single" keeps one position."""
+    an interior hole), so every row holds at least ceil(2 seq / 3) kept tokens, and where two or more rows are
+    not edges one of them keeps all; an `edges` row of kind "empty" keeps none, one of kind "single" keeps one
+    position."""
     keep = torch.ones(batch, seq, dtype=torch.bool)
+    rest = [b for b in range(batch) if b not in (edges or {})]
+    full = r.choice(rest) if len(rest) >= 2 else None  # a row keeping every position, beside a padded one
     for b in range(batch):
         kind = (edges or {}).get(b)
+        if b == full:
+            continue
         if kind in ("empty", "single"):
             keep[b] = False
             if kind == "single" and seq:
