@@ -144,5 +144,5 @@ def test_a_k_run_of_a_passing_folder_never_reads_conformant(tmp_path):
     predicate = payload_of(record)["predicate"]
     assert predicate["selection"]["partial"] is True and "gradient" in predicate["selection"]["left_out"]["checks"]
     (workload,) = predicate["workloads"]
-    assert workload["draws"].get("call_patterns") == ["no-grad"]  # forward-only's probe alone ran
+    assert workload["draws"].get("call_patterns") == ["no-grad", "frozen-all"]  # forward-only's probe alone ran
     assert {o["check"] for o in workload["checks"]} == {"runs", "forward-only"}

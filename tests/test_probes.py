@@ -113,7 +113,7 @@ def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     assert names(()) == list(PROFILES["full"])
     assert names(("gradient",)) == ["baseline", "new-buffers", "deterministic-mode", "autocast", "zero-row",
                                     "reference-head", "extra-seeds", "input-cases", "one-sign", "trainer-shaped",
-                                    "mask-runs"]
+                                    "mask-runs", "other-dtypes"]  # other-dtypes: its multi-row call B4
     assert names(("reach",)) == ["reach"]
     assert names(("advantage-sign",)) == ["baseline", "negated-advantages", "advantage-sign"]
     assert names(("row-locality",)) == ["new-buffers", "row-locality"]  # its call reuses D's inputs in Q
