@@ -73,7 +73,8 @@ _CHECKS = (
               "temperature near 1, not 1) give the reference result", (2,)),
     CheckInfo("far-ratios", "every ratio far out on its unclipped side (3 to 30 for A < 0, 0.02 to 0.3 for A > 0) "
               "gives the reference result: no clip the member does not declare", (4,)),
-    CheckInfo("forward-only", "under torch.no_grad (evaluation, logging) the loss matches the reference", (1,)),
+    CheckInfo("forward-only", "under torch.no_grad (evaluation, logging), and with grad enabled but no input "
+              "requiring grad (a frozen model), the loss matches the reference", (1,)),
     CheckInfo("inference-mode", "under torch.inference_mode the loss matches the reference and every input is "
               "bitwise unchanged after the call", (1, 8)),
     CheckInfo("retained-graph", "a backward with retain_graph=True, then torch.autograd.grad through the same graph "
