@@ -175,3 +175,17 @@ def test_the_chunked_reference_with_log_prob_bounds_stays_finite_on_far_gaps(mem
             assert torch.isfinite(part).all()
         assert torch.equal(chunk.values, dense[chunk.start : chunk.stop])
     assert math.isfinite(loss_logprob_error(x, p, err))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 8, 16])
+def test_a_timed_workloads_conformance_sets_hold_the_edge_rows_and_its_timing_sets_do_not(batch):
+    """Conformance sets of a timed workload (a `case`): the anchors' padded rows, min(3, batch - 1) of them
+    replaced by EDGES rows (all three from batch 4 on); timing's sets (no case) stay the anchors' configuration."""
+    for case in range(3):
+        keep = draw_mask(batch, 64, case, True, 0.75, torch.Generator().manual_seed(case))
+        rows = classify(keep)
+        if batch >= 4:
+            assert set(EDGES) <= set(rows), (case, rows)
+        assert sum(r in EDGES for r in rows) >= min(3, batch - 1), (case, rows)
+        timing = classify(draw_mask(batch, 64, None, True, 0.75, torch.Generator().manual_seed(case)))
+        assert not {"empty", "single"} & set(timing), timing  # 32-64 of 64 kept: padded or full, never an edge

@@ -2,7 +2,8 @@
 
 - `completion_mask`: the layouts of `generators.masks` (right and left padding, interior holes, a
   single token, full and empty rows), rotated over a workload's input sets; timed workloads aim
-  at the spec's `unmasked_fraction` (~75%, the anchors' configuration), rows right- or left-padded.
+  at the spec's `unmasked_fraction` (~75%, the anchors' configuration), rows right- or left-padded, their
+  conformance sets with the edge rows (empty, single, full) beside them.
   bool or int, as the buffer's dtype says.
 - `old_logprobs`: logp - log(r) with r drawn, token by token (each row's positions in blocks that
   take every interval once; or one s_b per sequence at sequence level, each advantage sign's first

@@ -105,7 +105,7 @@ def row_layouts(batch: int, case: int | None, gen: torch.Generator) -> list[str]
 
 def timed_rows(batch: int, seq: int, fraction: float, gen: torch.Generator) -> torch.Tensor:
     """Timed workloads: about `fraction` of the tokens unmasked (the anchors' configuration), each
-    row right- or left-padded at random."""
+    row right- or left-padded at random (their conformance sets add the edge rows: `with_edge_rows`)."""
     low = max(0, min(seq, math.ceil(seq * (2 * fraction - 1))))
     lengths = torch.randint(low, seq + 1, (batch,), generator=gen)
     t = torch.arange(seq)[None, :]
@@ -113,11 +113,29 @@ def timed_rows(batch: int, seq: int, fraction: float, gen: torch.Generator) -> t
     return torch.where(left[:, None], t >= seq - lengths[:, None], t < lengths[:, None])
 
 
+def with_edge_rows(keep: torch.Tensor, case: int, gen: torch.Generator) -> torch.Tensor:
+    """`keep` with min(3, batch - 1) of its rows, drawn, replaced by EDGES rows rotated by `case` (as row_layouts):
+    a timed workload's conformance sets keep the anchors' padded rows and meet the edge rows too. Before, a CUDA
+    workload of batch 8 (a kernel's large-batch grid, its own path) never held an empty, single-token or full row
+    in any call: only the untimed workloads' sets did."""
+    batch, seq = keep.shape
+    k = min(len(EDGES), batch - 1)
+    if k <= 0:
+        return keep
+    out = keep.clone()
+    rows = torch.randperm(batch, generator=gen)[:k].tolist()
+    for i, row in enumerate(rows):
+        out[row] = _row(EDGES[(case * k + i) % len(EDGES)], seq, gen)
+    return out
+
+
 def draw_mask(batch: int, seq: int, case: int | None, timed: bool, fraction: float,
               gen: torch.Generator) -> torch.Tensor:
     """A [B, S] bool mask; at least one unmasked token in the batch."""
     if timed:
         keep = timed_rows(batch, seq, fraction, gen)
+        if case is not None:  # a conformance set of a timed workload (timing's sets come without a case)
+            keep = with_edge_rows(keep, case, gen)
     else:
         keep = torch.stack([_row(name, seq, gen) for name in row_layouts(batch, case, gen)]) if batch else \
             torch.zeros(0, seq, dtype=torch.bool)
