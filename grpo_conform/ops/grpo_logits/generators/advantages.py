@@ -8,8 +8,8 @@ hide), plus the special values:
 - `group`: exactly 1/G, G in {2, 4, 8, 16}: one success in a group of G, normalised;
 - `zero`: exactly 0 (a group whose rewards all tie), batch >= 4.
 Where a batch has too few rows for every case, `case` rotates them over the workload's input sets:
-batch >= 3: a small value (tiny or exact-tiny, alternating) in every set, then 1/G, 0, the other
-small one as rows allow; batch 2: one ordinary value and one special (tiny, exact-tiny, 1/G in
+batch >= 3: a small value (tiny or exact-tiny, alternating) in every set, then (batch >= 4) 0, then
+1/G, the other small one as rows allow; batch 2: one ordinary value and one special (tiny, exact-tiny, 1/G in
 turn: calls A and D hold a small one); batch 1: tiny, ordinary, exact-tiny, 1/G in turn (call A
 tiny). The review's kernel zeroing sequences with |A| < 0.04 passed every batch-2 workload when
 small values were only drawn from batch 3 up.
@@ -51,9 +51,10 @@ def special_kinds(n: int, case: int | None, gen: torch.Generator) -> list[str]:
     if n == 2:
         k = int(torch.randint(0, 3, (1,), generator=gen)) if case is None else case % 3
         return [("tiny", "exact-tiny", "group")[k]]
-    kinds = [_small(case, gen), "group"]
-    if n >= 4:
-        kinds.append("zero")
+    # from batch 4 a zero in every set, before 1/G: a group whose rewards tie is GRPO's commonest special value, and
+    # with 1/G first a batch-4 set never held one, so only the zero-advantage probe's calls did (a kernel leaving
+    # A = 0 rows out of the batch mean under autocast, no_grad, a non-leaf view or strides passed: docs/checks.md)
+    kinds = [_small(case, gen)] + (["zero"] if n >= 4 else []) + ["group"]
     if n >= 5:
         kinds.append("tiny" if kinds[0] == "exact-tiny" else "exact-tiny")
     return kinds[: n - 2]  # one ordinary value of each sign stays
