@@ -113,10 +113,11 @@ def test_edge_rows_take_the_layouts_the_audible_rows_exclude(batch):
     of one has no edge; of two or more other rows one keeps every position. Without them a strided-only path that
     mishandles an empty row passed every call (gallery strided-mean-over-nonempty-rows)."""
     kinds = edge_kinds(True, True)
+    assert kinds == ("empty", "single", "clipped", "zero")
     for seed in range(20):
         r = random.Random(seed)
-        edges = edge_rows(batch, kinds, r)
-        assert len(edges) == min(3, batch // 2) and len(set(edges.values())) == len(edges)
+        edges = edge_rows(batch, kinds, r, seed % 3)
+        assert len(edges) == min(4, batch // 2) and len(set(edges.values())) == len(edges)
         if batch == 2:
             assert list(edges) == [0]
         keep = view_mask(batch, 9, r, edges)
@@ -125,7 +126,42 @@ def test_edge_rows_take_the_layouts_the_audible_rows_exclude(batch):
             assert (int(keep[b].sum()) == want) if want is not None else int(keep[b].sum()) >= 6, (b, edges, keep)
         rest = [b for b in range(batch) if b not in edges]
         assert len(rest) < 2 or any(bool(keep[b].all()) for b in rest), (edges, keep)  # one unpadded row
-    assert edge_kinds(False, False) == () and edge_kinds(False, True) == ("clipped",)
+    assert edge_kinds(False, False) == ("zero",) and edge_kinds(False, True) == ("clipped", "zero")
+
+
+def test_the_strided_calls_take_the_edge_kinds_in_turn():
+    """A set of four rows holds two edges; L (turn 0) and the L2 calls (turns 1, 2) hold every kind between them,
+    each kind in two of the three (token level with a mask: empty, single, zero)."""
+    kinds = edge_kinds(True, False)
+    held = [set(edge_rows(4, kinds, random.Random(t), t).values()) for t in range(3)]
+    assert all(len(h) == 2 for h in held) and all(sum(k in h for h in held) == 2 for k in kinds), held
+
+
+@pytest.mark.parametrize("member", ["token-offpolicy-mask", "token-is"])
+def test_a_zero_edge_row_has_a_zero_advantage_and_the_other_rows_are_audible(member):
+    """The zero edge row: A exactly 0 on a row of kept tokens; every other row's |A| >= 0.25."""
+    spec = member_spec(member)
+    w = next(w for w in spec.workloads if w.axes.get("batch", 0) >= 2 and not w.timed)
+    rw = spec.resolve(w)
+    op, model = operation_for(spec), ReferenceModel.drawn(spec, random.Random(0))
+    found = 0
+    for turn in range(3):
+        def generate(slot, s, given=None):
+            slot.pristine = op.generate(spec, rw, s, torch.device("cpu"), values=model.values, case=3,
+                                        given=given).tensors
+        run = SimpleNamespace(spec=spec, op=op, rw=rw, model=model, refs=ReferenceCache(), generate=generate,
+                              slot_key=lambda slot: ("V", 0, slot.version))
+        slot = _Slot()
+        drawn = draw_views(run, slot, 11, turn)
+        adv = slot.pristine["advantages"]
+        zero = [int(b) for b, k in drawn["edge_rows"].items() if k == "zero"]
+        found += len(zero)
+        for b in range(adv.shape[0]):
+            if b in zero:
+                assert float(adv[b]) == 0.0
+            elif str(b) not in drawn["edge_rows"]:
+                assert abs(float(adv[b])) >= 0.25, (b, adv)
+    assert found >= 1
 
 
 def test_an_edge_sequence_keeps_its_drawn_ratio():

@@ -36,17 +36,18 @@ def layouts(run: WorkloadConformance) -> None:
     del call
     run.release("V")  # no later probe reads V
     axes = multi_row_axes(run)
-    if axes is not None and run.grad_dtype in member_calls.unused_dtypes(run.spec, run.device.type):
-        _layouts_batch_pitch(run, check, axes)
+    unused = member_calls.unused_dtypes(run.spec, run.device.type)
+    if axes is not None and run.grad_dtype in unused:
+        _layouts_batch_pitch(run, check, axes, 1 + unused.index(run.grad_dtype))
 
 
-def _layouts_batch_pitch(run: WorkloadConformance, check: str, axes: dict[str, int]) -> None:
+def _layouts_batch_pitch(run: WorkloadConformance, check: str, axes: dict[str, int], turn: int) -> None:
     """The other-dtypes pass runs at the smallest workload, one sequence, and no other workload uses its dtype: a
     float16 path that walks sequences at a contiguous tensor's batch pitch ((seq + 1) * row pitch) read right in
     every strided call there (gallery fp16-batch-at-contiguous-pitch). So one more strided call, at the pass's
     multi-row axes (other_dtypes.multi_row_axes: four sequences, so V's edge rows come too)."""
     with at_shape(run, "VB", "VBO", axes, views=True) as (inp, out):
-        run.draws["layouts_batch_rows"] = draw_views(run, inp, run.seeds[0] ^ 0x7A7A7A7B)
+        run.draws["layouts_batch_rows"] = draw_views(run, inp, run.seeds[0] ^ 0x7A7A7A7B, turn)
         run.draws["layouts_batch"] = inp.layout
         call = run.call("L2", inp, out, (check, "finite", "no-mutation", "no-aliasing"), keep=False)
         if call is not None:

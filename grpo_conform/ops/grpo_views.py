@@ -18,12 +18,15 @@ So V is drawn with (`draw_views`):
   region holding r = 1, unclipped for every clip and inside CISPO's cap, and for VESPO each sequence's sum of
   log-ratios near its weight's peak, by shifting that row's old log-probs (`live_sequences`).
 Edge rows (`edge_rows`): from batch 2 on, up to batch // 2 rows (row 0 at batch 2, so that row 1, which a wrong
-batch pitch misreads, stays audible) take the layouts the rows above exclude, one kind each, drawn from those the
-member's inputs allow: an empty row, a single kept token (mask members), a sequence left where the generator drew
-it, its clip often binding (sequence level and VESPO). A kernel with a second path for strided inputs (a staging
-copy, a gather) that mishandles such a row would otherwise pass every call: the other probes draw these rows on
-contiguous inputs only (gallery strided-mean-over-nonempty-rows: a staging path that left empty rows out of the
-batch mean passed the whole default check before). Batch-1 calls keep their one row audible.
+batch pitch misreads, stays audible) take what the rows above exclude, one kind each, from those the member's
+inputs allow (`edge_kinds`): an empty row, a single kept token (mask members), a sequence left where the generator
+drew it, its clip often binding (sequence level and VESPO), a zero advantage on a row of ordinary kept tokens
+(every member). Where a set holds fewer edges than kinds, the strided calls of a run take the kinds in turn (L
+turn 0, FZV 1, L2 in the other dtypes 1, 2): each kind meets a strided call. A kernel with a second path for
+strided inputs (a staging copy, a gather) that mishandles such a row would otherwise pass every call: the other
+probes draw these rows on contiguous inputs only (gallery strided-mean-over-nonempty-rows: a staging path that
+left empty rows out of the batch mean passed the whole default check before). Batch-1 calls keep their one row
+audible.
 """
 
 from __future__ import annotations
@@ -41,16 +44,19 @@ KEPT = 2 / 3  # the least fraction of every row the mask keeps
 
 
 def edge_kinds(masked: bool, sequence_level: bool) -> tuple[str, ...]:
-    """The edge layouts a member's inputs allow: an empty row and a single kept token need a mask; a sequence left
-    where the generator drew it (its clip often binding) differs from the live ones only at sequence level."""
-    return (("empty", "single") if masked else ()) + (("clipped",) if sequence_level else ())
+    """The edge rows a member's inputs allow: an empty row and a single kept token need a mask; a sequence left
+    where the generator drew it (its clip often binding) differs from the live ones only at sequence level; a zero
+    advantage (a group whose rewards tie) every member has."""
+    return (("empty", "single") if masked else ()) + (("clipped",) if sequence_level else ()) + ("zero",)
 
 
-def edge_rows(batch: int, kinds: tuple[str, ...], r: random.Random) -> dict[int, str]:
-    """{row: kind}: min(len(kinds), batch // 2) rows, distinct kinds; at batch 2 the edge is row 0."""
+def edge_rows(batch: int, kinds: tuple[str, ...], r: random.Random, turn: int = 0) -> dict[int, str]:
+    """{row: kind}: n = min(len(kinds), batch // 2) rows at drawn places (row 0 at batch 2), their kinds the n after
+    `turn * n` in `kinds`, cyclically: the strided calls of a run (L, then L2 in each other dtype: `turn` 0, 1, 2)
+    take the kinds in turn, so each kind meets a strided call where a set of four rows holds only two edges."""
     n = min(len(kinds), batch // 2)
     rows = [0] if batch == 2 and n else r.sample(range(batch), n)
-    return dict(zip(rows, r.sample(kinds, n)))
+    return {row: kinds[(turn * n + i) % len(kinds)] for i, row in enumerate(rows)}
 
 
 def view_mask(batch: int, seq: int, r: random.Random, edges: dict[int, str] | None = None) -> torch.Tensor:
@@ -114,20 +120,23 @@ def live_sequences(old: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, ad
     return old.to(torch.float64) + shift[:, None], target.tolist()
 
 
-def draw_views(run: Any, slot: Any, seed: int) -> dict[str, Any]:
+def draw_views(run: Any, slot: Any, seed: int, turn: int = 0) -> dict[str, Any]:
     """Draw `slot` (the views) from `seed` as the module docstring says; what was drawn, for the workload's draws."""
     r = random.Random(seed ^ 0x51DE)
     mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
     batch, seq = run.rw.shapes["completion_ids"]
     p = GrpoParameters.from_spec(run.spec, run.model.values)
     sequence = p.importance_sampling_level == "sequence" or p.loss_type == "vespo"
-    edges = edge_rows(batch, edge_kinds(mask is not None, sequence), r)
+    edges = edge_rows(batch, edge_kinds(mask is not None, sequence), r, turn)
     keep = view_mask(batch, seq, r, edges) if mask else torch.ones(batch, seq, dtype=torch.bool)
     run.generate(slot, seed, given={mask: keep} if mask else None)
     x = slot.pristine
     values = {n: x[n].clone() for n in x if run.op.input_kind(n) == "sequence-scalar"}
     for t in values.values():
         t.copy_(audible(t))
+    for b, kind in edges.items():  # the zero edge row: A exactly 0 on a row of ordinary kept tokens
+        if kind == "zero" and "advantages" in values:
+            values["advantages"].view(-1)[b] = 0.0
     audible_rows = [b for b in range(batch) if b not in edges]
     drawn: dict[str, Any] = {"least_kept": int(keep[audible_rows].sum(-1).min()) if audible_rows else 0, "seq": seq,
                              "edge_rows": {str(b): k for b, k in sorted(edges.items())}}

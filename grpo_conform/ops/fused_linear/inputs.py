@@ -175,7 +175,7 @@ def _member_inputs(spec, resolved, tensors, gen, values, case, found: dict, give
     keep = torch.ones(batch, seq, dtype=torch.bool)
     if "completion_mask" in tensors:
         keep = fill_completion_mask(tensors["completion_mask"], resolved, spec.validation.member_inputs, gen, case,
-                                    given)
+                                    given, tensors["advantages"])
         covered["mask_layouts"] = sorted(set(classify(keep)))
     if "old_logprobs" not in tensors and "ref_logprobs" not in tensors:
         return covered

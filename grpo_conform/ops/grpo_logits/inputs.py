@@ -241,7 +241,7 @@ def generate(
     host = HostDraws.of(adv, given, tensors["completion_ids"].shape[1], seed, case)
     for row, pos in host.binding.items():  # where the clip is made to bind, a gradient to show it by
         special[row, pos] = True
-    keep = drawn_keep(spec, resolved, tuple(tensors["completion_ids"].shape), seed, case, given) \
+    keep = drawn_keep(spec, resolved, tuple(tensors["completion_ids"].shape), seed, case, given, adv) \
         if "completion_mask" in tensors else None
     fill_logits(tensors["logits"], tensors["completion_ids"], spec, profiles, gen, resolvable=small, unpeaked=special,
                 keep=keep)

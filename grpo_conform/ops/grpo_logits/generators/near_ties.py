@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from grpo_conform.ops.grpo_logits.member_inputs import tie_ref_logprobs, tie_rows
+from grpo_conform.ops.grpo_logits.member_inputs import TIE_ADVANTAGE, tie_ref_logprobs, tie_rows
 from grpo_conform.ops.grpo_logits.reference import reference_logprobs
 from grpo_conform.ops.grpo_terms import GrpoParameters
 from grpo_conform.spec import Spec
@@ -73,6 +73,9 @@ def mix_signs(x: dict[str, torch.Tensor], seed: int) -> None:
         sparse = ((m != 0).sum(-1) * 2 < m.shape[-1]).to(m.device)
         m[sparse] = 1
     adv = x["advantages"]
+    # a zero advantage (every set's from batch 4) has no tie to show: it takes TIE_ADVANTAGE, so a call of few
+    # sequences keeps them all live (GSPO's near ties are one per sequence; the zero-advantage calls hold zeros)
+    adv.masked_fill_(adv == 0, TIE_ADVANTAGE)
     a = adv.detach().to("cpu", torch.float64).reshape(-1)
     live = (_live(x, x["completion_ids"].shape).any(-1) & (a != 0)).reshape(-1)
     n = int(live.sum())
