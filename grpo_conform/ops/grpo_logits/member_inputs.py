@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import torch
 
 from grpo_conform.dtypes import dtype_name
+from grpo_conform.ops.grpo_logits.generators.advantages import SMALL_MAX
 from grpo_conform.ops.grpo_logits.generators.judged_rows import free_one_sequence, one_judged_token
 from grpo_conform.ops.grpo_logits.generators.masks import classify, draw_mask
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
@@ -56,23 +57,29 @@ def fill_completion_mask(mask: torch.Tensor, rw: ResolvedWorkload, cfg: MemberIn
 
 
 def zero_apart(keep: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """`keep` with its rows moved so that no zero advantage sits on a row keeping at most one token: both are edge
-    cases of every set from batch 4 (masks.row_layouts, advantages.special_kinds), drawn independently, and where
-    they met, the row's edge hid (a single-token row halved, an empty row counted as full: times A = 0, nothing;
-    gallery non-leaf-single-token-rows-halved was missed in 1 run of 7). Each such row swaps with the first row of a
-    non-zero advantage keeping two or more; the rows' layouts stay the same multiset. No draw: the stream is the
-    same, so `drawn_keep` agrees."""
+    """`keep` with its rows moved (the layouts stay the same multiset; no draw, so `drawn_keep` agrees) so that
+    1. no zero advantage sits on a row keeping at most one token: both are edge cases of every set from batch 4
+       (masks.row_layouts, advantages.special_kinds), drawn independently, and where they met, the row's edge hid (a
+       single-token row halved, an empty row counted as full: times A = 0, nothing; gallery
+       non-leaf-single-token-rows-halved was missed in 1 run of 7);
+    2. a row keeping two or more tokens holds an ordinary |A| (above SMALL_MAX) where any row does: with the two
+       ordinary values on the empty and the single-token row, the rich rows held only a small and a zero advantage,
+       a nearly deaf set (1 in 3 of them once every set held both edges and a zero)."""
     a = advantages.detach().to("cpu", torch.float64).reshape(-1)
-    if a.numel() != keep.shape[0] or not bool((a == 0).any()):
+    if a.numel() != keep.shape[0]:
         return keep
     out = keep.clone()
+    rich = lambda j: int(out[j].sum()) > 1  # noqa: E731
     for row in torch.nonzero(a == 0).flatten().tolist():
-        if int(out[row].sum()) > 1:
-            continue
-        other = next((j for j in range(out.shape[0]) if a[j] != 0 and int(out[j].sum()) > 1), None)
-        if other is None:
-            break
-        out[[row, other]] = out[[other, row]]
+        other = next((j for j in range(out.shape[0]) if a[j] != 0 and rich(j)), None)
+        if not rich(row) and other is not None:
+            out[[row, other]] = out[[other, row]]
+    loud = a.abs() > SMALL_MAX
+    if not any(loud[j] and rich(j) for j in range(out.shape[0])):
+        poor = next((j for j in range(out.shape[0]) if loud[j]), None)  # a loud row is poor here, if any
+        quiet = sorted((j for j in range(out.shape[0]) if rich(j)), key=lambda j: a[j] == 0)  # a small one first
+        if poor is not None and quiet:
+            out[[poor, quiet[0]]] = out[[quiet[0], poor]]
     return out
 
 
@@ -317,14 +324,24 @@ def sampling_ratios(shape: tuple[int, int], cap: float, cfg: MemberInputs, gen: 
     return torch.exp(draw_log_ratios(n, [iv for iv in intervals if iv[1] > iv[0]], gen)).view(shape)
 
 
-def sequence_sampling_ratios(keep: torch.Tensor, cap: float, cfg: MemberInputs, gen: torch.Generator) -> torch.Tensor:
+def sequence_sampling_ratios(keep: torch.Tensor, cap: float, cfg: MemberInputs, gen: torch.Generator,
+                             advantages: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token sampling ratios whose product over each sequence's kept tokens (TRL's sequence modes)
     is a drawn q_b on either side of the cap, `boundary_margin` away from it; the tokens spread around
-    q_b^(1/n_b) (per-token log spread `sequence_noise`, kept sum 0), masked tokens anywhere."""
+    q_b^(1/n_b) (per-token log spread `sequence_noise`, kept sum 0), masked tokens anywhere. With `advantages`,
+    a sequence of an ordinary |A| (above advantages.SMALL_MAX) is below the cap where the draw put none there
+    (values swapped, no draw): in the sequence-mask mode a set whose ordinary sequences were all masked held only
+    its small and zero advantages, a deaf call (from batch 4 every set holds a zero)."""
     batch, seq = keep.shape
     intervals = [(cfg.sampling_ratio_min, cap * (1 - cfg.boundary_margin)),
                  (cap * (1 + cfg.boundary_margin), cap * cfg.sampling_ratio_max_factor)]
     per_seq = draw_log_ratios(batch, [iv for iv in intervals if iv[1] > iv[0]], gen)
+    if advantages is not None and advantages.numel() == batch:
+        loud = (advantages.detach().to("cpu", torch.float64).reshape(-1).abs() > SMALL_MAX) & keep.any(-1).cpu()
+        below = per_seq < math.log(cap)
+        if bool(loud.any()) and not bool((loud & below).any()) and bool(below.any()):
+            i, j = int(torch.nonzero(loud)[0]), int(torch.nonzero(below)[0])
+            per_seq[[i, j]] = per_seq[[j, i]]
     kf = keep.to(torch.float64)
     n = kf.sum(-1, keepdim=True).clamp_min(1.0)
     noise = torch.randn(batch, seq, generator=gen, dtype=torch.float64) * cfg.sequence_noise
@@ -377,7 +394,7 @@ def fill_member_inputs(spec: Spec, rw: ResolvedWorkload, tensors: dict[str, torc
     if "sampling_ratio" in tensors:
         cap = p.sampling_ratio_cap if p.sampling_ratio_cap is not None else 3.0
         if p.vllm_importance_sampling_mode.startswith("sequence"):
-            ratios = sequence_sampling_ratios(keep, cap, cfg, gen)
+            ratios = sequence_sampling_ratios(keep, cap, cfg, gen, tensors["advantages"])
         else:
             ratios = sampling_ratios((batch, seq), cap, cfg, gen)
             if float(torch.tensor(cap, dtype=torch.float32)) == cap:
