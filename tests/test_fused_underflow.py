@@ -28,13 +28,19 @@ SUBNORMAL = 2.0 * TINY * torch.finfo(torch.float32).eps  # the engine's floor fo
 
 
 def _case():
+    """The first input set (seeds from 0) whose weight gradient holds over 50 elements a flushing GEMM zeroes: the
+    draws move with the generators (the fortieth session's edge rows and zero advantages moved seed 0's away)."""
     op = operation_for(MEMBER)
     rw = MEMBER.resolve(MEMBER.workload("fp32-tiny"))
     model = ReferenceModel.drawn(MEMBER, random.Random(0))
-    x = op.generate(MEMBER, rw, 0, "cpu", values=model.values, case=0).tensors
-    x["hidden"].mul_(6.0)  # wide logits: at temperature 0.45 many vocabulary rows fall below 1e-38
     p = dataclasses.replace(model.params, temperature=0.45)
-    ref = dense_gradients({k: (v.double() if v.is_floating_point() else v) for k, v in x.items()}, p)
+    for seed in range(16):  # case 2: at batch 2 its edge row is a full one (case 0's an empty row: one row left)
+        x = op.generate(MEMBER, rw, seed, "cpu", values=model.values, case=2).tensors
+        x["hidden"].mul_(6.0)  # wide logits: at temperature 0.45 many vocabulary rows fall below 1e-38
+        ref = dense_gradients({k: (v.double() if v.is_floating_point() else v) for k, v in x.items()}, p)
+        w = ref["weight"].abs()
+        if int(((w > 4 * SUBNORMAL) & (w < TINY)).sum()) > 50:
+            break
     return op, rw, x, p, ref
 
 

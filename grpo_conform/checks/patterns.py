@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
@@ -15,8 +13,7 @@ from grpo_conform.compare import bitwise_equal, compare_loss, describe_outputs, 
 from grpo_conform.ops.grpo_probes import small_axes
 from grpo_conform.checks import member_calls
 from grpo_conform.checks.shaped import at_shape
-from grpo_conform.ops.grpo_logits.member_inputs import audible
-from grpo_conform.ops.grpo_views import draw_views
+from grpo_conform.ops.grpo_views import audible_scalars, draw_views
 from grpo_conform.checks.other_dtypes import multi_row_axes
 
 
@@ -86,11 +83,9 @@ def _forward_only(run: WorkloadConformance, check: str, prefix: str, seed: int, 
     ctx = ("torch.inference_mode" if inference else "torch.enable_grad with no input requiring grad" if frozen else
            "torch.no_grad")
     run.generate(run.P, seed)
-    # the loss alone is judged here: a row of small |A| (tiny, 2^-k) moves it by less than its allowance, so the
-    # advantages are `audible`, zeros kept (gallery frozen-logits-single-token-rows-halved: a single-token row of
-    # tiny A halved passed); small advantages are the gradient calls' business
-    adv = run.P.pristine["advantages"]
-    run.P.write({"advantages": torch.where(adv == 0, adv, audible(adv))})
+    # the loss alone is judged here: a row of small |A| (tiny, 2^-k) moves it by less than its allowance
+    # (gallery frozen-logits-single-token-rows-halved: a single-token row of tiny A halved passed)
+    run.P.write(audible_scalars(run, run.P))
     label = run._label(prefix)
     checks = (check,) if inference else (check, "no-mutation")
     # frozen: grad mode on, and `only` names no differentiable input, so none requires grad

@@ -120,6 +120,14 @@ def live_sequences(old: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, ad
     return old.to(torch.float64) + shift[:, None], target.tolist()
 
 
+def audible_scalars(run: Any, slot: Any) -> dict[str, torch.Tensor]:
+    """`slot`'s per-sequence scalars (the advantages) `audible`, exact zeros kept: for a call whose loss alone is
+    judged (forward-only, inference-mode), where a row of small |A| moves the loss by less than its allowance.
+    Small advantages are the gradient calls' business; a zero still counts in every normaliser."""
+    x = slot.pristine
+    return {n: torch.where(x[n] == 0, x[n], audible(x[n])) for n in x if run.op.input_kind(n) == "sequence-scalar"}
+
+
 def draw_views(run: Any, slot: Any, seed: int, turn: int = 0) -> dict[str, Any]:
     """Draw `slot` (the views) from `seed` as the module docstring says; what was drawn, for the workload's draws."""
     r = random.Random(seed ^ 0x51DE)
