@@ -79,6 +79,13 @@ EDGES = ("empty", "single", "full")  # the kept counts a per-row normaliser can 
 ORDINARY = ("right", "left", "holes")
 
 
+def edge_layouts(batch: int, case: int) -> list[str]:
+    """The EDGES a set of `batch` rows holds: min(3, batch - 1) of them (at least one ordinary row stays), rotated
+    by `case`; all three from batch 4 on."""
+    k = min(len(EDGES), batch - 1)
+    return [EDGES[(case * k + i) % len(EDGES)] for i in range(max(k, 0))]
+
+
 def row_layouts(batch: int, case: int | None, gen: torch.Generator) -> list[str]:
     """The layouts asked for, one per row, rows shuffled. With `case` (the workload's input-set count): from batch 2
     on, min(3, batch - 1) rows take EDGES (all three from batch 4 on, in every set) and the rest ORDINARY, each
@@ -94,9 +101,8 @@ def row_layouts(batch: int, case: int | None, gen: torch.Generator) -> list[str]
     elif batch >= len(UNTIMED):
         names = list(UNTIMED) + [UNTIMED[(case * batch + b) % len(UNTIMED)] for b in range(batch - len(UNTIMED))]
     else:
-        k = min(len(EDGES), batch - 1)
-        names = [EDGES[(case * k + i) % len(EDGES)] for i in range(k)]
-        names += [ORDINARY[(case * (batch - k) + i) % len(ORDINARY)] for i in range(batch - k)]
+        names = edge_layouts(batch, case)
+        names += [ORDINARY[(case * (batch - len(names)) + i) % len(ORDINARY)] for i in range(batch - len(names))]
     if batch == 1 and names[0] == "empty":
         names[0] = "holes"
     order = torch.randperm(batch, generator=gen).tolist()
@@ -114,18 +120,17 @@ def timed_rows(batch: int, seq: int, fraction: float, gen: torch.Generator) -> t
 
 
 def with_edge_rows(keep: torch.Tensor, case: int, gen: torch.Generator) -> torch.Tensor:
-    """`keep` with min(3, batch - 1) of its rows, drawn, replaced by EDGES rows rotated by `case` (as row_layouts):
+    """`keep` with drawn rows replaced by the set's `edge_layouts` (as row_layouts):
     a timed workload's conformance sets keep the anchors' padded rows and meet the edge rows too. Before, a CUDA
     workload of batch 8 (a kernel's large-batch grid, its own path) never held an empty, single-token or full row
     in any call: only the untimed workloads' sets did."""
     batch, seq = keep.shape
-    k = min(len(EDGES), batch - 1)
-    if k <= 0:
+    names = edge_layouts(batch, case)
+    if not names:
         return keep
     out = keep.clone()
-    rows = torch.randperm(batch, generator=gen)[:k].tolist()
-    for i, row in enumerate(rows):
-        out[row] = _row(EDGES[(case * k + i) % len(EDGES)], seq, gen)
+    for row, name in zip(torch.randperm(batch, generator=gen)[: len(names)].tolist(), names):
+        out[row] = _row(name, seq, gen)
     return out
 
 
