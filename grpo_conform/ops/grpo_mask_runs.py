@@ -25,6 +25,7 @@ import torch
 from grpo_conform.checks import judging as J
 from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConformance
 from grpo_conform.checks.shaped import at_shape
+from grpo_conform.ops.grpo_logits.generators.knots import clear_of_knots
 from grpo_conform.ops.grpo_logits.member_inputs import audible
 
 RUN = 256  # the least padding run: a tile of 256 positions (Liger's and TRL's Triton blocks), aligned or not
@@ -70,9 +71,13 @@ def far_ratios(run: WorkloadConformance, inp, keep: torch.Tensor, r: random.Rand
     zero advantage hid the stale row). With the drawn near-on-policy values alone a stale GSPO partial moved the
     sequence's mean log-ratio by ~1e-3, inside the tolerance unless it crossed a clip
     bound (a gallery kernel summing GSPO from 512-position partials, at 61b419a, passed gradient 4 runs in 10;
-    with these moves 0 in 24). The names it moved."""
+    with these moves 0 in 24). The moves ignore the member's knots, so `clear_of_knots` then keeps every live ratio
+    the member judges against one `boundary_margin` from it, as the drawn sets are. The names it moved."""
     order = torch.cumsum(keep.to(torch.int64), dim=-1)  # 1-based rank of each kept position in its row
-    first = order * 2 <= keep.sum(-1, keepdim=True)  # [rows, seq]: the first half of the row's kept positions
+    n = keep.sum(-1, keepdim=True)
+    # +1 over the first half of the row's kept positions, -1 over the second, 0 at an odd row's middle one: every
+    # row's sum stays as drawn (an odd row's moved by d put vLLM's sequence product up to e^1.5 from its draw)
+    sign = torch.where(order * 2 <= n, 1.0, torch.where(keep & (order * 2 == n + 1), 0.0, -1.0)).to(torch.float64)
     moved = []
     for name in (t.name for t in run.spec.inputs if t.name in inp.tensors):
         t, kind = inp.tensors[name], run.op.input_kind(name)
@@ -82,13 +87,17 @@ def far_ratios(run: WorkloadConformance, inp, keep: torch.Tensor, r: random.Rand
             wide = t.to(torch.float64)  # only these: a float64 copy of the logits would be a logits-sized waste
             d = torch.tensor([r.uniform(*FAR_SHIFT) * r.choice((-1.0, 1.0)) for _ in range(t.shape[0])],
                              dtype=torch.float64)
-            shift = (d[:, None] * torch.where(first, 1.0, -1.0).to(torch.float64)).to(t.device)
+            shift = (d[:, None] * sign).to(t.device)
             moved_to = (wide - shift).clamp(max=0.0) if kind == "token-logprobs" else wide * torch.exp(shift)
             t.copy_(moved_to.to(t.dtype))
         else:
             continue
         moved.append(name)
     if moved:
+        # the moves ignore the member's knots (a ratio 6e-6 from a clip bound failed an honest kernel): clear them
+        params = run.model.params
+        logp = run.op.policy_logprobs(run.spec, inp.tensors, params)
+        clear_of_knots(inp.tensors, params, run.spec.validation.member_inputs.boundary_margin, logp, keep)
         inp.commit()
     return moved
 

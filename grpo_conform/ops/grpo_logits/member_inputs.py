@@ -33,6 +33,7 @@ import torch
 from grpo_conform.dtypes import dtype_name
 from grpo_conform.ops.grpo_logits.generators.advantages import SMALL_MAX
 from grpo_conform.ops.grpo_logits.generators.judged_rows import free_one_sequence, one_judged_token
+from grpo_conform.ops.grpo_logits.generators.knots import ratio_knots
 from grpo_conform.ops.grpo_logits.generators.masks import classify, draw_mask
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.spec import MemberInputs, ResolvedWorkload, Spec
@@ -168,13 +169,7 @@ class HostDraws:
 
 def ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, float]]:
     """Ratio intervals between the boundaries, each kept `boundary_margin` (relative) away from them."""
-    if p.loss_type == "cispo":
-        knots = {p.epsilon_high}
-    else:
-        knots = {1.0 - p.epsilon_low, 1.0 + p.epsilon_high}
-        if p.delta is not None:
-            knots.add(p.delta)
-    knots = sorted(k for k in knots if k > 0)
+    knots = ratio_knots(p)
     edges = [min(cfg.ratio_min, knots[0] * 0.5)] + knots + [knots[-1] * cfg.ratio_max_factor]
     out = []
     for a, b in zip(edges, edges[1:]):

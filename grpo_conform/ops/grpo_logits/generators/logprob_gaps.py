@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
+from grpo_conform.ops.grpo_logits.generators.knots import ratio_knots
 from grpo_conform.ops.grpo_logits.member_inputs import _SALT, _cfg, draw_log_ratios
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.ops.grpo_terms import VESPO_TOKEN_CLAMP
@@ -38,11 +39,8 @@ def far_log_cap(dtype: torch.dtype) -> float:
 def far_ratio_intervals(p: GrpoParameters, cfg: MemberInputs, cap: float = FAR_LOG) -> list[tuple[float, float]]:
     """(3, e^cap) and (e^-FAR_LOG, 0.3) with every boundary of the member (1 - epsilon_low,
     1 + epsilon_high, delta, CISPO's cap) and `boundary_margin` around it cut out: far ratios, never ties."""
-    knots = [p.epsilon_high] if p.loss_type == "cispo" else [1.0 - p.epsilon_low, 1.0 + p.epsilon_high]
-    if p.delta is not None:
-        knots.append(p.delta)
     out = [(FAR_ABOVE, math.exp(cap)), (math.exp(-FAR_LOG), FAR_BELOW)]
-    for k in (k for k in knots if k > 0):
+    for k in ratio_knots(p):
         lo, hi = k * (1 - cfg.boundary_margin), k * (1 + cfg.boundary_margin)
         out = [piece for a, b in out for piece in ((a, min(b, lo)), (max(a, hi), b)) if piece[1] > piece[0] * 1.01]
     return out
