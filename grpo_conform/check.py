@@ -45,6 +45,7 @@ from grpo_conform.floors import compute_floor
 from grpo_conform.gate.gpu_share import GateClient, GateError
 from grpo_conform.gate.parallel import auto_jobs, run_slots
 from grpo_conform.gate.plan import ImplPlan, Stop, build_plan, resolve_checks, select_outcomes, wants_timing
+from grpo_conform.gate.selection import ALWAYS_REPORTED
 from grpo_conform.gate.progress import Progress, Reporter
 from grpo_conform import gemm_ceiling
 from grpo_conform.hardware import Ceilings, GpuSpec, describe_running_gpu, measure_ceilings
@@ -75,7 +76,7 @@ class CheckRequest:
     timing: bool = True
     members: tuple[str, ...] = ()  # --member: run only these members (names or ids)
     checks: tuple[str, ...] = ()  # -k/--check: report only these checks (names or fnmatch patterns)
-    fail_fast: bool = False  # -x: stop at the first failed workload
+    fail_fast: bool = False  # -x: stop at the first failed check: no later probe of its workload, no later workload
     strict: bool = False  # a skipped implementation, member or workload fails the run
     changed_since: str | None = None  # only the implementation folders changed since this git ref
     shard: tuple[int, int] | None = None  # (I, N), 1 <= I <= N: this machine's part of the work
@@ -577,6 +578,15 @@ def _internal_result(workload: str, ctx: RunContext, request: CheckRequest, exc:
     return WorkloadResult(workload, {}, {}, ctx.device.type, (), outcomes, (), {INTERNAL_ERROR: info})
 
 
+def _stop_at(request: CheckRequest) -> tuple[str, ...] | None:
+    """-x: the checks whose first failure ends the workload's probes (the selected ones and those always
+    reported; () every check); None without -x."""
+    if not request.fail_fast:
+        return None
+    names = resolve_checks(request.checks)
+    return names + tuple(n for n in ALWAYS_REPORTED if n not in names) if names else ()
+
+
 def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, request: CheckRequest, say: Reporter,
                   name: str, member: str, let_go: Callable[[], None] | None = None) -> tuple[WorkloadResult, Any]:
     probes = select_probes(w.probes, resolve_checks(request.checks))  # -k narrows what runs, not only what shows
@@ -587,7 +597,8 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
     say(name, member, w.name, f"conformance {op.describe_workload(spec, resolved)}")
     grant = op.device_bytes(spec, resolved) if ctx.gate is not None else None
     with _memory_hold(ctx, grant, draws, let_go, session):
-        outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws).run())
+        outcomes = tuple(WorkloadConformance(session, spec, resolved, seeds, probes, w.probes, draws,
+                                                     _stop_at(request)).run())
         with PHASES("scan"):
             outcomes += (tamper_scan(session.impl),)  # static, in the parent: the same on every workload
         timings: list = []

@@ -170,7 +170,7 @@ def spec_validate(files: tuple[str, ...]) -> None:
 @click.option("--sandbox", type=click.Choice(["none", "bwrap"]), default="none", show_default=True,
               help="bwrap: run each worker inside bubblewrap (no network, read-only file system but its scratch "
                    "directory); bwrap from $GRPO_CONFORM_BWRAP, /usr/bin/bwrap or PATH; exit 2 if it cannot start")
-@click.option("-x", "--fail-fast", is_flag=True, help="stop at the first failed workload (the rest: not run)")
+@click.option("-x", "--fail-fast", is_flag=True, help="stop at the first failure: no probe runs after the one that failed a check (of -k's where given), no workload after it (the rest: not run)")
 @click.option("--explore", type=click.IntRange(min=0), default=0, metavar="N",
               help="after the workloads, N property-based cases per member over its declared domain (shapes, "
                    "dtypes, parameters, advantages); a failure is shrunk and printed as a runnable snippet")

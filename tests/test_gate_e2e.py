@@ -73,6 +73,26 @@ def test_fail_fast_stops_and_check_selection_reports_only_what_was_asked(tmp_pat
     assert bad.members[0].coverage.checks == ("loss",)
     assert stopped.status == "skipped" and "--fail-fast" in stopped.message and not stopped.workloads
     assert [n.kind for n in stopped.members[0].coverage.not_run if n.workload == SMALL] == ["stopped"]
+    assert bad.workloads[0].draws["stopped_at_failure"] == {"check": "loss", "probe": "baseline"}
+
+
+def test_fail_fast_ends_a_workload_at_the_probe_where_a_check_first_fails():
+    """-x stops inside the workload too: no probe after the one that failed a check runs, and every check not
+    judged by then says why. Without -x the same folder runs every probe. Under -k only the selected checks
+    stop it: loss-offset fails loss at baseline, and `-k gradient` runs on (its gradient is right)."""
+    def run(**kw):
+        report = run_check(CheckRequest((str(FAILING),), device="cpu", workloads=(SMALL,), **kw))
+        (w,) = report.implementations[0].workloads
+        return report, w, {o.check: o for o in w.outcomes}
+
+    report, w, x = run(fail_fast=True)
+    assert report.exit_code == 1 and x["loss"].failed and w.draws["stopped_at_failure"]["probe"] == "baseline"
+    stopped = [c for c, o in x.items() if "--fail-fast stopped this workload when loss failed" in o.message]
+    assert {"row-locality", "no-global-side-effects"} <= set(stopped) and all(x[c].status == "skipped" for c in stopped)
+    _, w, full = run()
+    assert "stopped_at_failure" not in w.draws and full["row-locality"].status == "pass"
+    _, w, narrowed = run(fail_fast=True, checks=("gradient",))
+    assert "stopped_at_failure" not in w.draws and narrowed["gradient"].status == "pass"
 
 
 # What the two tests below are about is how the work is split (units to slots, to shards) and joined

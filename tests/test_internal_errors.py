@@ -223,3 +223,15 @@ def test_zero_advantage_draws_its_own_set_in_the_other_dtypes_pass():
     passes = w.draws["other_dtypes"]
     assert set(passes) == {"float16", "float32"} and all("all-zero" in p["advantage_cases"] for p in passes.values())
     assert INTERNAL_ERROR not in w.draws and report.exit_code == 0
+
+
+def test_first_failure_reads_the_book_s_order_the_selection_and_never_an_informational_check():
+    """What -x stops a workload on (WorkloadConformance.stop_at_failure)."""
+    from grpo_conform.checks.book import CheckBook
+
+    book = CheckBook(("runs", "loss", "gradient", "determinism"))
+    book.record("determinism", "A#1", False, "not bitwise equal")  # informational: reported, never a failure
+    book.record("gradient", "A#1", False, "off")
+    assert book.first_failure() == "gradient" and book.first_failure(("loss",)) is None
+    book.record("loss", "A#2", False, "off")
+    assert book.first_failure() == "loss" and book.first_failure(("runs", "gradient")) == "gradient"

@@ -68,6 +68,12 @@ class CheckBook:
         if not self.findings[check]:
             self.inapplicable[check] = reason
 
+    def first_failure(self, among: tuple[str, ...] = ()) -> str | None:
+        """The first check (in the book's order; of `among` where given) with a finding other than pass,
+        informational ones aside."""
+        return next((n for n in self.names if not CHECKS_BY_NAME[n].informational and (not among or n in among)
+                     and any(f.status != "pass" for f in self.findings[n])), None)
+
     def marks(self) -> dict[str, int]:
         """How much each check holds so far (findings, a skip reason, an inapplicability): what a
         probe touched shows as a change between two marks."""

@@ -60,6 +60,8 @@ class WorkloadConformance(WorkerCalls, JudgeCalls):
     probes: tuple[Probe, ...]  # what `run` runs, in order (probes.select); () for judging only
     profile: str = "full"  # the workload's probe profile: named where a check it leaves out is skipped
     draws: dict[str, Any] = field(default_factory=dict)
+    # -x: no probe runs after one that failed a check of these (() any check; None: never stop)
+    stop_at_failure: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seeds[0] ^ 0x9E3779B97F4A7C15)
@@ -129,6 +131,12 @@ class WorkloadConformance(WorkerCalls, JudgeCalls):
                         probe.run(self)
                 finally:
                     self._declared(probe, before)
+                failed = None if self.stop_at_failure is None else self.book.first_failure(self.stop_at_failure)
+                if failed:
+                    self.draws["stopped_at_failure"] = {"check": failed, "probe": probe.name}
+                    self.book.skip_rest(f"not run: --fail-fast stopped this workload when {failed} failed "
+                                        f"(probe {probe.name})")
+                    break
             if self.profile != "full":
                 for check in CONFORMANCE_CHECKS:
                     self.book.skip(check, f"not exercised by this workload's '{self.profile}' probe profile")
