@@ -26,6 +26,7 @@ from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConforma
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.ops.grpo_logits.generators.near_ties import near_tie_reason
 from grpo_conform.ops.grpo_logits.generators.token_ids import repeated_given
+from grpo_conform.ops.grpo_views import audible_scalars
 
 ACCUMULATION = "grad-accumulation"
 NEAR_TIES = "near-ties"  # AC-near's check (the near-ties probe's own calls feed it too)
@@ -119,7 +120,8 @@ def lowered_operands(run: WorkloadConformance, dtype: str) -> list[str]:
 
 def autocast(run: WorkloadConformance) -> None:
     """AC: a call whose forward runs under torch.autocast(<device>, dtype) (`autocast_dtype`; the backward outside
-    it, as PyTorch's AMP recipe runs a step) on a fresh drawn set; AC-near: the same on near-ties' set (every live
+    it, as PyTorch's AMP recipe runs a step) on a fresh drawn set, its advantages `audible_scalars` (the pattern's
+    one plain call: a tiny or zero A on the single-token row hid it); AC-near: the same on near-ties' set (every live
     ratio a hair from its clip bound: `Operation.near_tie_inputs`), where a member has a hard clip bound, judged
     under `near-ties` as that check's own calls are (its folders' flipped branches are near ties). Autocast
     changes no declared input: every input (the float32 ones too) stays as given, so both are judged
@@ -145,6 +147,7 @@ def autocast(run: WorkloadConformance) -> None:
     for i, label in enumerate(("AC", "AC-near") if near else ("AC",)):
         seed = run.seeds[0] ^ 0xA17C ^ (i << 24)
         run.generate(run.P, seed)
+        run.P.write(audible_scalars(run, run.P))  # the pattern's one plain call: every row with tokens audible
         if label == "AC-near":
             run.P.write(run.op.near_tie_inputs(run.spec, run.P.pristine, run.model.params, seed, {}))
         near_call = label == "AC-near"  # judged as near-ties' calls are: a branch flipped there is a near tie missed
