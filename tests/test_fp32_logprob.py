@@ -40,11 +40,11 @@ RATIO_MEMBERS = ("token-offpolicy-mask", "token-offpolicy-mask-kl", "bnpo-mask",
 # Found under the parameter draws of grpo_conform/spec/draws.py as they are now (a change of the draw rules
 # moves every seed's parameters: DEFAULT_AWAY re-pinned these on 2026-12-02; the first pins are in
 # docs/spec-family.md).
-PINNED = {  # re-pinned when each row's token-level log-ratios became blocks over the clip regions (2026-12-05;
-    # draws Random(900000 + i), i = 26, 22, 84; before: issue 27's generators, i = 124, 4, 124)
-    ("bnpo-mask", 1298929185232145864, 3714143533352546002): {"gradient"},
-    ("cispo-mask", 3568091604870055263, 654232903606639250): {"loss"},
-    ("vllm-is-mask", 501475915927065664, 945495957009719690): {"gradient"},
+PINNED = {  # re-pinned when the richest row took the largest |A| (zero_apart, 2026-12-07; draws Random(900000 + i),
+    # i = 21, 0, 21; before: i = 26, 22, 84 from 2026-12-05's row blocks, and i = 124, 4, 124 from issue 27's generators)
+    ("bnpo-mask", 1481846718571421214, 2278955225969783583): {"gradient"},
+    ("cispo-mask", 3379075746491900858, 1407860267949091054): {"loss"},
+    ("vllm-is-mask", 1481846718571421214, 2278955225969783583): {"gradient"},
 }
 EPS32 = 2.0**-23
 

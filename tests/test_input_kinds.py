@@ -207,6 +207,7 @@ def test_a_zero_advantage_never_sits_on_a_row_of_at_most_one_kept_token():
         out = zero_apart(keep, adv)
         assert int(out[adv == 0].sum()) > 1, (case, keep, adv)
         assert any(int(out[j].sum()) > 1 and abs(float(adv[j])) > SMALL_MAX for j in range(4)), (case, out, adv)
+        assert abs(float(adv[int(out.sum(-1).argmax())])) == float(adv.abs().max()), (case, out, adv)  # richest: largest
         assert sorted(classify(out)) == sorted(classify(keep))
     assert met  # the draws above met the case at least once (else the test shows nothing)
 

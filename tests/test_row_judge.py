@@ -82,9 +82,9 @@ def test_a_timed_loss_gets_conformance_s_fp32_allowance_and_no_more():
     rw = spec.resolve(spec.workload("mask-small-bf16"), random.Random(0))
     op = operation_for(spec)
     model = ReferenceModel.defaults(spec)
-    # seed 7: rows near +-1e4 whose fp32 allowance is 16x the relative one (seed 3 until the token-level
-    # log-ratios became row blocks, 2026-12-05, left it at 0.85x)
-    x = op.generate(spec, rw, 7, "cpu", profiles=spec.validation.adversarial_profiles).tensors
+    # seed 10: rows near +-1e4 whose fp32 allowance is 22x the relative one (seed 7, 16x, until the richest row
+    # took the largest |A|, 2026-12-07, left it at 1.5x; seed 3 until the token-level log-ratios became row blocks)
+    x = op.generate(spec, rw, 10, "cpu", profiles=spec.validation.adversarial_profiles).tensors
     tol = spec.tolerance(rw.dtypes["logits"])
     expected = model.loss(x)
     floor = op.recheck_loss_floor(spec, rw, x, model)
