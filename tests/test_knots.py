@@ -88,3 +88,24 @@ def test_honest_pytorch_passes_the_set_that_failed_in_ci():
     run, x, _, _ = _mask_runs_set("token-offpolicy-mask-delta", 81)
     pytorch = load_module(ROOT / "implementations" / "pytorch" / "impl.py", "knots_pytorch")
     assert judge(run, x, pytorch.grpo_loss) == (True, True)
+
+
+def test_the_fused_operation_s_mask_runs_sets_are_cleared_from_its_own_log_probs():
+    """On CUDA mask-runs also runs on grpo-fused-linear, whose log-probs come from hidden @ weight
+    (`Operation.policy_logprobs`): the same clearing, driven here on the CPU at a small shape."""
+    from grpo_conform.spec.family import load_family
+
+    spec = load_family(ROOT / "specs" / "grpo-fused-linear.v1.json").member("token-offpolicy-mask")
+    w = spec.workloads[0]
+    axes = {**spec.resolve(w, random.Random(1)).axes, "batch": len(M.LAYOUTS), "seq": 40}
+    axes = {a.name: axes[a.name] for a in spec.axes if a.derivation() is None}
+    rw = spec.resolve(w.model_copy(update={"axes": axes}), random.Random(1))
+    run = WorkloadConformance(types.SimpleNamespace(device=torch.device("cpu")), spec, rw, [11, 12], ())
+    r = random.Random(5)
+    keep = torch.rand(len(M.LAYOUTS), 40, generator=torch.Generator().manual_seed(5)) > 0.2
+    x = run.op.generate(spec, rw, 99, "cpu", values=run.model.values, given={"completion_mask": keep}).tensors
+    assert M.far_ratios(run, types.SimpleNamespace(tensors=x, commit=lambda: None), keep, r)
+    p, margin = run.model.params, spec.validation.member_inputs.boundary_margin
+    log_r = (run.op.policy_logprobs(spec, x, p) - x["old_logprobs"].double())[keep]
+    for k in ratio_knots(p):
+        assert (torch.abs(log_r - math.log(k)) > math.log1p(margin)).all(), k
