@@ -192,11 +192,11 @@ def test_a_timed_workloads_conformance_sets_hold_the_edge_rows_and_its_timing_se
 
 
 def test_a_zero_advantage_never_sits_on_a_row_of_at_most_one_kept_token():
-    """The two edge cases of a batch-4 set, drawn apart (member_inputs.zero_apart): where a zero advantage met an
+    """The two edge cases of a batch-4 set, drawn apart (masks.zero_apart): where a zero advantage met an
     empty or single-token row, that row's edge had no effect on the loss (gallery non-leaf-single-token-rows-halved
     was missed in 1 run of 7); the layouts stay the same multiset."""
     from grpo_conform.ops.grpo_logits.generators.advantages import SMALL_MAX
-    from grpo_conform.ops.grpo_logits.member_inputs import zero_apart
+    from grpo_conform.ops.grpo_logits.generators.masks import zero_apart
 
     met = 0
     for case in range(12):

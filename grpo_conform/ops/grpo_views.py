@@ -124,7 +124,7 @@ def audible_scalars(run: Any, slot: Any) -> dict[str, torch.Tensor]:
     """`slot`'s per-sequence scalars (the advantages) `audible`, exact zeros kept but on rows of at most one kept
     token: for the one call of a pattern (forward-only, inference-mode, autocast), where a row of small |A| moves
     the loss by less than its allowance, and a zero on the single-token row hid that row (a drawn set may hold two
-    zeros, and `member_inputs.zero_apart` then keeps the rich row's A ordinary: gallery
+    zeros, more than `masks.zero_apart` can keep off the short rows: gallery
     autocast-single-token-rows-halved passed 4 runs in 40). Small advantages are the other calls' business; a
     zero on a row with tokens still counts in every normaliser."""
     x = slot.pristine

@@ -34,7 +34,7 @@ from grpo_conform.dtypes import dtype_name
 from grpo_conform.ops.grpo_logits.generators.advantages import SMALL_MAX
 from grpo_conform.ops.grpo_logits.generators.judged_rows import free_one_sequence, one_judged_token
 from grpo_conform.ops.grpo_logits.generators.knots import ratio_knots
-from grpo_conform.ops.grpo_logits.generators.masks import classify, draw_mask
+from grpo_conform.ops.grpo_logits.generators.masks import classify, draw_mask, zero_apart
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.spec import MemberInputs, ResolvedWorkload, Spec
 
@@ -55,32 +55,6 @@ def fill_completion_mask(mask: torch.Tensor, rw: ResolvedWorkload, cfg: MemberIn
     keep = _keep(tuple(mask.shape), rw, cfg, gen, case, given, advantages)
     mask.copy_(keep.to(mask.dtype))
     return keep
-
-
-def zero_apart(keep: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """`keep` with its rows moved (the layouts stay the same multiset; no draw, so `drawn_keep` agrees) so that
-    1. the row keeping the most tokens holds the largest |A|: with the small and zero advantages every set from
-       batch 4 holds, drawn apart from the edge rows, the full row was deaf to a dropped clip in 28 of 360 sets
-       (gallery shallow-graph passed a suite run), 10 of 360 with any ordinary |A| there, 1 with the largest;
-    2. no zero advantage sits on a row keeping at most one token (the row's edge hid: a single-token row halved,
-       an empty row counted as full, times A = 0, nothing; gallery non-leaf-single-token-rows-halved was missed in
-       1 run of 7); it takes the least rich other row of two or more."""
-    a = advantages.detach().to("cpu", torch.float64).reshape(-1)
-    if a.numel() != keep.shape[0] or keep.shape[0] < 2:
-        return keep
-    out = keep.clone()
-    kept = lambda j: int(out[j].sum())  # noqa: E731
-    rows = range(out.shape[0])
-    richest, largest = max(rows, key=kept), max(rows, key=lambda j: abs(float(a[j])))
-    if abs(float(a[richest])) < abs(float(a[largest])):
-        out[[richest, largest]] = out[[largest, richest]]
-        richest = largest
-    for z in [j for j in rows if a[j] == 0 and kept(j) <= 1]:
-        others = [j for j in rows if j != richest and a[j] != 0 and kept(j) > 1]
-        if others:
-            c = min(others, key=kept)
-            out[[z, c]] = out[[c, z]]
-    return out
 
 
 def _keep(shape: tuple[int, int], rw: ResolvedWorkload, cfg: MemberInputs, gen: torch.Generator,
