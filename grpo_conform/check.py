@@ -608,6 +608,10 @@ def _run_workload(session: WorkerSession, spec: Spec, w, ctx: RunContext, reques
         elif wants_timing(request.checks) and INTERNAL_ERROR in draws:  # conformance raised: nothing timed either
             if ctx.device.type == "cuda" and w.timed:
                 timed = list(internal.outcomes(TIMING_CHECKS, draws[INTERNAL_ERROR]))
+        elif wants_timing(request.checks) and "stopped_at_failure" in draws:  # -x: a failed workload is not timed
+            if ctx.device.type == "cuda" and w.timed:
+                why = f"not run: --fail-fast stopped this workload when {draws['stopped_at_failure']['check']} failed"
+                timed = [CheckOutcome(c, "skipped", why, {}) for c in TIMING_CHECKS]
         elif wants_timing(request.checks):
             timings, timed = judged_timing(session, spec, w, resolved, ctx, say, name, member, draws)
         kept = select_outcomes(outcomes + tuple(timed), request.checks)
