@@ -73,14 +73,15 @@ def clear_of_knots(x: dict[str, torch.Tensor], p: GrpoParameters, margin: float,
             new = log_r + torch.where(keep, lift[:, None], torch.zeros_like(log_r))
         else:
             new = torch.where(keep, raise_out(log_r, knots, margin), log_r)
-        if not torch.equal(new, log_r):
-            old.copy_((logp.to("cpu", torch.float64) - new).to(old.device, old.dtype))
+        if not torch.equal(new, log_r):  # only the moved positions are written: the rest keep their bits
+            moved_to = torch.where(new != log_r, logp.to("cpu", torch.float64) - new, old.to("cpu", torch.float64))
+            old.copy_(moved_to.to(old.device, old.dtype))
             moved.append("old_logprobs")
     if "sampling_ratio" in x and p.sampling_ratio_cap is not None and p.vllm_importance_sampling_mode == "token_mask":
         rho = x["sampling_ratio"]
         log_rho = torch.log(rho.to("cpu", torch.float64))
         new = torch.where(keep, raise_out(log_rho, [p.sampling_ratio_cap], margin), log_rho)
         if not torch.equal(new, log_rho):
-            rho.copy_(torch.exp(new).to(rho.device, rho.dtype))
+            rho.copy_(torch.where(new != log_rho, torch.exp(new), rho.to("cpu", torch.float64)).to(rho.device, rho.dtype))
             moved.append("sampling_ratio")
     return moved
