@@ -225,5 +225,5 @@ def test_audible_scalars_keep_a_zero_only_on_a_row_with_tokens():
     mask = torch.tensor([[1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 1, 0]], dtype=torch.int64)
     adv = torch.tensor([0.0, 0.0, 0.0, -1e-4])
     slot = types.SimpleNamespace(pristine={"completion_mask": mask, "advantages": adv})
-    out = audible_scalars(types.SimpleNamespace(op=operation_for(spec)), slot)["advantages"]
+    out = audible_scalars(types.SimpleNamespace(op=operation_for(spec), spec=spec), slot)["advantages"]
     assert out.tolist() == [0.0, 0.25, 0.25, -0.25]

@@ -27,6 +27,7 @@ from grpo_conform.checks.conformance import CALL, PLAIN, Probe, WorkloadConforma
 from grpo_conform.checks.shaped import at_shape
 from grpo_conform.ops.grpo_logits.generators.knots import clear_of_knots
 from grpo_conform.ops.grpo_logits.member_inputs import audible
+from grpo_conform.ops.grpo_probes import mask_input
 
 RUN = 256  # the least padding run: a tile of 256 positions (Liger's and TRL's Triton blocks), aligned or not
 RUN_SPAN = (RUN, RUN + 64)  # a run's drawn length
@@ -115,7 +116,7 @@ def mask_runs(run: WorkloadConformance) -> None:
     first call that keeps every token at a shape it then sees padded, which is what a trainer's first full-length
     micro-batch is; by specialising on a later call than the first (a second unpadded call is never made); or with
     tiles of 1024+ (a row of SEQ positions is one such tile)."""
-    mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
+    mask = mask_input(run)
     if mask is None or run.made_in("mask_runs") is not None:
         return
     if run.op.name != "grpo-logits" and run.device.type != "cuda":

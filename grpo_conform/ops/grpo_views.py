@@ -39,6 +39,7 @@ import torch
 
 from grpo_conform.ops.grpo_logits.member_inputs import audible, ratio_intervals
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters
+from grpo_conform.ops.grpo_probes import mask_input
 
 KEPT = 2 / 3  # the least fraction of every row the mask keeps
 
@@ -128,7 +129,7 @@ def audible_scalars(run: Any, slot: Any) -> dict[str, torch.Tensor]:
     autocast-single-token-rows-halved passed 4 runs in 40). Small advantages are the other calls' business; a
     zero on a row with tokens still counts in every normaliser."""
     x = slot.pristine
-    mask = next((n for n in x if run.op.input_kind(n) == "mask"), None)
+    mask = mask_input(run)
     short = (x[mask] != 0).sum(-1) <= 1 if mask is not None else None
     out = {}
     for n in (n for n in x if run.op.input_kind(n) == "sequence-scalar"):
@@ -140,7 +141,7 @@ def audible_scalars(run: Any, slot: Any) -> dict[str, torch.Tensor]:
 def draw_views(run: Any, slot: Any, seed: int, turn: int = 0) -> dict[str, Any]:
     """Draw `slot` (the views) from `seed` as the module docstring says; what was drawn, for the workload's draws."""
     r = random.Random(seed ^ 0x51DE)
-    mask = next((t.name for t in run.spec.inputs if run.op.input_kind(t.name) == "mask"), None)
+    mask = mask_input(run)
     batch, seq = run.rw.shapes["completion_ids"]
     p = GrpoParameters.from_spec(run.spec, run.model.values)
     sequence = p.importance_sampling_level == "sequence" or p.loss_type == "vespo"
