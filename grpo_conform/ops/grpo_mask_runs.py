@@ -96,10 +96,15 @@ def far_ratios(run: WorkloadConformance, inp, keep: torch.Tensor, r: random.Rand
         moved.append(name)
     if moved:
         # the moves ignore the member's knots (a ratio 6e-6 from a clip bound failed an honest kernel): clear them
-        params = run.model.params
-        logp = run.op.policy_logprobs(run.spec, inp.tensors, params)
+        params, key = run.model.params, run.slot_key(inp)
+        compute = lambda: run.op.policy_logprobs(run.spec, inp.tensors, params)  # noqa: E731
+        # the logits' log-probs: the generator seeded the cache with them, and the moves leave the logits as they are
+        cached = key is not None and "logits" in inp.tensors
+        logp = run.refs.logp(key, run.model.temperature, compute) if cached else compute()
         clear_of_knots(inp.tensors, params, run.spec.validation.member_inputs.boundary_margin, logp, keep)
         inp.commit()
+        if cached:  # the committed version's log-probs are the same: the judge need not compute them again
+            run.refs.seed_logp(run.slot_key(inp), run.model.temperature, logp)
     return moved
 
 
