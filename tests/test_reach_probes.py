@@ -6,6 +6,7 @@ fused-reference-weight-ignored and one-sign-fast-path fail them through the vali
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CU
                                           REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_SMALL)
 from grpo_conform.ops.one_input import change_end
 from grpo_conform.spec import find_spec
+from in_process import load_module
 
 
 def _run(spec_id: str, seed: int, device: str = "cpu"):
@@ -122,6 +124,35 @@ def test_the_reach_mask_varies_along_a_long_row_and_keeps_every_row():
     tiles = keep[:, :4096].reshape(3, 4, 1024)
     assert (tiles.sum(-1) > 0).all() and not torch.equal(tiles[:, 0], tiles[:, 1])  # t % 1024 reads the wrong one
     assert not torch.equal(keep, reach_mask((3, 4099), torch.int64, 8))
+
+
+def test_the_reach_mask_of_short_rows_is_not_every_token():
+    # the fused operation's batch call on the CPU: one position a sequence. Every row's last token kept made it
+    # all-ones, and a normaliser per chunk of 4 sequences was exact at a batch divisible by 4 (CI at 2e13295)
+    keep = reach_mask((269, 1), torch.bool, 3)
+    assert abs(float(keep.float().mean()) - KEPT) < 0.08
+    counts = keep[:268].reshape(67, 4).sum(-1)
+    assert len(set(counts.tolist())) >= 3  # chunks of 4 sequences keep different numbers of tokens
+    for seed in range(300):  # never uniform: one token kept at least, one dropped at least
+        for shape in ((2, 1), (3, 2), (1, 2)):
+            m = reach_mask(shape, torch.bool, seed)
+            assert m.any() and not m.all(), (shape, seed)
+    assert reach_mask((1, 1), torch.int64, 0).item() == 1
+
+
+def test_the_batch_call_s_mask_makes_a_per_chunk_normaliser_audible():
+    # the gallery folder CI let through: at one position a sequence and a batch divisible by 4, every token kept
+    # made its per-chunk-of-4 normaliser equal the batch's (exactly, in float64); a drawn mask does not
+    impl = load_module(Path(__file__).parent / "gallery" / "fused-reach-chunked-normaliser" / "impl.py", "chunked")
+    per_token = torch.zeros(268, 1, dtype=torch.float64, requires_grad=True)
+
+    def weights(keep):  # each token's weight in the loss: what its gradient row is scaled by
+        (w,) = torch.autograd.grad(impl._reduce(per_token, keep, "bnpo", None), per_token)
+        return w[keep] * keep.sum()  # 1 for every kept token where the normaliser is the batch's
+
+    for seed in range(20):
+        assert float((weights(reach_mask((268, 1), torch.bool, seed)) - 1).abs().max()) > 0.3, seed
+    assert torch.allclose(weights(torch.ones(268, 1, dtype=torch.bool)), torch.ones(268, dtype=torch.float64))
 
 
 def test_the_dtypes_no_default_workload_uses_come_first():
