@@ -221,16 +221,29 @@ def test_above_draws_calls_each_unbounded_count_alone_past_float16_s_range(seed)
     from grpo_conform.ops.grpo_logits.declared_cases import ABOVE, above_draws, declared_calls
 
     spec = find_spec("grpo/dapo-global-accum-mask")
+    counts = {"num_items_in_batch", "num_processes", "gradient_accumulation_steps", "steps_per_generation"}
     got = above_draws(spec, random.Random(seed))
-    assert set(got) == {"num_items_in_batch", "num_processes", "gradient_accumulation_steps", "steps_per_generation"}
-    assert all(4 * 65504 < v < ABOVE[1] and v % 2 == 1 for v in got.values())
+    assert set(got) == counts | {"epsilon_low", "epsilon_high", "temperature"}
+    assert all(4 * 65504 < got[n] < ABOVE[1] and got[n] % 2 == 1 for n in counts)
     calls = [c for c in declared_calls(spec, random.Random(seed)) if c.label.startswith("above-draws-")]
     defaults = dict(spec.parameter_values)
-    assert len(calls) == 4
+    assert len(calls) == 7
     for c in calls:  # one parameter past its draws, the others at their defaults
         moved = [n for n in defaults if c.values[n] != defaults[n]]
         assert moved == [c.label.removeprefix("above-draws-")]
-    assert not above_draws(find_spec("grpo/token-offpolicy-mask-delta"), random.Random(seed))  # floats left out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_above_draws_calls_each_float_past_its_draws(seed):
+    """A hard clip reading an epsilon_high above 1 as CISPO's raw bound passed every draw (0.1-0.35; gallery
+    epsilon-high-above-one-raw-bound): an unbounded float is called at 3-8 times its draws' top, a bounded one in
+    the gap above them."""
+    from grpo_conform.ops.grpo_logits.declared_cases import above_draws
+
+    got = above_draws(find_spec("grpo/token-offpolicy-mask-kl"), random.Random(seed))
+    assert 1.05 <= got["epsilon_high"] <= 2.8 and 6.6 <= got["temperature"] <= 17.6 and 0.6 <= got["beta"] <= 1.6
+    assert 0.3 < got["epsilon_low"] < 1.0  # the domain [0, 1): inside the gap above the draws' 0.3
+    assert above_draws(find_spec("grpo/cispo-mask"), random.Random(seed))["epsilon_high"] >= 18.0  # its draws: 2-6
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

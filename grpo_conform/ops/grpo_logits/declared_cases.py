@@ -13,7 +13,7 @@ From each numeric parameter with a domain or a draw range:
     one process with an accumulation factor of 8, a zero epsilon_low with the widest epsilon_high); and one
     `near-zero` call where a domain starts at an inclusive 0 the draws stay away from (beta 0.001), and last
     one `below-draws` call: every parameter whose domain reaches below its draws in that gap (`below_draws`),
-    and one `above-draws-NAME` call per integer whose domain reaches above its draws (`above_draws`), then
+    and one `above-draws-NAME` call per parameter whose domain reaches above its draws (`above_draws`), then
     `avoided-below` and `avoided-above`: inside the band the draws keep around an avoided value (temperature
     near 1, not 1: `inside_avoided`);
 and from the spec's `cases` list (a member's own list replaces the family's common one):
@@ -118,25 +118,39 @@ def below_draws(spec: Spec, rng: random.Random) -> dict[str, Any]:
 
 
 ABOVE = (2**18, 2**21)  # where an integer without an upper bound is called past its draws
+#: where a float without an upper bound is called past its draws: this many times the draw range's top, log-uniform
+ABOVE_FLOAT = (3.0, 8.0)
+GAP = 0.125  # a float's value in a gap (below or above the draws) stays this share of the gap off its ends
 
 
-def above_draws(spec: Spec, rng: random.Random) -> dict[str, int]:
-    """Each integer parameter whose domain reaches above its draw range, at a value drawn there: without an
-    upper bound, odd in ABOVE, at least 4 times float16's largest finite value (65504) and 16-bit counts, so
-    that a count divided by the others' defaults (4 processes) is still past them; with one, in the gap above
-    the draws. One call each, the others at their defaults: together they cancel (N / P with both large). A
-    normaliser held in float16 (inf above 65504) passed every default run with the draws' N <= 48 (twenty-eighth
-    session). Floats are left out: without an upper bound their far values (a temperature of 10^5, a clip
-    that never binds) change the loss's regime rather than cross a number format's end."""
-    out: dict[str, int] = {}
+def above_draws(spec: Spec, rng: random.Random) -> dict[str, Any]:
+    """Each numeric parameter whose domain reaches above its draw range, at a value drawn there. Integers without an
+    upper bound: odd in ABOVE, at least 4 times float16's largest finite value (65504) and 16-bit counts, so that
+    a count divided by the others' defaults (4 processes) is still past them; with one, in the gap above the
+    draws. A normaliser held in float16 (inf above 65504) passed every default run with the draws' N <= 48
+    (twenty-eighth session). Floats without an upper bound: ABOVE_FLOAT times the draws' top (epsilon_high
+    1.05-2.8, temperature 6.6-18, beta 0.6-1.6); with one, inside the gap above the draws (epsilon_low 0.39-0.91).
+    Floats were left out until the forty-second session, as changing the loss's regime rather than crossing a
+    number format's end; but the regime is the point: CISPO's own default epsilon_high is 5, and a hard clip
+    that read an epsilon_high above 1 as CISPO's raw bound (upper = epsilon_high, not 1 + epsilon_high) passed
+    every default run (gallery `epsilon-high-above-one-raw-bound`). One call each, the others at their defaults:
+    together, one far value could drown another's term (a large beta, the policy term)."""
+    out: dict[str, Any] = {}
     for p, draw in _numeric(spec):
         d = p.domain
-        if p.type != "int" or draw is None or d is None:
+        if draw is None or d is None:
             continue
-        if d.max is None:
-            out[p.name] = rng.randrange(ABOVE[0] + 1, ABOVE[1], 2)
+        if p.type == "int":
+            if d.max is None:
+                out[p.name] = rng.randrange(ABOVE[0] + 1, ABOVE[1], 2)
+            elif d.max > draw.max:
+                out[p.name] = rng.randint(int(draw.max) + 1, int(d.max))
+        elif d.max is None:
+            lo, hi = (math.log(draw.max * f) for f in ABOVE_FLOAT)
+            out[p.name] = float(f"{math.exp(rng.uniform(lo, hi)):.6g}")
         elif d.max > draw.max:
-            out[p.name] = rng.randint(int(draw.max) + 1, int(d.max))
+            gap = d.max - draw.max
+            out[p.name] = float(f"{rng.uniform(draw.max + GAP * gap, d.max - GAP * gap):.6g}")
     return out
 
 
