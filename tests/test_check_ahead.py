@@ -568,14 +568,17 @@ def test_a_member_not_yet_begun_also_gets_its_once_per_member_calls(tmp_path, mo
         spec = members[1].spec
         reach = member_calls.reach_calls(spec, "cpu", "bfloat16")
         others = member_calls.other_dtype_workloads(spec, "cpu")
-        assert [c.dtype for c in reach] == ["float16", "float32", "bfloat16", "bfloat16", "bfloat16"] and len(others) == 2
+        every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls: each declared dtype
+        assert [c.dtype for c in reach] == ["float16", "float32", "bfloat16", "bfloat16", "bfloat16"] + every + every
+        assert len(others) == 2
         assert ahead.pending == [f"A{i}" for i in range(len(reach) + len(others))]
         shapes = [tuple(s.tensors["logits"].shape) for s in ahead.held]
         dtypes = [s.tensors["logits"].dtype for s in ahead.held]
         want = [spec.resolve(w).shapes["logits"] for w in member_calls.planned_workloads(spec, "cpu",
                                                                                           members[1].workloads[0])]
         assert shapes == [tuple(x) for x in want]  # reach's calls, then other-dtypes', as they will run
-        assert dtypes == [torch.float16, torch.float32] + [torch.bfloat16] * 3 + [torch.float16, torch.float32]
+        every = [torch.bfloat16, torch.float16, torch.float32]  # the low and blocks calls: each declared dtype
+        assert dtypes == [torch.float16, torch.float32] + [torch.bfloat16] * 3 + every * 2 + [torch.float16, torch.float32]
         _wait(ahead)
         store = ahead.session._cache_store
         ahead.step(0)
@@ -613,7 +616,8 @@ def test_reach_and_other_dtypes_call_what_was_planned_but_one_call_nobody_was_sh
 
 
 def test_the_unannounced_reach_call_is_never_the_announced_shape():
-    """Reach's lead axis takes one of four values: a redraw may equal the announced shape, and is drawn again."""
+    """Reach's lead axis takes one of four values: a redraw may equal the announced shape, and is drawn again. One
+    shape is redrawn: one call, or the calls of one lead made in each declared dtype (the low and blocks calls)."""
     import random
 
     from grpo_conform.checks import member_calls
@@ -623,7 +627,9 @@ def test_the_unannounced_reach_call_is_never_the_announced_shape():
     shown = member_calls.reach_calls(spec, "cuda", "bfloat16")
     for seed in range(200):
         used = member_calls.reach_calls(spec, "cuda", "bfloat16", random.Random(seed))
-        assert sum(a != b for a, b in zip(shown, used)) == 1
+        changed = [b for a, b in zip(shown, used) if a != b]
+        assert len({c.lead for c in changed}) == 1
+        assert len(changed) == (3 if changed[0].lead in member_calls.EVERY_DTYPE else 1)
 
 
 def test_once_calls_of_a_member_already_begun_are_dropped(tmp_path, monkeypatch):
@@ -671,7 +677,7 @@ def grpo_loss(logits, completion_ids, advantages, **kw):
     """Right wherever it was shown the shape ahead, 5% off at any other shape past the default workloads'."""
     loss = _honest_grpo_loss(logits, completion_ids, advantages, **kw)
     b, s, v = logits.shape
-    if (v > 100000 or b > 40 or s > 1000 or v % 4096 == 0) and (b, s, v) not in _SHOWN:  # reach's, aligned too
+    if (v > 100000 or b > 40 or s > 1000 or v % 4096 == 0 or v < 32) and (b, s, v) not in _SHOWN:  # every reach call
         return loss * 1.05
     return loss
 '''

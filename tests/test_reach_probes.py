@@ -98,9 +98,12 @@ def test_the_aligned_call_divides_every_axis_by_its_tiles(spec_id, device):
     spec = find_spec(spec_id)
     fused = "hidden" in [a.name for a in spec.axes]
     calls = member_calls.reach_calls(spec, device, "bfloat16")
-    wide = [member_calls.WIDE] if not (fused and device == "cpu") else []
-    assert [c.lead for c in calls] == member_calls.free_axes(spec) + wide + [member_calls.ALIGNED]
-    assert calls[-1].dtype == "bfloat16"  # the member's own, after the other dtypes
+    wide = not (fused and device == "cpu")
+    every = len(spec.differentiable_input.dtypes)
+    assert [c.lead for c in calls] == (member_calls.free_axes(spec) + [member_calls.WIDE] * wide + [member_calls.ALIGNED]
+                                       + [member_calls.LOW] * every + [member_calls.BLOCKS] * every * wide)
+    aligned = [c for c in calls if c.lead == member_calls.ALIGNED]
+    assert [c.dtype for c in aligned] == ["bfloat16"]  # the member's own
     seen = set()
     for seed in range(40):
         a = member_calls.aligned_axes(spec, device, random.Random(seed))
@@ -157,8 +160,9 @@ def test_the_batch_call_s_mask_makes_a_per_chunk_normaliser_audible():
 
 def test_the_dtypes_no_default_workload_uses_come_first():
     masked = find_spec("grpo/sapo-mask")  # default CPU workloads: bfloat16 only
+    every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls, each in every declared dtype
     assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == ["float16", "float32", "bfloat16",
-                                                                                     "bfloat16", "bfloat16"]  # wide, aligned
+                                                                                     "bfloat16", "bfloat16"] + every * 2
     fused = find_spec("grpo-fused-linear/token-is")  # no workload of the fused spec is float16; fp32-tiny is extended
     assert [c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16")][:2] == ["float16", "float32"]
 

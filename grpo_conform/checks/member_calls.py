@@ -31,13 +31,16 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
                                           REACH_FLOOR_PER_ROW_CPU, REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_LEAD_SMALL,
                                           REACH_LEAD_SMALL_PER_ROW_CPU, REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE,
                                           REACH_REMAINDER, REACH_ROWS, REACH_ROWS_PER_ROW_CPU, REACH_SMALL,
-                                          REACH_WIDE, REACH_WIDE_SMALL)
+                                          REACH_WIDE, REACH_WIDE_SMALL, REACH_BLOCK, REACH_BLOCKS, REACH_LOW)
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
 REACH = "reach"
 ALIGNED = "aligned"  # the lead of reach's aligned call (no one axis: all of them tile-aligned)
 WIDE = "vocab-wide"  # the lead of reach's second vocabulary call, past 2^18 (`wide_axes`)
+LOW = "low"  # every axis near its declared low end (`low_axes`), in each declared dtype
+BLOCKS = "vocab-blocks"  # the vocabulary a multiple of 2^16 (`blocks_axes`), in each declared dtype
+EVERY_DTYPE = (LOW, BLOCKS)  # the calls made once in each dtype the lead input declares
 OTHER_DTYPES = "other-dtypes"
 
 
@@ -195,13 +198,40 @@ def wide_applies(spec: Any, device_type: str) -> bool:
     return set(REACH_WIDE) <= set(free_axes(spec)) and not _per_row_cpu(spec, device_type)
 
 
+def low_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:
+    """Reach's low call: every free axis drawn in REACH_LOW's range from the spec's declared minimum (vocabulary
+    2-31: no other call goes below 32). How a hostile kernel passes it while wrong: a path for a vocabulary below
+    2 (none: the domain starts there) or between 32 and the workloads' sizes (the workloads' draws cover it)."""
+    out = {}
+    for a in spec.axes:
+        if a.derivation() is None:
+            lo, hi = REACH_LOW.get(a.name, (1, 3))
+            out[a.name] = r.randint(max(lo, a.min or 1), max(hi, a.min or 1))
+    return out
+
+
+def blocks_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:
+    """Reach's vocabulary-blocks call: the vocabulary m x 2^16, m in REACH_BLOCKS' range, the other axes as the
+    wide call's. How a hostile kernel passes it while wrong: a path only at multiples of 2^17 or more not drawn
+    here (m 2-4 covers 2^17 and 2^18 and 3 x 2^16), or only past 4 x 2^16 and aligned."""
+    ((axis, (lo, hi)),) = REACH_BLOCKS.items()
+    return {a: r.randint(lo, hi) * REACH_BLOCK if a == axis else r.randint(*REACH_WIDE_SMALL.get(a, (1, 2)))
+            for a in free_axes(spec)}
+
+
 def reach_shapes(spec: Any, device_type: str, r: random.Random) -> list[tuple[str, dict[str, int]]]:
     """(lead, shape) of each reach call: one per free axis (`reach_axes`), the wide-vocabulary call (`wide_axes`),
-    then the aligned call (`aligned_axes`)."""
+    the aligned call (`aligned_axes`), the low call (`low_axes`), and the vocabulary-blocks call (`blocks_axes`)
+    where the wide call applies (`wide_applies`: the fused operation's interpreted kernel on the CPU pays per
+    vocabulary block)."""
     leads, shapes = free_axes(spec), reach_axes(spec, device_type, r)
-    if wide_applies(spec, device_type):
+    wide = wide_applies(spec, device_type)
+    if wide:
         leads, shapes = leads + [WIDE], shapes + [wide_axes(spec, device_type, r)]
-    return list(zip(leads + [ALIGNED], shapes + [aligned_axes(spec, device_type, r)]))
+    leads, shapes = leads + [ALIGNED, LOW], shapes + [aligned_axes(spec, device_type, r), low_axes(spec, device_type, r)]
+    if wide:
+        leads, shapes = leads + [BLOCKS], shapes + [blocks_axes(spec, device_type, r)]
+    return list(zip(leads, shapes))
 
 
 def past_blocks(value: int, least: int) -> int:
@@ -216,8 +246,9 @@ def past_blocks(value: int, least: int) -> int:
 
 def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Random | None = None) -> list[ReachCall]:
     """The reach probe's calls for this member: one per free axis (`reach_axes`), the lead input's dtype taking in
-    turn each declared dtype no default workload uses, then `own_dtype` (the workload's); last the aligned call
-    (`aligned_axes`) in `own_dtype`, the dtype real models run at such sizes. With `fresh` (the workload's
+    turn each declared dtype no default workload uses, then `own_dtype` (the workload's); the wide and aligned calls
+    in `own_dtype`, the dtype real models run at such sizes; the low and vocabulary-blocks calls once in each
+    declared dtype (a dtype's path meets every size there, not only the one the axis order gives it). With `fresh` (the workload's
     generator, when the probe runs) one call, chosen by it, has its shape drawn from it instead: the call
     compile-ahead was never shown."""
     shapes = reach_shapes(spec, device_type, member_random(spec, REACH))
@@ -225,8 +256,13 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
         j = fresh.randrange(len(shapes))
         shapes[j] = _other_than(shapes[j], lambda: reach_shapes(spec, device_type, fresh)[j])
     order = unused_dtypes(spec, device_type) + [own_dtype]
-    return [ReachCall(lead, axes, own_dtype if lead in (ALIGNED, WIDE) else order[i % len(order)])
-            for i, (lead, axes) in enumerate(shapes)]
+    calls = []
+    for i, (lead, axes) in enumerate(shapes):
+        if lead in EVERY_DTYPE:
+            calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
+        else:
+            calls.append(ReachCall(lead, axes, own_dtype if lead in (ALIGNED, WIDE) else order[i % len(order)]))
+    return calls
 
 
 def _other_than(shown: dict[str, int], draw) -> dict[str, int]:

@@ -26,7 +26,11 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   rows; Gemma 3 runs 262208, and the vocabulary call stays in (2^17, 2^18]), at the workload's drawn temperature
   (never 1) and epsilons: a path past one block of 2^18 that drops 1/T in backward passed every call before
   (thirty-seventh session); not for the fused operation on the CPU (`member_calls.wide_applies` says why);
-- a last call, in the member's own dtype, at aligned sizes (`member_calls.aligned_axes`): rows 128, vocabulary
+- a low call, the vocabulary 2-31 and the hidden size 1-7 (`member_calls.low_axes`), and where the wide call runs
+  a vocabulary-blocks call, the vocabulary a multiple of 2^16 (`member_calls.blocks_axes`), each once in every
+  dtype the lead input declares: no other call's vocabulary was below 32 or a multiple of 65536, and float32 or
+  float16 never met a vocabulary past 65536 (forty-second session's red team);
+- a call, in the member's own dtype, at aligned sizes (`member_calls.aligned_axes`): rows 128, vocabulary
   and hidden multiples of 512-4096 (logits: 4096-32768) and 64-512. Every size above is odd, so a kernel whose
   last tile is `size % TILE` wide, dropping a full tile when TILE divides the size (real models' V 32768, 128256,
   H 2048-8192), passed every CPU call (thirty-sixth session).
@@ -182,7 +186,7 @@ def _in_range(run: WorkloadConformance, inp, seed: int, given, peaks: bool, kind
         if top > NARROW:
             return x, c
         fits = room(gradient_bound(run, inp), top)
-        if kind == "large" and fits >= 1.0:
+        if kind == "large" and 1.0 <= fits < math.inf:  # inf: an all-zero reference gradient, any upstream fits
             c = min(c, 2.0 ** math.floor(math.log2(fits)))
         if abs(c) <= fits:
             if k:

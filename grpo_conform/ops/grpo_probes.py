@@ -339,14 +339,26 @@ REACH_ALIGNED_FUSED = {"vocab": (512, 4096)}
 #: of ~14 of the gallery's case gave no failure line)
 REACH_WIDE = {"vocab": (262145, 278527)}
 REACH_WIDE_SMALL = {"batch": (2, 3), "seq": (2, 2), "hidden": (8, 16)}
+#: reach's low call (member_calls.low_axes): the vocabulary and hidden size near the low end the spec declares (2+,
+#: 1+), a few rows of a few sequences, in each declared dtype. Every other call's vocabulary was 32 or more, so a
+#: one-warp-per-row path padding the lanes past V with 0 instead of -inf (a log-sum-exp over phantom logits below 32)
+#: passed every default run (forty-second session's red team, gallery `tiny-vocab-warp-pad-zero`)
+REACH_LOW = {"batch": (2, 4), "seq": (2, 5), "vocab": (2, 31), "hidden": (1, 7)}  # batch and seq 1: batch1-seq1
+#: reach's vocabulary-blocks call (member_calls.blocks_axes): the vocabulary a multiple of 2^16 (Mistral's 131072,
+#: Gemma's 262144), 4-6 rows as the wide call, in each declared dtype: the aligned call stops at 32768 and every
+#: other large vocabulary is odd, so a vocabulary-parallel path in shards of 65536 that read the target logit
+#: before 1/T passed (gallery `vocab-65536-shards-target-unscaled`), and float32 or float16 logits never met a
+#: vocabulary past 65536 (the vocabulary calls run in the member's own dtype: gallery `fp32-real-vocab-chunk-lse-max`)
+REACH_BLOCKS = {"vocab": (2, 4)}  # multiples of 2^16
+REACH_BLOCK = 1 << 16
 #: the axes whose reach calls go through torch.autograd.grad, the others through backward: rows and the
 #: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
 #: that added d weight into .grad itself and returned nothing passed every backward call)
-REACH_AUTOGRAD = ("seq", "vocab", "vocab-wide")
+REACH_AUTOGRAD = ("seq", "vocab", "vocab-wide", "low")
 #: the axes whose reach call plants a peak in every row, the rows' peaks spread over the vocabulary (the operation's
 #: `spread_peaks`): an online log-sum-exp that never rescales is then wrong on most rows of it, whatever order it
 #: reads them in (generators/spread_peaks.py says why)
-REACH_SPREAD_PEAKS = ("vocab", "vocab-wide")
+REACH_SPREAD_PEAKS = ("vocab", "vocab-wide", "vocab-blocks")
 
 
 def without_kl(spec: Spec) -> str | None:
