@@ -41,7 +41,7 @@ _CHECKS = (
     CheckInfo("advantage-sign", "negating the advantages negates the gradient", (7,)),
     CheckInfo("zero-advantage", "a zero advantage gives an exactly zero gradient for its sequence, and a batch "
               "whose every advantage is 0 gives the reference's result (exactly zero without a KL term, the KL "
-              "term alone with one)", (7,)),
+              "term alone with one), and so does one whose every advantage is one non-zero value", (7,)),
     CheckInfo("row-locality", "changing one logits row changes that gradient row and no other", (7,)),
     CheckInfo("adversarial-inputs", "row profiles mixed in one batch (normal, wide, up to 1e4, near one-hot, "
               "heavy-tailed), also in each declared dtype the default workloads leave out, match the reference "

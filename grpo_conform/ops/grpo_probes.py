@@ -47,6 +47,7 @@ def zero_advantage(run: WorkloadConformance) -> None:
     if without_kl(run.spec) is None:
         judge_zero_advantage(run, c)
     judge_all_zero(run, c)
+    judge_all_equal(run, c)
 
 
 def judge_zero_advantage(run: WorkloadConformance, c: float) -> None:
@@ -110,6 +111,47 @@ def judge_all_zero(run: WorkloadConformance, c: float) -> None:
     Q.tensors["advantages"].copy_(original)
     Q.commit()
 
+
+def judge_all_equal(run: WorkloadConformance, c: float) -> None:
+    """E-equal: every advantage one drawn non-zero value (|A| 0.25-1.5, either sign), as a batch from one group
+    whose rewards tied under a scheme that does not centre them, or advantages a trainer passes through. The drawn
+    sets mix values and E-all's are all 0, so a kernel's "no learning signal" exit on `advantages.std() == 0`
+    (right only when they are all 0) passed every default run (forty-second session's red team,
+    `equal-advantages-policy-term-skipped`). Judged against the reference, as E-all; batch 1 is every call's case
+    already and has no spread to lose, so the call needs two sequences or more."""
+    Q = run.Q
+    if Q.tensors["advantages"].numel() < 2:
+        return
+    r = run.rng
+    value = r.choice((-1.0, 1.0)) * round(r.uniform(0.25, 1.5), 6)
+    # Q as the calls before left it, buffers and their pristine copies both: the probes after this one read it
+    kept = Q.tensors["advantages"].clone(), Q.pristine["advantages"].clone()
+    try:
+        Q.tensors["advantages"].fill_(value)
+        Q.commit()
+        _judge_all_equal(run, c, value)
+    finally:
+        Q.tensors["advantages"].copy_(kept[0])
+        Q.pristine["advantages"].copy_(kept[1])
+
+
+def _judge_all_equal(run: WorkloadConformance, c: float, value: float) -> None:
+    Q = run.Q
+    run.draws["advantage_cases"] = sorted(set(run.draws.get("advantage_cases", ())) | {"all-equal"})
+    e = run.call("E-equal", Q, run.out1, ("zero-advantage", "finite", "no-mutation", "no-aliasing"), upstream=c)
+    if e is None:
+        return
+    if e.missing:
+        run.book.record("zero-advantage", e.label, False, f"every advantage {value}: backward left no gradient on "
+                        + ", ".join(e.missing), {"sequence": "all", "value": value, "why": e.skipped_backward})
+        return
+    J.finite(run, e)
+    loss_cmp, cmp = run.judge(e)
+    ok = cmp.passed and loss_cmp.passed
+    msg = (f"every advantage {value} gives the reference's result" if ok else
+           f"every advantage {value}: " + describe_outputs(loss_cmp, cmp))
+    run.book.record("zero-advantage", e.label, ok, msg, {"sequence": "all", "value": value,
+                                                         "gradient": cmp.evidence(), "loss": loss_cmp.to_json()})
 
 
 def one_sign(run: WorkloadConformance) -> None:
