@@ -101,7 +101,8 @@ def test_the_aligned_call_divides_every_axis_by_its_tiles(spec_id, device):
     wide = not (fused and device == "cpu")
     every = len(spec.differentiable_input.dtypes)
     assert [c.lead for c in calls] == (member_calls.free_axes(spec) + [member_calls.WIDE] * wide + [member_calls.ALIGNED]
-                                       + [member_calls.LOW] * every + [member_calls.BLOCKS] * every * wide)
+                                       + [member_calls.LOW] * every + [member_calls.BLOCKS] * every * wide
+                                       + [member_calls.SEQ_ALIGNED] * wide)
     aligned = [c for c in calls if c.lead == member_calls.ALIGNED]
     assert [c.dtype for c in aligned] == ["bfloat16"]  # the member's own
     seen = set()
@@ -162,7 +163,8 @@ def test_the_dtypes_no_default_workload_uses_come_first():
     masked = find_spec("grpo/sapo-mask")  # default CPU workloads: bfloat16 only
     every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls, each in every declared dtype
     assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == ["float16", "float32", "bfloat16",
-                                                                                     "bfloat16", "bfloat16"] + every * 2
+                                                                                     "bfloat16", "bfloat16"] + every * 2 + [
+                                                                                     "bfloat16"]  # seq-aligned
     fused = find_spec("grpo-fused-linear/token-is")  # no workload of the fused spec is float16; fp32-tiny is extended
     assert [c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16")][:2] == ["float16", "float32"]
 

@@ -31,7 +31,8 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
                                           REACH_FLOOR_PER_ROW_CPU, REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_LEAD_SMALL,
                                           REACH_LEAD_SMALL_PER_ROW_CPU, REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE,
                                           REACH_REMAINDER, REACH_ROWS, REACH_ROWS_PER_ROW_CPU, REACH_SMALL,
-                                          REACH_WIDE, REACH_WIDE_SMALL, REACH_BLOCK, REACH_BLOCKS, REACH_LOW)
+                                          REACH_WIDE, REACH_WIDE_SMALL, REACH_BLOCK, REACH_BLOCKS, REACH_LOW,
+                                          REACH_SEQ_ALIGNED)
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
@@ -40,6 +41,7 @@ ALIGNED = "aligned"  # the lead of reach's aligned call (no one axis: all of the
 WIDE = "vocab-wide"  # the lead of reach's second vocabulary call, past 2^18 (`wide_axes`)
 LOW = "low"  # every axis near its declared low end (`low_axes`), in each declared dtype
 BLOCKS = "vocab-blocks"  # the vocabulary a multiple of 2^16 (`blocks_axes`), in each declared dtype
+SEQ_ALIGNED = "seq-aligned"  # each sequence a multiple of 256 (`seq_aligned_axes`), in the member's own dtype
 EVERY_DTYPE = (LOW, BLOCKS)  # the calls made once in each dtype the lead input declares
 OTHER_DTYPES = "other-dtypes"
 
@@ -219,10 +221,19 @@ def blocks_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]
             for a in free_axes(spec)}
 
 
+def seq_aligned_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:
+    """Reach's seq-aligned call: each sequence 256 x k positions (k in REACH_SEQ_ALIGNED), the other axes as the rows
+    call's. How a hostile kernel passes it while wrong: a path at multiples of 256 past 2048 positions, or of a
+    larger power of two than the k drawn gives (k 2-8: 512 to 2048, 4 of the 7 values powers of two)."""
+    lo, hi = REACH_SEQ_ALIGNED
+    return {a: 256 * r.randint(lo, hi) if a == "seq" else r.randint(*_others(spec, device_type, "seq", a))
+            for a in free_axes(spec)}
+
+
 def reach_shapes(spec: Any, device_type: str, r: random.Random) -> list[tuple[str, dict[str, int]]]:
     """(lead, shape) of each reach call: one per free axis (`reach_axes`), the wide-vocabulary call (`wide_axes`),
-    the aligned call (`aligned_axes`), the low call (`low_axes`), and the vocabulary-blocks call (`blocks_axes`)
-    where the wide call applies (`wide_applies`: the fused operation's interpreted kernel on the CPU pays per
+    the aligned call (`aligned_axes`), the low call (`low_axes`), and the vocabulary-blocks and seq-aligned calls
+    (`blocks_axes`, `seq_aligned_axes`) where the wide call applies (`wide_applies`: the fused operation's interpreted kernel on the CPU pays per
     vocabulary block)."""
     leads, shapes = free_axes(spec), reach_axes(spec, device_type, r)
     wide = wide_applies(spec, device_type)
@@ -230,7 +241,8 @@ def reach_shapes(spec: Any, device_type: str, r: random.Random) -> list[tuple[st
         leads, shapes = leads + [WIDE], shapes + [wide_axes(spec, device_type, r)]
     leads, shapes = leads + [ALIGNED, LOW], shapes + [aligned_axes(spec, device_type, r), low_axes(spec, device_type, r)]
     if wide:
-        leads, shapes = leads + [BLOCKS], shapes + [blocks_axes(spec, device_type, r)]
+        leads = leads + [BLOCKS, SEQ_ALIGNED]
+        shapes = shapes + [blocks_axes(spec, device_type, r), seq_aligned_axes(spec, device_type, r)]
     return list(zip(leads, shapes))
 
 
@@ -261,7 +273,8 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
         if lead in EVERY_DTYPE:
             calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
         else:
-            calls.append(ReachCall(lead, axes, own_dtype if lead in (ALIGNED, WIDE) else order[i % len(order)]))
+            own = lead in (ALIGNED, WIDE, SEQ_ALIGNED)
+            calls.append(ReachCall(lead, axes, own_dtype if own else order[i % len(order)]))
     return calls
 
 

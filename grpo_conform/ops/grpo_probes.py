@@ -340,9 +340,10 @@ REACH_FLOOR_CUDA = {"seq": 69631}
 REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 32)}
 #: where a reached axis wants the others other than REACH_SMALL: the rows call has two or three sequences (a
 #: bug that mixes sequences up is exact at batch 1, which this call had until the thirty-fifth session), the
-#: batch call one or two positions a sequence (its 263+ sequences are rows of the fused operation's interpreted
+#: batch call two or three positions a sequence (one before the forty-second session: chunks of 32 sequences that
+#: read the mask at a flat offset c0 instead of c0 x T were exact there; the fused operation's keeps one on the CPU) (its 263+ sequences are rows of the fused operation's interpreted
 #: kernel: ~5-10 ms each on the CPU)
-REACH_LEAD_SMALL = {"seq": {"batch": (2, 3), "vocab": (32, 48)}, "batch": {"seq": (1, 2)}}
+REACH_LEAD_SMALL = {"seq": {"batch": (2, 3), "vocab": (32, 48)}, "batch": {"seq": (2, 3)}}
 #: the fused operation (an axis `hidden`) on the CPU: its Triton kernel runs interpreted there, one program a row
 #: (~3.5 ms each on the 2-core machine), so its rows call stays one sequence of 1279+ rows (4.7 s for triton-fused's
 #: forward and backward), not 16384+ (minutes a member). A fused kernel wrong only for two sequences or more past
@@ -393,6 +394,12 @@ REACH_LOW = {"batch": (2, 4), "seq": (2, 5), "vocab": (2, 31), "hidden": (1, 7)}
 #: vocabulary past 65536 (the vocabulary calls run in the member's own dtype: gallery `fp32-real-vocab-chunk-lse-max`)
 REACH_BLOCKS = {"vocab": (2, 4)}  # multiples of 2^16
 REACH_BLOCK = 1 << 16
+#: reach's seq-aligned call (member_calls.seq_aligned_axes): each sequence a multiple of 256 from 512 (trainers pad
+#: completions to max_completion_length: 512-2048), two or three of them, the rows call's small vocabulary. Every
+#: other long row was odd, so a per-sequence mean taken as the mean of per-256-token tile means passed every default
+#: run (forty-second session's red team, gallery `even-seq-256-tile-means`). Not for the fused operation on the CPU
+#: (its interpreted kernel pays ~3.5 ms a row: caught on CUDA, whose workloads' rows are aligned)
+REACH_SEQ_ALIGNED = (2, 8)  # the sequence length: 256 x this
 #: the axes whose reach calls go through torch.autograd.grad, the others through backward: rows and the
 #: vocabulary are where kernels switch to a large-input path, and autograd.grad is the stricter read (a path
 #: that added d weight into .grad itself and returned nothing passed every backward call)
