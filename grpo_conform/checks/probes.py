@@ -39,6 +39,7 @@ from grpo_conform.ops.grpo_logits.declared_cases import declared_calls, record, 
 from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_ratio
 from grpo_conform.ops.fused_linear.probes import FUSED_PROBES
 from grpo_conform.ops.fused_linear.value_probes import VALUE_PROBES
+from grpo_conform.ops.grpo_shared_inputs import SHARED_INPUTS
 from grpo_conform.ops.grpo_logits.probes import ties_unsupported
 from grpo_conform.spec import Spec
 
@@ -316,6 +317,7 @@ _PROBES = (
     *TRAINER_MODES,  # .grad pre-filled before the forward; torch's deterministic mode (checks/trainer_modes.py)
     *FUSED_PROBES,  # the lm_head weight held as trainers hold it: accumulated into, tied (ops/fused_linear/probes.py)
     *VALUE_PROBES,  # values the fused draws avoid: a zero hidden row, a reference head far from the policy's
+    SHARED_INPUTS,  # one tensor for two inputs: ref_logprobs as old_logprobs, ref_hidden as hidden
     Probe("extra-seeds", extra_seeds.__doc__, extra_seeds, PLAIN + CALL),
     Probe("input-cases", input_cases.__doc__, input_cases, PLAIN + CALL, applies=_has_mask),
     ONE_INPUT,

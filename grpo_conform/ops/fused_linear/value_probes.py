@@ -16,7 +16,8 @@
   set, for the reference operands as trainers pass them (red team 2026-12; each input came from a buffer of
   its own and ref_hidden was always given, so a kernel wrong only otherwise passed every run):
   RA, ref_hidden left out (the spec: "ref_hidden absent: hidden"; every bundled fused implementation takes
-  that call), judged against the set with ref_hidden = hidden (`fused-ref-hidden-absent-drops-kl`);
+  that call), judged against the set with ref_hidden = hidden (`fused-ref-hidden-absent-drops-kl`), then RA-same,
+  ref_hidden given as hidden's own tensor (`fused-ref-hidden-aliased-policy-head`, forty-second session);
   RS, ref_weight the weight's own tensor (a frozen lm_head shared by policy and reference, as under LoRA:
   the same object with weight and bias frozen; or, drawn, a detach() or a view of the trainable weight)
   with ref_hidden the drawn one moved as ref_weight was (`fused-ref-head-shared-skips-ref-hidden`). A kernel
@@ -165,6 +166,11 @@ def _reference_operands(run: WorkloadConformance, rows: torch.Tensor, temperatur
     P.tensors["ref_hidden"].copy_(hidden)  # the reference of the call without it
     P.commit()
     call = run.call("RA", P, run.out1, PLAIN + CALL, omit=["ref_hidden"])
+    if call is not None:
+        J.plain(run, call)
+    # RA-same: ref_hidden given as hidden's own tensor, the far head kept (a trainer whose reference shares the
+    # policy's trunk): a dual-head path that read the policy's head there passed every run
+    call = run.call("RA-same", P, run.out1, PLAIN + CALL, same={"ref_hidden": ["hidden", "object"]})
     if call is not None:
         J.plain(run, call)
     # ref_weight = weight; ref_hidden = hidden + s (drawn - hidden), s putting the reference log-probs ~1 nat
