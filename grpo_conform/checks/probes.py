@@ -283,7 +283,15 @@ UPSTREAM = Probe("upstream", upstream.__doc__, upstream, CALL + ("upstream-gradi
 DECLARED = Probe("declared-cases", declared.__doc__, declared, CALL + ("declared-cases", "exact-ties", "finite"))
 LAYOUTS = Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "finite"), ("input-layouts",),
                 _contiguous_only)
+FORWARD_ONLY = Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation"))
+INFERENCE_MODE = Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation"))
+#: the call patterns whose paths a kernel picks by the grad mode or by which inputs require grad (forward-only,
+#: inference-mode, the fused head frozen) run in the other dtypes too: each ran in the workload's dtype alone, and
+#: a float16 or float32 forward-only path that divided by S instead of the kept count, or a frozen-head path that
+#: dropped 1/T in float32, passed every default run (forty-second session's red team)
+GRAD_MODE_PROBES = (FORWARD_ONLY, INFERENCE_MODE, *(p for p in FUSED_PROBES if p.name == "frozen"))
 OTHER_DTYPES = other_dtypes.make_probe((G.ZERO_ADVANTAGE, L.EXACT_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM, L.NEAR_TIES, LAYOUTS,
+                                        *GRAD_MODE_PROBES,
                                         Probe(DECLARED.name, declared_defaults.__doc__, declared_defaults,
                                               DECLARED.feeds),
                                         Probe("baseline", other_dtypes.rows_in_dtype.__doc__,
@@ -309,8 +317,8 @@ _PROBES = (
     Probe("non-leaf", non_leaf.__doc__, non_leaf, CALL + ("non-leaf-logits", "finite")),
     Probe("interleaved", interleaved.__doc__, interleaved, CALL + ("interleaved-graphs", "finite")),
     LAYOUTS,
-    Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation")),
-    Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation")),
+    FORWARD_ONLY,
+    INFERENCE_MODE,
     Probe("retained-graph", retained_graph.__doc__, retained_graph, CALL + ("retained-graph", "finite")),
     Probe("rewritten-inputs", rewritten_inputs.__doc__, rewritten_inputs,
           ("rewritten-inputs", "runs", "no-mutation"), ("rewritten-inputs",)),
