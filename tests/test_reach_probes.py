@@ -144,6 +144,14 @@ def test_the_reach_mask_of_short_rows_is_not_every_token():
     assert reach_mask((1, 1), torch.int64, 0).item() == 1
 
 
+def test_the_seq_aligned_call_s_mask_is_sparse_with_the_last_sequence_empty():
+    from grpo_conform.checks.reach import SPARSE
+
+    keep = reach_mask((3, 1024), torch.bool, 5, sparse=True)
+    assert not keep[-1].any() and keep[:-1, -1].all()  # a trailing empty sequence; the others end kept
+    assert abs(float(keep[:-1].float().mean()) - SPARSE) < 0.03
+
+
 def test_the_batch_call_s_mask_makes_a_per_chunk_normaliser_audible():
     # the gallery folder CI let through: at one position a sequence and a batch divisible by 4, every token kept
     # made its per-chunk-of-4 normaliser equal the batch's (exactly, in float64); a drawn mask does not

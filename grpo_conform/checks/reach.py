@@ -30,6 +30,8 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   a vocabulary-blocks call, the vocabulary a multiple of 2^16 (`member_calls.blocks_axes`), each once in every
   dtype the lead input declares: no other call's vocabulary was below 32 or a multiple of 65536, and float32 or
   float16 never met a vocabulary past 65536 (forty-second session's red team);
+- a seq-aligned call, each of 2-3 sequences 256 x 2..8 positions, its mask sparse (1/8 kept, the last sequence
+  empty), where the wide call runs (`member_calls.seq_aligned_axes`);
 - a call, in the member's own dtype, at aligned sizes (`member_calls.aligned_axes`): rows 128, vocabulary
   and hidden multiples of 512-4096 (logits: 4096-32768) and 64-512. Every size above is odd, so a kernel whose
   last tile is `size % TILE` wide, dropping a full tile when TILE divides the size (real models' V 32768, 128256,
@@ -64,13 +66,14 @@ CHECK = "reach"
 #: large-input path scaled only some gradients by it)
 REACH_UPSTREAM = ("negative", "tiny", "large", "fraction")
 SHORT_ROW = 2  # rows of at most this many positions keep no token by rule (`reach_mask`)
+SPARSE = 0.125  # the share the seq-aligned call's mask keeps (`reach_mask`'s `sparse`)
 KEPT = 0.75  # the share of tokens a reach call's mask keeps, drawn per token (see `reach_mask`)
 NARROW = 1e6  # a gradient dtype whose largest finite value is below this (float16) has its range checked
 REDRAWS = 8  # draws of a reach call's values tried before its range is an internal error
 REDRAW_SALT = 0x52414E47
 
 
-def reach_mask(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+def reach_mask(shape: tuple[int, ...], dtype: torch.dtype, seed: int, sparse: bool = False) -> torch.Tensor:
     """Each token kept with probability KEPT, and each row's last token too where rows are longer than
     SHORT_ROW: a long row keeps tokens in every tile (a left-padded row of 261 positions keeping 40 tested nothing
     past the first tile), and the mask varies along it, so one read at the wrong position (t % 1024) shows.
@@ -78,11 +81,18 @@ def reach_mask(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.T
     Short rows (the batch call's 1-2 positions) are drawn freely, some of them empty: forcing their last token kept
     made the fused operation's batch call (one position a sequence) keep every token, and a normaliser computed per
     chunk of 4 sequences was then exact wherever the batch divided by 4 (a CI run at 2e13295; docs/checks.md, "The
-    reach mask"). The mask is never uniform: it keeps one token at least and drops one where it has two or more."""
+    reach mask"). The mask is never uniform: it keeps one token at least and drops one where it has two or more.
+
+    `sparse` (the seq-aligned call): each token kept with probability SPARSE and the last sequence empty, a padded
+    micro-batch whose longest completion is not its last: a packed path for sparse batches that counted the
+    sequences from the kept tokens' row ids dropped trailing empty rows from the batch mean and passed every
+    default run (forty-second session's red team, `packed-sparse-trailing-empty-rows`)."""
     gen = torch.Generator().manual_seed(seed)
-    keep = torch.rand(shape, generator=gen) < KEPT
+    keep = torch.rand(shape, generator=gen) < (SPARSE if sparse else KEPT)
     if shape[-1] > SHORT_ROW:
         keep[..., -1] = True
+    if sparse and shape[0] > 1:
+        keep[-1] = False
     flat = keep.view(-1)
     if not flat.any():
         flat[-1] = True
@@ -135,7 +145,8 @@ def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int
     """Reach call i, the run set to its shape (`shaped.at_shape`), `what` filled in with how it was made: "" where it
     matches the reference, why not where it does not, None where the worker failed (recorded against the check)."""
     mask = mask_input(run)
-    given = {mask: reach_mask(inp.tensors[mask].shape, inp.tensors[mask].dtype, base + i)} if mask else None
+    sparse = lead == member_calls.SEQ_ALIGNED
+    given = {mask: reach_mask(inp.tensors[mask].shape, inp.tensors[mask].dtype, base + i, sparse)} if mask else None
     peaks = lead in REACH_SPREAD_PEAKS
     kind = REACH_UPSTREAM[i % len(REACH_UPSTREAM)]
     c = draw_upstream(run, kind, record=False)
