@@ -285,13 +285,15 @@ LAYOUTS = Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "f
                 _contiguous_only)
 FORWARD_ONLY = Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation"))
 INFERENCE_MODE = Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation"))
-#: the call patterns whose paths a kernel picks by the grad mode or by which inputs require grad (forward-only,
-#: inference-mode, the fused head frozen) run in the other dtypes too: each ran in the workload's dtype alone, and
-#: a float16 or float32 forward-only path that divided by S instead of the kept count, or a frozen-head path that
-#: dropped 1/T in float32, passed every default run (forty-second session's red team)
-GRAD_MODE_PROBES = (FORWARD_ONLY, INFERENCE_MODE, *(p for p in FUSED_PROBES if p.name == "frozen"))
+#: the call patterns whose paths a kernel picks by the grad mode, by which inputs require grad or by autocast
+#: (forward-only, inference-mode, the fused head frozen, autocast) run in the other dtypes too: each ran in the
+#: workload's dtype alone, and a float16 or float32 forward-only path that divided by S instead of the kept count,
+#: a frozen-head path that dropped 1/T in float32, and float32 logits cast to bfloat16 under autocast passed every
+#: default run (forty-second session's red team)
+MODE_PROBES = (FORWARD_ONLY, INFERENCE_MODE, *(p for p in (*FUSED_PROBES, *TRAINER_MODES)
+                                               if p.name in ("frozen", "autocast")))
 OTHER_DTYPES = other_dtypes.make_probe((G.ZERO_ADVANTAGE, L.EXACT_TIES, L.FAR_RATIOS, ADVERSARIAL, UPSTREAM, L.NEAR_TIES, LAYOUTS,
-                                        *GRAD_MODE_PROBES,
+                                        *MODE_PROBES,
                                         Probe(DECLARED.name, declared_defaults.__doc__, declared_defaults,
                                               DECLARED.feeds),
                                         Probe("baseline", other_dtypes.rows_in_dtype.__doc__,

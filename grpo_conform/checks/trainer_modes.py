@@ -110,12 +110,12 @@ def autocast_dtype(run: WorkloadConformance) -> str:
 
 
 def lowered_operands(run: WorkloadConformance, dtype: str) -> list[str]:
-    """The inputs of the operation's matrix products held in a dtype wider than `dtype`: autocast runs torch's
+    """The inputs of the operation's matrix products held in a dtype other than `dtype`: autocast runs torch's
     matmul of those in `dtype`, which is the caller's instruction (autocast exists to lower the precision of
     matrix products), so a call there has no float32 reference to meet. Empty for an operation without a product (grpo-logits)."""
     names = {n for g in run.op.gemms(run.spec, run.rw, "full") for n in g.operands if n}
-    wide = torch_dtype(dtype).itemsize
-    return sorted(n for n in names if n in run.P.tensors and run.P.tensors[n].dtype.itemsize > wide)
+    # any other dtype: autocast also recasts float16 operands to bfloat16 (one more rounding, 3 fewer mantissa bits)
+    return sorted(n for n in names if n in run.P.tensors and run.P.tensors[n].dtype != torch_dtype(dtype))
 
 
 def autocast(run: WorkloadConformance) -> None:
@@ -130,8 +130,10 @@ def autocast(run: WorkloadConformance) -> None:
     moves a log-ratio by up to 2^-9 |old log-prob|, which flips AC-near's branches (autocast-casts-fp32-inputs).
 
     On the fused operation the call runs only where the GEMM's operands (hidden, weight) are already in the
-    autocast dtype: with wider operands autocast lowers torch's matmul by the caller's instruction
-    (`lowered_operands`), recorded as skipped in the draws; the other-dtypes pass makes no autocast call.
+    autocast dtype: with other operands autocast recasts torch's matmul by the caller's instruction
+    (`lowered_operands`), recorded as skipped in the draws. The other-dtypes pass makes the call too (since the
+    forty-second session: float32 logits cast to bfloat16 under autocast passed every default run), so the
+    logits operation meets autocast with float16 and float32 logits.
     How a hostile kernel could tell it apart: torch.is_autocast_enabled() is true, which is the point of the call,
     and a kernel keyed on that, right here, is right under every autocast a trainer uses at this dtype. Left: a
     kernel wrong only under float16 autocast on the CPU, or under an autocast dtype other than the lead input's
