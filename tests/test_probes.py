@@ -112,7 +112,8 @@ def test_k_selects_the_probes_that_feed_the_checks_and_what_they_need():
     names = lambda checks, profile="full": [p.name for p in select(profile, checks)]  # noqa: E731
     assert names(()) == list(PROFILES["full"])
     assert names(("gradient",)) == ["baseline", "new-buffers", "deterministic-mode", "autocast", "zero-row",
-                                    "reference-head", "extra-seeds", "input-cases", "one-sign", "trainer-shaped",
+                                    "reference-head", "shared-inputs", "extra-seeds", "input-cases", "one-sign",
+                                    "trainer-shaped",
                                     "mask-runs", "other-dtypes"]  # other-dtypes: its multi-row call B4
     assert names(("reach",)) == ["reach"]
     assert names(("advantage-sign",)) == ["baseline", "negated-advantages", "advantage-sign"]
@@ -137,13 +138,14 @@ def test_probes_declare_where_they_apply():
 
     seed = load_spec(SEED_FILE)  # on-policy token-is: no mask, no old or reference log-probs
     assert set(ruled_out(seed)) == {"masked-positions", "far-ratios", "near-ties", "input-cases", "one-input",
-                                    "mask-runs"}
+                                    "mask-runs", "shared-inputs"}
     kl = find_spec("grpo/token-offpolicy-mask-kl")
     # zero-advantage applies: one zeroed sequence is left out there (the KL term gives it a gradient), every
     # advantage zeroed is not (call E-all, judged against the reference)
     assert set(ruled_out(kl)) == {"advantage-sign", "one-input"}
     masked = find_spec("grpo/token-offpolicy-mask")
-    assert set(ruled_out(masked)) == {"advantage-sign", "one-input"}  # one-input: grpo-fused-linear only
+    # one-input: grpo-fused-linear only; shared-inputs: no second log-probs input
+    assert set(ruled_out(masked)) == {"advantage-sign", "one-input", "shared-inputs"}
     assert ruled_out(find_spec("grpo-fused-linear/token-offpolicy-mask")).get("one-input") is None
     # near-ties runs for both operations where old log-probs meet a clip (the fused one's logits quieted)
     assert ruled_out(find_spec("grpo-fused-linear/token-offpolicy-mask")).get("near-ties") is None
