@@ -40,6 +40,7 @@ from grpo_conform.ops.grpo_logits.member_inputs import exact_tie_inputs, tie_rat
 from grpo_conform.ops.fused_linear.probes import FUSED_PROBES
 from grpo_conform.ops.fused_linear.value_probes import VALUE_PROBES
 from grpo_conform.ops.grpo_shared_inputs import SHARED_INPUTS
+from grpo_conform.checks.permuted import PERMUTED
 from grpo_conform.ops.grpo_logits.probes import ties_unsupported
 from grpo_conform.spec import Spec
 
@@ -307,6 +308,7 @@ _PROBES = (
     L.ADVANTAGE_SIGN,
     Probe("new-buffers", new_buffers.__doc__, new_buffers, PLAIN + CALL + ("freshness",)),
     G.ZERO_ADVANTAGE,
+    PERMUTED,  # D's sequences rotated in place: every sum kept (checks/permuted.py)
     L.ROW_LOCALITY,
     L.LAST_ROW,
     L.MASKED_POSITIONS,

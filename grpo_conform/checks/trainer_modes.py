@@ -132,8 +132,8 @@ def autocast(run: WorkloadConformance) -> None:
     On the fused operation the call runs only where the GEMM's operands (hidden, weight) are already in the
     autocast dtype: with other operands autocast recasts torch's matmul by the caller's instruction
     (`lowered_operands`), recorded as skipped in the draws. The other-dtypes pass makes the call too (since the
-    forty-second session: float32 logits cast to bfloat16 under autocast passed every default run), so the
-    logits operation meets autocast with float16 and float32 logits.
+    forty-second session: a float32 lead input cast to bfloat16 under autocast passed every default run), so an
+    operation without a product meets autocast with its lead input in float16 and float32.
     How a hostile kernel could tell it apart: torch.is_autocast_enabled() is true, which is the point of the call,
     and a kernel keyed on that, right here, is right under every autocast a trainer uses at this dtype. Left: a
     kernel wrong only under float16 autocast on the CPU, or under an autocast dtype other than the lead input's
