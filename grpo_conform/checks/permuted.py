@@ -28,7 +28,7 @@ def permuted(run: WorkloadConformance) -> None:
     if batch < 2 or not Q.drawn:  # freshness keeps its other calls (C, D)
         return
     rotated = [n for n in Q.tensors if run.spec.has_input(n) and tuple(run.spec.input(n).shape)[:1] == ("batch",)]
-    kept = {n: (Q.tensors[n].clone(), Q.pristine[n].clone()) for n in rotated}
+    kept = {n: Q.tensors[n].clone() for n in rotated}  # Q as D left it (buffers and pristine copies agree there)
     try:
         for n in rotated:
             t = Q.tensors[n]
@@ -40,9 +40,9 @@ def permuted(run: WorkloadConformance) -> None:
             J.finite(run, call)
             J.fresh(run, call, "sequences rotated in place: every sum kept")
     finally:
-        for n, (t, p) in kept.items():
+        for n, t in kept.items():
             Q.tensors[n].copy_(t)
-            Q.pristine[n].copy_(p)
+        Q.commit()  # a new version: the reference cache keys on it, and held the rotated set's log-probs
 
 
 PERMUTED = Probe("permuted", permuted.__doc__, permuted, CALL + ("freshness", "finite"), needs=("new-buffers",))

@@ -124,15 +124,15 @@ def judge_all_equal(run: WorkloadConformance, c: float) -> None:
         return
     r = run.rng
     value = r.choice((-1.0, 1.0)) * round(r.uniform(0.25, 1.5), 6)
-    # Q as the calls before left it, buffers and their pristine copies both: the probes after this one read it
-    kept = Q.tensors["advantages"].clone(), Q.pristine["advantages"].clone()
+    # Q as the calls before left it (buffers and pristine copies agree there): the probes after this one read it
+    kept = Q.tensors["advantages"].clone()
     try:
         Q.tensors["advantages"].fill_(value)
         Q.commit()
         _judge_all_equal(run, c, value)
     finally:
-        Q.tensors["advantages"].copy_(kept[0])
-        Q.pristine["advantages"].copy_(kept[1])
+        Q.tensors["advantages"].copy_(kept)
+        Q.commit()  # a new version: the reference cache keys on it
 
 
 def _judge_all_equal(run: WorkloadConformance, c: float, value: float) -> None:
