@@ -109,15 +109,17 @@ def test_without_the_peaks_no_row_stands_that_far_above_the_rest(family, member,
 
 def test_the_reach_draws_name_the_vocabulary_call_as_peaked():
     """The record says which reach calls had their rows peaked late: the vocabulary calls (past 2^17, and past
-    2^18 since the thirty-seventh session, the multiples of 2^16 in each dtype since the forty-second), and only they."""
+    2^18 since the thirty-seventh session), and only they: not the multiples of 2^16 (forty-second session), whose rows
+    must hold their sum in more than one chunk."""
     run = cli_here("check", ROOT / "tests" / "gallery" / "reach-vocab-tiles-32768", "--workload", "mask-small-bf16",
                    "-k", "reach", "--no-evidence", "--format", "json")
     assert run.returncode == 1, run.stderr[-2000:]  # the folder fails reach
     report = json.loads(run.stdout)
     calls = [d for w in report["implementations"][0]["workloads"] for d in w["draws"].get("reach", [])]
     peaked = [d for d in calls if d["spread_peaks"]]
-    assert len(calls) >= 3 and [d["lead"] for d in peaked] == ["vocab", "vocab-wide"] + ["vocab-blocks"] * 3
+    assert len(calls) >= 3 and [d["lead"] for d in peaked] == ["vocab", "vocab-wide"]
     assert peaked[0]["axes"]["vocab"] >= 139265 and peaked[1]["axes"]["vocab"] > 2 ** 18
-    assert {d["dtype"] for d in peaked[2:]} == {"bfloat16", "float16", "float32"}
-    assert all(d["axes"]["vocab"] % 2 ** 16 == 0 and d["axes"]["vocab"] >= 2 ** 17 for d in peaked[2:])
-    assert all(d["axes"]["vocab"] < 139265 for d in calls if not d["spread_peaks"])
+    blocks = [d for d in calls if d["lead"] == "vocab-blocks"]
+    assert {d["dtype"] for d in blocks} == {"bfloat16", "float16", "float32"}
+    assert all(d["axes"]["vocab"] % 2 ** 16 == 0 and d["axes"]["vocab"] >= 2 ** 17 for d in blocks)
+    assert all(d["axes"]["vocab"] < 139265 for d in calls if not d["spread_peaks"] and d["lead"] != "vocab-blocks")
