@@ -270,7 +270,11 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
     order = unused_dtypes(spec, device_type) + [own_dtype]
     calls = []
     for i, (lead, axes) in enumerate(shapes):
-        if lead in EVERY_DTYPE:
+        if lead == LOW:  # a shape of its own in each dtype: a tiny vocabulary's path may hide in one row profile
+            dtypes = spec.differentiable_input.dtypes
+            calls += [ReachCall(lead, axes if k == 0 else low_axes(spec, device_type, member_random(spec, REACH, LOW, d)),
+                                d) for k, d in enumerate(dtypes)]
+        elif lead in EVERY_DTYPE:
             calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
         else:
             own = lead in (ALIGNED, WIDE, SEQ_ALIGNED)
