@@ -233,13 +233,14 @@ def seq_aligned_axes(spec: Any, device_type: str, r: random.Random) -> dict[str,
 def reach_shapes(spec: Any, device_type: str, r: random.Random) -> list[tuple[str, dict[str, int]]]:
     """(lead, shape) of each reach call: one per free axis (`reach_axes`), the wide-vocabulary call (`wide_axes`),
     the aligned call (`aligned_axes`), the low call (`low_axes`), and the vocabulary-blocks and seq-aligned calls
-    (`blocks_axes`, `seq_aligned_axes`) where the wide call applies (`wide_applies`: the fused operation's interpreted kernel on the CPU pays per
-    vocabulary block)."""
+    (`blocks_axes`, `seq_aligned_axes`) where the wide call applies (`wide_applies`: the fused operation's
+    interpreted kernel on the CPU pays per row and per vocabulary block)."""
     leads, shapes = free_axes(spec), reach_axes(spec, device_type, r)
     wide = wide_applies(spec, device_type)
     if wide:
         leads, shapes = leads + [WIDE], shapes + [wide_axes(spec, device_type, r)]
-    leads, shapes = leads + [ALIGNED, LOW], shapes + [aligned_axes(spec, device_type, r), low_axes(spec, device_type, r)]
+    leads = leads + [ALIGNED, LOW]
+    shapes = shapes + [aligned_axes(spec, device_type, r), low_axes(spec, device_type, r)]
     if wide:
         leads = leads + [BLOCKS, SEQ_ALIGNED]
         shapes = shapes + [blocks_axes(spec, device_type, r), seq_aligned_axes(spec, device_type, r)]
@@ -260,9 +261,9 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
     """The reach probe's calls for this member: one per free axis (`reach_axes`), the lead input's dtype taking in
     turn each declared dtype no default workload uses, then `own_dtype` (the workload's); the wide and aligned calls
     in `own_dtype`, the dtype real models run at such sizes; the low and vocabulary-blocks calls once in each
-    declared dtype (a dtype's path meets every size there, not only the one the axis order gives it). With `fresh` (the workload's
-    generator, when the probe runs) one call, chosen by it, has its shape drawn from it instead: the call
-    compile-ahead was never shown."""
+    declared dtype (a dtype's path meets every size there, not only the one the axis order gives it). With
+    `fresh` (the workload's generator, when the probe runs) one call, chosen by it, has its shape drawn from it
+    instead: the call compile-ahead was never shown."""
     shapes = reach_shapes(spec, device_type, member_random(spec, REACH))
     if fresh is not None and shapes:
         j = fresh.randrange(len(shapes))
@@ -271,9 +272,9 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
     calls = []
     for i, (lead, axes) in enumerate(shapes):
         if lead == LOW:  # a shape of its own in each dtype: a tiny vocabulary's path may hide in one row profile
-            dtypes = spec.differentiable_input.dtypes
-            calls += [ReachCall(lead, axes if k == 0 else low_axes(spec, device_type, member_random(spec, REACH, LOW, d)),
-                                d) for k, d in enumerate(dtypes)]
+            for k, d in enumerate(spec.differentiable_input.dtypes):
+                own_shape = axes if k == 0 else low_axes(spec, device_type, member_random(spec, REACH, LOW, d))
+                calls.append(ReachCall(lead, own_shape, d))
         elif lead in EVERY_DTYPE:
             calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
         else:

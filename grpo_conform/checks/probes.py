@@ -290,7 +290,8 @@ DECLARED = Probe("declared-cases", declared.__doc__, declared, CALL + ("declared
 LAYOUTS = Probe("layouts", layouts.__doc__, layouts, CALL + ("input-layouts", "finite"), ("input-layouts",),
                 _contiguous_only)
 FORWARD_ONLY = Probe("forward-only", forward_only.__doc__, forward_only, ("forward-only", "runs", "no-mutation"))
-INFERENCE_MODE = Probe("inference-mode", inference_mode.__doc__, inference_mode, ("inference-mode", "runs", "no-mutation"))
+INFERENCE_MODE = Probe("inference-mode", inference_mode.__doc__, inference_mode,
+                       ("inference-mode", "runs", "no-mutation"))
 #: the call patterns whose paths a kernel picks by the grad mode, by which inputs require grad or by autocast
 #: (forward-only, inference-mode, the fused head frozen, autocast) run in the other dtypes too: each ran in the
 #: workload's dtype alone, and a float16 or float32 forward-only path that divided by S instead of the kept count,
