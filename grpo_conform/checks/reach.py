@@ -57,7 +57,7 @@ from grpo_conform.compare import describe_outputs
 from grpo_conform.checks.upstreams import RANGE_MARGIN, draw_upstream, gradient_bound, room
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.checks import member_calls
-from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_SPREAD_PEAKS, mask_input
+from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_BLOCK_PROFILES, REACH_SPREAD_PEAKS, mask_input
 
 CHECK = "reach"
 
@@ -150,7 +150,8 @@ def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int
     peaks = lead in REACH_SPREAD_PEAKS
     kind = REACH_UPSTREAM[i % len(REACH_UPSTREAM)]
     c = draw_upstream(run, kind, record=False)
-    x, c = _in_range(run, inp, base + i, given, peaks, kind, c, what)
+    profiles = REACH_BLOCK_PROFILES if lead == member_calls.BLOCKS else None
+    x, c = _in_range(run, inp, base + i, given, peaks, kind, c, what, profiles)
     inp.publish()
     run.op.keep_generated(inp.pristine, x)
     # the generator's float64 log-probs of exactly these values: the judgment does not compute them again
@@ -183,7 +184,7 @@ class ReachRangeError(RuntimeError):
 
 
 def _in_range(run: WorkloadConformance, inp, seed: int, given, peaks: bool, kind: str, c: float,
-              what: dict[str, Any]) -> tuple[Any, float]:
+              what: dict[str, Any], profiles: tuple[str, ...] | None = None) -> tuple[Any, float]:
     """The call's inputs drawn into `inp.pristine` and its upstream scalar, such that c times the float64 reference
     gradient stays within 1/RANGE_MARGIN of the gradient dtype's finite range. Only float16's range is narrow
     enough to matter (bfloat16 and wider share float32's exponents). An honest float16 kernel cannot return a
@@ -193,7 +194,8 @@ def _in_range(run: WorkloadConformance, inp, seed: int, given, peaks: bool, kind
     top = torch.finfo(torch_dtype(run.grad_dtype)).max
     for k in range(REDRAWS):
         x = run.op.generate(run.spec, run.rw, seed if k == 0 else seed ^ (k * REDRAW_SALT), run.device,
-                            out=inp.pristine, values=run.model.values, given=given, spread_peaks=peaks)
+                            out=inp.pristine, values=run.model.values, given=given, spread_peaks=peaks,
+                            profiles=profiles)
         if top > NARROW:
             return x, c
         fits = room(gradient_bound(run, inp), top)

@@ -409,6 +409,10 @@ REACH_AUTOGRAD = ("seq", "vocab", "vocab-wide", "low")
 #: reads them in (generators/spread_peaks.py says why)
 REACH_SPREAD_PEAKS = ("vocab", "vocab-wide")  # not vocab-blocks: a dominant peak hides a log-sum-exp of chunks
 #: combined by max (one chunk holds the whole sum; gallery fp32-real-vocab-chunk-lse-max passed 1 run in ~10)
+#: the row profiles of the vocabulary-blocks calls: 'normal' alone, whose rows spread their sum over every chunk of
+#: 2^15-2^16 entries; a wide, large, peaked or heavy-tailed row is one logit's (the other vocabulary calls draw them),
+#: and with them the folder above still passed 1 gallery run in 3
+REACH_BLOCK_PROFILES = ("normal",)
 
 
 def without_kl(spec: Spec) -> str | None:
