@@ -10,7 +10,8 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks.buffers import InputSlot, OutputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import bitwise_equal, compare_loss, describe_outputs, json_float
-from grpo_conform.ops.grpo_probes import small_axes
+from grpo_conform.dtypes import torch_dtype
+from grpo_conform.ops.grpo_probes import mask_input, small_axes
 from grpo_conform.checks import member_calls
 from grpo_conform.checks.shaped import at_shape
 from grpo_conform.ops.grpo_views import audible_scalars, draw_views
@@ -35,10 +36,35 @@ def layouts(run: WorkloadConformance) -> None:
             f"{k} stride {v['stride']} offset {v['storage_offset']}" for k, v in run.V.layout.items()))
     del call
     run.release("V")  # no later probe reads V
+    _layouts_mask_dtypes(run, check)
     axes = multi_row_axes(run)
     unused = member_calls.unused_dtypes(run.spec, run.device.type)
     if axes is not None and run.grad_dtype in unused:
         _layouts_batch_pitch(run, check, axes, 1 + unused.index(run.grad_dtype))
+
+
+def _layouts_mask_dtypes(run: WorkloadConformance, check: str) -> None:
+    """L-<dtype>: the views again with the mask input in each other dtype it declares (once per worker process and
+    member: a property of the code). The strided set took the workload's own mask dtype and the other dtypes came
+    only in contiguous sets (Q, K), so an int32 mask passed zero-copy and read with a contiguous row pitch passed
+    every default run (forty-second session's red team, gallery `int32-mask-strided-read-contiguous`)."""
+    mask = mask_input(run)
+    if mask is None or run.made_in("layouts_mask_dtypes") is not None:
+        return
+    own = run.dtypes[mask]
+    for d in run.spec.input(mask).dtypes:
+        if torch_dtype(d) == own:
+            continue
+        run.VM = InputSlot.create_views(run.session, "VM", run.rw.shapes, {**run.dtypes, mask: torch_dtype(d)},
+                                        run.rng)
+        run.extra_slots.append("VM")
+        draw_views(run, run.VM, run.seeds[0] ^ 0x7A7A7A7B)
+        call = run.call(f"L-{d}", run.VM, run.out1, (check, "finite", "no-mutation", "no-aliasing"))
+        if call is not None:
+            J.finite(run, call)
+            J.versus_reference(run, check, call, f"offset, strided views, the mask in {d}")
+        del call
+        run.release("VM")
 
 
 def _layouts_batch_pitch(run: WorkloadConformance, check: str, axes: dict[str, int], turn: int) -> None:
