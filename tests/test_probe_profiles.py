@@ -80,7 +80,9 @@ def test_the_layouts_set_is_let_go_after_its_probe_and_a_set_made_again_is_a_new
     names = ("baseline", "layouts", "input-cases", "trainer-shaped", "end-reread")
     run, outcomes = _run("full", member="grpo/token-offpolicy-mask", workload="mask-small-bf16",
                          probes=tuple(PROBES_BY_NAME[n] for n in names), spy=spy)
-    assert run.draws["released"] == ["V"] and "V" not in run.__dict__ and "V" not in run.extra_slots
+    # V, then VM once for each other mask dtype (the layouts probe's L-<dtype> calls), each let go after its call
+    assert run.draws["released"] == ["V", "VM", "VM"] and "V" not in run.__dict__ and "V" not in run.extra_slots
+    assert "VM" not in run.__dict__ and "VM" not in run.extra_slots
     v_unbound = sent.index(("unbind", ("V",)))
     k_forward = next(i for i, (op, inputs) in enumerate(sent) if op == "forward" and inputs == ("K",))
     assert v_unbound < k_forward  # V gone before K's first call
