@@ -39,7 +39,7 @@ SECRET = secrets.randbits(64)
 REACH = "reach"
 ALIGNED = "aligned"  # the lead of reach's aligned call (no one axis: all of them tile-aligned)
 WIDE = "vocab-wide"  # the lead of reach's second vocabulary call, past 2^18 (`wide_axes`)
-LOW = "low"  # every axis near its declared low end (`low_axes`), in each declared dtype
+LOW = "low"  # the vocabulary and hidden size near their declared low ends (`low_axes`), a shape in each dtype
 BLOCKS = "vocab-blocks"  # the vocabulary a multiple of 2^16 (`blocks_axes`), in each declared dtype
 SEQ_ALIGNED = "seq-aligned"  # each sequence a multiple of 256 (`seq_aligned_axes`), in the member's own dtype
 EVERY_DTYPE = (LOW, BLOCKS)  # the calls made once in each dtype the lead input declares
@@ -201,15 +201,12 @@ def wide_applies(spec: Any, device_type: str) -> bool:
 
 
 def low_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:
-    """Reach's low call: every free axis drawn in REACH_LOW's range from the spec's declared minimum (vocabulary
-    2-31: no other call goes below 32). How a hostile kernel passes it while wrong: a path for a vocabulary below
-    2 (none: the domain starts there) or between 32 and the workloads' sizes (the workloads' draws cover it)."""
-    out = {}
-    for a in spec.axes:
-        if a.derivation() is None:
-            lo, hi = REACH_LOW.get(a.name, (1, 3))
-            out[a.name] = r.randint(max(lo, a.min or 1), max(hi, a.min or 1))
-    return out
+    """Reach's low call: every free axis drawn in REACH_LOW's range, never below the spec's declared minimum
+    (vocabulary 2-31: no other call goes below 32). How a hostile kernel passes it while wrong: a path for a
+    vocabulary below 2 (none: the domain starts there) or between 32 and the workloads' sizes (their draws cover it)."""
+    least = {a.name: a.min or 1 for a in spec.axes}
+    return {a: r.randint(max(REACH_LOW.get(a, (1, 3))[0], least[a]), max(REACH_LOW.get(a, (1, 3))[1], least[a]))
+            for a in free_axes(spec)}
 
 
 def blocks_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:

@@ -29,20 +29,26 @@ def permuted(run: WorkloadConformance) -> None:
         return
     rotated = [n for n in Q.tensors if run.spec.has_input(n) and tuple(run.spec.input(n).shape)[:1] == ("batch",)]
     kept = {n: Q.tensors[n].clone() for n in rotated}  # Q as D left it (buffers and pristine copies agree there)
+    temperature = run.model.temperature
     try:
+        before = run.slot_key(Q)
         for n in rotated:
             t = Q.tensors[n]
             t.copy_(torch.roll(t, shifts=1, dims=0))
         Q.commit()
+        # the log-probs rotate with the sequences: no second float64 pass (nor a third after the restore below)
+        run.refs.carry_logp(before, run.slot_key(Q), temperature, lambda v: torch.roll(v, shifts=1, dims=0))
         run.draws["permuted"] = {"rotated": rotated, "shift": 1}
         call = run.call("PM", Q, run.out1, ("freshness", "finite", "no-mutation", "no-aliasing"))
         if call is not None:
             J.finite(run, call)
             J.fresh(run, call, "sequences rotated in place: every sum kept")
     finally:
+        during = run.slot_key(Q)
         for n, t in kept.items():
             Q.tensors[n].copy_(t)
         Q.commit()  # a new version: the reference cache keys on it, and held the rotated set's log-probs
+        run.refs.carry_logp(during, run.slot_key(Q), temperature, lambda v: torch.roll(v, shifts=-1, dims=0))
 
 
 PERMUTED = Probe("permuted", permuted.__doc__, permuted, CALL + ("freshness", "finite"), needs=("new-buffers",))

@@ -86,6 +86,14 @@ class ReferenceCache:
         if logp is not None:
             self._put(self._logp, (slot_key, float(temperature)), logp)
 
+    def carry_logp(self, old_key: Hashable, new_key: Hashable, temperature: float, move=None) -> None:
+        """The log-probs already computed for `old_key`'s inputs, kept for `new_key`'s: a commit that changed no
+        input they read (the advantages alone), or moved them as `move` does (sequences rotated), needs no second
+        float64 pass. Nothing where none were computed."""
+        value = self._logp.get((old_key, float(temperature)))
+        if value is not None:
+            self.seed_logp(new_key, temperature, value if move is None else move(value))
+
     def entry(self, slot_key: Hashable, values: dict[str, Any]) -> Entry:
         key = (slot_key, params_key(values))
         if key not in self._entries:

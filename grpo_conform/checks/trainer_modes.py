@@ -121,9 +121,10 @@ def lowered_operands(run: WorkloadConformance, dtype: str) -> list[str]:
 def autocast(run: WorkloadConformance) -> None:
     """AC: a call whose forward runs under torch.autocast(<device>, dtype) (`autocast_dtype`; the backward outside
     it, as PyTorch's AMP recipe runs a step) on a fresh drawn set, its per-sequence scalars `audible_scalars` (the
-    pattern's one plain call: a tiny or zero scalar on the single-token row hid it); AC-near: the same on near-ties' set (every live
-    ratio a hair from its clip bound: `Operation.near_tie_inputs`), where a member has a hard clip bound, judged
-    under `near-ties` as that check's own calls are (its folders' flipped branches are near ties). Autocast
+    pattern's one plain call: a tiny or zero scalar on the single-token row hid it); AC-near: the same on
+    near-ties' set (every live ratio a hair from its clip bound: `Operation.near_tie_inputs`), where a member has a
+    hard clip bound, judged under `near-ties` as that check's own calls are (its folders' flipped branches are near
+    ties). Autocast
     changes no declared input: every input (the float32 ones too) stays as given, so both are judged
     against the float64 reference at the inputs' dtypes' tolerance, and the loss stays the declared float32/float64
     (`contract`; every honest bundled implementation returns float32 there). An input cast to the autocast dtype

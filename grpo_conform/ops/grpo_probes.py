@@ -126,13 +126,18 @@ def judge_all_equal(run: WorkloadConformance, c: float) -> None:
     value = r.choice((-1.0, 1.0)) * round(r.uniform(0.25, 1.5), 6)
     # Q as the calls before left it (buffers and pristine copies agree there): the probes after this one read it
     kept = Q.tensors["advantages"].clone()
+    temperature = run.model.temperature
     try:
+        before = run.slot_key(Q)
         Q.tensors["advantages"].fill_(value)
         Q.commit()
+        run.refs.carry_logp(before, run.slot_key(Q), temperature)  # the advantages alone changed
         _judge_all_equal(run, c, value)
     finally:
+        during = run.slot_key(Q)
         Q.tensors["advantages"].copy_(kept)
         Q.commit()  # a new version: the reference cache keys on it
+        run.refs.carry_logp(during, run.slot_key(Q), temperature)
 
 
 def _judge_all_equal(run: WorkloadConformance, c: float, value: float) -> None:
@@ -340,9 +345,9 @@ REACH_FLOOR_CUDA = {"seq": 69631}
 REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 32)}
 #: where a reached axis wants the others other than REACH_SMALL: the rows call has two or three sequences (a
 #: bug that mixes sequences up is exact at batch 1, which this call had until the thirty-fifth session), the
-#: batch call two or three positions a sequence (one before the forty-second session: chunks of 32 sequences that
-#: read the mask at a flat offset c0 instead of c0 x T were exact there; the fused operation's keeps one on the CPU) (its 263+ sequences are rows of the fused operation's interpreted
-#: kernel: ~5-10 ms each on the CPU)
+#: batch call two or three positions a sequence (one or two before the forty-second session: chunks of 32 sequences
+#: that read the mask at a flat offset c0 instead of c0 x T were exact at one). The fused operation's batch call keeps
+#: one on the CPU (REACH_LEAD_SMALL_PER_ROW_CPU): its 263+ sequences are rows of its interpreted kernel, ~5-10 ms each
 REACH_LEAD_SMALL = {"seq": {"batch": (2, 3), "vocab": (32, 48)}, "batch": {"seq": (2, 3)}}
 #: the fused operation (an axis `hidden`) on the CPU: its Triton kernel runs interpreted there, one program a row
 #: (~3.5 ms each on the 2-core machine), so its rows call stays one sequence of 1279+ rows (4.7 s for triton-fused's

@@ -50,6 +50,7 @@ class DeclaredCall:
     values: dict[str, Any]  # every declared parameter (a tie's bound is set by the probe, see tie_value)
     tie: CaseTie | None
     exercised: tuple[tuple[str, str], ...]  # (category, case name)
+    audible: bool = False  # the call's per-sequence scalars made audible (a far value: one term's regime changes)
 
 
 def _numeric(spec: Spec) -> list[tuple[Parameter, Draw | None]]:
@@ -265,7 +266,7 @@ def declared_calls(spec: Spec, rng: random.Random) -> tuple[DeclaredCall, ...]:
                                   tuple(("boundaries", f"{n}=below-draws") for n in below)))
     for name, value in above_draws(spec, fork).items():
         calls.append(DeclaredCall(f"above-draws-{name}", {**defaults, name: value}, None,
-                                  (("boundaries", f"{name}=above-draws"),)))
+                                  (("boundaries", f"{name}=above-draws"),), audible=True))
     for side, inside in zip(("below", "above"), inside_avoided(spec, fork)):
         if inside:
             calls.append(DeclaredCall(f"avoided-{side}", {**defaults, **inside}, None,

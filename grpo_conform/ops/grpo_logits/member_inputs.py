@@ -144,9 +144,10 @@ def ratio_intervals(p: GrpoParameters, cfg: MemberInputs) -> list[tuple[float, f
     """Ratio intervals between the boundaries, each kept `boundary_margin` (relative) away from them. Where
     epsilon_high lies inside the hard clip's unclipped band (an epsilon_high past 1 - epsilon_low: the declared
     cases' above-draws call) the band is split there too: CISPO's reading of it as a raw bound differs from the
-    hard clip only between epsilon_high and 1 + epsilon_high, a third of the band's log-width, which held a
-    positive-advantage token in fewer than half of the calls (gallery epsilon-high-above-one-raw-bound). The
-    drawn epsilons (at most 0.35) never reach the band, so no other set moves."""
+    hard clip only between epsilon_high and 1 + epsilon_high, a third of the band's log-width (gallery
+    epsilon-high-above-one-raw-bound: of 150 in-process sets of dapo-mask's above-draws call, 34 held no
+    positive-advantage token there without the split, 20 with it). The drawn epsilons (at most 0.35) never reach
+    the band, so no other set moves."""
     knots = ratio_knots(p)
     if p.loss_type != "cispo" and len(knots) > 1:
         knots = sorted(knots + [k for k in (p.epsilon_high,) if knots[0] < k < knots[-1]])
