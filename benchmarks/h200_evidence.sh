@@ -35,6 +35,7 @@
 #   ALT="12 4" bash benchmarks/h200_evidence.sh mem35   # another grant estimate against HEAD's: first runs, no timing
 #   bash benchmarks/h200_evidence.sh s39        # this session's draws on CUDA: triton's default check with records,
 #                                               # triton-fused's masked members at seed-b2, the sweep (H200)
+#   bash benchmarks/h200_evidence.sh s43        # reach's calls timed (four members, first run), fused_bench b2-b16, the sweep
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
 #   bash benchmarks/h200_evidence.sh z38c       # the worker's rewrite race and the lost-context stop, on CUDA
 #   bash benchmarks/h200_evidence.sh z38        # the same fault narrowed: in process, -k zero-advantage, compute-sanitizer; then s36a
@@ -373,6 +374,28 @@ PY
       timeout -s KILL "$left" python3 benchmarks/sweep_logits.py --budget-s $((left - 30)) --out "$R/sweep.json" \
         > "$R/sweep.log" 2>&1
       status "sweep_logits: exit $?"; tail -c 6000 "$R/sweep.log"
+    fi
+    ;;
+  s43)  # forty-third session (~9 min, any card, no records): reach's calls timed one by one on a first run (four
+        # members, -k reach, no timing: draws.reach[i].seconds), issue 32's fused_bench at b2-b16 (token-is: the three
+        # GEMMs, eager, Liger, the composition, ours as shipped), then issue 36's sweep in what is left (Liger carried)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+    start=$SECONDS
+    timeout -s KILL 170 python3 -m grpo_conform check implementations/triton --member token-is --member dapo-mask \
+      --member token-offpolicy-mask-kl --member vllm-sequence-truncate -k reach --device cuda --no-timing \
+      --no-evidence --format json > "$R/reach.json" 2> "$R/reach.log"
+    status "triton -k reach, four members, first run: exit $?, $((SECONDS - start)) s"
+    start=$SECONDS
+    timeout -s KILL 260 python3 benchmarks/fused_bench.py --batches 2 4 8 16 --member token-is --chunks 2048 \
+      --strategies auto --extra weight_grad=auto --out "$R/fused_bench.json" > "$R/fused_bench.log" 2>&1
+    status "fused_bench token-is b2-b16: exit $?, $((SECONDS - start)) s"; tail -40 "$R/fused_bench.log"
+    left=$(( ${CALL_S:-580} - SECONDS - 25 ))
+    if [ "$left" -gt 90 ]; then
+      status "sweep: $left s left"
+      timeout -s KILL "$left" python3 benchmarks/sweep_logits.py --budget-s $((left - 30)) --out "$R/sweep.json" \
+        > "$R/sweep.log" 2>&1
+      status "sweep_logits: exit $?"; tail -c 5000 "$R/sweep.log"
     fi
     ;;
   s36a)  # thirty-fifth session (~9.5 min): pending/h-norm36 applied (the tiled sequence kernels, the fp16 V 32000 rules).

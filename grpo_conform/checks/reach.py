@@ -47,6 +47,7 @@ drawn from the workload's own generator instead, so that no kernel can be right 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -120,7 +121,10 @@ def reach(run: WorkloadConformance) -> None:
             with at_shape(run, f"RH{i}", f"RO{i}", axes, wanted, dtype) as (inp, out):
                 what = {"lead": lead, "axes": axes, "dtype": dtype, "announced": calls[i] == shown[i]}
                 done.append(what)
+                started = time.perf_counter()
                 why = _reach_call(run, i, lead, inp, out, base, what)
+                # each call's wall seconds (draw, worker round trips, judgment): where a GPU run's reach time goes
+                what["seconds"] = round(time.perf_counter() - started, 3)
                 if why is None:
                     return
                 if why:
