@@ -36,6 +36,7 @@
 #   bash benchmarks/h200_evidence.sh s39        # this session's draws on CUDA: triton's default check with records,
 #                                               # triton-fused's masked members at seed-b2, the sweep (H200)
 #   bash benchmarks/h200_evidence.sh s43        # reach's calls timed (four members, first run), fused_bench b2-b16, the sweep
+#   RECORDS_ANY=1 bash benchmarks/h200_evidence.sh s43b  # fused_bench b16 chunk x split (two members), then triton's default check
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
 #   bash benchmarks/h200_evidence.sh z38c       # the worker's rewrite race and the lost-context stop, on CUDA
 #   bash benchmarks/h200_evidence.sh z38        # the same fault narrowed: in process, -k zero-advantage, compute-sanitizer; then s36a
@@ -397,6 +398,21 @@ PY
         > "$R/sweep.log" 2>&1
       status "sweep_logits: exit $?"; tail -c 5000 "$R/sweep.log"
     fi
+    ;;
+  s43b)  # forty-third session (~9.5 min, any card): issue 32's b16 lead (s43's fused_bench timed the 2048-row chunk
+         # 4% under the shipped one at b16): halves at chunks 2048/4096 x split 0/16384 and the shipped auto, token-is
+         # and bnpo, 10 reps; then the default check of triton with records in what is left (RECORDS_ANY: any card)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    for member in token-is bnpo; do
+      timeout -s KILL 150 python3 benchmarks/fused_bench.py --batches 16 --member $member --chunks 2048 4096 \
+        --strategies halves --split 0 16384 --extra weight_grad=auto --no-liger --reps 10 \
+        --out "$R/fb16-$member.json" > "$R/fb16-$member.log" 2>&1
+      status "fused_bench $member b16: exit $?"; grep "| 16 | full" "$R/fb16-$member.log"
+    done
+    rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+    if grep -q H200 "$R/nvidia-smi.txt" || [ -n "${RECORDS_ANY:-}" ]; then
+      default_check $(( ${CALL_S:-570} - SECONDS - 60 )) records
+    else default_check $(( ${CALL_S:-570} - SECONDS - 60 )); fi
     ;;
   s36a)  # thirty-fifth session (~9.5 min): pending/h-norm36 applied (the tiled sequence kernels, the fp16 V 32000 rules).
          # An H200: the default check of triton with records (DEADLINE, default 220: its 20
