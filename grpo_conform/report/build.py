@@ -24,7 +24,8 @@ SWEPT = "implementations/triton"  # the folder benchmarks/sweep_logits.py times
 SWEEPS = ("benchmarks/results/h200-2026-12-03d/round20c/reports/sweep.json",
           "benchmarks/results/h200-2026-12-03e/round22/r/sweep.json",
           "benchmarks/results/h200-2026-12-03f/round26e/reports/sweep.json",
-          "benchmarks/results/h100-2026-12-06e/sweep36-69f694d/sweep.json")
+          "benchmarks/results/h100-2026-12-06e/sweep36-69f694d/sweep.json",
+          "benchmarks/results/h100-2026-12-07c/s43-44ceb16/sweep.json")
 REGENERATE = ("grpo-conform report evidence/h200 evidence/h100 --reported tests/data/seed-records.csv "
               "--against tests/data/liger-fused-linear-grpo.csv " + " ".join(f"--sweep {p}" for p in SWEEPS)
               + " --out evidence/leaderboard")
