@@ -37,6 +37,7 @@
 #                                               # triton-fused's masked members at seed-b2, the sweep (H200)
 #   bash benchmarks/h200_evidence.sh s43        # reach's calls timed (four members, first run), fused_bench b2-b16, the sweep
 #   RECORDS_ANY=1 bash benchmarks/h200_evidence.sh s43b  # fused_bench b16 chunk x split (two members), then triton's default check
+#   bash benchmarks/h200_evidence.sh s43c       # reach on CUDA sampled (slots) and profiled (workers), two members
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
 #   bash benchmarks/h200_evidence.sh z38c       # the worker's rewrite race and the lost-context stop, on CUDA
 #   bash benchmarks/h200_evidence.sh z38        # the same fault narrowed: in process, -k zero-advantage, compute-sanitizer; then s36a
@@ -413,6 +414,27 @@ PY
     if grep -q H200 "$R/nvidia-smi.txt" || [ -n "${RECORDS_ANY:-}" ]; then
       default_check $(( ${CALL_S:-570} - SECONDS - 60 )) records
     else default_check $(( ${CALL_S:-570} - SECONDS - 60 )); fi
+    ;;
+  s43c)  # forty-third session (~4 min, any card, no records): where reach's ~1 s a call goes on CUDA. Two members,
+         # -k reach, two slots, a first run: each slot's main thread sampled (GRPO_CONFORM_SAMPLE) and each worker
+         # under cProfile (GRPO_CONFORM_WORKER_PROFILE), the profiles summarised by pstats into worker-profiles.txt
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+    mkdir -m 777 -p /wprof
+    start=$SECONDS
+    GRPO_CONFORM_SAMPLE="$R/samples" GRPO_CONFORM_WORKER_PROFILE=/wprof timeout -s KILL 200 python3 -m grpo_conform \
+      check implementations/triton --member dapo-mask --member vllm-is-mask -k reach --device cuda --no-timing \
+      --no-evidence --jobs 2 --format json > "$R/reach-prof.json" 2> "$R/reach-prof.log"
+    status "triton -k reach, two members, sampled and profiled: exit $?, $((SECONDS - start)) s"
+    python3 - /wprof > "$R/worker-profiles.txt" 2>&1 <<'PY'
+import glob, io, pstats, sys
+for f in sorted(glob.glob(sys.argv[1] + "/worker-*.prof")):
+    for key in ("cumulative", "tottime"):
+        out = io.StringIO()
+        pstats.Stats(f, stream=out).sort_stats(key).print_stats(35)
+        print(f"== {f} by {key}"); print(out.getvalue()[-9000:])
+PY
+    head -c 4000 "$R/worker-profiles.txt"
     ;;
   s36a)  # thirty-fifth session (~9.5 min): pending/h-norm36 applied (the tiled sequence kernels, the fp16 V 32000 rules).
          # An H200: the default check of triton with records (DEADLINE, default 220: its 20
