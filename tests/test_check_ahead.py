@@ -569,7 +569,9 @@ def test_a_member_not_yet_begun_also_gets_its_once_per_member_calls(tmp_path, mo
         reach = member_calls.reach_calls(spec, "cpu", "bfloat16")
         others = member_calls.other_dtype_workloads(spec, "cpu")
         every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls: each declared dtype
-        assert [c.dtype for c in reach] == ["float16", "float32", "bfloat16", "bfloat16", "bfloat16"] + every * 2 + [
+        turn = member_calls.dtype_turn(spec)  # the free-axis calls' dtypes start at the member's turn
+        free = [["float16", "float32", "bfloat16"][(i + turn) % 3] for i in range(3)]
+        assert [c.dtype for c in reach] == free + ["bfloat16", "bfloat16"] + every * 2 + [
             "bfloat16"]  # and the seq-aligned call
         assert len(others) == 2
         assert ahead.pending == [f"A{i}" for i in range(len(reach) + len(others))]
@@ -579,7 +581,7 @@ def test_a_member_not_yet_begun_also_gets_its_once_per_member_calls(tmp_path, mo
                                                                                           members[1].workloads[0])]
         assert shapes == [tuple(x) for x in want]  # reach's calls, then other-dtypes', as they will run
         every = [torch.bfloat16, torch.float16, torch.float32]  # the low and blocks calls: each declared dtype
-        assert dtypes == ([torch.float16, torch.float32] + [torch.bfloat16] * 3 + every * 2 + [torch.bfloat16]
+        assert dtypes == ([getattr(torch, d) for d in free] + [torch.bfloat16] * 2 + every * 2 + [torch.bfloat16]
                           + [torch.float16, torch.float32])
         _wait(ahead)
         store = ahead.session._cache_store

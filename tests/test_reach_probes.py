@@ -167,14 +167,39 @@ def test_the_batch_call_s_mask_makes_a_per_chunk_normaliser_audible():
     assert torch.allclose(weights(torch.ones(268, 1, dtype=torch.bool)), torch.ones(268, dtype=torch.float64))
 
 
-def test_the_dtypes_no_default_workload_uses_come_first():
+def test_the_free_axis_calls_take_the_dtype_order_turned_by_the_member_and_the_process(monkeypatch):
+    """The free-axis calls take the unused dtypes then the member's own, in turn, starting at the member's family index
+    plus the process's number (`member_calls.dtype_turn`); the low and vocabulary-blocks calls meet every dtype."""
+    monkeypatch.setattr(member_calls, "SECRET", 0)
     masked = find_spec("grpo/sapo-mask")  # default CPU workloads: bfloat16 only
+    order = ["float16", "float32", "bfloat16"]
+    turn = member_calls._family_names(masked.source).index("sapo-mask")
+    assert member_calls.dtype_turn(masked) == turn
     every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls, each in every declared dtype
-    assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == ["float16", "float32", "bfloat16",
-                                                                                     "bfloat16", "bfloat16"] + every * 2 + [
-                                                                                     "bfloat16"]  # seq-aligned
-    fused = find_spec("grpo-fused-linear/token-is")  # no workload of the fused spec is float16; fp32-tiny is extended
-    assert [c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16")][:2] == ["float16", "float32"]
+    free = [order[(i + turn) % 3] for i in range(3)]  # batch, seq, vocab
+    assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == free + [
+        "bfloat16", "bfloat16"] + every * 2 + ["bfloat16"]  # wide and aligned, low, blocks, seq-aligned: their own
+
+
+def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_runs(monkeypatch):
+    """The blind spot it closes: with one fixed order the fused operation's rows call on the CPU was float32 for every
+    member and its vocabulary call float16, so a kernel wrong in bfloat16 past 1024 rows passed every run."""
+    names = member_calls._family_names(find_spec("grpo-fused-linear/token-is").source)
+    for secret in (0, 1, 2, 12345):
+        monkeypatch.setattr(member_calls, "SECRET", secret)
+        for first in range(len(names) - 2):
+            met: dict[str, set[str]] = {}
+            for name in names[first:first + 3]:
+                for c in member_calls.reach_calls(find_spec(f"grpo-fused-linear/{name}"), "cpu", "bfloat16"):
+                    met.setdefault(c.lead, set()).add(c.dtype)
+            for lead in ("batch", "seq", "hidden", "vocab"):
+                assert met[lead] == {"bfloat16", "float16", "float32"}, (secret, names[first:first + 3], lead)
+    fused = find_spec("grpo-fused-linear/token-is")
+    seen = set()
+    for secret in range(3):
+        monkeypatch.setattr(member_calls, "SECRET", secret)
+        seen.add(next(c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16") if c.lead == "seq"))
+    assert seen == {"bfloat16", "float16", "float32"}
 
 
 def test_reach_calls_are_drawn_per_member_from_the_process_secret(monkeypatch):

@@ -20,12 +20,15 @@ two worker processes (a worker restarted after a hang) meets the same shapes in 
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_conform.spec.documents import read_document
+from grpo_conform.spec.model import SpecError
 from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, REACH_ALIGNED_FUSED,
                                           REACH_ALIGNED_ROWS, REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA,
                                           REACH_FLOOR_PER_ROW_CPU, REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_LEAD_SMALL,
@@ -266,6 +269,7 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
         j = fresh.randrange(len(shapes))
         shapes[j] = _other_than(shapes[j], lambda: reach_shapes(spec, device_type, fresh)[j])
     order = unused_dtypes(spec, device_type) + [own_dtype]
+    turn = dtype_turn(spec)
     calls = []
     for i, (lead, axes) in enumerate(shapes):
         if lead == LOW:  # a shape of its own in each dtype: a tiny vocabulary's path may hide in one row profile
@@ -276,8 +280,33 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
             calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
         else:
             own = lead in (ALIGNED, WIDE, SEQ_ALIGNED)
-            calls.append(ReachCall(lead, axes, own_dtype if own else order[i % len(order)]))
+            calls.append(ReachCall(lead, axes, own_dtype if own else order[(i + turn) % len(order)]))
     return calls
+
+
+def dtype_turn(spec: Any) -> int:
+    """How far along the dtype order this member's free-axis calls start: its index in its family plus a number
+    drawn once per process. With a fixed start every member met each free axis in the same dtype: on the CPU the
+    fused operation's rows call (1279+ rows) was always float32 and its vocabulary call float16, so a kernel wrong in
+    bfloat16 past 1024 rows or past a 4096-wide vocabulary passed every run (the forty-second session's red team).
+    Shifted by the family index, each free-axis call meets every declared dtype across any run of consecutive members
+    (three for three dtypes); shifted by the process's number, a single member meets each dtype over runs. The calls'
+    cost does not change."""
+    index = 0
+    if spec.family is not None and spec.source:
+        try:
+            index = _family_names(spec.source).index(spec.family.member)
+        except (SpecError, ValueError):
+            index = 0  # a member resolved from elsewhere: the process's number alone
+    return index + SECRET % 9973
+
+
+@functools.lru_cache(maxsize=None)
+def _family_names(source: str) -> tuple[str, ...]:
+    """The member names of the family file `source`, in its order (empty for a file that is not a family)."""
+    doc = read_document(source)
+    members = doc.get("members") if isinstance(doc, dict) else None
+    return tuple(m.get("name") for m in members if isinstance(m, dict)) if isinstance(members, list) else ()
 
 
 def _other_than(shown: dict[str, int], draw) -> dict[str, int]:
