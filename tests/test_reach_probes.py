@@ -169,12 +169,12 @@ def test_the_batch_call_s_mask_makes_a_per_chunk_normaliser_audible():
 
 def test_the_free_axis_calls_take_the_dtype_order_turned_by_the_member_and_the_process(monkeypatch):
     """The free-axis calls take the unused dtypes then the member's own, in turn, starting at the member's family index
-    plus the process's number (`member_calls.dtype_turn`); the low and vocabulary-blocks calls meet every dtype."""
+    plus the process's number (`member_calls.member_turn`); the low and vocabulary-blocks calls meet every dtype."""
     monkeypatch.setattr(member_calls, "SECRET", 0)
     masked = find_spec("grpo/sapo-mask")  # default CPU workloads: bfloat16 only
     order = ["float16", "float32", "bfloat16"]
     turn = member_calls._family_names(masked.source).index("sapo-mask")
-    assert member_calls.dtype_turn(masked) == turn
+    assert member_calls.member_turn(masked) == turn
     every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls, each in every declared dtype
     free = [order[(i + turn) % 3] for i in range(3)]  # batch, seq, vocab
     assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == free + [

@@ -269,7 +269,7 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
         j = fresh.randrange(len(shapes))
         shapes[j] = _other_than(shapes[j], lambda: reach_shapes(spec, device_type, fresh)[j])
     order = unused_dtypes(spec, device_type) + [own_dtype]
-    turn = dtype_turn(spec)
+    turn = member_turn(spec)
     calls = []
     for i, (lead, axes) in enumerate(shapes):
         if lead == LOW:  # a shape of its own in each dtype: a tiny vocabulary's path may hide in one row profile
@@ -284,14 +284,15 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
     return calls
 
 
-def dtype_turn(spec: Any) -> int:
-    """How far along the dtype order this member's free-axis calls start: its index in its family plus a number
-    drawn once per process. With a fixed start every member met each free axis in the same dtype: on the CPU the
-    fused operation's rows call (1279+ rows) was always float32 and its vocabulary call float16, so a kernel wrong in
-    bfloat16 past 1024 rows or past a 4096-wide vocabulary passed every run (the forty-second session's red team).
-    Shifted by the family index, each free-axis call meets every declared dtype across any run of consecutive members
-    (three for three dtypes); shifted by the process's number, a single member meets each dtype over runs. The calls'
-    cost does not change."""
+def member_turn(spec: Any) -> int:
+    """How far along the dtype order this member's free-axis reach calls start, and the upstream kinds of all its reach
+    calls (reach.REACH_UPSTREAM): its index in its family plus a number drawn once per process. With a fixed start
+    every member met each free axis in the same dtype and with the same upstream: on the CPU the fused operation's rows
+    call (1279+ rows) was always float32 with a tiny upstream and its vocabulary call float16, so a kernel wrong in
+    bfloat16 or float16 past 1024 rows or past a 4096-wide vocabulary passed every run (the forty-second session's red
+    team; gallery `fused-half-dweight-chunk-reset`, `fused-bf16-vocab-tail-block-skipped`). Shifted by the family
+    index, each free-axis call meets every declared dtype across any run of consecutive members (three for three
+    dtypes); shifted by the process's number, a single member meets each over runs. The calls' cost does not change."""
     index = 0
     if spec.family is not None and spec.source:
         try:

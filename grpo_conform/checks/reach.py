@@ -63,8 +63,8 @@ from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_BLOCK_PROFILES, R
 CHECK = "reach"
 
 
-#: the upstream scalar of each reach call, in turn, of each kind `upstream` draws (a kernel switching to a
-#: large-input path scaled only some gradients by it)
+#: the upstream scalar of each reach call, in turn from the member's turn (`member_calls.member_turn`), of each kind
+#: `upstream` draws (a kernel switching to a large-input path scaled only some gradients by it)
 REACH_UPSTREAM = ("negative", "tiny", "large", "fraction")
 SHORT_ROW = 2  # rows of at most this many positions keep no token by rule (`reach_mask`)
 SPARSE = 0.125  # the share the seq-aligned call's mask keeps (`reach_mask`'s `sparse`)
@@ -152,7 +152,7 @@ def _reach_call(run: WorkloadConformance, i: int, lead: str, inp, out, base: int
     sparse = lead == member_calls.SEQ_ALIGNED
     given = {mask: reach_mask(inp.tensors[mask].shape, inp.tensors[mask].dtype, base + i, sparse)} if mask else None
     peaks = lead in REACH_SPREAD_PEAKS
-    kind = REACH_UPSTREAM[i % len(REACH_UPSTREAM)]
+    kind = REACH_UPSTREAM[(i + member_calls.member_turn(run.spec)) % len(REACH_UPSTREAM)]  # no lead keeps one kind
     c = draw_upstream(run, kind, record=False)
     profiles = REACH_BLOCK_PROFILES if lead == member_calls.BLOCKS else None
     x, c = _in_range(run, inp, base + i, given, peaks, kind, c, what, profiles)
