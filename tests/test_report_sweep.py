@@ -173,10 +173,11 @@ def test_the_run_s_own_verdicts_are_the_report_s():
 
 
 def test_the_committed_sweeps_load_whole():
-    """The committed page's sweeps, three H200 files and one H100 file: every floor follows from its shape, and
-    each GPU is its own sweep."""
+    """The committed page's sweeps, three H200 files and two H100 files: every floor follows from its shape, and
+    each GPU is its own sweep; the newer H100 file (forty-third session) gives every H100 shape."""
     h200, h100 = load_sweeps(tuple(str(ROOT / p) for p in SWEEPS))
-    assert (h200.gpu, len(h200.files), h100.gpu, len(h100.files)) == ("NVIDIA H200", 3, "NVIDIA H100 80GB HBM3", 1)
+    assert (h200.gpu, len(h200.files), h100.gpu, len(h100.files)) == ("NVIDIA H200", 3, "NVIDIA H100 80GB HBM3", 2)
+    assert {c.source for c in h100.cells} == {1}
     for sweep in (h200, h100):
         assert not sweep.set_aside and len(sweep.cells) == 300 and not any(c.impossible for c in sweep.cells)
     assert {c.source for c in h200.cells if c.vocab == 50257} == {1}  # round22's staged path for unaligned rows

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 2048
+SMALL_VOCAB = 64  # vocabularies up to this take a block of its width, all others BLOCK (logits_kernel.py says why)
 _TEMPERATURES: dict = {}  # (T, device) -> a float64 [1] tensor there: made once (a copy from the host waits)
 
 
@@ -78,7 +79,7 @@ def _launch(flat: torch.Tensor, targets: torch.Tensor, temperature: float, absma
         return out, amax
     t = _temperature(float(temperature), flat.device)
     _row_logp_kernel[(rows,)](flat, targets.to(torch.int64), t, out, amax, vocab, DIVIDE_T=float(temperature) != 1.0,
-                              ABSMAX=absmax, BLOCK=max(16, min(BLOCK, triton.next_power_of_2(vocab))))
+                              ABSMAX=absmax, BLOCK=SMALL_VOCAB if vocab <= SMALL_VOCAB else BLOCK)
     return out, amax
 
 

@@ -23,6 +23,11 @@ import triton.language as tl
 #: Profile kinds as the kernel's table codes them.
 KINDS = {"normal": 0, "peaked": 1, "student_t": 2}
 BLOCK = 4096
+#: vocabularies up to SMALL_VOCAB take a block of that width, all others BLOCK: with the vocabulary's divisibility by 16
+#: (Triton's own specialisation, kept: aligned rows store 16 bytes at a time) at most four kernels a dtype. A block
+#: of the vocabulary's next power of two compiled a kernel for nearly every shape reach draws: most of the ~8 s a
+#: slot spent drawing a member's first reach calls on an H100 (forty-third session, `s43c`; docs/timing.md)
+SMALL_VOCAB = 64
 _TABLES: dict = {}  # (the profiles' parameters, device) -> their table there
 ROW_KEY = tl.constexpr(0x9E3779B1)  # a row's Philox key: the seed plus the row times this (odd)
 SEED_BITS = (1 << 62) - 1
@@ -98,4 +103,4 @@ def fill_rows(flat: torch.Tensor, order: torch.Tensor, target: torch.Tensor, tab
     if rows == 0 or vocab == 0:
         return
     _fill_rows_kernel[(rows,)](flat, order.to(torch.int32), target.to(torch.int64), table, (seed & SEED_BITS) | SEED_TOP,
-                               vocab, float(limit), BLOCK=max(16, min(BLOCK, triton.next_power_of_2(vocab))))
+                               vocab, float(limit), BLOCK=SMALL_VOCAB if vocab <= SMALL_VOCAB else BLOCK)
