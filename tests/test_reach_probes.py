@@ -5,7 +5,10 @@ fused-reference-weight-ignored and one-sign-fast-path fail them through the vali
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +20,7 @@ from grpo_conform.checks.reach import KEPT, reach_mask
 from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU,
                                           REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_SMALL)
 from grpo_conform.ops.one_input import change_end
+from conftest import ROOT
 from grpo_conform.spec import find_spec
 from in_process import load_module
 
@@ -169,8 +173,8 @@ def test_the_batch_call_s_mask_makes_a_per_chunk_normaliser_audible():
 
 def test_the_free_axis_calls_take_the_dtype_order_turned_by_the_member_and_the_process(monkeypatch):
     """The free-axis calls take the unused dtypes then the member's own, in turn, starting at the member's family index
-    plus the process's number (`member_calls.member_turn`); the low and vocabulary-blocks calls meet every dtype."""
-    monkeypatch.setattr(member_calls, "SECRET", 0)
+    plus the run's number (`member_calls.member_turn`); the low and vocabulary-blocks calls meet every dtype."""
+    monkeypatch.setattr(member_calls, "RUN_TURN", 0)
     masked = find_spec("grpo/sapo-mask")  # default CPU workloads: bfloat16 only
     order = ["float16", "float32", "bfloat16"]
     turn = member_calls._family_names(masked.source).index("sapo-mask")
@@ -185,21 +189,35 @@ def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_
     """The blind spot it closes: with one fixed order the fused operation's rows call on the CPU was float32 for every
     member and its vocabulary call float16, so a kernel wrong in bfloat16 past 1024 rows passed every run."""
     names = member_calls._family_names(find_spec("grpo-fused-linear/token-is").source)
-    for secret in (0, 1, 2, 12345):
-        monkeypatch.setattr(member_calls, "SECRET", secret)
+    for turn in (0, 1, 2, 12345):
+        monkeypatch.setattr(member_calls, "RUN_TURN", turn)
         for first in range(len(names) - 2):
             met: dict[str, set[str]] = {}
             for name in names[first:first + 3]:
                 for c in member_calls.reach_calls(find_spec(f"grpo-fused-linear/{name}"), "cpu", "bfloat16"):
                     met.setdefault(c.lead, set()).add(c.dtype)
             for lead in ("batch", "seq", "hidden", "vocab"):
-                assert met[lead] == {"bfloat16", "float16", "float32"}, (secret, names[first:first + 3], lead)
+                assert met[lead] == {"bfloat16", "float16", "float32"}, (turn, names[first:first + 3], lead)
     fused = find_spec("grpo-fused-linear/token-is")
     seen = set()
-    for secret in range(3):
-        monkeypatch.setattr(member_calls, "SECRET", secret)
+    for turn in range(3):
+        monkeypatch.setattr(member_calls, "RUN_TURN", turn)
         seen.add(next(c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16") if c.lead == "seq"))
     assert seen == {"bfloat16", "float16", "float32"}
+
+
+def test_the_run_s_turn_reaches_its_slot_processes_through_the_environment():
+    """Slots of one run are processes of their own (gate/parallel.py); a number drawn in each would turn members
+    checked in different slots independently, and three consecutive members could all meet the rows call in float32
+    (a CPU run of fused-bf16-vocab-tail-block-skipped, two slots: two members of three in float32)."""
+    code = "from grpo_conform.checks import member_calls as m; print(m.RUN_TURN)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env[member_calls.ENV_TURN] = "4242"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "4242"
+    env.pop(member_calls.ENV_TURN)
+    code += "; import os; print(os.environ[m.ENV_TURN])"
+    first, left = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.split()
+    assert first == left and 0 <= int(first) < 9973  # drawn, and left for the processes it starts
 
 
 def test_reach_calls_are_drawn_per_member_from_the_process_secret(monkeypatch):

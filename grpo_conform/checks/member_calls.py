@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import random
 import secrets
 from dataclasses import dataclass
@@ -39,6 +40,21 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
+ENV_TURN = "GRPO_CONFORM_RUN_TURN"  # the run's turn, handed to its slot processes (their environment is the parent's)
+
+
+def _run_turn() -> int:
+    """A number drawn once per run: by its first process, which leaves it in its environment, so the slot processes
+    it starts (gate/parallel.py: the parent's environment) turn their members the same way (`member_turn`). Workers
+    never see it (isolation/session.py passes no GRPO_CONFORM_* variable)."""
+    value = os.environ.get(ENV_TURN, "")
+    if not value.isdigit():
+        value = str(secrets.randbelow(9973))
+        os.environ[ENV_TURN] = value
+    return int(value)
+
+
+RUN_TURN = _run_turn()
 REACH = "reach"
 ALIGNED = "aligned"  # the lead of reach's aligned call (no one axis: all of them tile-aligned)
 WIDE = "vocab-wide"  # the lead of reach's second vocabulary call, past 2^18 (`wide_axes`)
@@ -286,20 +302,21 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
 
 def member_turn(spec: Any) -> int:
     """How far along the dtype order this member's free-axis reach calls start, and the upstream kinds of all its reach
-    calls (reach.REACH_UPSTREAM): its index in its family plus a number drawn once per process. With a fixed start
+    calls (reach.REACH_UPSTREAM): its index in its family plus the run's number (`RUN_TURN`, the same in every slot
+    process of a run, so the turn stays balanced across members checked in different slots). With a fixed start
     every member met each free axis in the same dtype and with the same upstream: on the CPU the fused operation's rows
     call (1279+ rows) was always float32 with a tiny upstream and its vocabulary call float16, so a kernel wrong in
     bfloat16 or float16 past 1024 rows or past a 4096-wide vocabulary passed every run (the forty-second session's red
-    team; gallery `fused-half-dweight-chunk-reset`, `fused-bf16-vocab-tail-block-skipped`). Shifted by the family
+    team; gallery `fused-bf16-vocab-tail-block-skipped`; docs/checks.md, "The reach calls' turn"). Shifted by the family
     index, each free-axis call meets every declared dtype across any run of consecutive members (three for three
-    dtypes); shifted by the process's number, a single member meets each over runs. The calls' cost does not change."""
+    dtypes); shifted by the run's number, a single member meets each over runs. The calls' cost does not change."""
     index = 0
     if spec.family is not None and spec.source:
         try:
             index = _family_names(spec.source).index(spec.family.member)
         except (SpecError, ValueError):
             index = 0  # a member resolved from elsewhere: the process's number alone
-    return index + SECRET % 9973
+    return index + RUN_TURN
 
 
 @functools.lru_cache(maxsize=None)

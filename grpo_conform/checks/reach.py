@@ -21,7 +21,9 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
 - each token kept with probability 3/4 (every tile keeps tokens, the mask varies along a long row), each call
   backpropagating an upstream scalar of another kind, half of them through torch.autograd.grad;
 - the calls take in turn each dtype the differentiable input declares that no default workload of the
-  member on this device uses (the inputs that declare the same dtypes follow it), then its own;
+  member on this device uses (the inputs that declare the same dtypes follow it), then its own, starting at the
+  member's turn (`member_calls.member_turn`: its family index plus the run's number), which turns the upstream kinds
+  too: no free axis keeps one dtype or one upstream kind for every member and run;
 - a wide-vocabulary call, in the member's own dtype, past 2^18 (`member_calls.wide_axes`: 262145-278527, 4-6
   rows; Gemma 3 runs 262208, and the vocabulary call stays in (2^17, 2^18]), at the workload's drawn temperature
   (never 1) and epsilons: a path past one block of 2^18 that drops 1/T in backward passed every call before
