@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +18,6 @@ from grpo_conform.checks.reach import KEPT, reach_mask
 from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU,
                                           REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_SMALL)
 from grpo_conform.ops.one_input import change_end
-from conftest import ROOT
 from grpo_conform.spec import find_spec
 from in_process import load_module
 
@@ -206,18 +203,16 @@ def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_
     assert seen == {"bfloat16", "float16", "float32"}
 
 
-def test_the_run_s_turn_reaches_its_slot_processes_through_the_environment():
-    """Slots of one run are processes of their own (gate/parallel.py); a number drawn in each would turn members
-    checked in different slots independently, and three consecutive members could all meet the rows call in float32
-    (a CPU run of fused-bf16-vocab-tail-block-skipped, two slots: two members of three in float32)."""
-    code = "from grpo_conform.checks import member_calls as m; print(m.RUN_TURN)"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env[member_calls.ENV_TURN] = "4242"
-    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "4242"
-    env.pop(member_calls.ENV_TURN)
-    code += "; import os; print(os.environ[m.ENV_TURN])"
-    first, left = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.split()
-    assert first == left and 0 <= int(first) < 9973  # drawn, and left for the processes it starts
+def test_the_run_s_turn_reaches_its_slot_processes_through_the_environment(monkeypatch):
+    """Slots of one run are processes of their own (gate/parallel.py: the parent's environment); a number drawn in
+    each would turn members checked in different slots independently, and three consecutive members could all meet
+    the rows call in float32 (a CPU run of fused-bf16-vocab-tail-block-skipped, two slots: two of three in float32)."""
+    monkeypatch.setenv(member_calls.ENV_TURN, "4242")
+    assert member_calls._run_turn() == 4242  # a slot: the run's number, from its environment
+    monkeypatch.delenv(member_calls.ENV_TURN)
+    drawn = member_calls._run_turn()  # the run's first process: drawn, and left for the processes it starts
+    assert 0 <= drawn < 9973 and os.environ[member_calls.ENV_TURN] == str(drawn)
+    assert member_calls._run_turn() == drawn
 
 
 def test_reach_calls_are_drawn_per_member_from_the_process_secret(monkeypatch):
