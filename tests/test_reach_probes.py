@@ -177,14 +177,15 @@ def test_the_free_axis_calls_take_the_dtype_order_turned_by_the_member_and_the_p
     turn = member_calls._family_names(masked.source).index("sapo-mask")
     assert member_calls.member_turn(masked) == turn
     every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls, each in every declared dtype
-    free = [order[(i + turn) % 3] for i in range(3)]  # batch, seq, vocab
+    free = [order[(i + (0 if i == 1 else turn)) % 3] for i in range(3)]  # batch, seq (fixed: float32), vocab
     assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == free + [
         "bfloat16", "bfloat16"] + every * 2 + ["bfloat16"]  # wide and aligned, low, blocks, seq-aligned: their own
 
 
 def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_runs(monkeypatch):
-    """The blind spot it closes: with one fixed order the fused operation's rows call on the CPU was float32 for every
-    member and its vocabulary call float16, so a kernel wrong in bfloat16 past 1024 rows passed every run."""
+    """The blind spot it closes: with one fixed order the fused operation's vocabulary call on the CPU was float16 for
+    every member, so a kernel wrong in bfloat16 past a 4096-wide vocabulary passed every run. The rows call keeps
+    float32 on purpose (member_calls.ROWS_FIXED)."""
     names = member_calls._family_names(find_spec("grpo-fused-linear/token-is").source)
     for turn in (0, 1, 2, 12345):
         monkeypatch.setattr(member_calls, "RUN_TURN", turn)
@@ -193,20 +194,21 @@ def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_
             for name in names[first:first + 3]:
                 for c in member_calls.reach_calls(find_spec(f"grpo-fused-linear/{name}"), "cpu", "bfloat16"):
                     met.setdefault(c.lead, set()).add(c.dtype)
-            for lead in ("batch", "seq", "hidden", "vocab"):
+            for lead in ("batch", "hidden", "vocab"):
                 assert met[lead] == {"bfloat16", "float16", "float32"}, (turn, names[first:first + 3], lead)
+            assert met["seq"] == {"float32"}  # the rows call keeps float32 (member_calls.ROWS_FIXED)
     fused = find_spec("grpo-fused-linear/token-is")
     seen = set()
     for turn in range(3):
         monkeypatch.setattr(member_calls, "RUN_TURN", turn)
-        seen.add(next(c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16") if c.lead == "seq"))
+        seen.add(next(c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16") if c.lead == "vocab"))
     assert seen == {"bfloat16", "float16", "float32"}
 
 
 def test_the_run_s_turn_reaches_its_slot_processes_through_the_environment(monkeypatch):
     """Slots of one run are processes of their own (gate/parallel.py: the parent's environment); a number drawn in
     each would turn members checked in different slots independently, and three consecutive members could all meet
-    the rows call in float32 (a CPU run of fused-bf16-vocab-tail-block-skipped, two slots: two of three in float32)."""
+    the vocabulary call in float32 (a CPU run of a three-member folder, two slots: two of three in float32)."""
     monkeypatch.setenv(member_calls.ENV_TURN, "4242")
     assert member_calls._run_turn() == 4242  # a slot: the run's number, from its environment
     monkeypatch.delenv(member_calls.ENV_TURN)

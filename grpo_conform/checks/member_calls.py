@@ -40,6 +40,10 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
+#: the free-axis call whose dtype does not turn (`member_turn`): the rows call, float32 for the masked members and the
+#: fused operation, where a bug that mixes rows or sequences shows most clearly. Turned into half precision it let the
+#: fused GSPO folder `fused-gspo-rowchunk-2048` pass (clean-clone CI run 232: float16, operands rounded at 2^-11)
+ROWS_FIXED = "seq"
 ENV_TURN = "GRPO_CONFORM_RUN_TURN"  # the run's turn, handed to its slot processes (their environment is the parent's)
 
 
@@ -296,7 +300,8 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
             calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
         else:
             own = lead in (ALIGNED, WIDE, SEQ_ALIGNED)
-            calls.append(ReachCall(lead, axes, own_dtype if own else order[(i + turn) % len(order)]))
+            step = 0 if lead == ROWS_FIXED else turn  # the rows call keeps its place in the order (`member_turn`)
+            calls.append(ReachCall(lead, axes, own_dtype if own else order[(i + step) % len(order)]))
     return calls
 
 
@@ -307,9 +312,10 @@ def member_turn(spec: Any) -> int:
     every member met each free axis in the same dtype and with the same upstream: on the CPU the fused operation's rows
     call (1279+ rows) was always float32 with a tiny upstream and its vocabulary call float16, so a kernel wrong in
     bfloat16 or float16 past 1024 rows or past a 4096-wide vocabulary passed every run (the forty-second session's red
-    team; gallery `fused-bf16-vocab-tail-block-skipped`; docs/checks.md, "The reach calls' turn"). Shifted by the family
+    team; docs/checks.md, "The reach calls' turn", has the folders and their rates). Shifted by the family
     index, each free-axis call meets every declared dtype across any run of consecutive members (three for three
-    dtypes); shifted by the run's number, a single member meets each over runs. The calls' cost does not change."""
+    dtypes); shifted by the run's number, a single member meets each over runs. The calls' cost does not change. The
+    rows call's dtype does not turn (ROWS_FIXED): only its upstream kind does."""
     index = 0
     if spec.family is not None and spec.source:
         try:

@@ -369,7 +369,7 @@ REACH_CAP = {"batch": 288, "seq": 131072, "vocab": 262144, "hidden": 9216}
 #: a reached axis's least remainder modulo every power of two from 512 up to it (`member_calls.past_blocks`): past twice
 #: the CUDA workloads' hidden 4096 the draw was 8193-8199, where a split-K dropping its tail drops 1-7 features; the
 #: vocabulary call's 139265-139271 left a log-sum-exp over 4096-wide blocks that skips the partial last block 1-7
-#: columns short, often inside every allowance (gallery `fused-bf16-vocab-tail-block-skipped`, forty-third session)
+#: columns short, often inside every allowance (docs/checks.md, "The reach calls' turn")
 REACH_REMAINDER = {"hidden": 255, "vocab": 255}
 #: reach's aligned call (member_calls.aligned_axes): every size above is odd, so a kernel whose last tile is
 #: `size % TILE` wide (0 when TILE divides the size: the last full tile dropped) passed every CPU call, while real
