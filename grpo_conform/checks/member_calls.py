@@ -310,9 +310,9 @@ def member_turn(spec: Any) -> int:
     calls (reach.REACH_UPSTREAM): its index in its family plus the run's number (`RUN_TURN`, the same in every slot
     process of a run, so the turn stays balanced across members checked in different slots). With a fixed start
     every member met each free axis in the same dtype and with the same upstream: on the CPU the fused operation's rows
-    call (1279+ rows) was always float32 with a tiny upstream and its vocabulary call float16, so a kernel wrong in
-    bfloat16 or float16 past 1024 rows or past a 4096-wide vocabulary passed every run (the forty-second session's red
-    team; docs/checks.md, "The reach calls' turn", has the folders and their rates). Shifted by the family
+    call (1279+ rows) always had a tiny upstream and its vocabulary call was always float16, so a kernel wrong in
+    bfloat16 past a 4096-wide vocabulary passed every run (the forty-second session's red team; docs/checks.md, "The
+    reach calls' turn", has the folders and their rates). Shifted by the family
     index, each free-axis call meets every declared dtype across any run of consecutive members (three for three
     dtypes); shifted by the run's number, a single member meets each over runs. The calls' cost does not change. The
     rows call's dtype does not turn (ROWS_FIXED): only its upstream kind does."""
