@@ -38,6 +38,7 @@
 #   bash benchmarks/h200_evidence.sh s43        # reach's calls timed (four members, first run), fused_bench b2-b16, the sweep
 #   RECORDS_ANY=1 bash benchmarks/h200_evidence.sh s43b  # fused_bench b16 chunk x split (two members), then triton's default check
 #   bash benchmarks/h200_evidence.sh s43c       # reach on CUDA sampled (slots) and profiled (workers), two members
+#   bash benchmarks/h200_evidence.sh s44        # the default check of triton with records (any card), a first run
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
 #   bash benchmarks/h200_evidence.sh z38c       # the worker's rewrite race and the lost-context stop, on CUDA
 #   bash benchmarks/h200_evidence.sh z38        # the same fault narrowed: in process, -k zero-advantage, compute-sanitizer; then s36a
@@ -414,6 +415,12 @@ PY
     if grep -q H200 "$R/nvidia-smi.txt" || [ -n "${RECORDS_ANY:-}" ]; then
       default_check $(( ${CALL_S:-570} - SECONDS - 60 )) records
     else default_check $(( ${CALL_S:-570} - SECONDS - 60 )); fi
+    ;;
+  s44)  # forty-fourth session (~6-9 min, any card): the default check of triton with records, a first run, after
+         # fc500cb's cut of the validator's own reach cost (generator/reference kernel blocks, _unpeak vectorised)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+    default_check $(( ${CALL_S:-570} - SECONDS - 60 )) records
     ;;
   s43c)  # forty-third session (~4 min, any card, no records): where reach's ~1 s a call goes on CUDA. Two members,
          # -k reach, two slots, a first run: each slot's main thread sampled (GRPO_CONFORM_SAMPLE) and each worker
