@@ -93,6 +93,13 @@ def test_the_peak_columns_take_every_stratum_and_never_the_target():
             cols = peak_columns(targets, vocab, gen)
             assert sorted(_stratum(cols, rows, vocab).tolist()) == list(range(rows))
             assert not bool((cols == targets).any())
+            # the last stratum's peak in the last column, or the one before it where that is the row's target
+            last = int(cols.argmax())
+            assert int(cols[last]) == (vocab - 2 if int(targets[last]) == vocab - 1 else vocab - 1)
+    on_last = torch.tensor([1, 2, 3, 19])  # the last stratum's row, whichever it is drawn to be, has its target there
+    for _ in range(20):
+        cols = peak_columns(on_last, 20, gen)
+        assert int(cols.max()) in (18, 19) and (int(cols.max()) == 18) == bool((on_last[cols.argmax()] == 19))
     with pytest.raises(ValueError, match="at least 8 for 4 rows"):
         peak_columns(torch.zeros(4, dtype=torch.long), 7, gen)
 
