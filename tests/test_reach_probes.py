@@ -15,8 +15,7 @@ import torch
 
 from grpo_conform.checks import member_calls
 from grpo_conform.checks.reach import KEPT, reach_mask
-from grpo_conform.ops.grpo_probes import (REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU,
-                                          REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_SMALL)
+from grpo_conform.ops.grpo_probes import REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA, REACH_FLOOR_PER_ROW_CPU, REACH_SMALL
 from grpo_conform.ops.one_input import change_end
 from grpo_conform.spec import find_spec
 from in_process import load_module
@@ -32,8 +31,7 @@ def _run(spec_id: str, seed: int, device: str = "cpu"):
 def _lead(shape: dict[str, int], spec_id: str, device: str) -> str:
     floors = {**REACH_FLOOR, **(REACH_FLOOR_CUDA if device == "cuda" else {})}
     if device != "cuda" and spec_id.startswith("grpo-fused-linear"):
-        floors.update(REACH_FLOOR_PER_ROW_CPU_SEQUENCE if spec_id.endswith("/sequence-offpolicy-mask")
-                      else REACH_FLOOR_PER_ROW_CPU)
+        floors.update(REACH_FLOOR_PER_ROW_CPU)
     (lead,) = [a for a, v in shape.items() if v >= floors[a]]  # exactly one axis reached a call
     return lead
 
@@ -67,9 +65,9 @@ def test_the_floors_cross_the_sizes_where_kernels_switch(device, seed):
     thirty-seventh round's split-K of 2048 passed 1279); batch past trainer micro-batches of 256 (an advantage tile
     of 64 read at b % 64 passed 47); rows past 1024 in one sequence and, for the logits operation everywhere and
     the fused one on CUDA, two or three sequences past 16384 rows (chunk-local advantage indices, per-tile partials
-    shared across sequences, repeat for repeat_interleave: all exact at batch 1), the fused one's sequence-level
-    member on the CPU two sequences past 2048 rows (its log-ratio summed per flat chunk of 2048); on CUDA rows past
-    65535."""
+    shared across sequences, repeat for repeat_interleave: all exact at batch 1), the fused one on the CPU two
+    sequences past 2048 rows (a sequence's log-ratio summed per flat chunk of 2048, advantages indexed chunk-locally
+    in chunks of 1024: every member since the forty-fourth session); on CUDA rows past 65535."""
     for spec_id in ("grpo-fused-linear/bnpo-mask", "grpo-fused-linear/sequence-offpolicy-mask",
                     "grpo/sequence-offpolicy-mask"):
         run = _run(spec_id, seed, device)
@@ -77,11 +75,8 @@ def test_the_floors_cross_the_sizes_where_kernels_switch(device, seed):
         assert by_lead["vocab"]["vocab"] > 2**17 and by_lead["batch"]["batch"] > 256
         seq = by_lead["seq"]
         assert seq["seq"] > 1024 and (seq["batch"] * seq["seq"] > 65535) == (device == "cuda")
-        per_row = device == "cpu" and "hidden" in seq  # the fused operation interpreted: one sequence, or two
-        if per_row and spec_id.endswith("sequence-offpolicy-mask"):  # a chunk of 2048 rows splits the second one
+        if device == "cpu" and "hidden" in seq:  # the fused operation interpreted: a chunk of 2048 splits the second
             assert seq["batch"] == 2 and seq["seq"] > 1024 + 63 and seq["batch"] * seq["seq"] > 2048 + 127
-        elif per_row:
-            assert seq["batch"] == 1 and seq["seq"] > 1024 + 254
         else:
             assert 2 <= seq["batch"] <= 3 and seq["batch"] * seq["seq"] > 16384
         if "hidden" in by_lead:

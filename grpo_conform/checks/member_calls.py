@@ -32,8 +32,7 @@ from grpo_conform.spec.documents import read_document
 from grpo_conform.spec.model import SpecError
 from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, REACH_ALIGNED_FUSED,
                                           REACH_ALIGNED_ROWS, REACH_CAP, REACH_FLOOR, REACH_FLOOR_CUDA,
-                                          REACH_FLOOR_PER_ROW_CPU, REACH_FLOOR_PER_ROW_CPU_SEQUENCE, REACH_LEAD_SMALL,
-                                          REACH_LEAD_SMALL_PER_ROW_CPU, REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE,
+                                          REACH_FLOOR_PER_ROW_CPU, REACH_LEAD_SMALL, REACH_LEAD_SMALL_PER_ROW_CPU,
                                           REACH_REMAINDER, REACH_ROWS, REACH_ROWS_PER_ROW_CPU, REACH_SMALL,
                                           REACH_WIDE, REACH_WIDE_SMALL, REACH_BLOCK, REACH_BLOCKS, REACH_LOW,
                                           REACH_SEQ_ALIGNED)
@@ -119,20 +118,14 @@ def _largest(spec: Any, device_type: str, axis: str) -> int:
 
 def _per_row_cpu(spec: Any, device_type: str) -> bool:
     """The fused operation (a GEMM over `hidden` per row) on the CPU, where its kernel runs interpreted, a program a
-    row (grpo_probes.REACH_FLOOR_PER_ROW_CPU says why its rows call stays one sequence there)."""
+    row (grpo_probes.REACH_FLOOR_PER_ROW_CPU says why its rows call stays at two sequences of 1089+ there)."""
     return device_type != "cuda" and "hidden" in free_axes(spec)
-
-
-def _sequence_level(spec: Any) -> bool:
-    """A member whose ratio is taken over each sequence's tokens (GSPO): its fused rows call on the CPU holds two
-    sequences past 2048 rows (grpo_probes.REACH_FLOOR_PER_ROW_CPU_SEQUENCE says why only its)."""
-    return dict(spec.parameter_values).get("importance_sampling_level") == "sequence"
 
 
 def _floor(spec: Any, device_type: str, axis: str) -> int:
     floor = REACH_FLOOR_CUDA.get(axis) if device_type == "cuda" else None
     if _per_row_cpu(spec, device_type):
-        floor = (REACH_FLOOR_PER_ROW_CPU_SEQUENCE if _sequence_level(spec) else REACH_FLOOR_PER_ROW_CPU).get(axis)
+        floor = REACH_FLOOR_PER_ROW_CPU.get(axis)
     return floor or REACH_FLOOR.get(axis, 9)
 
 
@@ -140,7 +133,7 @@ def _others(spec: Any, device_type: str, lead: str, axis: str) -> tuple[int, int
     """The range of a small axis in the call that reaches `lead`."""
     special = {}
     if _per_row_cpu(spec, device_type):
-        special = REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE if _sequence_level(spec) else REACH_LEAD_SMALL_PER_ROW_CPU
+        special = REACH_LEAD_SMALL_PER_ROW_CPU
     return (special.get(lead, {}).get(axis) or REACH_LEAD_SMALL.get(lead, {}).get(axis)
             or REACH_SMALL.get(axis, (1, 3)))
 
@@ -148,9 +141,9 @@ def _others(spec: Any, device_type: str, lead: str, axis: str) -> tuple[int, int
 def reach_axes(spec: Any, device_type: str, r: random.Random) -> list[dict[str, int]]:
     """One shape per free axis, that axis reached and the others small, in the spec's axis order. Each axis
     alone: a wide vocabulary with a wide hidden size would make one large GEMM, and a kernel's switch on one of
-    them shows with the other small. The rows call (`seq`) has two or three sequences (REACH_LEAD_SMALL), but on
-    the CPU for the fused operation one, or two past 2048 rows for a sequence-level member: a hostile kernel cannot tell a reach call by its batch, every batch from 1
-    to 288 occurring in some call or workload, nor by its length (drawn, odd)."""
+    them shows with the other small. The rows call (`seq`) has two or three sequences (REACH_LEAD_SMALL), on the CPU
+    for the fused operation two past 2048 rows: a hostile kernel cannot tell a reach call by its batch, every batch
+    from 1 to 288 occurring in some call or workload, nor by its length (drawn, odd)."""
     free = free_axes(spec)
     shapes = []
     for lead in free:

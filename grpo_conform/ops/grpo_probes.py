@@ -350,19 +350,17 @@ REACH_SMALL = {"batch": (2, 3), "seq": (2, 3), "vocab": (32, 96), "hidden": (8, 
 #: one on the CPU (REACH_LEAD_SMALL_PER_ROW_CPU): its 263+ sequences are rows of its interpreted kernel, ~5-10 ms each
 REACH_LEAD_SMALL = {"seq": {"batch": (2, 3), "vocab": (32, 48)}, "batch": {"seq": (2, 3)}}
 #: the fused operation (an axis `hidden`) on the CPU: its Triton kernel runs interpreted there, one program a row
-#: (~3.5 ms each on the 2-core machine), so its rows call stays one sequence of 1279+ rows (4.7 s for triton-fused's
-#: forward and backward), not 16384+ (minutes a member). A fused kernel wrong only for two sequences or more past
-#: 16384 rows is caught on CUDA alone (REACH_FLOOR_CUDA: 2-3 sequences of 69631+ rows); the gallery's
-#: fused-large-rows-advantages-tiled is cuda_only for that reason.
-REACH_FLOOR_PER_ROW_CPU = {"seq": 1279}
-REACH_LEAD_SMALL_PER_ROW_CPU = {"seq": {"batch": (1, 1)}, "batch": {"seq": (1, 1)}}  # the batch call: 263+ rows
-#: ... but for a sequence-level member (a ratio over each sequence's tokens: GSPO) two sequences of 1089-1095
-#: (2178+ rows, 7.6 s): a sequence's log-ratio summed per flat chunk of 1024 or 2048 rows is then split (~960 / ~130
-#: for 2048; thirty-sixth session). Token-level members keep one sequence: two would cost each ~3 s more, ~13% of
-#: triton-fused's CPU run; a chunk of 2048 that splits another per-sequence quantity (advantages indexed
-#: chunk-locally, a per-sequence token mean) is caught there on CUDA alone, like any chunk of 4096 rows or more.
-REACH_FLOOR_PER_ROW_CPU_SEQUENCE = {"seq": 1087}  # 63+ positions past 1024 in each sequence (a mask read at t % 1024)
-REACH_LEAD_SMALL_PER_ROW_CPU_SEQUENCE = {"seq": {"batch": (2, 2)}, "batch": {"seq": (1, 1)}}
+#: (~3.5 ms each on the 2-core machine), so its rows call holds two sequences of 1089-1095 (2178+ rows, 7.6 s for
+#: triton-fused's forward and backward), not 16384+ (minutes a member). A fused kernel wrong only past 16384 rows is
+#: caught on CUDA alone (REACH_FLOOR_CUDA: 2-3 sequences of 69631+ rows); the gallery's
+#: fused-reach-large-rows-advantages-tiled is cuda_only for that reason.
+#: Two sequences past 2048 rows, for every member: a flat chunk of 1024 or 2048 rows then splits a sequence (~960 /
+#: ~130 for 2048) and holds rows of both, so a sequence's log-ratio summed per chunk (GSPO, thirty-sixth session,
+#: `fused-gspo-rowchunk-2048`) and advantages indexed chunk-locally (`fused-reach-advantages-chunk-local-1024`,
+#: forty-fourth session) are wrong there. Token-level members had one sequence of 1279+ until the forty-fourth
+#: session (~3 s less a member of an interpreted CPU check), where a chunk-local index is exact.
+REACH_FLOOR_PER_ROW_CPU = {"seq": 1087}  # 63+ positions past 1024 in each sequence (a mask read at t % 1024)
+REACH_LEAD_SMALL_PER_ROW_CPU = {"seq": {"batch": (2, 2)}, "batch": {"seq": (1, 1)}}  # the batch call: 263+ rows
 REACH_ROWS_PER_ROW_CPU = 2175  # 127 past 2048
 #: the most a reached axis takes (past twice the largest default workload up to here)
 REACH_CAP = {"batch": 288, "seq": 131072, "vocab": 262144, "hidden": 9216}
