@@ -481,6 +481,24 @@ def fp32_floor(z_rows: torch.Tensor, temperature: float, scale: torch.Tensor) ->
 
 LOGP_RESOLUTION = 5 * 2.0**-23  # derived: five roundings of quantities up to 2 max|z|/T (fp32_logp_error)
 SUM_RESOLUTION = 2 * 2.0**-23  # measured: the exponentials' fp32 sum, per sqrt(V) (fp32_logp_error)
+#: measured: the same sum where one term holds most of the row's mass, per column and unit of that mass (`sum_error`)
+LANE_SUM = 2.0**-24 / 8
+
+
+def sum_error(width: int, p_max: torch.Tensor) -> torch.Tensor:
+    """Per row, the error of an honest fp32 sum of a row's `width` exponentials, relative to the sum, as log-probs
+    carry it: SUM_RESOLUTION sqrt(V) for rows whose mass is spread (measured, `fp32_logp_error`), and u V / 8 times
+    the row's largest probability (at least 1/8) where one term dominates. Why the second: a vectorised sum keeps one
+    partial sum per lane; the lane that meets the dominant term early holds ~p_max of the sum, and every later term of
+    that lane, each below half its ulp, is rounded away or up to a whole ulp, all the same way where the rest of the
+    row is flat. The error then grows like V, not sqrt(V): torch's CPU log_softmax (AVX2, 16 lanes) erred up to
+    0.0325 eps V = u V / 15.4 (V 65536-278527, a peak 8-16 row scales over a row of std 0.3-2 in the first 64
+    columns, 120 draws each; forty-fourth session), 6.8 eps sqrt(V) at V 262147. The honest eager fused baseline
+    failed reach's float32 vocabulary call (its planted peaks) in 5 of 17 runs on it: a row's log-prob 9.75e-05 off
+    at V 139523, 2.2 eps sqrt(V) (docs/checks.md, "Forty-fourth session"). A bound for implementations summing in 8
+    lanes or more (a sequential one-lane sum's worst case is u V)."""
+    spread = SUM_RESOLUTION * math.sqrt(width)
+    return torch.clamp(LANE_SUM * width * p_max.clamp(min=1.0 / 8, max=1.0), min=spread)
 
 
 def fp32_logp_error(z_rows: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -503,10 +521,13 @@ def fp32_logp_error(z_rows: torch.Tensor, temperature: float) -> torch.Tensor:
     vocabulary-blocks calls: 'normal' rows, V 131072-262144). There it reached 2.8x the bound above (the honest
     pytorch baseline failed a vespo-mask loss, clean-clone CI run 230), and at most 0.77 eps sqrt(V) over V 1536-278527,
     T 0.45-2.2, bf16 rows of std 1 and 3 (forty-third session; docs/checks.md, "The fp32 log-prob bound past 10^5
-    columns"). A measured bound, not a derived one: a sequential fp32 sum's worst case grows like V."""
+    columns"); on rows where one term holds most of the mass, u V / 8 of it (`sum_error`). Measured bounds, not
+    derived ones: a sequential fp32 sum's worst case grows like V."""
     m = z_rows.abs().amax(dim=-1).to(torch.float64) / temperature
     width = max(2, z_rows.shape[-1])
-    return LOGP_RESOLUTION * (1.0 + m + math.log(width)) + SUM_RESOLUTION * math.sqrt(width)
+    y = z_rows.to(torch.float64) / temperature
+    p_max = torch.exp(y.amax(dim=-1) - torch.logsumexp(y, dim=-1))
+    return LOGP_RESOLUTION * (1.0 + m + math.log(width)) + sum_error(width, p_max)
 
 
 def fp32_target_floor(z_rows: torch.Tensor, targets: torch.Tensor, temperature: float,

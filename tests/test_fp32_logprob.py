@@ -11,6 +11,7 @@ seeds exactly as `probes.adversarial` derives them; the last runs `run_check` wi
 from __future__ import annotations
 
 import functools
+import math
 import itertools
 import random
 import types
@@ -24,7 +25,7 @@ from grpo_conform.checks import judging as J
 from grpo_conform.checks.buffers import InputSlot
 from grpo_conform.checks.conformance import Call, WorkloadConformance
 from grpo_conform.compare import (
-    GradientComparator, LossComparison, describe_outputs, fp32_logp_error,
+    LOGP_RESOLUTION, SUM_RESOLUTION, GradientComparator, LossComparison, describe_outputs, fp32_logp_error,
 )
 from grpo_conform.ops.grpo_logits.reference import GrpoParameters, reference_logprobs
 from grpo_conform.ops.grpo_terms import needs_logprobs, token_terms
@@ -128,6 +129,25 @@ def test_fp32_logp_error_bounds_honest_fp32_log_softmax():
                    (z / T).gather(-1, ids).squeeze(-1) - torch.logsumexp(z / T, -1)):
             worst = max(worst, float(((lp.double() - exact).abs() / bound).max()))
     assert 0.2 < worst < 1.0, worst  # measured 0.38 (1.9 eps (1 + M + ln V) of the bound's 5)
+
+
+def test_a_dominant_early_term_is_inside_the_sum_bound():
+    """Rows whose mass sits in one early column over a flat rest (reach's planted peaks): torch's CPU fp32
+    log_softmax loses the rest's small terms in that term's lane, an error growing like V. The spread-mass bound
+    (SUM_RESOLUTION sqrt(V)) was under it at V 139523 (the eager fused baseline failed reach's float32 vocabulary
+    call, forty-fourth session); `compare.sum_error` holds it, within 4x."""
+    gen64 = torch.Generator().manual_seed(3)
+    worst_old = worst_new = 0.0
+    for V, pos in ((139523, 0), (139523, 31), (262147, 1), (65536, 64)):
+        z = torch.randn(4, V, dtype=torch.float64, generator=gen64) * 0.3
+        z[:, pos] = z.amax(-1) + 16.0
+        z32 = z.float()
+        err = (torch.log_softmax(z32, -1).double() - torch.log_softmax(z32.double(), -1)).abs().amax(-1)
+        m = z32.abs().amax(-1).double()
+        old = LOGP_RESOLUTION * (1.0 + m + math.log(V)) + SUM_RESOLUTION * math.sqrt(V)
+        worst_old = max(worst_old, float((err / old).max()))
+        worst_new = max(worst_new, float((err / fp32_logp_error(z32, 1.0)).max()))
+    assert worst_old > 1.0 and 0.25 < worst_new < 1.0, (worst_old, worst_new)  # measured 7.2 and 0.52
 
 
 @pytest.mark.parametrize("member", RATIO_MEMBERS)

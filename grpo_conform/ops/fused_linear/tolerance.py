@@ -44,6 +44,7 @@ from collections.abc import Mapping
 
 import torch
 
+from grpo_conform.compare import sum_error
 from grpo_conform.ops.fused_linear import memo
 from grpo_conform.ops.fused_linear.moves import coefficient_moves
 from grpo_conform.ops.fused_linear.reference import Blocks, _blocks, logprobs_and_lse, row_stats
@@ -190,8 +191,11 @@ def _row_errors(x, p: GrpoParameters, u: float, prefix: str, blocks: Blocks):
             kept[key] = row_pass(x, p.temperature, blocks, prefix, u=u, kind="row-errors").errors
         errors = kept[key]
     vocab = flat(x, prefix)[1].shape[0]
-    # the implementation's own fp32 log-softmax: about 2 u32 (1 + max|z|/T + ln V) on every log-prob
-    softmax = 2.0 * FP32_U * (1.0 + errors.zmax / p.temperature + math.log(vocab))
+    # the implementation's own fp32 log-softmax: about 2 u32 (1 + max|z|/T + ln V) on every log-prob, plus its sum of
+    # V exponentials (compare.sum_error), the row's largest probability bounded by exp(max|z|/T - lse)
+    _, lse = logprobs_and_lse(x, p, blocks, prefix=prefix)
+    p_max = torch.exp(errors.zmax / p.temperature - lse.to(errors.zmax.device, torch.float64))
+    softmax = 2.0 * FP32_U * (1.0 + errors.zmax / p.temperature + math.log(vocab)) + sum_error(vocab, p_max)
     return errors.emax / p.temperature + softmax, errors.d / p.temperature + softmax
 
 
