@@ -172,26 +172,38 @@ def test_the_free_axis_calls_take_the_dtype_order_turned_by_the_member_and_the_p
     turn = member_calls._family_names(masked.source).index("sapo-mask")
     assert member_calls.member_turn(masked) == turn
     every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls, each in every declared dtype
-    free = [order[(i + (0 if i == 1 else turn)) % 3] for i in range(3)]  # batch, seq (fixed: float32), vocab
+    free = [order[(i + turn) % 3] for i in range(3)]  # batch, seq, vocab (a token-level member: every call turns)
     assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == free + [
         "bfloat16", "bfloat16"] + every * 2 + ["bfloat16"]  # wide and aligned, low, blocks, seq-aligned: their own
 
 
 def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_runs(monkeypatch):
     """The blind spot it closes: with one fixed order the fused operation's vocabulary call on the CPU was float16 for
-    every member, so a kernel wrong in bfloat16 past a 4096-wide vocabulary passed every run. The rows call keeps
-    float32 on purpose (member_calls.ROWS_FIXED)."""
+    every member, so a kernel wrong in bfloat16 past a 4096-wide vocabulary passed every run; with the rows call fixed
+    for every member, a fused kernel wrong in half precision past 1024 rows passed every CPU run. Only a member whose
+    ratio is taken over a sequence keeps its rows call in float32 (member_calls.rows_fixed)."""
     names = member_calls._family_names(find_spec("grpo-fused-linear/token-is").source)
+    fixed = {n for n in names if member_calls.rows_fixed(find_spec(f"grpo-fused-linear/{n}"))}
+    assert fixed == {"sequence-offpolicy-mask"}
+    logits = member_calls._family_names(find_spec("grpo/token-is").source)
+    assert {n for n in logits if member_calls.rows_fixed(find_spec(f"grpo/{n}"))} == {
+        "sequence-offpolicy-mask", "luspo-sequence-mask", "vespo-mask"}
     for turn in (0, 1, 2, 12345):
         monkeypatch.setattr(member_calls, "RUN_TURN", turn)
         for first in range(len(names) - 2):
             met: dict[str, set[str]] = {}
+            rows: dict[str, str] = {}
             for name in names[first:first + 3]:
                 for c in member_calls.reach_calls(find_spec(f"grpo-fused-linear/{name}"), "cpu", "bfloat16"):
                     met.setdefault(c.lead, set()).add(c.dtype)
+                    if c.lead == "seq":
+                        rows[name] = c.dtype
             for lead in ("batch", "hidden", "vocab"):
                 assert met[lead] == {"bfloat16", "float16", "float32"}, (turn, names[first:first + 3], lead)
-            assert met["seq"] == {"float32"}  # the rows call keeps float32 (member_calls.ROWS_FIXED)
+            if not fixed & set(rows):
+                assert met["seq"] == {"bfloat16", "float16", "float32"}, (turn, names[first:first + 3])
+            for name in fixed & set(rows):
+                assert rows[name] == "float32"  # the sequence-level member's rows call keeps float32
     fused = find_spec("grpo-fused-linear/token-is")
     seen = set()
     for turn in range(3):

@@ -39,9 +39,9 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
-#: the free-axis call whose dtype does not turn (`member_turn`): the rows call, float32 for the masked members and the
-#: fused operation, where a bug that mixes rows or sequences shows most clearly. Turned into half precision it let the
-#: fused GSPO folder `fused-gspo-rowchunk-2048` pass (clean-clone CI run 232: float16, operands rounded at 2^-11)
+#: the free-axis call whose dtype does not turn (`member_turn`) for a member whose ratio is taken over a sequence
+#: (`rows_fixed`): the rows call, float32 there. Turned into half precision it let the fused GSPO folder
+#: `fused-gspo-rowchunk-2048` pass (clean-clone CI run 232: float16, operands rounded at 2^-11)
 ROWS_FIXED = "seq"
 ENV_TURN = "GRPO_CONFORM_RUN_TURN"  # the run's turn, handed to its slot processes (their environment is the parent's)
 
@@ -293,9 +293,22 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
             calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
         else:
             own = lead in (ALIGNED, WIDE, SEQ_ALIGNED)
-            step = 0 if lead == ROWS_FIXED else turn  # the rows call keeps its place in the order (`member_turn`)
+            step = 0 if lead == ROWS_FIXED and rows_fixed(spec) else turn  # its place in the order (`rows_fixed`)
             calls.append(ReachCall(lead, axes, own_dtype if own else order[(i + step) % len(order)]))
     return calls
+
+
+def rows_fixed(spec: Any) -> bool:
+    """Whether the rows call keeps its place in the dtype order (float32 on both operations) rather than turning with
+    the member: for a member whose ratio is taken over each sequence's kept tokens (GSPO's mean log-ratio, VESPO's
+    sum). Its live ratios sit within a clip epsilon of 1e-4 to 1e-3 of 1, so a sequence whose log-ratio sum is split
+    across a row chunk moves its ratio by less than half precision's log-prob error: only float32 shows it
+    (`fused-gspo-rowchunk-2048`). Every other member's rows call turns (forty-fifth session): before, it was float32
+    for all, and a fused kernel wrong in half precision past 1024 rows passed every CPU run, since no other fused call
+    on the CPU holds more than 128 rows (`fused-half-rows-dhidden-chunk-offset`). The logits operation also has its
+    seq-aligned call (1024+ rows in the member's own dtype)."""
+    values = dict(spec.parameter_values)
+    return values.get("importance_sampling_level") == "sequence" or values.get("loss_type") == "vespo"
 
 
 def member_turn(spec: Any) -> int:
@@ -308,7 +321,7 @@ def member_turn(spec: Any) -> int:
     reach calls' turn", has the folders and their rates). Shifted by the family
     index, each free-axis call meets every declared dtype across any run of consecutive members (three for three
     dtypes); shifted by the run's number, a single member meets each over runs. The calls' cost does not change. The
-    rows call's dtype does not turn (ROWS_FIXED): only its upstream kind does."""
+    rows call's dtype turns only for members whose ratio is token-level (`rows_fixed`); its upstream kind always does."""
     index = 0
     if spec.family is not None and spec.source:
         try:
