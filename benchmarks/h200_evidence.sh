@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The device runs (device tool, one H200), in parts that each fit one 10-minute device call. From a checkout
 # holding `.whl/` (carry it), with benchmarks/results moved aside (benchmarks/results/README.md) and
-# GRPO_CONFORM_GIT_COMMIT set to the commit the tree travelled from (the tree has no .git there):
+# GRPO_CONFORM_GIT_COMMIT set to the commit the tree travelled from (the tree has no .git there), and `export OUT`
+# first: the device shell may not export it, and then this script writes under its fallback /tmp/out, which does not
+# come back (forty-fifth session: a first run's records lost so):
 #
 # Checks and records
 #   bash benchmarks/h200_evidence.sh probe      # worker isolation on CUDA + the CUDA kernel tests
@@ -39,6 +41,7 @@
 #   RECORDS_ANY=1 bash benchmarks/h200_evidence.sh s43b  # fused_bench b16 chunk x split (two members), then triton's default check
 #   bash benchmarks/h200_evidence.sh s43c       # reach on CUDA sampled (slots) and profiled (workers), two members
 #   bash benchmarks/h200_evidence.sh s44        # the default check of triton with records (any card), a first run
+#                                               # (forty-fifth session, H100, f94a5ba: 436 s; its files lost, see above)
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
 #   bash benchmarks/h200_evidence.sh z38c       # the worker's rewrite race and the lost-context stop, on CUDA
 #   bash benchmarks/h200_evidence.sh z38        # the same fault narrowed: in process, -k zero-advantage, compute-sanitizer; then s36a
