@@ -305,7 +305,7 @@ def rows_fixed(spec: Any) -> bool:
     across a row chunk moves its ratio by less than half precision's log-prob error: only float32 shows it
     (`fused-gspo-rowchunk-2048`). Every other member's rows call turns (forty-fifth session): before, it was float32
     for all, and a fused kernel wrong in half precision past 1024 rows passed every CPU run, since no other fused call
-    on the CPU holds more than 128 rows (`fused-half-rows-dhidden-chunk-offset`). The logits operation also has its
+    on the CPU holds more than 128 rows (`fused-half-rows-dhidden-chunk-offset`). The other operation also has its
     seq-aligned call (1024+ rows in the member's own dtype)."""
     values = dict(spec.parameter_values)
     return values.get("importance_sampling_level") == "sequence" or values.get("loss_type") == "vespo"
