@@ -1,9 +1,15 @@
 # Sourced by benchmarks/h200_evidence.sh: installs the
 # carried wheels (.whl/, see the device tool's README), puts them and the repo on PYTHONPATH, and
 # sets $OUT (what comes back), $LOG and $R (the exploration log and its JSON results).
+# $OUT is the device's folder that comes back; a child shell sees it only if exported. A part that wrote elsewhere
+# spent its device time for nothing (forty-fifth session: a first run's records lost), so stop before any of it.
+if [ -z "${OUT:-}" ] && [ -z "${LOCAL_OUT:-}" ]; then
+  echo "device_common.sh: OUT is not set: 'export OUT' before running a part (or set LOCAL_OUT=DIR off the device)" >&2
+  exit 2
+fi
+OUT=${OUT:-$LOCAL_OUT}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG=$OUT/explore.log; R=$OUT/explore.json
 # The device image sets PYTHONDONTWRITEBYTECODE=1 and ships torch, sympy and numpy without bytecode, so every
 # worker compiled ~1,340 modules from source at its start (2.3 s of CPU each; docs/timing.md, "Fourteenth

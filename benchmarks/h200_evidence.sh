@@ -2,8 +2,8 @@
 # The device runs (device tool, one H200), in parts that each fit one 10-minute device call. From a checkout
 # holding `.whl/` (carry it), with benchmarks/results moved aside (benchmarks/results/README.md) and
 # GRPO_CONFORM_GIT_COMMIT set to the commit the tree travelled from (the tree has no .git there), and `export OUT`
-# first: the device shell may not export it, and then this script writes under its fallback /tmp/out, which does not
-# come back (forty-fifth session: a first run's records lost so):
+# first: the device shell may not export it (forty-fifth session: a first run's records were written under a fallback
+# /tmp/out and lost); device_common.sh now stops at once without it:
 #
 # Checks and records
 #   bash benchmarks/h200_evidence.sh probe      # worker isolation on CUDA + the CUDA kernel tests
