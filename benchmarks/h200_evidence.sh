@@ -40,7 +40,6 @@
 #   bash benchmarks/h200_evidence.sh s43        # reach's calls timed (four members, first run), fused_bench b2-b16, the sweep
 #   RECORDS_ANY=1 bash benchmarks/h200_evidence.sh s43b  # fused_bench b16 chunk x split (two members), then triton's default check
 #   bash benchmarks/h200_evidence.sh s43c       # reach on CUDA sampled (slots) and profiled (workers), two members
-#   bash benchmarks/h200_evidence.sh s45        # the rows call in half precision on CUDA (any card, ~3-5 min, no records)
 #   bash benchmarks/h200_evidence.sh s44        # the default check of triton with records (any card), a first run
 #                                               # (forty-fifth session, H100, f94a5ba: 436 s; its files lost, see above)
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
@@ -419,27 +418,6 @@ PY
     if grep -q H200 "$R/nvidia-smi.txt" || [ -n "${RECORDS_ANY:-}" ]; then
       default_check $(( ${CALL_S:-570} - SECONDS - 60 )) records
     else default_check $(( ${CALL_S:-570} - SECONDS - 60 )); fi
-    ;;
-  s45)  # forty-fifth session (~3-5 min, any card, no records): the rows call in half precision on CUDA for the first
-         # time (member_calls.rows_fixed: token-level members' rows call turns; 69631+ rows a sequence for the fused
-         # operation there). Three consecutive members of each operation at two turns, so each rows call meets each
-         # dtype; then the gallery folder that needs it
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
-    for t in 0 1; do
-      start=$SECONDS
-      GRPO_CONFORM_RUN_TURN=$t timeout -s KILL 150 python3 -m grpo_conform check implementations/triton-fused \
-        --member token-is --member token-is-bias --member token-offpolicy-mask -k reach --workload tiny-bf16 \
-        --no-evidence --no-timing > "$R/fused-reach-$t.txt" 2>&1
-      status "triton-fused -k reach, turn $t: exit $?, $((SECONDS - start)) s"
-      start=$SECONDS
-      GRPO_CONFORM_RUN_TURN=$t timeout -s KILL 150 python3 -m grpo_conform check implementations/triton \
-        --member token-offpolicy-mask --member token-offpolicy-mask-kl --member bnpo-mask -k reach \
-        --workload mask-small-bf16 --no-evidence --no-timing > "$R/triton-reach-$t.txt" 2>&1
-      status "triton -k reach, turn $t: exit $?, $((SECONDS - start)) s"
-    done
-    timeout -s KILL 90 python3 -m grpo_conform check tests/gallery/fused-half-rows-dhidden-chunk-offset -k reach \
-      --workload tiny-bf16 --no-evidence --no-timing > "$R/gallery-half-rows.txt" 2>&1
-    status "fused-half-rows-dhidden-chunk-offset (must fail reach): exit $?"
     ;;
   s44)  # forty-fourth session (~6-9 min, any card): the default check of triton with records, a first run, after
          # fc500cb's cut of the validator's own reach cost (generator/reference kernel blocks, _unpeak vectorised)

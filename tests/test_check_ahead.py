@@ -569,8 +569,8 @@ def test_a_member_not_yet_begun_also_gets_its_once_per_member_calls(tmp_path, mo
         reach = member_calls.reach_calls(spec, "cpu", "bfloat16")
         others = member_calls.other_dtype_workloads(spec, "cpu")
         every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls: each declared dtype
-        turn = member_calls.member_turn(spec)  # the free-axis calls' dtypes start at the member's turn (token-level:
-        free = [["float16", "float32", "bfloat16"][(i + turn) % 3] for i in range(3)]  # the rows call's too)
+        turn = member_calls.member_turn(spec)  # the free-axis calls' dtypes start at the member's turn
+        free = [["float16", "float32", "bfloat16"][(i + (0 if i == 1 else turn)) % 3] for i in range(3)]
         assert [c.dtype for c in reach] == free + ["bfloat16", "bfloat16"] + every * 2 + [
             "bfloat16"]  # and the seq-aligned call
         assert len(others) == 2

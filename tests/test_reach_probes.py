@@ -172,22 +172,19 @@ def test_the_free_axis_calls_take_the_dtype_order_turned_by_the_member_and_the_p
     turn = member_calls._family_names(masked.source).index("sapo-mask")
     assert member_calls.member_turn(masked) == turn
     every = ["bfloat16", "float16", "float32"]  # the low and vocabulary-blocks calls, each in every declared dtype
-    free = [order[(i + turn) % 3] for i in range(3)]  # batch, seq, vocab (a token-level member: every call turns)
+    free = [order[(i + (0 if i == 1 else turn)) % 3] for i in range(3)]  # batch, seq (float32: seq-aligned), vocab
     assert [c.dtype for c in member_calls.reach_calls(masked, "cpu", "bfloat16")] == free + [
         "bfloat16", "bfloat16"] + every * 2 + ["bfloat16"]  # wide and aligned, low, blocks, seq-aligned: their own
 
 
 def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_runs(monkeypatch):
     """The blind spot it closes: with one fixed order the fused operation's vocabulary call on the CPU was float16 for
-    every member, so a kernel wrong in bfloat16 past a 4096-wide vocabulary passed every run; with the rows call fixed
-    for every member, a fused kernel wrong in half precision past 1024 rows passed every CPU run. Only a member whose
-    ratio is taken over a sequence keeps its rows call in float32 (member_calls.rows_fixed)."""
+    every member, so a kernel wrong in bfloat16 past a 4096-wide vocabulary passed every run; with its rows call fixed
+    too, a fused kernel wrong in half precision past 1024 rows passed every CPU run. That rows call turns for the
+    token-level members (member_calls.rows_fixed); the sequence-level member's keeps float32."""
     names = member_calls._family_names(find_spec("grpo-fused-linear/token-is").source)
-    fixed = {n for n in names if member_calls.rows_fixed(find_spec(f"grpo-fused-linear/{n}"))}
+    fixed = {n for n in names if member_calls.rows_fixed(find_spec(f"grpo-fused-linear/{n}"), "cpu")}
     assert fixed == {"sequence-offpolicy-mask"}
-    logits = member_calls._family_names(find_spec("grpo/token-is").source)
-    assert {n for n in logits if member_calls.rows_fixed(find_spec(f"grpo/{n}"))} == {
-        "sequence-offpolicy-mask", "luspo-sequence-mask", "vespo-mask"}
     for turn in (0, 1, 2, 12345):
         monkeypatch.setattr(member_calls, "RUN_TURN", turn)
         for first in range(len(names) - 2):
@@ -210,6 +207,26 @@ def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_
         monkeypatch.setattr(member_calls, "RUN_TURN", turn)
         seen.add(next(c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16") if c.lead == "vocab"))
     assert seen == {"bfloat16", "float16", "float32"}
+
+
+def test_the_rows_call_keeps_float32_wherever_the_seq_aligned_call_brings_long_half_precision_rows(monkeypatch):
+    """The logits operation (any device) and the fused one on CUDA have the seq-aligned call (1024+ rows in the
+    member's own dtype), so their rows call stays float32 in every run, where a long-row bug too small for half
+    precision shows; only the fused operation on the CPU lacks it, and there the rows call turns."""
+    logits = member_calls._family_names(find_spec("grpo/token-is").source)
+    fused = member_calls._family_names(find_spec("grpo-fused-linear/token-is").source)
+    assert all(member_calls.rows_fixed(find_spec(f"grpo/{n}"), d) for n in logits for d in ("cpu", "cuda"))
+    assert all(member_calls.rows_fixed(find_spec(f"grpo-fused-linear/{n}"), "cuda") for n in fused)
+    met: dict[str, set[str]] = {}
+    for turn in range(3):
+        monkeypatch.setattr(member_calls, "RUN_TURN", turn)
+        for n in logits:  # the same dtype in every run: float32 for the masked members (token-is has its own order)
+            calls = member_calls.reach_calls(find_spec(f"grpo/{n}"), "cpu", "bfloat16")
+            met.setdefault(n, set()).update(c.dtype for c in calls if c.lead == "seq")
+        calls = member_calls.reach_calls(find_spec("grpo-fused-linear/token-is"), "cuda", "bfloat16")
+        met.setdefault("fused", set()).update(c.dtype for c in calls if c.lead == "seq")
+    assert all(len(d) == 1 for d in met.values()), met
+    assert all(met[n] == {"float32"} for n in logits if n != "token-is"), met
 
 
 def test_the_run_s_turn_reaches_its_slot_processes_through_the_environment(monkeypatch):

@@ -39,9 +39,7 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
-#: the free-axis call whose dtype does not turn (`member_turn`) for a member whose ratio is taken over a sequence
-#: (`rows_fixed`): the rows call, float32 there. Turned into half precision it let the fused GSPO folder
-#: `fused-gspo-rowchunk-2048` pass (clean-clone CI run 232: float16, operands rounded at 2^-11)
+#: the free-axis call whose dtype does not turn (`member_turn`) but where `rows_fixed` lets it: the rows call, float32
 ROWS_FIXED = "seq"
 ENV_TURN = "GRPO_CONFORM_RUN_TURN"  # the run's turn, handed to its slot processes (their environment is the parent's)
 
@@ -293,22 +291,25 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
             calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
         else:
             own = lead in (ALIGNED, WIDE, SEQ_ALIGNED)
-            step = 0 if lead == ROWS_FIXED and rows_fixed(spec) else turn  # its place in the order (`rows_fixed`)
+            step = 0 if lead == ROWS_FIXED and rows_fixed(spec, device_type) else turn  # `rows_fixed`
             calls.append(ReachCall(lead, axes, own_dtype if own else order[(i + step) % len(order)]))
     return calls
 
 
-def rows_fixed(spec: Any) -> bool:
-    """Whether the rows call keeps its place in the dtype order (float32 on both operations) rather than turning with
-    the member: for a member whose ratio is taken over each sequence's kept tokens (GSPO's mean log-ratio, VESPO's
-    sum). Its live ratios sit within a clip epsilon of 1e-4 to 1e-3 of 1, so a sequence whose log-ratio sum is split
-    across a row chunk moves its ratio by less than half precision's log-prob error: only float32 shows it
-    (`fused-gspo-rowchunk-2048`). Every other member's rows call turns (forty-fifth session): before, it was float32
-    for all, and a fused kernel wrong in half precision past 1024 rows passed every CPU run, since no other fused call
-    on the CPU holds more than 128 rows (`fused-half-rows-dhidden-chunk-offset`). The other operation also has its
-    seq-aligned call (1024+ rows in the member's own dtype)."""
+def rows_fixed(spec: Any, device_type: str) -> bool:
+    """Whether the rows call keeps its place in the dtype order (float32) rather than turning with the member. It
+    turns only where no other call brings rows past 1024 in half precision: the fused operation on the CPU (no
+    seq-aligned call there, `wide_applies`; its other calls hold at most 128 rows), and there only for a member whose
+    ratio is token-level. Before (forty-third and forty-fourth sessions) it was float32 for every member, and a fused
+    kernel wrong in half precision past 1024 rows passed every CPU run (`fused-half-rows-dhidden-chunk-offset`).
+    Elsewhere the seq-aligned call holds 1024+ rows in the member's own dtype, so the rows call keeps float32 in
+    every run, where a long-row bug too small for half precision shows. A member whose ratio is taken over a
+    sequence's kept tokens (GSPO's mean log-ratio, VESPO's sum) keeps it everywhere: its live ratios sit within a clip
+    epsilon of 1e-4 to 1e-3 of 1, and a sequence split across a row chunk moves its ratio by less than half
+    precision's log-prob error (`fused-gspo-rowchunk-2048` passed with float16, clean-clone CI run 232)."""
     values = dict(spec.parameter_values)
-    return values.get("importance_sampling_level") == "sequence" or values.get("loss_type") == "vespo"
+    sequence = values.get("importance_sampling_level") == "sequence" or values.get("loss_type") == "vespo"
+    return sequence or wide_applies(spec, device_type)
 
 
 def member_turn(spec: Any) -> int:
@@ -321,7 +322,7 @@ def member_turn(spec: Any) -> int:
     reach calls' turn", has the folders and their rates). Shifted by the family
     index, each free-axis call meets every declared dtype across any run of consecutive members (three for three
     dtypes); shifted by the run's number, a single member meets each over runs. The calls' cost does not change. The
-    rows call's dtype turns only for members whose ratio is token-level (`rows_fixed`); its upstream kind always does."""
+    rows call's dtype turns only where `rows_fixed` says; its upstream kind always does."""
     index = 0
     if spec.family is not None and spec.source:
         try:

@@ -23,8 +23,9 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
 - the calls take in turn each dtype the differentiable input declares that no default workload of the
   member on this device uses (the inputs that declare the same dtypes follow it), then its own, starting at the
   member's turn (`member_calls.member_turn`: its family index plus the run's number), which turns the upstream kinds
-  too: no call keeps one upstream kind, and no free axis one dtype for every member and run, but the rows call of a
-  member whose ratio is taken over a sequence (float32: `member_calls.rows_fixed`);
+  too: no call keeps one upstream kind, and no free axis one dtype for every member and run, but the rows call
+  (float32) wherever the seq-aligned call brings long rows in the member's own dtype, and for a member whose ratio is
+  taken over a sequence (`member_calls.rows_fixed`);
 - a wide-vocabulary call, in the member's own dtype, past 2^18 (`member_calls.wide_axes`: 262145-278527, 4-6
   rows; Gemma 3 runs 262208, and the vocabulary call stays in (2^17, 2^18]), at the workload's drawn temperature
   (never 1) and epsilons: a path past one block of 2^18 that drops 1/T in backward passed every call before
