@@ -1,10 +1,11 @@
 """Gallery: fails reach. The eager baseline with a half-precision backward that writes d hidden the way a row-chunked
 fused kernel with an offset bug does: in bfloat16 and float16, rows (batch x seq, flattened) go in chunks of
-ROW_CHUNK and each chunk's d hidden lands at the start of the buffer instead of at its own rows, so past row 1024 every
-row's d hidden is zero and the first rows hold the last chunk's. float32 and every call of 1024 rows or fewer are
-right. On the CPU the fused operation's only call past 1024 rows is reach's rows call, which until the forty-fifth
-session was float32 for every member (member_calls.rows_fixed): this folder passed every CPU run. Its three members are
-consecutive in the family, so their rows calls meet bfloat16, float16 and float32 in every run.
+ROW_CHUNK and each chunk's d hidden lands at the start of the buffer instead of at its own rows, so past row 1000 every
+row's d hidden is zero and the first rows hold the last chunk's. float32 and every call of 1000 rows or fewer are
+right (the default CPU workloads hold 514 rows or fewer). On the CPU the fused operation's only call past 1000 rows is
+reach's rows call, which until the forty-fifth session was float32 for every member (member_calls.rows_fixed): this
+folder passed every CPU run. Its three members are consecutive in the family, so their rows calls meet bfloat16,
+float16 and float32 in every run.
 
 The rest is implementations/fused-torch: logits = hidden @ weight.T (+ bias) in the operands' dtype, then the loss as
 TRL's GRPOTrainer computes it from logits (float32 logits / temperature, log_softmax, the ratio against the old
@@ -14,7 +15,9 @@ log-probs or detached log-probs, the clipped surrogate, the k3 KL term, the mask
 import torch
 import torch.nn.functional as F
 
-ROW_CHUNK = 1024  # rows per chunk of the flattened batch
+# rows per chunk of the flattened batch, sized from a memory budget (not a power of two): every half-precision call past
+# 1000 rows shows the bug, CUDA's seq-aligned call (1024+ rows in bfloat16) too, where the rows call stays float32
+ROW_CHUNK = 1000
 
 
 class _ChunkedHalfBackward(torch.autograd.Function):
