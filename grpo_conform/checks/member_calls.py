@@ -36,10 +36,11 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
                                           REACH_REMAINDER, REACH_ROWS, REACH_ROWS_PER_ROW_CPU, REACH_SMALL,
                                           REACH_WIDE, REACH_WIDE_SMALL, REACH_BLOCK, REACH_BLOCKS, REACH_LOW,
                                           REACH_SEQ_ALIGNED)
+from grpo_conform.ops.grpo_terms import ratio_over_sequence
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
-#: the free-axis call whose dtype does not turn (`member_turn`) but where `rows_fixed` lets it: the rows call, float32
+#: the rows call's lead axis: its dtype keeps its place in the order (float32) wherever `rows_fixed` holds
 ROWS_FIXED = "seq"
 ENV_TURN = "GRPO_CONFORM_RUN_TURN"  # the run's turn, handed to its slot processes (their environment is the parent's)
 
@@ -307,9 +308,7 @@ def rows_fixed(spec: Any, device_type: str) -> bool:
     sequence's kept tokens (GSPO's mean log-ratio, VESPO's sum) keeps it everywhere: its live ratios sit within a clip
     epsilon of 1e-4 to 1e-3 of 1, and a sequence split across a row chunk moves its ratio by less than half
     precision's log-prob error (`fused-gspo-rowchunk-2048` passed with float16, clean-clone CI run 232)."""
-    values = dict(spec.parameter_values)
-    sequence = values.get("importance_sampling_level") == "sequence" or values.get("loss_type") == "vespo"
-    return sequence or wide_applies(spec, device_type)
+    return ratio_over_sequence(dict(spec.parameter_values)) or wide_applies(spec, device_type)
 
 
 def member_turn(spec: Any) -> int:

@@ -144,7 +144,7 @@ def draw_views(run: Any, slot: Any, seed: int, turn: int = 0) -> dict[str, Any]:
     mask = mask_input(run)
     batch, seq = run.rw.shapes["completion_ids"]
     p = GrpoParameters.from_spec(run.spec, run.model.values)
-    sequence = p.importance_sampling_level == "sequence" or p.loss_type == "vespo"
+    sequence = p.ratio_over_sequence
     edges = edge_rows(batch, edge_kinds(mask is not None, sequence), r, turn)
     keep = view_mask(batch, seq, r, edges) if mask else torch.ones(batch, seq, dtype=torch.bool)
     run.generate(slot, seed, given={mask: keep} if mask else None)
