@@ -98,7 +98,7 @@ def test_the_aligned_call_divides_every_axis_by_its_tiles(spec_id, device):
     every = len(spec.differentiable_input.dtypes)
     assert [c.lead for c in calls] == (member_calls.free_axes(spec) + [member_calls.WIDE] * wide + [member_calls.ALIGNED]
                                        + [member_calls.LOW] * every + [member_calls.BLOCKS] * every * wide
-                                       + [member_calls.SEQ_ALIGNED] * wide)
+                                       + [member_calls.SEQ_ALIGNED] * wide + [member_calls.ROWS_HALF] * (not wide))
     aligned = [c for c in calls if c.lead == member_calls.ALIGNED]
     assert [c.dtype for c in aligned] == ["bfloat16"]  # the member's own
     seen = set()
@@ -179,55 +179,61 @@ def test_the_free_axis_calls_take_the_dtype_order_turned_by_the_member_and_the_p
 
 def test_every_free_axis_call_meets_every_dtype_across_three_members_and_across_runs(monkeypatch):
     """The blind spot it closes: with one fixed order the fused operation's vocabulary call on the CPU was float16 for
-    every member, so a kernel wrong in bfloat16 past a 4096-wide vocabulary passed every run; with its rows call fixed
-    too, a fused kernel wrong in half precision past 1024 rows passed every CPU run. That rows call turns for the
-    token-level members (member_calls.rows_fixed); the sequence-level member's keeps float32."""
+    every member, so a kernel wrong in bfloat16 past a 4096-wide vocabulary passed every run. The rows call keeps
+    float32 for every member (`ROWS_FIXED`); on the CPU the fused operation's second rows call (`ROWS_HALF`) brings
+    long rows in bfloat16 and float16 in turn, so any two consecutive members meet both, for every member."""
     names = member_calls._family_names(find_spec("grpo-fused-linear/token-is").source)
-    fixed = {n for n in names if member_calls.rows_fixed(find_spec(f"grpo-fused-linear/{n}"), "cpu")}
-    assert fixed == {"sequence-offpolicy-mask"}
+    assert "sequence-offpolicy-mask" in names  # the sequence-level member has the half rows call too
     for turn in (0, 1, 2, 12345):
         monkeypatch.setattr(member_calls, "RUN_TURN", turn)
         for first in range(len(names) - 2):
             met: dict[str, set[str]] = {}
-            rows: dict[str, str] = {}
             for name in names[first:first + 3]:
-                for c in member_calls.reach_calls(find_spec(f"grpo-fused-linear/{name}"), "cpu", "bfloat16"):
+                calls = member_calls.reach_calls(find_spec(f"grpo-fused-linear/{name}"), "cpu", "bfloat16")
+                assert [c.dtype for c in calls if c.lead == "seq"] == ["float32"], (turn, name)
+                assert len([c for c in calls if c.lead == member_calls.ROWS_HALF]) == 1, (turn, name)
+                for c in calls:
                     met.setdefault(c.lead, set()).add(c.dtype)
-                    if c.lead == "seq":
-                        rows[name] = c.dtype
             for lead in ("batch", "hidden", "vocab"):
                 assert met[lead] == {"bfloat16", "float16", "float32"}, (turn, names[first:first + 3], lead)
-            if not fixed & set(rows):
-                assert met["seq"] == {"bfloat16", "float16", "float32"}, (turn, names[first:first + 3])
-            for name in fixed & set(rows):
-                assert rows[name] == "float32"  # the sequence-level member's rows call keeps float32
+            assert met[member_calls.ROWS_HALF] == {"bfloat16", "float16"}, (turn, names[first:first + 3])
     fused = find_spec("grpo-fused-linear/token-is")
-    seen = set()
+    seen, half = set(), set()
     for turn in range(3):
         monkeypatch.setattr(member_calls, "RUN_TURN", turn)
-        seen.add(next(c.dtype for c in member_calls.reach_calls(fused, "cpu", "bfloat16") if c.lead == "vocab"))
-    assert seen == {"bfloat16", "float16", "float32"}
+        calls = member_calls.reach_calls(fused, "cpu", "bfloat16")
+        seen.add(next(c.dtype for c in calls if c.lead == "vocab"))
+        half.add(next(c.dtype for c in calls if c.lead == member_calls.ROWS_HALF))
+    assert seen == {"bfloat16", "float16", "float32"} and half == {"bfloat16", "float16"}  # one member, over runs
 
 
-def test_the_rows_call_keeps_float32_wherever_the_seq_aligned_call_brings_long_half_precision_rows(monkeypatch):
-    """The logits operation (any device) and the fused one on CUDA have the seq-aligned call (1024+ rows in the
-    member's own dtype), so their rows call stays float32 in every run, where a long-row bug too small for half
-    precision shows; only the fused operation on the CPU lacks it, and there the rows call turns."""
+def test_the_half_rows_call_is_long_and_only_where_no_seq_aligned_call_runs(monkeypatch):
+    """The second rows call holds two sequences past 1024 rows each, drawn apart from the first rows call, and runs for
+    the fused operation on the CPU alone: the logits operation (any device) and the fused one on CUDA have the
+    seq-aligned call, which brings 1024+ rows in the member's own dtype. The rows call stays float32 everywhere."""
     logits = member_calls._family_names(find_spec("grpo/token-is").source)
     fused = member_calls._family_names(find_spec("grpo-fused-linear/token-is").source)
-    assert all(member_calls.rows_fixed(find_spec(f"grpo/{n}"), d) for n in logits for d in ("cpu", "cuda"))
-    assert all(member_calls.rows_fixed(find_spec(f"grpo-fused-linear/{n}"), "cuda") for n in fused)
-    met: dict[str, set[str]] = {}
     for turn in range(3):
         monkeypatch.setattr(member_calls, "RUN_TURN", turn)
-        for n in logits:  # the same dtype in every run: float32 for the masked members (token-is has its own order)
-            calls = member_calls.reach_calls(find_spec(f"grpo/{n}"), "cpu", "bfloat16")
-            met.setdefault(n, set()).update(c.dtype for c in calls if c.lead == "seq")
-        calls = member_calls.reach_calls(find_spec("grpo-fused-linear/token-is"), "cuda", "bfloat16")
-        met.setdefault("fused", set()).update(c.dtype for c in calls if c.lead == "seq")
-    assert all(len(d) == 1 for d in met.values()), met
-    assert all(met[n] == {"float32"} for n in logits if n != "token-is"), met
-
+        for n in logits:
+            for device in ("cpu", "cuda"):
+                calls = member_calls.reach_calls(find_spec(f"grpo/{n}"), device, "bfloat16")
+                assert member_calls.ROWS_HALF not in {c.lead for c in calls}, (n, device)
+                assert member_calls.SEQ_ALIGNED in {c.lead for c in calls}, (n, device)
+                if n != "token-is":  # token-is declares its own dtype order
+                    assert [c.dtype for c in calls if c.lead == "seq"] == ["float32"], (n, device)
+        for n in fused:
+            spec = find_spec(f"grpo-fused-linear/{n}")
+            gpu = member_calls.reach_calls(spec, "cuda", "bfloat16")
+            assert member_calls.ROWS_HALF not in {c.lead for c in gpu}
+            assert [c.dtype for c in gpu if c.lead == "seq"] == ["float32"], n
+            cpu = member_calls.reach_calls(spec, "cpu", "bfloat16")
+            (rows,) = [c for c in cpu if c.lead == "seq"]
+            (half,) = [c for c in cpu if c.lead == member_calls.ROWS_HALF]
+            for c in (rows, half):
+                assert c.axes["batch"] == 2 and c.axes["seq"] > 1024 and c.axes["seq"] % 2 == 1, (n, c)
+            assert half.axes != rows.axes, n  # drawn apart: another size where a kernel might switch
+            assert half is cpu[-1]  # last: every other call keeps its index, and with it its upstream kind and seed
 
 def test_the_run_s_turn_reaches_its_slot_processes_through_the_environment(monkeypatch):
     """Slots of one run are processes of their own (gate/parallel.py: the parent's environment); a number drawn in

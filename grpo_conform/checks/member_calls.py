@@ -36,11 +36,11 @@ from grpo_conform.ops.grpo_probes import (REACH_ALIGNED, REACH_ALIGNED_BATCH, RE
                                           REACH_REMAINDER, REACH_ROWS, REACH_ROWS_PER_ROW_CPU, REACH_SMALL,
                                           REACH_WIDE, REACH_WIDE_SMALL, REACH_BLOCK, REACH_BLOCKS, REACH_LOW,
                                           REACH_SEQ_ALIGNED)
-from grpo_conform.ops.grpo_terms import ratio_over_sequence
 
 #: drawn once per process: the slot that runs a member's conformance also plans its compile-ahead requests
 SECRET = secrets.randbits(64)
-#: the rows call's lead axis: its dtype keeps its place in the order (float32) wherever `rows_fixed` holds
+#: the rows call's lead axis: its dtype keeps its place in the order (float32 for the masked and fused members) in every
+#: run, where a long-row bug too small to show in half precision shows
 ROWS_FIXED = "seq"
 ENV_TURN = "GRPO_CONFORM_RUN_TURN"  # the run's turn, handed to its slot processes (their environment is the parent's)
 
@@ -63,6 +63,7 @@ WIDE = "vocab-wide"  # the lead of reach's second vocabulary call, past 2^18 (`w
 LOW = "low"  # the vocabulary and hidden size near their declared low ends (`low_axes`), a shape in each dtype
 BLOCKS = "vocab-blocks"  # the vocabulary a multiple of 2^16 (`blocks_axes`), in each declared dtype
 SEQ_ALIGNED = "seq-aligned"  # each sequence a multiple of 256 (`seq_aligned_axes`), in the member's own dtype
+ROWS_HALF = "seq-half"  # the fused operation on the CPU: a second rows call, in half precision (`rows_half_axes`)
 EVERY_DTYPE = (LOW, BLOCKS)  # the calls made once in each dtype the lead input declares
 OTHER_DTYPES = "other-dtypes"
 
@@ -256,7 +257,32 @@ def reach_shapes(spec: Any, device_type: str, r: random.Random) -> list[tuple[st
     if wide:
         leads = leads + [BLOCKS, SEQ_ALIGNED]
         shapes = shapes + [blocks_axes(spec, device_type, r), seq_aligned_axes(spec, device_type, r)]
+    elif _per_row_cpu(spec, device_type) and "seq" in free_axes(spec) and half_dtypes(spec):
+        leads, shapes = leads + [ROWS_HALF], shapes + [rows_half_axes(spec, device_type, r)]
     return list(zip(leads, shapes))
+
+
+def half_dtypes(spec: Any) -> list[str]:
+    """The half-precision dtypes the lead input declares, in its order (what the half rows call turns through)."""
+    return [d for d in spec.differentiable_input.dtypes if d in ("bfloat16", "float16")]
+
+
+def rows_half_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, int]:
+    """The fused operation's second rows call on the CPU: the rows call's kind of shape (two sequences past 1024 rows
+    each, `reach_axes`), drawn apart, in a half-precision dtype (`reach_calls` turns it). Everywhere else the
+    seq-aligned call brings 1024+ rows in the member's own dtype; on the CPU the fused operation has none (its
+    interpreted kernel pays per row: `wide_applies`), and its other calls hold at most 128 rows. With one rows call,
+    either it kept float32 for every member (forty-third and forty-fourth sessions: a kernel wrong only in half
+    precision past 1024 rows passed every CPU run, `fused-half-rows-dhidden-chunk-offset`) or it turned (forty-fifth:
+    then a single member's float32 long rows came one run in three, and a sequence-level member's half-precision
+    long rows never). Two calls hold both in every run, for every member, at ~7.6 s a member of an interpreted fused
+    kernel (2,178+ rows at ~3.5 ms a row); an eager kernel's cost is a few milliseconds.
+
+    How a hostile kernel passes it while wrong: a half-precision path wrong only past 2^11 + 2^10 rows in a sequence
+    (each is 1089-1095 here; CUDA's seq-aligned call holds up to 2048 a sequence), or only in the half dtype this
+    member did not meet in this run (the other comes in the next member's or the next run's turn)."""
+    shapes = reach_axes(spec, device_type, r)
+    return shapes[free_axes(spec).index("seq")]
 
 
 def past_blocks(value: int, least: int) -> int:
@@ -290,25 +316,14 @@ def reach_calls(spec: Any, device_type: str, own_dtype: str, fresh: random.Rando
                 calls.append(ReachCall(lead, own_shape, d))
         elif lead in EVERY_DTYPE:
             calls += [ReachCall(lead, axes, d) for d in spec.differentiable_input.dtypes]
+        elif lead == ROWS_HALF:  # turned through the half dtypes alone: any two consecutive members meet both
+            halves = half_dtypes(spec)
+            calls.append(ReachCall(lead, axes, halves[turn % len(halves)]))
         else:
             own = lead in (ALIGNED, WIDE, SEQ_ALIGNED)
-            step = 0 if lead == ROWS_FIXED and rows_fixed(spec, device_type) else turn  # `rows_fixed`
+            step = 0 if lead == ROWS_FIXED else turn  # the rows call keeps its place: float32 (`ROWS_FIXED`)
             calls.append(ReachCall(lead, axes, own_dtype if own else order[(i + step) % len(order)]))
     return calls
-
-
-def rows_fixed(spec: Any, device_type: str) -> bool:
-    """Whether the rows call keeps its place in the dtype order (float32) rather than turning with the member. It
-    turns only where no other call brings rows past 1024 in half precision: the fused operation on the CPU (no
-    seq-aligned call there, `wide_applies`; its other calls hold at most 128 rows), and there only for a member whose
-    ratio is token-level. Before (forty-third and forty-fourth sessions) it was float32 for every member, and a fused
-    kernel wrong in half precision past 1024 rows passed every CPU run (`fused-half-rows-dhidden-chunk-offset`).
-    Elsewhere the seq-aligned call holds 1024+ rows in the member's own dtype, so the rows call keeps float32 in
-    every run, where a long-row bug too small for half precision shows. A member whose ratio is taken over a
-    sequence's kept tokens (GSPO's mean log-ratio, VESPO's sum) keeps it everywhere: its live ratios sit within a clip
-    epsilon of 1e-4 to 1e-3 of 1, and a sequence split across a row chunk moves its ratio by less than half
-    precision's log-prob error (`fused-gspo-rowchunk-2048` passed with float16, clean-clone CI run 232)."""
-    return ratio_over_sequence(dict(spec.parameter_values)) or wide_applies(spec, device_type)
 
 
 def member_turn(spec: Any) -> int:
@@ -321,7 +336,7 @@ def member_turn(spec: Any) -> int:
     reach calls' turn", has the folders and their rates). Shifted by the family
     index, each free-axis call meets every declared dtype across any run of consecutive members (three for three
     dtypes); shifted by the run's number, a single member meets each over runs. The calls' cost does not change. The
-    rows call's dtype turns only where `rows_fixed` says; its upstream kind always does."""
+    rows call keeps its dtype (`ROWS_FIXED`); its upstream kind turns."""
     index = 0
     if spec.family is not None and spec.source:
         try:

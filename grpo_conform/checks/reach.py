@@ -11,8 +11,7 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   tiles, index widths or paths; on CUDA rows past a grid dimension's 65535) and past twice the largest value
   the member's default workloads on this device use (at most REACH_CAP), odd and off every power of two, the
   other axes small, but the rows call holds two or three sequences (a kernel mixing sequences up is exact at
-  batch 1; one sequence for the fused operation on the CPU, whose interpreted kernel pays per row, two past
-  2048 rows for its sequence-level member) and the
+  batch 1; two of 1089+ rows for the fused operation on the CPU, whose interpreted kernel pays per row) and the
   batch call 1-2 positions a sequence (REACH_LEAD_SMALL);
 - the vocabulary call's rows each peak (`spread_peaks`): a planted largest logit clear of the rest of its row,
   the rows' peaks spread over the vocabulary, so an online log-sum-exp that never rescales is wrong on every
@@ -24,8 +23,9 @@ adversarial round: docs/checks.md). This probe makes the reach mechanical:
   member on this device uses (the inputs that declare the same dtypes follow it), then its own, starting at the
   member's turn (`member_calls.member_turn`: its family index plus the run's number), which turns the upstream kinds
   too: no call keeps one upstream kind, and no free axis one dtype for every member and run, but the rows call
-  (float32) wherever the seq-aligned call brings long rows in the member's own dtype, and for a member whose ratio is
-  taken over a sequence (`member_calls.rows_fixed`);
+  (float32, `member_calls.ROWS_FIXED`), where a long-row bug too small for half precision shows;
+- for the fused operation on the CPU, which has no seq-aligned call, a second rows call in half precision
+  (`member_calls.rows_half_axes`: bfloat16 and float16 in turn), so long rows meet both precisions in every run;
 - a wide-vocabulary call, in the member's own dtype, past 2^18 (`member_calls.wide_axes`: 262145-278527, 4-6
   rows; Gemma 3 runs 262208, and the vocabulary call stays in (2^17, 2^18]), at the workload's drawn temperature
   (never 1) and epsilons: a path past one block of 2^18 that drops 1/T in backward passed every call before
@@ -63,6 +63,7 @@ from grpo_conform.checks.upstreams import RANGE_MARGIN, draw_upstream, gradient_
 from grpo_conform.dtypes import torch_dtype
 from grpo_conform.checks import member_calls
 from grpo_conform.ops.grpo_probes import REACH_AUTOGRAD, REACH_BLOCK_PROFILES, REACH_SPREAD_PEAKS, mask_input
+from grpo_conform.ops.grpo_views import audible_call
 
 CHECK = "reach"
 
@@ -201,9 +202,12 @@ def _in_range(run: WorkloadConformance, inp, seed: int, given, peaks: bool, kind
     largest power of two that fits (never below 1); values that do not fit are redrawn (`what["redrawn"]`)."""
     top = torch.finfo(torch_dtype(run.grad_dtype)).max
     for k in range(REDRAWS):
-        x = run.op.generate(run.spec, run.rw, seed if k == 0 else seed ^ (k * REDRAW_SALT), run.device,
-                            out=inp.pristine, values=run.model.values, given=given, spread_peaks=peaks,
-                            profiles=profiles)
+        drawn = seed if k == 0 else seed ^ (k * REDRAW_SALT)
+        x = run.op.generate(run.spec, run.rw, drawn, run.device, out=inp.pristine, values=run.model.values,
+                            given=given, spread_peaks=peaks, profiles=profiles)
+        heard = audible_call(run, inp.pristine, _generated_logp(x), drawn)  # before the range: |A| moves the gradient
+        if heard:
+            what.update(heard)
         if top > NARROW:
             return x, c
         fits = room(gradient_bound(run, inp), top)
@@ -215,6 +219,13 @@ def _in_range(run: WorkloadConformance, inp, seed: int, given, peaks: bool, kind
             return x, c
     raise ReachRangeError(f"{REDRAWS} draws of reach's {run.grad_dtype} call at {_shape_text(run.rw.axes)} all had "
                           f"a reference gradient past 1/{RANGE_MARGIN} of the dtype's range at upstream {c:g}")
+
+
+def _generated_logp(x: Any) -> torch.Tensor | None:
+    """The float64 policy log-probs the generator computed of its values, where it did (the logits operation's
+    `logp`, the fused one's row pass): none computed again."""
+    rows = getattr(x, "rows", None)
+    return getattr(x, "logp", None) if rows is None else rows.logp
 
 
 def _shape_text(axes: dict[str, int]) -> str:

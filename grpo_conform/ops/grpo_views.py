@@ -173,3 +173,28 @@ def draw_views(run: Any, slot: Any, seed: int, turn: int = 0) -> dict[str, Any]:
     if logp is not None and "logits" in x:  # the logits did not change: the new version's log-probs are the same
         run.refs.seed_logp(run.slot_key(slot), run.model.temperature, logp)
     return drawn
+
+
+def audible_call(run: Any, x: dict[str, torch.Tensor], logp: torch.Tensor | None, seed: int) -> dict[str, Any]:
+    """A reach call's drawn set (`x`, written in place) made audible on every row: each advantage `audible`, and where
+    the ratio is taken over a sequence every sequence `live_sequences` (its old log-probs shifted, `logp` the
+    policy's float64 log-probs of these values at the run's temperature, computed here where None). As drawn, a
+    sequence-level rows call (two sequences of 1089+) held one sequence where the clip binds and one of |A| ~ 0 in
+    7 of 12 draws (forty-sixth session): its gradient was 0 to 1e-6 everywhere, so a long-row bug (a d hidden
+    zeroed past row 1000, `fused-half-rows-dhidden-chunk-offset`) matched the reference. Small and zero advantages
+    and clipped sequences are the ordinary sets' business; reach's is sizes. Returns what was drawn."""
+    scalars = [n for n in x if run.op.input_kind(n) == "sequence-scalar"]
+    for n in scalars:
+        x[n].copy_(audible(x[n]))
+    p = GrpoParameters.from_spec(run.spec, run.model.values)
+    if not p.ratio_over_sequence or "old_logprobs" not in x or "advantages" not in x:
+        return {}
+    mask = mask_input(run)
+    keep = (x[mask] != 0).cpu() if mask else torch.ones(x["old_logprobs"].shape, dtype=torch.bool)
+    if logp is None:
+        logp = run.op.policy_logprobs(run.spec, x, run.model.params)
+    adv = x["advantages"].detach().to("cpu", torch.float64).reshape(-1)
+    old, targets = live_sequences(x["old_logprobs"].cpu(), logp.cpu().reshape(keep.shape), keep, adv, p,
+                                  run.spec.validation.member_inputs, random.Random(seed ^ 0xA0D1))
+    x["old_logprobs"].copy_(old.to(x["old_logprobs"].device, x["old_logprobs"].dtype))
+    return {"sequence_targets": targets}

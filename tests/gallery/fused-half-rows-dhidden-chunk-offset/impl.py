@@ -2,10 +2,11 @@
 fused kernel with an offset bug does: in bfloat16 and float16, rows (batch x seq, flattened) go in chunks of
 ROW_CHUNK and each chunk's d hidden lands at the start of the buffer instead of at its own rows, so past row 1000 every
 row's d hidden is zero and the first rows hold the last chunk's. float32 and every call of 1000 rows or fewer are
-right (the default CPU workloads hold 514 rows or fewer). On the CPU the fused operation's only call past 1000 rows is
-reach's rows call, which until the forty-fifth session was float32 for every member (member_calls.rows_fixed): this
-folder passed every CPU run. Its three members are consecutive in the family, so their rows calls meet bfloat16,
-float16 and float32 in every run.
+right (the default CPU workloads hold 514 rows or fewer). On the CPU the fused operation's only calls past 1000 rows
+are reach's rows calls. Until the forty-fifth session there was one, float32 for every member: this folder passed every
+CPU run. In the forty-fifth it turned through the dtypes for the token-level members only, so sequence-offpolicy-mask
+passed every CPU run still. Since the forty-sixth a second rows call (member_calls.ROWS_HALF) is in bfloat16 or float16
+for every member, and each member here fails it in every run.
 
 The rest is implementations/fused-torch: logits = hidden @ weight.T (+ bias) in the operands' dtype, then the loss as
 TRL's GRPOTrainer computes it from logits (float32 logits / temperature, log_softmax, the ratio against the old
