@@ -40,6 +40,8 @@
 #   bash benchmarks/h200_evidence.sh s43        # reach's calls timed (four members, first run), fused_bench b2-b16, the sweep
 #   RECORDS_ANY=1 bash benchmarks/h200_evidence.sh s43b  # fused_bench b16 chunk x split (two members), then triton's default check
 #   bash benchmarks/h200_evidence.sh s43c       # reach on CUDA sampled (slots) and profiled (workers), two members
+#   bash benchmarks/h200_evidence.sh s46        # reach's audible calls on CUDA (any card, no records): triton and
+#                                               # triton-fused -k reach, then the half-rows gallery folder
 #   bash benchmarks/h200_evidence.sh s44        # the default check of triton with records (any card), a first run
 #                                               # (forty-fifth session, H100, f94a5ba: 436 s; its files lost, see above)
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
@@ -418,6 +420,22 @@ PY
     if grep -q H200 "$R/nvidia-smi.txt" || [ -n "${RECORDS_ANY:-}" ]; then
       default_check $(( ${CALL_S:-570} - SECONDS - 60 )) records
     else default_check $(( ${CALL_S:-570} - SECONDS - 60 )); fi
+    ;;
+  s46)  # forty-sixth session (~8 min, any card): reach's audible calls (grpo_views.audible_call) on CUDA, no records:
+         # triton's 20 members and triton-fused's 9 at tiny-bf16 with -k reach (honest: exit 0), then the gallery
+         # folder fused-half-rows-dhidden-chunk-offset (must fail reach on CUDA too: its seq-aligned call, bfloat16)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    rm -rf "$HOME/.triton" "$HOME/.cache/grpo-conform"
+    for target in implementations/triton implementations/triton-fused tests/gallery/fused-half-rows-dhidden-chunk-offset; do
+      left=$(( ${CALL_S:-570} - SECONDS - 30 ))
+      [ "$left" -gt 60 ] || { status "$target: not run ($left s left)"; continue; }
+      name=$(basename "$target"); start=$SECONDS
+      extra=""; [ "$name" = triton ] || extra="--workload tiny-bf16"
+      timeout -s KILL "$left" python3 -m grpo_conform check "$target" --device cuda -k reach $extra --no-evidence \
+        --deadline $(( left - 40 )) --format json > "$R/$name-reach.json" 2> "$R/$name-reach.log"
+      status "$name -k reach: exit $?, $((SECONDS - start)) s"
+      grep -E "FAILED|passed \(" "$R/$name-reach.log" | tail -30
+    done
     ;;
   s44)  # forty-fourth session (~6-9 min, any card): the default check of triton with records, a first run, after
          # fc500cb's cut of the validator's own reach cost (generator/reference kernel blocks, _unpeak vectorised)
