@@ -182,7 +182,8 @@ def audible_call(run: Any, x: dict[str, torch.Tensor], logp: torch.Tensor | None
     sequence-level rows call (two sequences of 1089+) held one sequence where the clip binds and one of |A| ~ 0 in
     7 of 12 draws (forty-sixth session): its gradient was 0 to 1e-6 everywhere, so a long-row bug (a d hidden
     zeroed past row 1000, `fused-half-rows-dhidden-chunk-offset`) matched the reference. Small and zero advantages
-    and clipped sequences are the ordinary sets' business; reach's is sizes. Returns what was drawn."""
+    and clipped sequences are the ordinary sets' business; reach's is sizes. Returns what was drawn, in brief (a
+    batch call holds 263+ sequences: their targets stay out of the evidence)."""
     scalars = [n for n in x if run.op.input_kind(n) == "sequence-scalar"]
     for n in scalars:
         x[n].copy_(audible(x[n]))
@@ -197,4 +198,4 @@ def audible_call(run: Any, x: dict[str, torch.Tensor], logp: torch.Tensor | None
     old, targets = live_sequences(x["old_logprobs"].cpu(), logp.cpu().reshape(keep.shape), keep, adv, p,
                                   run.spec.validation.member_inputs, random.Random(seed ^ 0xA0D1))
     x["old_logprobs"].copy_(old.to(x["old_logprobs"].device, x["old_logprobs"].dtype))
-    return {"sequence_targets": targets}
+    return {"live_sequences": len(targets), "sequence_log_ratio_range": [round(min(targets), 6), round(max(targets), 6)]}
