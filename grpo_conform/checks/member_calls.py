@@ -278,9 +278,9 @@ def rows_half_axes(spec: Any, device_type: str, r: random.Random) -> dict[str, i
     long rows never). Two calls hold both in every run, for every member, at ~7.6 s a member of an interpreted fused
     kernel (2,178+ rows at ~3.5 ms a row); an eager kernel's cost is a few milliseconds.
 
-    How a hostile kernel passes it while wrong: a half-precision path wrong only past 2^11 + 2^10 rows in a sequence
-    (each is 1089-1095 here; CUDA's seq-aligned call holds up to 2048 a sequence), or only in the half dtype this
-    member did not meet in this run (the other comes in the next member's or the next run's turn)."""
+    How a hostile kernel passes it while wrong: a half-precision path wrong only past 1095 rows a sequence or 2,190 in
+    all (CUDA's seq-aligned call holds up to 2048 a sequence), or only in the half dtype this member did not meet in
+    this run (the other comes in the next member's or the next run's turn)."""
     shapes = reach_axes(spec, device_type, r)
     return shapes[free_axes(spec).index("seq")]
 

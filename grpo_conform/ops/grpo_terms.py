@@ -67,14 +67,9 @@ class GrpoParameters:
 
     @property
     def ratio_over_sequence(self) -> bool:
-        return ratio_over_sequence(vars(self))
-
-
-def ratio_over_sequence(values: Mapping[str, Any]) -> bool:
-    """Whether a member's ratio is taken over each sequence's kept tokens rather than per token: GSPO's
-    (importance_sampling_level "sequence": the mean log-ratio) and VESPO's (a weight of the summed log-ratio).
-    From parameter values alone, so a spec's declared values answer it without a full parameter set."""
-    return values.get("importance_sampling_level") == "sequence" or values.get("loss_type") == "vespo"
+        """Whether the ratio is taken over each sequence's kept tokens rather than per token: GSPO's
+        (importance_sampling_level "sequence": the mean log-ratio) and VESPO's (a weight of the summed log-ratio)."""
+        return self.importance_sampling_level == "sequence" or self.loss_type == "vespo"
 
 
 

@@ -183,7 +183,13 @@ def audible_call(run: Any, x: dict[str, torch.Tensor], logp: torch.Tensor | None
     7 of 12 draws (forty-sixth session): its gradient was 0 to 1e-6 everywhere, so a long-row bug (a d hidden
     zeroed past row 1000, `fused-half-rows-dhidden-chunk-offset`) matched the reference. Small and zero advantages
     and clipped sequences are the ordinary sets' business; reach's is sizes. Returns what was drawn, in brief (a
-    batch call holds 263+ sequences: their targets stay out of the evidence)."""
+    batch call holds 263+ sequences: their targets stay out of the evidence).
+
+    How a hostile kernel passes it while wrong: by its values. Every reach call now has |A| >= 0.25 on every row, so
+    a kernel wrong only at long rows with a small advantage present passes reach; on the CPU no other call holds
+    more than 514 rows, so only CUDA's default workloads (1024+ rows, advantages as drawn) can catch it. That is a
+    recognition of reach by value, the trade for calls that hear every row: before, a plain long-row bug passed
+    whenever the draw was silent (most sequence-level draws)."""
     scalars = [n for n in x if run.op.input_kind(n) == "sequence-scalar"]
     for n in scalars:
         x[n].copy_(audible(x[n]))
