@@ -42,6 +42,7 @@
 #   bash benchmarks/h200_evidence.sh s43c       # reach on CUDA sampled (slots) and profiled (workers), two members
 #   bash benchmarks/h200_evidence.sh s46        # reach's audible calls on CUDA (any card, no records): triton and
 #                                               # triton-fused -k reach, then the half-rows gallery folder
+#   bash benchmarks/h200_evidence.sh s47        # issue 36's sweep with the least calls (any card, no records)
 #   bash benchmarks/h200_evidence.sh s44        # the default check of triton with records (any card), a first run
 #                                               # (forty-fifth session, H100, f94a5ba: 436 s; its files lost, see above)
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
@@ -436,6 +437,15 @@ PY
       status "$name -k reach: exit $?, $((SECONDS - start)) s"
       grep -E "FAILED|passed \(" "$R/$name-reach.log" | tail -30
     done
+    ;;
+  s47)  # forty-seventh session (~5 min, any card, no records): issue 36's sweep with the least calls beside every
+         # token-level row and the launch-bound call (benchmarks/sweep_least.py): which misses no call of two device
+         # operations meets on this card, and which are our kernel's own overhead
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    left=$(( ${CALL_S:-570} - SECONDS - 30 ))
+    timeout -s KILL "$left" python3 benchmarks/sweep_logits.py --budget-s $((left - 40)) --out "$R/sweep.json" \
+      > "$R/sweep.log" 2>&1
+    status "sweep_logits with least calls: exit $?"; tail -c 7000 "$R/sweep.log"
     ;;
   s44)  # forty-fourth session (~6-9 min, any card): the default check of triton with records, a first run, after
          # fc500cb's cut of the validator's own reach cost (generator/reference kernel blocks, _unpeak vectorised)

@@ -40,6 +40,7 @@ import sweep_plan as sp  # noqa: E402
 from sweep_select import Selection, for_level, select  # noqa: E402
 from sweep_cuda import (is_oom, liger_fn, load_impl, make_inputs, member_kwargs, prewarm,  # noqa: E402
                         staging_lost, timed_full)
+import sweep_least  # noqa: E402
 
 #: the report reads it (grpo-conform report --sweep FILE: grpo_conform/report/sweep.py)
 RUN: dict = {"format": "grpo-conform-sweep/1", "rows": [], "configs": [], "launch": [], "skipped": [], "errors": []}
@@ -57,13 +58,14 @@ def run_shape(job, impl, liger, copy_bps) -> None:
     ns = time_cuda(lambda: dst.copy_(x), reps=sp.reps_for(shape), warmup=2)
     copy_ms = sorted(ns)[len(ns) // 2] / 1e6
     del dst
+    least = least_calls(x, adv, mask, shape)
     leaf = x.detach().requires_grad_(True)
     for member in sp.MEMBERS:
         kw = member_kwargs(member, ids, adv, old, mask)
         floor = sp.member_floor(member, fl)
-        row = {"shape": shape.label(), "vocab": shape.vocab, "batch": shape.batch, "seq": shape.seq,
-               "dtype": shape.dtype, "member": member, "level": sp.MEMBERS[member][0], "staged": shape.staged,
-               "floor_ms": floor, "floors_ms": fl, "unmasked_fraction": unmasked / (shape.batch * shape.seq),
+        row = {**least.get(member, {}), "shape": shape.label(), "vocab": shape.vocab, "batch": shape.batch,
+               "seq": shape.seq, "dtype": shape.dtype, "member": member, "level": sp.MEMBERS[member][0],
+               "staged": shape.staged,               "floor_ms": floor, "floors_ms": fl, "unmasked_fraction": unmasked / (shape.batch * shape.seq),
                "copy_ms": copy_ms, "copy_x_floor": copy_ms / fl["plain"], "reps": sp.reps_for(shape),
                "note": job.get("note", "")}
         for name, fn in (("ours", impl.grpo_loss), ("liger", liger if job.get("liger") else None)):
@@ -83,6 +85,8 @@ def run_shape(job, impl, liger, copy_bps) -> None:
         if lost:
             row["staged_disabled"] = lost
             row["note"] = (row["note"] + " staging switched off (plain kernels timed)").strip()
+        if row.get("least_ms"):
+            row["least_x_floor"] = row["least_ms"] / floor
         if row.get("ours_ms"):
             row["ours_x_floor"] = row["ours_ms"] / floor
             if member.startswith("sequence"):
@@ -93,6 +97,23 @@ def run_shape(job, impl, liger, copy_bps) -> None:
         print(sp.table([row]).splitlines()[1], flush=True)
     leaf.grad = None
     del x, leaf
+
+
+def least_calls(x, adv, mask, shape) -> dict:
+    """member -> the least call's fields at this shape (sweep_least.py), for the token-level members: the
+    sequence level's target compares it with the token level, not with a floor. An error is recorded, never fatal
+    (the least call is the bound beside the measurement, not the measurement)."""
+    out: dict = {}
+    for member, (level, masked, _old, _isl) in sp.MEMBERS.items():
+        if level != "token":
+            continue
+        try:
+            out[member] = sweep_least.least_ms(x, adv, mask, masked, sp.reps_for(shape), sp.WARMUP)
+        except Exception as exc:  # noqa: BLE001
+            out[member] = {"least_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if "CUDA error" in str(exc) or "illegal" in str(exc):
+                raise
+    return out
 
 
 def grad_of(fn, leaf, kw):
@@ -184,6 +205,9 @@ def run_launch(job, impl, liger) -> None:
     tiny = torch.zeros(4, device="cuda", requires_grad=True)
     RUN["launch"].append({"impl": "empty-autograd-function", "full_wall_ms": do_bench(
         lambda: Empty.apply(tiny).backward(), warmup=25, rep=150, return_mode="median")})
+    # the least full call (sweep_least.least_autograd_call): autograd's node and two device operations
+    RUN["launch"].append({"impl": sweep_least.LEAST_CALL, "full_wall_ms": do_bench(
+        sweep_least.least_autograd_call(x, adv), warmup=25, rep=150, return_mode="median")})
     for member in sp.MEMBERS:
         kw = member_kwargs(member, ids, adv, old, mask)
         for name, fn in (("ours", impl.grpo_loss), ("liger", liger)):

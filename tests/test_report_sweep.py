@@ -252,3 +252,33 @@ def test_a_member_timed_twice_at_one_shape_is_set_aside(tmp_path):
     sweep = load_sweep((_write(tmp_path, "d.json", _doc(rows)),))
     assert sorted(c.member for c in sweep.cells) == ["sequence-offpolicy-mask", "token-offpolicy-mask"]
     assert [why for _, why in sweep.set_aside] == ["the file times this member 2 times at this shape"] * 2
+
+
+def test_the_least_call_says_which_misses_no_call_of_its_structure_meets(tmp_path):
+    """benchmarks/sweep_least.py's least full call (a loss kernel, then one pass of the member's bytes): a miss
+    where the least call misses too is counted apart, one where it meets the target is ours alone; the launch
+    target likewise against the least autograd call. Files without least calls say nothing (None)."""
+    floor = lambda member, vocab: floor_ms(SweepRow(vocab=vocab, batch=1, seq=512, dtype="bfloat16", member=member,  # noqa: E731
+                                                    unmasked_fraction=0.75), COPY_TBPS * 1e12)
+    rows = [_row(32000, 1, "token-is", 1.40, seq=512, least_ms=1.30 * floor("token-is", 32000)),
+            _row(32000, 1, "token-offpolicy-mask", 1.40, seq=512, least_ms=1.10 * floor("token-offpolicy-mask", 32000)),
+            _row(50257, 1, "token-is", 1.05, seq=512, least_ms=1.02 * floor("token-is", 50257))]
+    launch = [{"impl": "ours", "member": "token-is", "full_wall_ms": 0.2},
+              {"impl": "least-autograd-call", "full_wall_ms": 0.13}]
+    sweep = load_sweep((_write(tmp_path, "l.json", _doc(rows, launch=launch)),))
+    t = _targets(sweep)
+    assert (t["token"].passed, t["token"].misses, t["token"].least_misses) == (1, 2, 1)  # token-is: beyond reach
+    assert t["launch-bound"].least_misses == 1  # the least call itself takes 0.13 ms
+    cell = next(c for c in sweep.cells if c.member == "token-is" and c.vocab == 32000)
+    assert cell.least_x_floor == pytest.approx(1.30)
+    record = str(next((ROOT / "evidence" / "h200").glob("triton--*.intoto.json")))  # one: the sweep is what is read
+    board = build_leaderboard(ReportRequest(paths=(record,), out=None, sweeps=(str(tmp_path / "l.json"),),
+                                            project=str(ROOT)))
+    jsonschema.Draft202012Validator(SCHEMA).validate(board.to_json())
+    page = render_markdown(board)
+    assert "misses where the least call misses too" in page and "| 1 of 2 |" in page
+    within = load_sweep((_write(tmp_path, "w.json", _doc(rows, launch=[launch[0], dict(launch[1], full_wall_ms=0.09)])),))
+    assert _targets(within)["launch-bound"].least_misses == 0  # a least call within 0.12 ms: the miss is ours
+    old = load_sweep((_write(tmp_path, "o.json", _doc([{k: v for k, v in r.items() if k != "least_ms"} for r in rows],
+                                                     launch=launch[:1])),))
+    assert _targets(old)["token"].least_misses is None and _targets(old)["launch-bound"].least_misses is None

@@ -16,7 +16,8 @@ from grpo_conform.report.sweep import MEMBERS, TOKEN_TARGET, Sweep
 PALETTE = COLORS + ("#bcbd22",)  # ten (batch, seq) lines at most in the issue's grid
 FILE_HEADERS = ("file", "sha256", "run started (UTC)", "GPU", "torch / triton", "copy TB/s",
                 "implementations/triton identity", "shapes shown")
-TARGET_HEADERS = ("target (issue 36)", "met", "shapes meeting it", "furthest from it")
+TARGET_HEADERS = ("target (issue 36)", "met", "shapes meeting it", "furthest from it",
+                  "misses where the least call misses too")
 LAUNCH_HEADERS = ("call (1 x 16 x 128256 bf16)", "member", "full, wall ms", "forward, wall ms", "full, host clock ms")
 NOT_SHOWN_HEADERS = ("file or row", "why it is not shown")
 INTRO = ("Benchmark output of benchmarks/sweep_logits.py, not signed evidence: implementations/triton's full call "
@@ -47,7 +48,16 @@ def file_rows(sweep: Sweep) -> list[tuple[str, ...]]:
 
 
 def target_rows(sweep: Sweep) -> list[tuple[str, ...]]:
-    return [(t.name, "yes" if t.met else "no", f"{t.passed} of {t.total}", t.worst) for t in sweep.targets]
+    return [(t.name, "yes" if t.met else "no", f"{t.passed} of {t.total}", t.worst, _least_text(t))
+            for t in sweep.targets]
+
+
+def _least_text(t) -> str:
+    """How many of a target's misses the least full call shares (benchmarks/sweep_least.py): those shapes no call of
+    two device operations met on this card."""
+    if t.least_misses is None or not t.misses:
+        return "-"
+    return f"{t.least_misses} of {t.misses}"
 
 
 def launch_rows(sweep: Sweep) -> list[tuple[str, ...]]:
