@@ -62,6 +62,8 @@ def test_the_least_pass_moves_what_a_masked_member_must_and_its_check_refuses_a_
         assert rec["kept"] and rec["zeros"], (vocab, rec)
         assert rec["block"] <= int(vocab)  # a block spans two rows at most
     assert out["300"]["rows"] == [[True, False, True, False], [False, False, True, False]]  # last rows: no token
-    assert set(out["least_ms"]) == {"least_ms", "least_pass_ms"} and set(out["plain"]) == set(out["least_ms"])
+    assert set(out["least_ms"]) == {"least_ms", "least_pass_ms", "least_passes_ms"}
+    assert set(out["least_ms"]["least_passes_ms"]) == {"triton"} and set(out["plain"]["least_passes_ms"]) == {"triton",
+                                                                                                             "copy_"}
     assert out["refused"] and "kept rows" in out["refused"]
     assert out["call"]
