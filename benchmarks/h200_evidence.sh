@@ -443,8 +443,9 @@ PY
          # operations meets on this card, and which are our kernel's own overhead
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     left=$(( ${CALL_S:-570} - SECONDS - 30 ))
-    timeout -s KILL "$left" python3 benchmarks/sweep_logits.py --budget-s $((left - 40)) --out "$R/sweep.json" \
-      > "$R/sweep.log" 2>&1
+    # SWEEP_ARGS: a part of the grid where the call is short (e.g. --vocab 32000,50257 --control 128256:1)
+    timeout -s KILL "$left" python3 benchmarks/sweep_logits.py ${SWEEP_ARGS:-} --budget-s $((left - 40)) \
+      --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits with least calls: exit $?"; tail -c 7000 "$R/sweep.log"
     ;;
   s44)  # forty-fourth session (~6-9 min, any card): the default check of triton with records, a first run, after
