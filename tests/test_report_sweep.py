@@ -282,3 +282,11 @@ def test_the_least_call_says_which_misses_no_call_of_its_structure_meets(tmp_pat
     old = load_sweep((_write(tmp_path, "o.json", _doc([{k: v for k, v in r.items() if k != "least_ms"} for r in rows],
                                                      launch=launch[:1])),))
     assert _targets(old)["token"].least_misses is None and _targets(old)["launch-bound"].least_misses is None
+
+
+def test_the_readme_rebuilds_the_leaderboard_from_every_sweep_the_build_names():
+    """README's rebuild command names the sweeps REGENERATE names, in order (it once lacked the newest H100 sweep)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("grpo-conform report evidence/h200 evidence/h100"):]
+    block = block[:block.index("```")]
+    assert [w for w in block.replace("\\\n", " ").split() if w.endswith(".json") and "sweep" in w] == list(SWEEPS)
