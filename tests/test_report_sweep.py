@@ -257,7 +257,8 @@ def test_a_member_timed_twice_at_one_shape_is_set_aside(tmp_path):
 def test_the_least_call_says_which_misses_no_call_of_its_structure_meets(tmp_path):
     """benchmarks/sweep_least.py's least full call (a loss kernel, then one pass of the member's bytes): a miss
     where the least call misses too is counted apart, one where it meets the target is ours alone; the launch
-    target likewise against the least autograd call. Files without least calls say nothing (None)."""
+    target likewise against the least autograd call. A least call slower than ours is not the least and excuses
+    nothing (an edited file's inflated least_ms). Files without least calls say nothing (None)."""
     floor = lambda member, vocab: floor_ms(SweepRow(vocab=vocab, batch=1, seq=512, dtype="bfloat16", member=member,  # noqa: E731
                                                     unmasked_fraction=0.75), COPY_TBPS * 1e12)
     rows = [_row(32000, 1, "token-is", 1.40, seq=512, least_ms=1.30 * floor("token-is", 32000)),
@@ -279,6 +280,9 @@ def test_the_least_call_says_which_misses_no_call_of_its_structure_meets(tmp_pat
     assert "misses where the least call misses too" in page and "| 1 of 2 |" in page
     within = load_sweep((_write(tmp_path, "w.json", _doc(rows, launch=[launch[0], dict(launch[1], full_wall_ms=0.09)])),))
     assert _targets(within)["launch-bound"].least_misses == 0  # a least call within 0.12 ms: the miss is ours
+    inflated = [dict(r, least_ms=2.0 * r["ours_ms"]) for r in rows]  # "least" slower than ours: not the least
+    over = load_sweep((_write(tmp_path, "i.json", _doc(inflated, launch=[launch[0], dict(launch[1], full_wall_ms=0.3)])),))
+    assert _targets(over)["token"].least_misses == 0 and _targets(over)["launch-bound"].least_misses == 0
     old = load_sweep((_write(tmp_path, "o.json", _doc([{k: v for k, v in r.items() if k != "least_ms"} for r in rows],
                                                      launch=launch[:1])),))
     assert _targets(old)["token"].least_misses is None and _targets(old)["launch-bound"].least_misses is None
