@@ -280,6 +280,8 @@ def test_sweep_jobs_end_to_end_on_the_cpu(tmp_path):
     assert doc["meta"]["table"][-1] == "Rule('shipped'),"
     assert [r["member"] for r in doc["rows"]] == list(sp.MEMBERS)
     assert all(r["ours_ms"] == 1.0 and r["ours_x_floor"] > 0 and "liger_ms" not in r for r in doc["rows"])
+    # the least call (sweep_least.py) beside the token-level rows only, its pass checked and timed
+    assert all(("least_ms" in r) == (r["level"] == "token") and "least_error" not in r for r in doc["rows"]), doc["rows"]
     names = [(c["member"], c["config"]) for c in doc["configs"]]
     assert ("sequence-offpolicy-mask", "grad-item") in names and ("token-is", "plain-bal") in names
     assert all(c["correct"] and c["grad_rel_diff"] == 0.0 for c in doc["configs"]), doc["configs"]
