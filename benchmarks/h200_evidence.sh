@@ -439,8 +439,8 @@ PY
     done
     ;;
   s47)  # forty-seventh session (~5 min, any card, no records): issue 36's sweep with the least calls beside every
-         # token-level row and the launch-bound call (benchmarks/sweep_least.py): which misses no call of two device
-         # operations meets on this card, and which are our kernel's own overhead
+         # token-level row and the launch-bound call (benchmarks/sweep_least.py): which misses the least call of two
+         # device operations shares on this card, and which are our kernel's own overhead
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     left=$(( ${CALL_S:-570} - SECONDS - 30 ))
     # SWEEP_ARGS: a part of the grid where the call is short (e.g. --vocab 32000,50257 --control 128256:1)

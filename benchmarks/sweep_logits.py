@@ -65,7 +65,8 @@ def run_shape(job, impl, liger, copy_bps) -> None:
         floor = sp.member_floor(member, fl)
         row = {**least.get(member, {}), "shape": shape.label(), "vocab": shape.vocab, "batch": shape.batch,
                "seq": shape.seq, "dtype": shape.dtype, "member": member, "level": sp.MEMBERS[member][0],
-               "staged": shape.staged,               "floor_ms": floor, "floors_ms": fl, "unmasked_fraction": unmasked / (shape.batch * shape.seq),
+               "staged": shape.staged, "floor_ms": floor, "floors_ms": fl,
+               "unmasked_fraction": unmasked / (shape.batch * shape.seq),
                "copy_ms": copy_ms, "copy_x_floor": copy_ms / fl["plain"], "reps": sp.reps_for(shape),
                "note": job.get("note", "")}
         for name, fn in (("ours", impl.grpo_loss), ("liger", liger if job.get("liger") else None)):

@@ -145,7 +145,7 @@ class Cell:
 
     @property
     def least_x_floor(self) -> Optional[float]:
-        """The least full call over the member's floor: what any call of two device operations reached here."""
+        """The least full call over the member's floor: what a call of two device operations reached here (measured)."""
         return self.least_ms / self.floor_ms if self.least_ms else None
 
     @property
@@ -167,8 +167,8 @@ class Target:
     passed: int
     total: int
     worst: str  # where it is furthest from the target, with the value
-    # of the shapes that miss it, those where the least full call misses it too (measured: no call of that
-    # structure meets it there on this card); None where the target has no least call to compare with
+    # of the shapes that miss it, those where the least full call misses it too (the structure's share at that call's
+    # measured speed, not our kernel's); None where the target has no least call to compare with
     least_misses: Optional[int] = None
 
     @property
@@ -365,7 +365,8 @@ def judge(cells: tuple[Cell, ...], launch: tuple[LaunchRow, ...] = ()) -> tuple[
         worst_l = max(walls, key=lambda r: r.full_wall_ms)
         least = next((r.full_wall_ms for r in launch if r.impl == LEAST_CALL and r.full_wall_ms), None)
         out.append(Target(f"launch-bound full call ≤ {LAUNCH_TARGET_MS} ms wall",
-                          sum(r.full_wall_ms <= LAUNCH_TARGET_MS for r in walls), len(walls), f"{worst_l.full_wall_ms:.4f} ms, {worst_l.member}",
+                          sum(r.full_wall_ms <= LAUNCH_TARGET_MS for r in walls), len(walls),
+                          f"{worst_l.full_wall_ms:.4f} ms, {worst_l.member}",
                           None if least is None else sum(least > LAUNCH_TARGET_MS and least <= r.full_wall_ms
                                                          for r in walls if r.full_wall_ms > LAUNCH_TARGET_MS)))
     return tuple(out)

@@ -53,8 +53,8 @@ def target_rows(sweep: Sweep) -> list[tuple[str, ...]]:
 
 
 def _least_text(t) -> str:
-    """How many of a target's misses the least full call shares (benchmarks/sweep_least.py): those shapes no call of
-    two device operations met on this card."""
+    """How many of a target's misses the least full call shares (benchmarks/sweep_least.py): the structure's share at
+    that call's measured speed on this card, not our kernel's."""
     if t.least_misses is None or not t.misses:
         return "-"
     return f"{t.least_misses} of {t.misses}"
