@@ -43,6 +43,8 @@
 #   bash benchmarks/h200_evidence.sh s46        # reach's audible calls on CUDA (any card, no records): triton and
 #                                               # triton-fused -k reach, then the half-rows gallery folder
 #   bash benchmarks/h200_evidence.sh s47        # issue 36's sweep with the least calls (any card, no records)
+#   bash benchmarks/h200_evidence.sh s48        # pending/fold-loss applied on the device: CUDA tests, the sweep with
+#                                               # the finalize launch and with the fold (any card, no records)
 #   bash benchmarks/h200_evidence.sh s44        # the default check of triton with records (any card), a first run
 #                                               # (forty-fifth session, H100, f94a5ba: 436 s; its files lost, see above)
 #   bash benchmarks/h200_evidence.sh s36a       # pending/h-norm36 on an H200: triton's records, then the sweep in what is left
@@ -447,6 +449,35 @@ PY
     timeout -s KILL "$left" python3 benchmarks/sweep_logits.py ${SWEEP_ARGS:-} --budget-s $((left - 40)) \
       --out "$R/sweep.json" > "$R/sweep.log" 2>&1
     status "sweep_logits with least calls: exit $?"; tail -c 7000 "$R/sweep.log"
+    ;;
+  s48)  # forty-eighth session (~8 min, any card, no records): the loss folded into the staged main kernel
+         # (staged_terms._fold_loss, no finalize launch): its CUDA tests; then issue 36's sweep with the least calls
+         # at V 32000/50257 (+ controls) with the finalize launch (GRPO_TRITON_FOLD_LOSS=0, what main ran before the
+         # fold) and, where the tests passed, with the fold, both on this card in this call
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    if ! grep -q _fold_loss implementations/triton/staged_terms.py; then  # main keeps it pending (this copy only)
+      (git apply pending/fold-loss/0001-fold-loss.patch 2>/dev/null || patch -p1 -s < pending/fold-loss/0001-fold-loss.patch) \
+        || { status "s48: pending/fold-loss does not apply"; exit 1; }
+      export GRPO_CONFORM_GIT_DIRTY=1
+      status "s48: pending/fold-loss applied to this copy"
+    fi
+    timeout -s KILL 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_cuda.py \
+      -k "${TESTS_K:-fold or staged_member_kernels_compiled}" > "$R/cuda-tests.log" 2>&1
+    tests=$?
+    status "CUDA tests (fold, staged members): exit $tests, $SECONDS s"; tail -n 15 "$R/cuda-tests.log"
+    left=$(( ${CALL_S:-570} - SECONDS - 30 ))
+    a=$(( tests == 0 ? (left * 2 / 3) : left ))
+    # NOFOLD_ARGS / FOLD_ARGS: smaller grids where the call is short (e.g. "--vocab 32000" and "--vocab 32000 --no-liger")
+    GRPO_TRITON_FOLD_LOSS=0 timeout -s KILL "$a" python3 benchmarks/sweep_logits.py \
+      ${NOFOLD_ARGS:---vocab 32000,50257 --control 128256:1,151936:1} --budget-s $((a - 40)) --out "$R/sweep.json" \
+      > "$R/sweep.log" 2>&1
+    status "sweep_logits, finalize launch (GRPO_TRITON_FOLD_LOSS=0): exit $?, $SECONDS s"; tail -c 4000 "$R/sweep.log"
+    left=$(( ${CALL_S:-570} - SECONDS - 20 ))
+    if [ "$tests" = 0 ] && [ "$left" -gt 90 ]; then
+      timeout -s KILL "$left" python3 benchmarks/sweep_logits.py ${FOLD_ARGS:---vocab 32000,50257 --no-liger} \
+        --budget-s $((left - 30)) --out "$R/sweep-fold.json" > "$R/sweep-fold.log" 2>&1
+      status "sweep_logits, the loss folded: exit $?, $SECONDS s"; tail -c 3000 "$R/sweep-fold.log"
+    fi
     ;;
   s44)  # forty-fourth session (~6-9 min, any card): the default check of triton with records, a first run, after
          # fc500cb's cut of the validator's own reach cost (generator/reference kernel blocks, _unpeak vectorised)
